@@ -1,0 +1,468 @@
+"""Pinned toolchains: zig for host C, NVRTC + ptxas (+ CUDA headers) for device code.
+
+Everything is installed on demand with ``python -m pip install --target <dir> --no-deps`` into
+``paths.cache_dir()/toolchains/<set>/`` -- never into the user's environment -- so a target's
+build uses exactly the versions its profile pins, whatever else the machine has. A system
+``nvcc`` may stand in for the CUDA wheels, but only when its version equals the profile's.
+
+Device code goes source -> PTX (NVRTC through ctypes, or the system nvcc) -> one cubin per SM
+(that CUDA version's ptxas). Warnings from either step are errors: the kernels must compile
+clean with every pinned toolchain.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+from colibri_kit import paths
+from colibri_kit.errors import ToolchainError
+
+Progress = Callable[[str], None]
+
+ZIG_VERSION = "0.17.1"
+
+
+@dataclass(frozen=True)
+class CudaPins:
+    """The PyPI wheels that make one CUDA version's device toolchain."""
+
+    version: str
+    packages: tuple[str, ...]
+
+
+CUDA_PINS: dict[str, CudaPins] = {
+    "11.8": CudaPins("11.8", (
+        "nvidia-cuda-nvrtc-cu11==11.8.89",
+        "nvidia-cuda-nvcc-cu11==11.8.89",      # ptxas
+        "nvidia-cuda-runtime-cu11==11.8.89",   # include/ (cuda_fp16.h)
+    )),
+    "12.6": CudaPins("12.6", (
+        "nvidia-cuda-nvrtc-cu12==12.6.85",
+        "nvidia-cuda-nvcc-cu12==12.6.85",
+        "nvidia-cuda-runtime-cu12==12.6.77",
+    )),
+    "13.0": CudaPins("13.0", (
+        "nvidia-cuda-nvrtc==13.0.88",
+        "nvidia-cuda-nvcc==13.0.88",
+        "nvidia-cuda-runtime==13.0.96",
+        "nvidia-cuda-crt==13.0.88",
+    )),
+}
+
+MARKER = ".colibri-toolchain.json"
+
+
+def _say(progress: Progress | None, msg: str) -> None:
+    if progress is not None:
+        progress(msg)
+
+
+def toolchains_dir() -> Path:
+    return paths.cache_dir() / "toolchains"
+
+
+def zig_cache_dir() -> Path:
+    """zig's own object cache; outside the project, overridable (Docker mounts a writable one)."""
+    env = os.environ.get("COLIBRI_ZIG_CACHE_DIR")
+    return Path(env) if env else paths.cache_dir() / "zig-cache"
+
+
+def _display(path: Path) -> str:
+    home = str(Path.home())
+    s = str(path)
+    return "~" + s[len(home):] if home != "/" and s.startswith(home + "/") else s
+
+
+# ---------------------------------------------------------------------------------------------
+# Installing pinned wheel sets
+
+
+def install_set(name: str, packages: Sequence[str], what: str, progress: Progress | None) -> Path:
+    """Install `packages` into toolchains/<name>/ once; return that directory.
+
+    The install goes into a temporary sibling and is renamed into place, so an interrupted
+    install never leaves a half-populated set that later looks complete.
+    """
+    dest = toolchains_dir() / name
+    marker = dest / MARKER
+    want = {"name": name, "packages": list(packages)}
+    if marker.is_file():
+        try:
+            if json.loads(marker.read_text()) == want:
+                return dest
+        except (OSError, ValueError):
+            pass
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    _say(progress, f"installing {what} into {_display(dest)} (first time only)")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=dest.parent))
+    cmd = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--quiet",
+           "--no-input", "--no-deps", "--no-compile", "--target", str(tmp), *packages]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ToolchainError(f"cannot run pip to install {what}: {exc}") from None
+    if proc.returncode != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-6:])
+        raise ToolchainError(
+            f"could not install {what} ({' '.join(packages)}) with pip:\n{tail}\n"
+            "Check network access to PyPI (or a configured index/proxy) and the free space in "
+            f"{_display(dest.parent)}, then retry; COLIBRI_CACHE_DIR moves the cache.")
+    (tmp / MARKER).write_text(json.dumps(want, indent=2) + "\n")
+    if dest.exists():
+        shutil.rmtree(dest)
+    os.replace(tmp, dest)
+    return dest
+
+
+@dataclass(frozen=True)
+class CachedSet:
+    name: str
+    path: Path
+    packages: tuple[str, ...]
+    size_bytes: int
+
+
+def cached_sets() -> list[CachedSet]:
+    """What is installed in the toolchain cache (complete sets only)."""
+    out = []
+    root = toolchains_dir()
+    if not root.is_dir():
+        return out
+    for d in sorted(root.iterdir()):
+        marker = d / MARKER
+        if d.name.startswith(".") or not marker.is_file():
+            continue
+        try:
+            pkgs = tuple(json.loads(marker.read_text()).get("packages", ()))
+        except (OSError, ValueError):
+            pkgs = ()
+        size = sum(f.stat().st_size for f in d.rglob("*") if f.is_file() and not f.is_symlink())
+        out.append(CachedSet(d.name, d, pkgs, size))
+    return out
+
+
+def _run_version(argv: Sequence[str], env: dict[str, str] | None = None) -> str:
+    try:
+        proc = subprocess.run(list(argv), capture_output=True, text=True, env=env, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ToolchainError(f"cannot run {shlex.join(argv)}: {exc}") from None
+    if proc.returncode != 0:
+        raise ToolchainError(f"{shlex.join(argv)} failed: {(proc.stderr or proc.stdout).strip()}")
+    return proc.stdout.strip() or proc.stderr.strip()
+
+
+# ---------------------------------------------------------------------------------------------
+# Host C toolchain
+
+
+@dataclass(frozen=True)
+class HostToolchain:
+    """What `make -C runtime` gets as CC/AR/RANLIB/TARGET_ARCH_CFLAGS (+ environment)."""
+
+    kind: str                  # "zig" or "system"
+    cc: tuple[str, ...]
+    ar: tuple[str, ...]
+    ranlib: tuple[str, ...]
+    arch_cflags: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+    version: str = ""
+
+    def make_vars(self) -> dict[str, str]:
+        return {
+            "CC": shlex.join(self.cc),
+            "AR": shlex.join(self.ar),
+            "RANLIB": shlex.join(self.ranlib),
+            "TARGET_ARCH_CFLAGS": shlex.join(self.arch_cflags),
+        }
+
+
+def zig_mcpu(mcpu: str) -> str:
+    """zig spells CPU models with underscores: cortex-a78ae -> cortex_a78ae."""
+    if not re.fullmatch(r"[A-Za-z0-9_.+-]+", mcpu):
+        raise ToolchainError(f"invalid cpu model {mcpu!r} (expected e.g. cortex-a78ae)")
+    return mcpu.replace("-", "_")
+
+
+def install_zig(progress: Progress | None = None) -> Path:
+    d = install_set(f"zig-{ZIG_VERSION}", (f"ziglang=={ZIG_VERSION}",), f"zig {ZIG_VERSION}",
+                    progress)
+    zig = d / "ziglang" / "zig"
+    if not zig.is_file():
+        raise ToolchainError(f"zig is missing from {d}: remove that directory and retry")
+    return zig
+
+
+def zig_env() -> dict[str, str]:
+    cache = zig_cache_dir()
+    return {"ZIG_GLOBAL_CACHE_DIR": str(cache / "global"),
+            "ZIG_LOCAL_CACHE_DIR": str(cache / "local")}
+
+
+def host_toolchain(profile, progress: Progress | None = None) -> HostToolchain:
+    """The C toolchain for a profile: zig cc for a Jetson (glibc floor pinned), system cc for host."""
+    mcpu = getattr(profile, "cpu_mcpu", None)
+    if profile.name == "host":
+        cc = os.environ.get("CC", "cc")
+        flags: tuple[str, ...] = ()
+        if mcpu:
+            flags = (f"-march={mcpu}",) if profile.arch == "x86_64" else (f"-mcpu={mcpu}",)
+        version = _run_version([*shlex.split(cc), "--version"]).splitlines()[0]
+        return HostToolchain("system", tuple(shlex.split(cc)), ("ar",), ("ranlib", "-D"), flags,
+                             {}, version)
+    zig = install_zig(progress)
+    env = zig_env()
+    triple = getattr(profile, "zig_triple", None) or f"{profile.arch}-linux-gnu.{profile.glibc}"
+    flags = (f"-mcpu={zig_mcpu(mcpu)}",) if mcpu else ()
+    version = "zig " + _run_version([str(zig), "version"], {**os.environ, **env})
+    return HostToolchain("zig", (str(zig), "cc", "-target", triple), (str(zig), "ar"),
+                         (str(zig), "ranlib"), flags, env, version)
+
+
+# ---------------------------------------------------------------------------------------------
+# CUDA device toolchain
+
+
+@dataclass(frozen=True)
+class CudaToolchain:
+    version: str                 # "12.6"
+    source: str                  # "wheels" or "system nvcc <path>"
+    ptxas: Path
+    include_dir: Path            # holds cuda_fp16.h
+    nvrtc_lib: Path | None       # wheels: libnvrtc; system: None (nvcc makes the PTX)
+    nvcc: Path | None
+    compiler_version: str        # "nvrtc 12.6" or nvcc's release line
+    ptxas_version: str           # "Cuda compilation tools, release 12.6, V12.6.85"
+
+    def versions(self) -> dict[str, str]:
+        return {"cuda": self.version, "source": self.source,
+                "ptx_compiler": self.compiler_version, "ptxas": self.ptxas_version}
+
+
+def _find_one(root: Path, pattern: str, what: str) -> Path:
+    hits = sorted(p for p in root.glob(pattern) if ".alt." not in p.name)
+    if not hits:
+        raise ToolchainError(f"{what} not found under {root} ({pattern}); remove {root} and retry")
+    return hits[0]
+
+
+def _release_of(version_text: str) -> str | None:
+    m = re.search(r"release (\d+\.\d+)", version_text)
+    return m.group(1) if m else None
+
+
+def _ptxas_version(ptxas: Path) -> str:
+    return _run_version([str(ptxas), "--version"]).splitlines()[-2].strip()
+
+
+def cuda_toolchain(version: str, *, nvcc: str | os.PathLike | None = None,
+                   progress: Progress | None = None) -> CudaToolchain:
+    """CUDA `version`'s NVRTC/ptxas/headers from the pinned wheels, or from a matching `nvcc`.
+
+    `nvcc` (or env COLIBRI_NVCC) selects a system toolkit; its release must equal `version`.
+    """
+    nvcc = nvcc or os.environ.get("COLIBRI_NVCC") or None
+    if nvcc is not None:
+        return _system_cuda(version, Path(nvcc))
+    pins = CUDA_PINS.get(version)
+    if pins is None:
+        raise ToolchainError(f"no pinned toolchain for CUDA {version}; the kit pins "
+                             f"{', '.join(sorted(CUDA_PINS))} (set cuda.version in the profile)")
+    d = install_set(f"cuda-{version}", pins.packages, f"CUDA {version} NVRTC + ptxas", progress)
+    nv = d / "nvidia"
+    lib = _find_one(nv, "*/lib/libnvrtc.so.*", "libnvrtc")
+    ptxas = _find_one(nv, "*/bin/ptxas", "ptxas")
+    include = _find_one(nv, "*/include/cuda_fp16.h", "cuda_fp16.h").parent
+    if not os.access(ptxas, os.X_OK):
+        ptxas.chmod(0o755)
+    major, minor = Nvrtc(lib).version()
+    if f"{major}.{minor}" != version:
+        raise ToolchainError(f"{lib} is NVRTC {major}.{minor}, expected {version}; remove {d}")
+    return CudaToolchain(version, "wheels", ptxas, include, lib, None, f"nvrtc {major}.{minor}",
+                         _ptxas_version(ptxas))
+
+
+def _system_cuda(version: str, nvcc: Path) -> CudaToolchain:
+    exe = shutil.which(str(nvcc))
+    if exe is None:
+        raise ToolchainError(f"nvcc {nvcc} not found or not executable (COLIBRI_NVCC / --nvcc)")
+    text = _run_version([exe, "--version"])
+    release = _release_of(text)
+    if release != version:
+        raise ToolchainError(
+            f"{exe} is CUDA {release or '(unknown version)'}, but this target needs CUDA {version}: "
+            f"use an nvcc from CUDA {version}, or drop COLIBRI_NVCC/--nvcc to use the pinned "
+            f"CUDA {version} wheels")
+    # nvcc may be a wrapper script: ask it where its toolkit lives.
+    dry = subprocess.run([exe, "--dryrun", "-E", "-x", "cu", os.devnull], capture_output=True,
+                         text=True)
+    m = re.search(r"^#\$ TOP=(.*)$", dry.stderr + dry.stdout, re.M)
+    top = Path(m.group(1).strip()).resolve() if m else Path(exe).resolve().parent.parent
+    ptxas = top / "bin" / "ptxas"
+    include = top / "include"
+    if not ptxas.is_file() or not (include / "cuda_fp16.h").is_file():
+        raise ToolchainError(f"toolkit of {exe} ({top}) lacks bin/ptxas or include/cuda_fp16.h")
+    return CudaToolchain(version, f"system nvcc {exe}", ptxas, include, None, Path(exe),
+                         text.splitlines()[-2].strip(), _ptxas_version(ptxas))
+
+
+class Nvrtc:
+    """The few NVRTC entry points the build needs, through ctypes."""
+
+    def __init__(self, lib: Path):
+        try:
+            # libnvrtc dlopens libnvrtc-builtins by soname, and the CUDA 13 wheel has no RPATH to
+            # find it: load the sibling first so the soname is already resolved.
+            for builtins in sorted(lib.parent.glob("libnvrtc-builtins.so.*")):
+                if ".alt." not in builtins.name:
+                    ctypes.CDLL(str(builtins), mode=ctypes.RTLD_GLOBAL)
+            self.lib = ctypes.CDLL(str(lib))
+        except OSError as exc:
+            raise ToolchainError(f"cannot load {lib}: {exc}") from None
+        self.lib.nvrtcGetErrorString.restype = ctypes.c_char_p
+
+    def _check(self, rc: int, what: str) -> None:
+        if rc != 0:
+            msg = self.lib.nvrtcGetErrorString(rc).decode()
+            raise ToolchainError(f"NVRTC {what} failed: {msg}")
+
+    def version(self) -> tuple[int, int]:
+        a, b = ctypes.c_int(), ctypes.c_int()
+        self._check(self.lib.nvrtcVersion(ctypes.byref(a), ctypes.byref(b)), "nvrtcVersion")
+        return a.value, b.value
+
+    def supported_sms(self) -> list[int]:
+        n = ctypes.c_int()
+        self._check(self.lib.nvrtcGetNumSupportedArchs(ctypes.byref(n)), "GetNumSupportedArchs")
+        arr = (ctypes.c_int * n.value)()
+        self._check(self.lib.nvrtcGetSupportedArchs(arr), "GetSupportedArchs")
+        return list(arr)
+
+    def compile_ptx(self, source: str, name: str, options: Sequence[str]) -> tuple[str, str]:
+        """-> (ptx, log). Raises ToolchainError with the log when compilation fails."""
+        prog = ctypes.c_void_p()
+        self._check(self.lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(),
+                                                name.encode(), 0, None, None), "CreateProgram")
+        try:
+            opts = (ctypes.c_char_p * len(options))(*[o.encode() for o in options])
+            rc = self.lib.nvrtcCompileProgram(prog, len(options), opts)
+            size = ctypes.c_size_t()
+            self._check(self.lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size)), "GetLogSize")
+            buf = ctypes.create_string_buffer(size.value)
+            self._check(self.lib.nvrtcGetProgramLog(prog, buf), "GetProgramLog")
+            log = buf.value.decode(errors="replace").strip()
+            if rc != 0:
+                raise ToolchainError(f"NVRTC could not compile {name}:\n{log}")
+            self._check(self.lib.nvrtcGetPTXSize(prog, ctypes.byref(size)), "GetPTXSize")
+            ptx = ctypes.create_string_buffer(size.value)
+            self._check(self.lib.nvrtcGetPTX(prog, ptx), "GetPTX")
+            return ptx.value.decode(), log
+        finally:
+            self.lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+def sm_number(arch: str | int) -> int:
+    """'sm_87' / 'compute_87' / 87 -> 87."""
+    if isinstance(arch, int):
+        return arch
+    m = re.fullmatch(r"(?:sm_|compute_)?(\d{2,3})", str(arch).strip())
+    if not m:
+        raise ToolchainError(f"invalid CUDA architecture {arch!r} (expected e.g. sm_87)")
+    return int(m.group(1))
+
+
+def supported_sms(tc: CudaToolchain) -> list[int]:
+    if tc.nvrtc_lib is not None:
+        return Nvrtc(tc.nvrtc_lib).supported_sms()
+    text = _run_version([str(tc.nvcc), "--list-gpu-code"])
+    return sorted({int(m) for m in re.findall(r"sm_(\d+)", text)})
+
+
+@dataclass(frozen=True)
+class KernelImage:
+    kind: str      # "cubin" or "ptx"
+    sm: int
+    path: Path
+
+
+def kernel_options(tc: CudaToolchain, ptx_sm: int, include_dirs: Iterable[Path]) -> list[str]:
+    """NVRTC options (no -lineinfo: line info would tie the cubin to source paths)."""
+    opts = [f"--gpu-architecture=compute_{ptx_sm}", "--std=c++17", "-default-device",
+            f"-I{tc.include_dir}"]
+    opts += [f"-I{d}" for d in include_dirs]
+    return opts
+
+
+def _fail_on_warnings(tool: str, log: str, name: str) -> None:
+    if re.search(r"warning", log, re.I):
+        raise ToolchainError(f"{tool} warned while compiling {name} (warnings are errors; the "
+                             f"kernels must compile clean with every pinned CUDA):\n{log}")
+
+
+def compile_kernels(tc: CudaToolchain, source: Path, include_dirs: Sequence[Path],
+                    sms: Sequence[int], out_dir: Path) -> list[KernelImage]:
+    """source -> PTX for the lowest SM's compute_XX -> one cubin per SM, written into out_dir.
+
+    Returns the images in table order: cubins by ascending SM, then the PTX.
+    """
+    sms = sorted(set(sms))
+    if not sms:
+        raise ToolchainError("no CUDA architectures to compile for")
+    supported = supported_sms(tc)
+    bad = [s for s in sms if s not in supported]
+    if bad:
+        raise ToolchainError(
+            f"CUDA {tc.version} cannot compile for {', '.join(f'sm_{s}' for s in bad)}; it supports "
+            f"{', '.join(f'sm_{s}' for s in supported)}. Pick a CUDA version that supports it "
+            "(CUDA 13 dropped sm_72 and older: Xavier needs 11.8 or 12.x)")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ptx_sm = sms[0]
+    ptx_path = out_dir / f"{source.stem}.compute_{ptx_sm}.ptx"
+    if tc.nvrtc_lib is not None:
+        opts = kernel_options(tc, ptx_sm, [source.parent, *include_dirs])
+        ptx, log = Nvrtc(tc.nvrtc_lib).compile_ptx(source.read_text(), source.name, opts)
+        _fail_on_warnings("NVRTC", log, source.name)
+        ptx_path.write_text(ptx)
+    else:
+        argv = [str(tc.nvcc), "--ptx", f"-arch=compute_{ptx_sm}", "--std=c++17",
+                "-Werror", "all-warnings", f"-I{source.parent}",
+                *[f"-I{d}" for d in include_dirs], "-o", str(ptx_path), str(source)]
+        proc = subprocess.run(argv, capture_output=True, text=True)
+        log = (proc.stdout + proc.stderr).strip()
+        if proc.returncode != 0:
+            raise ToolchainError(f"nvcc could not compile {source.name}:\n{log}")
+        _fail_on_warnings("nvcc", log, source.name)
+    images = []
+    for sm in sms:
+        cubin = out_dir / f"{source.stem}.sm_{sm}.cubin"
+        argv = [str(tc.ptxas), f"-arch=sm_{sm}", "-O3", "--warning-as-error", "-o", str(cubin),
+                str(ptx_path)]
+        proc = subprocess.run(argv, capture_output=True, text=True)
+        log = (proc.stdout + proc.stderr).strip()
+        if proc.returncode != 0 or log:
+            cubin.unlink(missing_ok=True)
+            raise ToolchainError(f"ptxas -arch=sm_{sm} failed on {ptx_path.name} "
+                                 f"(warnings are errors):\n{log}")
+        images.append(KernelImage("cubin", sm, cubin))
+    images.append(KernelImage("ptx", ptx_sm, ptx_path))
+    return images
+
+
+def file_digest(paths_: Iterable[Path]) -> str:
+    h = hashlib.sha256()
+    for p in paths_:
+        h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()
