@@ -1,0 +1,775 @@
+"""The `.colibri` model file (docs/format.md): constants, a streaming writer and a validating reader.
+
+The writer streams one tensor at a time to disk (header and tensor table are reserved first and
+written at close), so converting a checkpoint needs memory for one tensor chunk, not the model.
+The reader maps the file with ``np.memmap`` and checks every header field and tensor record against
+the geometry and the real file size before any tensor is touched.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import os
+import struct
+import tempfile
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Iterator, Protocol
+
+import numpy as np
+
+from colibri_kit.errors import ModelError
+
+MAGIC = b"COLIBRI\0"
+VERSION = 1
+HEADER_SIZE = 256
+RECORD_SIZE = 64
+ALIGN = 64  # every tensor and scale vector
+PAGE = 4096  # data_offset, and tensors of LARGE_TENSOR bytes or more
+LARGE_TENSOR = 64 * 1024
+NONE = 0xFFFFFFFF  # layer / expert index of tensors that have none
+UNKNOWN_TOKEN = 0xFFFFFFFF
+
+
+class DType(enum.IntEnum):
+    F32 = 0
+    F16 = 1
+    BF16 = 2
+    INT8 = 3
+
+    @property
+    def itemsize(self) -> int:
+        return {0: 4, 1: 2, 2: 2, 3: 1}[int(self)]
+
+    @classmethod
+    def parse(cls, name: str) -> "DType":
+        try:
+            return cls[name.upper()]
+        except KeyError:
+            allowed = ", ".join(d.name.lower() for d in cls)
+            raise ModelError(f"unknown dtype {name!r}; allowed: {allowed}") from None
+
+
+class Kind(enum.IntEnum):
+    TOK_EMBED = 1
+    OUTPUT_NORM = 2
+    LM_HEAD = 3
+    ATTN_NORM = 10
+    WQ = 11
+    WK = 12
+    WV = 13
+    WO = 14
+    BQ = 15
+    BK = 16
+    BV = 17
+    Q_NORM = 18
+    K_NORM = 19
+    FFN_NORM = 20
+    ROUTER = 21
+    EXPERT_W1 = 30
+    EXPERT_W3 = 31
+    EXPERT_W2 = 32
+    SHARED_W1 = 40
+    SHARED_W3 = 41
+    SHARED_W2 = 42
+    SHARED_GATE = 43
+
+
+class Flag(enum.IntFlag):
+    SHARED_EXPERT = 1 << 0
+    SHARED_EXPERT_GATE = 1 << 1
+    QK_NORM_HEAD = 1 << 2
+    QK_NORM_FULL = 1 << 3
+    TIED_EMBEDDINGS = 1 << 4
+    QKV_BIAS = 1 << 5
+
+
+ALL_FLAGS = int(Flag.SHARED_EXPERT | Flag.SHARED_EXPERT_GATE | Flag.QK_NORM_HEAD
+                | Flag.QK_NORM_FULL | Flag.TIED_EMBEDDINGS | Flag.QKV_BIAS)
+
+
+class Family(enum.IntEnum):
+    MIXTRAL = 0
+    QWEN2_MOE = 1
+    QWEN3_MOE = 2
+    OLMOE = 3
+    OTHER = 255
+
+
+class Routing(enum.IntEnum):
+    RENORMALISE = 0  # softmax over E, top-k, weights divided by their sum
+    PLAIN = 1  # softmax over E, top-k, weights used as they are
+
+
+# Limits enforced by readers (docs/format.md, "Limits"): beyond them a file is refused as absurd.
+MAX_EMBED = 65536
+MAX_EXPERTS = 256
+MAX_TOP_K = 16
+MAX_LAYERS = 1024
+MAX_HEADS = 1024
+MAX_HEAD_DIM = 1024
+MAX_VOCAB = 4_194_304
+MAX_FFN = 262_144
+MAX_SEQ = 1_048_576
+
+# Kinds whose tensors are always f32 (small vectors and the router: routing stays exact).
+F32_KINDS = frozenset({Kind.OUTPUT_NORM, Kind.ATTN_NORM, Kind.BQ, Kind.BK, Kind.BV, Kind.Q_NORM,
+                       Kind.K_NORM, Kind.FFN_NORM, Kind.ROUTER, Kind.SHARED_GATE})
+# Kinds whose column axis is the hidden size D (padded to Dp with zeros).
+D_COLS = frozenset({Kind.TOK_EMBED, Kind.OUTPUT_NORM, Kind.LM_HEAD, Kind.ATTN_NORM, Kind.WQ,
+                    Kind.WK, Kind.WV, Kind.FFN_NORM, Kind.ROUTER, Kind.EXPERT_W1, Kind.EXPERT_W3,
+                    Kind.SHARED_W1, Kind.SHARED_W3, Kind.SHARED_GATE})
+# Kinds whose row axis is D (the outputs of WO and the down projections).
+D_ROWS = frozenset({Kind.WO, Kind.EXPERT_W2, Kind.SHARED_W2})
+EXPERT_KINDS = (Kind.EXPERT_W1, Kind.EXPERT_W3, Kind.EXPERT_W2)
+GLOBAL_KINDS = frozenset({Kind.TOK_EMBED, Kind.OUTPUT_NORM, Kind.LM_HEAD})
+
+_HEADER = struct.Struct("<8s" + "I" * 18 + "ff" + "II" + "QQ" + "III" + "68s" + "64s")
+_RECORD = struct.Struct("<IIIIII" + "QQQQ" + "II")
+assert _HEADER.size == HEADER_SIZE and _RECORD.size == RECORD_SIZE
+
+
+def align_up(n: int, a: int) -> int:
+    return (n + a - 1) // a * a
+
+
+def padded_dim(dim: int, pad: int) -> int:
+    """D rounded up to a multiple of the profile's embed_pad (the Dp of docs/format.md)."""
+    if pad <= 0 or pad % 16:
+        raise ModelError(f"embed_pad must be a positive multiple of 16, got {pad}")
+    return align_up(dim, pad)
+
+
+def pad_to(a: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    """Zero-pad a 2-D array at the bottom/right to [rows, cols]."""
+    if a.shape == (rows, cols):
+        return a
+    out = np.zeros((rows, cols), dtype=a.dtype)
+    out[: a.shape[0], : a.shape[1]] = a
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Header
+
+
+@dataclass
+class ModelHeader:
+    """Every field of the 256-byte header, in file order (docs/format.md, "Header")."""
+
+    num_experts: int
+    expert_size: int
+    vocab_size: int
+    max_seq_len: int
+    embed_dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    top_k: int
+    routing: int
+    dtype: int
+    embed_dim_pad: int
+    pad_multiple: int
+    flags: int = 0
+    shared_expert_size: int = 0
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    family: int = Family.OTHER
+    bos_token_id: int = UNKNOWN_TOKEN
+    eos_token_id: int = UNKNOWN_TOKEN
+    name: str = ""
+    # Filled in by the writer; checked by the reader.
+    n_tensors: int = 0
+    data_offset: int = 0
+    file_size: int = 0
+    magic: bytes = MAGIC
+    version: int = VERSION
+    header_size: int = HEADER_SIZE
+    tensor_table_offset: int = HEADER_SIZE
+    reserved: bytes = field(default=b"\0" * 68, repr=False)
+
+    def has(self, flag: Flag) -> bool:
+        return bool(self.flags & flag)
+
+    def pack(self) -> bytes:
+        name = self.name.encode("utf-8")
+        if len(name) > 64:
+            raise ModelError(f"header field name: {len(name)} bytes, at most 64")
+        try:
+            return _HEADER.pack(
+                self.magic, self.version, self.num_experts, self.expert_size, self.vocab_size,
+                self.max_seq_len, self.embed_dim, self.header_size, self.n_layers, self.n_heads,
+                self.n_kv_heads, self.head_dim, self.top_k, self.routing, self.dtype,
+                self.embed_dim_pad, self.pad_multiple, self.flags, self.shared_expert_size,
+                self.norm_eps, self.rope_theta, self.n_tensors, self.tensor_table_offset,
+                self.data_offset, self.file_size, self.family, self.bos_token_id,
+                self.eos_token_id, self.reserved, name)
+        except struct.error as exc:
+            raise ModelError(f"header does not fit the format: {exc}") from None
+
+    @classmethod
+    def unpack(cls, buf: bytes) -> "ModelHeader":
+        v = _HEADER.unpack(buf[:HEADER_SIZE])
+        return cls(
+            magic=v[0], version=v[1], num_experts=v[2], expert_size=v[3], vocab_size=v[4],
+            max_seq_len=v[5], embed_dim=v[6], header_size=v[7], n_layers=v[8], n_heads=v[9],
+            n_kv_heads=v[10], head_dim=v[11], top_k=v[12], routing=v[13], dtype=v[14],
+            embed_dim_pad=v[15], pad_multiple=v[16], flags=v[17], shared_expert_size=v[18],
+            norm_eps=v[19], rope_theta=v[20], n_tensors=v[21], tensor_table_offset=v[22],
+            data_offset=v[23], file_size=v[24], family=v[25], bos_token_id=v[26],
+            eos_token_id=v[27], reserved=v[28], name=_decode_name(v[29]))
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-friendly view (names for enums and flags) for `invoke model-info`."""
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("magic", "reserved")}
+        d["routing"] = Routing(self.routing).name.lower() if self.routing in (0, 1) else self.routing
+        d["dtype"] = DType(self.dtype).name.lower() if self.dtype in DType._value2member_map_ else self.dtype
+        d["family"] = Family(self.family).name.lower() if self.family in Family._value2member_map_ else self.family
+        d["flags"] = [f.name for f in Flag if self.flags & f]
+        return d
+
+    def validate_geometry(self) -> None:
+        """Check every field that does not depend on the file (magic, version, limits, flags)."""
+        if self.magic != MAGIC:
+            raise ModelError(f"header field magic: {self.magic!r}, expected {MAGIC!r} (not a .colibri file)")
+        if self.version != VERSION:
+            raise ModelError(f"header field version: {self.version}, this reader supports {VERSION}")
+        if self.header_size != HEADER_SIZE:
+            raise ModelError(f"header field header_size: {self.header_size}, expected {HEADER_SIZE}")
+        if self.tensor_table_offset != HEADER_SIZE:
+            raise ModelError(f"header field tensor_table_offset: {self.tensor_table_offset}, expected {HEADER_SIZE}")
+        _in_range("num_experts", self.num_experts, 1, MAX_EXPERTS)
+        _in_range("expert_size", self.expert_size, 1, MAX_FFN)
+        _in_range("vocab_size", self.vocab_size, 1, MAX_VOCAB)
+        _in_range("max_seq_len", self.max_seq_len, 1, MAX_SEQ)
+        _in_range("embed_dim", self.embed_dim, 1, MAX_EMBED)
+        _in_range("n_layers", self.n_layers, 1, MAX_LAYERS)
+        _in_range("n_heads", self.n_heads, 1, MAX_HEADS)
+        _in_range("n_kv_heads", self.n_kv_heads, 1, MAX_HEADS)
+        if self.n_heads % self.n_kv_heads:
+            raise ModelError(f"header field n_kv_heads: {self.n_kv_heads} does not divide n_heads {self.n_heads}")
+        _in_range("head_dim", self.head_dim, 2, MAX_HEAD_DIM)
+        if self.head_dim % 2:
+            raise ModelError(f"header field head_dim: {self.head_dim} is odd (RoPE pairs need it even)")
+        _in_range("top_k", self.top_k, 1, min(MAX_TOP_K, self.num_experts))
+        if self.routing not in (0, 1):
+            raise ModelError(f"header field routing: {self.routing}, allowed 0 (renormalise) or 1 (plain)")
+        if self.dtype not in DType._value2member_map_:
+            raise ModelError(f"header field dtype: {self.dtype}, allowed 0 f32, 1 f16, 2 bf16, 3 int8")
+        if self.pad_multiple <= 0 or self.pad_multiple % 16 or self.pad_multiple > MAX_EMBED:
+            raise ModelError(f"header field pad_multiple: {self.pad_multiple}, must be a positive multiple of 16")
+        dp = self.embed_dim_pad
+        if (dp % self.pad_multiple or dp < self.embed_dim or dp >= self.embed_dim + self.pad_multiple
+                or dp > MAX_EMBED):
+            raise ModelError(
+                f"header field embed_dim_pad: {dp} is not embed_dim {self.embed_dim} rounded up to a "
+                f"multiple of pad_multiple {self.pad_multiple}")
+        if self.flags & ~ALL_FLAGS:
+            raise ModelError(f"header field flags: unknown bits {self.flags & ~ALL_FLAGS:#x}")
+        if self.has(Flag.QK_NORM_HEAD) and self.has(Flag.QK_NORM_FULL):
+            raise ModelError("header field flags: QK_NORM_HEAD and QK_NORM_FULL are exclusive")
+        if self.has(Flag.SHARED_EXPERT_GATE) and not self.has(Flag.SHARED_EXPERT):
+            raise ModelError("header field flags: SHARED_EXPERT_GATE without SHARED_EXPERT")
+        if self.has(Flag.SHARED_EXPERT):
+            _in_range("shared_expert_size", self.shared_expert_size, 1, MAX_FFN)
+        elif self.shared_expert_size != 0:
+            raise ModelError(f"header field shared_expert_size: {self.shared_expert_size} without the SHARED_EXPERT flag")
+        if not (math.isfinite(self.norm_eps) and 0.0 < self.norm_eps < 1.0):
+            raise ModelError(f"header field norm_eps: {self.norm_eps}, must be in (0, 1)")
+        if not (math.isfinite(self.rope_theta) and self.rope_theta > 0.0):
+            raise ModelError(f"header field rope_theta: {self.rope_theta}, must be finite and > 0")
+        if self.family not in Family._value2member_map_:
+            raise ModelError(f"header field family: {self.family}, allowed 0, 1, 2, 3, 255")
+        if any(self.reserved):
+            raise ModelError("header field reserved: must be zero")
+
+    def validate(self, actual_size: int) -> None:
+        """Check every header field, including the table and data placement against the file size."""
+        self.validate_geometry()
+        if self.file_size != actual_size:
+            raise ModelError(f"header field file_size: {self.file_size}, but the file has {actual_size} bytes (truncated or padded?)")
+        expected = len(expected_tensors(self))
+        if self.n_tensors != expected:
+            raise ModelError(f"header field n_tensors: {self.n_tensors}, the geometry needs {expected}")
+        table_end = HEADER_SIZE + self.n_tensors * RECORD_SIZE
+        if table_end > actual_size:
+            raise ModelError(f"header field n_tensors: table of {self.n_tensors} records ends past the file ({actual_size} bytes)")
+        if self.data_offset % PAGE or self.data_offset < table_end or self.data_offset > actual_size:
+            raise ModelError(
+                f"header field data_offset: {self.data_offset}, must be 4096-aligned, >= {table_end} "
+                f"(end of the table) and <= file size {actual_size}")
+
+
+def _in_range(name: str, value: int, lo: int, hi: int) -> None:
+    if not lo <= value <= hi:
+        raise ModelError(f"header field {name}: {value}, allowed {lo}..{hi}")
+
+
+def _decode_name(raw: bytes) -> str:
+    try:
+        return raw.split(b"\0", 1)[0].decode("utf-8")
+    except UnicodeDecodeError:
+        raise ModelError("header field name: not valid UTF-8") from None
+
+
+# ----------------------------------------------------------------------------------------------
+# Tensor records
+
+
+@dataclass(frozen=True)
+class TensorRecord:
+    kind: int
+    layer: int
+    expert: int
+    dtype: int
+    rows: int
+    cols: int
+    offset: int
+    nbytes: int
+    scale_offset: int = 0
+    scale_nbytes: int = 0
+    reserved: tuple[int, int] = (0, 0)
+
+    @property
+    def key(self) -> tuple[int, int, int]:
+        return (self.kind, self.layer, self.expert)
+
+    def label(self) -> str:
+        return tensor_label(self.kind, self.layer, self.expert)
+
+    def pack(self) -> bytes:
+        return _RECORD.pack(self.kind, self.layer, self.expert, self.dtype, self.rows, self.cols,
+                            self.offset, self.nbytes, self.scale_offset, self.scale_nbytes,
+                            *self.reserved)
+
+    @classmethod
+    def unpack(cls, buf: bytes) -> "TensorRecord":
+        v = _RECORD.unpack(buf)
+        return cls(*v[:10], reserved=(v[10], v[11]))
+
+
+def tensor_label(kind: int, layer: int = NONE, expert: int = NONE) -> str:
+    name = Kind(kind).name if kind in Kind._value2member_map_ else f"kind {kind}"
+    parts = [name]
+    if layer != NONE:
+        parts.append(f"layer {layer}")
+    if expert != NONE:
+        parts.append(f"expert {expert}")
+    return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """What the geometry requires of one tensor: its stored shape and whether it must be f32."""
+
+    kind: Kind
+    layer: int
+    expert: int
+    rows: int
+    cols: int
+    f32_only: bool
+
+    @property
+    def key(self) -> tuple[int, int, int]:
+        return (int(self.kind), self.layer, self.expert)
+
+
+def expected_tensors(h: ModelHeader) -> dict[tuple[int, int, int], TensorSpec]:
+    """Every tensor the header's geometry and flags require, keyed by (kind, layer, expert),
+    in table order (layer, kind, expert)."""
+    dp, hq, hkv = h.embed_dim_pad, h.n_heads * h.head_dim, h.n_kv_heads * h.head_dim
+    specs: list[TensorSpec] = []
+
+    def add(kind: Kind, rows: int, cols: int, layer: int = NONE, expert: int = NONE) -> None:
+        specs.append(TensorSpec(kind, layer, expert, rows, cols, kind in F32_KINDS))
+
+    for layer in range(h.n_layers):
+        add(Kind.ATTN_NORM, 1, dp, layer)
+        add(Kind.WQ, hq, dp, layer)
+        add(Kind.WK, hkv, dp, layer)
+        add(Kind.WV, hkv, dp, layer)
+        add(Kind.WO, dp, hq, layer)
+        if h.has(Flag.QKV_BIAS):
+            add(Kind.BQ, 1, hq, layer)
+            add(Kind.BK, 1, hkv, layer)
+            add(Kind.BV, 1, hkv, layer)
+        if h.has(Flag.QK_NORM_HEAD):
+            add(Kind.Q_NORM, 1, h.head_dim, layer)
+            add(Kind.K_NORM, 1, h.head_dim, layer)
+        elif h.has(Flag.QK_NORM_FULL):
+            add(Kind.Q_NORM, 1, hq, layer)
+            add(Kind.K_NORM, 1, hkv, layer)
+        add(Kind.FFN_NORM, 1, dp, layer)
+        add(Kind.ROUTER, h.num_experts, dp, layer)
+        for e in range(h.num_experts):
+            add(Kind.EXPERT_W1, h.expert_size, dp, layer, e)
+        for e in range(h.num_experts):
+            add(Kind.EXPERT_W3, h.expert_size, dp, layer, e)
+        for e in range(h.num_experts):
+            add(Kind.EXPERT_W2, dp, h.expert_size, layer, e)
+        if h.has(Flag.SHARED_EXPERT):
+            add(Kind.SHARED_W1, h.shared_expert_size, dp, layer)
+            add(Kind.SHARED_W3, h.shared_expert_size, dp, layer)
+            add(Kind.SHARED_W2, dp, h.shared_expert_size, layer)
+            if h.has(Flag.SHARED_EXPERT_GATE):
+                add(Kind.SHARED_GATE, 1, dp, layer)
+    add(Kind.TOK_EMBED, h.vocab_size, dp)
+    add(Kind.OUTPUT_NORM, 1, dp)
+    if not h.has(Flag.TIED_EMBEDDINGS):
+        add(Kind.LM_HEAD, h.vocab_size, dp)
+    specs.sort(key=lambda s: (s.layer, int(s.kind), s.expert))
+    return {s.key: s for s in specs}
+
+
+# ----------------------------------------------------------------------------------------------
+# Dtype conversion (NumPy only)
+
+
+def f32_to_bf16_bits(a: np.ndarray) -> np.ndarray:
+    """Round f32 to bf16 (nearest, ties to even) and return the 16-bit patterns."""
+    bits = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+    rounding = np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))
+    return ((bits + rounding) >> np.uint32(16)).astype(np.uint16)
+
+
+def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
+    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+def quantize_int8(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric per-row int8: scale = max|row| / 127 (1.0 for an all-zero row),
+    q = round-half-even(row / scale), so q is in [-127, 127]."""
+    a = np.asarray(a, dtype=np.float32)
+    amax = np.max(np.abs(a), axis=1)
+    scale = (amax / np.float32(127.0)).astype(np.float32)
+    scale[amax == 0] = np.float32(1.0)
+    q = np.clip(np.rint(a / scale[:, None]), -127, 127).astype(np.int8)
+    return q, scale
+
+
+def encode(a: np.ndarray, dtype: DType) -> tuple[bytes, bytes]:
+    """f32 rows -> (data bytes, scale bytes) in the file's little-endian encoding."""
+    if dtype == DType.F32:
+        return np.ascontiguousarray(a, dtype="<f4").tobytes(), b""
+    if dtype == DType.F16:
+        return np.ascontiguousarray(a.astype("<f2")).tobytes(), b""
+    if dtype == DType.BF16:
+        return f32_to_bf16_bits(a).astype("<u2").tobytes(), b""
+    q, scale = quantize_int8(a)
+    return q.tobytes(), scale.astype("<f4").tobytes()
+
+
+def decode(raw: np.ndarray, dtype: int, rows: int, cols: int, scales: np.ndarray | None = None) -> np.ndarray:
+    """Stored bytes (a uint8 view) -> f32 [rows, cols]."""
+    if dtype == DType.F32:
+        return raw.view("<f4").reshape(rows, cols).astype(np.float32)
+    if dtype == DType.F16:
+        return raw.view("<f2").reshape(rows, cols).astype(np.float32)
+    if dtype == DType.BF16:
+        return bf16_bits_to_f32(raw.view("<u2")).reshape(rows, cols)
+    q = raw.view(np.int8).reshape(rows, cols).astype(np.float32)
+    assert scales is not None
+    return q * scales.view("<f4").astype(np.float32)[:, None]
+
+
+# ----------------------------------------------------------------------------------------------
+# Writer
+
+
+class RowSource(Protocol):
+    """Anything the writer can stream: a shape and f32 rows on demand (e.g. a safetensors view)."""
+
+    shape: tuple[int, ...]
+
+    def rows(self, start: int, stop: int) -> np.ndarray: ...
+
+
+CHUNK_BYTES = 8 << 20  # rows are converted and written this many f32 bytes at a time
+
+
+def _source_rows(src: Any, start: int, stop: int) -> np.ndarray:
+    if hasattr(src, "rows") and not isinstance(src, np.ndarray):
+        out = src.rows(start, stop)
+    else:
+        out = src[start:stop]
+    return np.asarray(out, dtype=np.float32)
+
+
+class ModelWriter:
+    """Write a `.colibri` file tensor by tensor.
+
+    ``with ModelWriter(path, header) as w: w.add(Kind.WQ, layer, NONE, array) ...``
+
+    Tensors are given in their checkpoint shape (``[out, in]``, 1-D for norms and biases, the
+    hidden axis D unpadded, or already padded to Dp); the writer pads D to Dp with zeros, converts
+    to the model dtype (f32-only kinds stay f32) and appends the bytes at an aligned offset. The
+    output is written to a temporary file in the same directory and renamed into place only after
+    every tensor the geometry requires has been added: a failure leaves nothing half-written.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], header: ModelHeader) -> None:
+        self.path = Path(path)
+        self.header = header
+        header.validate_geometry()
+        self.specs = expected_tensors(header)
+        header.n_tensors = len(self.specs)
+        header.data_offset = align_up(HEADER_SIZE + RECORD_SIZE * header.n_tensors, PAGE)
+        self.records: dict[tuple[int, int, int], TensorRecord] = {}
+        self._pos = header.data_offset
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".partial", dir=self.path.parent)
+        self._tmp = Path(tmp)
+        self._f = os.fdopen(fd, "w+b")
+        self._closed = False
+
+    def __enter__(self) -> "ModelWriter":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    def _align(self, nbytes: int) -> int:
+        self._pos = align_up(self._pos, PAGE if nbytes >= LARGE_TENSOR else ALIGN)
+        return self._pos
+
+    def add(self, kind: Kind, layer: int, expert: int, data: Any) -> TensorRecord:
+        """Append one tensor. ``data``: an array (any float dtype) or a RowSource, 1-D or 2-D."""
+        key = (int(kind), layer, expert)
+        label = tensor_label(*key)
+        spec = self.specs.get(key)
+        if spec is None:
+            raise ModelError(f"tensor {label}: not part of this model's geometry")
+        if key in self.records:
+            raise ModelError(f"tensor {label}: added twice")
+        shape = tuple(int(s) for s in data.shape)
+        if len(shape) == 1:
+            shape = (1, shape[0])
+            if isinstance(data, np.ndarray):
+                data = data.reshape(1, -1)
+        if len(shape) != 2:
+            raise ModelError(f"tensor {label}: shape {shape}, expected 2-D")
+        d, dp = self.header.embed_dim, self.header.embed_dim_pad
+        want_rows = d if kind in D_ROWS else spec.rows
+        want_cols = d if kind in D_COLS else spec.cols
+        ok_rows = shape[0] in (want_rows, spec.rows)
+        ok_cols = shape[1] in (want_cols, spec.cols)
+        if not (ok_rows and ok_cols):
+            raise ModelError(f"tensor {label}: shape {list(shape)}, expected {[want_rows, want_cols]}"
+                             + (f" (or padded {[spec.rows, spec.cols]})" if dp != d else ""))
+        dtype = DType.F32 if spec.f32_only else DType(self.header.dtype)
+        rows, cols = spec.rows, spec.cols
+        nbytes = rows * cols * dtype.itemsize
+        offset = self._align(nbytes)
+        self._f.seek(offset)
+        scales: list[bytes] = []
+        step = max(1, CHUNK_BYTES // max(1, 4 * cols))
+        for r0 in range(0, rows, step):
+            r1 = min(rows, r0 + step)
+            src_r1 = min(r1, shape[0])
+            if r0 < shape[0]:
+                chunk = _source_rows(data, r0, src_r1)
+                if chunk.shape != (src_r1 - r0, shape[1]):
+                    raise ModelError(f"tensor {label}: source rows {r0}..{src_r1} have shape {chunk.shape}")
+                if not np.all(np.isfinite(chunk)):
+                    raise ModelError(f"tensor {label}: contains NaN or infinity")
+                chunk = pad_to(chunk, r1 - r0, cols)
+            else:
+                chunk = np.zeros((r1 - r0, cols), dtype=np.float32)
+            if dtype == DType.F16 and chunk.size and np.max(np.abs(chunk)) > 65504.0:
+                raise ModelError(f"tensor {label}: values beyond the f16 range (±65504); use --dtype bf16 or f32")
+            blob, scale = encode(chunk, dtype)
+            self._f.write(blob)
+            scales.append(scale)
+        self._pos = offset + nbytes
+        scale_offset = scale_nbytes = 0
+        if dtype == DType.INT8:
+            scale_nbytes = rows * 4
+            scale_offset = self._align(scale_nbytes)
+            self._f.seek(scale_offset)
+            self._f.write(b"".join(scales))
+            self._pos = scale_offset + scale_nbytes
+        rec = TensorRecord(int(kind), layer, expert, int(dtype), rows, cols, offset, nbytes,
+                           scale_offset, scale_nbytes)
+        self.records[key] = rec
+        return rec
+
+    def missing(self) -> list[str]:
+        return [tensor_label(*k) for k in self.specs if k not in self.records]
+
+    def close(self) -> Path:
+        """Write table and header, flush, and rename the file into place."""
+        if self._closed:
+            return self.path
+        try:
+            missing = self.missing()
+            if missing:
+                more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
+                raise ModelError("model incomplete, missing tensors: " + ", ".join(missing[:5]) + more)
+            end = max(self.header.data_offset, self._pos)
+            self._f.truncate(end)
+            self.header.file_size = end
+            self._f.seek(0)
+            self._f.write(self.header.pack())
+            for key in self.specs:  # table order = expected_tensors order (layer, kind, expert)
+                self._f.write(self.records[key].pack())
+            self._f.flush()
+            os.fsync(self._f.fileno())
+            self._f.close()
+            os.chmod(self._tmp, 0o644)
+            os.replace(self._tmp, self.path)
+            self._closed = True
+        except BaseException:
+            self.abort()
+            raise
+        return self.path
+
+    def abort(self) -> None:
+        """Drop the partial output (nothing is left at ``path``)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._f.close()
+        finally:
+            self._tmp.unlink(missing_ok=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# Reader
+
+
+class ColibriModel:
+    """A validated, memory-mapped `.colibri` file."""
+
+    def __init__(self, path: Path, header: ModelHeader, records: dict[tuple[int, int, int], TensorRecord],
+                 data: np.ndarray) -> None:
+        self.path = path
+        self.header = header
+        self.records = records
+        self._data = data
+
+    def record(self, kind: Kind, layer: int = NONE, expert: int = NONE) -> TensorRecord:
+        key = (int(kind), layer, expert)
+        try:
+            return self.records[key]
+        except KeyError:
+            raise ModelError(f"tensor {tensor_label(*key)}: not in {self.path}") from None
+
+    def has(self, kind: Kind, layer: int = NONE, expert: int = NONE) -> bool:
+        return (int(kind), layer, expert) in self.records
+
+    def raw(self, kind: Kind, layer: int = NONE, expert: int = NONE) -> np.ndarray:
+        """The stored bytes of one tensor (a uint8 view into the map, no copy)."""
+        r = self.record(kind, layer, expert)
+        return self._data[r.offset: r.offset + r.nbytes]
+
+    def scales(self, kind: Kind, layer: int = NONE, expert: int = NONE) -> np.ndarray | None:
+        r = self.record(kind, layer, expert)
+        if r.dtype != DType.INT8:
+            return None
+        return self._data[r.scale_offset: r.scale_offset + r.scale_nbytes].view("<f4").astype(np.float32)
+
+    def tensor(self, kind: Kind, layer: int = NONE, expert: int = NONE, *, unpad: bool = False) -> np.ndarray:
+        """One tensor as f32 ``[rows, cols]`` (dequantised; padded shape unless ``unpad``)."""
+        r = self.record(kind, layer, expert)
+        sc = None
+        if r.dtype == DType.INT8:
+            sc = self._data[r.scale_offset: r.scale_offset + r.scale_nbytes]
+        out = decode(self._data[r.offset: r.offset + r.nbytes], r.dtype, r.rows, r.cols, sc)
+        if unpad:
+            d = self.header.embed_dim
+            if kind in D_ROWS:
+                out = out[:d]
+            if kind in D_COLS:
+                out = out[:, :d]
+        return out
+
+    def __iter__(self) -> Iterator[TensorRecord]:
+        return iter(self.records.values())
+
+
+def read_model(path: str | os.PathLike[str]) -> ColibriModel:
+    """Map and validate a `.colibri` file; raise ModelError naming the first bad field."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise ModelError(f"cannot read model {path}: {exc.strerror}") from None
+    if size < HEADER_SIZE:
+        raise ModelError(f"{path}: {size} bytes, shorter than the {HEADER_SIZE}-byte header (truncated?)")
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    header = ModelHeader.unpack(bytes(data[:HEADER_SIZE]))
+    try:
+        header.validate(size)
+        records = _read_table(header, data, size)
+    except ModelError as exc:
+        raise ModelError(f"{path}: {exc}") from None
+    return ColibriModel(path, header, records, data)
+
+
+def _read_table(h: ModelHeader, data: np.ndarray, size: int) -> dict[tuple[int, int, int], TensorRecord]:
+    specs = expected_tensors(h)
+    order = list(specs)
+    records: dict[tuple[int, int, int], TensorRecord] = {}
+    spans: list[tuple[int, int, str]] = []
+    for i in range(h.n_tensors):
+        at = HEADER_SIZE + i * RECORD_SIZE
+        r = TensorRecord.unpack(bytes(data[at: at + RECORD_SIZE]))
+        where = f"tensor record {i}"
+        spec = specs.get(r.key)
+        if spec is None:
+            raise ModelError(f"{where} ({tensor_label(r.kind, r.layer, r.expert) if r.kind in Kind._value2member_map_ else 'kind ' + str(r.kind)}): field kind/layer/expert is not part of this model's geometry")
+        where = f"{where} ({r.label()})"
+        if r.key in records:
+            raise ModelError(f"{where}: appears twice")
+        if r.key != order[i]:
+            raise ModelError(f"{where}: table not sorted by layer, kind, expert (expected {tensor_label(*order[i])})")
+        if r.dtype not in DType._value2member_map_:
+            raise ModelError(f"{where}: field dtype {r.dtype}, allowed 0..3")
+        if spec.f32_only and r.dtype != DType.F32:
+            raise ModelError(f"{where}: field dtype {DType(r.dtype).name.lower()}, this kind must be f32")
+        if (r.rows, r.cols) != (spec.rows, spec.cols):
+            raise ModelError(f"{where}: field rows/cols [{r.rows}, {r.cols}], the geometry needs [{spec.rows}, {spec.cols}]")
+        itemsize = DType(r.dtype).itemsize
+        if r.nbytes != r.rows * r.cols * itemsize:
+            raise ModelError(f"{where}: field nbytes {r.nbytes}, expected rows*cols*{itemsize} = {r.rows * r.cols * itemsize}")
+        _check_span(where, "offset", r.offset, r.nbytes, h.data_offset, size)
+        spans.append((r.offset, r.offset + r.nbytes, where))
+        if r.dtype == DType.INT8:
+            if r.scale_nbytes != r.rows * 4:
+                raise ModelError(f"{where}: field scale_nbytes {r.scale_nbytes}, expected rows*4 = {r.rows * 4}")
+            _check_span(where, "scale_offset", r.scale_offset, r.scale_nbytes, h.data_offset, size)
+            spans.append((r.scale_offset, r.scale_offset + r.scale_nbytes, where + " scales"))
+        elif r.scale_offset or r.scale_nbytes:
+            raise ModelError(f"{where}: fields scale_offset/scale_nbytes must be 0 for a non-int8 tensor")
+        if any(r.reserved):
+            raise ModelError(f"{where}: field reserved must be zero")
+        records[r.key] = r
+    spans.sort()
+    for (a0, a1, wa), (b0, b1, wb) in zip(spans, spans[1:]):
+        if b0 < a1:
+            raise ModelError(f"{wb}: data overlaps {wa}")
+    return records
+
+
+def _check_span(where: str, name: str, offset: int, nbytes: int, data_offset: int, size: int) -> None:
+    if offset % ALIGN:
+        raise ModelError(f"{where}: field {name} {offset} is not {ALIGN}-byte aligned")
+    if offset < data_offset:
+        raise ModelError(f"{where}: field {name} {offset} lies before data_offset {data_offset}")
+    if offset > size or nbytes > size - offset:
+        raise ModelError(f"{where}: field {name} {offset} + {nbytes} bytes runs past the end of the file ({size} bytes)")
+
+
+def header_json(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Validated header of a model file as a dict (for `invoke model-info`)."""
+    m = read_model(path)
+    d = m.header.to_json()
+    d["tensors"] = len(m.records)
+    return d
+
