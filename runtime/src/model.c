@@ -1,0 +1,493 @@
+/* Loading a `.colibri` file: mmap it, then check every field of docs/format.md before any
+ * pointer into the mapping is formed. A bad file is refused with a status and a one-line reason
+ * that names the field; nothing here may read outside [base, base + size). */
+#include "model.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "colibri_config.h"
+
+_Static_assert(COLIBRI_EMBED_DIM_PAD > 0 && COLIBRI_EMBED_DIM_PAD % 16 == 0,
+               "COLIBRI_EMBED_DIM_PAD must be a positive multiple of 16 (docs/format.md)");
+_Static_assert(COLIBRI_TOP_K >= 1 && COLIBRI_TOP_K <= 16, "COLIBRI_TOP_K must be in 1..16");
+_Static_assert(COLIBRI_MAX_EXPERTS >= 1 && COLIBRI_MAX_EXPERTS <= 256,
+               "COLIBRI_MAX_EXPERTS must be in 1..256");
+
+/* Format limits (docs/format.md, "Limits enforced by readers"). */
+#define LIM_D 65536u
+#define LIM_E 256u
+#define LIM_TOPK 16u
+#define LIM_L 1024u
+#define LIM_HEADS 1024u
+#define LIM_DH 1024u
+#define LIM_V 4194304u
+#define LIM_F 262144u
+#define LIM_SEQ 1048576u
+
+static colibri_status fail(char *why, size_t len, colibri_status s, const char *fmt, ...) {
+    if (why && len) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(why, len, fmt, ap);
+        va_end(ap);
+    }
+    return s;
+}
+
+static uint32_t rd32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static uint64_t rd64(const uint8_t *p) { return (uint64_t)rd32(p) | (uint64_t)rd32(p + 4) << 32; }
+static float rdf32(const uint8_t *p) {
+    uint32_t u = rd32(p);
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+size_t colibri_dtype_size(uint32_t dtype) {
+    switch (dtype) {
+    case COLIBRI_DT_F32: return 4;
+    case COLIBRI_DT_F16: return 2;
+    case COLIBRI_DT_BF16: return 2;
+    case COLIBRI_DT_INT8: return 1;
+    default: return 0;
+    }
+}
+
+static const char *kind_name(uint32_t kind) {
+    switch (kind) {
+    case COLIBRI_K_TOK_EMBED: return "TOK_EMBED";
+    case COLIBRI_K_OUTPUT_NORM: return "OUTPUT_NORM";
+    case COLIBRI_K_LM_HEAD: return "LM_HEAD";
+    case COLIBRI_K_ATTN_NORM: return "ATTN_NORM";
+    case COLIBRI_K_WQ: return "WQ";
+    case COLIBRI_K_WK: return "WK";
+    case COLIBRI_K_WV: return "WV";
+    case COLIBRI_K_WO: return "WO";
+    case COLIBRI_K_BQ: return "BQ";
+    case COLIBRI_K_BK: return "BK";
+    case COLIBRI_K_BV: return "BV";
+    case COLIBRI_K_Q_NORM: return "Q_NORM";
+    case COLIBRI_K_K_NORM: return "K_NORM";
+    case COLIBRI_K_FFN_NORM: return "FFN_NORM";
+    case COLIBRI_K_ROUTER: return "ROUTER";
+    case COLIBRI_K_EXPERT_W1: return "EXPERT_W1";
+    case COLIBRI_K_EXPERT_W3: return "EXPERT_W3";
+    case COLIBRI_K_EXPERT_W2: return "EXPERT_W2";
+    case COLIBRI_K_SHARED_W1: return "SHARED_W1";
+    case COLIBRI_K_SHARED_W3: return "SHARED_W3";
+    case COLIBRI_K_SHARED_W2: return "SHARED_W2";
+    case COLIBRI_K_SHARED_GATE: return "SHARED_GATE";
+    default: return NULL;
+    }
+}
+
+static int is_global(uint32_t kind) { return kind <= COLIBRI_K_LM_HEAD; }
+static int is_expert(uint32_t kind) {
+    return kind >= COLIBRI_K_EXPERT_W1 && kind <= COLIBRI_K_EXPERT_W2;
+}
+/* Small vectors stay f32 whatever the model dtype (docs/format.md). */
+static int must_be_f32(uint32_t kind) {
+    switch (kind) {
+    case COLIBRI_K_OUTPUT_NORM: case COLIBRI_K_ATTN_NORM: case COLIBRI_K_BQ: case COLIBRI_K_BK:
+    case COLIBRI_K_BV: case COLIBRI_K_Q_NORM: case COLIBRI_K_K_NORM: case COLIBRI_K_FFN_NORM:
+    case COLIBRI_K_ROUTER: case COLIBRI_K_SHARED_GATE: return 1;
+    default: return 0;
+    }
+}
+
+/* Is the tensor kind part of a model with these flags, and with which shape? */
+static int expected_shape(const struct colibri_model *m, uint32_t kind, uint32_t *rows,
+                          uint32_t *cols) {
+    uint32_t dp = m->embed_dim_pad, qd = m->n_heads * m->head_dim, kvd = m->n_kv_heads * m->head_dim;
+    uint32_t f = m->flags;
+    int shared = (f & COLIBRI_FLAG_SHARED_EXPERT) != 0;
+    switch (kind) {
+    case COLIBRI_K_TOK_EMBED: *rows = m->vocab_size; *cols = dp; return 1;
+    case COLIBRI_K_OUTPUT_NORM: *rows = 1; *cols = dp; return 1;
+    case COLIBRI_K_LM_HEAD: *rows = m->vocab_size; *cols = dp;
+        return !(f & COLIBRI_FLAG_TIED_EMBEDDINGS);
+    case COLIBRI_K_ATTN_NORM: case COLIBRI_K_FFN_NORM: *rows = 1; *cols = dp; return 1;
+    case COLIBRI_K_WQ: *rows = qd; *cols = dp; return 1;
+    case COLIBRI_K_WK: case COLIBRI_K_WV: *rows = kvd; *cols = dp; return 1;
+    case COLIBRI_K_WO: *rows = dp; *cols = qd; return 1;
+    case COLIBRI_K_BQ: *rows = 1; *cols = qd; return (f & COLIBRI_FLAG_QKV_BIAS) != 0;
+    case COLIBRI_K_BK: case COLIBRI_K_BV: *rows = 1; *cols = kvd;
+        return (f & COLIBRI_FLAG_QKV_BIAS) != 0;
+    case COLIBRI_K_Q_NORM: case COLIBRI_K_K_NORM:
+        *rows = 1;
+        if (f & COLIBRI_FLAG_QK_NORM_HEAD) { *cols = m->head_dim; return 1; }
+        if (f & COLIBRI_FLAG_QK_NORM_FULL) { *cols = kind == COLIBRI_K_Q_NORM ? qd : kvd; return 1; }
+        return 0;
+    case COLIBRI_K_ROUTER: *rows = m->num_experts; *cols = dp; return 1;
+    case COLIBRI_K_EXPERT_W1: case COLIBRI_K_EXPERT_W3: *rows = m->expert_size; *cols = dp; return 1;
+    case COLIBRI_K_EXPERT_W2: *rows = dp; *cols = m->expert_size; return 1;
+    case COLIBRI_K_SHARED_W1: case COLIBRI_K_SHARED_W3:
+        *rows = m->shared_expert_size; *cols = dp; return shared;
+    case COLIBRI_K_SHARED_W2: *rows = dp; *cols = m->shared_expert_size; return shared;
+    case COLIBRI_K_SHARED_GATE: *rows = 1; *cols = dp;
+        return (f & COLIBRI_FLAG_SHARED_EXPERT_GATE) != 0;
+    default: return 0;
+    }
+}
+
+/* Where the view of (kind, layer, expert) lives in the model struct. */
+static colibri_tensor *slot_for(struct colibri_model *m, uint32_t kind, uint32_t layer,
+                                uint32_t expert) {
+    if (kind == COLIBRI_K_TOK_EMBED) return &m->tok_embed;
+    if (kind == COLIBRI_K_OUTPUT_NORM) return &m->output_norm;
+    if (kind == COLIBRI_K_LM_HEAD) return &m->lm_head;
+    colibri_layer *l = &m->layers[layer];
+    switch (kind) {
+    case COLIBRI_K_ATTN_NORM: return &l->attn_norm;
+    case COLIBRI_K_WQ: return &l->wq;
+    case COLIBRI_K_WK: return &l->wk;
+    case COLIBRI_K_WV: return &l->wv;
+    case COLIBRI_K_WO: return &l->wo;
+    case COLIBRI_K_BQ: return &l->bq;
+    case COLIBRI_K_BK: return &l->bk;
+    case COLIBRI_K_BV: return &l->bv;
+    case COLIBRI_K_Q_NORM: return &l->q_norm;
+    case COLIBRI_K_K_NORM: return &l->k_norm;
+    case COLIBRI_K_FFN_NORM: return &l->ffn_norm;
+    case COLIBRI_K_ROUTER: return &l->router;
+    case COLIBRI_K_EXPERT_W1: return &l->w1[expert];
+    case COLIBRI_K_EXPERT_W3: return &l->w3[expert];
+    case COLIBRI_K_EXPERT_W2: return &l->w2[expert];
+    case COLIBRI_K_SHARED_W1: return &l->shared_w1;
+    case COLIBRI_K_SHARED_W3: return &l->shared_w3;
+    case COLIBRI_K_SHARED_W2: return &l->shared_w2;
+    case COLIBRI_K_SHARED_GATE: return &l->shared_gate;
+    default: return NULL;
+    }
+}
+
+/* [off, off + n) inside [lo, size)? Written so that no addition can wrap. */
+static int range_ok(uint64_t off, uint64_t n, uint64_t lo, uint64_t size) {
+    return off >= lo && off <= size && n <= size - off;
+}
+
+static colibri_status check_dim(const char *field, uint32_t v, uint32_t lo, uint32_t hi, char *why,
+                                size_t len) {
+    if (v < lo || v > hi)
+        return fail(why, len, COLIBRI_E_ABSURD_DIM, "header field %s = %u is outside %u..%u", field,
+                    v, lo, hi);
+    return COLIBRI_OK;
+}
+
+static colibri_status parse_header(struct colibri_model *m, const uint8_t *b, uint64_t size,
+                                   char *why, size_t len) {
+    colibri_status s;
+    if (size < COLIBRI_HEADER_SIZE)
+        return fail(why, len, COLIBRI_E_TRUNCATED,
+                    "file is %llu bytes, shorter than the 256-byte header (truncated?)",
+                    (unsigned long long)size);
+    if (memcmp(b, "COLIBRI\0", 8) != 0)
+        return fail(why, len, COLIBRI_E_BAD_MAGIC, "bad magic: not a .colibri file");
+    m->version = rd32(b + 8);
+    if (m->version != 1)
+        return fail(why, len, COLIBRI_E_BAD_VERSION,
+                    "format version %u is not supported (this runtime reads version 1)",
+                    m->version);
+    m->num_experts = rd32(b + 12);
+    m->expert_size = rd32(b + 16);
+    m->vocab_size = rd32(b + 20);
+    m->max_seq_len = rd32(b + 24);
+    m->embed_dim = rd32(b + 28);
+    uint32_t header_size = rd32(b + 32);
+    m->n_layers = rd32(b + 36);
+    m->n_heads = rd32(b + 40);
+    m->n_kv_heads = rd32(b + 44);
+    m->head_dim = rd32(b + 48);
+    m->top_k = rd32(b + 52);
+    m->routing = rd32(b + 56);
+    m->dtype = rd32(b + 60);
+    m->embed_dim_pad = rd32(b + 64);
+    m->pad_multiple = rd32(b + 68);
+    m->flags = rd32(b + 72);
+    m->shared_expert_size = rd32(b + 76);
+    m->norm_eps = rdf32(b + 80);
+    m->rope_theta = rdf32(b + 84);
+    m->n_tensors = rd32(b + 88);
+    uint32_t table_offset = rd32(b + 92);
+    m->data_offset = rd64(b + 96);
+    m->file_size = rd64(b + 104);
+    m->family = rd32(b + 112);
+    m->bos_token_id = rd32(b + 116);
+    m->eos_token_id = rd32(b + 120);
+    memcpy(m->name, b + 192, 64);
+    m->name[64] = '\0';
+
+    if (header_size != COLIBRI_HEADER_SIZE)
+        return fail(why, len, COLIBRI_E_BAD_VERSION, "header_size is %u, expected 256", header_size);
+    if (m->file_size > size)
+        return fail(why, len, COLIBRI_E_TRUNCATED,
+                    "file is %llu bytes but its header says file_size = %llu (truncated)",
+                    (unsigned long long)size, (unsigned long long)m->file_size);
+    if (m->file_size != size)
+        return fail(why, len, COLIBRI_E_OUT_OF_RANGE,
+                    "file is %llu bytes but its header says file_size = %llu",
+                    (unsigned long long)size, (unsigned long long)m->file_size);
+
+    if ((s = check_dim("embed_dim", m->embed_dim, 1, LIM_D, why, len)) ||
+        (s = check_dim("embed_dim_pad", m->embed_dim_pad, 1, LIM_D, why, len)) ||
+        (s = check_dim("num_experts", m->num_experts, 1, LIM_E, why, len)) ||
+        (s = check_dim("top_k", m->top_k, 1, LIM_TOPK, why, len)) ||
+        (s = check_dim("n_layers", m->n_layers, 1, LIM_L, why, len)) ||
+        (s = check_dim("n_heads", m->n_heads, 1, LIM_HEADS, why, len)) ||
+        (s = check_dim("n_kv_heads", m->n_kv_heads, 1, LIM_HEADS, why, len)) ||
+        (s = check_dim("head_dim", m->head_dim, 2, LIM_DH, why, len)) ||
+        (s = check_dim("vocab_size", m->vocab_size, 1, LIM_V, why, len)) ||
+        (s = check_dim("expert_size", m->expert_size, 1, LIM_F, why, len)) ||
+        (s = check_dim("shared_expert_size", m->shared_expert_size, 0, LIM_F, why, len)) ||
+        (s = check_dim("max_seq_len", m->max_seq_len, 1, LIM_SEQ, why, len)) ||
+        (s = check_dim("pad_multiple", m->pad_multiple, 16, LIM_D, why, len)))
+        return s;
+    if (m->top_k > m->num_experts)
+        return fail(why, len, COLIBRI_E_ABSURD_DIM, "top_k = %u exceeds num_experts = %u",
+                    m->top_k, m->num_experts);
+    if (m->n_heads % m->n_kv_heads != 0)
+        return fail(why, len, COLIBRI_E_ABSURD_DIM, "n_heads = %u is not a multiple of n_kv_heads = %u",
+                    m->n_heads, m->n_kv_heads);
+    if (m->head_dim % 2 != 0)
+        return fail(why, len, COLIBRI_E_ABSURD_DIM, "head_dim = %u is odd (RoPE pairs lanes)",
+                    m->head_dim);
+    if (m->pad_multiple % 16 != 0 || m->embed_dim_pad % m->pad_multiple != 0 ||
+        m->embed_dim_pad < m->embed_dim || m->embed_dim_pad >= m->embed_dim + m->pad_multiple)
+        return fail(why, len, COLIBRI_E_ABSURD_DIM,
+                    "embed_dim_pad = %u is not embed_dim = %u rounded up to pad_multiple = %u",
+                    m->embed_dim_pad, m->embed_dim, m->pad_multiple);
+    if (m->routing > COLIBRI_WEIGHTS_SOFTMAX)
+        return fail(why, len, COLIBRI_E_UNSUPPORTED, "routing = %u is not 0 (renormalise) or 1",
+                    m->routing);
+    if (m->dtype > COLIBRI_DT_INT8)
+        return fail(why, len, COLIBRI_E_UNSUPPORTED, "dtype = %u is not one of 0..3", m->dtype);
+    if (m->flags & ~0x3Fu)
+        return fail(why, len, COLIBRI_E_UNSUPPORTED, "flags = 0x%x has unknown bits", m->flags);
+    if ((m->flags & COLIBRI_FLAG_QK_NORM_HEAD) && (m->flags & COLIBRI_FLAG_QK_NORM_FULL))
+        return fail(why, len, COLIBRI_E_ABSURD_DIM, "flags set both QK_NORM_HEAD and QK_NORM_FULL");
+    if ((m->flags & COLIBRI_FLAG_SHARED_EXPERT_GATE) && !(m->flags & COLIBRI_FLAG_SHARED_EXPERT))
+        return fail(why, len, COLIBRI_E_ABSURD_DIM, "SHARED_EXPERT_GATE without SHARED_EXPERT");
+    if (((m->flags & COLIBRI_FLAG_SHARED_EXPERT) != 0) != (m->shared_expert_size != 0))
+        return fail(why, len, COLIBRI_E_ABSURD_DIM,
+                    "shared_expert_size = %u disagrees with the SHARED_EXPERT flag",
+                    m->shared_expert_size);
+    if (!(m->norm_eps > 0.0f && m->norm_eps < 1.0f))
+        return fail(why, len, COLIBRI_E_ABSURD_DIM, "norm_eps = %g is not in (0, 1)",
+                    (double)m->norm_eps);
+    if (!(m->rope_theta > 0.0f && isfinite(m->rope_theta)))
+        return fail(why, len, COLIBRI_E_ABSURD_DIM, "rope_theta = %g is not positive and finite",
+                    (double)m->rope_theta);
+    if ((uint64_t)m->n_heads * m->head_dim > LIM_D * 4ull)
+        return fail(why, len, COLIBRI_E_ABSURD_DIM, "n_heads * head_dim = %llu is too large",
+                    (unsigned long long)m->n_heads * m->head_dim);
+
+    /* What this build can hold. */
+    if (m->pad_multiple != COLIBRI_EMBED_DIM_PAD)
+        return fail(why, len, COLIBRI_E_PAD_MISMATCH,
+                    "model was padded to a multiple of %u (pad_multiple, embed_dim_pad = %u) but this "
+                    "binary was built with COLIBRI_EMBED_DIM_PAD = %u for target '%s'; re-convert "
+                    "it for this target: `invoke convert --hf-dir <dir> --target %s --out <file>` "
+                    "(or `invoke tiny-model --target %s --out <file>`)",
+                    m->pad_multiple, m->embed_dim_pad, (unsigned)COLIBRI_EMBED_DIM_PAD,
+                    COLIBRI_TARGET_NAME, COLIBRI_TARGET_NAME, COLIBRI_TARGET_NAME);
+    if (m->top_k > COLIBRI_TOP_K)
+        return fail(why, len, COLIBRI_E_UNSUPPORTED,
+                    "top_k = %u exceeds COLIBRI_TOP_K = %d of this build (target '%s')", m->top_k,
+                    COLIBRI_TOP_K, COLIBRI_TARGET_NAME);
+    if (m->num_experts > COLIBRI_MAX_EXPERTS)
+        return fail(why, len, COLIBRI_E_UNSUPPORTED,
+                    "num_experts = %u exceeds COLIBRI_MAX_EXPERTS = %d of this build (target '%s')",
+                    m->num_experts, COLIBRI_MAX_EXPERTS, COLIBRI_TARGET_NAME);
+
+    if (table_offset != COLIBRI_HEADER_SIZE)
+        return fail(why, len, COLIBRI_E_OUT_OF_RANGE, "tensor_table_offset = %u, expected 256",
+                    table_offset);
+    if (m->data_offset % 4096 != 0 || m->data_offset < 4096 || m->data_offset > size ||
+        (uint64_t)m->n_tensors * COLIBRI_RECORD_SIZE > m->data_offset - COLIBRI_HEADER_SIZE)
+        return fail(why, len, COLIBRI_E_OUT_OF_RANGE,
+                    "data_offset = %llu with n_tensors = %u does not fit the file (%llu bytes)",
+                    (unsigned long long)m->data_offset, m->n_tensors, (unsigned long long)size);
+    return COLIBRI_OK;
+}
+
+static colibri_status parse_record(struct colibri_model *m, const uint8_t *r, uint32_t idx,
+                                   char *why, size_t len) {
+    uint32_t kind = rd32(r), layer = rd32(r + 4), expert = rd32(r + 8), dtype = rd32(r + 12);
+    uint32_t rows = rd32(r + 16), cols = rd32(r + 20);
+    uint64_t off = rd64(r + 24), nbytes = rd64(r + 32), soff = rd64(r + 40), sbytes = rd64(r + 48);
+    const char *name = kind_name(kind);
+    if (!name)
+        return fail(why, len, COLIBRI_E_BAD_TENSOR, "tensor record %u: unknown kind %u", idx, kind);
+    if (is_global(kind) ? layer != COLIBRI_NO_INDEX : layer >= m->n_layers)
+        return fail(why, len, COLIBRI_E_BAD_TENSOR, "tensor %s (record %u): bad layer %u", name,
+                    idx, layer);
+    if (is_expert(kind) ? expert >= m->num_experts : expert != COLIBRI_NO_INDEX)
+        return fail(why, len, COLIBRI_E_BAD_TENSOR, "tensor %s layer %u: bad expert index %u", name,
+                    layer, expert);
+    uint32_t er, ec;
+    if (!expected_shape(m, kind, &er, &ec))
+        return fail(why, len, COLIBRI_E_BAD_TENSOR,
+                    "tensor %s layer %d is present but the header flags (0x%x) exclude it", name,
+                    (int)layer, m->flags);
+    if (rows != er || cols != ec)
+        return fail(why, len, COLIBRI_E_BAD_TENSOR,
+                    "tensor %s layer %d expert %d has shape [%u, %u], expected [%u, %u]", name,
+                    (int)layer, (int)expert, rows, cols, er, ec);
+    size_t esz = colibri_dtype_size(dtype);
+    if (esz == 0 || (must_be_f32(kind) && dtype != COLIBRI_DT_F32))
+        return fail(why, len, COLIBRI_E_BAD_TENSOR, "tensor %s layer %d: dtype %u not allowed", name,
+                    (int)layer, dtype);
+    /* rows, cols < 2^32 so rows*cols < 2^64; times esz (<= 4) is checked against the limit. */
+    uint64_t elems = (uint64_t)rows * cols;
+    if (elems > UINT64_MAX / 4 || nbytes != elems * esz)
+        return fail(why, len, COLIBRI_E_BAD_TENSOR, "tensor %s layer %d: nbytes = %llu, expected %llu",
+                    name, (int)layer, (unsigned long long)nbytes, (unsigned long long)(elems * esz));
+    if (off % 64 != 0 || !range_ok(off, nbytes, m->data_offset, m->file_size))
+        return fail(why, len, COLIBRI_E_OUT_OF_RANGE,
+                    "tensor %s layer %d: data [%llu, +%llu) is unaligned or outside the data "
+                    "section [%llu, %llu)",
+                    name, (int)layer, (unsigned long long)off, (unsigned long long)nbytes,
+                    (unsigned long long)m->data_offset, (unsigned long long)m->file_size);
+    if (dtype == COLIBRI_DT_INT8) {
+        if (sbytes != (uint64_t)rows * 4 || soff % 64 != 0 ||
+            !range_ok(soff, sbytes, m->data_offset, m->file_size))
+            return fail(why, len, COLIBRI_E_OUT_OF_RANGE,
+                        "tensor %s layer %d: int8 scales [%llu, +%llu) are unaligned, mis-sized or "
+                        "outside the file",
+                        name, (int)layer, (unsigned long long)soff, (unsigned long long)sbytes);
+    } else if (soff != 0 || sbytes != 0) {
+        return fail(why, len, COLIBRI_E_BAD_TENSOR, "tensor %s layer %d: scales on a non-int8 tensor",
+                    name, (int)layer);
+    }
+    colibri_tensor *t = slot_for(m, kind, layer, expert);
+    if (t->data)
+        return fail(why, len, COLIBRI_E_BAD_TENSOR, "tensor %s layer %d expert %d appears twice",
+                    name, (int)layer, (int)expert);
+    t->data = m->base + off;
+    t->scales = dtype == COLIBRI_DT_INT8 ? (const float *)(const void *)(m->base + soff) : NULL;
+    t->dtype = dtype;
+    t->rows = rows;
+    t->cols = cols;
+    return COLIBRI_OK;
+}
+
+static colibri_status require(const struct colibri_model *m, const colibri_tensor *t, uint32_t kind,
+                              int layer, int expert, char *why, size_t len) {
+    uint32_t r, c;
+    if (!expected_shape(m, kind, &r, &c) || t->data) return COLIBRI_OK;
+    return fail(why, len, COLIBRI_E_BAD_TENSOR, "tensor %s layer %d expert %d is missing",
+                kind_name(kind), layer, expert);
+}
+
+static colibri_status check_complete(struct colibri_model *m, char *why, size_t len) {
+    colibri_status s;
+    if ((s = require(m, &m->tok_embed, COLIBRI_K_TOK_EMBED, -1, -1, why, len)) ||
+        (s = require(m, &m->output_norm, COLIBRI_K_OUTPUT_NORM, -1, -1, why, len)) ||
+        (s = require(m, &m->lm_head, COLIBRI_K_LM_HEAD, -1, -1, why, len)))
+        return s;
+    for (uint32_t i = 0; i < m->n_layers; i++) {
+        colibri_layer *l = &m->layers[i];
+        int li = (int)i;
+        const struct { const colibri_tensor *t; uint32_t kind; } need[] = {
+            {&l->attn_norm, COLIBRI_K_ATTN_NORM}, {&l->wq, COLIBRI_K_WQ}, {&l->wk, COLIBRI_K_WK},
+            {&l->wv, COLIBRI_K_WV}, {&l->wo, COLIBRI_K_WO}, {&l->bq, COLIBRI_K_BQ},
+            {&l->bk, COLIBRI_K_BK}, {&l->bv, COLIBRI_K_BV}, {&l->q_norm, COLIBRI_K_Q_NORM},
+            {&l->k_norm, COLIBRI_K_K_NORM}, {&l->ffn_norm, COLIBRI_K_FFN_NORM},
+            {&l->router, COLIBRI_K_ROUTER}, {&l->shared_w1, COLIBRI_K_SHARED_W1},
+            {&l->shared_w3, COLIBRI_K_SHARED_W3}, {&l->shared_w2, COLIBRI_K_SHARED_W2},
+            {&l->shared_gate, COLIBRI_K_SHARED_GATE},
+        };
+        for (size_t k = 0; k < sizeof need / sizeof need[0]; k++)
+            if ((s = require(m, need[k].t, need[k].kind, li, -1, why, len))) return s;
+        for (uint32_t e = 0; e < m->num_experts; e++)
+            if ((s = require(m, &l->w1[e], COLIBRI_K_EXPERT_W1, li, (int)e, why, len)) ||
+                (s = require(m, &l->w3[e], COLIBRI_K_EXPERT_W3, li, (int)e, why, len)) ||
+                (s = require(m, &l->w2[e], COLIBRI_K_EXPERT_W2, li, (int)e, why, len)))
+                return s;
+    }
+    if (m->flags & COLIBRI_FLAG_TIED_EMBEDDINGS) m->lm_head = m->tok_embed;
+    return COLIBRI_OK;
+}
+
+static colibri_status validate(struct colibri_model *m, char *why, size_t len) {
+    colibri_status s = parse_header(m, m->base, m->size, why, len);
+    if (s) return s;
+    uint64_t want = (uint64_t)m->n_layers * (16u + 3u * m->num_experts) + 3u;
+    if (m->n_tensors > want)
+        return fail(why, len, COLIBRI_E_BAD_TENSOR, "n_tensors = %u is more than this geometry has",
+                    m->n_tensors);
+    m->layers = calloc(m->n_layers, sizeof *m->layers);
+    m->expert_views = calloc((size_t)m->n_layers * m->num_experts * 3, sizeof *m->expert_views);
+    if (!m->layers || !m->expert_views)
+        return fail(why, len, COLIBRI_E_NO_MEMORY, "out of memory for the tensor table");
+    for (uint32_t i = 0; i < m->n_layers; i++) {
+        colibri_tensor *v = m->expert_views + (size_t)i * m->num_experts * 3;
+        m->layers[i].w1 = v;
+        m->layers[i].w3 = v + m->num_experts;
+        m->layers[i].w2 = v + 2 * (size_t)m->num_experts;
+    }
+    for (uint32_t i = 0; i < m->n_tensors; i++)
+        if ((s = parse_record(m, m->base + COLIBRI_HEADER_SIZE + (size_t)i * COLIBRI_RECORD_SIZE, i,
+                              why, len)))
+            return s;
+    return check_complete(m, why, len);
+}
+
+colibri_status colibri_model_from_memory(struct colibri_model *m, const void *buf, size_t len,
+                                         char *why, size_t why_len) {
+    memset(m, 0, sizeof *m);
+    if (!buf || ((uintptr_t)buf % 64) != 0)
+        return fail(why, why_len, COLIBRI_E_INVALID_ARG, "model buffer must be 64-byte aligned");
+    m->base = buf;
+    m->size = len;
+    colibri_status s = validate(m, why, why_len);
+    if (s) colibri_model_close(m);
+    return s;
+}
+
+colibri_status colibri_model_open(struct colibri_model *m, const char *path, char *why,
+                                  size_t why_len) {
+    memset(m, 0, sizeof *m);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return fail(why, why_len, COLIBRI_E_IO, "cannot open %s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return fail(why, why_len, COLIBRI_E_IO, "%s is not a regular file", path);
+    }
+    size_t size = (size_t)st.st_size;
+    if (size < COLIBRI_HEADER_SIZE) {
+        close(fd);
+        return fail(why, why_len, COLIBRI_E_TRUNCATED,
+                    "%s is %zu bytes, shorter than the 256-byte header (truncated?)", path, size);
+    }
+    void *p = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED)
+        return fail(why, why_len, COLIBRI_E_IO, "cannot mmap %s: %s", path, strerror(errno));
+    m->base = p;
+    m->size = size;
+    m->mapped = 1;
+    colibri_status s = validate(m, why, why_len);
+    if (s) colibri_model_close(m);
+    return s;
+}
+
+void colibri_model_close(struct colibri_model *m) {
+    if (m->mapped && m->base) munmap((void *)m->base, m->size);
+    free(m->layers);
+    free(m->expert_views);
+    memset(m, 0, sizeof *m);
+}

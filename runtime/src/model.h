@@ -1,0 +1,87 @@
+/* The validated, mmapped `.colibri` model (docs/format.md). Shared by the CPU path and the CUDA
+ * backend: after colibri_model_open succeeds every tensor view below points inside the mapping,
+ * has the shape the format requires for this geometry, and lies wholly inside the file. */
+#ifndef COLIBRI_MODEL_H
+#define COLIBRI_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "colibri.h"
+
+enum { COLIBRI_DT_F32 = 0, COLIBRI_DT_F16 = 1, COLIBRI_DT_BF16 = 2, COLIBRI_DT_INT8 = 3 };
+
+enum {
+    COLIBRI_FLAG_SHARED_EXPERT = 1u << 0,
+    COLIBRI_FLAG_SHARED_EXPERT_GATE = 1u << 1,
+    COLIBRI_FLAG_QK_NORM_HEAD = 1u << 2,
+    COLIBRI_FLAG_QK_NORM_FULL = 1u << 3,
+    COLIBRI_FLAG_TIED_EMBEDDINGS = 1u << 4,
+    COLIBRI_FLAG_QKV_BIAS = 1u << 5
+};
+
+/* Header field `routing`: what the k weights are. */
+enum { COLIBRI_WEIGHTS_RENORM = 0, COLIBRI_WEIGHTS_SOFTMAX = 1 };
+
+enum {
+    COLIBRI_K_TOK_EMBED = 1, COLIBRI_K_OUTPUT_NORM = 2, COLIBRI_K_LM_HEAD = 3,
+    COLIBRI_K_ATTN_NORM = 10, COLIBRI_K_WQ = 11, COLIBRI_K_WK = 12, COLIBRI_K_WV = 13,
+    COLIBRI_K_WO = 14, COLIBRI_K_BQ = 15, COLIBRI_K_BK = 16, COLIBRI_K_BV = 17,
+    COLIBRI_K_Q_NORM = 18, COLIBRI_K_K_NORM = 19, COLIBRI_K_FFN_NORM = 20, COLIBRI_K_ROUTER = 21,
+    COLIBRI_K_EXPERT_W1 = 30, COLIBRI_K_EXPERT_W3 = 31, COLIBRI_K_EXPERT_W2 = 32,
+    COLIBRI_K_SHARED_W1 = 40, COLIBRI_K_SHARED_W3 = 41, COLIBRI_K_SHARED_W2 = 42,
+    COLIBRI_K_SHARED_GATE = 43
+};
+
+#define COLIBRI_HEADER_SIZE 256u
+#define COLIBRI_RECORD_SIZE 64u
+#define COLIBRI_NO_INDEX 0xFFFFFFFFu
+
+/* A view of one tensor in the mapping. data == NULL means "absent" (optional tensor).
+ * y[r] = scale[r] * sum_c data[r, c] * x[c] for int8; scales is NULL for other dtypes. */
+typedef struct {
+    const void *data;
+    const float *scales;
+    uint32_t dtype;
+    uint32_t rows, cols;
+} colibri_tensor;
+
+typedef struct {
+    colibri_tensor attn_norm, wq, wk, wv, wo;
+    colibri_tensor bq, bk, bv, q_norm, k_norm; /* optional, per flags */
+    colibri_tensor ffn_norm, router;
+    colibri_tensor *w1, *w3, *w2;              /* num_experts entries each */
+    colibri_tensor shared_w1, shared_w3, shared_w2, shared_gate; /* optional */
+} colibri_layer;
+
+struct colibri_model {
+    /* header, in the format's terms */
+    uint32_t version, num_experts, expert_size, vocab_size, max_seq_len, embed_dim;
+    uint32_t n_layers, n_heads, n_kv_heads, head_dim, top_k, routing, dtype;
+    uint32_t embed_dim_pad, pad_multiple, flags, shared_expert_size;
+    float norm_eps, rope_theta;
+    uint32_t n_tensors, family, bos_token_id, eos_token_id;
+    uint64_t data_offset, file_size;
+    char name[65];
+
+    colibri_tensor tok_embed, output_norm, lm_head; /* lm_head == tok_embed when tied */
+    colibri_layer *layers;                          /* n_layers entries */
+
+    /* the mapping */
+    const uint8_t *base;
+    size_t size;
+    int mapped;                   /* 1: base came from mmap (unmap on close); 0: caller's buffer */
+    colibri_tensor *expert_views; /* backing store of every layer's w1/w3/w2 arrays */
+};
+
+/* Open, mmap and validate `path`. On failure returns a status with `why` naming the field. */
+colibri_status colibri_model_open(struct colibri_model *m, const char *path, char *why,
+                                  size_t why_len);
+/* Validate a model held in memory (the fuzzer and tests use it). `buf` must stay alive. */
+colibri_status colibri_model_from_memory(struct colibri_model *m, const void *buf, size_t len,
+                                         char *why, size_t why_len);
+void colibri_model_close(struct colibri_model *m);
+
+size_t colibri_dtype_size(uint32_t dtype);
+
+#endif
