@@ -1,0 +1,585 @@
+/* Colibri GPU kernels: the single NVRTC translation unit (docs/cuda.md).
+ *
+ * The build compiles this file with NVRTC to PTX for the profile's lowest SM, then ptxas makes one
+ * cubin per SM; the runtime loads them through the driver API (runtime/src/cuda_backend.c). So:
+ *   - no standard or CUDA headers (NVRTC ships none; f16/bf16 are decoded by hand below);
+ *   - every kernel is extern "C" so its name in the cubin is the name the backend looks up;
+ *   - nothing newer than sm_72 (Xavier) is used, one PTX serves every target.
+ *
+ * Determinism: no atomics anywhere. Every reduction has a fixed shape (per-lane partial sums in
+ * index order, then an xor-butterfly across the warp, then warp partials in warp order), so a
+ * kernel gives the same bits run to run and with 1 or 2 streams. Activations are f32; weights are
+ * f32, f16, bf16 or int8 with one f32 scale per output row (docs/format.md).
+ *
+ * Layouts: a linear layer's weight is W[rows=out, cols=in] row-major, y[t, r] = W[r, :] . x[t, :].
+ * Tensors with a D-sized axis are padded to Dp with zeros, so padded lanes stay exactly zero. */
+#include "colibri_config.h"
+
+typedef unsigned long long cb_u64;
+typedef unsigned int cb_u32;
+typedef unsigned short cb_u16;
+
+#define CB_DT_F32 0
+#define CB_DT_F16 1
+#define CB_DT_BF16 2
+#define CB_DT_INT8 3
+
+#define CB_WARP 32
+#define CB_FULL_MASK 0xffffffffu
+/* Threads per block of the row kernels (linear, expert up/down): 4 warps, one output row each. */
+#define CB_ROW_WARPS 4
+/* Tokens one warp carries at once in a row kernel: the weight row is read once per tile. */
+#define CB_TOKEN_TILE 4
+/* Router top-k sorts at most this many experts (docs/format.md caps E at 256). */
+#define CB_MAX_SORT 256
+
+#if COLIBRI_MAX_EXPERTS > CB_MAX_SORT
+#error "COLIBRI_MAX_EXPERTS exceeds the router kernel's sort capacity (256)"
+#endif
+
+/* ---- element decoding -------------------------------------------------------------------- */
+
+__device__ __forceinline__ float cb_half_to_float(cb_u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ float cb_bf16_to_float(cb_u16 h) {
+    return __uint_as_float(((cb_u32)h) << 16);
+}
+
+/* One element of a weight tensor as f32 (int8 without its row scale). */
+template <int DT>
+__device__ __forceinline__ float cb_load1(const void *w, cb_u64 i) {
+    if (DT == CB_DT_F32) return ((const float *)w)[i];
+    if (DT == CB_DT_F16) return cb_half_to_float(((const cb_u16 *)w)[i]);
+    if (DT == CB_DT_BF16) return cb_bf16_to_float(((const cb_u16 *)w)[i]);
+    return (float)((const signed char *)w)[i];
+}
+
+__device__ __forceinline__ void cb_unpack_halves(cb_u32 v, float *a, float *b, int bf16) {
+    if (bf16) {
+        *a = cb_bf16_to_float((cb_u16)(v & 0xffffu));
+        *b = cb_bf16_to_float((cb_u16)(v >> 16));
+    } else {
+        *a = cb_half_to_float((cb_u16)(v & 0xffffu));
+        *b = cb_half_to_float((cb_u16)(v >> 16));
+    }
+}
+
+__device__ __forceinline__ float cb_sbyte(cb_u32 v, int k) {
+    return (float)(signed char)((v >> (8 * k)) & 0xffu);
+}
+
+/* Eight consecutive elements starting at element c of a row (16-byte aligned for f16/bf16,
+ * 8-byte for int8, 32-byte for f32: the caller checks alignment before taking this path). */
+template <int DT>
+__device__ __forceinline__ void cb_load8(const void *row, int c, float *w) {
+    if (DT == CB_DT_F32) {
+        const float4 *p = (const float4 *)((const float *)row + c);
+        float4 a = p[0], b = p[1];
+        w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w;
+        w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
+    } else if (DT == CB_DT_F16 || DT == CB_DT_BF16) {
+        uint4 v = *(const uint4 *)((const cb_u16 *)row + c);
+        const int bf = DT == CB_DT_BF16;
+        cb_unpack_halves(v.x, &w[0], &w[1], bf);
+        cb_unpack_halves(v.y, &w[2], &w[3], bf);
+        cb_unpack_halves(v.z, &w[4], &w[5], bf);
+        cb_unpack_halves(v.w, &w[6], &w[7], bf);
+    } else {
+        uint2 v = *(const uint2 *)((const signed char *)row + c);
+        w[0] = cb_sbyte(v.x, 0); w[1] = cb_sbyte(v.x, 1); w[2] = cb_sbyte(v.x, 2);
+        w[3] = cb_sbyte(v.x, 3); w[4] = cb_sbyte(v.y, 0); w[5] = cb_sbyte(v.y, 1);
+        w[6] = cb_sbyte(v.y, 2); w[7] = cb_sbyte(v.y, 3);
+    }
+}
+
+template <int DT>
+__device__ __forceinline__ const void *cb_row_ptr(const void *w, int r, int cols) {
+    cb_u64 off = (cb_u64)r * (cb_u64)cols;
+    if (DT == CB_DT_F32) return (const float *)w + off;
+    if (DT == CB_DT_INT8) return (const signed char *)w + off;
+    return (const cb_u16 *)w + off;
+}
+
+/* ---- reductions with a fixed shape ------------------------------------------------------- */
+
+__device__ __forceinline__ float cb_warp_sum(float v) {
+    for (int o = CB_WARP / 2; o > 0; o >>= 1) v += __shfl_xor_sync(CB_FULL_MASK, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float cb_warp_max(float v) {
+    for (int o = CB_WARP / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(CB_FULL_MASK, v, o));
+    return v;
+}
+
+/* Block-wide sum; every thread gets the result. `scratch` holds >= 32 floats. blockDim.x must be
+ * a multiple of 32. Warp partials are added by warp 0 in a butterfly (fixed order). */
+__device__ float cb_block_sum(float v, float *scratch) {
+    const int lane = threadIdx.x & (CB_WARP - 1), warp = threadIdx.x / CB_WARP;
+    const int nwarps = blockDim.x / CB_WARP;
+    v = cb_warp_sum(v);
+    __syncthreads(); /* scratch may still be read by a previous call */
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < nwarps ? scratch[lane] : 0.0f;
+    v = cb_warp_sum(v);
+    return v;
+}
+
+__device__ float cb_block_max(float v, float *scratch) {
+    const int lane = threadIdx.x & (CB_WARP - 1), warp = threadIdx.x / CB_WARP;
+    const int nwarps = blockDim.x / CB_WARP;
+    v = cb_warp_max(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < nwarps ? scratch[lane] : -__int_as_float(0x7f800000);
+    v = cb_warp_max(v);
+    return v;
+}
+
+/* ---- dot products of one weight row with up to CB_TOKEN_TILE activation rows -------------- */
+
+/* acc[i] (lane partial) += row . x[i] over the lane's share of columns. The share is fixed:
+ * vector path: lane takes columns [8*lane + 256*j, +8); scalar path: columns lane + 32*j. */
+template <int DT>
+__device__ __forceinline__ void cb_row_dot(const void *row, int cols, const float *const *x, int nt,
+                                           int vec, float *acc) {
+    const int lane = threadIdx.x & (CB_WARP - 1);
+    if (vec) {
+        for (int c = lane * 8; c < cols; c += CB_WARP * 8) {
+            float w[8];
+            cb_load8<DT>(row, c, w);
+#pragma unroll
+            for (int i = 0; i < CB_TOKEN_TILE; i++) {
+                if (i < nt) {
+                    const float4 *xp = (const float4 *)(x[i] + c);
+                    float4 a = xp[0], b = xp[1];
+                    float s = acc[i];
+                    s += w[0] * a.x; s += w[1] * a.y; s += w[2] * a.z; s += w[3] * a.w;
+                    s += w[4] * b.x; s += w[5] * b.y; s += w[6] * b.z; s += w[7] * b.w;
+                    acc[i] = s;
+                }
+            }
+        }
+    } else {
+        for (int c = lane; c < cols; c += CB_WARP) {
+            float w = cb_load1<DT>(row, (cb_u64)c);
+#pragma unroll
+            for (int i = 0; i < CB_TOKEN_TILE; i++)
+                if (i < nt) acc[i] += w * x[i][c];
+        }
+    }
+}
+
+/* May the 8-wide vector loads be used? Needs 8 | cols and aligned bases (checked per launch:
+ * every row then starts aligned because cols is a multiple of 8). */
+__device__ __forceinline__ int cb_can_vec(const void *w, int dtype, int cols, const float *x,
+                                          int x_stride) {
+    const cb_u64 wa = dtype == CB_DT_F32 ? 16 : (dtype == CB_DT_INT8 ? 8 : 16);
+    return (cols % 8) == 0 && (x_stride % 4) == 0 && ((cb_u64)w % wa) == 0 &&
+           ((cb_u64)x % 16) == 0;
+}
+
+/* ---- embedding ----------------------------------------------------------------------------- */
+
+template <int DT>
+__device__ void cb_embed_row(float *xo, const void *table, const float *scales, int id, int Dp) {
+    const float s = DT == CB_DT_INT8 ? scales[id] : 1.0f;
+    const cb_u64 base = (cb_u64)id * (cb_u64)Dp;
+    for (int i = threadIdx.x; i < Dp; i += blockDim.x) {
+        float v = cb_load1<DT>(table, base + (cb_u64)i);
+        xo[i] = DT == CB_DT_INT8 ? v * s : v;
+    }
+}
+
+/* x[t, :] = dequant(table[ids[t], :]). grid (n), any block size. ids were range-checked on the
+ * host. */
+extern "C" __global__ void cb_embed(float *x, int Dp, const int *ids, const void *table,
+                                    const float *scales, int dtype) {
+    const int t = blockIdx.x;
+    float *xo = x + (cb_u64)t * (cb_u64)Dp;
+    const int id = ids[t];
+    switch (dtype) {
+    case CB_DT_F32: cb_embed_row<CB_DT_F32>(xo, table, scales, id, Dp); break;
+    case CB_DT_F16: cb_embed_row<CB_DT_F16>(xo, table, scales, id, Dp); break;
+    case CB_DT_BF16: cb_embed_row<CB_DT_BF16>(xo, table, scales, id, Dp); break;
+    default: cb_embed_row<CB_DT_INT8>(xo, table, scales, id, Dp); break;
+    }
+}
+
+/* ---- RMSNorm ------------------------------------------------------------------------------- */
+
+/* y[r, i] = w[i] * (x[r, i] / sqrt(sum_{j<true_len} x[r, j]^2 / true_len + eps)), i < len.
+ * grid (rows), blockDim a multiple of 32. In place (y == x) is allowed: each thread reads and
+ * writes only its own elements, after the block-wide sum. Used for the attention/FFN/output
+ * norms (len = Dp, true_len = D), per-head q/k norm (rows = n*heads, len = true_len = Dh) and
+ * full-width q/k norm (len = true_len = heads*Dh). */
+extern "C" __global__ void cb_rmsnorm(float *y, int y_stride, const float *x, int x_stride,
+                                      const float *w, int len, int true_len, float eps) {
+    __shared__ float scratch[CB_WARP];
+    const float *xr = x + (cb_u64)blockIdx.x * (cb_u64)x_stride;
+    float *yr = y + (cb_u64)blockIdx.x * (cb_u64)y_stride;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < true_len; i += blockDim.x) ss += xr[i] * xr[i];
+    ss = cb_block_sum(ss, scratch);
+    const float inv = 1.0f / sqrtf(ss / (float)true_len + eps);
+    for (int i = threadIdx.x; i < len; i += blockDim.x) yr[i] = w[i] * (xr[i] * inv);
+}
+
+/* ---- linear layers ------------------------------------------------------------------------- */
+
+template <int DT>
+__device__ void cb_linear_impl(float *y, int y_stride, const float *x, int x_stride, int n,
+                               const void *w, const float *scales, int rows, int cols,
+                               const float *bias, int accumulate) {
+    const int lane = threadIdx.x & (CB_WARP - 1);
+    const int r = blockIdx.x * CB_ROW_WARPS + threadIdx.x / CB_WARP;
+    const int t0 = blockIdx.y * CB_TOKEN_TILE;
+    if (r >= rows || t0 >= n) return; /* whole warp leaves together: no shuffle is left half */
+    const int nt = n - t0 < CB_TOKEN_TILE ? n - t0 : CB_TOKEN_TILE;
+    const float *xs[CB_TOKEN_TILE];
+    for (int i = 0; i < CB_TOKEN_TILE; i++)
+        xs[i] = x + (cb_u64)(t0 + (i < nt ? i : 0)) * (cb_u64)x_stride;
+    float acc[CB_TOKEN_TILE] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const int vec = cb_can_vec(w, DT, cols, x, x_stride);
+    cb_row_dot<DT>(cb_row_ptr<DT>(w, r, cols), cols, xs, nt, vec, acc);
+    const float s = DT == CB_DT_INT8 ? scales[r] : 1.0f;
+    for (int i = 0; i < CB_TOKEN_TILE; i++) {
+        float v = cb_warp_sum(acc[i]);
+        if (lane == 0 && i < nt) {
+            if (DT == CB_DT_INT8) v *= s;
+            if (bias) v += bias[r];
+            float *yp = y + (cb_u64)(t0 + i) * (cb_u64)y_stride + r;
+            *yp = accumulate ? *yp + v : v;
+        }
+    }
+}
+
+/* y[t, r] (+)= W[r, :] . x[t, :] (+ bias[r]) for t < n, r < rows.
+ * grid (ceil(rows / 4), ceil(n / 4)), block 128: one warp per output row, 4 tokens per warp. */
+extern "C" __global__ void cb_linear(float *y, int y_stride, const float *x, int x_stride, int n,
+                                     const void *w, const float *scales, int dtype, int rows,
+                                     int cols, const float *bias, int accumulate) {
+    switch (dtype) {
+    case CB_DT_F32:
+        cb_linear_impl<CB_DT_F32>(y, y_stride, x, x_stride, n, w, scales, rows, cols, bias,
+                                  accumulate);
+        break;
+    case CB_DT_F16:
+        cb_linear_impl<CB_DT_F16>(y, y_stride, x, x_stride, n, w, scales, rows, cols, bias,
+                                  accumulate);
+        break;
+    case CB_DT_BF16:
+        cb_linear_impl<CB_DT_BF16>(y, y_stride, x, x_stride, n, w, scales, rows, cols, bias,
+                                   accumulate);
+        break;
+    default:
+        cb_linear_impl<CB_DT_INT8>(y, y_stride, x, x_stride, n, w, scales, rows, cols, bias,
+                                   accumulate);
+        break;
+    }
+}
+
+/* ---- RoPE ---------------------------------------------------------------------------------- */
+
+/* Rotate-half RoPE in place on x[t, head*Dh + ...] for t < n at position pos0 + t: pair i with
+ * i + Dh/2, inverse frequency theta^(-2i/Dh). The angle is formed in f32 like the reference
+ * (transformers: inv_freq f32, position * inv_freq in f32) and its cos/sin are taken in double,
+ * so they are the correctly rounded f32 values, not a fast approximation.
+ * grid (n), block any; threads loop over heads*Dh/2 pairs. */
+extern "C" __global__ void cb_rope(float *x, int row_stride, int nheads, int Dh, int pos0,
+                                   float theta) {
+    const int t = blockIdx.x;
+    const int half = Dh / 2;
+    const float pos = (float)(pos0 + t);
+    float *xr = x + (cb_u64)t * (cb_u64)row_stride;
+    for (int k = threadIdx.x; k < nheads * half; k += blockDim.x) {
+        const int head = k / half, i = k % half;
+        const float e = (float)(2 * i) / (float)Dh;
+        const float inv_freq = (float)(1.0 / pow((double)theta, (double)e));
+        const float ang = pos * inv_freq;
+        const float c = (float)cos((double)ang), s = (float)sin((double)ang);
+        float *p = xr + head * Dh;
+        const float a = p[i], b = p[i + half];
+        p[i] = a * c - b * s;
+        p[i + half] = b * c + a * s;
+    }
+}
+
+/* ---- attention over the KV cache ---------------------------------------------------------- */
+
+/* Causal grouped-query attention for token t (position pos0 + t) and query head h:
+ * out[t, h, :] = sum_{j <= pos} softmax_j(q . k_j / sqrt(Dh)) v_j, with k/v rows of the cache
+ * (row stride kv_stride = Hkv*Dh floats) and kv head h / (H / Hkv).
+ * scores: scratch of score_stride (>= pos0 + n) floats per (t, h).
+ * grid (H, n), block 128 (4 warps). Prefill (n > 1) and decode (n == 1) are the same kernel. */
+extern "C" __global__ void cb_attention(float *out, const float *q, const float *kc,
+                                        const float *vc, float *scores, int score_stride,
+                                        int pos0, int H, int Hkv, int Dh) {
+    __shared__ float scratch[CB_WARP];
+    const int h = blockIdx.x, t = blockIdx.y;
+    const int lane = threadIdx.x & (CB_WARP - 1), warp = threadIdx.x / CB_WARP;
+    const int nwarps = blockDim.x / CB_WARP;
+    const int last = pos0 + t; /* attend to positions 0..last */
+    const int kvh = h / (H / Hkv);
+    const int kv_stride = Hkv * Dh;
+    const float *qh = q + ((cb_u64)t * (cb_u64)H + (cb_u64)h) * (cb_u64)Dh;
+    float *sc = scores + ((cb_u64)t * (cb_u64)H + (cb_u64)h) * (cb_u64)score_stride;
+    const float scale = 1.0f / sqrtf((float)Dh);
+
+    for (int j = warp; j <= last; j += nwarps) {
+        const float *kj = kc + (cb_u64)j * (cb_u64)kv_stride + (cb_u64)kvh * (cb_u64)Dh;
+        float d = 0.0f;
+        for (int c = lane; c < Dh; c += CB_WARP) d += qh[c] * kj[c];
+        d = cb_warp_sum(d);
+        if (lane == 0) sc[j] = d * scale;
+    }
+    __syncthreads();
+
+    float m = -__int_as_float(0x7f800000);
+    for (int j = threadIdx.x; j <= last; j += blockDim.x) m = fmaxf(m, sc[j]);
+    m = cb_block_max(m, scratch);
+    float sum = 0.0f;
+    for (int j = threadIdx.x; j <= last; j += blockDim.x) {
+        const float e = expf(sc[j] - m);
+        sc[j] = e; /* this thread owns j: no other thread touches sc[j] until the barrier */
+        sum += e;
+    }
+    sum = cb_block_sum(sum, scratch); /* its barriers come after every sc[j] write */
+    __syncthreads();
+    const float inv = 1.0f / sum;
+
+    float *oh = out + ((cb_u64)t * (cb_u64)H + (cb_u64)h) * (cb_u64)Dh;
+    for (int c = threadIdx.x; c < Dh; c += blockDim.x) {
+        const float *vcol = vc + (cb_u64)kvh * (cb_u64)Dh + (cb_u64)c;
+        float acc = 0.0f;
+        for (int j = 0; j <= last; j++) acc += (sc[j] * inv) * vcol[(cb_u64)j * (cb_u64)kv_stride];
+        oh[c] = acc;
+    }
+}
+
+/* ---- routing ------------------------------------------------------------------------------- */
+
+/* Does expert a (logit ka) come before expert b in the routing order? Higher logit first, ties
+ * to the lower index. A strict total order, so the sort below has exactly one result. */
+__device__ __forceinline__ int cb_before(float ka, int ia, float kb, int ib) {
+    return ka > kb || (ka == kb && ia < ib);
+}
+
+/* Per token (grid (n), block 32 = one warp): p = softmax(logits[t, :E]); the top_k experts by
+ * probability (= by logit: softmax is monotonic; ties to the lower expert index), weights p_i
+ * (renorm == 0: divided by their sum, in rank order). Outputs in rank order:
+ * idx[t*k + j], wts[t*k + j]. Sorting is a bitonic network over the next power of two >= E in
+ * shared memory, one warp; padding entries (-inf, index 2^30) sort last. */
+extern "C" __global__ void cb_router_topk(const float *logits, int E, int k, int renorm,
+                                          int *idx, float *wts) {
+    __shared__ float key[CB_MAX_SORT];
+    __shared__ int id[CB_MAX_SORT];
+    const int t = blockIdx.x;
+    const int lane = threadIdx.x;
+    const float *lr = logits + (cb_u64)t * (cb_u64)E;
+    int npow = 2;
+    while (npow < E) npow <<= 1;
+    for (int i = lane; i < npow; i += CB_WARP) {
+        key[i] = i < E ? lr[i] : -__int_as_float(0x7f800000);
+        id[i] = i < E ? i : (1 << 30) + i;
+    }
+    __syncwarp();
+    for (int size = 2; size <= npow; size <<= 1) {
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            for (int i = lane; i < npow; i += CB_WARP) {
+                const int j = i ^ stride;
+                if (j > i) {
+                    /* blocks with (i & size) == 0 end in routing order, the others reversed */
+                    const int fwd = (i & size) == 0;
+                    const int swap = fwd ? cb_before(key[j], id[j], key[i], id[i])
+                                         : cb_before(key[i], id[i], key[j], id[j]);
+                    if (swap) {
+                        const float tk = key[i]; key[i] = key[j]; key[j] = tk;
+                        const int ti = id[i]; id[i] = id[j]; id[j] = ti;
+                    }
+                }
+            }
+            __syncwarp();
+        }
+    }
+    /* softmax denominator over all E in a fixed order; key[0] is the maximum logit */
+    const float m = key[0];
+    float sum = 0.0f;
+    for (int i = lane; i < E; i += CB_WARP) sum += expf(lr[i] - m);
+    sum = cb_warp_sum(sum);
+    if (lane == 0) {
+        float p[16];
+        float top = 0.0f;
+        for (int j = 0; j < k; j++) {
+            p[j] = expf(key[j] - m) / sum;
+            top += p[j];
+        }
+        for (int j = 0; j < k; j++) {
+            idx[t * k + j] = id[j];
+            wts[t * k + j] = renorm == 0 ? p[j] / top : p[j];
+        }
+    }
+}
+
+/* ---- dispatch ------------------------------------------------------------------------------- */
+
+/* Group the n*k (token, rank) assignments by expert, deterministically and without atomics:
+ * offsets[e] .. offsets[e+1] are expert e's slots (offsets has E+1 entries), filled in
+ * assignment order (token, then rank); perm[slot] = token; slot_of[t*k + j] = slot.
+ * grid (1), block 256: thread e counts and places expert e's assignments by itself. */
+extern "C" __global__ void cb_dispatch(const int *idx, int n, int k, int E, int *offsets,
+                                       int *perm, int *slot_of) {
+    __shared__ int base[CB_MAX_SORT + 1];
+    const int total = n * k;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        int c = 0;
+        for (int a = 0; a < total; a++) c += idx[a] == e;
+        base[e + 1] = c;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        base[0] = 0;
+        for (int e = 0; e < E; e++) base[e + 1] += base[e];
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e <= E; e += blockDim.x) offsets[e] = base[e];
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        int slot = base[e];
+        for (int a = 0; a < total; a++) {
+            if (idx[a] == e) {
+                perm[slot] = a / k;
+                slot_of[a] = slot;
+                slot++;
+            }
+        }
+    }
+}
+
+/* ---- grouped expert SwiGLU ------------------------------------------------------------------ */
+
+__device__ __forceinline__ float cb_silu(float g) { return g / (1.0f + expf(-g)); }
+
+template <int DT>
+__device__ void cb_expert_up_impl(float *act, int F, const float *h, int Dp, const int *perm,
+                                  int begin, int end, const void *w1, const void *w3,
+                                  const float *s1, const float *s3) {
+    const int lane = threadIdx.x & (CB_WARP - 1);
+    const int r = blockIdx.x * CB_ROW_WARPS + threadIdx.x / CB_WARP;
+    if (r >= F) return;
+    const int vec = cb_can_vec(w1, DT, Dp, h, Dp) && cb_can_vec(w3, DT, Dp, h, Dp);
+    const void *row1 = cb_row_ptr<DT>(w1, r, Dp);
+    const void *row3 = cb_row_ptr<DT>(w3, r, Dp);
+    const float sc1 = DT == CB_DT_INT8 ? s1[r] : 1.0f, sc3 = DT == CB_DT_INT8 ? s3[r] : 1.0f;
+    for (int s0 = begin; s0 < end; s0 += CB_TOKEN_TILE) {
+        const int nt = end - s0 < CB_TOKEN_TILE ? end - s0 : CB_TOKEN_TILE;
+        const float *xs[CB_TOKEN_TILE];
+        for (int i = 0; i < CB_TOKEN_TILE; i++)
+            xs[i] = h + (cb_u64)perm[s0 + (i < nt ? i : 0)] * (cb_u64)Dp;
+        float g[CB_TOKEN_TILE] = {0.0f, 0.0f, 0.0f, 0.0f};
+        float u[CB_TOKEN_TILE] = {0.0f, 0.0f, 0.0f, 0.0f};
+        cb_row_dot<DT>(row1, Dp, xs, nt, vec, g);
+        cb_row_dot<DT>(row3, Dp, xs, nt, vec, u);
+        for (int i = 0; i < CB_TOKEN_TILE; i++) {
+            const float gv = cb_warp_sum(g[i]) * sc1;
+            const float uv = cb_warp_sum(u[i]) * sc3;
+            if (lane == 0 && i < nt) act[(cb_u64)(s0 + i) * (cb_u64)F + r] = cb_silu(gv) * uv;
+        }
+    }
+}
+
+/* act[slot, r] = silu(W1_e[r] . h[perm[slot]]) * (W3_e[r] . h[perm[slot]]) for every slot of
+ * expert e = blockIdx.y (offsets[e] .. offsets[e+1]). w1/w3/s1/s3 are device arrays of per-expert
+ * pointers (s* unused unless int8). grid (ceil(F / 4), E), block 128. An expert with no tokens
+ * returns at once, so decode (one token, k experts) reads only the chosen experts' weights.
+ * The shared expert is the same kernel with E = 1 and perm = 0..n-1. */
+extern "C" __global__ void cb_expert_up(float *act, int F, const float *h, int Dp, const int *perm,
+                                        const int *offsets, const void *const *w1,
+                                        const void *const *w3, const float *const *s1,
+                                        const float *const *s3, int dtype) {
+    const int e = blockIdx.y;
+    const int begin = offsets[e], end = offsets[e + 1];
+    if (begin == end) return;
+    const float *sc1 = dtype == CB_DT_INT8 ? s1[e] : 0, *sc3 = dtype == CB_DT_INT8 ? s3[e] : 0;
+    switch (dtype) {
+    case CB_DT_F32:
+        cb_expert_up_impl<CB_DT_F32>(act, F, h, Dp, perm, begin, end, w1[e], w3[e], sc1, sc3);
+        break;
+    case CB_DT_F16:
+        cb_expert_up_impl<CB_DT_F16>(act, F, h, Dp, perm, begin, end, w1[e], w3[e], sc1, sc3);
+        break;
+    case CB_DT_BF16:
+        cb_expert_up_impl<CB_DT_BF16>(act, F, h, Dp, perm, begin, end, w1[e], w3[e], sc1, sc3);
+        break;
+    default:
+        cb_expert_up_impl<CB_DT_INT8>(act, F, h, Dp, perm, begin, end, w1[e], w3[e], sc1, sc3);
+        break;
+    }
+}
+
+template <int DT>
+__device__ void cb_expert_down_impl(float *eo, int Dp, const float *act, int F, int begin,
+                                    int end, const void *w2, const float *s2) {
+    const int lane = threadIdx.x & (CB_WARP - 1);
+    const int r = blockIdx.x * CB_ROW_WARPS + threadIdx.x / CB_WARP;
+    if (r >= Dp) return;
+    const int vec = cb_can_vec(w2, DT, F, act, F);
+    const void *row = cb_row_ptr<DT>(w2, r, F);
+    const float sc = DT == CB_DT_INT8 ? s2[r] : 1.0f;
+    for (int s0 = begin; s0 < end; s0 += CB_TOKEN_TILE) {
+        const int nt = end - s0 < CB_TOKEN_TILE ? end - s0 : CB_TOKEN_TILE;
+        const float *xs[CB_TOKEN_TILE];
+        for (int i = 0; i < CB_TOKEN_TILE; i++)
+            xs[i] = act + (cb_u64)(s0 + (i < nt ? i : 0)) * (cb_u64)F;
+        float acc[CB_TOKEN_TILE] = {0.0f, 0.0f, 0.0f, 0.0f};
+        cb_row_dot<DT>(row, F, xs, nt, vec, acc);
+        for (int i = 0; i < CB_TOKEN_TILE; i++) {
+            const float v = cb_warp_sum(acc[i]) * sc;
+            if (lane == 0 && i < nt) eo[(cb_u64)(s0 + i) * (cb_u64)Dp + r] = v;
+        }
+    }
+}
+
+/* eo[slot, r] = W2_e[r] . act[slot, :] for expert e = blockIdx.y's slots.
+ * grid (ceil(Dp / 4), E), block 128. */
+extern "C" __global__ void cb_expert_down(float *eo, int Dp, const float *act, int F,
+                                          const int *offsets, const void *const *w2,
+                                          const float *const *s2, int dtype) {
+    const int e = blockIdx.y;
+    const int begin = offsets[e], end = offsets[e + 1];
+    if (begin == end) return;
+    const float *sc = dtype == CB_DT_INT8 ? s2[e] : 0;
+    switch (dtype) {
+    case CB_DT_F32: cb_expert_down_impl<CB_DT_F32>(eo, Dp, act, F, begin, end, w2[e], sc); break;
+    case CB_DT_F16: cb_expert_down_impl<CB_DT_F16>(eo, Dp, act, F, begin, end, w2[e], sc); break;
+    case CB_DT_BF16:
+        cb_expert_down_impl<CB_DT_BF16>(eo, Dp, act, F, begin, end, w2[e], sc);
+        break;
+    default: cb_expert_down_impl<CB_DT_INT8>(eo, Dp, act, F, begin, end, w2[e], sc); break;
+    }
+}
+
+/* ---- combine ------------------------------------------------------------------------------- */
+
+/* x[t, i] += (sum_j wts[t, j] * eo[slot_of[t, j], i]) + g_t * s[t, i], the routed sum in rank
+ * order j = 0..k-1, then the shared expert (g_t = sigmoid(gate[t]) when gate is given, else 1;
+ * skipped when s is NULL). grid (n), any block size. */
+extern "C" __global__ void cb_moe_combine(float *x, int Dp, int k, const float *eo,
+                                          const int *slot_of, const float *wts, const float *s,
+                                          const float *gate) {
+    const int t = blockIdx.x;
+    float *xr = x + (cb_u64)t * (cb_u64)Dp;
+    const float g = gate ? 1.0f / (1.0f + expf(-gate[t])) : 1.0f;
+    for (int i = threadIdx.x; i < Dp; i += blockDim.x) {
+        float acc = 0.0f;
+        for (int j = 0; j < k; j++)
+            acc += wts[t * k + j] * eo[(cb_u64)slot_of[t * k + j] * (cb_u64)Dp + (cb_u64)i];
+        if (s) acc += g * s[(cb_u64)t * (cb_u64)Dp + (cb_u64)i];
+        xr[i] += acc;
+    }
+}
