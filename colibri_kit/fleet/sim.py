@@ -1,0 +1,471 @@
+"""An emulated Jetson fleet: real ``sshd`` processes on loopback, each in its own mount namespace.
+
+Each device is ``unshare -m --propagation private`` + a start script that mounts the device's view
+of the machine, then ``exec``s ``/usr/sbin/sshd -D`` with its own config, host key and port on
+127.0.0.1. Inside that namespace (and nowhere else):
+
+* ``/sys`` is a bind mount of the device's faked sysfs tree (devicetree model/compatible, cpufreq,
+  GPU devfreq), written by ``device_files(root, module)``;
+* ``/etc``, ``/usr`` (and any other top-level directory the faked tree has, e.g. ``/var``) are
+  overlayfs mounts: the host directory is the bottom layer, the sim's own additions (a ``colibri``
+  user with a sudo password, the authorized keys, a ``uname`` that reports aarch64) are the middle
+  layer, and the faked tree's directory is the writable top layer, so ``/etc/nv_tegra_release``,
+  ``/usr/bin/nvpmodel`` and ``/usr/bin/jetson_clocks`` appear at their real paths and whatever the
+  stand-ins write lands in the faked tree, visible from the host. Nothing on the host is created
+  or changed (no empty mount-point files are needed: overlays and the /sys bind provide the paths).
+* ``/opt/colibri`` is a size-limited tmpfs (``disk_mb``): a real "disk full" fault.
+
+aarch64 binaries run through ``qemu-aarch64`` registered in binfmt_misc with the F flag (the
+interpreter is opened at registration, so it works inside any mount namespace); the aarch64 loader
+and libc come from ``/usr/aarch64-linux-gnu`` via ``QEMU_LD_PREFIX``, which sshd sets for every
+session (``SetEnv``). The registration is left in place by ``down`` (it is not a mount and other
+fleets may use it); remove it with ``echo -1 > /proc/sys/fs/binfmt_misc/colibri-aarch64``.
+
+``/proc/device-tree`` cannot be faked (procfs); the kit reads its sysfs twin
+``/sys/firmware/devicetree/base`` as a real Jetson provides both.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+from colibri_kit.errors import FleetError
+from colibri_kit.fleet.inventory import Host, write_inventory
+
+DEFAULT_STATE_DIR = Path("/tmp/colibri-sim")
+SIM_USER = "colibri"
+SIM_UID = 4242
+QEMU_LD_PREFIX = "/usr/aarch64-linux-gnu"
+BINFMT_DIR = Path("/proc/sys/fs/binfmt_misc")
+BINFMT_NAME = "colibri-aarch64"
+AARCH64_MAGIC = (r"\x7f\x45\x4c\x46\x02\x01\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x02\x00\xb7\x00")
+AARCH64_MASK = (r"\xff\xff\xff\xff\xff\xff\xff\x00\xff\xff\xff\xff\xff\xff\xff\xff\xfe\xff\xff\xff")
+MODULES = ("orin-nx", "orin-nano", "agx-orin", "xavier-nx", "agx-thor")
+
+# Minimal identity of each module, used until the tuning stand-ins provide the full tree.
+_IDENTITY = {
+    "orin-nx": ("NVIDIA Jetson Orin NX Engineering Reference Developer Kit",
+                ["nvidia,p3768-0000+p3767-0000", "nvidia,p3767-0000", "nvidia,tegra234"], "R36", "4.3"),
+    "orin-nano": ("NVIDIA Jetson Orin Nano Engineering Reference Developer Kit",
+                  ["nvidia,p3768-0000+p3767-0005", "nvidia,p3767-0005", "nvidia,tegra234"], "R36", "4.3"),
+    "agx-orin": ("NVIDIA Jetson AGX Orin Developer Kit",
+                 ["nvidia,p3737-0000+p3701-0005", "nvidia,p3701-0005", "nvidia,tegra234"], "R36", "4.3"),
+    "xavier-nx": ("NVIDIA Jetson Xavier NX Developer Kit",
+                  ["nvidia,p3509-0000+p3668-0001", "nvidia,p3668-0001", "nvidia,tegra194"], "R35", "5.0"),
+    "agx-thor": ("NVIDIA Jetson AGX Thor Developer Kit",
+                 ["nvidia,p3971-0000+p3834-0000", "nvidia,p3834-0000", "nvidia,tegra264"], "R38", "2.0"),
+}
+
+
+def _builtin_device_files(root: Path, module: str) -> None:
+    """The identity files only (release, devicetree model/compatible, cpufreq, GPU devfreq)."""
+    model, compatible, rel, rev = _IDENTITY[module]
+    etc = root / "etc"
+    etc.mkdir(parents=True, exist_ok=True)
+    (etc / "nv_tegra_release").write_text(
+        f"# {rel} (release), REVISION: {rev}, GCID: 38968081, BOARD: generic, EABI: aarch64, "
+        f"DATE: Tue Jan  7 18:59:49 UTC 2025\n")
+    dt = root / "sys/firmware/devicetree/base"
+    dt.mkdir(parents=True, exist_ok=True)
+    (dt / "model").write_bytes(model.encode() + b"\0")
+    (dt / "compatible").write_bytes(b"".join(c.encode() + b"\0" for c in compatible))
+    cpu = root / "sys/devices/system/cpu"
+    cpu.mkdir(parents=True, exist_ok=True)
+    (cpu / "online").write_text("0-7\n")
+    (cpu / "possible").write_text("0-7\n")
+    for n in range(8):
+        freq = cpu / f"cpu{n}/cpufreq"
+        freq.mkdir(parents=True, exist_ok=True)
+        (freq / "scaling_governor").write_text("schedutil\n")
+        (freq / "scaling_available_governors").write_text("interactive conservative ondemand userspace powersave performance schedutil\n")
+    gpu = root / "sys/class/devfreq/17000000.gpu"
+    gpu.mkdir(parents=True, exist_ok=True)
+    (gpu / "governor").write_text("nvhost_podgov\n")
+    (gpu / "available_governors").write_text("nvhost_podgov userspace performance simple_ondemand\n")
+
+
+def device_files(root: Path, module: str) -> None:
+    """Write the faked Jetson files for ``module`` under ``root`` (at their real relative paths).
+
+    The tuning work owns the full stand-ins (``simtools.device_files.populate``: nvpmodel,
+    jetson_clocks, clocks); until it exists, the identity files above are enough to deploy."""
+    if module not in MODULES:
+        raise FleetError(f"unknown emulated module {module!r} (choose from {', '.join(MODULES)})")
+    try:
+        from colibri_kit.fleet.simtools.device_files import populate  # type: ignore
+    except ImportError:
+        _builtin_device_files(root, module)
+        return
+    populate(root, module)
+
+
+@dataclass
+class Device:
+    name: str
+    module: str
+    port: int
+    dir: str
+    pid: int = 0
+
+    @property
+    def faked_root(self) -> Path:
+        return Path(self.dir) / "root"
+
+
+def require_root(action: str) -> None:
+    if os.geteuid() != 0:
+        raise FleetError(
+            f"{action} needs root: it mounts overlayfs/tmpfs in new mount namespaces, registers "
+            f"qemu-aarch64 in binfmt_misc and starts sshd processes on 127.0.0.1. Run it as root "
+            f"(e.g. in a container or CI job), or point --fleet at real devices instead"
+        )
+
+
+def ensure_binfmt() -> str:
+    """Make sure aarch64 ELF files run through qemu-aarch64; returns the entry used."""
+    if not (BINFMT_DIR / "register").exists():
+        subprocess.run(["mount", "-t", "binfmt_misc", "binfmt_misc", str(BINFMT_DIR)], check=True)
+    magic = AARCH64_MAGIC.replace(r"\x", "").lower()
+    for entry in BINFMT_DIR.iterdir():
+        if entry.name in ("register", "status"):
+            continue
+        text = entry.read_text()
+        if text.startswith("enabled") and f"magic {magic}" in text and "flags: " in text \
+                and "F" in text.split("flags: ", 1)[1].split("\n", 1)[0]:
+            return entry.name
+    qemu = shutil.which("qemu-aarch64")
+    if qemu is None:
+        raise FleetError("qemu-aarch64 not found: apt-get install qemu-user libc6-arm64-cross")
+    (BINFMT_DIR / "register").write_text(
+        f":{BINFMT_NAME}:M::{AARCH64_MAGIC}:{AARCH64_MASK}:{os.path.realpath(qemu)}:F\n")
+    return BINFMT_NAME
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_port(port: int, proc: subprocess.Popen[bytes], log: Path, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise FleetError(f"emulated device on port {port} exited: {log.read_text()[-2000:]}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+                if s.recv(4).startswith(b"SSH-"):
+                    return
+        except OSError:
+            time.sleep(0.05)
+    raise FleetError(f"emulated device on port {port} did not answer within {timeout:g}s: "
+                     f"{log.read_text()[-2000:]}")
+
+
+def _ns_of(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/mnt")
+    except OSError:
+        return None
+
+
+def _pids_in_ns(ns: str) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and _ns_of(int(entry)) == ns:
+            pids.append(int(entry))
+    return pids
+
+
+class EmulatedFleet:
+    """``count`` emulated Jetsons of ``target``'s module; a context manager for tests.
+
+    ``modules`` overrides the module per device (e.g. a Xavier among Orins); ``disk_mb`` sizes
+    each device's /opt/colibri tmpfs (one value or a list)."""
+
+    def __init__(
+        self,
+        count: int = 3,
+        target: str = "orin-nx",
+        state_dir: Path | str = DEFAULT_STATE_DIR,
+        *,
+        modules: list[str] | None = None,
+        disk_mb: int | list[int] = 512,
+        name_prefix: str = "jetson",
+        device_files_fn: Callable[[Path, str], None] = device_files,
+    ) -> None:
+        if count < 1:
+            raise FleetError(f"--count must be at least 1 (got {count})")
+        self.count = count
+        self.target = target
+        self.state_dir = Path(state_dir).resolve()
+        if any(c in str(self.state_dir) for c in ":, \n'\"\\"):
+            raise FleetError(f"state dir {self.state_dir} must not contain ':', ',', quotes or spaces "
+                             f"(it is used in overlayfs mount options)")
+        self.modules = modules or [target] * count
+        if len(self.modules) != count:
+            raise FleetError("modules must name one module per device")
+        self.disk_mb = disk_mb if isinstance(disk_mb, list) else [disk_mb] * count
+        self.name_prefix = name_prefix
+        self.device_files_fn = device_files_fn
+        self.devices: list[Device] = []
+
+    # -- files the kit reads ----------------------------------------------------------------------
+    @property
+    def fleet_file(self) -> Path:
+        return self.state_dir / "fleet.yaml"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.state_dir / "known_hosts"
+
+    @property
+    def identity_file(self) -> Path:
+        return self.state_dir / "id_ed25519"
+
+    @property
+    def sudo_password(self) -> str:
+        return (self.state_dir / "sudo_password").read_text().strip()
+
+    def hosts(self, user: str = "root") -> list[Host]:
+        return [Host(name=d.name, address="127.0.0.1", port=d.port, user=user, target=self.target,
+                     tags=(d.module,)) for d in self.devices]
+
+    def device(self, name: str) -> Device:
+        for d in self.devices:
+            if d.name == name:
+                return d
+        raise KeyError(name)
+
+    def path_in(self, name: str, path: str) -> Path:
+        """A path as the device sees it, reachable from the host through /proc/<pid>/root."""
+        return Path(f"/proc/{self.device(name).pid}/root") / path.lstrip("/")
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    def __enter__(self) -> "EmulatedFleet":
+        return self.up()
+
+    def __exit__(self, *exc: object) -> None:
+        self.down()
+
+    def up(self) -> "EmulatedFleet":
+        require_root("the emulated fleet")
+        for tool in ("unshare", "ssh-keygen", "openssl"):
+            if shutil.which(tool) is None:
+                raise FleetError(f"{tool} not found (apt-get install util-linux openssh-client openssl)")
+        if not Path("/usr/sbin/sshd").exists():
+            raise FleetError("/usr/sbin/sshd not found: apt-get install openssh-server")
+        if (self.state_dir / "state.json").exists():
+            stop_state_dir(self.state_dir)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.state_dir, 0o700)
+        ensure_binfmt()
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation dir
+        self._client_key()
+        try:
+            for i in range(self.count):
+                self.devices.append(self._start_device(i))
+                self._save()
+        except BaseException:
+            self.down()
+            raise
+        self._write_fleet_files()
+        return self
+
+    def down(self) -> None:
+        for d in self.devices:
+            _stop_device(d)
+        self.devices = []
+        if (self.state_dir / "state.json").exists():
+            (self.state_dir / "state.json").unlink()
+
+    def kill_sessions(self, name: str) -> int:
+        """Kill every SSH session on the device but keep it listening (a dropped connection)."""
+        d = self.device(name)
+        ns = _ns_of(d.pid)
+        killed = 0
+        for pid in _pids_in_ns(ns) if ns else []:
+            if pid != d.pid:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed += 1
+                except ProcessLookupError:
+                    pass
+        return killed
+
+    # -- internals --------------------------------------------------------------------------------
+    def _client_key(self) -> None:
+        if not self.identity_file.exists():
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "colibri-sim",
+                            "-f", str(self.identity_file)], check=True)
+        pw_file = self.state_dir / "sudo_password"
+        if not pw_file.exists():
+            pw_file.write_text(secrets.token_urlsafe(18) + "\n")
+            os.chmod(pw_file, 0o600)
+
+    def _layer(self, dev: Path) -> Path:
+        """The sim's middle layer: user, sudoers, authorized keys, uname reporting aarch64."""
+        layer = dev / "layer"
+        etc = layer / "etc"
+        (etc / "sudoers.d").mkdir(parents=True, exist_ok=True)
+        (etc / "ssh").mkdir(parents=True, exist_ok=True)
+        pw_hash = subprocess.run(["openssl", "passwd", "-6", "-stdin"], input=self.sudo_password,
+                                 capture_output=True, text=True, check=True).stdout.strip()
+        home = f"/home/{SIM_USER}"
+        with open("/etc/passwd") as fh:
+            passwd = [l for l in fh if not l.startswith(f"{SIM_USER}:")]
+        with open("/etc/shadow") as fh:
+            shadow = [l for l in fh if not l.startswith(f"{SIM_USER}:")]
+        with open("/etc/group") as fh:
+            group = [l for l in fh if not l.startswith(f"{SIM_USER}:")]
+        (etc / "passwd").write_text("".join(passwd) + f"{SIM_USER}:x:{SIM_UID}:{SIM_UID}::{home}:/bin/sh\n")
+        (etc / "shadow").write_text("".join(shadow) + f"{SIM_USER}:{pw_hash}:20000:0:99999:7:::\n")
+        os.chmod(etc / "shadow", 0o640)
+        (etc / "group").write_text("".join(group) + f"{SIM_USER}:x:{SIM_UID}:\n")
+        (etc / "sudoers.d/colibri-sim").write_text(f"{SIM_USER} ALL=(ALL:ALL) ALL\n")
+        os.chmod(etc / "sudoers.d/colibri-sim", 0o440)
+        pub = Path(str(self.identity_file) + ".pub").read_text()
+        (etc / "ssh/colibri_authorized_keys").write_text(pub)
+        os.chmod(etc / "ssh/colibri_authorized_keys", 0o644)
+        # pam_loginuid cannot write /proc/self/loginuid in every container: make it optional here.
+        pam = etc / "pam.d"
+        pam.mkdir(exist_ok=True)
+        sshd_pam = Path("/etc/pam.d/sshd").read_text().replace(
+            "session    required     pam_loginuid.so", "session    optional     pam_loginuid.so")
+        (pam / "sshd").write_text(sshd_pam)
+        (layer / "home" / SIM_USER).mkdir(parents=True, exist_ok=True)
+        os.chown(layer / "home" / SIM_USER, SIM_UID, SIM_UID)
+        (layer / "opt/colibri").mkdir(parents=True, exist_ok=True)
+        sim_lib = layer / "usr/lib/colibri-sim"
+        sim_lib.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(os.path.realpath("/usr/bin/uname"), sim_lib / "uname")
+        uname = layer / "usr/bin/uname"
+        uname.parent.mkdir(parents=True, exist_ok=True)
+        uname.write_text("#!/bin/sh\n# Emulated Jetson: report the guest architecture like qemu-user does.\n"
+                         "/usr/lib/colibri-sim/uname \"$@\" | sed 's/x86_64/aarch64/g'\n")
+        os.chmod(uname, 0o755)
+        return layer
+
+    def _start_device(self, i: int) -> Device:
+        name = f"{self.name_prefix}-{i:02d}"
+        module = self.modules[i]
+        dev = self.state_dir / name
+        if dev.exists():
+            shutil.rmtree(dev)
+        dev.mkdir(parents=True)
+        root = dev / "root"
+        root.mkdir()
+        self.device_files_fn(root, module)
+        layer = self._layer(dev)
+        port = _free_port()
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name,
+                        "-f", str(dev / "ssh_host_ed25519_key")], check=True)
+        config = dev / "sshd_config"
+        config.write_text("\n".join([
+            f"Port {port}",
+            "ListenAddress 127.0.0.1",
+            f"HostKey {dev}/ssh_host_ed25519_key",
+            f"PidFile {dev}/sshd.pid",
+            "AuthorizedKeysFile /etc/ssh/colibri_authorized_keys",
+            "PermitRootLogin prohibit-password",
+            "PasswordAuthentication no",
+            "KbdInteractiveAuthentication no",
+            "UsePAM yes",
+            "PrintMotd no",
+            "Subsystem sftp internal-sftp",
+            f"SetEnv QEMU_LD_PREFIX={QEMU_LD_PREFIX}",
+            "MaxStartups 200:30:400",
+            "MaxSessions 64",
+            "LogLevel ERROR",
+            "",
+        ]))
+        script = ["set -e"]
+        top_dirs = sorted({p.name for p in root.iterdir() if p.is_dir() and p.name != "sys"}
+                          | {p.name for p in layer.iterdir() if p.is_dir()})
+        for d in top_dirs:
+            upper = root / d
+            upper.mkdir(exist_ok=True)
+            work = dev / "work" / d
+            work.mkdir(parents=True, exist_ok=True)
+            lowers = ([str(layer / d)] if (layer / d).is_dir() else []) + [f"/{d}"]
+            if not Path(f"/{d}").is_dir():
+                raise FleetError(f"emulated device files need /{d} on the host to exist")
+            opts = f"lowerdir={':'.join(lowers)},upperdir={upper},workdir={work}"
+            script.append(shlex.join(["mount", "-t", "overlay", "overlay", "-o", opts, f"/{d}"]))
+        if (root / "sys").is_dir():
+            script.append(shlex.join(["mount", "--bind", str(root / "sys"), "/sys"]))
+        size = self.disk_mb[i]
+        script.append(shlex.join(["mount", "-t", "tmpfs", "-o", f"size={size}m,mode=0755",
+                                  f"colibri-{name}", "/opt/colibri"]))
+        script.append(shlex.join(["exec", "/usr/sbin/sshd", "-D", "-e", "-f", str(config)]))
+        (dev / "start.sh").write_text("\n".join(script) + "\n")
+        log = dev / "sshd.log"
+        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "QEMU_LD_PREFIX": QEMU_LD_PREFIX}
+        with open(log, "wb") as fh:
+            proc = subprocess.Popen(
+                ["unshare", "-m", "--propagation", "private", "/bin/sh", str(dev / "start.sh")],
+                stdin=subprocess.DEVNULL, stdout=fh, stderr=fh, env=env, start_new_session=True)
+        _wait_port(port, proc, log)
+        return Device(name=name, module=module, port=port, dir=str(dev), pid=proc.pid)
+
+    def _save(self) -> None:
+        (self.state_dir / "state.json").write_text(json.dumps(
+            {"target": self.target, "devices": [asdict(d) for d in self.devices]}, indent=1))
+
+    def _write_fleet_files(self) -> None:
+        lines = []
+        for d in self.devices:
+            key = Path(d.dir, "ssh_host_ed25519_key.pub").read_text().split()
+            lines.append(f"[127.0.0.1]:{d.port} {key[0]} {key[1]}\n")
+        self.known_hosts.write_text("".join(lines))
+        write_inventory(self.fleet_file, self.hosts(), known_hosts="known_hosts",
+                        identity_file="id_ed25519",
+                        groups={"sim": [d.name for d in self.devices]})
+
+
+def _stop_device(d: Device) -> None:
+    """Kill every process in the device's mount namespace; the namespace and its mounts go with
+    the last one (they were never visible outside it)."""
+    ns = _ns_of(d.pid) if d.pid else None
+    if ns is None or ns == _ns_of(os.getpid()):
+        return
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        pids = _pids_in_ns(ns)
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        for _ in range(50):
+            if not _pids_in_ns(ns):
+                break
+            time.sleep(0.02)
+    try:
+        os.waitpid(d.pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def stop_state_dir(state_dir: Path) -> int:
+    """Stop the devices a previous ``up`` recorded in ``state_dir``; returns how many."""
+    state = state_dir / "state.json"
+    if not state.exists():
+        return 0
+    devices = [Device(**d) for d in json.loads(state.read_text())["devices"]]
+    for d in devices:
+        _stop_device(d)
+    state.unlink()
+    return len(devices)
