@@ -211,7 +211,7 @@ def compile_kernels_cached(plan: CudaPlan, kernel_src: Path, config_dir: Path, o
     progress(f"compiling kernels with CUDA {plan.version} ({tc.source}): PTX compute_{plan.sms[0]}"
              f" + cubin {' '.join(f'sm_{s}' for s in plan.sms)}")
     stamp.unlink(missing_ok=True)
-    for old in out_dir.glob(f"{kernel_src.stem}.*"):
+    for old in [*out_dir.glob("*.cubin"), *out_dir.glob("*.ptx")]:
         old.unlink()
     images = toolchain.compile_kernels(tc, kernel_src, [config_dir], plan.sms, out_dir)
     stamp.write_text(json.dumps({"inputs": digest}, indent=2) + "\n")

@@ -466,3 +466,48 @@ def file_digest(paths_: Iterable[Path]) -> str:
     for p in paths_:
         h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
     return h.hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# Whole-profile helpers (the `invoke toolchain` task and the Dockerfile use these)
+
+
+def install_for_profile(profile, progress: Progress | None = None,
+                        cuda_version: str | None = None) -> dict[str, str]:
+    """Install what `profile` builds with; return the tool versions it will use."""
+    host = host_toolchain(profile, progress)
+    versions = {"host_cc": host.version}
+    version = cuda_version or (profile.cuda.version if getattr(profile, "cuda", None) else None)
+    if version:
+        cuda = cuda_toolchain(version, progress=progress)
+        versions.update({f"cuda_{k}": v for k, v in cuda.versions().items()})
+        versions["cuda_sms_supported"] = " ".join(f"sm_{s}" for s in supported_sms(cuda))
+    return versions
+
+
+def install_all(progress: Progress | None = None) -> None:
+    """zig + every pinned CUDA set (the Docker image bakes these in)."""
+    install_zig(progress)
+    for version in sorted(CUDA_PINS):
+        cuda_toolchain(version, progress=progress)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m colibri_kit.toolchain")
+    ap.add_argument("command", choices=("install-all", "list"))
+    args = ap.parse_args(argv)
+    try:
+        if args.command == "install-all":
+            install_all(progress=lambda m: print(m, flush=True))
+        for s in cached_sets():
+            print(f"{s.name:12} {s.size_bytes / 2**20:8.1f} MiB  {s.path}")
+    except ToolchainError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
