@@ -549,8 +549,7 @@ class ModelWriter:
         shape = tuple(int(s) for s in data.shape)
         if len(shape) == 1:
             shape = (1, shape[0])
-            if isinstance(data, np.ndarray):
-                data = data.reshape(1, -1)
+            data = data.reshape(1, shape[1])
         if len(shape) != 2:
             raise ModelError(f"tensor {label}: shape {shape}, expected 2-D")
         d, dp = self.header.embed_dim, self.header.embed_dim_pad

@@ -1,0 +1,288 @@
+"""Convert a Hugging Face MoE checkpoint (safetensors, single or sharded) to a `.colibri` file.
+
+The converter reads config.json, plans every tensor (name, expected shape, destination record)
+before writing anything, so a missing or mis-shaped tensor is refused up front with its name.
+It then streams tensor by tensor from memory-mapped safetensors through ModelWriter (row chunks:
+peak memory stays near one chunk plus the map's resident pages, not the model). The output
+appears only when complete (temporary file, then rename).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from colibri_kit.errors import KitError, ModelError
+from colibri_kit.model.families import HFModel, read_config
+from colibri_kit.model.format import (
+    NONE, DType, Flag, Kind, ModelHeader, ModelWriter, padded_dim, tensor_label,
+)
+from colibri_kit.model.safetensors_io import Checkpoint, TensorView
+
+DEFAULT_MAX_SEQ = 2048
+
+
+@dataclass(frozen=True)
+class TargetModelLimits:
+    """What the target's compiled runtime expects of a model (from its profile)."""
+
+    name: str
+    embed_pad: int
+    max_experts: int
+    top_k: int
+
+
+def target_limits(target: str) -> TargetModelLimits:
+    """The profile's `colibri` block: embed_pad (padding of D), max_experts and top_k."""
+    from colibri_kit.profiles import load_profile  # the profile loader owns validation
+
+    c = load_profile(target).colibri
+    return TargetModelLimits(target, c.embed_pad, c.max_experts, c.top_k)
+
+
+@dataclass(frozen=True)
+class Item:
+    """One `.colibri` tensor and where its data comes from."""
+
+    kind: Kind
+    layer: int
+    expert: int
+    source: TensorView
+    hf_name: str
+
+    @property
+    def nbytes(self) -> int:
+        n = 1
+        for s in self.source.shape:
+            n *= s
+        return n * 4
+
+
+class Planner:
+    """Looks tensors up by name and checks their shapes; remembers which names were used."""
+
+    def __init__(self, ck: Checkpoint) -> None:
+        self.ck = ck
+        self.used: set[str] = set()
+
+    def has(self, name: str) -> bool:
+        return name in self.ck
+
+    def take(self, name: str, shape: tuple[int, ...]) -> TensorView:
+        if name not in self.ck:
+            raise ModelError(f"checkpoint {self.ck.dir}: tensor {name} is missing")
+        got = self.ck.shape(name)
+        if got != shape:
+            raise ModelError(f"checkpoint {self.ck.dir}: tensor {name} has shape {list(got)}, expected {list(shape)}")
+        self.used.add(name)
+        return self.ck.get(name)
+
+    def take_any(self, name: str, shapes: list[tuple[int, ...]]) -> tuple[TensorView, int]:
+        """Take a tensor that may come in one of several layouts; returns (view, layout index)."""
+        if name not in self.ck:
+            raise ModelError(f"checkpoint {self.ck.dir}: tensor {name} is missing")
+        got = self.ck.shape(name)
+        if got not in shapes:
+            want = " or ".join(str(list(s)) for s in shapes)
+            raise ModelError(f"checkpoint {self.ck.dir}: tensor {name} has shape {list(got)}, expected {want}")
+        self.used.add(name)
+        return self.ck.get(name), shapes.index(got)
+
+
+def build_header(m: HFModel, dtype: DType, limits: TargetModelLimits, max_seq_len: int | None,
+                 name: str) -> ModelHeader:
+    if m.experts > limits.max_experts:
+        raise ModelError(f"config.json: {m.experts} experts per layer, but target {limits.name} is built for at "
+                         f"most {limits.max_experts} (profile colibri.max_experts)")
+    if m.top_k > limits.top_k:
+        raise ModelError(f"config.json: num_experts_per_tok = {m.top_k}, but target {limits.name} is built for "
+                         f"top_k <= {limits.top_k} (profile colibri.top_k)")
+    cap = DEFAULT_MAX_SEQ if max_seq_len is None else max_seq_len
+    if cap < 1:
+        raise ModelError(f"--max-seq-len {cap}: must be at least 1")
+    seq = min(m.max_positions, cap, 1_048_576)
+    if m.sliding_window is not None:
+        # Within the window, sliding-window attention equals full causal attention: cap the cache.
+        seq = min(seq, m.sliding_window)
+    raw_name = name.encode("utf-8")[:64].decode("utf-8", "ignore")
+    return ModelHeader(
+        num_experts=m.experts, expert_size=m.expert_ffn, vocab_size=m.vocab, max_seq_len=seq,
+        embed_dim=m.hidden, n_layers=m.layers, n_heads=m.heads, n_kv_heads=m.kv_heads,
+        head_dim=m.head_dim, top_k=m.top_k, routing=int(m.routing), dtype=int(dtype),
+        embed_dim_pad=padded_dim(m.hidden, limits.embed_pad), pad_multiple=limits.embed_pad,
+        flags=int(m.flags), shared_expert_size=m.shared_ffn, norm_eps=m.norm_eps,
+        rope_theta=m.rope_theta, family=int(m.family), bos_token_id=m.bos, eos_token_id=m.eos,
+        name=raw_name)
+
+
+def plan_tensors(m: HFModel, ck: Checkpoint) -> list[Item]:
+    """Every tensor of the output, with its checkpoint source; refuses missing/mis-shaped/unknown ones."""
+    p = Planner(ck)
+    d, v, f, e_n = m.hidden, m.vocab, m.expert_ffn, m.experts
+    hq, hkv = m.heads * m.head_dim, m.kv_heads * m.head_dim
+    items: list[Item] = []
+
+    def add(kind: Kind, layer: int, expert: int, name: str, shape: tuple[int, ...]) -> None:
+        items.append(Item(kind, layer, expert, p.take(name, shape), name))
+
+    for i in range(m.layers):
+        pre = f"model.layers.{i}"
+        att = f"{pre}.self_attn"
+        add(Kind.ATTN_NORM, i, NONE, f"{pre}.input_layernorm.weight", (d,))
+        add(Kind.WQ, i, NONE, f"{att}.q_proj.weight", (hq, d))
+        add(Kind.WK, i, NONE, f"{att}.k_proj.weight", (hkv, d))
+        add(Kind.WV, i, NONE, f"{att}.v_proj.weight", (hkv, d))
+        add(Kind.WO, i, NONE, f"{att}.o_proj.weight", (d, hq))
+        if m.flags & Flag.QKV_BIAS:
+            add(Kind.BQ, i, NONE, f"{att}.q_proj.bias", (hq,))
+            add(Kind.BK, i, NONE, f"{att}.k_proj.bias", (hkv,))
+            add(Kind.BV, i, NONE, f"{att}.v_proj.bias", (hkv,))
+        if m.flags & Flag.QK_NORM_HEAD:
+            add(Kind.Q_NORM, i, NONE, f"{att}.q_norm.weight", (m.head_dim,))
+            add(Kind.K_NORM, i, NONE, f"{att}.k_norm.weight", (m.head_dim,))
+        elif m.flags & Flag.QK_NORM_FULL:
+            add(Kind.Q_NORM, i, NONE, f"{att}.q_norm.weight", (hq,))
+            add(Kind.K_NORM, i, NONE, f"{att}.k_norm.weight", (hkv,))
+        add(Kind.FFN_NORM, i, NONE, f"{pre}.post_attention_layernorm.weight", (d,))
+        moe = f"{pre}.{m.moe_prefix}"
+        if not p.has(f"{moe}.gate.weight") and p.has(f"{pre}.mlp.gate.weight"):
+            moe = f"{pre}.mlp"  # mixtral in transformers 5's own (fused) naming
+        add(Kind.ROUTER, i, NONE, f"{moe}.gate.weight", (e_n, d))
+        items.extend(_experts(p, m, i, moe))
+        if m.flags & Flag.SHARED_EXPERT:
+            fs = m.shared_ffn
+            add(Kind.SHARED_W1, i, NONE, f"{moe}.shared_expert.gate_proj.weight", (fs, d))
+            add(Kind.SHARED_W3, i, NONE, f"{moe}.shared_expert.up_proj.weight", (fs, d))
+            add(Kind.SHARED_W2, i, NONE, f"{moe}.shared_expert.down_proj.weight", (d, fs))
+            add(Kind.SHARED_GATE, i, NONE, f"{moe}.shared_expert_gate.weight", (1, d))
+    add(Kind.TOK_EMBED, NONE, NONE, "model.embed_tokens.weight", (v, d))
+    add(Kind.OUTPUT_NORM, NONE, NONE, "model.norm.weight", (d,))
+    if not m.flags & Flag.TIED_EMBEDDINGS:
+        add(Kind.LM_HEAD, NONE, NONE, "lm_head.weight", (v, d))
+    ignorable = {"lm_head.weight"} if m.flags & Flag.TIED_EMBEDDINGS else set()
+    unknown = sorted(k for k in ck.keys()
+                     if k not in p.used and k not in ignorable and not k.endswith("rotary_emb.inv_freq"))
+    if unknown:
+        more = f" (and {len(unknown) - 5} more)" if len(unknown) > 5 else ""
+        raise ModelError(f"checkpoint {ck.dir}: tensors the {m.model_type} converter does not use "
+                         f"(unsupported variant?): {', '.join(unknown[:5])}{more}")
+    return items
+
+
+def _experts(p: Planner, m: HFModel, layer: int, moe: str) -> list[Item]:
+    """Routed experts from per-expert keys, or sliced per expert from the fused tensors."""
+    d, f, e_n = m.hidden, m.expert_ffn, m.experts
+    fused_gu, fused_down = f"{moe}.experts.gate_up_proj", f"{moe}.experts.down_proj"
+    w1: list[Item] = []
+    w3: list[Item] = []
+    w2: list[Item] = []
+    if p.has(fused_gu) or p.has(fused_down):
+        # transformers 5 in memory: gate_up [E, 2F, D] (gate rows first), down [E, D, F].
+        # Some exporters store the transposed [E, D, 2F] / [E, F, D]; the gate_up layout decides.
+        gu, gu_layout = p.take_any(fused_gu, [(e_n, 2 * f, d), (e_n, d, 2 * f)])
+        down_shapes = [(e_n, d, f), (e_n, f, d)]
+        if gu_layout == 1:
+            down_shapes.reverse()
+        dn, dn_layout = p.take_any(fused_down, down_shapes)
+        if d == f or d == 2 * f:  # shapes cannot tell the layouts apart: keep them consistent
+            dn_layout = gu_layout
+        for e in range(e_n):
+            g = gu[e]
+            if gu_layout == 0:
+                gate, up = g[:f], g[f:]
+            else:
+                gate, up = g[:, :f].T, g[:, f:].T
+            down = dn[e] if dn_layout == 0 else dn[e].T
+            w1.append(Item(Kind.EXPERT_W1, layer, e, gate, f"{fused_gu}[{e}] gate"))
+            w3.append(Item(Kind.EXPERT_W3, layer, e, up, f"{fused_gu}[{e}] up"))
+            w2.append(Item(Kind.EXPERT_W2, layer, e, down, f"{fused_down}[{e}]"))
+        return w1 + w3 + w2
+    names = ("w1", "w3", "w2") if moe.endswith("block_sparse_moe") else ("gate_proj", "up_proj", "down_proj")
+    for e in range(e_n):
+        base = f"{moe}.experts.{e}"
+        w1.append(Item(Kind.EXPERT_W1, layer, e, p.take(f"{base}.{names[0]}.weight", (f, d)), f"{base}.{names[0]}.weight"))
+        w3.append(Item(Kind.EXPERT_W3, layer, e, p.take(f"{base}.{names[1]}.weight", (f, d)), f"{base}.{names[1]}.weight"))
+        w2.append(Item(Kind.EXPERT_W2, layer, e, p.take(f"{base}.{names[2]}.weight", (d, f)), f"{base}.{names[2]}.weight"))
+    return w1 + w3 + w2
+
+
+class Progress:
+    """A bar on a terminal, a plain line per 10% otherwise; silent when disabled."""
+
+    def __init__(self, total: int, enabled: bool, stream: TextIO | None = None) -> None:
+        self.total = max(1, total)
+        self.done = 0
+        self.stream = stream or sys.stderr
+        self.enabled = enabled
+        self.tty = enabled and self.stream.isatty()
+        self._last_decile = -1
+        self._start = time.monotonic()
+
+    def step(self, nbytes: int, label: str) -> None:
+        if not self.enabled:
+            return
+        self.done += nbytes
+        frac = min(1.0, self.done / self.total)
+        if self.tty:
+            width = 30
+            bar = "#" * int(frac * width)
+            self.stream.write(f"\rconvert [{bar:<{width}}] {frac * 100:5.1f}%  {label[:40]:<40}")
+            self.stream.flush()
+        elif int(frac * 10) > self._last_decile:
+            self._last_decile = int(frac * 10)
+            self.stream.write(f"convert: {frac * 100:3.0f}% ({self.done >> 20} MiB of f32 weights)\n")
+            self.stream.flush()
+
+    def finish(self, out: Path) -> None:
+        if not self.enabled:
+            return
+        if self.tty:
+            self.stream.write("\n")
+        self.stream.write(f"convert: wrote {out} in {time.monotonic() - self._start:.1f} s\n")
+        self.stream.flush()
+
+
+def load_config(hf_dir: Path) -> dict[str, Any]:
+    path = hf_dir / "config.json"
+    try:
+        cfg = json.loads(path.read_text())
+    except OSError as exc:
+        raise ModelError(f"cannot read {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise ModelError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(cfg, dict):
+        raise ModelError(f"{path}: not a JSON object")
+    return cfg
+
+
+def convert(hf_dir: str | os.PathLike[str], out: str | os.PathLike[str], dtype: str = "f32",
+            target: str = "host", max_seq_len: int | None = None, progress: bool = True,
+            limits: TargetModelLimits | None = None) -> Path:
+    """Convert ``hf_dir`` to ``out`` for ``target`` (its embed_pad, max_experts, top_k).
+
+    ``limits`` overrides the profile lookup (tests, or a pad the profiles do not list)."""
+    hf_dir = Path(hf_dir)
+    out = Path(out)
+    kind = DType.parse(dtype)
+    if limits is None:
+        limits = target_limits(target)
+    m = read_config(load_config(hf_dir))
+    header = build_header(m, kind, limits, max_seq_len, hf_dir.resolve().name)
+    ck = Checkpoint(hf_dir)
+    items = plan_tensors(m, ck)
+    bar = Progress(sum(it.nbytes for it in items), progress)
+    with ModelWriter(out, header) as w:
+        for it in items:
+            try:
+                w.add(it.kind, it.layer, it.expert, it.source)
+            except KitError as exc:
+                raise ModelError(f"{it.hf_name} -> {tensor_label(it.kind, it.layer, it.expert)}: {exc}") from None
+            bar.step(it.nbytes, it.hf_name)
+    bar.finish(out)
+    return out
+

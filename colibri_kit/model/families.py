@@ -1,0 +1,189 @@
+"""Hugging Face MoE families the converter accepts: how each one's config.json maps to the
+`.colibri` header, and where its tensors live in the checkpoint.
+
+Each family is refused outright when its config asks for something the runtime does not compute
+(another activation, rope scaling, sliding-window layers, clipped qkv, dense layers between MoE
+layers, attention output bias), with a message naming the config key.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from colibri_kit.errors import ModelError
+from colibri_kit.model import format as fmt
+from colibri_kit.model.format import Family, Flag, Routing
+
+MODEL_TYPES = {"mixtral": Family.MIXTRAL, "qwen2_moe": Family.QWEN2_MOE,
+               "qwen3_moe": Family.QWEN3_MOE, "olmoe": Family.OLMOE}
+
+
+@dataclass(frozen=True)
+class HFModel:
+    """The geometry and semantics read from config.json (before padding and target limits)."""
+
+    family: Family
+    model_type: str
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    experts: int
+    top_k: int
+    expert_ffn: int
+    shared_ffn: int
+    vocab: int
+    routing: Routing
+    flags: int
+    norm_eps: float
+    rope_theta: float
+    max_positions: int
+    sliding_window: int | None
+    bos: int
+    eos: int
+    moe_prefix: str  # "mlp" or "block_sparse_moe" (mixtral's per-expert layout)
+
+
+def _req(cfg: dict[str, Any], key: str) -> Any:
+    if cfg.get(key) is None:
+        raise ModelError(f"config.json: key {key} is missing")
+    return cfg[key]
+
+
+def _int(cfg: dict[str, Any], key: str, default: int | None = None) -> int:
+    v = cfg.get(key, default) if default is not None else _req(cfg, key)
+    if v is None:
+        v = default
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        raise ModelError(f"config.json: key {key} = {v!r} is not a non-negative integer")
+    return v
+
+
+def _limit(key: str, value: int, lo: int, hi: int) -> int:
+    if not lo <= value <= hi:
+        raise ModelError(f"config.json: key {key} = {value} is outside what the .colibri format holds ({lo}..{hi})")
+    return value
+
+
+def _token(cfg: dict[str, Any], key: str) -> int:
+    v = cfg.get(key)
+    if isinstance(v, list):
+        v = v[0] if v else None
+    if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < fmt.UNKNOWN_TOKEN:
+        return v
+    return fmt.UNKNOWN_TOKEN
+
+
+def rope_theta(cfg: dict[str, Any]) -> float:
+    """rope_theta from ``rope_parameters`` (transformers 5) or the top level; only plain RoPE."""
+    params = cfg.get("rope_parameters")
+    scaling = cfg.get("rope_scaling")
+    theta: Any = None
+    for key, block in (("rope_parameters", params), ("rope_scaling", scaling)):
+        if block is None:
+            continue
+        if not isinstance(block, dict):
+            raise ModelError(f"config.json: key {key} = {block!r} is not an object")
+        rtype = block.get("rope_type", block.get("type", "default"))
+        if rtype != "default":
+            raise ModelError(f"config.json: key {key}.rope_type = {rtype!r} is not supported (only default RoPE)")
+        prf = block.get("partial_rotary_factor", 1.0)
+        if prf != 1.0:
+            raise ModelError(f"config.json: key {key}.partial_rotary_factor = {prf!r} is not supported (only 1.0)")
+        if block.get("rope_theta") is not None:
+            theta = block["rope_theta"]
+    if cfg.get("partial_rotary_factor", 1.0) not in (1.0, None):
+        raise ModelError(f"config.json: key partial_rotary_factor = {cfg['partial_rotary_factor']!r} is not supported (only 1.0)")
+    if theta is None:
+        theta = cfg.get("rope_theta", 10000.0)
+    if not isinstance(theta, (int, float)) or isinstance(theta, bool) or not math.isfinite(theta) or theta <= 0:
+        raise ModelError(f"config.json: key rope_theta = {theta!r} is not a positive number")
+    return float(theta)
+
+
+def read_config(cfg: dict[str, Any]) -> HFModel:
+    """Map a config.json dict to an HFModel, refusing what the runtime cannot compute."""
+    model_type = cfg.get("model_type")
+    if model_type not in MODEL_TYPES:
+        allowed = ", ".join(MODEL_TYPES)
+        raise ModelError(f"config.json: key model_type = {model_type!r} is not supported (supported: {allowed})")
+    family = MODEL_TYPES[model_type]
+    act = cfg.get("hidden_act", "silu")
+    if act != "silu":
+        raise ModelError(f"config.json: key hidden_act = {act!r} is not supported (experts use SwiGLU with silu)")
+    hidden = _limit("hidden_size", _int(cfg, "hidden_size"), 1, fmt.MAX_EMBED)
+    heads = _limit("num_attention_heads", _int(cfg, "num_attention_heads"), 1, fmt.MAX_HEADS)
+    kv_heads = _limit("num_key_value_heads", _int(cfg, "num_key_value_heads", heads), 1, fmt.MAX_HEADS)
+    if heads % kv_heads:
+        raise ModelError(f"config.json: key num_key_value_heads = {kv_heads} does not divide num_attention_heads = {heads}")
+    if cfg.get("head_dim") is not None:
+        head_dim = _int(cfg, "head_dim")
+    else:
+        if hidden % heads:
+            raise ModelError(f"config.json: key hidden_size = {hidden} is not a multiple of num_attention_heads = {heads}")
+        head_dim = hidden // heads
+    _limit("head_dim", head_dim, 2, fmt.MAX_HEAD_DIM)
+    if head_dim % 2:
+        raise ModelError(f"config.json: key head_dim = {head_dim} is odd (RoPE needs an even head dimension)")
+    layers = _limit("num_hidden_layers", _int(cfg, "num_hidden_layers"), 1, fmt.MAX_LAYERS)
+    vocab = _limit("vocab_size", _int(cfg, "vocab_size"), 1, fmt.MAX_VOCAB)
+    top_k = _int(cfg, "num_experts_per_tok")
+    eps = cfg.get("rms_norm_eps", 1e-6)
+    if not isinstance(eps, (int, float)) or not 0 < eps < 1:
+        raise ModelError(f"config.json: key rms_norm_eps = {eps!r} is not in (0, 1)")
+    for key in ("attention_bias",):
+        if cfg.get(key):
+            raise ModelError(f"config.json: key {key} = true is not supported (no attention output bias in .colibri)")
+    flags = 0
+    shared = 0
+    sliding: int | None = None
+    moe_prefix = "mlp"
+    if family == Family.MIXTRAL:
+        experts_key, ffn_key = "num_local_experts", "intermediate_size"
+        routing = Routing.RENORMALISE
+        moe_prefix = "block_sparse_moe"
+        sw = cfg.get("sliding_window")
+        if sw is not None:
+            sliding = _limit("sliding_window", _int(cfg, "sliding_window"), 1, 1 << 40)
+    else:
+        experts_key = "num_experts"
+        ffn_key = "intermediate_size" if family == Family.OLMOE else "moe_intermediate_size"
+        routing = Routing.RENORMALISE if cfg.get("norm_topk_prob", False) else Routing.PLAIN
+        if family in (Family.QWEN2_MOE, Family.QWEN3_MOE):
+            if cfg.get("use_sliding_window"):
+                raise ModelError("config.json: key use_sliding_window = true is not supported (sliding-window layers)")
+            step = cfg.get("decoder_sparse_step", 1)
+            if step != 1:
+                raise ModelError(f"config.json: key decoder_sparse_step = {step!r} is not supported (every layer must be MoE: 1)")
+            if cfg.get("mlp_only_layers"):
+                raise ModelError(f"config.json: key mlp_only_layers = {cfg['mlp_only_layers']!r} is not supported (every layer must be MoE: [])")
+        if family == Family.QWEN2_MOE:
+            shared = _limit("shared_expert_intermediate_size", _int(cfg, "shared_expert_intermediate_size"), 0, fmt.MAX_FFN)
+            if shared:
+                flags |= Flag.SHARED_EXPERT | Flag.SHARED_EXPERT_GATE
+            if cfg.get("qkv_bias", True):
+                flags |= Flag.QKV_BIAS
+        elif family == Family.QWEN3_MOE:
+            flags |= Flag.QK_NORM_HEAD
+        else:  # olmoe
+            if cfg.get("clip_qkv") is not None:
+                raise ModelError(f"config.json: key clip_qkv = {cfg['clip_qkv']!r} is not supported (only null)")
+            if heads * head_dim != hidden:
+                raise ModelError(f"config.json: key hidden_size = {hidden} must equal num_attention_heads * head_dim for olmoe")
+            flags |= Flag.QK_NORM_FULL
+    experts = _limit(experts_key, _int(cfg, experts_key), 1, fmt.MAX_EXPERTS)
+    _limit("num_experts_per_tok", top_k, 1, min(fmt.MAX_TOP_K, experts))
+    ffn = _limit(ffn_key, _int(cfg, ffn_key), 1, fmt.MAX_FFN)
+    if cfg.get("tie_word_embeddings", False):
+        flags |= Flag.TIED_EMBEDDINGS
+    return HFModel(
+        family=family, model_type=model_type, hidden=hidden, layers=layers, heads=heads,
+        kv_heads=kv_heads, head_dim=head_dim, experts=experts, top_k=top_k, expert_ffn=ffn,
+        shared_ffn=shared, vocab=vocab, routing=routing, flags=flags, norm_eps=float(eps),
+        rope_theta=rope_theta(cfg),
+        max_positions=_limit("max_position_embeddings", _int(cfg, "max_position_embeddings"), 1, 1 << 40),
+        sliding_window=sliding, bos=_token(cfg, "bos_token_id"), eos=_token(cfg, "eos_token_id"),
+        moe_prefix=moe_prefix)

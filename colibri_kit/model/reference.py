@@ -1,0 +1,182 @@
+"""A NumPy forward pass over a `.colibri` file, written to be read next to docs/format.md.
+
+It is the expected answer for the C runtime (tests and the on-device smoke test), so it favours
+clarity over speed: one token at a time, every step of "Forward pass" spelled out, weights
+dequantised to float32 (or float64) once at load.
+
+    ref = Reference("model.colibri")
+    logits = ref.forward([1, 2, 3])       # [3, V]; continues from the KV cache position
+    new_ids = ref.generate([1, 2, 3], 8)  # greedy; resets first
+    ref.routing                           # experts chosen, per token, per layer
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from colibri_kit.errors import ModelError
+from colibri_kit.model.format import NONE, ColibriModel, Flag, Kind, Routing, read_model
+
+
+@dataclass(frozen=True)
+class Route:
+    """The routing decision of one layer for one token."""
+
+    experts: tuple[int, ...]  # in decreasing probability (ties: lower index first)
+    weights: tuple[float, ...]
+
+
+class Reference:
+    def __init__(self, model: str | os.PathLike[str] | ColibriModel, dtype: type = np.float32) -> None:
+        self.model = model if isinstance(model, ColibriModel) else read_model(model)
+        self.h = self.model.header
+        self.dtype = np.dtype(dtype)
+        h = self.h
+        self.w: dict[tuple[int, int, int], np.ndarray] = {
+            key: self.model.tensor(Kind(key[0]), key[1], key[2]).astype(self.dtype)
+            for key in self.model.records}
+        self.group = h.n_heads // h.n_kv_heads
+        half = h.head_dim // 2
+        # Frequency of pair i is theta^(-2i/Dh).
+        self.inv_freq = (h.rope_theta ** (-2.0 * np.arange(half, dtype=np.float64) / h.head_dim))
+        self.k_cache = np.zeros((h.n_layers, h.max_seq_len, h.n_kv_heads, h.head_dim), self.dtype)
+        self.v_cache = np.zeros_like(self.k_cache)
+        self.pos = 0
+        self.routing: list[list[Route]] = []  # [token][layer], since the last reset
+
+    # -- weights ---------------------------------------------------------------------------
+    def W(self, kind: Kind, layer: int = NONE, expert: int = NONE) -> np.ndarray:  # noqa: N802
+        return self.w[(int(kind), layer, expert)]
+
+    def vec(self, kind: Kind, layer: int = NONE) -> np.ndarray:
+        return self.W(kind, layer)[0]
+
+    # -- building blocks -------------------------------------------------------------------
+    def rmsnorm(self, x: np.ndarray, weight: np.ndarray, n: int) -> np.ndarray:
+        """weight * x / sqrt(mean of the first n squares + eps); n is the true width (D, not Dp)."""
+        ms = np.sum(x * x) / n
+        return weight * (x / np.sqrt(ms + self.dtype.type(self.h.norm_eps)))
+
+    def rope(self, v: np.ndarray, pos: int) -> np.ndarray:
+        """Rotate-half RoPE on [heads, Dh]: pair i with i + Dh/2."""
+        half = self.h.head_dim // 2
+        ang = pos * self.inv_freq
+        cos, sin = np.cos(ang).astype(self.dtype), np.sin(ang).astype(self.dtype)
+        a, b = v[:, :half], v[:, half:]
+        return np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=1)
+
+    def ffn(self, w1: np.ndarray, w3: np.ndarray, w2: np.ndarray, x: np.ndarray) -> np.ndarray:
+        g = w1 @ x
+        silu = g / (1 + np.exp(-g))
+        return w2 @ (silu * (w3 @ x))
+
+    def route(self, layer: int, x: np.ndarray) -> Route:
+        h = self.h
+        r = self.W(Kind.ROUTER, layer) @ x
+        p = np.exp(r - np.max(r))
+        p = p / np.sum(p)
+        order = np.argsort(-p, kind="stable")[: h.top_k]  # stable sort: ties to the lower index
+        w = p[order]
+        if h.routing == Routing.RENORMALISE:
+            w = w / np.sum(w)
+        return Route(tuple(int(e) for e in order), tuple(float(v) for v in w))
+
+    # -- one layer -------------------------------------------------------------------------
+    def attention(self, layer: int, x: np.ndarray, pos: int) -> np.ndarray:
+        h = self.h
+        dh = h.head_dim
+        hn = self.rmsnorm(x, self.vec(Kind.ATTN_NORM, layer), h.embed_dim)
+        q = self.W(Kind.WQ, layer) @ hn
+        k = self.W(Kind.WK, layer) @ hn
+        v = self.W(Kind.WV, layer) @ hn
+        if h.has(Flag.QKV_BIAS):
+            q = q + self.vec(Kind.BQ, layer)
+            k = k + self.vec(Kind.BK, layer)
+            v = v + self.vec(Kind.BV, layer)
+        if h.has(Flag.QK_NORM_FULL):
+            q = self.rmsnorm(q, self.vec(Kind.Q_NORM, layer), q.size)
+            k = self.rmsnorm(k, self.vec(Kind.K_NORM, layer), k.size)
+        q = q.reshape(h.n_heads, dh)
+        k = k.reshape(h.n_kv_heads, dh)
+        if h.has(Flag.QK_NORM_HEAD):
+            q = np.stack([self.rmsnorm(r, self.vec(Kind.Q_NORM, layer), dh) for r in q])
+            k = np.stack([self.rmsnorm(r, self.vec(Kind.K_NORM, layer), dh) for r in k])
+        q, k = self.rope(q, pos), self.rope(k, pos)
+        self.k_cache[layer, pos] = k
+        self.v_cache[layer, pos] = v.reshape(h.n_kv_heads, dh)
+        out = np.empty((h.n_heads, dh), self.dtype)
+        scale = self.dtype.type(1.0 / np.sqrt(dh))
+        for head in range(h.n_heads):
+            kv = head // self.group
+            keys = self.k_cache[layer, : pos + 1, kv]  # [pos+1, Dh]
+            vals = self.v_cache[layer, : pos + 1, kv]
+            s = (keys @ q[head]) * scale
+            a = np.exp(s - np.max(s))
+            a = a / np.sum(a)
+            out[head] = a @ vals
+        return self.W(Kind.WO, layer) @ out.reshape(-1)
+
+    def moe(self, layer: int, x: np.ndarray) -> tuple[np.ndarray, Route]:
+        h = self.h
+        hn = self.rmsnorm(x, self.vec(Kind.FFN_NORM, layer), h.embed_dim)
+        route = self.route(layer, hn)
+        y = np.zeros_like(x)
+        for e, wt in zip(route.experts, route.weights):
+            y += self.dtype.type(wt) * self.ffn(self.W(Kind.EXPERT_W1, layer, e), self.W(Kind.EXPERT_W3, layer, e),
+                                                self.W(Kind.EXPERT_W2, layer, e), hn)
+        if h.has(Flag.SHARED_EXPERT):
+            s = self.ffn(self.W(Kind.SHARED_W1, layer), self.W(Kind.SHARED_W3, layer),
+                         self.W(Kind.SHARED_W2, layer), hn)
+            if h.has(Flag.SHARED_EXPERT_GATE):
+                g = np.dot(self.vec(Kind.SHARED_GATE, layer), hn)
+                s = s * (1 / (1 + np.exp(-g)))
+            y += s
+        return y, route
+
+    # -- public API ------------------------------------------------------------------------
+    def reset(self) -> None:
+        self.pos = 0
+        self.routing = []
+        self.k_cache[:] = 0
+        self.v_cache[:] = 0
+
+    def step(self, token: int) -> np.ndarray:
+        """One token at the current position -> logits [V]."""
+        h = self.h
+        if not 0 <= token < h.vocab_size:
+            raise ModelError(f"token id {token} is outside the vocabulary (0..{h.vocab_size - 1})")
+        if self.pos >= h.max_seq_len:
+            raise ModelError(f"sequence longer than the model's max_seq_len {h.max_seq_len}")
+        x = self.W(Kind.TOK_EMBED)[token].copy()
+        routes = []
+        for layer in range(h.n_layers):
+            x = x + self.attention(layer, x, self.pos)
+            y, r = self.moe(layer, x)
+            x = x + y
+            routes.append(r)
+        self.routing.append(routes)
+        self.pos += 1
+        xn = self.rmsnorm(x, self.vec(Kind.OUTPUT_NORM), h.embed_dim)
+        head = self.W(Kind.TOK_EMBED) if h.has(Flag.TIED_EMBEDDINGS) else self.W(Kind.LM_HEAD)
+        return head @ xn
+
+    def forward(self, ids: Sequence[int]) -> np.ndarray:
+        """Logits [len(ids), V] for tokens at the next positions (prefill or decode)."""
+        return np.stack([self.step(int(t)) for t in ids])
+
+    def generate(self, ids: Sequence[int], max_new: int) -> list[int]:
+        """Greedy continuation from a fresh cache: the ``max_new`` new token ids (argmax, ties to
+        the lower id; does not stop at EOS)."""
+        self.reset()
+        logits = self.forward(ids)[-1]
+        out: list[int] = []
+        for i in range(max_new):
+            tok = int(np.argmax(logits))
+            out.append(tok)
+            if i + 1 < max_new:
+                logits = self.step(tok)
+        return out
