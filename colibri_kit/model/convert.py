@@ -235,7 +235,7 @@ class Progress:
             self.stream.flush()
         elif int(frac * 10) > self._last_decile:
             self._last_decile = int(frac * 10)
-            self.stream.write(f"convert: {frac * 100:3.0f}% ({self.done >> 20} MiB of f32 weights)\n")
+            self.stream.write(f"convert: {frac * 100:3.0f}% ({self.done / 2**20:.1f} MiB of f32 weights)\n")
             self.stream.flush()
 
     def finish(self, out: Path) -> None:

@@ -1,0 +1,60 @@
+"""Tasks for model files: convert Hugging Face checkpoints, write the built-in tiny model, inspect."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from invoke import Context, task
+
+from colibri_kit.errors import ModelError
+from colibri_kit.tasks._common import user_errors
+
+
+@task(name="convert", help={
+    "hf-dir": "Hugging Face checkpoint directory (config.json + safetensors, single or sharded)",
+    "out": "output .colibri file (written to a temporary file, renamed when complete)",
+    "dtype": "weight type of the large matrices: f32, f16, bf16 or int8 (per-row scales)",
+    "target": "target profile whose embed_pad / max_experts / top_k the model must fit (default host)",
+    "max-seq-len": "KV-cache capacity; capped by the model's max_position_embeddings (default 2048)",
+})
+@user_errors
+def convert_task(c: Context, hf_dir: str, out: str, dtype: str = "f32", target: str = "host",
+                 max_seq_len: int = 0) -> None:
+    """Convert a Hugging Face MoE checkpoint (mixtral, qwen2_moe, qwen3_moe, olmoe) to .colibri."""
+    from colibri_kit.model.convert import convert
+
+    path = convert(hf_dir, out, dtype=dtype, target=target, max_seq_len=max_seq_len or None,
+                   progress=True)
+    print(path)
+
+
+@task(name="tiny-model", help={
+    "out": "output .colibri file",
+    "target": "target profile whose embed_pad is used for padding (default host)",
+    "dtype": "f32 (default), f16, bf16 or int8",
+})
+@user_errors
+def tiny_model_task(c: Context, out: str, target: str = "host", dtype: str = "f32") -> None:
+    """Write the built-in tiny-moe-4e2r model (deterministic, no download) for demos and smoke tests."""
+    from colibri_kit.model.convert import target_limits
+    from colibri_kit.model.format import DType
+    from colibri_kit.model.tiny import write_tiny_model
+
+    pad = target_limits(target).embed_pad
+    print(write_tiny_model(out, pad=pad, dtype=DType.parse(dtype)))
+
+
+@task(name="model-info", help={"file": "a .colibri model file"})
+@user_errors
+def model_info_task(c: Context, file: str) -> None:
+    """Validate a .colibri file and print its header as JSON."""
+    from colibri_kit.model.format import header_json
+
+    if not file:
+        raise ModelError("give a model file: invoke model-info FILE")
+    json.dump(header_json(file), sys.stdout, indent=2)
+    print()
+
+
+TASKS = [convert_task, tiny_model_task, model_info_task]
