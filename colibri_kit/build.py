@@ -15,15 +15,18 @@ Also a script, so Docker can run exactly this inside the image:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
-import importlib
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +59,7 @@ class BuildResult:
     make_output: str
     seconds: float
     steps: dict[str, float] = field(default_factory=dict)
+    verify_report: object = None   # colibri_kit.verify.VerifyReport (host builds)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -103,10 +107,25 @@ def _write_if_changed(path: Path, data: bytes) -> bool:
     except FileNotFoundError:
         pass
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.chmod(tmp, 0o644)
     os.replace(tmp, path)
     return True
+
+
+@contextlib.contextmanager
+def _target_lock(target: str):
+    """One build per target at a time (several shells or test sessions may share a checkout)."""
+    lock = paths.build_dir(target) / ".lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with lock.open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _sha256(path: Path) -> str:
@@ -326,15 +345,13 @@ def _profile_for_verify(profile, plan: CudaPlan | None):
     return dataclasses.replace(profile, cuda=cuda_cls(**kwargs))
 
 
-def _verify(profile, dist: Path, progress: Progress) -> None:
-    try:
-        verify = importlib.import_module("colibri_kit.verify")
-    except ModuleNotFoundError as exc:
-        if exc.name != "colibri_kit.verify":
-            raise
-        progress("verify: colibri_kit.verify is not available in this checkout; NOT verified")
-        return
-    verify.verify_build(profile, dist)
+def _verify(profile, dist: Path, progress: Progress):
+    from colibri_kit import verify   # A1's module: raises VerifyError on any mismatch
+
+    report = verify.verify_build(profile, dist)
+    for line in report.lines():
+        progress(f"verify {line}")
+    return report
 
 
 # ---------------------------------------------------------------------------------------------
@@ -352,6 +369,11 @@ def build(target: str, *, where: str = "auto", debug: bool = False,
     (host). nvcc: a system nvcc to use instead of the CUDA wheels (its version must match).
     kernel_source: another .cu to compile (tests); default runtime/kernels/colibri_kernels.cu.
     """
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", target or ""):
+        raise BuildError(f"invalid target name {target!r} (see `invoke targets`)")
+    from colibri_kit import profiles
+
+    profiles.load_profile(target)   # unknown or broken profile: fail before touching anything
     say = progress or (lambda msg: print(f"[build {target}] {msg}", flush=True))
     chosen = choose_where(where)
     if chosen == "docker":
@@ -359,8 +381,9 @@ def build(target: str, *, where: str = "auto", debug: bool = False,
             raise BuildError("kernel_source cannot be used with --in docker")
         return build_in_docker(target, debug=debug, cuda_archs=cuda_archs,
                                cuda_version=cuda_version, jobs=jobs, progress=say)
-    return _build_here(target, debug=debug, cuda_archs=cuda_archs, cuda_version=cuda_version,
-                       nvcc=nvcc, kernel_source=kernel_source, jobs=jobs, progress=say)
+    with _target_lock(target):
+        return _build_here(target, debug=debug, cuda_archs=cuda_archs, cuda_version=cuda_version,
+                           nvcc=nvcc, kernel_source=kernel_source, jobs=jobs, progress=say)
 
 
 def _build_here(target: str, *, debug: bool, cuda_archs, cuda_version, nvcc, kernel_source,
@@ -458,11 +481,10 @@ def _build_here(target: str, *, debug: bool, cuda_archs, cuda_version, nvcc, ker
              "bytes)")
     t = step("publish", t)
 
-    _verify(_profile_for_verify(profile, plan), dist, progress)
-    progress("verified")
+    report = _verify(_profile_for_verify(profile, plan), dist, progress)
     step("verify", t)
     return BuildResult(profile.name, "host", dist, manifest, kernels_compiled, ran, make_out,
-                       round(time.monotonic() - t0, 3), steps)
+                       round(time.monotonic() - t0, 3), steps, report)
 
 
 def build_all(targets: Sequence[str], *, where: str = "auto", debug: bool = False, jobs: int = 2,

@@ -1,0 +1,58 @@
+"""Shared fixtures: built runtimes for end-to-end tests, and an isolated copy of the project.
+
+The build fixtures use the real build (colibri_kit.build) into the checkout's dist/, once per
+session; the build is incremental, so a session after the first costs well under a second each.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from colibri_kit import paths
+
+
+def _quiet(msg: str) -> None:
+    """Build progress goes to the captured output (shown when a test fails)."""
+    print(msg)
+
+
+@pytest.fixture(scope="session")
+def host_colibri() -> Path:
+    """Path to dist/host/bin/colibri, built (and verified) with the system cc for this machine."""
+    from colibri_kit.build import build
+
+    result = build("host", where="host", progress=_quiet)
+    binary = result.dist_dir / "bin" / "colibri"
+    assert binary.is_file()
+    return binary
+
+
+@pytest.fixture(scope="session")
+def orin_nx_build() -> Path:
+    """dist/orin-nx/: aarch64 (zig, glibc 2.35) runtime with CUDA 12.6 sm_87 cubin + PTX, verified."""
+    from colibri_kit.build import build
+
+    result = build("orin-nx", where="host", progress=_quiet)
+    assert (result.dist_dir / "manifest.json").is_file()
+    return result.dist_dir
+
+
+def copy_project(dest: Path) -> Path:
+    """Copy what a build reads (runtime/, targets/, templates/) to `dest`, without outputs."""
+    root = paths.project_root()
+    dest.mkdir(parents=True, exist_ok=True)
+    ignore = shutil.ignore_patterns("build", "*.o", "*.a", "__pycache__", "corpus-work")
+    for name in ("runtime", "targets", "templates"):
+        shutil.copytree(root / name, dest / name, ignore=ignore)
+    return dest
+
+
+@pytest.fixture
+def project_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private project root (COLIBRI_PROJECT_ROOT) whose build/ and dist/ tests may wreck."""
+    root = copy_project(tmp_path / "proj")
+    monkeypatch.setenv("COLIBRI_PROJECT_ROOT", str(root))
+    return root

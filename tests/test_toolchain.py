@@ -1,0 +1,179 @@
+"""Pinned toolchains with the real tools: pip installs, NVRTC + ptxas per CUDA version, zig."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from colibri_kit import paths, toolchain, verify
+from colibri_kit.errors import ToolchainError
+
+KERNEL = r"""
+#include <cuda_fp16.h>
+#include "colibri_config.h"
+extern "C" __global__ void scale_half(const __half *x, float *y, float s, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = __half2float(x[i]) * s * (float)COLIBRI_TOP_K;
+}
+"""
+
+
+@pytest.fixture
+def kernel_dir(tmp_path: Path) -> Path:
+    (tmp_path / "k.cu").write_text(KERNEL)
+    inc = tmp_path / "include"
+    inc.mkdir()
+    (inc / "colibri_config.h").write_text("#define COLIBRI_TOP_K 2\n")
+    return tmp_path
+
+
+def _cubin_sms(images: list[toolchain.KernelImage]) -> list[int]:
+    found = []
+    for img in images:
+        if img.kind == "cubin":
+            cubins = verify.find_cubins(b"\0" + img.path.read_bytes())  # skips offset 0
+            assert len(cubins) == 1, img.path
+            found.append(cubins[0].sm)
+    return found
+
+
+def test_zig_mcpu_spelling():
+    assert toolchain.zig_mcpu("cortex-a78ae") == "cortex_a78ae"
+    assert toolchain.zig_mcpu("neoverse-v3ae") == "neoverse_v3ae"
+    with pytest.raises(ToolchainError, match="invalid cpu model"):
+        toolchain.zig_mcpu("cortex a78; rm -rf /")
+
+
+def test_sm_number_parsing():
+    assert toolchain.sm_number("sm_87") == 87
+    assert toolchain.sm_number("compute_110") == 110
+    with pytest.raises(ToolchainError, match="invalid CUDA architecture"):
+        toolchain.sm_number("sm87x")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version,sms", [("12.6", [72, 87]), ("11.8", [72]), ("13.0", [87, 110])])
+def test_nvrtc_ptxas_compile_one_cubin_per_sm(kernel_dir: Path, version: str, sms: list[int]):
+    tc = toolchain.cuda_toolchain(version)
+    assert tc.source == "wheels"
+    assert tc.compiler_version == f"nvrtc {version}"
+    assert f"release {version}" in tc.ptxas_version
+    out = kernel_dir / "out"
+    images = toolchain.compile_kernels(tc, kernel_dir / "k.cu", [kernel_dir / "include"], sms, out)
+    assert _cubin_sms(images) == sorted(sms)
+    ptx = [i for i in images if i.kind == "ptx"]
+    assert len(ptx) == 1 and ptx[0].sm == min(sms)
+    text = ptx[0].path.read_text()
+    assert f".target sm_{min(sms)}" in text and "scale_half" in text
+    # No source paths or line info in what gets embedded (reproducible, location-free).
+    assert str(kernel_dir) not in text and ".loc" not in text
+
+
+def test_compile_is_deterministic(kernel_dir: Path):
+    tc = toolchain.cuda_toolchain("12.6")
+    a = toolchain.compile_kernels(tc, kernel_dir / "k.cu", [kernel_dir / "include"], [87],
+                                  kernel_dir / "a")
+    b = toolchain.compile_kernels(tc, kernel_dir / "k.cu", [kernel_dir / "include"], [87],
+                                  kernel_dir / "b")
+    assert [x.path.read_bytes() for x in a] == [y.path.read_bytes() for y in b]
+
+
+def test_cuda13_refuses_sm72(kernel_dir: Path):
+    tc = toolchain.cuda_toolchain("13.0")
+    with pytest.raises(ToolchainError, match=r"CUDA 13.0 cannot compile for sm_72.*supports"):
+        toolchain.compile_kernels(tc, kernel_dir / "k.cu", [], [72], kernel_dir / "out")
+
+
+def test_unpinned_cuda_version_refused():
+    with pytest.raises(ToolchainError, match=r"no pinned toolchain for CUDA 12.2.*11.8, 12.6, 13.0"):
+        toolchain.cuda_toolchain("12.2")
+
+
+def test_nvrtc_warning_is_an_error(kernel_dir: Path):
+    src = kernel_dir / "warn.cu"
+    src.write_text('extern "C" __global__ void k(float *y) { int unused = 3; y[0] = 1.0f; }\n')
+    tc = toolchain.cuda_toolchain("12.6")
+    with pytest.raises(ToolchainError, match=r"(?s)NVRTC warned.*unused"):
+        toolchain.compile_kernels(tc, src, [], [87], kernel_dir / "out")
+
+
+def test_nvrtc_error_shows_the_log(kernel_dir: Path):
+    src = kernel_dir / "bad.cu"
+    src.write_text('extern "C" __global__ void k(float *y) { y[0] = undefined_name; }\n')
+    tc = toolchain.cuda_toolchain("12.6")
+    with pytest.raises(ToolchainError, match=r"(?s)NVRTC could not compile bad.cu.*undefined_name"):
+        toolchain.compile_kernels(tc, src, [], [87], kernel_dir / "out")
+
+
+def test_system_nvcc_with_other_version_is_refused():
+    # The CUDA 13.0 wheel set ships a real nvcc: a "system" nvcc of the wrong version for 12.6.
+    nvcc = toolchain.toolchains_dir() / "cuda-13.0" / "nvidia" / "cu13" / "bin" / "nvcc"
+    toolchain.cuda_toolchain("13.0")
+    assert nvcc.is_file()
+    with pytest.raises(ToolchainError, match=r"is CUDA 13.0, but this target needs CUDA 12.6"):
+        toolchain.cuda_toolchain("12.6", nvcc=nvcc)
+
+
+def test_missing_nvcc_is_refused(tmp_path: Path):
+    with pytest.raises(ToolchainError, match="not found or not executable"):
+        toolchain.cuda_toolchain("12.6", nvcc=tmp_path / "nvcc")
+
+
+def test_pip_failure_is_actionable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("COLIBRI_CACHE_DIR", str(tmp_path / "cache"))
+    # A pin that cannot exist (local version labels are never on an index): pip really fails.
+    with pytest.raises(ToolchainError) as err:
+        toolchain.install_set("broken", ["ziglang==0.0.0+colibri.nosuch"], "a broken set",
+                              progress=None)
+    msg = str(err.value)
+    assert "could not install a broken set" in msg and "ziglang==0.0.0+colibri.nosuch" in msg
+    assert "COLIBRI_CACHE_DIR" in msg
+    # Nothing half-installed is left to look complete.
+    assert toolchain.cached_sets() == []
+    assert not (tmp_path / "cache" / "toolchains" / "broken").exists()
+
+
+def test_install_reports_progress_once_then_is_cached(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("COLIBRI_CACHE_DIR", str(tmp_path / "cache"))
+    said: list[str] = []
+    # A tiny real wheel set (no network beyond the index pip is configured with).
+    d = toolchain.install_set("tiny", ["six==1.16.0"], "six", said.append)
+    assert (d / "six.py").is_file()
+    assert said == [f"installing six into {d} (first time only)"]
+    toolchain.install_set("tiny", ["six==1.16.0"], "six", said.append)
+    assert len(said) == 1
+    (entry,) = toolchain.cached_sets()
+    assert entry.name == "tiny" and entry.packages == ("six==1.16.0",) and entry.size_bytes > 0
+
+
+def test_host_toolchain_for_jetson_uses_pinned_zig():
+    from colibri_kit import profiles
+
+    tc = toolchain.host_toolchain(profiles.load_profile("xavier-nx"))
+    assert tc.kind == "zig" and tc.version == f"zig {toolchain.ZIG_VERSION}"
+    assert tc.cc[1:] == ("cc", "-target", "aarch64-linux-gnu.2.31")
+    assert tc.arch_cflags == ("-mcpu=carmel",)
+    assert Path(tc.cc[0]).is_relative_to(toolchain.toolchains_dir())
+    assert tc.env["ZIG_GLOBAL_CACHE_DIR"].startswith(str(toolchain.zig_cache_dir()))
+
+
+def test_invoke_toolchain_target_and_list():
+    proc = subprocess.run([sys.executable, "-m", "invoke", "toolchain", "--target", "orin-nx",
+                           "--list"], capture_output=True, text=True, timeout=300,
+                          cwd=paths.project_root())
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert f"host_cc             zig {toolchain.ZIG_VERSION}" in out
+    assert "cuda_ptxas          Cuda compilation tools, release 12.6, V12.6.85" in out
+    assert "sm_87" in out
+    assert "cuda-12.6" in out and "MiB" in out and "nvidia-cuda-nvrtc-cu12==12.6.85" in out
+
+
+def test_invoke_toolchain_needs_an_argument():
+    proc = subprocess.run([sys.executable, "-m", "invoke", "toolchain"], capture_output=True,
+                          text=True, timeout=60, cwd=paths.project_root())
+    assert proc.returncode == 1
+    assert "give --target NAME" in proc.stderr
