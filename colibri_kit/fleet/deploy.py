@@ -1,0 +1,411 @@
+"""Deploy a built target (``dist/<target>/``) and a model to fleet hosts, atomically per host.
+
+Per host: identify the device and refuse the wrong kind, check free space, upload the model to
+``models/<sha>.colibri.partial`` (resuming an earlier partial upload), verify, rename; upload the
+release to ``releases/<id>.partial-<nonce>/``, verify every file's sha256 on the device, check the
+binary runs there, rename to ``releases/<id>``; only then switch ``current``; prune old releases.
+A host that fails leaves its previous release current and does not stop the others.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import posixpath
+import secrets
+import stat
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from colibri_kit.errors import FleetError, KitError
+from colibri_kit.fleet import release as rel
+from colibri_kit.fleet.connect import SSHRemote, for_each
+from colibri_kit.fleet.inventory import Host, Inventory
+from colibri_kit.fleet.report import table
+
+DEFAULT_KEEP = 3
+SPACE_MARGIN = 1.05 + 0.0  # need 5 % more than the bytes we upload
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """What gets deployed: the dist tree (verified against its manifest) and an optional model."""
+
+    target: str
+    dist: Path
+    manifest_bytes: bytes
+    files: dict[str, str]            # relative path -> sha256 (from the manifest)
+    sizes: dict[str, int]
+    model: Path | None
+    model_sha: str | None
+    model_size: int
+    release_id: str
+
+    @property
+    def release_bytes(self) -> int:
+        return sum(self.sizes.values()) + len(self.manifest_bytes)
+
+    def release_json(self) -> bytes:
+        meta = {"id": self.release_id, "target": self.target,
+                "manifest_sha256": hashlib.sha256(self.manifest_bytes).hexdigest(),
+                "model_sha256": self.model_sha, "model_size": self.model_size if self.model else None}
+        return (json.dumps(meta, indent=1, sort_keys=True) + "\n").encode()
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(4 * MiB), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def prepare(target: str, dist: Path, model: Path | None = None) -> Artifact:
+    """Read and check the local build; the release id is derived from its manifest and model."""
+    manifest_file = dist / "manifest.json"
+    if not manifest_file.exists():
+        raise FleetError(f"{dist} has no manifest.json: build it first (invoke build --target {target})")
+    manifest_bytes = manifest_file.read_bytes()
+    manifest = json.loads(manifest_bytes)
+    if manifest.get("target") not in (None, target):
+        raise FleetError(f"{manifest_file} is for target {manifest.get('target')}, not {target}")
+    files = rel.manifest_hashes(manifest)
+    sizes = {}
+    for relpath, sha in files.items():
+        local = dist / relpath
+        if not local.is_file():
+            raise FleetError(f"{local} is listed in the manifest but missing: rebuild {target}")
+        if file_sha256(local) != sha:
+            raise FleetError(f"{local} does not match its manifest (sha256 differs): rebuild {target}")
+        sizes[relpath] = local.stat().st_size
+    model_sha = None
+    model_size = 0
+    if model is not None:
+        if not model.is_file():
+            raise FleetError(f"model file {model} not found")
+        model_sha = file_sha256(model)
+        model_size = model.stat().st_size
+    digest = hashlib.sha256(manifest_bytes + b"\0" + (model_sha or "").encode()).hexdigest()
+    release_id = rel.validate_release_id(f"{target}-{digest[:12]}")
+    return Artifact(target, dist, manifest_bytes, files, sizes, model, model_sha, model_size, release_id)
+
+
+@dataclass
+class HostResult:
+    host: str
+    release: str = "-"
+    model: str = "-"
+    result: str = "failed"            # ok | unchanged | failed | skipped | planned
+    seconds: float = 0.0
+    detail: str = ""
+    uploaded: int = 0                  # bytes sent
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.result in ("ok", "unchanged", "planned")
+
+
+@dataclass
+class Hooks:
+    """Observation points (progress display; tests use them to inject real faults)."""
+
+    progress: Callable[[str, str, int, int], None] | None = None   # host, label, done, total
+    uploaded: Callable[[str, str], None] | None = None             # host, remote path, before verify
+
+
+class _Progress:
+    """Prints a line per 25 % of each large upload; thread-safe."""
+
+    def __init__(self, stream=sys.stderr, min_bytes: int = 8 * MiB) -> None:
+        self.stream = stream
+        self.min_bytes = min_bytes
+        self.lock = threading.Lock()
+        self.last: dict[tuple[str, str], int] = {}
+
+    def __call__(self, host: str, label: str, done: int, total: int) -> None:
+        if total < self.min_bytes:
+            return
+        step = done * 4 // total
+        key = (host, label)
+        with self.lock:
+            if self.last.get(key, -1) < step:
+                self.last[key] = step
+                print(f"  {host}: {label} {done * 100 // total}% ({done // MiB}/{total // MiB} MiB)",
+                      file=self.stream, flush=True)
+
+
+def _need_space(remote: SSHRemote, root: str, need: int) -> None:
+    res = remote.run(["df", "-Pk", "--", root])
+    lines = res.stdout.strip().splitlines()
+    try:
+        avail = int(lines[-1].split()[3]) * 1024
+    except (IndexError, ValueError):
+        raise FleetError(f"{remote.name}: cannot read free space of {root}: {res.stdout!r}") from None
+    if avail < need * SPACE_MARGIN:
+        raise FleetError(f"{remote.name}: not enough space on {root}: need {need / MiB:.1f} MiB "
+                         f"(+5 %), {avail / MiB:.1f} MiB free; free space or lower --keep")
+
+
+def _remote_size(remote: SSHRemote, path: str) -> int | None:
+    try:
+        return remote.sftp().stat(path).st_size
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise FleetError(f"{remote.name}: cannot stat {path}: {exc}") from None
+
+
+def _upload_model(remote: SSHRemote, art: Artifact, root: str, hooks: Hooks) -> int:
+    """Content-addressed, resumable model upload. Returns bytes sent."""
+    assert art.model is not None and art.model_sha is not None
+    final = rel.model_path(root, art.model_sha)
+    if rel.remote_sha256(remote, [final]).get(final) == art.model_sha:
+        return 0
+    remote.run(["rm", "-f", "--", final])
+    partial = final + ".partial"
+    sent = 0
+    for attempt in (0, 1):
+        size = _remote_size(remote, partial) or 0
+        offset = size if attempt == 0 and 0 < size <= art.model_size else 0
+        progress = (lambda d, t: hooks.progress(remote.name, "model", d, t)) if hooks.progress else None
+        sent += remote.upload(art.model, partial, offset=offset, progress=progress)
+        if hooks.uploaded:
+            hooks.uploaded(remote.name, partial)
+        if rel.remote_sha256(remote, [partial]).get(partial) == art.model_sha:
+            remote.run(["mv", "-T", "--", partial, final])
+            return sent
+        remote.run(["rm", "-f", "--", partial])
+        if offset == 0:
+            break  # a full upload that does not verify: do not loop
+    raise FleetError(f"{remote.name}: model upload does not verify (sha256 mismatch on the device); "
+                     f"nothing activated")
+
+
+def _upload_release(remote: SSHRemote, art: Artifact, root: str, hooks: Hooks) -> int:
+    final = rel.release_dir(root, art.release_id)
+    partial = f"{final}.partial-{secrets.token_hex(4)}"
+    dirs = sorted({posixpath.dirname(p) for p in art.files if "/" in p})
+    remote.run(["mkdir", "-p", "--", partial, *(posixpath.join(partial, d) for d in dirs)])
+    sent = 0
+    sftp = remote.sftp()
+    for relpath in sorted(art.files):
+        local = art.dist / relpath
+        dest = posixpath.join(partial, relpath)
+        progress = (lambda d, t, r=relpath: hooks.progress(remote.name, r, d, t)) if hooks.progress else None
+        sent += remote.upload(local, dest, progress=progress)
+        mode = stat.S_IMODE(local.stat().st_mode) & 0o755
+        sftp.chmod(dest, mode | 0o644)
+    for name, data in (("manifest.json", art.manifest_bytes), ("release.json", art.release_json())):
+        with remote.sftp().open(posixpath.join(partial, name), "wb") as fh:
+            fh.write(data)
+        sent += len(data)
+    if art.model_sha:
+        remote.run(["ln", "-s", posixpath.join("..", "..", "models", f"{art.model_sha}.colibri"),
+                    posixpath.join(partial, "model.colibri")])
+    if hooks.uploaded:
+        hooks.uploaded(remote.name, partial)
+    expected = dict(art.files)
+    expected["manifest.json"] = hashlib.sha256(art.manifest_bytes).hexdigest()
+    expected["release.json"] = hashlib.sha256(art.release_json()).hexdigest()
+    bad = rel.verify_dir(remote, partial, expected)
+    if bad:
+        remote.run(["rm", "-rf", "--", partial])
+        raise FleetError(f"{remote.name}: checksum mismatch after upload: {', '.join(bad)}; "
+                         f"release not activated, previous release stays current")
+    binary = posixpath.join(partial, "bin", "colibri")
+    if "bin/colibri" in art.files:
+        res = remote.run([binary, "--version"], check=False, timeout=120)
+        if res.exit_code != 0:
+            remote.run(["rm", "-rf", "--", partial])
+            raise FleetError(f"{remote.name}: the uploaded colibri does not run on the device "
+                             f"(exit {res.exit_code}: {(res.stderr or res.stdout).strip()[:300]}); "
+                             f"not activated")
+    remote.run(["mv", "-T", "--", partial, final])
+    return sent
+
+
+def prune(remote: SSHRemote, root: str, keep: int, keep_model: str | None) -> list[str]:
+    """Delete releases beyond the newest ``keep`` (never current), stale partial uploads, and
+    models no kept release uses. Returns what was removed."""
+    state = rel.read_state(remote, root)
+    kept = [r.id for r in state.releases][:keep]
+    if state.current and state.current not in kept:
+        kept.append(state.current)
+    doomed = [r.id for r in state.releases if r.id not in kept]
+    paths = [rel.release_dir(root, r) for r in doomed]
+    paths += [posixpath.join(rel.releases_dir(root), p) for p in state.partials]
+    if paths:
+        remote.run(["rm", "-rf", "--", *paths])
+    used = {keep_model} if keep_model else set()
+    for r in kept:
+        meta = rel.release_meta(remote, root, r) or {}
+        if meta.get("model_sha256"):
+            used.add(meta["model_sha256"])
+    models_dir = posixpath.join(root, "models")
+    res = remote.run(["find", models_dir, "-mindepth", "1", "-maxdepth", "1", "-printf", "%f\\n"], check=False)
+    gone_models = []
+    for name in res.stdout.split():
+        sha = name.split(".", 1)[0]
+        if rel.SHA256_RE.match(sha) and sha not in used and name in (f"{sha}.colibri", f"{sha}.colibri.partial"):
+            gone_models.append(posixpath.join(models_dir, name))
+    if gone_models:
+        remote.run(["rm", "-f", "--", *gone_models])
+    return doomed + state.partials + [posixpath.basename(m) for m in gone_models]
+
+
+def plan_host(remote: SSHRemote, host: Host, art: Artifact, profile: object) -> list[str]:
+    """What a deploy would do on this host (no changes)."""
+    info = rel.identify(remote)
+    problems = rel.check_device(info, profile, host.name)
+    if problems:
+        raise FleetError("; ".join(problems))
+    root = host.root
+    state = rel.read_state(remote, root)
+    steps = [f"device {info.model or info.arch}, L4T {info.l4t or '?'}"]
+    have_release = art.release_id in {r.id for r in state.releases}
+    steps.append(f"release {art.release_id}: " + ("present" if have_release else
+                 f"upload {len(art.files) + 2} files ({art.release_bytes / MiB:.1f} MiB)"))
+    if art.model_sha:
+        final = rel.model_path(root, art.model_sha)
+        have_model = _remote_size(remote, final) == art.model_size
+        steps.append(f"model {art.model_sha[:12]}: " + ("present (verify)" if have_model else
+                     f"upload {art.model_size / MiB:.1f} MiB"))
+    steps.append("current: unchanged" if state.current == art.release_id else
+                 f"switch current {state.current or '(none)'} -> {art.release_id}")
+    if state.partials:
+        steps.append(f"remove stale partial uploads: {', '.join(state.partials)}")
+    return steps
+
+
+def deploy_host(remote: SSHRemote, host: Host, art: Artifact, profile: object, *,
+                keep: int = DEFAULT_KEEP, hooks: Hooks | None = None) -> HostResult:
+    hooks = hooks or Hooks()
+    result = HostResult(host=host.name, release=art.release_id,
+                        model=art.model_sha[:12] if art.model_sha else "-")
+    info = rel.identify(remote)
+    problems = rel.check_device(info, profile, host.name)
+    if problems:
+        raise FleetError("; ".join(problems))
+    root = host.root
+    remote.run(["mkdir", "-p", "--", rel.releases_dir(root), posixpath.join(root, "models")])
+    state = rel.read_state(remote, root)
+    have_release = art.release_id in {r.id for r in state.releases}
+    if have_release and rel.verify_release(remote, root, art.release_id):
+        remote.run(["rm", "-rf", "--", rel.release_dir(root, art.release_id)])  # damaged: redo
+        have_release = False
+    need = 0 if have_release else art.release_bytes
+    if art.model_sha:
+        final = rel.model_path(root, art.model_sha)
+        if _remote_size(remote, final) != art.model_size:
+            need += art.model_size - (_remote_size(remote, final + ".partial") or 0)
+    if need:
+        _need_space(remote, root, need)
+    if art.model is not None:
+        result.uploaded += _upload_model(remote, art, root, hooks)
+    if not have_release:
+        result.uploaded += _upload_release(remote, art, root, hooks)
+    if state.current != art.release_id:
+        rel.activate(remote, root, art.release_id)
+        result.result = "ok"
+    else:
+        result.result = "ok" if result.uploaded else "unchanged"
+    removed = prune(remote, root, keep, art.model_sha)
+    result.detail = f"uploaded {result.uploaded / MiB:.1f} MiB" + (
+        f", removed {len(removed)} old" if removed else "")
+    return result
+
+
+def connect_for(inv: Inventory, accept_new: bool) -> Callable[[Host], SSHRemote]:
+    def make(host: Host) -> SSHRemote:
+        return SSHRemote(host, known_hosts=inv.known_hosts, identity_file=inv.identity_file,
+                         accept_new=accept_new)
+    return make
+
+
+def run_on_hosts(hosts: list[Host], make_remote: Callable[[Host], SSHRemote],
+                 fn: Callable[[SSHRemote, Host], HostResult], *, parallel: int,
+                 max_failures: int | None = None) -> list[HostResult]:
+    """Run ``fn`` on every host (bounded parallelism); one host's failure never stops another,
+    except that after ``max_failures`` failures hosts not yet started are skipped."""
+    failures = 0
+    lock = threading.Lock()
+
+    def one(host: Host) -> HostResult:
+        nonlocal failures
+        with lock:
+            if max_failures is not None and failures >= max_failures:
+                return HostResult(host=host.name, result="skipped",
+                                  detail=f"stopped after {failures} failure(s) (--max-failures)")
+        start = time.monotonic()
+        try:
+            with make_remote(host) as remote:
+                res = fn(remote, host)
+        except KitError as exc:
+            res = HostResult(host=host.name, result="failed", detail=str(exc))
+        except Exception as exc:  # noqa: BLE001 - a bug on one host must not stop the fleet
+            res = HostResult(host=host.name, result="failed", detail=f"{type(exc).__name__}: {exc}")
+        res.seconds = time.monotonic() - start
+        if not res.ok:
+            with lock:
+                failures += 1
+        return res
+
+    return for_each(hosts, one, parallel)
+
+
+def deploy(inv: Inventory, hosts: list[Host], art: Artifact, profile: object, *,
+           parallel: int = 8, keep: int = DEFAULT_KEEP, dry_run: bool = False,
+           accept_new: bool = False, max_failures: int | None = None, canary: int = 0,
+           smoke_fn: Callable[[list[Host]], list[HostResult]] | None = None,
+           hooks: Hooks | None = None) -> list[HostResult]:
+    if keep < 1:
+        raise FleetError(f"--keep must be at least 1 (got {keep})")
+    make = connect_for(inv, accept_new)
+    if dry_run:
+        def plan(remote: SSHRemote, host: Host) -> HostResult:
+            steps = plan_host(remote, host, art, profile)
+            return HostResult(host=host.name, release=art.release_id,
+                              model=art.model_sha[:12] if art.model_sha else "-",
+                              result="planned", detail="; ".join(steps))
+        return run_on_hosts(hosts, make, plan, parallel=parallel)
+
+    hooks = hooks or Hooks(progress=_Progress())
+
+    def one(remote: SSHRemote, host: Host) -> HostResult:
+        return deploy_host(remote, host, art, profile, keep=keep, hooks=hooks)
+
+    results: list[HostResult] = []
+    rest = hosts
+    if canary > 0:
+        first, rest = hosts[:canary], hosts[canary:]
+        results = run_on_hosts(first, make, one, parallel=parallel, max_failures=max_failures)
+        ok = all(r.ok for r in results)
+        if ok and smoke_fn is not None:
+            smoked = {s.host: s for s in smoke_fn(first)}
+            for r in results:
+                s = smoked.get(r.host)
+                if s is not None and not s.ok:
+                    r.result = "failed"
+                    r.detail = f"canary smoke test failed: {s.detail}"
+                    ok = False
+        if not ok:
+            return results + [HostResult(host=h.name, release=art.release_id, result="skipped",
+                                         detail="canary failed") for h in rest]
+    remaining_failures = None if max_failures is None else max(0, max_failures - sum(not r.ok for r in results))
+    return results + run_on_hosts(rest, make, one, parallel=parallel, max_failures=remaining_failures)
+
+
+def results_table(results: list[HostResult], extra_cols: list[str] | None = None) -> str:
+    cols = extra_cols or []
+    rows = [["host", "release", "model", "result", "time", *cols, "detail"]]
+    for r in results:
+        rows.append([r.host, r.release, r.model, r.result, f"{r.seconds:.1f}s",
+                     *(r.extra.get(c, "-") for c in cols), r.detail])
+    return table(rows)

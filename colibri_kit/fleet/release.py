@@ -1,0 +1,262 @@
+"""The device layout and the operations on it that deploy, rollback, status and smoke share.
+
+```
+<root>/releases/<release-id>/{bin,lib,include,manifest.json,release.json,model.colibri -> ../../models/<sha>.colibri}
+<root>/releases/<release-id>.partial-<nonce>/   an upload in progress (never pointed at)
+<root>/models/<sha256>.colibri                  content addressed; <sha256>.colibri.partial while uploading
+<root>/current -> releases/<release-id>         switched by rename of a new link, then fsync
+```
+Only complete, verified directories are ever renamed to ``releases/<id>``, and ``current`` only
+ever moves between such directories, so it always points at a complete release. Every remote
+command is an argv list (quoted by the Remote in one place); every path component that comes from
+outside (release id, sha256) is validated first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+import re
+from dataclasses import dataclass, field
+
+from colibri_kit.errors import FleetError
+from colibri_kit.fleet.remote import Remote
+
+RELEASE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+L4T_RE = re.compile(r"#\s*R(\d+)\s*\(release\),\s*REVISION:\s*([0-9.]+)")
+
+
+def validate_release_id(value: str) -> str:
+    if not isinstance(value, str) or not RELEASE_ID_RE.match(value) or ".partial" in value:
+        raise FleetError(f"{value!r} is not a release id (letters, digits, '.', '_', '-')")
+    return value
+
+
+def validate_sha(value: str) -> str:
+    if not isinstance(value, str) or not SHA256_RE.match(value):
+        raise FleetError(f"{value!r} is not a sha256 hex digest")
+    return value
+
+
+def releases_dir(root: str) -> str:
+    return posixpath.join(root, "releases")
+
+
+def release_dir(root: str, release_id: str) -> str:
+    return posixpath.join(root, "releases", validate_release_id(release_id))
+
+
+def model_path(root: str, sha: str) -> str:
+    return posixpath.join(root, "models", f"{validate_sha(sha)}.colibri")
+
+
+def current_link(root: str) -> str:
+    return posixpath.join(root, "current")
+
+
+# -- device identity ------------------------------------------------------------------------------
+@dataclass
+class DeviceInfo:
+    arch: str
+    l4t: str | None = None          # "36.4.3"
+    model: str | None = None        # devicetree model string
+    compatible: tuple[str, ...] = ()
+
+    @property
+    def soc(self) -> str | None:
+        for c in self.compatible:
+            if c.startswith("nvidia,tegra"):
+                return c.split(",", 1)[1]
+        return None
+
+
+def _read_nul_text(remote: Remote, paths: list[str]) -> str | None:
+    for p in paths:
+        text = remote.read_text(p)
+        if text is not None:
+            return text
+    return None
+
+
+def identify(remote: Remote) -> DeviceInfo:
+    """What the device says it is: ``uname -m``, ``/etc/nv_tegra_release``, devicetree."""
+    arch = remote.run(["uname", "-m"]).stdout.strip()
+    info = DeviceInfo(arch=arch)
+    release = remote.read_text("/etc/nv_tegra_release")
+    if release:
+        m = L4T_RE.search(release)
+        if m:
+            info.l4t = f"{m.group(1)}.{m.group(2)}"
+    model = _read_nul_text(remote, ["/proc/device-tree/model", "/sys/firmware/devicetree/base/model"])
+    if model is not None:
+        info.model = model.replace("\0", "").strip()
+    compat = _read_nul_text(remote, ["/proc/device-tree/compatible",
+                                     "/sys/firmware/devicetree/base/compatible"])
+    if compat is not None:
+        info.compatible = tuple(c for c in compat.split("\0") if c)
+    return info
+
+
+def check_device(info: DeviceInfo, profile: object, host_name: str) -> list[str]:
+    """Problems (empty when the device is the kind ``profile`` targets)."""
+    problems = []
+    arch = getattr(profile, "arch")
+    if info.arch != arch and not (arch == "aarch64" and info.arch == "arm64"):
+        problems.append(f"architecture is {info.arch}, target {profile.name} needs {arch}")  # type: ignore[attr-defined]
+    device = getattr(profile, "device", None)
+    if device is not None:
+        if info.model is None:
+            problems.append("no devicetree model (/proc/device-tree/model): not a Jetson")
+        elif device.model_pattern not in info.model:
+            problems.append(f"device is {info.model!r}, target {profile.name} expects "  # type: ignore[attr-defined]
+                            f"a {device.model_pattern!r} module")
+        if info.compatible and info.soc != device.soc:
+            problems.append(f"SoC is {info.soc}, target expects {device.soc}")
+    l4t = getattr(profile, "l4t", None)
+    if l4t:
+        if info.l4t is None:
+            problems.append("no /etc/nv_tegra_release: cannot tell the L4T release")
+        elif info.l4t.split(".")[0] != str(l4t).split(".")[0]:
+            problems.append(f"L4T is R{info.l4t}, target {profile.name} is built for R{l4t} "  # type: ignore[attr-defined]
+                            f"(JetPack {getattr(profile, 'jetpack', '?')})")
+    return [f"{host_name}: wrong device kind: {p}" for p in problems]
+
+
+# -- releases -------------------------------------------------------------------------------------
+@dataclass
+class ReleaseEntry:
+    id: str
+    mtime: float
+
+
+@dataclass
+class DeviceState:
+    current: str | None                 # release id current points at
+    releases: list[ReleaseEntry] = field(default_factory=list)  # complete ones, newest first
+    partials: list[str] = field(default_factory=list)           # names of *.partial-* dirs
+
+
+def read_state(remote: Remote, root: str) -> DeviceState:
+    rel = releases_dir(root)
+    res = remote.run(["find", rel, "-mindepth", "1", "-maxdepth", "1", "-type", "d",
+                      "-printf", "%T@ %f\\n"], check=False)
+    entries: list[ReleaseEntry] = []
+    partials: list[str] = []
+    if res.exit_code == 0:
+        for line in res.stdout.splitlines():
+            stamp, _, name = line.partition(" ")
+            if ".partial-" in name:
+                partials.append(name)
+            elif RELEASE_ID_RE.match(name):
+                entries.append(ReleaseEntry(name, float(stamp)))
+    entries.sort(key=lambda e: (-e.mtime, e.id))
+    return DeviceState(current=current_release(remote, root), releases=entries, partials=partials)
+
+
+def current_release(remote: Remote, root: str) -> str | None:
+    res = remote.run(["readlink", "--", current_link(root)], check=False)
+    if res.exit_code != 0:
+        return None
+    target = res.stdout.strip()
+    name = posixpath.basename(target.rstrip("/"))
+    return name if RELEASE_ID_RE.match(name) else None
+
+
+def release_meta(remote: Remote, root: str, release_id: str) -> dict | None:
+    text = remote.read_text(posixpath.join(release_dir(root, release_id), "release.json"))
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return None
+
+
+def remote_sha256(remote: Remote, paths: list[str], timeout: float = 600.0) -> dict[str, str]:
+    """sha256 of remote files (path -> digest); missing files are absent from the result."""
+    if not paths:
+        return {}
+    res = remote.run(["sha256sum", "--", *paths], check=False, timeout=timeout)
+    out: dict[str, str] = {}
+    for line in res.stdout.splitlines():
+        digest, _, path = line.partition("  ")
+        if SHA256_RE.match(digest):
+            out[path] = digest
+    return out
+
+
+def verify_dir(remote: Remote, directory: str, expected: dict[str, str]) -> list[str]:
+    """Files in ``directory`` whose sha256 differs from ``expected`` (relative path -> sha)."""
+    paths = [posixpath.join(directory, rel) for rel in sorted(expected)]
+    got = remote_sha256(remote, paths)
+    bad = []
+    for rel in sorted(expected):
+        digest = got.get(posixpath.join(directory, rel))
+        if digest != expected[rel]:
+            bad.append(f"{rel} ({'missing' if digest is None else 'sha256 ' + digest[:12] + '…, expected ' + expected[rel][:12] + '…'})")
+    return bad
+
+
+def manifest_hashes(manifest: dict) -> dict[str, str]:
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not files:
+        raise FleetError("manifest.json has no 'files' map (rebuild with invoke build)")
+    out = {}
+    for rel, spec in files.items():
+        sha = spec.get("sha256") if isinstance(spec, dict) else spec
+        if not isinstance(rel, str) or rel.startswith("/") or ".." in rel.split("/"):
+            raise FleetError(f"manifest.json lists an unsafe path {rel!r}")
+        out[rel] = validate_sha(sha)
+    return out
+
+
+def verify_release(remote: Remote, root: str, release_id: str) -> list[str]:
+    """Check an installed release against its own manifest and release.json."""
+    directory = release_dir(root, release_id)
+    text = remote.read_text(posixpath.join(directory, "manifest.json"))
+    meta = release_meta(remote, root, release_id)
+    if text is None or meta is None:
+        return ["manifest.json or release.json missing"]
+    if hashlib.sha256(text.encode()).hexdigest() != meta.get("manifest_sha256"):
+        return ["manifest.json does not match release.json"]
+    return verify_dir(remote, directory, manifest_hashes(json.loads(text)))
+
+
+def activate(remote: Remote, root: str, release_id: str) -> None:
+    """Point ``current`` at ``releases/<id>`` atomically: a new link renamed over the old one."""
+    new = posixpath.join(root, "current.new")
+    remote.run(["rm", "-f", "--", new])
+    remote.run(["ln", "-s", posixpath.join("releases", validate_release_id(release_id)), new])
+    remote.run(["mv", "-T", "--", new, current_link(root)])
+    remote.run(["touch", "-h", "--", release_dir(root, release_id)])
+    # fsync the directory holding the link so the switch survives a power cut.
+    remote.run(["sync", "--", root], check=False)
+
+
+def rollback(remote: Remote, root: str, to: str | None = None) -> tuple[str | None, str]:
+    """Switch ``current`` to ``to`` or to the newest other complete release. Returns (from, to)."""
+    state = read_state(remote, root)
+    if to is not None:
+        validate_release_id(to)
+        if to not in {r.id for r in state.releases}:
+            have = ", ".join(r.id for r in state.releases) or "none"
+            raise FleetError(f"{remote.name}: no release {to} on the device (have: {have})")
+        target = to
+    else:
+        others = [r.id for r in state.releases if r.id != state.current]
+        if not others:
+            raise FleetError(f"{remote.name}: no previous release to roll back to")
+        target = others[0]
+    bad = verify_release(remote, root, target)
+    if bad:
+        raise FleetError(f"{remote.name}: release {target} is damaged ({'; '.join(bad)}); not switching")
+    meta = release_meta(remote, root, target) or {}
+    sha = meta.get("model_sha256")
+    if sha:
+        got = remote_sha256(remote, [model_path(root, sha)]).get(model_path(root, sha))
+        if got != sha:
+            raise FleetError(f"{remote.name}: the model of release {target} is missing or damaged; not switching")
+    activate(remote, root, target)
+    return state.current, target

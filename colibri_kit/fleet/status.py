@@ -1,0 +1,70 @@
+"""`invoke status`: what each device runs and whether it answers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from colibri_kit.errors import KitError
+from colibri_kit.fleet import release as rel
+from colibri_kit.fleet.connect import SSHRemote, for_each
+from colibri_kit.fleet.inventory import Host, Inventory
+from colibri_kit.fleet.report import table
+
+
+@dataclass
+class HostStatus:
+    host: str
+    reachable: bool
+    release: str = "-"
+    model: str = "-"
+    target: str = "-"
+    l4t: str = "-"
+    uptime: str = "-"
+    device: str = "-"
+    detail: str = ""
+
+
+def _uptime(text: str | None) -> str:
+    try:
+        s = int(float((text or "").split()[0]))
+    except (IndexError, ValueError):
+        return "-"
+    d, s = divmod(s, 86400)
+    h, s = divmod(s, 3600)
+    m = s // 60
+    return f"{d}d {h}h{m:02d}m" if d else f"{h}h{m:02d}m"
+
+
+def host_status(remote: SSHRemote, host: Host) -> HostStatus:
+    info = rel.identify(remote)
+    st = HostStatus(host=host.name, reachable=True, l4t=f"R{info.l4t}" if info.l4t else "-",
+                    device=info.model or info.arch,
+                    uptime=_uptime(remote.read_text("/proc/uptime")))
+    current = rel.current_release(remote, host.root)
+    if current:
+        st.release = current
+        meta = rel.release_meta(remote, host.root, current) or {}
+        st.target = meta.get("target", "-")
+        st.model = (meta.get("model_sha256") or "-")[:12]
+    else:
+        st.detail = "nothing deployed"
+    return st
+
+
+def status(inv: Inventory, hosts: list[Host], *, parallel: int = 8, accept_new: bool = False) -> list[HostStatus]:
+    def one(host: Host) -> HostStatus:
+        try:
+            with SSHRemote(host, known_hosts=inv.known_hosts, identity_file=inv.identity_file,
+                           accept_new=accept_new) as remote:
+                return host_status(remote, host)
+        except KitError as exc:
+            return HostStatus(host=host.name, reachable=False, detail=str(exc))
+    return for_each(hosts, one, parallel)
+
+
+def status_table(rows: list[HostStatus]) -> str:
+    out = [["host", "reachable", "release", "model", "target", "L4T", "uptime", "device / detail"]]
+    for r in rows:
+        out.append([r.host, "yes" if r.reachable else "NO", r.release, r.model, r.target, r.l4t,
+                     r.uptime, r.detail or r.device])
+    return table(out)

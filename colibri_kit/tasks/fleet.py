@@ -1,0 +1,135 @@
+"""Fleet tasks: deploy, rollback, status, smoke (inventory in fleet.yaml, see docs/fleet.md)."""
+
+from __future__ import annotations
+
+import json as jsonlib
+from pathlib import Path
+
+from invoke import Context, task
+from invoke.exceptions import Exit
+
+from colibri_kit.errors import FleetError
+from colibri_kit.fleet import deploy as deploylib
+from colibri_kit.fleet import release as rel
+from colibri_kit.fleet import status as statuslib
+from colibri_kit.fleet.inventory import Host, Inventory, load_inventory
+from colibri_kit.paths import dist_dir, project_root
+from colibri_kit.tasks._common import user_errors
+
+SELECT_HELP = {
+    "fleet": "inventory file (default: fleet.path in invoke.yaml, i.e. fleet.yaml)",
+    "hosts": "only these hosts (comma-separated names)",
+    "group": "only the hosts of this group (or tag)",
+    "target": "only hosts whose target is T",
+    "tags": "only hosts carrying all these tags (comma-separated)",
+    "parallel": "connections at once (default: fleet.parallel in invoke.yaml, else 8)",
+    "accept_new_host_keys": "record unknown host keys in the project known_hosts (never changed ones)",
+}
+
+
+def _cfg(c: Context, key: str, default):
+    try:
+        return c.config.fleet[key]
+    except (AttributeError, KeyError):
+        return default
+
+
+def _inventory(c: Context, fleet: str) -> Inventory:
+    path = Path(fleet or _cfg(c, "path", "fleet.yaml"))
+    if not path.is_absolute() and not path.exists():
+        path = project_root() / path
+    return load_inventory(path)
+
+
+def _select(inv: Inventory, hosts: str, group: str, target: str, tags: str) -> list[Host]:
+    return inv.select(hosts=hosts or None, group=group or None, target=target or None, tags=tags or None)
+
+
+def _finish(results: list[deploylib.HostResult], as_json: bool, cols: list[str] | None = None) -> None:
+    if as_json:
+        print(jsonlib.dumps([r.__dict__ for r in results], indent=1))
+    else:
+        print(deploylib.results_table(results, cols))
+    failed = [r.host for r in results if not r.ok]
+    if failed:
+        raise Exit(f"failed on {len(failed)} of {len(results)} host(s): {', '.join(failed)}", code=1)
+
+
+@task(help={
+    **SELECT_HELP,
+    "target": "target profile to deploy (dist/<target>/ must be built); also selects hosts whose "
+              "target is T, or hosts with no target",
+    "model": "a .colibri model file to deploy with the release",
+    "dist": "deploy this dist directory instead of dist/<target>/",
+    "keep": "releases kept on each device (default 3)",
+    "dry_run": "print what would be uploaded and switched, change nothing",
+    "canary": "deploy to the first N hosts, smoke-test them, continue only if they pass",
+    "max_failures": "stop starting new hosts after K failures",
+    "json": "print results as JSON",
+})
+@user_errors
+def deploy(c: Context, target: str, model: str = "", fleet: str = "", hosts: str = "", group: str = "",
+           tags: str = "", parallel: int = 0, keep: int = 0, dry_run: bool = False, canary: int = 0,
+           max_failures: int = -1, accept_new_host_keys: bool = False, dist: str = "",
+           json: bool = False) -> None:
+    """Upload dist/<target>/ (+ a model) to the fleet and switch `current` atomically per host."""
+    from colibri_kit.profiles import load_profile
+
+    profile = load_profile(target)
+    inv = _inventory(c, fleet)
+    chosen = [h for h in _select(inv, hosts, group, "", tags) if h.target in (None, target)]
+    if not chosen:
+        raise FleetError(f"no selected host has target {target}")
+    art = deploylib.prepare(target, Path(dist) if dist else dist_dir(target), Path(model) if model else None)
+    smoke_fn = None
+    if canary:
+        from colibri_kit.fleet import smoke as smokelib
+
+        def smoke_fn(hs: list[Host]) -> list[deploylib.HostResult]:
+            return smokelib.smoke(inv, hs, profile, parallel=parallel or 8)
+    results = deploylib.deploy(
+        inv, chosen, art, profile, parallel=parallel or _cfg(c, "parallel", 8),
+        keep=keep or _cfg(c, "keep", deploylib.DEFAULT_KEEP), dry_run=dry_run,
+        accept_new=accept_new_host_keys, max_failures=None if max_failures < 0 else max_failures,
+        canary=canary, smoke_fn=smoke_fn)
+    _finish(results, json)
+
+
+@task(help={**SELECT_HELP, "to": "switch to this release id instead of the previous one",
+            "json": "print results as JSON"})
+@user_errors
+def rollback(c: Context, to: str = "", fleet: str = "", hosts: str = "", group: str = "", target: str = "",
+             tags: str = "", parallel: int = 0, accept_new_host_keys: bool = False, json: bool = False) -> None:
+    """Switch `current` back to the previous release (or --to ID), atomically, per host."""
+    inv = _inventory(c, fleet)
+    chosen = _select(inv, hosts, group, target, tags)
+    if to:
+        rel.validate_release_id(to)
+
+    def one(remote, host: Host) -> deploylib.HostResult:
+        before, after = rel.rollback(remote, host.root, to or None)
+        return deploylib.HostResult(host=host.name, release=after, result="ok",
+                                    detail=f"was {before or '(none)'}")
+    results = deploylib.run_on_hosts(chosen, deploylib.connect_for(inv, accept_new_host_keys), one,
+                                     parallel=parallel or _cfg(c, "parallel", 8))
+    _finish(results, json)
+
+
+@task(help={**SELECT_HELP, "json": "print results as JSON"})
+@user_errors
+def status(c: Context, fleet: str = "", hosts: str = "", group: str = "", target: str = "", tags: str = "",
+           parallel: int = 0, accept_new_host_keys: bool = False, json: bool = False) -> None:
+    """Show per host: reachable, current release, model, target, L4T, uptime."""
+    inv = _inventory(c, fleet)
+    chosen = _select(inv, hosts, group, target, tags)
+    rows = statuslib.status(inv, chosen, parallel=parallel or _cfg(c, "parallel", 8),
+                            accept_new=accept_new_host_keys)
+    if json:
+        print(jsonlib.dumps([r.__dict__ for r in rows], indent=1))
+    else:
+        print(statuslib.status_table(rows))
+    if any(not r.reachable for r in rows):
+        raise Exit("some hosts are unreachable", code=1)
+
+
+TASKS = [deploy, rollback, status]
