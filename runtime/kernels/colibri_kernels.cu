@@ -33,6 +33,9 @@ typedef unsigned short cb_u16;
 /* Router top-k sorts at most this many experts (docs/format.md caps E at 256). */
 #define CB_MAX_SORT 256
 
+#if !defined(COLIBRI_ROUTING_MODE) || !defined(COLIBRI_ROUTING_SOFTMAX_TOPK)
+#error "colibri_config.h must define COLIBRI_ROUTING_MODE and COLIBRI_ROUTING_SOFTMAX_TOPK"
+#endif
 #if COLIBRI_MAX_EXPERTS > CB_MAX_SORT
 #error "COLIBRI_MAX_EXPERTS exceeds the router kernel's sort capacity (256)"
 #endif
@@ -371,22 +374,47 @@ __device__ __forceinline__ int cb_before(float ka, int ia, float kb, int ib) {
     return ka > kb || (ka == kb && ia < ib);
 }
 
-/* Per token (grid (n), block 32 = one warp): p = softmax(logits[t, :E]); the top_k experts by
- * probability (= by logit: softmax is monotonic; ties to the lower expert index), weights p_i
- * (renorm == 0: divided by their sum, in rank order). Outputs in rank order:
- * idx[t*k + j], wts[t*k + j]. Sorting is a bitonic network over the next power of two >= E in
- * shared memory, one warp; padding entries (-inf, index 2^30) sort last. */
+/* Route one token (grid (n), block 32 = one warp), mirroring the CPU path (runtime/src/route.c)
+ * step by step so that both make the same choices on the same logits:
+ *   m = max logit, total = sum_e exp((double)(l_e - m)) in index order (double, one lane);
+ *   SOFTMAX_TOPK: p_e = (float)(exp(l_e - m) / total); top-k on p;
+ *   LINEAR_SCORE: top-k on the logits; weights from the selected logits.
+ * Ties go to the lower expert index. renorm != 0 (header `routing` 0) makes the k weights sum
+ * to 1. Outputs in rank order: idx[t*k + j], wts[t*k + j].
+ * The sort is a bitonic network over the next power of two >= E in shared memory, one warp;
+ * padding entries (-inf, index >= 2^30) sort last. */
 extern "C" __global__ void cb_router_topk(const float *logits, int E, int k, int renorm,
                                           int *idx, float *wts) {
     __shared__ float key[CB_MAX_SORT];
     __shared__ int id[CB_MAX_SORT];
+    __shared__ double total_s;
+    __shared__ float max_s;
     const int t = blockIdx.x;
     const int lane = threadIdx.x;
     const float *lr = logits + (cb_u64)t * (cb_u64)E;
+    if (lane == 0) {
+        float mx = lr[0];
+        for (int e = 1; e < E; e++) mx = fmaxf(mx, lr[e]);
+        double total = 0.0;
+        for (int e = 0; e < E; e++) total += exp((double)lr[e] - mx);
+        max_s = mx;
+        total_s = total;
+    }
+    __syncwarp();
+    const float mx = max_s;
+    const double total = total_s;
     int npow = 2;
     while (npow < E) npow <<= 1;
     for (int i = lane; i < npow; i += CB_WARP) {
-        key[i] = i < E ? lr[i] : -__int_as_float(0x7f800000);
+        float v = -__int_as_float(0x7f800000);
+        if (i < E) {
+#if COLIBRI_ROUTING_MODE == COLIBRI_ROUTING_SOFTMAX_TOPK
+            v = (float)(exp((double)lr[i] - mx) / total);
+#else
+            v = lr[i];
+#endif
+        }
+        key[i] = v;
         id[i] = i < E ? i : (1 << 30) + i;
     }
     __syncwarp();
@@ -408,22 +436,28 @@ extern "C" __global__ void cb_router_topk(const float *logits, int E, int k, int
             __syncwarp();
         }
     }
-    /* softmax denominator over all E in a fixed order; key[0] is the maximum logit */
-    const float m = key[0];
-    float sum = 0.0f;
-    for (int i = lane; i < E; i += CB_WARP) sum += expf(lr[i] - m);
-    sum = cb_warp_sum(sum);
     if (lane == 0) {
-        float p[16];
-        float top = 0.0f;
-        for (int j = 0; j < k; j++) {
-            p[j] = expf(key[j] - m) / sum;
-            top += p[j];
+        int *io = idx + (cb_u64)t * (cb_u64)k;
+        float *wo = wts + (cb_u64)t * (cb_u64)k;
+        for (int j = 0; j < k; j++) io[j] = id[j];
+#if COLIBRI_ROUTING_MODE == COLIBRI_ROUTING_SOFTMAX_TOPK
+        if (renorm) {
+            double s = 0.0;
+            for (int j = 0; j < k; j++) s += key[j];
+            for (int j = 0; j < k; j++) wo[j] = (float)(key[j] / s);
+        } else {
+            for (int j = 0; j < k; j++) wo[j] = key[j];
         }
-        for (int j = 0; j < k; j++) {
-            idx[t * k + j] = id[j];
-            wts[t * k + j] = renorm == 0 ? p[j] / top : p[j];
+#else
+        if (renorm) {
+            /* softmax over the k selected logits == renormalised top-k probabilities */
+            double s = 0.0;
+            for (int j = 0; j < k; j++) s += exp((double)key[j] - key[0]);
+            for (int j = 0; j < k; j++) wo[j] = (float)(exp((double)key[j] - key[0]) / s);
+        } else {
+            for (int j = 0; j < k; j++) wo[j] = (float)(exp((double)key[j] - mx) / total);
         }
+#endif
     }
 }
 

@@ -1,24 +1,721 @@
-/* Placeholder until the driver-API backend lands: every open fails with a reason, so the core
- * falls back to the CPU (--backend auto) or reports the reason (--backend cuda). */
+/* CUDA backend through the driver API (docs/cuda.md).
+ *
+ * libcuda.so.1 is opened with dlopen at run time, so the binary links without any CUDA library
+ * and still runs (on the CPU) where there is no driver. The kernels come from the images the build
+ * embedded (kernel_images.h): the cubin compiled for exactly the device's SM, else the PTX, which
+ * the driver JIT-compiles for a newer SM. Every failure returns a one-line reason.
+ *
+ * Memory: one device arena, sized at open from the model geometry (colibri_cuda_plan), holds the
+ * activations, the KV cache and the per-expert pointer tables. Weights are the model file's data
+ * section: on a discrete GPU it is copied once into the arena; on an integrated GPU (Jetson: CPU
+ * and GPU share DRAM) the mmapped file itself is registered and device-mapped, so there is no
+ * second copy. Either way a weight's device address is its file offset from one base.
+ *
+ * Work is issued in chunks of at most plan.chunk tokens. With 2 streams the shared expert (and its
+ * gate) of a layer runs on the second stream while the first routes, dispatches and runs the
+ * routed experts; events join them before the combine. The kernels and the buffers they write are
+ * the same with 1 or 2 streams, and no kernel uses atomics, so the results are identical. */
 #include "cuda_backend.h"
 
+#include <dlfcn.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
-int colibri_cuda_open(colibri_cuda **out, const struct colibri_model *model, int stream_count,
-                      char *why, size_t why_len) {
-    (void)model; (void)stream_count;
-    *out = NULL;
-    snprintf(why, why_len, "CUDA backend not built into this binary");
+#include "colibri_config.h"
+#include "cuda_driver.h"
+#include "kernel_images.h"
+#include "model.h"
+
+#ifndef COLIBRI_IGPU
+#define COLIBRI_IGPU 0
+#endif
+
+#define CB_ALIGN 256u         /* every arena region starts on this boundary */
+#define CB_ROW_THREADS 128u   /* row kernels: 4 warps, one output row per warp (kernels.cu) */
+#define CB_ROW_WARPS 4u
+#define CB_TOKEN_TILE 4u      /* tokens per warp in a row kernel */
+#define CB_MAX_CHUNK 32       /* tokens per device pass at most */
+#define CB_SCORES_BUDGET (64u << 20) /* attention score scratch bound, bytes */
+
+/* ---- pure helpers (unit-tested without a GPU: tests/gpu/host_unit.c) ----------------------- */
+
+int colibri_cuda_pick_image(const colibri_kernel_image *images, int count, int sm, char *why,
+                            size_t why_len) {
+    int ptx = -1;
+    for (int i = 0; i < count; i++) {
+        if (strcmp(images[i].kind, "cubin") == 0 && images[i].sm == sm) return i;
+        if (strcmp(images[i].kind, "ptx") == 0 && images[i].sm <= sm &&
+            (ptx < 0 || images[i].sm > images[ptx].sm))
+            ptx = i;
+    }
+    if (ptx >= 0) return ptx;
+    /* name what is embedded so the user knows which --cuda-archs to build with */
+    char have[160] = "";
+    size_t used = 0;
+    for (int i = 0; i < count && used + 24 < sizeof have; i++) {
+        int w = snprintf(have + used, sizeof have - used, "%s%s %s_%d", used ? ", " : "",
+                         images[i].kind, strcmp(images[i].kind, "ptx") == 0 ? "compute" : "sm",
+                         images[i].sm);
+        if (w > 0) used += (size_t)w;
+    }
+    if (count == 0)
+        snprintf(why, why_len, "no CUDA kernels in this binary (built without CUDA archs); "
+                 "GPU is sm_%d", sm);
+    else
+        snprintf(why, why_len, "no kernel image for sm_%d in this binary (embedded: %s); rebuild "
+                 "with the GPU's arch (e.g. --cuda-archs sm_%d)", sm, have, sm);
     return -1;
+}
+
+unsigned colibri_cuda_ceil_div(unsigned a, unsigned b) { return (a + b - 1) / b; }
+
+void colibri_cuda_rows_launch(int rows, int n, unsigned grid[3], unsigned block[3]) {
+    grid[0] = colibri_cuda_ceil_div((unsigned)rows, CB_ROW_WARPS);
+    grid[1] = colibri_cuda_ceil_div((unsigned)n, CB_TOKEN_TILE);
+    grid[2] = 1;
+    block[0] = CB_ROW_THREADS;
+    block[1] = block[2] = 1;
+}
+
+static size_t cb_take(size_t *cursor, size_t bytes) {
+    size_t at = *cursor;
+    *cursor += (bytes + CB_ALIGN - 1) / CB_ALIGN * CB_ALIGN;
+    return at;
+}
+
+int colibri_cuda_plan(const struct colibri_model *m, int copy_weights, colibri_cuda_plan_t *p) {
+    memset(p, 0, sizeof *p);
+    const size_t S = m->max_seq_len, H = m->n_heads, Dh = m->head_dim, Dp = m->embed_dim_pad;
+    const size_t E = m->num_experts, k = m->top_k, F = m->expert_size, V = m->vocab_size;
+    const size_t Fs = m->shared_expert_size, L = m->n_layers, kvd = (size_t)m->n_kv_heads * Dh;
+    if (S == 0 || H == 0 || E == 0 || k == 0 || k > 16 || E > 256 || m->n_kv_heads == 0 ||
+        H % m->n_kv_heads != 0)
+        return -1;
+    /* tokens per pass: bounded so the attention scores (chunk x H x S floats) stay small */
+    size_t c = CB_MAX_CHUNK < S ? CB_MAX_CHUNK : S;
+    while (c > 1 && c * H * S * sizeof(float) > CB_SCORES_BUDGET) c /= 2;
+    p->chunk = (int)c;
+    size_t at = 0;
+    p->x = cb_take(&at, c * Dp * 4);
+    p->h = cb_take(&at, c * Dp * 4);
+    p->q = cb_take(&at, c * H * Dh * 4);
+    p->att = cb_take(&at, c * H * Dh * 4);
+    p->scores = cb_take(&at, c * H * S * 4);
+    p->router = cb_take(&at, c * E * 4);
+    p->top_idx = cb_take(&at, c * k * 4);
+    p->top_w = cb_take(&at, c * k * 4);
+    p->offsets = cb_take(&at, (E + 1) * 4);
+    p->perm = cb_take(&at, c * k * 4);
+    p->slot_of = cb_take(&at, c * k * 4);
+    p->act = cb_take(&at, c * k * F * 4);
+    p->expert_out = cb_take(&at, c * k * Dp * 4);
+    if (m->flags & COLIBRI_FLAG_SHARED_EXPERT) {
+        p->shared_act = cb_take(&at, c * Fs * 4);
+        p->shared_out = cb_take(&at, c * Dp * 4);
+        p->shared_gate = cb_take(&at, c * 4);
+    }
+    p->shared_offsets = cb_take(&at, 2 * 4);
+    p->logits = cb_take(&at, c * V * 4);
+    p->ids = cb_take(&at, c * 4);
+    p->iota = cb_take(&at, c * 4);
+    p->kcache = cb_take(&at, L * S * kvd * 4);
+    p->vcache = cb_take(&at, L * S * kvd * 4);
+    p->tables = cb_take(&at, L * (6 * E + 6) * sizeof(CUdeviceptr));
+    p->weights = copy_weights ? cb_take(&at, (size_t)(m->file_size - m->data_offset)) : 0;
+    p->weights_bytes = copy_weights ? (size_t)(m->file_size - m->data_offset) : 0;
+    p->total = at;
+    return 0;
+}
+
+/* ---- the driver ------------------------------------------------------------------------------ */
+
+typedef struct {
+    void *lib;
+    cuInit_t Init;
+    cuDriverGetVersion_t DriverGetVersion;
+    cuDeviceGetCount_t DeviceGetCount;
+    cuDeviceGet_t DeviceGet;
+    cuDeviceGetAttribute_t DeviceGetAttribute;
+    cuDeviceGetName_t DeviceGetName;
+    cuCtxCreate_v2_t CtxCreate;
+    cuCtxDestroy_v2_t CtxDestroy;
+    cuCtxPushCurrent_v2_t CtxPushCurrent;
+    cuCtxPopCurrent_v2_t CtxPopCurrent;
+    cuModuleLoadDataEx_t ModuleLoadDataEx;
+    cuModuleUnload_t ModuleUnload;
+    cuModuleGetFunction_t ModuleGetFunction;
+    cuMemAlloc_v2_t MemAlloc;
+    cuMemFree_v2_t MemFree;
+    cuMemcpyHtoD_v2_t MemcpyHtoD;
+    cuMemcpyHtoDAsync_v2_t MemcpyHtoDAsync;
+    cuMemcpyDtoHAsync_v2_t MemcpyDtoHAsync;
+    cuMemHostRegister_v2_t MemHostRegister;
+    cuMemHostUnregister_t MemHostUnregister;
+    cuMemHostGetDevicePointer_v2_t MemHostGetDevicePointer;
+    cuLaunchKernel_t LaunchKernel;
+    cuStreamCreate_t StreamCreate;
+    cuStreamDestroy_v2_t StreamDestroy;
+    cuStreamSynchronize_t StreamSynchronize;
+    cuStreamWaitEvent_t StreamWaitEvent;
+    cuEventCreate_t EventCreate;
+    cuEventDestroy_v2_t EventDestroy;
+    cuEventRecord_t EventRecord;
+    cuGetErrorString_t GetErrorString;
+} cb_driver;
+
+/* symbol name -> offset of its slot in cb_driver */
+static const struct { const char *name; size_t off; } cb_symbols[] = {
+#define CB_SYM(field, sym) {sym, offsetof(cb_driver, field)}
+    CB_SYM(Init, "cuInit"), CB_SYM(DriverGetVersion, "cuDriverGetVersion"),
+    CB_SYM(DeviceGetCount, "cuDeviceGetCount"), CB_SYM(DeviceGet, "cuDeviceGet"),
+    CB_SYM(DeviceGetAttribute, "cuDeviceGetAttribute"), CB_SYM(DeviceGetName, "cuDeviceGetName"),
+    CB_SYM(CtxCreate, "cuCtxCreate_v2"), CB_SYM(CtxDestroy, "cuCtxDestroy_v2"),
+    CB_SYM(CtxPushCurrent, "cuCtxPushCurrent_v2"), CB_SYM(CtxPopCurrent, "cuCtxPopCurrent_v2"),
+    CB_SYM(ModuleLoadDataEx, "cuModuleLoadDataEx"), CB_SYM(ModuleUnload, "cuModuleUnload"),
+    CB_SYM(ModuleGetFunction, "cuModuleGetFunction"), CB_SYM(MemAlloc, "cuMemAlloc_v2"),
+    CB_SYM(MemFree, "cuMemFree_v2"), CB_SYM(MemcpyHtoD, "cuMemcpyHtoD_v2"),
+    CB_SYM(MemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2"),
+    CB_SYM(MemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2"),
+    CB_SYM(MemHostRegister, "cuMemHostRegister_v2"),
+    CB_SYM(MemHostUnregister, "cuMemHostUnregister"),
+    CB_SYM(MemHostGetDevicePointer, "cuMemHostGetDevicePointer_v2"),
+    CB_SYM(LaunchKernel, "cuLaunchKernel"), CB_SYM(StreamCreate, "cuStreamCreate"),
+    CB_SYM(StreamDestroy, "cuStreamDestroy_v2"), CB_SYM(StreamSynchronize, "cuStreamSynchronize"),
+    CB_SYM(StreamWaitEvent, "cuStreamWaitEvent"), CB_SYM(EventCreate, "cuEventCreate"),
+    CB_SYM(EventDestroy, "cuEventDestroy_v2"), CB_SYM(EventRecord, "cuEventRecord"),
+    CB_SYM(GetErrorString, "cuGetErrorString"),
+#undef CB_SYM
+};
+
+/* The library name; tests point it at a stand-in to exercise failure paths a machine without a
+ * GPU cannot otherwise produce (COLIBRI_LIBCUDA is read only by this function). */
+static const char *cb_libcuda_name(void) {
+    const char *env = getenv("COLIBRI_LIBCUDA");
+    return env && *env ? env : "libcuda.so.1";
+}
+
+static int cb_driver_load(cb_driver *d, char *why, size_t why_len) {
+    memset(d, 0, sizeof *d);
+    const char *name = cb_libcuda_name();
+    d->lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    if (!d->lib) {
+        snprintf(why, why_len, "%s not found (no NVIDIA driver)", name);
+        return -1;
+    }
+    for (size_t i = 0; i < sizeof cb_symbols / sizeof cb_symbols[0]; i++) {
+        void *fn = dlsym(d->lib, cb_symbols[i].name);
+        if (!fn) {
+            snprintf(why, why_len, "%s lacks %s (driver too old or not an NVIDIA driver)", name,
+                     cb_symbols[i].name);
+            dlclose(d->lib);
+            d->lib = NULL;
+            return -1;
+        }
+        memcpy((char *)d + cb_symbols[i].off, &fn, sizeof fn);
+    }
+    return 0;
+}
+
+/* ---- the backend ----------------------------------------------------------------------------- */
+
+enum { CB_F_EMBED, CB_F_RMSNORM, CB_F_LINEAR, CB_F_ROPE, CB_F_ATTENTION, CB_F_TOPK, CB_F_DISPATCH,
+       CB_F_UP, CB_F_DOWN, CB_F_COMBINE, CB_F_COUNT };
+
+static const char *const cb_kernel_names[CB_F_COUNT] = {
+    "cb_embed", "cb_rmsnorm", "cb_linear", "cb_rope", "cb_attention", "cb_router_topk",
+    "cb_dispatch", "cb_expert_up", "cb_expert_down", "cb_moe_combine"};
+
+struct colibri_cuda {
+    cb_driver d;
+    CUdevice dev;
+    CUcontext ctx;
+    CUmodule mod;
+    CUfunction fn[CB_F_COUNT];
+    CUstream stream[2];
+    int nstreams;
+    CUevent ev_h, ev_shared; /* FFN input ready (stream 0) / shared expert done (stream 1) */
+    const struct colibri_model *m;
+    colibri_cuda_plan_t plan;
+    CUdeviceptr arena;
+    CUdeviceptr wbase;       /* device address of the file's byte data_offset */
+    void *registered;        /* host range registered with cuMemHostRegister (integrated) */
+    colibri_cuda_info info;
+};
+
+static int cb_fail(colibri_cuda *cu, CUresult rc, const char *what, char *why, size_t why_len) {
+    const char *s = NULL;
+    if (cu->d.GetErrorString) cu->d.GetErrorString(rc, &s);
+    snprintf(why, why_len, "%s failed: %s (CUresult %d)", what, s ? s : "unknown error", rc);
+    return -1;
+}
+
+#define CB_CHECK(call, what)                                                                     \
+    do {                                                                                          \
+        CUresult rc_ = (call);                                                                    \
+        if (rc_ != CUDA_SUCCESS) return cb_fail(cu, rc_, what, why, why_len);                      \
+    } while (0)
+
+/* Device address of a pointer into the model file (NULL stays 0: absent tensor / no scales). */
+static CUdeviceptr cb_dev(const colibri_cuda *cu, const void *host) {
+    if (!host) return 0;
+    const uint8_t *data = cu->m->base + cu->m->data_offset;
+    return cu->wbase + (CUdeviceptr)((const uint8_t *)host - data);
+}
+
+static int cb_launch(colibri_cuda *cu, int f, unsigned gx, unsigned gy, unsigned bx, CUstream s,
+                     void **args, char *why, size_t why_len) {
+    if (gx == 0 || gy == 0) return 0;
+    CB_CHECK(cu->d.LaunchKernel(cu->fn[f], gx, gy, 1, bx, 1, 1, 0, s, args, NULL),
+             cb_kernel_names[f]);
+    return 0;
+}
+
+/* y[t, :] (+)= W x[t, :] (+ bias) for t < n */
+static int cb_linear(colibri_cuda *cu, CUstream s, CUdeviceptr y, int ys, CUdeviceptr x, int xs,
+                     int n, const colibri_tensor *w, CUdeviceptr bias, int accumulate, char *why,
+                     size_t why_len) {
+    CUdeviceptr wd = cb_dev(cu, w->data), sc = cb_dev(cu, w->scales);
+    int dt = (int)w->dtype, rows = (int)w->rows, cols = (int)w->cols;
+    void *a[] = {&y, &ys, &x, &xs, &n, &wd, &sc, &dt, &rows, &cols, &bias, &accumulate};
+    unsigned grid[3], block[3];
+    colibri_cuda_rows_launch(rows, n, grid, block);
+    return cb_launch(cu, CB_F_LINEAR, grid[0], grid[1], block[0], s, a, why, why_len);
+}
+
+static int cb_rmsnorm(colibri_cuda *cu, CUstream s, CUdeviceptr y, int ys, CUdeviceptr x, int xs,
+                      int rows, const colibri_tensor *w, int len, int true_len, char *why,
+                      size_t why_len) {
+    CUdeviceptr wd = cb_dev(cu, w->data);
+    float eps = cu->m->norm_eps;
+    void *a[] = {&y, &ys, &x, &xs, &wd, &len, &true_len, &eps};
+    return cb_launch(cu, CB_F_RMSNORM, (unsigned)rows, 1, 256, s, a, why, why_len);
+}
+
+static int cb_rope(colibri_cuda *cu, CUstream s, CUdeviceptr x, int stride, int n, int nheads,
+                   int pos, char *why, size_t why_len) {
+    int Dh = (int)cu->m->head_dim;
+    float theta = cu->m->rope_theta;
+    void *a[] = {&x, &stride, &nheads, &Dh, &pos, &theta};
+    return cb_launch(cu, CB_F_ROPE, (unsigned)n, 1, 128, s, a, why, why_len);
+}
+
+/* SwiGLU over grouped slots: act = silu(W1 h) * (W3 h), out = W2 act, for `groups` experts whose
+ * pointer tables start at `tab` (w1[g], w3[g], w2[g], s1[g], s3[g], s2[g]). */
+static int cb_swiglu(colibri_cuda *cu, CUstream s, CUdeviceptr act, int F, CUdeviceptr out,
+                     CUdeviceptr perm, CUdeviceptr offsets, CUdeviceptr tab, int groups,
+                     int dt_up, int dt_down, char *why, size_t why_len) {
+    const struct colibri_model *m = cu->m;
+    int Dp = (int)m->embed_dim_pad;
+    CUdeviceptr h = cu->arena + cu->plan.h;
+    const CUdeviceptr step = (CUdeviceptr)groups * sizeof(CUdeviceptr);
+    CUdeviceptr w1 = tab, w3 = tab + step, w2 = tab + 2 * step;
+    CUdeviceptr s1 = tab + 3 * step, s3 = tab + 4 * step, s2 = tab + 5 * step;
+    void *up[] = {&act, &F, &h, &Dp, &perm, &offsets, &w1, &w3, &s1, &s3, &dt_up};
+    if (cb_launch(cu, CB_F_UP, colibri_cuda_ceil_div((unsigned)F, CB_ROW_WARPS), (unsigned)groups,
+                  CB_ROW_THREADS, s, up, why, why_len))
+        return -1;
+    void *down[] = {&out, &Dp, &act, &F, &offsets, &w2, &s2, &dt_down};
+    return cb_launch(cu, CB_F_DOWN, colibri_cuda_ceil_div((unsigned)Dp, CB_ROW_WARPS),
+                     (unsigned)groups, CB_ROW_THREADS, s, down, why, why_len);
+}
+
+/* One weight dtype per grouped launch: every expert of a kind must share it. */
+static int cb_expert_dtype(const colibri_tensor *a, const colibri_tensor *b, int count,
+                           int *dtype) {
+    *dtype = (int)a[0].dtype;
+    for (int e = 0; e < count; e++)
+        if ((int)a[e].dtype != *dtype || (b && (int)b[e].dtype != *dtype)) return -1;
+    return 0;
+}
+
+/* Per layer: w1[E] w3[E] w2[E] s1[E] s3[E] s2[E], then the shared expert's six. */
+static int cb_upload_tables(colibri_cuda *cu, char *why, size_t why_len) {
+    const struct colibri_model *m = cu->m;
+    const size_t E = m->num_experts, per = 6 * E + 6;
+    CUdeviceptr *t = calloc(per * m->n_layers, sizeof *t);
+    if (!t) {
+        snprintf(why, why_len, "out of host memory for the expert pointer tables");
+        return -1;
+    }
+    for (uint32_t l = 0; l < m->n_layers; l++) {
+        const colibri_layer *ly = &m->layers[l];
+        CUdeviceptr *row = t + l * per;
+        for (size_t e = 0; e < E; e++) {
+            row[e] = cb_dev(cu, ly->w1[e].data);
+            row[E + e] = cb_dev(cu, ly->w3[e].data);
+            row[2 * E + e] = cb_dev(cu, ly->w2[e].data);
+            row[3 * E + e] = cb_dev(cu, ly->w1[e].scales);
+            row[4 * E + e] = cb_dev(cu, ly->w3[e].scales);
+            row[5 * E + e] = cb_dev(cu, ly->w2[e].scales);
+        }
+        CUdeviceptr *sh = row + 6 * E;
+        sh[0] = cb_dev(cu, ly->shared_w1.data);
+        sh[1] = cb_dev(cu, ly->shared_w3.data);
+        sh[2] = cb_dev(cu, ly->shared_w2.data);
+        sh[3] = cb_dev(cu, ly->shared_w1.scales);
+        sh[4] = cb_dev(cu, ly->shared_w3.scales);
+        sh[5] = cb_dev(cu, ly->shared_w2.scales);
+    }
+    CUresult rc = cu->d.MemcpyHtoD(cu->arena + cu->plan.tables, t, per * m->n_layers * sizeof *t);
+    free(t);
+    if (rc != CUDA_SUCCESS) return cb_fail(cu, rc, "cuMemcpyHtoD(expert tables)", why, why_len);
+    return 0;
+}
+
+/* Integrated GPU: register the mmapped data section for device access (no second copy).
+ * Returns 0 when mapped; non-zero (and nothing held) when the caller should copy instead. */
+static int cb_map_weights(colibri_cuda *cu) {
+    const struct colibri_model *m = cu->m;
+    if (!m->mapped) return -1;
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t data = (uintptr_t)(m->base + m->data_offset);
+    const uintptr_t lo = data / page * page;
+    const uintptr_t hi = ((uintptr_t)(m->base + m->file_size) + page - 1) / page * page;
+    if (lo < (uintptr_t)m->base) return -1;
+    void *p = (void *)lo;
+    if (cu->d.MemHostRegister(p, hi - lo,
+                              CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_READ_ONLY) !=
+        CUDA_SUCCESS)
+        return -1;
+    CUdeviceptr dp = 0;
+    if (cu->d.MemHostGetDevicePointer(&dp, p, 0) != CUDA_SUCCESS) {
+        cu->d.MemHostUnregister(p);
+        return -1;
+    }
+    cu->registered = p;
+    cu->wbase = dp + (CUdeviceptr)(data - lo);
+    return 0;
+}
+
+static int cb_check_model(const struct colibri_model *m, char *why, size_t why_len) {
+    if (m->top_k > 16 || m->num_experts > 256 || m->num_experts > COLIBRI_MAX_EXPERTS) {
+        snprintf(why, why_len, "model routing (E=%u, top_k=%u) exceeds the CUDA kernels' limits "
+                 "(E <= %d, top_k <= 16)", m->num_experts, m->top_k, COLIBRI_MAX_EXPERTS);
+        return -1;
+    }
+    for (uint32_t l = 0; l < m->n_layers; l++) {
+        const colibri_layer *ly = &m->layers[l];
+        int dt;
+        if (cb_expert_dtype(ly->w1, ly->w3, (int)m->num_experts, &dt) ||
+            cb_expert_dtype(ly->w2, NULL, (int)m->num_experts, &dt) ||
+            ((m->flags & COLIBRI_FLAG_SHARED_EXPERT) && ly->shared_w1.dtype != ly->shared_w3.dtype)) {
+            snprintf(why, why_len, "layer %u mixes weight dtypes across experts; the CUDA backend "
+                     "needs one dtype per expert matrix kind (re-convert with one --dtype)", l);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int colibri_cuda_open(colibri_cuda **out, const struct colibri_model *m, int stream_count,
+                      char *why, size_t why_len) {
+    *out = NULL;
+    if (cb_check_model(m, why, why_len)) return -1;
+    colibri_cuda *cu = calloc(1, sizeof *cu);
+    if (!cu) {
+        snprintf(why, why_len, "out of host memory for the CUDA backend");
+        return -1;
+    }
+    cu->m = m;
+    if (cb_driver_load(&cu->d, why, why_len)) {
+        free(cu);
+        return -1;
+    }
+    *out = cu; /* from here colibri_cuda_close releases whatever was acquired */
+    int rc = -1;
+    CUresult r = cu->d.Init(0);
+    if (r != CUDA_SUCCESS) {
+        cb_fail(cu, r, "cuInit", why, why_len);
+        goto fail;
+    }
+    int count = 0;
+    if ((r = cu->d.DeviceGetCount(&count)) != CUDA_SUCCESS || count < 1) {
+        if (r == CUDA_SUCCESS) snprintf(why, why_len, "no CUDA device visible to the driver");
+        else cb_fail(cu, r, "cuDeviceGetCount", why, why_len);
+        goto fail;
+    }
+    int major = 0, minor = 0, integrated = 0, can_map = 0;
+    if ((r = cu->d.DeviceGet(&cu->dev, 0)) != CUDA_SUCCESS ||
+        (r = cu->d.DeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                                      cu->dev)) != CUDA_SUCCESS ||
+        (r = cu->d.DeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+                                      cu->dev)) != CUDA_SUCCESS ||
+        (r = cu->d.DeviceGetAttribute(&integrated, CU_DEVICE_ATTRIBUTE_INTEGRATED, cu->dev)) !=
+            CUDA_SUCCESS ||
+        (r = cu->d.DeviceGetAttribute(&can_map, CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY,
+                                      cu->dev)) != CUDA_SUCCESS ||
+        (r = cu->d.DeviceGetName(cu->info.device_name, (int)sizeof cu->info.device_name,
+                                 cu->dev)) != CUDA_SUCCESS ||
+        (r = cu->d.DriverGetVersion(&cu->info.driver_version)) != CUDA_SUCCESS) {
+        cb_fail(cu, r, "querying CUDA device 0", why, why_len);
+        goto fail;
+    }
+    cu->info.sm = major * 10 + minor;
+    cu->info.integrated = integrated;
+
+    int img = colibri_cuda_pick_image(colibri_kernel_images, colibri_kernel_image_count,
+                                      cu->info.sm, why, why_len);
+    if (img < 0) goto fail;
+    const colibri_kernel_image *ki = &colibri_kernel_images[img];
+    snprintf(cu->info.image, sizeof cu->info.image, "%s", ki->kind);
+
+    if ((r = cu->d.CtxCreate(&cu->ctx, CU_CTX_MAP_HOST, cu->dev)) != CUDA_SUCCESS) {
+        cb_fail(cu, r, "cuCtxCreate", why, why_len);
+        goto fail;
+    }
+    /* cuCtxCreate made ctx current on this thread; forward pushes it on whatever thread calls */
+    char jit_log[512] = "";
+    int opts[] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
+    void *vals[] = {jit_log, (void *)(uintptr_t)sizeof jit_log};
+    if ((r = cu->d.ModuleLoadDataEx(&cu->mod, ki->data, 2, opts, vals)) != CUDA_SUCCESS) {
+        char what[160];
+        char *nl = strchr(jit_log, '\n');
+        if (nl) *nl = '\0';
+        snprintf(what, sizeof what, "loading the %s %s_%d kernels on driver %d%s%.60s", ki->kind,
+                 strcmp(ki->kind, "ptx") == 0 ? "compute" : "sm", ki->sm, cu->info.driver_version,
+                 jit_log[0] ? ": " : "", jit_log);
+        cb_fail(cu, r, what, why, why_len);
+        goto fail;
+    }
+    for (int f = 0; f < CB_F_COUNT; f++) {
+        if ((r = cu->d.ModuleGetFunction(&cu->fn[f], cu->mod, cb_kernel_names[f])) !=
+            CUDA_SUCCESS) {
+            cb_fail(cu, r, cb_kernel_names[f], why, why_len);
+            goto fail;
+        }
+    }
+
+    cu->nstreams = stream_count >= 2 ? 2 : 1;
+    for (int s = 0; s < cu->nstreams; s++)
+        if ((r = cu->d.StreamCreate(&cu->stream[s], CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS) {
+            cb_fail(cu, r, "cuStreamCreate", why, why_len);
+            goto fail;
+        }
+    if ((r = cu->d.EventCreate(&cu->ev_h, CU_EVENT_DISABLE_TIMING)) != CUDA_SUCCESS ||
+        (r = cu->d.EventCreate(&cu->ev_shared, CU_EVENT_DISABLE_TIMING)) != CUDA_SUCCESS) {
+        cb_fail(cu, r, "cuEventCreate", why, why_len);
+        goto fail;
+    }
+
+    /* weights: device-mapped file on an integrated GPU, else one copy in the arena */
+    int mapped = (integrated && can_map) ? cb_map_weights(cu) == 0 : 0;
+    if (colibri_cuda_plan(m, !mapped, &cu->plan)) {
+        snprintf(why, why_len, "model geometry unsupported by the CUDA backend");
+        goto fail;
+    }
+    if ((r = cu->d.MemAlloc(&cu->arena, cu->plan.total)) != CUDA_SUCCESS) {
+        char what[96];
+        snprintf(what, sizeof what, "cuMemAlloc(%zu MiB arena)", cu->plan.total >> 20);
+        cb_fail(cu, r, what, why, why_len);
+        goto fail;
+    }
+    if (!mapped) {
+        cu->wbase = cu->arena + cu->plan.weights;
+        if ((r = cu->d.MemcpyHtoD(cu->wbase, m->base + m->data_offset, cu->plan.weights_bytes)) !=
+            CUDA_SUCCESS) {
+            cb_fail(cu, r, "cuMemcpyHtoD(weights)", why, why_len);
+            goto fail;
+        }
+    }
+    snprintf(cu->info.weights, sizeof cu->info.weights, "%s", mapped ? "mapped" : "copied");
+    cu->info.device_bytes = cu->plan.total;
+    (void)COLIBRI_IGPU; /* the profile's expectation; the device attribute decides */
+
+    if (cb_upload_tables(cu, why, why_len)) goto fail;
+    int *iota = malloc((size_t)cu->plan.chunk * sizeof *iota);
+    if (!iota) {
+        snprintf(why, why_len, "out of host memory");
+        goto fail;
+    }
+    for (int i = 0; i < cu->plan.chunk; i++) iota[i] = i;
+    r = cu->d.MemcpyHtoD(cu->arena + cu->plan.iota, iota, (size_t)cu->plan.chunk * sizeof *iota);
+    free(iota);
+    if (r != CUDA_SUCCESS) {
+        cb_fail(cu, r, "cuMemcpyHtoD(iota)", why, why_len);
+        goto fail;
+    }
+    CUcontext popped;
+    cu->d.CtxPopCurrent(&popped);
+    return 0;
+fail:
+    colibri_cuda_close(cu);
+    *out = NULL;
+    return rc;
+}
+
+/* One chunk of n <= plan.chunk tokens at positions pos.. pos+n-1. */
+static int cb_forward_chunk(colibri_cuda *cu, const int32_t *ids, int n, int pos, float *logits,
+                            char *why, size_t why_len) {
+    const struct colibri_model *m = cu->m;
+    const colibri_cuda_plan_t *p = &cu->plan;
+    const CUdeviceptr A = cu->arena;
+    CUstream s0 = cu->stream[0], s1 = cu->nstreams > 1 ? cu->stream[1] : cu->stream[0];
+    const int Dp = (int)m->embed_dim_pad, D = (int)m->embed_dim, H = (int)m->n_heads;
+    const int Hkv = (int)m->n_kv_heads, Dh = (int)m->head_dim, E = (int)m->num_experts;
+    const int k = (int)m->top_k, S = (int)m->max_seq_len, V = (int)m->vocab_size;
+    const int HD = H * Dh, kvd = Hkv * Dh;
+    const int shared = (m->flags & COLIBRI_FLAG_SHARED_EXPERT) != 0;
+    const int gated = (m->flags & COLIBRI_FLAG_SHARED_EXPERT_GATE) != 0;
+    const CUdeviceptr x = A + p->x, h = A + p->h, q = A + p->q, att = A + p->att;
+
+    CB_CHECK(cu->d.MemcpyHtoDAsync(A + p->ids, ids, (size_t)n * sizeof *ids, s0), "ids upload");
+    int shared_off[2] = {0, n};
+    CB_CHECK(cu->d.MemcpyHtoDAsync(A + p->shared_offsets, shared_off, sizeof shared_off, s0),
+             "offsets upload");
+    {
+        CUdeviceptr ids_d = A + p->ids, tab = cb_dev(cu, m->tok_embed.data);
+        CUdeviceptr sc = cb_dev(cu, m->tok_embed.scales);
+        int dt = (int)m->tok_embed.dtype;
+        void *a[] = {(void *)&x, (void *)&Dp, &ids_d, &tab, &sc, &dt};
+        if (cb_launch(cu, CB_F_EMBED, (unsigned)n, 1, 256, s0, a, why, why_len)) return -1;
+    }
+    for (int l = 0; l < (int)m->n_layers; l++) {
+        const colibri_layer *ly = &m->layers[l];
+        const CUdeviceptr kc_l = A + p->kcache + (CUdeviceptr)l * S * kvd * 4;
+        const CUdeviceptr vc_l = A + p->vcache + (CUdeviceptr)l * S * kvd * 4;
+        const CUdeviceptr kc = kc_l + (CUdeviceptr)pos * kvd * 4;
+        const CUdeviceptr vc = vc_l + (CUdeviceptr)pos * kvd * 4;
+
+        /* attention */
+        if (cb_rmsnorm(cu, s0, h, Dp, x, Dp, n, &ly->attn_norm, Dp, D, why, why_len) ||
+            cb_linear(cu, s0, q, HD, h, Dp, n, &ly->wq, cb_dev(cu, ly->bq.data), 0, why, why_len) ||
+            cb_linear(cu, s0, kc, kvd, h, Dp, n, &ly->wk, cb_dev(cu, ly->bk.data), 0, why,
+                      why_len) ||
+            cb_linear(cu, s0, vc, kvd, h, Dp, n, &ly->wv, cb_dev(cu, ly->bv.data), 0, why,
+                      why_len))
+            return -1;
+        if (m->flags & COLIBRI_FLAG_QK_NORM_HEAD) {
+            if (cb_rmsnorm(cu, s0, q, Dh, q, Dh, n * H, &ly->q_norm, Dh, Dh, why, why_len) ||
+                cb_rmsnorm(cu, s0, kc, Dh, kc, Dh, n * Hkv, &ly->k_norm, Dh, Dh, why, why_len))
+                return -1;
+        } else if (m->flags & COLIBRI_FLAG_QK_NORM_FULL) {
+            if (cb_rmsnorm(cu, s0, q, HD, q, HD, n, &ly->q_norm, HD, HD, why, why_len) ||
+                cb_rmsnorm(cu, s0, kc, kvd, kc, kvd, n, &ly->k_norm, kvd, kvd, why, why_len))
+                return -1;
+        }
+        if (cb_rope(cu, s0, q, HD, n, H, pos, why, why_len) ||
+            cb_rope(cu, s0, kc, kvd, n, Hkv, pos, why, why_len))
+            return -1;
+        {
+            CUdeviceptr sc = A + p->scores;
+            int hh = H, hk = Hkv, dh = Dh, pp = pos, ss = S;
+            CUdeviceptr o = att, qq = q, kk = kc_l, vv = vc_l;
+            void *a[] = {&o, &qq, &kk, &vv, &sc, &ss, &pp, &hh, &hk, &dh};
+            if (cb_launch(cu, CB_F_ATTENTION, (unsigned)H, (unsigned)n, 128, s0, a, why, why_len))
+                return -1;
+        }
+        if (cb_linear(cu, s0, x, Dp, att, HD, n, &ly->wo, 0, 1, why, why_len) ||
+            cb_rmsnorm(cu, s0, h, Dp, x, Dp, n, &ly->ffn_norm, Dp, D, why, why_len))
+            return -1;
+
+        /* shared expert (second stream when there is one): depends only on h */
+        const CUdeviceptr tabs = A + p->tables + (CUdeviceptr)l * (6 * E + 6) * sizeof(CUdeviceptr);
+        if (shared) {
+            if (s1 != s0) {
+                CB_CHECK(cu->d.EventRecord(cu->ev_h, s0), "cuEventRecord");
+                CB_CHECK(cu->d.StreamWaitEvent(s1, cu->ev_h, 0), "cuStreamWaitEvent");
+            }
+            const int Fs = (int)m->shared_expert_size;
+            if (cb_swiglu(cu, s1, A + p->shared_act, Fs, A + p->shared_out, A + p->iota,
+                          A + p->shared_offsets, tabs + (CUdeviceptr)6 * E * sizeof(CUdeviceptr),
+                          1, (int)ly->shared_w1.dtype, (int)ly->shared_w2.dtype, why, why_len))
+                return -1;
+            if (gated && cb_linear(cu, s1, A + p->shared_gate, 1, h, Dp, n, &ly->shared_gate, 0, 0,
+                                   why, why_len))
+                return -1;
+            if (s1 != s0) CB_CHECK(cu->d.EventRecord(cu->ev_shared, s1), "cuEventRecord");
+        }
+
+        /* routing, dispatch, routed experts */
+        if (cb_linear(cu, s0, A + p->router, E, h, Dp, n, &ly->router, 0, 0, why, why_len))
+            return -1;
+        {
+            CUdeviceptr rl = A + p->router, ti = A + p->top_idx, tw = A + p->top_w;
+            int e = E, kk = k, renorm = m->routing == COLIBRI_WEIGHTS_RENORM;
+            void *a[] = {&rl, &e, &kk, &renorm, &ti, &tw};
+            if (cb_launch(cu, CB_F_TOPK, (unsigned)n, 1, 32, s0, a, why, why_len)) return -1;
+            CUdeviceptr off = A + p->offsets, perm = A + p->perm, so = A + p->slot_of;
+            int nn = n;
+            void *b[] = {&ti, &nn, &kk, &e, &off, &perm, &so};
+            if (cb_launch(cu, CB_F_DISPATCH, 1, 1, 256, s0, b, why, why_len)) return -1;
+        }
+        if (cb_swiglu(cu, s0, A + p->act, (int)m->expert_size, A + p->expert_out, A + p->perm,
+                      A + p->offsets, tabs, E, (int)ly->w1[0].dtype, (int)ly->w2[0].dtype, why,
+                      why_len))
+            return -1;
+        if (shared && s1 != s0) CB_CHECK(cu->d.StreamWaitEvent(s0, cu->ev_shared, 0), "wait");
+        {
+            CUdeviceptr xx = x, eo = A + p->expert_out, so = A + p->slot_of, tw = A + p->top_w;
+            CUdeviceptr sout = shared ? A + p->shared_out : 0;
+            CUdeviceptr gate = shared && gated ? A + p->shared_gate : 0;
+            int dp = Dp, kk = k;
+            void *a[] = {&xx, &dp, &kk, &eo, &so, &tw, &sout, &gate};
+            if (cb_launch(cu, CB_F_COMBINE, (unsigned)n, 1, 256, s0, a, why, why_len)) return -1;
+        }
+    }
+    if (cb_rmsnorm(cu, s0, h, Dp, x, Dp, n, &m->output_norm, Dp, D, why, why_len) ||
+        cb_linear(cu, s0, A + p->logits, V, h, Dp, n, &m->lm_head, 0, 0, why, why_len))
+        return -1;
+    CB_CHECK(cu->d.MemcpyDtoHAsync(logits, A + p->logits, (size_t)n * V * sizeof(float), s0),
+             "logits download");
+    CB_CHECK(cu->d.StreamSynchronize(s0), "cuStreamSynchronize");
+    return 0;
 }
 
 int colibri_cuda_forward(colibri_cuda *cu, const int32_t *ids, int n, int pos, float *logits,
                          char *why, size_t why_len) {
-    (void)cu; (void)ids; (void)n; (void)pos; (void)logits;
-    snprintf(why, why_len, "CUDA backend not built into this binary");
-    return -1;
+    const struct colibri_model *m = cu->m;
+    if (n <= 0 || pos < 0 || (uint64_t)pos + (uint64_t)n > m->max_seq_len) {
+        snprintf(why, why_len, "positions %d..%d outside the KV cache (%u)", pos, pos + n - 1,
+                 m->max_seq_len);
+        return -1;
+    }
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || (uint32_t)ids[i] >= m->vocab_size) {
+            snprintf(why, why_len, "token id %d out of range (vocab %u)", ids[i], m->vocab_size);
+            return -1;
+        }
+    CB_CHECK(cu->d.CtxPushCurrent(cu->ctx), "cuCtxPushCurrent");
+    int rc = 0;
+    for (int t = 0; t < n && rc == 0; t += cu->plan.chunk) {
+        const int c = n - t < cu->plan.chunk ? n - t : cu->plan.chunk;
+        rc = cb_forward_chunk(cu, ids + t, c, pos + t, logits + (size_t)t * m->vocab_size, why,
+                              why_len);
+    }
+    CUcontext popped;
+    cu->d.CtxPopCurrent(&popped);
+    return rc;
 }
 
+/* The KV cache needs no clearing: position p is always written before it is read. */
 void colibri_cuda_reset(colibri_cuda *cu) { (void)cu; }
-void colibri_cuda_get_info(const colibri_cuda *cu, colibri_cuda_info *info) { (void)cu; (void)info; }
-void colibri_cuda_close(colibri_cuda *cu) { (void)cu; }
+
+void colibri_cuda_get_info(const colibri_cuda *cu, colibri_cuda_info *info) {
+    if (cu) *info = cu->info;
+    else memset(info, 0, sizeof *info);
+}
+
+void colibri_cuda_close(colibri_cuda *cu) {
+    if (!cu) return;
+    if (cu->d.lib) {
+        if (cu->ctx) {
+            cu->d.CtxPushCurrent(cu->ctx);
+            for (int s = 0; s < 2; s++)
+                if (cu->stream[s]) cu->d.StreamSynchronize(cu->stream[s]);
+            if (cu->ev_h) cu->d.EventDestroy(cu->ev_h);
+            if (cu->ev_shared) cu->d.EventDestroy(cu->ev_shared);
+            for (int s = 0; s < 2; s++)
+                if (cu->stream[s]) cu->d.StreamDestroy(cu->stream[s]);
+            if (cu->arena) cu->d.MemFree(cu->arena);
+            if (cu->registered) cu->d.MemHostUnregister(cu->registered);
+            if (cu->mod) cu->d.ModuleUnload(cu->mod);
+            CUcontext popped;
+            cu->d.CtxPopCurrent(&popped);
+            cu->d.CtxDestroy(cu->ctx);
+        }
+        dlclose(cu->d.lib);
+    }
+    free(cu);
+}

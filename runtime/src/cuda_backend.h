@@ -10,6 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernel_images.h"
+
 struct colibri_model; /* runtime/src/model.h: the validated, mmapped model */
 
 typedef struct colibri_cuda colibri_cuda;
@@ -20,7 +22,10 @@ typedef struct {
     int driver_version;   /* cuDriverGetVersion(), e.g. 12060 */
     char image[8];        /* "cubin" or "ptx": what was loaded */
     int integrated;       /* 1 when the GPU shares DRAM with the CPU (Jetson) */
-    size_t device_bytes;  /* bytes the backend holds resident (arena + weights) */
+    size_t device_bytes;  /* bytes of the device arena (activations, KV cache, tables, and the
+                             weights when "copied") */
+    char weights[8];      /* "mapped": the mmapped file is device-mapped (integrated GPU, no second
+                             copy); "copied": uploaded once into the arena */
 } colibri_cuda_info;
 
 /* Bring up the GPU for this model: 0 on success; otherwise non-zero with `why` set to one line. */
@@ -34,5 +39,30 @@ int colibri_cuda_forward(colibri_cuda *cu, const int32_t *ids, int n, int pos, f
 void colibri_cuda_reset(colibri_cuda *cu);
 void colibri_cuda_get_info(const colibri_cuda *cu, colibri_cuda_info *info);
 void colibri_cuda_close(colibri_cuda *cu);
+
+/* ---- pure helpers (no GPU needed; unit-tested by tests/gpu/host_unit.c) ---- */
+
+/* Which embedded image serves a GPU of compute capability `sm` (e.g. 87): the cubin built for
+ * exactly that SM, else the PTX with the highest SM <= sm (JIT-compiled by the driver), else -1
+ * with `why` naming the GPU's SM and what is embedded. */
+int colibri_cuda_pick_image(const colibri_kernel_image *images, int count, int sm, char *why,
+                            size_t why_len);
+
+unsigned colibri_cuda_ceil_div(unsigned a, unsigned b);
+/* Launch shape of the row kernels (cb_linear): one warp per output row, 4 tokens per warp. */
+void colibri_cuda_rows_launch(int rows, int n, unsigned grid[3], unsigned block[3]);
+
+/* The device arena: byte offsets of every buffer (256-byte aligned) and the total. */
+typedef struct {
+    int chunk;                 /* tokens per device pass */
+    size_t x, h, q, att, scores, router, top_idx, top_w, offsets, perm, slot_of, act, expert_out;
+    size_t shared_act, shared_out, shared_gate, shared_offsets, logits, ids, iota;
+    size_t kcache, vcache, tables, weights, weights_bytes;
+    size_t total;
+} colibri_cuda_plan_t;
+
+/* Lay out the arena for model m (weights inside it when copy_weights). -1: geometry the kernels
+ * cannot run (E > 256, top_k > 16, H not a multiple of Hkv, zero sizes). */
+int colibri_cuda_plan(const struct colibri_model *m, int copy_weights, colibri_cuda_plan_t *p);
 
 #endif

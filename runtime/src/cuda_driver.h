@@ -1,0 +1,84 @@
+/* The few CUDA driver API types, constants and entry points the backend uses, declared here
+ * instead of including cuda.h: the host C is cross-compiled by zig without any CUDA headers, and
+ * the functions are looked up at run time with dlsym in libcuda.so.1 (cuda_backend.c).
+ *
+ * Values are those of the driver API ABI (stable since CUDA 4; the _v2 symbols are the 64-bit
+ * ones every driver since CUDA 3.2 exports and still exports for old binaries). */
+#ifndef COLIBRI_CUDA_DRIVER_H
+#define COLIBRI_CUDA_DRIVER_H
+
+#include <stddef.h>
+
+typedef int CUresult;               /* CUDA_SUCCESS == 0 */
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr; /* 64-bit hosts only (x86_64, aarch64) */
+typedef struct CUctx_st *CUcontext;
+typedef struct CUmod_st *CUmodule;
+typedef struct CUfunc_st *CUfunction;
+typedef struct CUstream_st *CUstream;
+typedef struct CUevent_st *CUevent;
+
+#define CUDA_SUCCESS 0
+#define CUDA_ERROR_NO_DEVICE 100
+
+/* CUdevice_attribute */
+#define CU_DEVICE_ATTRIBUTE_INTEGRATED 18
+#define CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY 19
+#define CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR 75
+#define CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR 76
+
+/* cuCtxCreate flags */
+#define CU_CTX_MAP_HOST 0x08
+
+/* cuMemHostRegister flags */
+#define CU_MEMHOSTREGISTER_DEVICEMAP 0x02
+#define CU_MEMHOSTREGISTER_READ_ONLY 0x08
+
+/* cuStreamCreate / cuEventCreate flags */
+#define CU_STREAM_NON_BLOCKING 0x1
+#define CU_EVENT_DISABLE_TIMING 0x2
+
+/* CUjit_option for cuModuleLoadDataEx: where the PTX JIT writes its error log */
+#define CU_JIT_ERROR_LOG_BUFFER 5
+#define CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES 6
+
+/* Entry points, as function-pointer types named after the symbol they are loaded from. */
+typedef CUresult (*cuInit_t)(unsigned int flags);
+typedef CUresult (*cuDriverGetVersion_t)(int *version);
+typedef CUresult (*cuDeviceGetCount_t)(int *count);
+typedef CUresult (*cuDeviceGet_t)(CUdevice *dev, int ordinal);
+typedef CUresult (*cuDeviceGetAttribute_t)(int *value, int attrib, CUdevice dev);
+typedef CUresult (*cuDeviceGetName_t)(char *name, int len, CUdevice dev);
+typedef CUresult (*cuCtxCreate_v2_t)(CUcontext *ctx, unsigned int flags, CUdevice dev);
+typedef CUresult (*cuCtxDestroy_v2_t)(CUcontext ctx);
+typedef CUresult (*cuCtxPushCurrent_v2_t)(CUcontext ctx);
+typedef CUresult (*cuCtxPopCurrent_v2_t)(CUcontext *ctx);
+typedef CUresult (*cuModuleLoadDataEx_t)(CUmodule *mod, const void *image, unsigned int n_opts,
+                                         int *opts, void **values);
+typedef CUresult (*cuModuleUnload_t)(CUmodule mod);
+typedef CUresult (*cuModuleGetFunction_t)(CUfunction *fn, CUmodule mod, const char *name);
+typedef CUresult (*cuMemAlloc_v2_t)(CUdeviceptr *ptr, size_t bytes);
+typedef CUresult (*cuMemFree_v2_t)(CUdeviceptr ptr);
+typedef CUresult (*cuMemcpyHtoD_v2_t)(CUdeviceptr dst, const void *src, size_t bytes);
+typedef CUresult (*cuMemcpyHtoDAsync_v2_t)(CUdeviceptr dst, const void *src, size_t bytes,
+                                           CUstream stream);
+typedef CUresult (*cuMemcpyDtoHAsync_v2_t)(void *dst, CUdeviceptr src, size_t bytes,
+                                           CUstream stream);
+typedef CUresult (*cuMemHostRegister_v2_t)(void *p, size_t bytes, unsigned int flags);
+typedef CUresult (*cuMemHostUnregister_t)(void *p);
+typedef CUresult (*cuMemHostGetDevicePointer_v2_t)(CUdeviceptr *dptr, void *p,
+                                                    unsigned int flags);
+typedef CUresult (*cuLaunchKernel_t)(CUfunction fn, unsigned int gx, unsigned int gy,
+                                     unsigned int gz, unsigned int bx, unsigned int by,
+                                     unsigned int bz, unsigned int shared_bytes, CUstream stream,
+                                     void **params, void **extra);
+typedef CUresult (*cuStreamCreate_t)(CUstream *stream, unsigned int flags);
+typedef CUresult (*cuStreamDestroy_v2_t)(CUstream stream);
+typedef CUresult (*cuStreamSynchronize_t)(CUstream stream);
+typedef CUresult (*cuStreamWaitEvent_t)(CUstream stream, CUevent ev, unsigned int flags);
+typedef CUresult (*cuEventCreate_t)(CUevent *ev, unsigned int flags);
+typedef CUresult (*cuEventDestroy_v2_t)(CUevent ev);
+typedef CUresult (*cuEventRecord_t)(CUevent ev, CUstream stream);
+typedef CUresult (*cuGetErrorString_t)(CUresult err, const char **str);
+
+#endif
