@@ -109,6 +109,13 @@ void colibri_get_runtime_info(const colibri_ctx *ctx, colibri_runtime_info *info
  * Compiled in only with -DCOLIBRI_DEBUG; otherwise returns COLIBRI_E_NOT_BUILT. */
 colibri_status colibri_dump_routing(colibri_ctx *ctx, const char *path);
 
+/* Built-in checks that need no model file: bitonic top-k against brute force (with ties), both
+ * routing algorithms, every dot-product kernel against a double-precision reference, and a small
+ * synthetic model written to $TMPDIR and run with 1 and 3 threads (bitwise equal) and as prefill
+ * versus token-by-token decode (bitwise equal). Returns the number of failed checks; with
+ * verbose, prints one line per check to stdout. */
+int colibri_selftest(int verbose);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,263 @@
+/* The public API (colibri.h): init (model + arena + pool + backend), forward, reset, info. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "colibri.h"
+#include "colibri_config.h"
+#include "context.h"
+#include "kernels.h"
+
+#define COLIBRI_MAX_THREADS 64
+
+static colibri_status set_err(colibri_ctx *ctx, colibri_status s, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ctx->err, sizeof ctx->err, fmt, ap);
+    va_end(ap);
+    return s;
+}
+
+static colibri_status init_fail(colibri_ctx *ctx, const colibri_options *opt, colibri_status s) {
+    if (opt->error && opt->error_len) snprintf(opt->error, opt->error_len, "%s", ctx->err);
+    colibri_free(ctx);
+    return s;
+}
+
+void colibri_default_options(colibri_options *opt) {
+    memset(opt, 0, sizeof *opt);
+    opt->threads = 0;
+    opt->backend = COLIBRI_BACKEND_AUTO;
+}
+
+colibri_status colibri_init(colibri_ctx **ctx, const char *path) {
+    colibri_options opt;
+    colibri_default_options(&opt);
+    return colibri_init_ex(ctx, path, &opt);
+}
+
+static int default_threads(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    if (n < 1) n = 1;
+    return n > COLIBRI_MAX_THREADS ? COLIBRI_MAX_THREADS : (int)n;
+}
+
+colibri_status colibri_init_ex(colibri_ctx **out, const char *path, const colibri_options *opt_in) {
+    colibri_options opt;
+    if (opt_in) opt = *opt_in;
+    else colibri_default_options(&opt);
+    if (!out) return COLIBRI_E_INVALID_ARG;
+    *out = NULL;
+    if (!path) {
+        if (opt.error && opt.error_len) snprintf(opt.error, opt.error_len, "model path is NULL");
+        return COLIBRI_E_INVALID_ARG;
+    }
+    colibri_ctx *ctx = calloc(1, sizeof *ctx);
+    if (!ctx) return COLIBRI_E_NO_MEMORY;
+    ctx->opt = opt;
+    if (opt.threads < 0 || opt.threads > COLIBRI_MAX_THREADS ||
+        (opt.backend != COLIBRI_BACKEND_AUTO && opt.backend != COLIBRI_BACKEND_CPU &&
+         opt.backend != COLIBRI_BACKEND_CUDA))
+        return init_fail(ctx, &opt,
+                         set_err(ctx, COLIBRI_E_INVALID_ARG,
+                                 "threads must be 0..%d and backend auto, cpu or cuda",
+                                 COLIBRI_MAX_THREADS));
+    if (opt.threads == 0) ctx->opt.threads = default_threads();
+
+    colibri_status s = colibri_model_open(&ctx->model, path, ctx->err, sizeof ctx->err);
+    if (s) return init_fail(ctx, &opt, s);
+    const struct colibri_model *m = &ctx->model;
+
+    /* Backend: CUDA when asked for or available; otherwise the CPU with the reason kept. */
+    if (opt.backend != COLIBRI_BACKEND_CPU) {
+        char why[192] = "";
+        if (colibri_cuda_open(&ctx->cuda, m, COLIBRI_STREAM_COUNT, why, sizeof why) != 0) {
+            ctx->cuda = NULL;
+            if (opt.backend == COLIBRI_BACKEND_CUDA)
+                return init_fail(ctx, &opt,
+                                 set_err(ctx, COLIBRI_E_BACKEND, "CUDA backend unavailable: %s", why));
+            snprintf(ctx->fallback, sizeof ctx->fallback, "%s", why[0] ? why : "unknown");
+        }
+    }
+
+    ctx->simd = colibri_kernels_init();
+    ctx->use_q8 = opt.int8_activations && m->dtype == COLIBRI_DT_INT8;
+    if (!ctx->cuda) {
+        int threads = ctx->opt.threads;
+        size_t bytes = colibri_arena_plan(m, threads, ctx->use_q8, &ctx->b, NULL);
+        if (posix_memalign(&ctx->arena, 4096, bytes) != 0) {
+            ctx->arena = NULL;
+            return init_fail(ctx, &opt,
+                             set_err(ctx, COLIBRI_E_NO_MEMORY,
+                                     "cannot allocate the %zu-byte arena (max_seq_len %u, %u layers)",
+                                     bytes, m->max_seq_len, m->n_layers));
+        }
+        ctx->arena_bytes = bytes;
+        colibri_arena_plan(m, threads, ctx->use_q8, &ctx->b, ctx->arena);
+        /* Touch the working buffers now (not the KV cache, which can be large and is written
+         * before it is read), so forward never takes first-touch page faults on them. */
+        size_t kv_lo = (size_t)((uint8_t *)ctx->b.kcache - (uint8_t *)ctx->arena);
+        size_t kv_hi = (size_t)((uint8_t *)ctx->b.router - (uint8_t *)ctx->arena);
+        memset(ctx->arena, 0, kv_lo);
+        memset((uint8_t *)ctx->arena + kv_hi, 0, bytes - kv_hi);
+        if (colibri_pool_start(&ctx->pool, threads) != 0) {
+            ctx->pool_started = 1;
+            return init_fail(ctx, &opt,
+                             set_err(ctx, COLIBRI_E_NO_MEMORY, "cannot start %d threads", threads));
+        }
+        ctx->pool_started = 1;
+    }
+    *out = ctx;
+    return COLIBRI_OK;
+}
+
+colibri_status colibri_forward(colibri_ctx *ctx, const int32_t *ids, int n, float *logits) {
+    if (!ctx) return COLIBRI_E_INVALID_ARG;
+    ctx->err[0] = '\0';
+    if (!ids || !logits || n <= 0)
+        return set_err(ctx, COLIBRI_E_INVALID_ARG, "forward needs ids, logits and n > 0 (n = %d)", n);
+    const struct colibri_model *m = &ctx->model;
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || (uint32_t)ids[i] >= m->vocab_size)
+            return set_err(ctx, COLIBRI_E_TOKEN_RANGE,
+                           "token id %d at index %d is outside the vocabulary (0..%u)", (int)ids[i],
+                           i, m->vocab_size - 1);
+    if ((long)ctx->pos + n > (long)m->max_seq_len)
+        return set_err(ctx, COLIBRI_E_SEQ_TOO_LONG,
+                       "sequence too long: %d cached + %d new tokens > max_seq_len %u", ctx->pos, n,
+                       m->max_seq_len);
+    if (ctx->cuda) {
+        char why[192] = "";
+        if (colibri_cuda_forward(ctx->cuda, ids, n, ctx->pos, logits, why, sizeof why) != 0)
+            return set_err(ctx, COLIBRI_E_BACKEND, "CUDA forward failed: %s", why);
+        ctx->pos += n;
+    } else {
+        for (int done = 0; done < n;) {
+            int c = n - done < ctx->b.chunk ? n - done : ctx->b.chunk;
+            colibri_cpu_forward_chunk(ctx, ids + done, c, logits + (size_t)done * m->vocab_size);
+            done += c;
+        }
+    }
+    ctx->calls++;
+    return COLIBRI_OK;
+}
+
+colibri_status colibri_reset(colibri_ctx *ctx) {
+    if (!ctx) return COLIBRI_E_INVALID_ARG;
+    ctx->pos = 0;
+    ctx->calls = 0;
+    if (ctx->cuda) colibri_cuda_reset(ctx->cuda);
+    return COLIBRI_OK;
+}
+
+void colibri_free(colibri_ctx *ctx) {
+    if (!ctx) return;
+    if (ctx->pool_started) colibri_pool_stop(&ctx->pool);
+    if (ctx->cuda) colibri_cuda_close(ctx->cuda);
+    free(ctx->arena);
+    colibri_model_close(&ctx->model);
+    free(ctx);
+}
+
+const char *colibri_strerror(colibri_status s) {
+    switch (s) {
+    case COLIBRI_OK: return "ok";
+    case COLIBRI_E_INVALID_ARG: return "invalid argument";
+    case COLIBRI_E_IO: return "cannot read the model file";
+    case COLIBRI_E_BAD_MAGIC: return "not a .colibri model (bad magic)";
+    case COLIBRI_E_BAD_VERSION: return "unsupported .colibri format version";
+    case COLIBRI_E_TRUNCATED: return "model file is truncated";
+    case COLIBRI_E_OUT_OF_RANGE: return "model offset or size out of range";
+    case COLIBRI_E_ABSURD_DIM: return "model dimension out of limits";
+    case COLIBRI_E_BAD_TENSOR: return "model tensor table is invalid";
+    case COLIBRI_E_PAD_MISMATCH: return "model padding does not match this build";
+    case COLIBRI_E_UNSUPPORTED: return "model not supported by this build";
+    case COLIBRI_E_NO_MEMORY: return "out of memory";
+    case COLIBRI_E_TOKEN_RANGE: return "token id out of range";
+    case COLIBRI_E_SEQ_TOO_LONG: return "sequence longer than max_seq_len";
+    case COLIBRI_E_BACKEND: return "backend unavailable or failed";
+    case COLIBRI_E_NOT_BUILT: return "feature not built into this binary";
+    }
+    return "unknown status";
+}
+
+const char *colibri_last_error(const colibri_ctx *ctx) { return ctx ? ctx->err : ""; }
+
+void colibri_get_model_info(const colibri_ctx *ctx, colibri_model_info *i) {
+    const struct colibri_model *m = &ctx->model;
+    memset(i, 0, sizeof *i);
+    i->vocab_size = m->vocab_size;
+    i->embed_dim = m->embed_dim;
+    i->embed_dim_pad = m->embed_dim_pad;
+    i->pad_multiple = m->pad_multiple;
+    i->n_layers = m->n_layers;
+    i->n_heads = m->n_heads;
+    i->n_kv_heads = m->n_kv_heads;
+    i->head_dim = m->head_dim;
+    i->num_experts = m->num_experts;
+    i->top_k = m->top_k;
+    i->expert_size = m->expert_size;
+    i->shared_expert_size = m->shared_expert_size;
+    i->max_seq_len = m->max_seq_len;
+    i->routing = m->routing;
+    i->dtype = m->dtype;
+    i->flags = m->flags;
+    i->family = m->family;
+    i->bos_token_id = m->bos_token_id;
+    i->eos_token_id = m->eos_token_id;
+    i->norm_eps = m->norm_eps;
+    i->rope_theta = m->rope_theta;
+    memcpy(i->name, m->name, sizeof i->name);
+    i->file_size = m->file_size;
+}
+
+void colibri_get_runtime_info(const colibri_ctx *ctx, colibri_runtime_info *i) {
+    memset(i, 0, sizeof *i);
+    snprintf(i->backend, sizeof i->backend, "%s", ctx->cuda ? "cuda" : "cpu");
+    i->threads = ctx->cuda ? 0 : ctx->opt.threads;
+    snprintf(i->cpu_simd, sizeof i->cpu_simd, "%s", ctx->simd ? ctx->simd : "scalar");
+    snprintf(i->fallback_reason, sizeof i->fallback_reason, "%s", ctx->fallback);
+    if (ctx->cuda) {
+        colibri_cuda_info ci;
+        memset(&ci, 0, sizeof ci);
+        colibri_cuda_get_info(ctx->cuda, &ci);
+        snprintf(i->cuda_device, sizeof i->cuda_device, "%s", ci.device_name);
+        i->cuda_sm = ci.sm;
+        i->cuda_driver_version = ci.driver_version;
+        i->arena_bytes = ci.device_bytes;
+    } else {
+        i->arena_bytes = ctx->arena_bytes;
+    }
+    i->position = ctx->pos;
+}
+
+colibri_status colibri_dump_routing(colibri_ctx *ctx, const char *path) {
+    if (!ctx || !path) return COLIBRI_E_INVALID_ARG;
+#ifndef COLIBRI_DEBUG
+    return set_err(ctx, COLIBRI_E_NOT_BUILT, "routing dump needs a build with -DCOLIBRI_DEBUG");
+#else
+    if (ctx->cuda)
+        return set_err(ctx, COLIBRI_E_UNSUPPORTED, "routing dump covers the CPU backend only");
+    FILE *f = fopen(path, "w");
+    if (!f) return set_err(ctx, COLIBRI_E_IO, "cannot write %s: %s", path, strerror(errno));
+    const struct colibri_model *m = &ctx->model;
+    size_t K = m->top_k, E = m->num_experts, rec = 2 * K + E;
+    for (int p = 0; p < ctx->pos; p++)
+        for (uint32_t l = 0; l < m->n_layers; l++) {
+            const float *d = ctx->b.dump + ((size_t)p * m->n_layers + l) * rec;
+            fprintf(f, "{\"call\": %d, \"pos\": %d, \"layer\": %u, \"experts\": [",
+                    (int)ctx->b.dump_calls[p], p, l);
+            for (size_t i = 0; i < K; i++) fprintf(f, "%s%d", i ? ", " : "", (int)d[i]);
+            fprintf(f, "], \"weights\": [");
+            for (size_t i = 0; i < K; i++) fprintf(f, "%s%.9g", i ? ", " : "", (double)d[K + i]);
+            fprintf(f, "], \"logits\": [");
+            for (size_t i = 0; i < E; i++) fprintf(f, "%s%.9g", i ? ", " : "", (double)d[2 * K + i]);
+            fprintf(f, "]}\n");
+        }
+    if (fclose(f) != 0) return set_err(ctx, COLIBRI_E_IO, "cannot write %s", path);
+    return COLIBRI_OK;
+#endif
+}

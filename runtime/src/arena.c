@@ -1,0 +1,75 @@
+/* The one arena: every working buffer of a context is carved from a single allocation made at
+ * init, sized from the model geometry and the thread count. colibri_forward allocates nothing.
+ * The same function computes the size (base == NULL) and carves the buffers (base != NULL), so
+ * the two can never disagree. */
+#include "context.h"
+
+#include "colibri_config.h"
+
+typedef struct {
+    uint8_t *base;
+    size_t used;
+} carver;
+
+/* Reserve `n` elements of `size` bytes, 64-byte aligned (a cache line; every row of Dp floats
+ * is also 64-byte aligned because Dp is a multiple of 16). */
+static void *take(carver *c, size_t n, size_t size) {
+    size_t at = (c->used + 63) & ~(size_t)63;
+    c->used = at + n * size;
+    return c->base ? c->base + at : NULL;
+}
+
+static size_t max3(size_t a, size_t b, size_t c) {
+    size_t m = a > b ? a : b;
+    return m > c ? m : c;
+}
+
+size_t colibri_arena_plan(const struct colibri_model *m, int threads, int q8, colibri_buffers *b,
+                          uint8_t *base) {
+    carver c = {base, 0};
+    size_t T = m->max_seq_len < COLIBRI_CHUNK ? m->max_seq_len : COLIBRI_CHUNK;
+    size_t dp = m->embed_dim_pad, qd = (size_t)m->n_heads * m->head_dim;
+    size_t kvd = (size_t)m->n_kv_heads * m->head_dim, E = m->num_experts, K = m->top_k;
+    size_t F = m->expert_size, Fs = m->shared_expert_size, S = m->max_seq_len, L = m->n_layers;
+    size_t max_cols = max3(dp, qd, max3(F, Fs, 16));
+
+    b->chunk = (int)T;
+    b->max_cols = max_cols;
+    b->x = take(&c, T * dp, sizeof(float));
+    b->h = take(&c, T * dp, sizeof(float));
+    b->q = take(&c, T * qd, sizeof(float));
+    b->k = take(&c, T * kvd, sizeof(float));
+    b->v = take(&c, T * kvd, sizeof(float));
+    b->att = take(&c, T * qd, sizeof(float));
+    b->tmp = take(&c, T * dp, sizeof(float));
+    b->rope = take(&c, T * m->head_dim, sizeof(float));
+    b->kcache = take(&c, L * S * kvd, sizeof(float));
+    b->vcache = take(&c, L * S * kvd, sizeof(float));
+    b->router = take(&c, T * E, sizeof(float));
+    b->topk_idx = take(&c, T * K, sizeof(int32_t));
+    b->topk_w = take(&c, T * K, sizeof(float));
+    b->counts = take(&c, E, sizeof(int32_t));
+    b->offsets = take(&c, E + 1, sizeof(int32_t));
+    b->fill = take(&c, E, sizeof(int32_t));
+    b->slot_of = take(&c, T * K, sizeof(int32_t));
+    b->xs = take(&c, T * K * dp, sizeof(float));
+    b->gate = take(&c, T * K * F, sizeof(float));
+    b->up = take(&c, T * K * F, sizeof(float));
+    b->ys = take(&c, T * K * dp, sizeof(float));
+    b->sgate = take(&c, T * Fs, sizeof(float));
+    b->sup = take(&c, T * Fs, sizeof(float));
+    b->sout = take(&c, T * dp, sizeof(float));
+    /* int8 activations: rows 0..T*K-1 for the routed experts' inputs, T*K.. for the rest */
+    b->xq = take(&c, q8 ? T * (K + 1) * max_cols : 0, sizeof(int8_t));
+    b->xqs = take(&c, q8 ? T * (K + 1) : 0, sizeof(float));
+    b->scratch = take(&c, (size_t)threads * max_cols, sizeof(float));
+    b->scores = take(&c, (size_t)threads * S, sizeof(float));
+#ifdef COLIBRI_DEBUG
+    b->dump = take(&c, S * L * (2 * K + E), sizeof(float));
+    b->dump_calls = take(&c, S, sizeof(int32_t));
+#else
+    b->dump = NULL;
+    b->dump_calls = NULL;
+#endif
+    return (c.used + 63) & ~(size_t)63;
+}

@@ -1,0 +1,71 @@
+/* The inside of a colibri_ctx: the model, the one arena and its carving, the thread pool. */
+#ifndef COLIBRI_CONTEXT_H
+#define COLIBRI_CONTEXT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "colibri.h"
+#include "cuda_backend.h"
+#include "model.h"
+#include "pool.h"
+
+/* Tokens processed together by one pass over the weights (prefill is split into chunks). */
+#define COLIBRI_CHUNK 64
+
+/* Every working buffer, carved from the one arena at init (arena.c). */
+typedef struct {
+    int chunk;                /* tokens per pass (<= COLIBRI_CHUNK, <= max_seq_len) */
+    float *x;                 /* [chunk, Dp] residual stream */
+    float *h;                 /* [chunk, Dp] normalised input of a block */
+    float *q, *k, *v;         /* [chunk, H*Dh], [chunk, Hkv*Dh] x2 */
+    float *att;               /* [chunk, H*Dh] attention output */
+    float *tmp;               /* [chunk, Dp] block output before the residual add */
+    float *rope;              /* [chunk, Dh] cos (first Dh/2) and sin (second Dh/2) per token */
+    float *kcache, *vcache;   /* [L, max_seq_len, Hkv*Dh] */
+    float *router;            /* [chunk, E] router logits */
+    int32_t *topk_idx;        /* [chunk, K] */
+    float *topk_w;            /* [chunk, K] */
+    int32_t *counts;          /* [E] tokens per expert */
+    int32_t *offsets;         /* [E + 1] prefix sums: expert e owns slots offsets[e].. */
+    int32_t *fill;            /* [E] */
+    int32_t *slot_of;         /* [chunk, K] dispatch slot of (token, choice) */
+    float *xs;                /* [chunk*K, Dp] tokens grouped contiguously per expert */
+    float *gate, *up;         /* [chunk*K, F] */
+    float *ys;                /* [chunk*K, Dp] expert outputs, in slot order */
+    float *sgate, *sup;       /* [chunk, Fs] shared expert */
+    float *sout;              /* [chunk, Dp] */
+    int8_t *xq;               /* [chunk*(K+1), max_cols] int8 activations (int8_activations) */
+    float *xqs;               /* [chunk*(K+1)] their scales */
+    float *scratch;           /* [threads, max_cols] converted weight rows */
+    float *scores;            /* [threads, max_seq_len] attention scores */
+    size_t max_cols;
+    float *dump;              /* COLIBRI_DEBUG: [max_seq_len, L, 2K + E] routing records */
+    int32_t *dump_calls;      /* COLIBRI_DEBUG: [max_seq_len] forward call index per position */
+} colibri_buffers;
+
+struct colibri_ctx {
+    struct colibri_model model;
+    colibri_options opt;
+    colibri_pool pool;
+    int pool_started;
+    void *arena;
+    size_t arena_bytes;
+    colibri_buffers b;
+    int pos;                  /* tokens in the KV cache */
+    int calls;                /* forward calls since reset (routing dump) */
+    int use_q8;               /* int8 activations for int8 weights */
+    const char *simd;
+    colibri_cuda *cuda;       /* non-NULL when the CUDA backend runs this context */
+    char fallback[192];
+    char err[512];
+};
+
+/* arena.c: size and carve the buffers for this model and thread count. */
+size_t colibri_arena_plan(const struct colibri_model *m, int threads, int q8, colibri_buffers *b,
+                          uint8_t *base);
+
+/* forward.c: the CPU forward pass of n tokens (n <= chunk) at ctx->pos. */
+void colibri_cpu_forward_chunk(colibri_ctx *ctx, const int32_t *ids, int n, float *logits);
+
+#endif

@@ -1,0 +1,300 @@
+/* CPU dot-product kernels (see kernels.h). One implementation is chosen once per process:
+ * AVX2+FMA+F16C when the x86_64 CPU has them (compiled with target attributes, so the host build
+ * needs no -march flag), NEON on aarch64, portable scalar code otherwise. */
+#include "kernels.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <string.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define COLIBRI_HAVE_AVX2 1
+#include <immintrin.h>
+#endif
+#if defined(__aarch64__)
+#define COLIBRI_HAVE_NEON 1
+#include <arm_neon.h>
+#endif
+
+typedef float (*dot_fn)(const void *w, const float *x, size_t n);
+typedef int32_t (*dot_q8_fn)(const int8_t *w, const int8_t *x, size_t n);
+
+static struct {
+    dot_fn dot[4]; /* indexed by dtype: f32, f16, bf16, int8 (int8: unscaled sum q * x) */
+    dot_q8_fn dot_q8;
+    const char *name;
+} K;
+
+/* ---- conversions ---------------------------------------------------------------------------- */
+
+static float half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
+    if (exp == 0) {
+        if (man == 0) {
+            u = sign;
+        } else { /* subnormal: renormalise */
+            exp = 127 - 15 + 1;
+            while (!(man & 0x400)) { man <<= 1; exp--; }
+            u = sign | exp << 23 | (man & 0x3ff) << 13;
+        }
+    } else if (exp == 31) {
+        u = sign | 0x7f800000u | man << 13;
+    } else {
+        u = sign | (exp - 15 + 127) << 23 | man << 13;
+    }
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static float bf16_to_float(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static void convert_row(const void *row, uint32_t dtype, size_t n, float *out) {
+    size_t i;
+    switch (dtype) {
+    case COLIBRI_DT_F32: memcpy(out, row, n * sizeof(float)); break;
+    case COLIBRI_DT_F16:
+        for (i = 0; i < n; i++) out[i] = half_to_float(((const uint16_t *)row)[i]);
+        break;
+    case COLIBRI_DT_BF16:
+        for (i = 0; i < n; i++) out[i] = bf16_to_float(((const uint16_t *)row)[i]);
+        break;
+    default:
+        for (i = 0; i < n; i++) out[i] = (float)((const int8_t *)row)[i];
+        break;
+    }
+}
+
+/* ---- scalar: 8 accumulators, lane i % 8, reduced pairwise ----------------------------------- */
+
+#define SCALAR_DOT(NAME, T, CVT)                                                              \
+    static float NAME(const void *wv, const float *x, size_t n) {                             \
+        const T *w = (const T *)wv;                                                           \
+        float a[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                                \
+        size_t i = 0;                                                                         \
+        for (; i + 8 <= n; i += 8)                                                            \
+            for (int l = 0; l < 8; l++) a[l] += CVT(w[i + l]) * x[i + l];                     \
+        float s = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));          \
+        for (; i < n; i++) s += CVT(w[i]) * x[i];                                             \
+        return s;                                                                             \
+    }
+#define CVT_F32(v) (v)
+#define CVT_I8(v) ((float)(v))
+SCALAR_DOT(scalar_dot_f32, float, CVT_F32)
+SCALAR_DOT(scalar_dot_f16, uint16_t, half_to_float)
+SCALAR_DOT(scalar_dot_bf16, uint16_t, bf16_to_float)
+SCALAR_DOT(scalar_dot_i8, int8_t, CVT_I8)
+
+static int32_t scalar_dot_q8(const int8_t *w, const int8_t *x, size_t n) {
+    int32_t s = 0;
+    for (size_t i = 0; i < n; i++) s += (int32_t)w[i] * (int32_t)x[i];
+    return s;
+}
+
+/* ---- AVX2 + FMA: 4 x 8 lanes over blocks of 32, then blocks of 8, then a scalar tail --------- */
+
+#ifdef COLIBRI_HAVE_AVX2
+#define AVX_LOAD_F32(p) _mm256_loadu_ps((const float *)(p))
+#define AVX_LOAD_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p)))
+#define AVX_LOAD_BF16(p)                                                                      \
+    _mm256_castsi256_ps(_mm256_slli_epi32(                                                    \
+        _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)(p))), 16))
+#define AVX_LOAD_I8(p)                                                                        \
+    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(p))))
+
+#define AVX2_DOT(NAME, T, LOAD8, CVT)                                                         \
+    __attribute__((target("avx2,fma,f16c"))) static float NAME(const void *wv, const float *x, \
+                                                               size_t n) {                    \
+        const T *w = (const T *)wv;                                                           \
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                           \
+        size_t i = 0;                                                                         \
+        for (; i + 32 <= n; i += 32) {                                                        \
+            a0 = _mm256_fmadd_ps(LOAD8(w + i), _mm256_loadu_ps(x + i), a0);                   \
+            a1 = _mm256_fmadd_ps(LOAD8(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);           \
+            a2 = _mm256_fmadd_ps(LOAD8(w + i + 16), _mm256_loadu_ps(x + i + 16), a2);         \
+            a3 = _mm256_fmadd_ps(LOAD8(w + i + 24), _mm256_loadu_ps(x + i + 24), a3);         \
+        }                                                                                     \
+        for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(LOAD8(w + i), _mm256_loadu_ps(x + i), a0); \
+        a0 = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));                     \
+        float t[8];                                                                           \
+        _mm256_storeu_ps(t, a0);                                                              \
+        float s = ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));          \
+        for (; i < n; i++) s += CVT(w[i]) * x[i];                                             \
+        return s;                                                                             \
+    }
+AVX2_DOT(avx2_dot_f32, float, AVX_LOAD_F32, CVT_F32)
+AVX2_DOT(avx2_dot_f16, uint16_t, AVX_LOAD_F16, half_to_float)
+AVX2_DOT(avx2_dot_bf16, uint16_t, AVX_LOAD_BF16, bf16_to_float)
+AVX2_DOT(avx2_dot_i8, int8_t, AVX_LOAD_I8, CVT_I8)
+
+/* int8 x int8 -> int32: |w| (unsigned) times x with w's sign, pairs summed to int16 by maddubs
+ * (at most 2 * 128 * 127 < 32767, so no saturation), then to int32. Integer sums are exact. */
+__attribute__((target("avx2"))) static int32_t avx2_dot_q8(const int8_t *w, const int8_t *x,
+                                                           size_t n) {
+    __m256i acc = _mm256_setzero_si256();
+    const __m256i ones = _mm256_set1_epi16(1);
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m256i vw = _mm256_loadu_si256((const __m256i *)(const void *)(w + i));
+        __m256i vx = _mm256_loadu_si256((const __m256i *)(const void *)(x + i));
+        __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(vw), _mm256_sign_epi8(vx, vw));
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, ones));
+    }
+    int32_t t[8];
+    _mm256_storeu_si256((__m256i *)(void *)t, acc);
+    int32_t s = t[0] + t[1] + t[2] + t[3] + t[4] + t[5] + t[6] + t[7];
+    for (; i < n; i++) s += (int32_t)w[i] * (int32_t)x[i];
+    return s;
+}
+#endif
+
+/* ---- NEON: 4 x 4 lanes over blocks of 16, then blocks of 4, then a scalar tail -------------- */
+
+#ifdef COLIBRI_HAVE_NEON
+#define NEON_LOAD_F32(p) vld1q_f32((const float *)(p))
+#define NEON_LOAD_F16(p) vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)(p))))
+#define NEON_LOAD_BF16(p) vreinterpretq_f32_u32(vshll_n_u16(vld1_u16((const uint16_t *)(p)), 16))
+#define NEON_LOAD_I8(p)                                                                       \
+    vcvtq_f32_s32(vmovl_s16(vget_low_s16(vmovl_s8(load4_s8((const int8_t *)(p))))))
+static inline int8x8_t load4_s8(const int8_t *p) {
+    /* load 4 int8 values into the low half of a vector without reading past p + 4 */
+    int32_t v;
+    memcpy(&v, p, 4);
+    return vreinterpret_s8_s32(vdup_n_s32(v));
+}
+
+#define NEON_DOT(NAME, T, LOAD4, CVT)                                                         \
+    static float NAME(const void *wv, const float *x, size_t n) {                             \
+        const T *w = (const T *)wv;                                                           \
+        float32x4_t a0 = vdupq_n_f32(0), a1 = a0, a2 = a0, a3 = a0;                           \
+        size_t i = 0;                                                                         \
+        for (; i + 16 <= n; i += 16) {                                                        \
+            a0 = vfmaq_f32(a0, LOAD4(w + i), vld1q_f32(x + i));                               \
+            a1 = vfmaq_f32(a1, LOAD4(w + i + 4), vld1q_f32(x + i + 4));                       \
+            a2 = vfmaq_f32(a2, LOAD4(w + i + 8), vld1q_f32(x + i + 8));                       \
+            a3 = vfmaq_f32(a3, LOAD4(w + i + 12), vld1q_f32(x + i + 12));                     \
+        }                                                                                     \
+        for (; i + 4 <= n; i += 4) a0 = vfmaq_f32(a0, LOAD4(w + i), vld1q_f32(x + i));        \
+        a0 = vaddq_f32(vaddq_f32(a0, a1), vaddq_f32(a2, a3));                                 \
+        float s = (vgetq_lane_f32(a0, 0) + vgetq_lane_f32(a0, 1)) +                           \
+                  (vgetq_lane_f32(a0, 2) + vgetq_lane_f32(a0, 3));                            \
+        for (; i < n; i++) s += CVT(w[i]) * x[i];                                             \
+        return s;                                                                             \
+    }
+NEON_DOT(neon_dot_f32, float, NEON_LOAD_F32, CVT_F32)
+NEON_DOT(neon_dot_f16, uint16_t, NEON_LOAD_F16, half_to_float)
+NEON_DOT(neon_dot_bf16, uint16_t, NEON_LOAD_BF16, bf16_to_float)
+NEON_DOT(neon_dot_i8, int8_t, NEON_LOAD_I8, CVT_I8)
+
+static int32_t neon_dot_q8(const int8_t *w, const int8_t *x, size_t n) {
+    int32x4_t acc = vdupq_n_s32(0);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        int8x16_t vw = vld1q_s8(w + i), vx = vld1q_s8(x + i);
+        acc = vpadalq_s16(acc, vmull_s8(vget_low_s8(vw), vget_low_s8(vx)));
+        acc = vpadalq_s16(acc, vmull_s8(vget_high_s8(vw), vget_high_s8(vx)));
+    }
+    int32_t s = vgetq_lane_s32(acc, 0) + vgetq_lane_s32(acc, 1) + vgetq_lane_s32(acc, 2) +
+                vgetq_lane_s32(acc, 3);
+    for (; i < n; i++) s += (int32_t)w[i] * (int32_t)x[i];
+    return s;
+}
+#endif
+
+/* ---- selection ------------------------------------------------------------------------------ */
+
+static pthread_once_t kernels_once = PTHREAD_ONCE_INIT;
+
+static void kernels_pick(void) {
+    K.dot[COLIBRI_DT_F32] = scalar_dot_f32;
+    K.dot[COLIBRI_DT_F16] = scalar_dot_f16;
+    K.dot[COLIBRI_DT_BF16] = scalar_dot_bf16;
+    K.dot[COLIBRI_DT_INT8] = scalar_dot_i8;
+    K.dot_q8 = scalar_dot_q8;
+    K.name = "scalar";
+#ifdef COLIBRI_HAVE_AVX2
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c")) {
+        K.dot[COLIBRI_DT_F32] = avx2_dot_f32;
+        K.dot[COLIBRI_DT_F16] = avx2_dot_f16;
+        K.dot[COLIBRI_DT_BF16] = avx2_dot_bf16;
+        K.dot[COLIBRI_DT_INT8] = avx2_dot_i8;
+        K.dot_q8 = avx2_dot_q8;
+        K.name = "avx2";
+    }
+#endif
+#ifdef COLIBRI_HAVE_NEON
+    K.dot[COLIBRI_DT_F32] = neon_dot_f32;
+    K.dot[COLIBRI_DT_F16] = neon_dot_f16;
+    K.dot[COLIBRI_DT_BF16] = neon_dot_bf16;
+    K.dot[COLIBRI_DT_INT8] = neon_dot_i8;
+    K.dot_q8 = neon_dot_q8;
+    K.name = "neon";
+#endif
+}
+
+const char *colibri_kernels_init(void) {
+    pthread_once(&kernels_once, kernels_pick);
+    return K.name;
+}
+
+float colibri_dot_f32(const float *a, const float *b, size_t n) {
+    return K.dot[COLIBRI_DT_F32](a, b, n);
+}
+
+void colibri_rows_dot(const colibri_tensor *w, uint32_t r0, uint32_t r1, const float *x, int n,
+                      size_t ldx, float *y, size_t ldy, float *scratch) {
+    size_t cols = w->cols, rowbytes = cols * colibri_dtype_size(w->dtype);
+    dot_fn dot = K.dot[w->dtype];
+    for (uint32_t r = r0; r < r1; r++) {
+        const uint8_t *row = (const uint8_t *)w->data + (size_t)r * rowbytes;
+        float sc = w->scales ? w->scales[r] : 1.0f;
+        if (n == 1 || w->dtype == COLIBRI_DT_F32) {
+            for (int j = 0; j < n; j++) y[(size_t)j * ldy + r] = sc * dot(row, x + (size_t)j * ldx, cols);
+        } else {
+            /* Convert once, reuse for every token: same bits as the fused kernel (exact
+             * conversion, same lane order). */
+            convert_row(row, w->dtype, cols, scratch);
+            for (int j = 0; j < n; j++)
+                y[(size_t)j * ldy + r] = sc * K.dot[COLIBRI_DT_F32](scratch, x + (size_t)j * ldx, cols);
+        }
+    }
+}
+
+void colibri_rows_dot_q8(const colibri_tensor *w, uint32_t r0, uint32_t r1, const int8_t *xq,
+                         const float *xscale, int n, size_t ldx, float *y, size_t ldy) {
+    size_t cols = w->cols;
+    for (uint32_t r = r0; r < r1; r++) {
+        const int8_t *row = (const int8_t *)w->data + (size_t)r * cols;
+        float sc = w->scales[r];
+        for (int j = 0; j < n; j++) {
+            int32_t acc = K.dot_q8(row, xq + (size_t)j * ldx, cols);
+            y[(size_t)j * ldy + r] = (float)acc * (sc * xscale[j]);
+        }
+    }
+}
+
+void colibri_quantize_row(const float *x, size_t n, int8_t *q, float *scale) {
+    float amax = 0.0f;
+    for (size_t i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[i]));
+    float s = amax > 0.0f ? amax / 127.0f : 1.0f, inv = 1.0f / s;
+    for (size_t i = 0; i < n; i++) {
+        float v = nearbyintf(x[i] * inv);
+        q[i] = (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v);
+    }
+    *scale = s;
+}
+
+void colibri_row_f32(const colibri_tensor *w, uint32_t r, float *out) {
+    size_t cols = w->cols;
+    convert_row((const uint8_t *)w->data + (size_t)r * cols * colibri_dtype_size(w->dtype), w->dtype,
+                cols, out);
+    if (w->scales)
+        for (size_t i = 0; i < cols; i++) out[i] *= w->scales[r];
+}

@@ -1,0 +1,37 @@
+/* CPU kernels: dot products over the weight dtypes (f32, f16, bf16, int8 with per-row scales),
+ * with AVX2+FMA (x86_64, chosen at run time), NEON (aarch64) or scalar code.
+ *
+ * Determinism: every kernel accumulates in a fixed lane layout and reduces the lanes in a fixed
+ * order, so one output never depends on how many threads run or on which thread computes it. A
+ * row converted to f32 first and then dotted gives the same bits as the fused convert-and-dot
+ * (conversions of f16/bf16/int8 to f32 are exact), so prefill and decode agree bit for bit. */
+#ifndef COLIBRI_KERNELS_H
+#define COLIBRI_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model.h"
+
+/* Pick the best implementation for this CPU (idempotent, thread safe). Returns its name. */
+const char *colibri_kernels_init(void);
+
+/* sum_i a[i] * b[i] in the fixed lane order. */
+float colibri_dot_f32(const float *a, const float *b, size_t n);
+
+/* y[j * ldy + r] = W[r, :] . x[j * ldx, :] for rows r in [r0, r1) and tokens j < n.
+ * `scratch` holds at least W->cols floats (a converted row, used when n > 1). */
+void colibri_rows_dot(const colibri_tensor *w, uint32_t r0, uint32_t r1, const float *x, int n,
+                      size_t ldx, float *y, size_t ldy, float *scratch);
+
+/* Same with int8 activations (w must be int8): xq rows quantised by colibri_quantize_row. */
+void colibri_rows_dot_q8(const colibri_tensor *w, uint32_t r0, uint32_t r1, const int8_t *xq,
+                         const float *xscale, int n, size_t ldx, float *y, size_t ldy);
+
+/* Symmetric per-row int8 quantisation: q = round(x / s), s = max|x| / 127 (s = 1 when x == 0). */
+void colibri_quantize_row(const float *x, size_t n, int8_t *q, float *scale);
+
+/* Row r of W as f32 (dequantised): the embedding gather. */
+void colibri_row_f32(const colibri_tensor *w, uint32_t r, float *out);
+
+#endif
