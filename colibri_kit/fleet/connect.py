@@ -246,10 +246,17 @@ class SSHRemote:
         if sudo and not self.is_root:
             staging = f"/tmp/colibri-{uuid.uuid4().hex}"
             self._sftp_write(staging, text.encode())
-            self.run(["mv", "-f", "--", staging, tmp], sudo=True)
+            self._copy_as_root(staging, tmp)
         else:
             self._sftp_write(tmp, text.encode())
         self.run(["mv", "-f", "--", tmp, path], sudo=sudo)
+
+    def _copy_as_root(self, staging: str, dest: str) -> None:
+        """cp as root makes a root-owned file (mv would keep the login user as owner)."""
+        try:
+            self.run(["cp", "--", staging, dest], sudo=True)
+        finally:
+            self.run(["rm", "-f", "--", staging], sudo=True, check=False)
 
     def _sftp_write(self, path: str, data: bytes) -> None:
         try:
@@ -270,7 +277,9 @@ class SSHRemote:
         if sudo and not self.is_root:
             staging = f"/tmp/colibri-{uuid.uuid4().hex}"
             self.upload(local, staging, progress=progress)
-            self.run(["mv", "-f", "--", staging, remote], sudo=True)
+            tmp = f"{remote}.tmp-{uuid.uuid4().hex[:8]}"
+            self._copy_as_root(staging, tmp)
+            self.run(["mv", "-f", "--", tmp, remote], sudo=True)
             return
         tmp = f"{remote}.tmp-{uuid.uuid4().hex[:8]}"
         self.upload(local, tmp, progress=progress)

@@ -1,0 +1,76 @@
+"""Fixtures for the fleet tests: one emulated fleet (real sshd processes in mount namespaces) for
+the whole session, the real orin-nx build, and the built-in tiny model.
+
+Devices (all orin-nx unless said): jetson-00..02 the healthy fleet the main flow runs on,
+jetson-03 a Xavier NX (wrong kind), jetson-04 a 4 MiB disk (disk full), jetson-05 for injected
+faults (dropped connection, corruption)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from colibri_kit.fleet.inventory import Inventory, load_inventory
+
+MAIN = ["jetson-00", "jetson-01", "jetson-02"]
+XAVIER, SMALL_DISK, FAULTY = "jetson-03", "jetson-04", "jetson-05"
+
+
+@pytest.fixture(scope="session")
+def sim_fleet(tmp_path_factory: pytest.TempPathFactory):
+    if os.geteuid() != 0:
+        pytest.fail("the fleet tests start sshd in mount namespaces and need root (CI runs as root)")
+    from colibri_kit.fleet.sim import EmulatedFleet
+
+    state = tmp_path_factory.mktemp("sim")
+    fleet = EmulatedFleet(6, "orin-nx", state,
+                          modules=["orin-nx", "orin-nx", "orin-nx", "xavier-nx", "orin-nx", "orin-nx"],
+                          disk_mb=[256, 256, 256, 256, 4, 256])
+    with fleet:
+        yield fleet
+
+
+@pytest.fixture(scope="session")
+def inventory(sim_fleet) -> Inventory:
+    return load_inventory(sim_fleet.fleet_file)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from colibri_kit.model.tiny import write_tiny_model
+
+    return Path(write_tiny_model(tmp_path_factory.mktemp("model") / "tiny-moe-4e2r.colibri", pad=64))
+
+
+@pytest.fixture(scope="session")
+def big_blob(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """24 MiB of deterministic bytes standing in for a large model (deploy does not parse models)."""
+    path = tmp_path_factory.mktemp("blob") / "big.colibri"
+    block = bytes(range(256)) * 4096
+    with open(path, "wb") as fh:
+        for i in range(24):
+            fh.write(bytes([i]) + block[1:])
+    return path
+
+
+@pytest.fixture(scope="session")
+def dist_a(orin_nx_build: Path) -> Path:
+    return orin_nx_build
+
+
+@pytest.fixture(scope="session")
+def dist_b(orin_nx_build: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same binaries as a second build (another source revision): a different release id."""
+    return rebuilt(orin_nx_build, tmp_path_factory.mktemp("dist") / "b", "b")
+
+
+def rebuilt(src: Path, dest: Path, tag: str) -> Path:
+    shutil.copytree(src, dest)
+    manifest = json.loads((dest / "manifest.json").read_text())
+    manifest["source_revision"] = f"{manifest.get('source_revision', '')}-{tag}"
+    (dest / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    return dest

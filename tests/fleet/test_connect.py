@@ -1,0 +1,164 @@
+"""SSH connections against real sshd: host-key verification, sudo handling, quoting, timeouts."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from colibri_kit.errors import FleetError, HostKeyError
+from colibri_kit.fleet.connect import SUDO_PASSWORD_ENV, SSHRemote, for_each
+from colibri_kit.fleet.sim import SIM_USER
+
+pytestmark = pytest.mark.slow
+
+
+def device_fingerprint(sim_fleet, name: str) -> str:
+    pub = Path(sim_fleet.device(name).dir) / "ssh_host_ed25519_key.pub"
+    return subprocess.run(["ssh-keygen", "-lf", str(pub)], capture_output=True, text=True,
+                          check=True).stdout.split()[1]
+
+
+def remote_for(inventory, name: str, known_hosts: Path | None = None, **kw) -> SSHRemote:
+    return SSHRemote(inventory.hosts[name], known_hosts=known_hosts or inventory.known_hosts,
+                     identity_file=inventory.identity_file, **kw)
+
+
+def test_known_host_connects_and_runs(inventory) -> None:
+    with remote_for(inventory, "jetson-00") as r:
+        res = r.run(["uname", "-m"])
+        assert res.ok and res.stdout.strip() == "aarch64"
+        assert r.read_text("/no/such/file") is None
+
+
+def test_unknown_host_key_is_refused_with_fingerprint(inventory, sim_fleet, tmp_path: Path) -> None:
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    with pytest.raises(HostKeyError) as exc:
+        remote_for(inventory, "jetson-01", known_hosts=empty).connect()
+    assert device_fingerprint(sim_fleet, "jetson-01") in str(exc.value)
+    assert "--accept-new-host-keys" in str(exc.value)
+    assert empty.read_text() == ""  # nothing recorded without the flag
+
+
+def test_accept_new_records_the_key_once(inventory, sim_fleet, tmp_path: Path) -> None:
+    kh = tmp_path / "known_hosts"
+    with remote_for(inventory, "jetson-01", known_hosts=kh, accept_new=True) as r:
+        assert r.run(["true"]).ok
+    port = sim_fleet.device("jetson-01").port
+    lines = kh.read_text().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"[127.0.0.1]:{port} ssh-ed25519 ")
+    # Now known: connecting without the flag works and records nothing more.
+    with remote_for(inventory, "jetson-01", known_hosts=kh) as r:
+        assert r.run(["true"]).ok
+    assert kh.read_text().splitlines() == lines
+
+
+def test_changed_host_key_is_refused_even_with_accept_new(inventory, sim_fleet, tmp_path: Path) -> None:
+    other = tmp_path / "other_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    port = sim_fleet.device("jetson-02").port
+    kh = tmp_path / "known_hosts"
+    kh.write_text(f"[127.0.0.1]:{port} " + " ".join(Path(f"{other}.pub").read_text().split()[:2]) + "\n")
+    before = kh.read_text()
+    for accept in (False, True):
+        with pytest.raises(HostKeyError) as exc:
+            remote_for(inventory, "jetson-02", known_hosts=kh, accept_new=accept).connect()
+        msg = str(exc.value)
+        assert "CHANGED" in msg
+        assert device_fingerprint(sim_fleet, "jetson-02") in msg
+        assert device_fingerprint(sim_fleet, "jetson-02") != subprocess.run(
+            ["ssh-keygen", "-lf", f"{other}.pub"], capture_output=True, text=True).stdout.split()[1]
+    assert kh.read_text() == before
+
+
+def test_unreachable_host_fails_cleanly(inventory) -> None:
+    host = replace(inventory.hosts["jetson-00"], name="gone", port=1)
+    with pytest.raises(FleetError, match="gone: cannot connect to 127.0.0.1:1"):
+        SSHRemote(host, known_hosts=inventory.known_hosts, identity_file=inventory.identity_file).connect()
+
+
+def test_arguments_are_quoted_not_interpreted(inventory, sim_fleet) -> None:
+    marker = "/tmp/colibri-pwned"
+    hostile = [f"; touch {marker}", f"$(touch {marker})", f"`touch {marker}`", f"a' ; touch {marker} '",
+               "line\nbreak", "--", "*"]
+    with remote_for(inventory, "jetson-00") as r:
+        res = r.run(["printf", "%s|", *hostile])
+        assert res.stdout == "".join(h + "|" for h in hostile)
+        assert not r.run(["test", "-e", marker], check=False).ok
+    assert not sim_fleet.path_in("jetson-00", marker).exists()
+
+
+def test_timeout_stops_a_hanging_command(inventory) -> None:
+    with remote_for(inventory, "jetson-00") as r:
+        start = time.monotonic()
+        with pytest.raises(FleetError, match="did not finish within 1s"):
+            r.run(["sleep", "30"], timeout=1)
+        assert time.monotonic() - start < 10
+        # stdin is closed: a command reading it sees EOF instead of waiting
+        assert r.run(["cat"], timeout=10).stdout == ""
+
+
+def test_failed_command_names_host_command_and_stderr(inventory) -> None:
+    with remote_for(inventory, "jetson-00") as r:
+        with pytest.raises(FleetError, match=r"jetson-00: `ls /no/such` exited 2: .*No such file"):
+            r.run(["ls", "/no/such"])
+
+
+def test_root_login_needs_no_sudo(inventory) -> None:
+    with remote_for(inventory, "jetson-00") as r:
+        assert r.command_line(["id", "-u"], sudo=True) == "id -u"
+        assert r.run(["id", "-u"], sudo=True).stdout.strip() == "0"
+
+
+def test_sudo_without_password_fails_fast(inventory, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(SUDO_PASSWORD_ENV, raising=False)
+    host = replace(inventory.hosts["jetson-00"], user=SIM_USER)
+    with SSHRemote(host, known_hosts=inventory.known_hosts, identity_file=inventory.identity_file) as r:
+        assert r.run(["id", "-u"]).stdout.strip() != "0"
+        assert r.command_line(["id", "-u"], sudo=True) == "sudo -n -- id -u"
+        with pytest.raises(FleetError) as exc:
+            r.run(["id", "-u"], sudo=True, timeout=20)  # a prompt would end in a timeout instead
+        assert "needs a password" in str(exc.value) and SUDO_PASSWORD_ENV in str(exc.value)
+
+
+def test_sudo_with_password_from_environment(inventory, sim_fleet, monkeypatch: pytest.MonkeyPatch) -> None:
+    host = replace(inventory.hosts["jetson-00"], user=SIM_USER)
+    monkeypatch.setenv(SUDO_PASSWORD_ENV, sim_fleet.sudo_password)
+    with SSHRemote(host, known_hosts=inventory.known_hosts, identity_file=inventory.identity_file) as r:
+        line = r.command_line(["id", "-u"], sudo=True)
+        assert sim_fleet.sudo_password not in line  # the password never appears in a command line
+        assert r.run(["id", "-u"], sudo=True).stdout.strip() == "0"
+        r.write_text("/etc/colibri-sudo-test", "written as root\n", sudo=True)
+        assert r.run(["stat", "-c", "%U", "/etc/colibri-sudo-test"]).stdout.strip() == "root"
+        r.run(["rm", "-f", "/etc/colibri-sudo-test"], sudo=True)
+    monkeypatch.setenv(SUDO_PASSWORD_ENV, "wrong-password")
+    with SSHRemote(host, known_hosts=inventory.known_hosts, identity_file=inventory.identity_file) as r:
+        with pytest.raises(FleetError, match="needs a password"):
+            r.run(["id", "-u"], sudo=True, timeout=30)
+
+
+def test_for_each_bounds_parallelism() -> None:
+    import threading
+
+    active = 0
+    peak = 0
+    lock = threading.Lock()
+
+    def work(i: int) -> int:
+        nonlocal active, peak
+        with lock:
+            active += 1
+            peak = max(peak, active)
+        time.sleep(0.05)
+        with lock:
+            active -= 1
+        return i * 2
+
+    assert for_each(range(12), work, parallel=3) == [i * 2 for i in range(12)]
+    assert peak == 3
+    with pytest.raises(FleetError):
+        for_each([1], work, parallel=0)
