@@ -374,6 +374,31 @@ class Nvrtc:
             self.lib.nvrtcDestroyProgram(ctypes.byref(prog))
 
 
+def nvrtc_in_subprocess(lib: Path, source: Path, ptx_path: Path, options: Sequence[str]) -> str:
+    """Compile in a fresh process: NVRTC keeps counters across compilations in one process
+    (the PTX's `callseq N` comments), so in-process the second build's PTX would differ."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")])}
+    argv = [sys.executable, "-m", "colibri_kit.toolchain", "nvrtc-ptx", str(lib), str(source),
+            str(ptx_path), *options]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise ToolchainError(proc.stderr.strip().removeprefix("error: "))
+    return proc.stdout
+
+
+def _nvrtc_main(lib: str, source: str, ptx_path: str, options: Sequence[str]) -> int:
+    try:
+        ptx, log = Nvrtc(Path(lib)).compile_ptx(Path(source).read_text(), Path(source).name,
+                                                list(options))
+    except ToolchainError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    Path(ptx_path).write_text(ptx)
+    sys.stdout.write(log)
+    return 0
+
+
 def sm_number(arch: str | int) -> int:
     """'sm_87' / 'compute_87' / 87 -> 87."""
     if isinstance(arch, int):
@@ -433,9 +458,8 @@ def compile_kernels(tc: CudaToolchain, source: Path, include_dirs: Sequence[Path
     ptx_path = out_dir / f"{source.stem}.compute_{ptx_sm}.ptx"
     if tc.nvrtc_lib is not None:
         opts = kernel_options(tc, ptx_sm, [source.parent, *include_dirs])
-        ptx, log = Nvrtc(tc.nvrtc_lib).compile_ptx(source.read_text(), source.name, opts)
+        log = nvrtc_in_subprocess(tc.nvrtc_lib, source, ptx_path, opts)
         _fail_on_warnings("NVRTC", log, source.name)
-        ptx_path.write_text(ptx)
     else:
         argv = [str(tc.nvcc), "--ptx", f"-arch=compute_{ptx_sm}", "--std=c++17",
                 "-Werror", "all-warnings", f"-I{source.parent}",
@@ -494,6 +518,10 @@ def install_all(progress: Progress | None = None) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     import argparse
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["nvrtc-ptx"]:   # internal: one NVRTC compilation (see nvrtc_in_subprocess)
+        return _nvrtc_main(argv[1], argv[2], argv[3], argv[4:])
 
     ap = argparse.ArgumentParser(prog="python -m colibri_kit.toolchain")
     ap.add_argument("command", choices=("install-all", "list"))
