@@ -68,11 +68,12 @@ def _limit(key: str, value: int, lo: int, hi: int) -> int:
     return value
 
 
-def _token(cfg: dict[str, Any], key: str) -> int:
+def _token(cfg: dict[str, Any], key: str, vocab: int) -> int:
+    """A special token id, or UNKNOWN when absent or outside the vocabulary (configs do that)."""
     v = cfg.get(key)
     if isinstance(v, list):
         v = v[0] if v else None
-    if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < fmt.UNKNOWN_TOKEN:
+    if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < vocab:
         return v
     return fmt.UNKNOWN_TOKEN
 
@@ -174,6 +175,10 @@ def read_config(cfg: dict[str, Any]) -> HFModel:
             if heads * head_dim != hidden:
                 raise ModelError(f"config.json: key hidden_size = {hidden} must equal num_attention_heads * head_dim for olmoe")
             flags |= Flag.QK_NORM_FULL
+    if cfg.get(experts_key) is None:  # transformers' attribute_map aliases the two names
+        alias = "num_experts" if experts_key == "num_local_experts" else "num_local_experts"
+        if cfg.get(alias) is not None:
+            experts_key = alias
     experts = _limit(experts_key, _int(cfg, experts_key), 1, fmt.MAX_EXPERTS)
     _limit("num_experts_per_tok", top_k, 1, min(fmt.MAX_TOP_K, experts))
     ffn = _limit(ffn_key, _int(cfg, ffn_key), 1, fmt.MAX_FFN)
@@ -185,5 +190,5 @@ def read_config(cfg: dict[str, Any]) -> HFModel:
         shared_ffn=shared, vocab=vocab, routing=routing, flags=flags, norm_eps=float(eps),
         rope_theta=rope_theta(cfg),
         max_positions=_limit("max_position_embeddings", _int(cfg, "max_position_embeddings"), 1, 1 << 40),
-        sliding_window=sliding, bos=_token(cfg, "bos_token_id"), eos=_token(cfg, "eos_token_id"),
+        sliding_window=sliding, bos=_token(cfg, "bos_token_id", vocab), eos=_token(cfg, "eos_token_id", vocab),
         moe_prefix=moe_prefix)

@@ -282,6 +282,10 @@ class ModelHeader:
             raise ModelError(f"header field rope_theta: {self.rope_theta}, must be finite and > 0")
         if self.family not in Family._value2member_map_:
             raise ModelError(f"header field family: {self.family}, allowed 0, 1, 2, 3, 255")
+        for key in ("bos_token_id", "eos_token_id"):
+            tok = getattr(self, key)
+            if tok != UNKNOWN_TOKEN and tok >= self.vocab_size:
+                raise ModelError(f"header field {key}: {tok}, must be < vocab_size {self.vocab_size} or 0xFFFFFFFF")
         if any(self.reserved):
             raise ModelError("header field reserved: must be zero")
 

@@ -28,6 +28,7 @@ class Route:
 
     experts: tuple[int, ...]  # in decreasing probability (ties: lower index first)
     weights: tuple[float, ...]
+    margin: float  # router logit of the last chosen expert minus the best unchosen one (inf if none)
 
 
 class Reference:
@@ -83,7 +84,9 @@ class Reference:
         w = p[order]
         if h.routing == Routing.RENORMALISE:
             w = w / np.sum(w)
-        return Route(tuple(int(e) for e in order), tuple(float(v) for v in w))
+        rest = np.argsort(-p, kind="stable")[h.top_k:]
+        margin = float(r[order[-1]] - r[rest[0]]) if rest.size else float("inf")
+        return Route(tuple(int(e) for e in order), tuple(float(v) for v in w), margin)
 
     # -- one layer -------------------------------------------------------------------------
     def attention(self, layer: int, x: np.ndarray, pos: int) -> np.ndarray:

@@ -65,3 +65,27 @@ def write_tiny_model(path: str | os.PathLike[str], pad: int = 64, dtype: DType =
         w.add(Kind.OUTPUT_NORM, NONE, NONE, norm(d))
         w.add(Kind.LM_HEAD, NONE, NONE, linear(v, d, 4.0))
     return Path(path)
+
+
+def write_random_model(path: str | os.PathLike[str], header: ModelHeader, seed: int = 0) -> Path:
+    """Fill every tensor ``header``'s geometry and flags require with seeded random values
+    (norm weights near 1, projections scaled by 1/sqrt(fan-in)): for format and runtime tests of
+    features the tiny model lacks (shared expert, q/k norms, biases, tied embeddings)."""
+    from colibri_kit.model.format import D_COLS, D_ROWS, F32_KINDS, expected_tensors
+
+    rng = np.random.default_rng(seed)
+    d = header.embed_dim
+    with ModelWriter(path, header) as w:
+        for spec in expected_tensors(header).values():
+            rows = d if spec.kind in D_ROWS else spec.rows
+            cols = d if spec.kind in D_COLS else spec.cols
+            if spec.kind in (Kind.ATTN_NORM, Kind.FFN_NORM, Kind.OUTPUT_NORM, Kind.Q_NORM, Kind.K_NORM):
+                a = 1.0 + 0.1 * rng.standard_normal((rows, cols))
+            elif spec.kind == Kind.TOK_EMBED:
+                a = rng.standard_normal((rows, cols))
+            elif spec.kind in F32_KINDS:  # biases, router, shared gate
+                a = rng.standard_normal((rows, cols)) * (3.0 / np.sqrt(cols) if spec.kind == Kind.ROUTER else 0.2)
+            else:
+                a = rng.standard_normal((rows, cols)) / np.sqrt(cols)
+            w.add(spec.kind, spec.layer, spec.expert, a.astype(np.float32))
+    return Path(path)

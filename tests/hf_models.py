@@ -1,0 +1,279 @@
+"""Random-weight Hugging Face MoE checkpoints for the converter / reference / runtime tests.
+
+Each case is a real ``transformers`` model (CPU torch) with awkward sizes: hidden sizes that are
+not a multiple of the pad, grouped-query attention, explicit head_dim, tied and untied
+embeddings, a shared expert. Weights are re-drawn from a seeded generator with scales that keep
+activations near unit size and spread router and output logits (no near-ties, so greedy and
+top-k choices are stable under f16/bf16/int8 weights).
+
+Checkpoints are written once per test session under pytest's base temp dir and reused by every
+module (``checkpoint(name, root)`` returns the existing directory when it is complete).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+GREEDY_PROMPT = [3, 17, 42, 5, 99, 7, 11, 64]
+GREEDY_NEW = 32
+LOGIT_PROMPT = [1, 2, 3, 250, 7, 19, 200, 33, 90, 4, 141, 5]
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    model_type: str
+    config: dict[str, Any]
+    seed: int
+    torch_dtype: str = "float32"
+    max_shard_size: str | None = None
+    notes: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _cases() -> dict[str, Case]:
+    common = dict(num_hidden_layers=2, max_position_embeddings=256, rms_norm_eps=1e-6)
+    cases = [
+        Case("mixtral", "mixtral", dict(
+            common, vocab_size=320, hidden_size=72, intermediate_size=40, num_attention_heads=6,
+            num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+            tie_word_embeddings=False), seed=11,
+             notes="D=72 (pad 64 -> 128), GQA 6/2, untied"),
+        Case("mixtral_tied", "mixtral", dict(
+            common, vocab_size=288, hidden_size=40, intermediate_size=48, num_attention_heads=4,
+            num_key_value_heads=1, head_dim=16, num_local_experts=3, num_experts_per_tok=2,
+            tie_word_embeddings=True), seed=12,
+             notes="D=40, explicit head_dim 16 (H*Dh=64 != D), MQA, tied embeddings"),
+        Case("qwen2_moe", "qwen2_moe", dict(
+            common, vocab_size=300, hidden_size=56, intermediate_size=64, moe_intermediate_size=32,
+            shared_expert_intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
+            num_experts=6, num_experts_per_tok=2, norm_topk_prob=False, tie_word_embeddings=False),
+             seed=13, notes="shared expert + sigmoid gate, qkv bias, no renormalisation"),
+        Case("qwen2_moe_norm", "qwen2_moe", dict(
+            common, vocab_size=272, hidden_size=48, intermediate_size=64, moe_intermediate_size=24,
+            shared_expert_intermediate_size=40, num_attention_heads=6, num_key_value_heads=3,
+            num_experts=4, num_experts_per_tok=3, norm_topk_prob=True, tie_word_embeddings=True),
+             seed=14, notes="norm_topk_prob (renormalise), tied, top-3"),
+        Case("qwen3_moe", "qwen3_moe", dict(
+            common, vocab_size=288, hidden_size=80, intermediate_size=64, moe_intermediate_size=32,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=24, num_experts=5,
+            num_experts_per_tok=3, norm_topk_prob=True, tie_word_embeddings=False), seed=15,
+             notes="per-head q/k norm, explicit head_dim 24 (H*Dh=96 != D=80)"),
+        Case("olmoe", "olmoe", dict(
+            common, vocab_size=304, hidden_size=72, intermediate_size=36, num_attention_heads=6,
+            num_key_value_heads=3, num_experts=6, num_experts_per_tok=2, norm_topk_prob=False,
+            tie_word_embeddings=False), seed=16, notes="full-width q/k norm, no renormalisation"),
+        Case("mixtral_bf16_sharded", "mixtral", dict(
+            common, vocab_size=320, hidden_size=72, intermediate_size=40, num_attention_heads=6,
+            num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+            tie_word_embeddings=False), seed=17, torch_dtype="bfloat16", max_shard_size="40KB",
+             notes="bf16 weights, sharded safetensors with an index"),
+    ]
+    return {c.name: c for c in cases}
+
+
+CASES = _cases()
+FAMILY_CASES = ["mixtral", "mixtral_tied", "qwen2_moe", "qwen2_moe_norm", "qwen3_moe", "olmoe"]
+
+
+def _config(case: Case):  # -> transformers.PretrainedConfig
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model(case.model_type, **case.config)
+
+
+def _reinit(model: Any, seed: int) -> None:
+    """Redraw every parameter with well-conditioned scales (see the module docstring).
+
+    Random weights alone put near-ties in routing and in greedy choices, which any rounding of
+    the weights (f16/bf16/int8) can flip. So two structures are planted on top of the noise:
+    - routing: E orthonormal directions U; each token's embedding carries a distinct score per
+      expert along U (a permutation of evenly spaced levels), and the router reads U. Expert
+      ranks then differ by a whole level for every token instead of by chance.
+    - output (untied models): lm_head maps each token's embedding to a permuted token plus noise,
+      so greedy paths wander through the vocabulary with clear top-1 margins.
+    """
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    cfg = model.config
+    d, v = cfg.hidden_size, cfg.vocab_size
+    e_n = getattr(cfg, "num_local_experts", None) or cfg.num_experts
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(shape, generator=gen, dtype=torch.float32)
+
+    u, _ = torch.linalg.qr(randn(d, e_n))  # [D, E], orthonormal columns
+    u = u.T.contiguous()  # [E, D]
+    noise = randn(v, d)
+    noise = noise - (noise @ u.T) @ u  # no accidental component along the routing directions
+    levels = torch.arange(e_n, dtype=torch.float32) - (e_n - 1) / 2
+    scores = torch.stack([levels[torch.randperm(e_n, generator=gen)] for _ in range(v)])  # [V, E]
+    embed = noise + 2.0 * scores @ u
+    perm = torch.randperm(v, generator=gen)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            n = randn(*p.shape)
+            if name.endswith("norm.weight") or "layernorm" in name:
+                val = 1.0 + 0.1 * n
+            elif "embed_tokens" in name:
+                val = embed
+            elif name.endswith(".bias"):
+                val = 0.2 * n
+            elif name.endswith("mlp.gate.weight") or name.endswith("block_sparse_moe.gate.weight"):
+                val = 3.0 * u + 0.1 * n / math.sqrt(d)
+            elif name.endswith("lm_head.weight"):
+                val = torch.empty_like(embed)
+                val[perm] = embed * (3.0 / math.sqrt(d))
+                val = val + n / math.sqrt(d)
+            elif name.endswith("q_proj.weight") or name.endswith("k_proj.weight"):
+                val = n * (1.5 / math.sqrt(p.shape[-1]))
+            elif name.endswith("o_proj.weight") or "down_proj" in name:
+                val = n * (0.5 / math.sqrt(p.shape[-1]))
+            else:  # v_proj, gate/up projections, shared_expert_gate
+                val = n / math.sqrt(p.shape[-1])
+            p.copy_(val.to(p.dtype))
+
+
+def build_model(case: Case):  # -> transformers model, eval mode, in the case's dtype
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(case.seed)
+    model = AutoModelForCausalLM.from_config(_config(case), dtype=torch.float32)
+    _reinit(model, case.seed)
+    if case.torch_dtype == "bfloat16":
+        model = model.to(torch.bfloat16)
+    return model.eval()
+
+
+def checkpoint(name: str, root: Path) -> Path:
+    """The saved checkpoint directory of case ``name`` under ``root`` (built on first use)."""
+    case = CASES[name]
+    out = root / name
+    if (out / ".complete").exists():
+        return out
+    if out.exists():
+        shutil.rmtree(out)
+    model = build_model(case)
+    kwargs: dict[str, Any] = {}
+    if case.max_shard_size:
+        kwargs["max_shard_size"] = case.max_shard_size
+    model.save_pretrained(out, **kwargs)
+    (out / ".complete").write_text("ok\n")
+    return out
+
+
+def load_hf(path: Path):
+    """Load a saved checkpoint with transformers in float32 (the numerical reference)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def hf_logits(model: Any, ids: list[int]) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].float().numpy()
+
+
+def hf_greedy(model: Any, ids: list[int], n: int) -> list[int]:
+    """Greedy continuation with transformers' KV cache; never stops early (no EOS handling)."""
+    import torch
+
+    out: list[int] = []
+    with torch.no_grad():
+        res = model(torch.tensor([ids]), use_cache=True)
+        for _ in range(n):
+            tok = int(torch.argmax(res.logits[0, -1]))
+            out.append(tok)
+            res = model(torch.tensor([[tok]]), past_key_values=res.past_key_values, use_cache=True)
+    return out
+
+
+def rel_err(got: np.ndarray, want: np.ndarray) -> float:
+    """max |got - want| / max |want| over every position and vocabulary entry."""
+    return float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
+
+
+def write_safetensors(path: Path, tensors: dict[str, np.ndarray], dtype: str = "F32") -> None:
+    """A safetensors file written by hand (NumPy arrays, F32 or BF16 from f32 values)."""
+    from colibri_kit.model.format import f32_to_bf16_bits
+
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    blobs = []
+    pos = 0
+    for name, arr in tensors.items():
+        a = np.ascontiguousarray(arr, dtype=np.float32)
+        blob = f32_to_bf16_bits(a).astype("<u2").tobytes() if dtype == "BF16" else a.astype("<f4").tobytes()
+        header[name] = {"dtype": dtype, "shape": list(a.shape), "data_offsets": [pos, pos + len(blob)]}
+        blobs.append(blob)
+        pos += len(blob)
+    hjson = json.dumps(header).encode()
+    hjson += b" " * (-len(hjson) % 8)
+    with open(path, "wb") as f:
+        f.write(len(hjson).to_bytes(8, "little"))
+        f.write(hjson)
+        for b in blobs:
+            f.write(b)
+
+
+def read_all(directory: Path) -> dict[str, np.ndarray]:
+    """Every tensor of a checkpoint as f32 (through the kit's own torch-free reader)."""
+    from colibri_kit.model.safetensors_io import Checkpoint
+
+    return {name: view.numpy() for name, view in Checkpoint(directory)}
+
+
+def copy_with(src: Path, dst: Path, tensors: dict[str, np.ndarray] | None = None,
+              config: dict[str, Any] | None = None) -> Path:
+    """A variant of a checkpoint: same config (or ``config``), tensors replaced by ``tensors``."""
+    dst.mkdir(parents=True, exist_ok=True)
+    cfg = config if config is not None else json.loads((src / "config.json").read_text())
+    (dst / "config.json").write_text(json.dumps(cfg, indent=1))
+    write_safetensors(dst / "model.safetensors", tensors if tensors is not None else read_all(src))
+    return dst
+
+
+def fuse_experts(tensors: dict[str, np.ndarray], n_layers: int, n_experts: int, prefix: str,
+                 names: tuple[str, str, str], transposed: bool = False,
+                 fused_prefix: str | None = None) -> dict[str, np.ndarray]:
+    """Rewrite per-expert tensors into the fused gate_up_proj / down_proj layout.
+
+    ``transposed`` writes [E, D, 2F] / [E, F, D] instead of transformers' [E, 2F, D] / [E, D, F]."""
+    out = dict(tensors)
+    for i in range(n_layers):
+        base = f"model.layers.{i}.{prefix}.experts"
+        g = [out.pop(f"{base}.{e}.{names[0]}.weight") for e in range(n_experts)]
+        u = [out.pop(f"{base}.{e}.{names[1]}.weight") for e in range(n_experts)]
+        d = [out.pop(f"{base}.{e}.{names[2]}.weight") for e in range(n_experts)]
+        gate_up = np.stack([np.concatenate([g[e], u[e]], axis=0) for e in range(n_experts)])
+        down = np.stack(d)
+        if transposed:
+            gate_up, down = gate_up.transpose(0, 2, 1), down.transpose(0, 2, 1)
+        fbase = f"model.layers.{i}.{fused_prefix or prefix}.experts"
+        out[f"{fbase}.gate_up_proj"] = gate_up
+        out[f"{fbase}.down_proj"] = down
+        if fused_prefix and fused_prefix != prefix:
+            out[f"model.layers.{i}.{fused_prefix}.gate.weight"] = out.pop(f"model.layers.{i}.{prefix}.gate.weight")
+    return out
+
+
+def session_root(tmp_path_factory: Any) -> Path:
+    """One directory per pytest session shared by every module that builds checkpoints."""
+    root = Path(tmp_path_factory.getbasetemp()) / "hf_models"
+    root.mkdir(exist_ok=True)
+    return root
+
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
