@@ -4,17 +4,11 @@
 
 #include <stdlib.h>
 
-typedef struct {
-    colibri_pool *p;
-    int t;
-} worker_arg;
-
 static void *worker_main(void *v) {
-    worker_arg *wa = v;
-    colibri_pool *p = wa->p;
+    colibri_worker *wa = v;
+    colibri_pool *p = wa->pool;
     int t = wa->t;
     unsigned long seen = 0;
-    free(wa);
     for (;;) {
         pthread_mutex_lock(&p->mu);
         while (!p->stop && p->generation == seen) pthread_cond_wait(&p->start, &p->mu);
@@ -38,6 +32,7 @@ static void *worker_main(void *v) {
 int colibri_pool_start(colibri_pool *p, int n) {
     p->n = n < 1 ? 1 : n;
     p->threads = NULL;
+    p->workers = NULL;
     p->generation = 0;
     p->pending = 0;
     p->stop = 0;
@@ -47,17 +42,16 @@ int colibri_pool_start(colibri_pool *p, int n) {
     if (pthread_mutex_init(&p->mu, NULL) != 0) return -1;
     if (pthread_cond_init(&p->start, NULL) != 0 || pthread_cond_init(&p->done, NULL) != 0) return -1;
     if (p->n == 1) return 0;
+    /* worker arguments live as long as the pool: nothing is allocated or freed once the
+     * helpers run (colibri_forward must not allocate, not even in a helper's first wake-up) */
     p->threads = calloc((size_t)p->n - 1, sizeof *p->threads);
-    if (!p->threads) return -1;
+    p->workers = calloc((size_t)p->n - 1, sizeof *p->workers);
+    if (!p->threads || !p->workers) return -1;
     for (int t = 1; t < p->n; t++) {
-        worker_arg *wa = malloc(sizeof *wa);
-        if (!wa) return -1;
-        wa->p = p;
+        colibri_worker *wa = &p->workers[t - 1];
+        wa->pool = p;
         wa->t = t;
-        if (pthread_create(&p->threads[t - 1], NULL, worker_main, wa) != 0) {
-            free(wa);
-            return -1;
-        }
+        if (pthread_create(&p->threads[t - 1], NULL, worker_main, wa) != 0) return -1;
         p->started++;
     }
     return 0;
@@ -90,7 +84,9 @@ void colibri_pool_stop(colibri_pool *p) {
     pthread_mutex_unlock(&p->mu);
     for (int i = 0; i < p->started; i++) pthread_join(p->threads[i], NULL);
     free(p->threads);
+    free(p->workers);
     p->threads = NULL;
+    p->workers = NULL;
     p->started = 0;
     pthread_cond_destroy(&p->start);
     pthread_cond_destroy(&p->done);

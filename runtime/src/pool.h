@@ -8,9 +8,16 @@
 
 typedef void (*colibri_task_fn)(void *arg, int t, int n);
 
+typedef struct colibri_pool colibri_pool;
 typedef struct {
+    colibri_pool *pool;
+    int t;
+} colibri_worker;
+
+struct colibri_pool {
     int n;                  /* workers including the caller */
     pthread_t *threads;     /* n - 1 helpers */
+    colibri_worker *workers; /* their arguments */
     pthread_mutex_t mu;
     pthread_cond_t start, done;
     colibri_task_fn fn;
@@ -19,7 +26,7 @@ typedef struct {
     int pending;              /* helpers still running the current job */
     int stop;
     int started;              /* helpers actually created (for cleanup after a partial start) */
-} colibri_pool;
+};
 
 int colibri_pool_start(colibri_pool *p, int n);
 void colibri_pool_run(colibri_pool *p, colibri_task_fn fn, void *arg);

@@ -1,0 +1,166 @@
+/* C unit tests of the runtime: loader refusals on corrupted in-memory models (every status and
+ * the field named in the message), API argument and state errors, and the built-in selftest. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "colibri.h"
+#include "colibri_config.h"
+#include "model.h"
+#include "selftest_model.h"
+
+static int failures;
+
+#define EXPECT(cond, ...)                                                                     \
+    do {                                                                                      \
+        if (cond) {                                                                           \
+            printf("ok   ");                                                                  \
+        } else {                                                                              \
+            printf("FAIL ");                                                                  \
+            failures++;                                                                       \
+        }                                                                                     \
+        printf(__VA_ARGS__);                                                                  \
+        printf("\n");                                                                         \
+    } while (0)
+
+static uint8_t *orig;
+static size_t orig_len;
+
+static void put32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> 8 * i); }
+static void put64(uint8_t *p, uint64_t v) { put32(p, (uint32_t)v); put32(p + 4, (uint32_t)(v >> 32)); }
+
+/* Load a mutated copy; expect `want` and `needle` in the message. */
+static void refuse(const char *what, size_t len, void (*mutate)(uint8_t *), colibri_status want,
+                   const char *needle) {
+    uint8_t *buf = aligned_alloc(4096, (orig_len + 4095) / 4096 * 4096);
+    memcpy(buf, orig, orig_len);
+    if (mutate) mutate(buf);
+    struct colibri_model m;
+    char why[512] = "";
+    colibri_status s = colibri_model_from_memory(&m, buf, len, why, sizeof why);
+    EXPECT(s == want && strstr(why, needle) != NULL, "%s -> %d (%s): %s", what, (int)s,
+           colibri_strerror(s), why);
+    if (s == COLIBRI_OK) colibri_model_close(&m);
+    free(buf);
+}
+
+static uint8_t *rec(uint8_t *b, int i) { return b + 256 + 64 * i; }
+static void m_magic(uint8_t *b) { b[0] = 'X'; }
+static void m_version(uint8_t *b) { put32(b + 8, 2); }
+static void m_experts(uint8_t *b) { put32(b + 12, 100000); }
+static void m_vocab0(uint8_t *b) { put32(b + 20, 0); }
+static void m_heads(uint8_t *b) { put32(b + 40, 5); } /* 5 % 2 kv heads */
+static void m_pad(uint8_t *b) { put32(b + 68, 32); put32(b + 64, 64); }
+static void m_offset(uint8_t *b) { put64(rec(b, 1) + 24, 1ull << 62); }
+static void m_offset_wrap(uint8_t *b) { put64(rec(b, 1) + 24, UINT64_MAX - 63); }
+static void m_shape(uint8_t *b) { put32(rec(b, 1) + 16, 7); }
+static void m_dup(uint8_t *b) { memcpy(rec(b, 2), rec(b, 1), 64); }
+static void m_kind(uint8_t *b) { put32(rec(b, 3), 99); }
+static void m_ntensors(uint8_t *b) { put32(b + 88, 5); }
+static void m_flags(uint8_t *b) { put32(b + 72, 1u << 9); }
+static void m_data_off(uint8_t *b) { put64(b + 96, 0); }
+
+static void test_loader(void) {
+    refuse("valid model", orig_len, NULL, COLIBRI_OK, "");
+    refuse("truncated to 100 bytes", 100, NULL, COLIBRI_E_TRUNCATED, "256-byte header");
+    refuse("truncated by one byte", orig_len - 1, NULL, COLIBRI_E_TRUNCATED, "truncated");
+    refuse("wrong magic", orig_len, m_magic, COLIBRI_E_BAD_MAGIC, "magic");
+    refuse("wrong version", orig_len, m_version, COLIBRI_E_BAD_VERSION, "version 2");
+    refuse("absurd num_experts", orig_len, m_experts, COLIBRI_E_ABSURD_DIM, "num_experts");
+    refuse("zero vocab", orig_len, m_vocab0, COLIBRI_E_ABSURD_DIM, "vocab_size");
+    refuse("heads not a multiple of kv heads", orig_len, m_heads, COLIBRI_E_ABSURD_DIM, "n_kv_heads");
+    refuse("pad mismatch", orig_len, m_pad, COLIBRI_E_PAD_MISMATCH, "invoke convert");
+    refuse("tensor offset past the end", orig_len, m_offset, COLIBRI_E_OUT_OF_RANGE, "outside");
+    refuse("tensor offset + size wraps", orig_len, m_offset_wrap, COLIBRI_E_OUT_OF_RANGE, "outside");
+    refuse("tensor shape", orig_len, m_shape, COLIBRI_E_BAD_TENSOR, "shape");
+    refuse("duplicate tensor", orig_len, m_dup, COLIBRI_E_BAD_TENSOR, "twice");
+    refuse("unknown kind", orig_len, m_kind, COLIBRI_E_BAD_TENSOR, "unknown kind 99");
+    refuse("missing tensors", orig_len, m_ntensors, COLIBRI_E_BAD_TENSOR, "missing");
+    refuse("unknown flag", orig_len, m_flags, COLIBRI_E_UNSUPPORTED, "flags");
+    refuse("data_offset 0", orig_len, m_data_off, COLIBRI_E_OUT_OF_RANGE, "data_offset");
+}
+
+static void test_api(const char *path) {
+    colibri_ctx *ctx = NULL;
+    char err[512] = "";
+    colibri_options o;
+    colibri_default_options(&o);
+    o.error = err;
+    o.error_len = sizeof err;
+    colibri_status s = colibri_init_ex(&ctx, "/nonexistent/model.colibri", &o);
+    EXPECT(s == COLIBRI_E_IO && ctx == NULL && strstr(err, "cannot open"), "missing file: %s", err);
+    o.backend = COLIBRI_BACKEND_CUDA;
+    s = colibri_init_ex(&ctx, path, &o);
+    EXPECT(s == COLIBRI_OK || (s == COLIBRI_E_BACKEND && strstr(err, "CUDA")),
+           "--backend cuda without a GPU fails with a reason (or runs on a GPU): %s", err);
+    colibri_free(ctx);
+    ctx = NULL;
+    o.backend = COLIBRI_BACKEND_AUTO;
+    o.threads = 2;
+    s = colibri_init_ex(&ctx, path, &o);
+    EXPECT(s == COLIBRI_OK, "init auto: %s", err);
+    if (s) return;
+    colibri_runtime_info ri;
+    colibri_get_runtime_info(ctx, &ri);
+    EXPECT(strcmp(ri.backend, "cuda") == 0 || ri.fallback_reason[0] != '\0',
+           "auto backend reports why CUDA is not used: backend=%s reason=%s", ri.backend,
+           ri.fallback_reason);
+    colibri_model_info mi;
+    colibri_get_model_info(ctx, &mi);
+    float *logits = malloc((size_t)(mi.max_seq_len + 1) * mi.vocab_size * sizeof(float));
+    int32_t ids[3] = {1, 2, (int32_t)mi.vocab_size};
+    s = colibri_forward(ctx, ids, 3, logits);
+    EXPECT(s == COLIBRI_E_TOKEN_RANGE && strstr(colibri_last_error(ctx), "index 2"),
+           "token id == vocab: %s", colibri_last_error(ctx));
+    ids[2] = -5;
+    s = colibri_forward(ctx, ids, 3, logits);
+    EXPECT(s == COLIBRI_E_TOKEN_RANGE, "negative token id: %s", colibri_last_error(ctx));
+    colibri_get_runtime_info(ctx, &ri);
+    EXPECT(ri.position == 0, "failed forward leaves the KV position unchanged (%d)", ri.position);
+    s = colibri_forward(ctx, ids, 0, logits);
+    EXPECT(s == COLIBRI_E_INVALID_ARG, "n = 0: %s", colibri_last_error(ctx));
+    int32_t *many = calloc(mi.max_seq_len + 1, sizeof *many);
+    s = colibri_forward(ctx, many, (int)mi.max_seq_len + 1, logits);
+    EXPECT(s == COLIBRI_E_SEQ_TOO_LONG, "max_seq_len + 1 tokens: %s", colibri_last_error(ctx));
+    s = colibri_forward(ctx, many, (int)mi.max_seq_len, logits);
+    EXPECT(s == COLIBRI_OK, "exactly max_seq_len tokens run");
+    s = colibri_forward(ctx, many, 1, logits);
+    EXPECT(s == COLIBRI_E_SEQ_TOO_LONG, "one more token after a full cache: %s",
+           colibri_last_error(ctx));
+    colibri_reset(ctx);
+    s = colibri_forward(ctx, many, 1, logits);
+    EXPECT(s == COLIBRI_OK, "after reset the cache is free again");
+    s = colibri_dump_routing(ctx, "/tmp/colibri-test-routing.jsonl");
+#ifdef COLIBRI_DEBUG
+    EXPECT(s == COLIBRI_OK, "routing dump (debug build)");
+    unlink("/tmp/colibri-test-routing.jsonl");
+#else
+    EXPECT(s == COLIBRI_E_NOT_BUILT, "routing dump without COLIBRI_DEBUG: %s", colibri_last_error(ctx));
+#endif
+    EXPECT(colibri_forward(NULL, ids, 1, logits) == COLIBRI_E_INVALID_ARG, "NULL context");
+    free(many);
+    free(logits);
+    colibri_free(ctx);
+}
+
+int main(void) {
+    char path[256];
+    snprintf(path, sizeof path, "/tmp/colibri-unit-%ld.colibri", (long)getpid());
+    if (colibri_selftest_write_model(path, 0, COLIBRI_EMBED_DIM_PAD)) return 2;
+    FILE *f = fopen(path, "rb");
+    fseek(f, 0, SEEK_END);
+    orig_len = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    orig = malloc(orig_len);
+    if (fread(orig, 1, orig_len, f) != orig_len) return 2;
+    fclose(f);
+    test_loader();
+    test_api(path);
+    int st = colibri_selftest(0);
+    EXPECT(st == 0, "selftest (%d failed)", st);
+    unlink(path);
+    free(orig);
+    printf("%s: %d failure(s)\n", failures ? "FAILED" : "passed", failures);
+    return failures ? 1 : 0;
+}
