@@ -169,10 +169,17 @@ def apply_mode(mode_id, mode):
             online.append(cpu)
     write(CPU_DIR + "/online", format_ranges(online))
     cpu_max = int(mode_param(mode, "CPU", "MAX_FREQ") or -1)
-    for cpu in online:
+    for cpu in present:
         top = int(read(cpufreq(cpu, "cpuinfo_max_freq")))
-        write(cpufreq(cpu, "scaling_max_freq"), top if cpu_max < 0 else min(top, cpu_max))
-        write(cpufreq(cpu, "scaling_min_freq"), read(cpufreq(cpu, "cpuinfo_min_freq")))
+        low = read(cpufreq(cpu, "cpuinfo_min_freq"))
+        if cpu not in online:
+            # An offline CPU's policy goes back to its hardware limits: deterministic, so a
+            # tune/restore round trip leaves the same bytes whatever happened while it was up.
+            write(cpufreq(cpu, "scaling_cur_freq"), low)
+        elif cpu_max >= 0:
+            top = min(top, cpu_max)
+        write(cpufreq(cpu, "scaling_max_freq"), top)
+        write(cpufreq(cpu, "scaling_min_freq"), low)
     gpu = gpu_devfreq()
     if gpu:
         freqs = [int(f) for f in read(gpu + "/available_frequencies").split()]

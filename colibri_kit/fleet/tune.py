@@ -1,0 +1,507 @@
+"""Device tuning: power mode, jetson_clocks, CPU and GPU governors; verified and reversible.
+
+Per host, ``tune`` does, in this order (each step skipped when the device already has it):
+
+1. power mode by *name*: the id is looked up on the device (``nvpmodel -p --verbose``), never
+   hard-coded; a switch that needs a reboot is reported and left alone unless ``allow_reboot``;
+2. the pre-tuning state is saved once under ``<device root>/tune/``: ``state.json`` (mode,
+   governors, taken before anything changes) and ``l4t_dfs.conf`` (``jetson_clocks --store``,
+   never in ``$HOME``, never over an existing saved state);
+3. ``jetson_clocks`` if the profile asks for it;
+4. the CPU governor on every online CPU and the GPU devfreq governor.
+
+Everything the kit writes to sysfs goes through ``write_governor``: the path must match one of the
+fixed patterns below (paths are discovered on the device, then checked), the value must be a
+governor name ``[a-z0-9_]+`` that the device lists as available, and the write is ``cp`` of a
+kit-owned file holding the value, run as an argv list: no value ever reaches a shell. Every
+command has a timeout and no standard input (``Remote.run``), so no prompt can hang a run.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from colibri_kit.errors import FleetError, KitError
+from colibri_kit.fleet.remote import Remote
+from colibri_kit.profiles import TuneSpec
+
+CPU_DIR = "/sys/devices/system/cpu"
+DEVFREQ_DIR = "/sys/class/devfreq"
+EMC_DIR = "/sys/kernel/debug/bpmp/debug/clk/emc"
+FAN_PWM = "/sys/devices/platform/pwm-fan/hwmon/hwmon0/pwm1"
+
+GOVERNOR_RE = re.compile(r"^[a-z0-9_]{1,32}$")
+MODE_NAME_RE = re.compile(r"^[A-Za-z0-9_]{1,48}$")
+CPU_LIST_RE = re.compile(r"^[0-9]{1,4}(?:-[0-9]{1,4})?(?:,[0-9]{1,4}(?:-[0-9]{1,4})?)*$")
+GPU_NODE_RE = re.compile(r"^(?:[0-9a-f]{1,16}\.(?:gpu|gv11b|ga10b|gp10b)|gpu-gpc-[0-9]{1,2})$")
+CPU_GOV_PATH_RE = re.compile(r"^/sys/devices/system/cpu/cpu[0-9]{1,4}/cpufreq/scaling_governor$")
+GPU_GOV_PATH_RE = re.compile(
+    r"^/sys/class/devfreq/(?:[0-9a-f]{1,16}\.(?:gpu|gv11b|ga10b|gp10b)|gpu-gpc-[0-9]{1,2})/governor$")
+DEVICE_ROOT_RE = re.compile(r"^/[A-Za-z0-9._/-]*$")
+POWER_MODEL_RE = re.compile(r"POWER_MODEL:\s*ID=([0-9]+)\s+NAME=(\S+)")
+REBOOT_RE = re.compile(r"reboot required|do you want to reboot", re.IGNORECASE)
+
+CMD_TIMEOUT = 30.0     # seconds for any one tool invocation
+MODE_TIMEOUT = 90.0    # nvpmodel -m can take a while (clocks, CPU hotplug)
+
+
+class TuneRefused(KitError):
+    """The profile asks for something the device cannot do; nothing was changed."""
+
+
+# --------------------------------------------------------------------------- device state
+
+
+@dataclass
+class DeviceState:
+    """What ``--show`` prints and verify compares; read without changing anything."""
+
+    mode_id: int | None = None
+    mode_name: str | None = None
+    modes: dict[str, int] = field(default_factory=dict)      # name -> id, from the device
+    cpus_present: list[int] = field(default_factory=list)
+    cpus_online: list[int] = field(default_factory=list)
+    cpu_governor: dict[int, str] = field(default_factory=dict)
+    cpu_available: dict[int, list[str]] = field(default_factory=dict)
+    cpu_cur: dict[int, int] = field(default_factory=dict)
+    cpu_min: dict[int, int] = field(default_factory=dict)
+    cpu_max: dict[int, int] = field(default_factory=dict)
+    gpu_node: str | None = None
+    gpu_governor: str | None = None
+    gpu_available: list[str] = field(default_factory=list)
+    gpu_cur: int | None = None
+    gpu_min: int | None = None
+    gpu_max: int | None = None
+    emc_cur: int | None = None
+    emc_max: int | None = None
+    emc_locked: bool | None = None
+    fan_pwm: int | None = None
+
+    @property
+    def gpu_dir(self) -> str | None:
+        return f"{DEVFREQ_DIR}/{self.gpu_node}" if self.gpu_node else None
+
+    @property
+    def jetson_clocks_active(self) -> bool:
+        """Clocks pinned at their maximum: min == max for every online CPU and the GPU, and the
+        memory clock locked (jetson_clocks' signature)."""
+        if not self.cpus_online:
+            return False
+        for c in self.cpus_online:
+            if c not in self.cpu_min or self.cpu_min.get(c) != self.cpu_max.get(c):
+                return False
+        if self.gpu_node and (self.gpu_min is None or self.gpu_min != self.gpu_max):
+            return False
+        if self.emc_locked is False:
+            return False
+        return True
+
+    def cpu_governors(self) -> str:
+        """The online CPUs' governors, collapsed ("performance" or "cpu0-3=a cpu4=b")."""
+        values = {self.cpu_governor.get(c, "?") for c in self.cpus_online}
+        if len(values) == 1:
+            return values.pop()
+        return " ".join(f"cpu{c}={self.cpu_governor.get(c, '?')}" for c in self.cpus_online)
+
+
+def parse_cpu_list(text: str) -> list[int]:
+    text = text.strip()
+    if not CPU_LIST_RE.match(text):
+        raise FleetError(f"unexpected CPU list {text!r}")
+    out: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def parse_power_models(text: str) -> dict[str, int]:
+    """``nvpmodel -p --verbose`` output -> {name: id}."""
+    modes: dict[str, int] = {}
+    for m in POWER_MODEL_RE.finditer(text):
+        modes[m.group(2)] = int(m.group(1))
+    return modes
+
+
+def parse_query(text: str) -> tuple[str | None, int | None]:
+    """``nvpmodel -q``: "NV Power Mode: NAME" then the id on the next line."""
+    name = None
+    lines = [l.strip() for l in text.splitlines() if l.strip()]
+    for i, line in enumerate(lines):
+        m = re.match(r"^NV Power Mode:\s*(\S+)$", line)
+        if m:
+            name = m.group(1)
+            if i + 1 < len(lines) and lines[i + 1].isdigit():
+                return name, int(lines[i + 1])
+    return name, None
+
+
+def _read_files(remote: Remote, paths: list[str], *, sudo: bool) -> dict[str, str]:
+    """One round trip for many small files: ``grep -sH '' -- paths`` prints "path:line"."""
+    if not paths:
+        return {}
+    res = remote.run(["grep", "-sH", "", "--", *paths], sudo=sudo, timeout=CMD_TIMEOUT,
+                     check=False)
+    if res.exit_code not in (0, 1, 2):
+        raise FleetError(f"{remote.name}: cannot read device state: {res.stderr.strip()}")
+    values: dict[str, str] = {}
+    wanted = set(paths)
+    for line in res.stdout.splitlines():
+        path, sep, value = line.partition(":")
+        if sep and path in wanted and path not in values:
+            values[path] = value.strip()
+    return values
+
+
+def _int(text: str | None) -> int | None:
+    return int(text) if text is not None and text.strip().isdigit() else None
+
+
+def _cpu(c: int, name: str) -> str:
+    return f"{CPU_DIR}/cpu{c}/cpufreq/{name}"
+
+
+def read_state(remote: Remote, *, sudo: bool = True, modes: bool = True) -> DeviceState:
+    """The device's tuning state (paths discovered on the device, every value parsed strictly)."""
+    st = DeviceState()
+    base = _read_files(remote, [f"{CPU_DIR}/present", f"{CPU_DIR}/online"], sudo=sudo)
+    if f"{CPU_DIR}/online" not in base:
+        raise FleetError(f"{remote.name}: {CPU_DIR}/online is missing: not a Linux device?")
+    st.cpus_online = parse_cpu_list(base[f"{CPU_DIR}/online"])
+    st.cpus_present = parse_cpu_list(base.get(f"{CPU_DIR}/present", base[f"{CPU_DIR}/online"]))
+    ls = remote.run(["ls", "-1", "--", DEVFREQ_DIR], sudo=sudo, timeout=CMD_TIMEOUT, check=False)
+    nodes = [n for n in ls.stdout.split() if GPU_NODE_RE.match(n)] if ls.exit_code == 0 else []
+    st.gpu_node = sorted(nodes)[0] if nodes else None
+
+    paths = []
+    for c in st.cpus_present:
+        paths += [_cpu(c, n) for n in ("scaling_governor", "scaling_available_governors",
+                                       "scaling_cur_freq", "scaling_min_freq", "scaling_max_freq")]
+    gdir = st.gpu_dir
+    if gdir:
+        paths += [f"{gdir}/{n}" for n in ("governor", "available_governors", "cur_freq",
+                                          "min_freq", "max_freq")]
+    paths += [f"{EMC_DIR}/rate", f"{EMC_DIR}/max_rate", f"{EMC_DIR}/mrq_rate_locked", FAN_PWM]
+    v = _read_files(remote, paths, sudo=sudo)
+    for c in st.cpus_present:
+        gov = v.get(_cpu(c, "scaling_governor"))
+        if gov is not None:
+            st.cpu_governor[c] = gov
+        avail = v.get(_cpu(c, "scaling_available_governors"))
+        if avail is not None:
+            st.cpu_available[c] = avail.split()
+        for name, dest in (("scaling_cur_freq", st.cpu_cur), ("scaling_min_freq", st.cpu_min),
+                           ("scaling_max_freq", st.cpu_max)):
+            val = _int(v.get(_cpu(c, name)))
+            if val is not None:
+                dest[c] = val
+    if gdir:
+        st.gpu_governor = v.get(f"{gdir}/governor")
+        st.gpu_available = (v.get(f"{gdir}/available_governors") or "").split()
+        st.gpu_cur = _int(v.get(f"{gdir}/cur_freq"))
+        st.gpu_min = _int(v.get(f"{gdir}/min_freq"))
+        st.gpu_max = _int(v.get(f"{gdir}/max_freq"))
+    st.emc_cur = _int(v.get(f"{EMC_DIR}/rate"))
+    st.emc_max = _int(v.get(f"{EMC_DIR}/max_rate"))
+    locked = v.get(f"{EMC_DIR}/mrq_rate_locked")
+    st.emc_locked = None if locked is None else locked.strip() == "1"
+    st.fan_pwm = _int(v.get(FAN_PWM))
+
+    q = remote.run(["nvpmodel", "-q"], sudo=sudo, timeout=CMD_TIMEOUT, check=False)
+    if q.exit_code == 0:
+        st.mode_name, st.mode_id = parse_query(q.stdout)
+    if modes and q.exit_code == 0:
+        p = remote.run(["nvpmodel", "-p", "--verbose"], sudo=sudo, timeout=CMD_TIMEOUT,
+                       check=False)
+        if p.exit_code == 0:
+            st.modes = parse_power_models(p.stdout)
+    return st
+
+
+# --------------------------------------------------------------------------- privileges, files
+
+
+def require_privilege(remote: Remote) -> None:
+    """Fail fast, before anything changes, when the kit cannot act as root on the device."""
+    try:
+        remote.run(["true"], sudo=True, timeout=CMD_TIMEOUT)
+    except FleetError as exc:
+        raise FleetError(
+            f"{exc} -- tuning needs root on the device (nvpmodel -m, jetson_clocks, sysfs "
+            f"writes): log in as root, allow passwordless sudo, or set COLIBRI_SUDO_PASSWORD"
+        ) from None
+
+
+def tune_dir(device_root: str) -> str:
+    if (not DEVICE_ROOT_RE.match(device_root) or device_root == "/"
+            or posixpath.normpath(device_root) != device_root):
+        raise FleetError(f"device root {device_root!r} must be an absolute, normalised path")
+    return f"{device_root}/tune"
+
+
+def write_governor(remote: Remote, tdir: str, paths: list[str], value: str,
+                   allowed: dict[str, list[str]]) -> None:
+    """The one way the kit writes sysfs. Every path must match a fixed governor-path pattern
+    (they were discovered on the device), the value must be a plain name ``[a-z0-9_]+`` that the
+    device lists for that path (``allowed``: path -> available governors). The value goes into a
+    kit-owned file and ``cp`` copies it onto each path, run by ``xargs`` from a list file: argv
+    only, no shell, one round trip whatever the CPU count."""
+    if not paths:
+        return
+    if not GOVERNOR_RE.match(value):
+        raise FleetError(f"{remote.name}: refusing to write {value!r}: not a governor name")
+    for path in paths:
+        if not (CPU_GOV_PATH_RE.match(path) or GPU_GOV_PATH_RE.match(path)):
+            raise FleetError(f"{remote.name}: refusing to write {path!r}: not a governor path")
+        if value not in allowed.get(path, []):
+            raise FleetError(f"{remote.name}: refusing to write {value!r} to {path}: not one of "
+                             f"{' '.join(allowed.get(path, [])) or 'nothing listed'}")
+    src = f"{tdir}/values/{value}"
+    remote.write_text(src, value + "\n", sudo=True)
+    if len(paths) == 1:
+        remote.run(["cp", "--", src, paths[0]], sudo=True, timeout=CMD_TIMEOUT)
+        return
+    listing = f"{tdir}/values/{value}.targets"
+    remote.write_text(listing, "".join(p + "\n" for p in paths), sudo=True)
+    remote.run(["xargs", "-a", listing, "-d", "\\n", "-n", "1", "--", "cp", "--", src],
+               sudo=True, timeout=CMD_TIMEOUT)
+
+
+# --------------------------------------------------------------------------- plan, apply, verify
+
+
+@dataclass
+class HostPlan:
+    host: str
+    spec: TuneSpec
+    state: DeviceState
+    mode_id: int | None
+    steps: list[str]
+
+
+def plan_host(remote: Remote, spec: TuneSpec) -> HostPlan:
+    """Read the device and check the profile against it; raises TuneRefused, changing nothing."""
+    for what, value, regex in (("nvpmodel_mode", spec.nvpmodel_mode, MODE_NAME_RE),
+                               ("cpu_governor", spec.cpu_governor, GOVERNOR_RE),
+                               ("gpu_governor", spec.gpu_governor, GOVERNOR_RE)):
+        if not isinstance(value, str) or not regex.match(value):
+            raise TuneRefused(f"{remote.name}: tune.{what} {value!r} is not a valid name")
+    st = read_state(remote)
+    problems = []
+    if not st.modes:
+        problems.append("nvpmodel -p --verbose listed no power modes (is nvpmodel installed?)")
+    elif spec.nvpmodel_mode not in st.modes:
+        problems.append(f"power mode {spec.nvpmodel_mode!r} is not on this device "
+                        f"(it has: {', '.join(f'{n} (id {i})' for n, i in st.modes.items())})")
+    for c in st.cpus_online:
+        avail = st.cpu_available.get(c)
+        if avail is None:
+            problems.append(f"cpu{c} has no scaling_available_governors (no cpufreq?)")
+        elif spec.cpu_governor not in avail:
+            problems.append(f"cpu{c} has no governor {spec.cpu_governor!r} "
+                            f"(available: {' '.join(avail)})")
+            break
+    if st.gpu_node is None:
+        problems.append(f"no GPU devfreq node under {DEVFREQ_DIR}")
+    elif spec.gpu_governor not in st.gpu_available:
+        problems.append(f"GPU {st.gpu_node} has no governor {spec.gpu_governor!r} "
+                        f"(available: {' '.join(st.gpu_available)})")
+    if problems:
+        raise TuneRefused(f"{remote.name}: " + "; ".join(problems))
+    mode_id = st.modes[spec.nvpmodel_mode]
+    steps = []
+    if st.mode_id != mode_id:
+        steps.append(f"nvpmodel -m {mode_id} ({st.mode_name} -> {spec.nvpmodel_mode})")
+    if spec.jetson_clocks and not st.jetson_clocks_active:
+        steps.append("jetson_clocks (after --store of the current clocks, once)")
+    cpus = [c for c in st.cpus_online if st.cpu_governor.get(c) != spec.cpu_governor]
+    if cpus:
+        steps.append(f"cpu governor {spec.cpu_governor} on cpu{','.join(map(str, cpus))}")
+    if st.gpu_governor != spec.gpu_governor:
+        steps.append(f"gpu governor {st.gpu_governor} -> {spec.gpu_governor}")
+    return HostPlan(remote.name, spec, st, mode_id, steps)
+
+
+@dataclass
+class HostOutcome:
+    host: str
+    rows: list[tuple[str, str, str, bool]]   # (what, wanted, actual, ok)
+    notes: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return all(r[3] for r in self.rows)
+
+
+def _set_mode(remote: Remote, mode_id: int, allow_reboot: bool) -> str | None:
+    """Switch the power mode. Returns None when done, or a note ("reboot required ...")."""
+    argv = ["nvpmodel", "-m", str(int(mode_id))]
+    res = remote.run(argv, sudo=True, timeout=MODE_TIMEOUT, check=False)
+    if res.exit_code == 0 and not REBOOT_RE.search(res.stdout + res.stderr):
+        return None
+    if REBOOT_RE.search(res.stdout + res.stderr):
+        if not allow_reboot:
+            return (f"power mode {mode_id}: reboot required, not applied "
+                    f"(re-run with --allow-reboot to switch and reboot)")
+        # Answer the tool's own prompt. The script is a constant; the id is a positional
+        # parameter (an integer), never part of the script text.
+        res = remote.run(["sh", "-c", 'echo YES | exec nvpmodel -m "$1"', "sh", str(int(mode_id))],
+                         sudo=True, timeout=MODE_TIMEOUT, check=False)
+        if res.exit_code == 0:
+            return f"power mode {mode_id}: switched, the device reboots into it"
+    raise FleetError(f"{remote.name}: nvpmodel -m {mode_id} failed ({res.exit_code}): "
+                     f"{(res.stderr or res.stdout).strip()}")
+
+
+def save_state(remote: Remote, tdir: str, st: DeviceState) -> bool:
+    """Record the pre-tuning mode and governors, once. Returns False when already saved."""
+    path = f"{tdir}/state.json"
+    if remote.read_text(path, sudo=True) is not None:
+        return False
+    data = {
+        "mode_id": st.mode_id, "mode_name": st.mode_name,
+        "cpu_governor": {str(c): g for c, g in st.cpu_governor.items()},
+        "gpu_node": st.gpu_node, "gpu_governor": st.gpu_governor,
+    }
+    remote.write_text(path, json.dumps(data, indent=1, sort_keys=True) + "\n", sudo=True)
+    return True
+
+
+def apply_host(remote: Remote, plan: HostPlan, device_root: str, *,
+               allow_reboot: bool = False) -> HostOutcome:
+    """Apply a checked plan, then verify. Changes nothing the device already has."""
+    tdir = tune_dir(device_root)
+    spec, st = plan.spec, plan.state
+    notes: list[str] = []
+    remote.run(["mkdir", "-p", "--", f"{tdir}/values"], sudo=True, timeout=CMD_TIMEOUT)
+    save_state(remote, tdir, st)
+    now = st
+    if plan.mode_id is not None and st.mode_id != plan.mode_id:
+        note = _set_mode(remote, plan.mode_id, allow_reboot)
+        if note:
+            notes.append(note)
+            if "switched" in note:  # a real device is going down now: verify when it is back
+                return HostOutcome(plan.host, [("power mode", spec.nvpmodel_mode,
+                                                "rebooting", False)], notes)
+        else:
+            now = read_state(remote, modes=False)  # online CPUs and caps follow the mode
+    if spec.jetson_clocks and not now.jetson_clocks_active:
+        store = f"{tdir}/l4t_dfs.conf"
+        if remote.read_text(store, sudo=True) is None:  # the first pre-tuning clocks win
+            remote.run(["jetson_clocks", "--store", store], sudo=True, timeout=CMD_TIMEOUT)
+        remote.run(["jetson_clocks"], sudo=True, timeout=CMD_TIMEOUT)
+    # CPUs brought online by the mode switch must list the governor too.
+    for c in now.cpus_online:
+        if spec.cpu_governor not in now.cpu_available.get(c, []):
+            raise TuneRefused(f"{remote.name}: cpu{c} (online after the mode switch) has no "
+                              f"governor {spec.cpu_governor!r}; governors were left unchanged")
+    cpu_paths = {_cpu(c, "scaling_governor"): now.cpu_available[c] for c in now.cpus_online
+                 if now.cpu_governor.get(c) != spec.cpu_governor}
+    write_governor(remote, tdir, list(cpu_paths), spec.cpu_governor, cpu_paths)
+    if now.gpu_dir and now.gpu_governor != spec.gpu_governor:
+        gpath = f"{now.gpu_dir}/governor"
+        write_governor(remote, tdir, [gpath], spec.gpu_governor, {gpath: now.gpu_available})
+    return verify_host(remote, spec, notes)
+
+
+def verify_host(remote: Remote, spec: TuneSpec, notes: list[str] | None = None) -> HostOutcome:
+    """Read everything back and compare with what the profile wants."""
+    st = read_state(remote, modes=False)
+    rows: list[tuple[str, str, str, bool]] = [
+        ("power mode", spec.nvpmodel_mode, f"{st.mode_name} ({st.mode_id})",
+         st.mode_name == spec.nvpmodel_mode),
+        ("cpu governor", spec.cpu_governor, st.cpu_governors(),
+         bool(st.cpus_online) and all(st.cpu_governor.get(c) == spec.cpu_governor
+                                      for c in st.cpus_online)),
+        ("gpu governor", spec.gpu_governor, str(st.gpu_governor),
+         st.gpu_governor == spec.gpu_governor),
+    ]
+    if spec.jetson_clocks:
+        rows.append(("jetson_clocks", "active",
+                     "active" if st.jetson_clocks_active else "inactive", st.jetson_clocks_active))
+    return HostOutcome(remote.name, rows, list(notes or []))
+
+
+def restore_host(remote: Remote, device_root: str, *, allow_reboot: bool = False) -> list[str]:
+    """Put back the saved pre-tuning state and remove it. Returns notes for the report."""
+    tdir = tune_dir(device_root)
+    require_privilege(remote)
+    text = remote.read_text(f"{tdir}/state.json", sudo=True)
+    if text is None:
+        return ["nothing saved: the device was not tuned by the kit (or already restored)"]
+    try:
+        saved: dict[str, Any] = json.loads(text)
+        cpu_saved = {int(k): str(v) for k, v in dict(saved.get("cpu_governor") or {}).items()}
+    except (ValueError, TypeError, AttributeError):
+        raise FleetError(f"{remote.name}: {tdir}/state.json is corrupt; inspect and remove "
+                         f"it") from None
+    st = read_state(remote, modes=False)
+    by_value: dict[str, dict[str, list[str]]] = {}
+    for c, gov in sorted(cpu_saved.items()):
+        if st.cpu_governor.get(c) != gov and c in st.cpu_available:
+            by_value.setdefault(gov, {})[_cpu(c, "scaling_governor")] = st.cpu_available[c]
+    for gov, paths in by_value.items():
+        write_governor(remote, tdir, list(paths), gov, paths)
+    gnode, ggov = saved.get("gpu_node"), saved.get("gpu_governor")
+    if gnode and ggov and gnode == st.gpu_node and st.gpu_governor != ggov:
+        gpath = f"{DEVFREQ_DIR}/{gnode}/governor"
+        write_governor(remote, tdir, [gpath], str(ggov), {gpath: st.gpu_available})
+    store = f"{tdir}/l4t_dfs.conf"
+    if remote.read_text(store, sudo=True) is not None:
+        remote.run(["jetson_clocks", "--restore", store], sudo=True, timeout=CMD_TIMEOUT)
+    notes = []
+    mode_id = saved.get("mode_id")
+    if isinstance(mode_id, int) and st.mode_id != mode_id:
+        note = _set_mode(remote, mode_id, allow_reboot)
+        if note and "switched" not in note:
+            # Keep the saved state: the next --restore (with --allow-reboot) finishes the job.
+            return [note + "; governors and clocks were restored, the saved state is kept"]
+        if note:
+            notes.append(note)
+    remote.run(["rm", "-rf", "--", tdir], sudo=True, timeout=CMD_TIMEOUT)
+    notes.append(f"restored mode {saved.get('mode_name')}, governors and clocks; removed {tdir}")
+    return notes
+
+
+def tuning_summary(remote: Remote) -> dict[str, Any]:
+    """A one-line view of a device's tuning, for tables next to latency figures (smoke, bench):
+    {"mode": "MAXN", "mode_id": 0, "cpu_governor": ..., "gpu_governor": ...,
+    "jetson_clocks": True}. Reads only; never raises for a device without the Jetson tools."""
+    try:
+        st = read_state(remote, modes=False)
+    except KitError as exc:
+        return {"mode": None, "mode_id": None, "cpu_governor": None, "gpu_governor": None,
+                "jetson_clocks": None, "error": str(exc)}
+    return {"mode": st.mode_name, "mode_id": st.mode_id, "cpu_governor": st.cpu_governors(),
+            "gpu_governor": st.gpu_governor, "jetson_clocks": st.jetson_clocks_active}
+
+
+def show_lines(st: DeviceState) -> list[tuple[str, str]]:
+    """(label, value) pairs for ``invoke tune --show``."""
+    def mhz(v: int | None, scale: int) -> str:
+        return "?" if v is None else f"{v / scale:.0f}"
+
+    cur = [st.cpu_cur.get(c) for c in st.cpus_online]
+    top = [st.cpu_max.get(c) for c in st.cpus_online]
+    return [
+        ("power mode", f"{st.mode_name} (id {st.mode_id})"),
+        ("online cpus", ",".join(map(str, st.cpus_online)) or "?"),
+        ("cpu governor", st.cpu_governors()),
+        ("cpu MHz cur/max", f"{mhz(max((c for c in cur if c is not None), default=None), 1000)}/"
+                            f"{mhz(max((t for t in top if t is not None), default=None), 1000)}"),
+        ("gpu governor", f"{st.gpu_governor} ({st.gpu_node})"),
+        ("gpu MHz cur/max", f"{mhz(st.gpu_cur, 10**6)}/{mhz(st.gpu_max, 10**6)}"),
+        ("emc MHz cur/max", f"{mhz(st.emc_cur, 10**6)}/{mhz(st.emc_max, 10**6)}"),
+        ("jetson_clocks", "active" if st.jetson_clocks_active else "inactive"),
+        ("fan pwm", "?" if st.fan_pwm is None else f"{st.fan_pwm}/255"),
+    ]
+
+
+def state_dict(st: DeviceState) -> dict[str, Any]:
+    d = asdict(st)
+    d["jetson_clocks_active"] = st.jetson_clocks_active
+    return d
