@@ -174,10 +174,7 @@ static int run_ids(const cli *c, colibri_ctx **ctx, int32_t **ids, int *n, float
     if (!c->ids) return usage("--ids is required");
     *n = parse_ids(c->ids, ids);
     if (*n < 0) return usage("--ids must be comma-separated integers, e.g. 1,2,3");
-    if (open_model(c, ctx)) {
-        free(*ids);
-        return 1;
-    }
+    if (open_model(c, ctx)) return 1; /* the caller frees *ids */
     colibri_model_info m;
     colibri_get_model_info(*ctx, &m);
     *logits = malloc((size_t)*n * m.vocab_size * sizeof(float));

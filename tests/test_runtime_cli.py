@@ -1,0 +1,285 @@
+"""The C runtime through its CLI (dist/host/bin/colibri, the product build), against the NumPy
+reference (colibri_kit.model.reference) on the built-in tiny model and on random models written
+with the kit's writer: every dtype, both routing semantics, shared expert with gate, QKV bias,
+per-head and full-width q/k norms, tied embeddings, GQA, hidden sizes that are not a multiple of
+the pad. Also: bitwise determinism across thread counts, greedy generation, bad input (each a
+clean exit 1 with one line), usage errors (exit 2), `info`, `bench --json` and `selftest`.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from colibri_kit.model.format import DType, Family, Flag, ModelHeader, Routing, padded_dim
+from colibri_kit.model.reference import Reference
+from colibri_kit.model.tiny import write_random_model, write_tiny_model
+
+PAD = 64  # the host profile's embed_pad (COLIBRI_EMBED_DIM_PAD of dist/host)
+F32_TOL = 1e-5  # max |C - reference| relative to max |reference logit|
+INT8_ACT_TOL = 5e-2  # --int8-act: activations quantised per token (docs/runtime.md)
+PROMPT = [1, 5, 9, 200, 3, 7, 11, 42, 0, 255, 17, 99]
+
+
+def run(binary: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=120)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"colibri {' '.join(args)} exited {proc.returncode}: {proc.stderr}")
+    return proc
+
+
+def c_logits(binary: Path, model: Path, ids: list[int], out: Path, *extra: str) -> np.ndarray:
+    run(binary, *extra, "forward", str(model), "--ids", ",".join(map(str, ids)), "--logits-out", str(out))
+    return np.fromfile(out, dtype="<f4").reshape(len(ids), -1)
+
+
+def rel_err(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
+
+
+def header(**kw: object) -> ModelHeader:
+    d = int(kw.pop("embed_dim", 72))  # type: ignore[arg-type]
+    base = dict(num_experts=6, expert_size=40, vocab_size=300, max_seq_len=48, embed_dim=d,
+                n_layers=2, n_heads=6, n_kv_heads=2, head_dim=10, top_k=2,
+                routing=Routing.RENORMALISE, dtype=int(DType.F32), embed_dim_pad=padded_dim(d, PAD),
+                pad_multiple=PAD, flags=0, norm_eps=1e-6, rope_theta=5000.0, family=Family.OTHER,
+                name="random")
+    base.update(kw)
+    return ModelHeader(**base)  # type: ignore[arg-type]
+
+
+# name -> header: each case turns on features the tiny model lacks.
+CASES = {
+    "gqa-renorm": header(),
+    "shared-gate-bias-plain": header(
+        embed_dim=40, routing=Routing.PLAIN, shared_expert_size=24, num_experts=8, top_k=3,
+        flags=int(Flag.SHARED_EXPERT | Flag.SHARED_EXPERT_GATE | Flag.QKV_BIAS)),
+    "qknorm-head": header(embed_dim=64, head_dim=16, n_heads=4, n_kv_heads=4,
+                          flags=int(Flag.QK_NORM_HEAD)),
+    "qknorm-full-tied-plain": header(embed_dim=100, routing=Routing.PLAIN, num_experts=16, top_k=4,
+                                     flags=int(Flag.QK_NORM_FULL | Flag.TIED_EMBEDDINGS)),
+    "shared-nogate-mqa": header(n_heads=4, n_kv_heads=1, head_dim=18, shared_expert_size=32,
+                                flags=int(Flag.SHARED_EXPERT)),
+}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("runtime-models")
+    out: dict[str, Path] = {}
+    for dt in ("f32", "f16", "bf16", "int8"):
+        out[f"tiny-{dt}"] = write_tiny_model(root / f"tiny-{dt}.colibri", pad=PAD, dtype=DType.parse(dt))
+    for i, (name, h) in enumerate(CASES.items()):
+        for dt in ("f32", "int8"):
+            hh = ModelHeader(**{**h.__dict__, "dtype": int(DType.parse(dt))})
+            out[f"{name}-{dt}"] = write_random_model(root / f"{name}-{dt}.colibri", hh, seed=100 + i)
+    return out
+
+
+# ---- numerics against the reference -----------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16", "int8"])
+def test_tiny_logits_match_reference(host_colibri: Path, models: dict[str, Path], tmp_path: Path,
+                                     dtype: str) -> None:
+    model = models[f"tiny-{dtype}"]
+    want = Reference(model).forward(PROMPT)
+    got = c_logits(host_colibri, model, PROMPT, tmp_path / "l.bin")
+    # The reference dequantises the same stored weights, so every dtype meets the f32 bound.
+    assert got.shape == want.shape
+    assert rel_err(got, want) < F32_TOL
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("dtype", ["f32", "int8"])
+def test_random_models_match_reference(host_colibri: Path, models: dict[str, Path], tmp_path: Path,
+                                       case: str, dtype: str) -> None:
+    model = models[f"{case}-{dtype}"]
+    ids = [i % 300 for i in PROMPT]
+    want = Reference(model).forward(ids)
+    got = c_logits(host_colibri, model, ids, tmp_path / "l.bin", "--threads", "2")
+    assert rel_err(got, want) < F32_TOL, case
+    assert np.array_equal(got.argmax(axis=1), want.argmax(axis=1))
+
+
+def test_int8_activations_documented_tolerance(host_colibri: Path, models: dict[str, Path],
+                                              tmp_path: Path) -> None:
+    model = models["tiny-int8"]
+    want = Reference(model).forward(PROMPT)
+    got = c_logits(host_colibri, model, PROMPT, tmp_path / "l.bin", "--int8-act")
+    exact = c_logits(host_colibri, model, PROMPT, tmp_path / "e.bin")
+    err = rel_err(got, want)
+    assert 0 < err < INT8_ACT_TOL  # different from the f32-activation path, but close
+    assert rel_err(exact, want) < F32_TOL
+    assert np.mean(got.argmax(axis=1) == want.argmax(axis=1)) >= 0.9
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_greedy_generate_matches_reference(host_colibri: Path, models: dict[str, Path],
+                                          dtype: str) -> None:
+    model = models[f"tiny-{dtype}"]
+    prompt = [3, 17, 42, 5, 99, 7, 11, 64]
+    want = Reference(model).generate(prompt, 32)
+    out = json.loads(run(host_colibri, "generate", str(model), "--ids", ",".join(map(str, prompt)),
+                         "--max-new", "32").stdout)
+    assert out["new_ids"] == list(want)
+    assert out["ids"] == prompt + list(want)
+
+
+def test_prefill_in_chunks_equals_one_call(host_colibri: Path, tmp_path: Path) -> None:
+    """A prompt longer than the runtime's 64-token chunk: same logits as the reference."""
+    model = write_random_model(tmp_path / "long.colibri", header(max_seq_len=160), seed=7)
+    ids = [(i * 37 + 11) % 300 for i in range(150)]
+    want = Reference(model).forward(ids)
+    got = c_logits(host_colibri, model, ids, tmp_path / "l.bin")
+    assert rel_err(got, want) < F32_TOL
+
+
+# ---- determinism --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["shared-gate-bias-plain-f32", "qknorm-full-tied-plain-int8", "tiny-f16"])
+def test_bitwise_identical_across_threads_and_runs(host_colibri: Path, models: dict[str, Path],
+                                                   tmp_path: Path, name: str) -> None:
+    ids = [i % 256 for i in PROMPT]
+    outs = []
+    for i, threads in enumerate(["1", "2", "2", "3"]):
+        c_logits(host_colibri, models[name], ids, tmp_path / f"{i}.bin", "--threads", threads)
+        outs.append((tmp_path / f"{i}.bin").read_bytes())
+    assert all(o == outs[0] for o in outs[1:])
+
+
+# ---- CLI contract -------------------------------------------------------------------------------
+
+def test_version_names_target_and_macros(host_colibri: Path) -> None:
+    out = run(host_colibri, "--version").stdout
+    assert "target=host" in out
+    for macro in ("COLIBRI_EMBED_DIM_PAD=64", "COLIBRI_ROUTING_MODE=", "COLIBRI_TOP_K=",
+                  "COLIBRI_MAX_EXPERTS=", "profile="):
+        assert macro in out
+
+
+def test_info_json(host_colibri: Path, models: dict[str, Path]) -> None:
+    info = json.loads(run(host_colibri, "info", str(models["tiny-bf16"])).stdout)
+    assert info["name"] == "tiny-moe-4e2r"
+    assert (info["embed_dim"], info["embed_dim_pad"], info["pad_multiple"]) == (48, 64, 64)
+    assert (info["num_experts"], info["top_k"], info["n_layers"], info["vocab_size"]) == (4, 2, 2, 256)
+    assert info["dtype"] == "bf16" and info["routing"] == "renormalise"
+    assert info["backend"]["name"] == "cpu"
+    assert "libcuda" in info["backend"]["fallback_reason"] or "CUDA" in info["backend"]["fallback_reason"]
+
+
+def test_forward_json_summary(host_colibri: Path, models: dict[str, Path]) -> None:
+    model = models["tiny-f32"]
+    out = json.loads(run(host_colibri, "forward", str(model), "--ids", "1,2,3").stdout)
+    want = Reference(model).forward([1, 2, 3])
+    assert out["n"] == 3 and out["vocab_size"] == 256
+    for pos, row in zip(out["positions"], want):
+        assert [t[0] for t in pos["top5"]] == list(np.argsort(-row, kind="stable")[:5])
+
+
+def test_bench_json_fields(host_colibri: Path, models: dict[str, Path]) -> None:
+    out = json.loads(run(host_colibri, "--threads", "2", "bench", str(models["tiny-f32"]),
+                         "--prompt-len", "16", "--gen", "8", "--runs", "3", "--json").stdout)
+    for key in ("load_ms", "prefill_ms_p50", "prefill_ms_p99", "first_token_ms_p50",
+                "first_token_ms_p99", "decode_tok_s", "peak_rss_mb", "backend", "threads"):
+        assert key in out
+    assert out["threads"] == 2 and out["backend"]["name"] == "cpu"
+    assert out["decode_tok_s"] > 0 and out["prefill_ms_p99"] >= out["prefill_ms_p50"] > 0
+
+
+def test_selftest_passes(host_colibri: Path) -> None:
+    out = run(host_colibri, "selftest").stdout
+    assert "passed: 0 check(s) failed" in out
+    assert "FAIL" not in out
+
+
+# ---- bad input ----------------------------------------------------------------------------------
+
+def patched(src: Path, dst: Path, offset: int, fmt: str, value: int) -> Path:
+    data = bytearray(src.read_bytes())
+    struct.pack_into(fmt, data, offset, value)
+    dst.write_bytes(bytes(data))
+    return dst
+
+
+def bad_models(tiny: Path, tmp: Path) -> dict[str, tuple[Path, list[str], str]]:
+    """name -> (model, extra args, text the one-line message must contain)."""
+    raw = tiny.read_bytes()
+    (tmp / "trunc.colibri").write_bytes(raw[: len(raw) // 2])
+    (tmp / "short.colibri").write_bytes(raw[:100])
+    (tmp / "empty.colibri").write_bytes(b"")
+    first_record = 256
+    return {
+        "truncated": (tmp / "trunc.colibri", [], "truncated"),
+        "shorter than the header": (tmp / "short.colibri", [], "256-byte header"),
+        "empty file": (tmp / "empty.colibri", [], "truncated"),
+        "wrong magic": (patched(tiny, tmp / "magic.colibri", 0, "<I", 0x464C457F), [], "magic"),
+        "wrong version": (patched(tiny, tmp / "ver.colibri", 8, "<I", 7), [], "version 7"),
+        "offset past the end": (patched(tiny, tmp / "off.colibri", first_record + 24, "<Q", len(raw) + 4096),
+                                [], "outside"),
+        "absurd embed_dim": (patched(tiny, tmp / "dim.colibri", 28, "<I", 10_000_000), [], "embed_dim"),
+        "absurd vocab": (patched(tiny, tmp / "vocab.colibri", 20, "<I", 0xFFFFFFFF), [], "vocab_size"),
+        "pad mismatch": (write_tiny_model(tmp / "pad32.colibri", pad=32), [],
+                         "invoke convert --hf-dir"),
+        "missing file": (tmp / "nope.colibri", [], "cannot open"),
+        "directory": (tmp, [], "not a regular file"),
+    }
+
+
+def test_bad_models_exit_1_with_one_line(host_colibri: Path, models: dict[str, Path], tmp_path: Path) -> None:
+    for name, (model, extra, needle) in bad_models(models["tiny-f32"], tmp_path).items():
+        for cmd in (["info", str(model)], ["forward", str(model), "--ids", "1,2"]):
+            proc = run(host_colibri, *extra, *cmd, check=False)
+            assert proc.returncode == 1, (name, proc.stderr)
+            assert proc.stdout == ""
+            lines = proc.stderr.strip().splitlines()
+            assert len(lines) == 1 and needle in lines[0], (name, proc.stderr)
+
+
+def test_pad_mismatch_names_both_values(host_colibri: Path, tmp_path: Path) -> None:
+    model = write_tiny_model(tmp_path / "pad32.colibri", pad=32)
+    proc = run(host_colibri, "info", str(model), check=False)
+    assert proc.returncode == 1
+    assert "multiple of 32" in proc.stderr and "COLIBRI_EMBED_DIM_PAD = 64" in proc.stderr
+    assert "--target host" in proc.stderr
+
+
+def test_bad_tokens_and_lengths(host_colibri: Path, models: dict[str, Path]) -> None:
+    model = str(models["tiny-f32"])  # vocab 256, max_seq_len 128
+    cases = {
+        "token == vocab": (["forward", model, "--ids", "1,256"], "outside the vocabulary"),
+        "negative token": (["forward", model, "--ids", "-1"], "outside the vocabulary"),
+        "too long": (["forward", model, "--ids", ",".join(["1"] * 129)], "max_seq_len 128"),
+        "generate past the cache": (["generate", model, "--ids", "1,2", "--max-new", "200"], "max_seq_len"),
+        "bench past the cache": (["bench", model, "--prompt-len", "100", "--gen", "100"], "max_seq_len"),
+    }
+    for name, (args, needle) in cases.items():
+        proc = run(host_colibri, *args, check=False)
+        assert proc.returncode == 1, (name, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()) == 1 and needle in proc.stderr, (name, proc.stderr)
+    ok = run(host_colibri, "forward", model, "--ids", ",".join(["1"] * 128))
+    assert json.loads(ok.stdout)["n"] == 128
+
+
+def test_usage_errors_exit_2(host_colibri: Path, models: dict[str, Path]) -> None:
+    model = str(models["tiny-f32"])
+    for args in ([], ["frobnicate", model], ["forward", model], ["forward", model, "--ids", "1,x"],
+                 ["--threads", "0", "info", model], ["--backend", "tpu", "info", model],
+                 ["info"], ["generate", model, "--ids", "1"], ["forward", model, "--ids"],
+                 ["--bogus", "info", model]):
+        proc = run(host_colibri, *args, check=False)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert "usage:" in proc.stderr
+
+
+def test_backend_cuda_without_gpu_is_a_clean_error(host_colibri: Path, models: dict[str, Path]) -> None:
+    proc = run(host_colibri, "--backend", "cuda", "info", str(models["tiny-f32"]), check=False)
+    if proc.returncode == 0:
+        assert json.loads(proc.stdout)["backend"]["name"] == "cuda"  # a machine with a GPU
+    else:
+        assert proc.returncode == 1 and "CUDA" in proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1
