@@ -15,6 +15,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from colibri_kit import paths, profiles, render, toolchain
@@ -284,3 +285,65 @@ def test_pycuda_suite_skips_with_reason_here():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert re.search(r"SKIPPED \[\d+\] .*(pycuda is not installed|no CUDA GPU)", proc.stdout), \
         proc.stdout
+
+
+# ---------------------------------------------------------------- the kernel plan adds up
+
+
+def _random_model(path: Path, flags: int, dtype: int, shared: int = 0):
+    from colibri_kit.model.format import DType, Family, ModelHeader, Routing, padded_dim, read_model
+    from colibri_kit.model.tiny import write_random_model
+
+    d = 40
+    header = ModelHeader(
+        num_experts=8, expert_size=24, vocab_size=96, max_seq_len=32, embed_dim=d, n_layers=2,
+        n_heads=4, n_kv_heads=2, head_dim=10, top_k=3, routing=Routing.RENORMALISE,
+        dtype=int(dtype), embed_dim_pad=padded_dim(d, 16), pad_multiple=16, flags=flags,
+        shared_expert_size=shared, norm_eps=1e-5, rope_theta=10000.0, family=Family.OTHER,
+        name="cuda-plan-check")
+    write_random_model(path, header, seed=7)
+    return read_model(path)
+
+
+PLAN_CASES = {
+    # qwen2_moe-like: shared expert + sigmoid gate, qkv bias, per-head q/k norm
+    "shared-gate-bias-qknorm-head-f32": (0b100111, 0, 20),
+    # olmoe-like: full-width q/k norm, tied embeddings, bf16
+    "qknorm-full-tied-bf16": (0b011000, 2, 0),
+    "plain-f16": (0, 1, 0),
+    "shared-int8": (0b000001, 3, 16),
+}
+
+
+@pytest.mark.parametrize("case", list(PLAN_CASES))
+def test_backend_kernel_plan_matches_the_reference_forward(tmp_path: Path, case: str):
+    """The per-kernel NumPy references, composed in cuda_backend.c's order with its buffer
+    layouts (KV cache rows, per-head norms, grouped dispatch, chunking), give the model's forward
+    pass as colibri_kit.model.reference computes it: the backend's plan is right, and the pycuda
+    suite's references are the right yardstick."""
+    import sys
+
+    sys.path.insert(0, str(GPU_TESTS))
+    try:
+        from kernel_reference import BackendForward
+    finally:
+        sys.path.remove(str(GPU_TESTS))
+    from colibri_kit.model.reference import Reference
+
+    flags, dtype, shared = PLAN_CASES[case]
+    model = _random_model(tmp_path / "m.colibri", flags, dtype, shared)
+    ids = [3, 17, 95, 0, 42, 42, 7, 64, 5, 11]
+    ref = Reference(model, dtype=np.float64)
+    want = np.concatenate([ref.forward(ids[:7]), ref.forward(ids[7:])])
+    plan = BackendForward(model)
+    got = np.concatenate([plan.forward(ids[:7], chunk=4), plan.forward(ids[7:], chunk=4)])
+    assert got.shape == want.shape == (10, 96)
+    err = np.abs(got - want).max() / np.abs(want).max()
+    assert err < 1e-5, err
+    # the same experts, token by token and layer by layer
+    chosen = np.array([[r.experts for r in tok] for tok in ref.routing])  # [10, L, k]
+    # plan.routes: per chunk, per layer: [n, k] -> reorder to [token, layer, k]
+    L = model.header.n_layers
+    per_chunk = [plan.routes[i:i + L] for i in range(0, len(plan.routes), L)]
+    mine = np.concatenate([np.stack(c, axis=1) for c in per_chunk])
+    assert np.array_equal(mine, chosen)

@@ -1,0 +1,302 @@
+"""NumPy reference of every CUDA kernel in runtime/kernels/colibri_kernels.cu, argument for
+argument, plus `backend_forward`: the kernels composed in exactly the order
+runtime/src/cuda_backend.c issues them.
+
+Two uses:
+* tests/gpu/test_kernels_pycuda.py compares each GPU kernel with its function here;
+* tests/test_cuda_host.py checks, on the CPU, that `backend_forward` (i.e. the backend's plan of
+  kernels, buffers, strides and KV-cache layout) reproduces colibri_kit.model.reference, so the
+  per-kernel references are known to add up to the model's forward pass.
+
+Weights are passed as (raw array, dtype, scales): f32 as float32, f16 as float16, bf16 as uint16
+bit patterns, int8 as int8 with one f32 scale per row, as in the `.colibri` file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from colibri_kit.model.format import NONE, DType, Flag, Kind, Routing, bf16_bits_to_f32
+
+SOFTMAX_TOPK = 1   # COLIBRI_ROUTING_SOFTMAX_TOPK
+LINEAR_SCORE = 2   # COLIBRI_ROUTING_LINEAR_SCORE
+
+
+@dataclass
+class Weight:
+    raw: np.ndarray               # [rows, cols] in the stored dtype
+    dtype: int
+    scales: np.ndarray | None = None
+
+    @property
+    def rows(self) -> int:
+        return self.raw.shape[0]
+
+    @property
+    def cols(self) -> int:
+        return self.raw.shape[1]
+
+    def f32(self) -> np.ndarray:
+        """Element values without the int8 row scale (the kernels apply it after the dot)."""
+        if self.dtype == DType.BF16:
+            return bf16_bits_to_f32(self.raw)
+        return self.raw.astype(np.float32)
+
+    def scale(self) -> np.ndarray:
+        if self.dtype == DType.INT8:
+            assert self.scales is not None
+            return self.scales.astype(np.float32)
+        return np.ones(self.rows, np.float32)
+
+
+def make_weight(a: np.ndarray, dtype: int) -> Weight:
+    """Encode f32 `a` [rows, cols] the way the converter does."""
+    from colibri_kit.model.format import f32_to_bf16_bits, quantize_int8
+
+    a = np.ascontiguousarray(a, np.float32)
+    if dtype == DType.F32:
+        return Weight(a, dtype)
+    if dtype == DType.F16:
+        return Weight(a.astype(np.float16), dtype)
+    if dtype == DType.BF16:
+        return Weight(f32_to_bf16_bits(a), dtype)
+    q, s = quantize_int8(a)
+    return Weight(q, dtype, s)
+
+
+# ---------------------------------------------------------------- one function per kernel
+
+
+def cb_embed(ids: np.ndarray, table: Weight) -> np.ndarray:
+    """x[t] = dequant(table[ids[t]])."""
+    return (table.f32()[ids] * table.scale()[ids][:, None]).astype(np.float32)
+
+
+def cb_rmsnorm(x: np.ndarray, w: np.ndarray, length: int, true_len: int, eps: float) -> np.ndarray:
+    """Rows of x (already reshaped to [rows, >= length]) -> [rows, length]."""
+    x = x[:, :length].astype(np.float32)
+    ss = np.sum(x[:, :true_len].astype(np.float64) ** 2, axis=1)
+    inv = (1.0 / np.sqrt((ss / true_len).astype(np.float32) + np.float32(eps))).astype(np.float32)
+    return (w[:length][None, :] * (x * inv[:, None])).astype(np.float32)
+
+
+def cb_linear(x: np.ndarray, w: Weight, bias: np.ndarray | None = None,
+              y: np.ndarray | None = None) -> np.ndarray:
+    """y[t, r] (+)= scale[r] * (W[r] . x[t]) (+ bias[r]); accumulate when y is given."""
+    dot = (x.astype(np.float64) @ w.f32().T.astype(np.float64)) * w.scale()[None, :]
+    if bias is not None:
+        dot = dot + bias[None, :]
+    if y is not None:
+        dot = y.astype(np.float64) + dot
+    return dot.astype(np.float32)
+
+
+def rope_cos_sin(pos: np.ndarray, dh: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
+    """The kernel's angles: e = f32(2i)/f32(Dh), inv = f32(1/theta^e) (double pow), angle in f32,
+    cos/sin in double rounded to f32."""
+    half = dh // 2
+    e = (np.arange(half, dtype=np.float32) * np.float32(2)) / np.float32(dh)
+    inv = (1.0 / np.power(np.float64(theta), e.astype(np.float64))).astype(np.float32)
+    ang = (pos.astype(np.float32)[:, None] * inv[None, :]).astype(np.float32)
+    return (np.cos(ang.astype(np.float64)).astype(np.float32),
+            np.sin(ang.astype(np.float64)).astype(np.float32))
+
+
+def cb_rope(x: np.ndarray, nheads: int, dh: int, pos0: int, theta: float) -> np.ndarray:
+    """x [n, >= nheads*dh] -> rotated copy (columns past nheads*dh unchanged)."""
+    n = x.shape[0]
+    out = x.astype(np.float32).copy()
+    c, s = rope_cos_sin(np.arange(pos0, pos0 + n), dh, theta)
+    half = dh // 2
+    v = out[:, : nheads * dh].reshape(n, nheads, dh)
+    a, b = v[:, :, :half].copy(), v[:, :, half:].copy()
+    v[:, :, :half] = a * c[:, None, :] - b * s[:, None, :]
+    v[:, :, half:] = b * c[:, None, :] + a * s[:, None, :]
+    out[:, : nheads * dh] = v.reshape(n, nheads * dh)
+    return out
+
+
+def cb_attention(q: np.ndarray, kc: np.ndarray, vc: np.ndarray, pos0: int, H: int, Hkv: int,
+                 dh: int) -> np.ndarray:
+    """q [n, H*dh]; kc/vc [S, Hkv*dh] (one layer of the cache) -> out [n, H*dh]."""
+    n = q.shape[0]
+    out = np.zeros((n, H * dh), np.float32)
+    scale = np.float32(1.0) / np.sqrt(np.float32(dh))
+    for t in range(n):
+        last = pos0 + t
+        for h in range(H):
+            g = h // (H // Hkv)
+            keys = kc[: last + 1, g * dh:(g + 1) * dh].astype(np.float64)
+            vals = vc[: last + 1, g * dh:(g + 1) * dh].astype(np.float64)
+            s = (keys @ q[t, h * dh:(h + 1) * dh].astype(np.float64)) * scale
+            p = np.exp(s - s.max())
+            p = p / p.sum()
+            out[t, h * dh:(h + 1) * dh] = p @ vals
+    return out
+
+
+def cb_router_topk(logits: np.ndarray, k: int, renorm: bool,
+                   mode: int = SOFTMAX_TOPK) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: the k experts (ties to the lower index) and weights, as route.c computes them."""
+    n, E = logits.shape
+    idx = np.zeros((n, k), np.int32)
+    wts = np.zeros((n, k), np.float32)
+    for t in range(n):
+        lr = logits[t].astype(np.float32)
+        mx = np.float32(lr.max())
+        ex = np.exp(lr.astype(np.float64) - np.float64(mx))
+        total = float(np.sum(ex))  # order differs from the kernel's serial sum only at 1 ulp
+        if mode == SOFTMAX_TOPK:
+            key = (ex / total).astype(np.float32)
+        else:
+            key = lr
+        order = np.argsort(-key.astype(np.float64), kind="stable")[:k]
+        idx[t] = order
+        sel = key[order].astype(np.float64)
+        if mode == SOFTMAX_TOPK:
+            wts[t] = (sel / sel.sum()) if renorm else sel
+        elif renorm:
+            e = np.exp(sel - sel[0])
+            wts[t] = e / e.sum()
+        else:
+            wts[t] = np.exp(sel - np.float64(mx)) / total
+    return idx, wts
+
+
+def cb_dispatch(idx: np.ndarray, E: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(token, rank) assignments grouped by expert in assignment order ->
+    offsets [E+1], perm [n*k] (slot -> token), slot_of [n*k] ((t*k + j) -> slot)."""
+    n, k = idx.shape
+    flat = idx.reshape(-1)
+    counts = np.bincount(flat, minlength=E)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    order = np.argsort(flat, kind="stable")  # by expert, then assignment order
+    slot_of = np.empty(n * k, np.int32)
+    slot_of[order] = np.arange(n * k, dtype=np.int32)
+    perm = (order // k).astype(np.int32)
+    return offsets, perm, slot_of
+
+
+def silu(g: np.ndarray) -> np.ndarray:
+    return (g / (1.0 + np.exp(-g.astype(np.float64)))).astype(np.float32)
+
+
+def cb_expert_up(h: np.ndarray, perm: np.ndarray, offsets: np.ndarray, w1: list[Weight],
+                 w3: list[Weight], F: int) -> np.ndarray:
+    """act[slot] = silu(W1_e h[perm[slot]]) * (W3_e h[perm[slot]]) for each expert's slots."""
+    act = np.zeros((len(perm), F), np.float32)
+    for e in range(len(offsets) - 1):
+        b, en = int(offsets[e]), int(offsets[e + 1])
+        if b == en:
+            continue
+        x = h[perm[b:en]]
+        act[b:en] = silu(cb_linear(x, w1[e])) * cb_linear(x, w3[e])
+    return act
+
+
+def cb_expert_down(act: np.ndarray, offsets: np.ndarray, w2: list[Weight], Dp: int) -> np.ndarray:
+    eo = np.zeros((act.shape[0], Dp), np.float32)
+    for e in range(len(offsets) - 1):
+        b, en = int(offsets[e]), int(offsets[e + 1])
+        if b < en:
+            eo[b:en] = cb_linear(act[b:en], w2[e])
+    return eo
+
+
+def cb_moe_combine(x: np.ndarray, eo: np.ndarray, slot_of: np.ndarray, wts: np.ndarray,
+                   s: np.ndarray | None = None, gate: np.ndarray | None = None) -> np.ndarray:
+    n, k = wts.shape
+    acc = np.zeros_like(x, dtype=np.float64)
+    for j in range(k):
+        acc += wts[:, j:j + 1].astype(np.float64) * eo[slot_of.reshape(n, k)[:, j]]
+    if s is not None:
+        g = 1.0 / (1.0 + np.exp(-gate.astype(np.float64))) if gate is not None else np.ones(n)
+        acc += g[:, None] * s
+    return (x + acc).astype(np.float32)
+
+
+# ---------------------------------------------------------------- the backend's kernel plan
+
+
+def _weight(model, kind: Kind, layer: int = NONE, expert: int = NONE) -> Weight:
+    r = model.record(kind, layer, expert)
+    raw = model.raw(kind, layer, expert)
+    view = {DType.F32: "<f4", DType.F16: "<f2", DType.BF16: "<u2", DType.INT8: "i1"}[DType(r.dtype)]
+    return Weight(raw.view(view).reshape(r.rows, r.cols), r.dtype, model.scales(kind, layer, expert))
+
+
+def _vec(model, kind: Kind, layer: int = NONE) -> np.ndarray:
+    return model.tensor(kind, layer)[0]
+
+
+class BackendForward:
+    """The kernels in cuda_backend.c's order (cb_forward_chunk), on NumPy arrays laid out like the
+    device buffers: x/h [n, Dp], q [n, H*Dh], K/V cache [L, S, Hkv*Dh] written in place."""
+
+    def __init__(self, model, mode: int = SOFTMAX_TOPK) -> None:
+        self.m = model
+        self.h = model.header
+        self.mode = mode
+        h = self.h
+        kvd = h.n_kv_heads * h.head_dim
+        self.kc = np.zeros((h.n_layers, h.max_seq_len, kvd), np.float32)
+        self.vc = np.zeros_like(self.kc)
+        self.pos = 0
+        self.routes: list[np.ndarray] = []  # per layer call: idx [n, k]
+
+    def forward(self, ids: list[int], chunk: int = 32) -> np.ndarray:
+        out = []
+        for t in range(0, len(ids), chunk):
+            out.append(self._chunk(np.asarray(ids[t:t + chunk], np.int32)))
+        return np.concatenate(out)
+
+    def _chunk(self, ids: np.ndarray) -> np.ndarray:
+        m, h = self.m, self.h
+        n, pos = len(ids), self.pos
+        Dp, D, H, Hkv, Dh = h.embed_dim_pad, h.embed_dim, h.n_heads, h.n_kv_heads, h.head_dim
+        HD, kvd, eps = H * Dh, Hkv * Dh, h.norm_eps
+        x = cb_embed(ids, _weight(m, Kind.TOK_EMBED))
+        for l in range(h.n_layers):
+            hn = cb_rmsnorm(x, _vec(m, Kind.ATTN_NORM, l), Dp, D, eps)
+            bias = h.has(Flag.QKV_BIAS)
+            q = cb_linear(hn, _weight(m, Kind.WQ, l), _vec(m, Kind.BQ, l) if bias else None)
+            k = cb_linear(hn, _weight(m, Kind.WK, l), _vec(m, Kind.BK, l) if bias else None)
+            v = cb_linear(hn, _weight(m, Kind.WV, l), _vec(m, Kind.BV, l) if bias else None)
+            if h.has(Flag.QK_NORM_HEAD):
+                q = cb_rmsnorm(q.reshape(n * H, Dh), _vec(m, Kind.Q_NORM, l), Dh, Dh, eps).reshape(n, HD)
+                k = cb_rmsnorm(k.reshape(n * Hkv, Dh), _vec(m, Kind.K_NORM, l), Dh, Dh, eps).reshape(n, kvd)
+            elif h.has(Flag.QK_NORM_FULL):
+                q = cb_rmsnorm(q, _vec(m, Kind.Q_NORM, l), HD, HD, eps)
+                k = cb_rmsnorm(k, _vec(m, Kind.K_NORM, l), kvd, kvd, eps)
+            q = cb_rope(q, H, Dh, pos, h.rope_theta)
+            self.kc[l, pos:pos + n] = cb_rope(k, Hkv, Dh, pos, h.rope_theta)
+            self.vc[l, pos:pos + n] = v
+            att = cb_attention(q, self.kc[l], self.vc[l], pos, H, Hkv, Dh)
+            x = cb_linear(att, _weight(m, Kind.WO, l), y=x)
+            hn = cb_rmsnorm(x, _vec(m, Kind.FFN_NORM, l), Dp, D, eps)
+            s = gate = None
+            if h.has(Flag.SHARED_EXPERT):
+                ident = np.arange(n, dtype=np.int32)
+                offs = np.array([0, n], np.int32)
+                sact = cb_expert_up(hn, ident, offs, [_weight(m, Kind.SHARED_W1, l)],
+                                    [_weight(m, Kind.SHARED_W3, l)], h.shared_expert_size)
+                s = cb_expert_down(sact, offs, [_weight(m, Kind.SHARED_W2, l)], Dp)
+                if h.has(Flag.SHARED_EXPERT_GATE):
+                    gate = cb_linear(hn, _weight(m, Kind.SHARED_GATE, l))[:, 0]
+            logits = cb_linear(hn, _weight(m, Kind.ROUTER, l))
+            idx, wts = cb_router_topk(logits, h.top_k, h.routing == Routing.RENORMALISE, self.mode)
+            self.routes.append(idx)
+            offsets, perm, slot_of = cb_dispatch(idx, h.num_experts)
+            E = h.num_experts
+            w1 = [_weight(m, Kind.EXPERT_W1, l, e) for e in range(E)]
+            w3 = [_weight(m, Kind.EXPERT_W3, l, e) for e in range(E)]
+            w2 = [_weight(m, Kind.EXPERT_W2, l, e) for e in range(E)]
+            act = cb_expert_up(hn, perm, offsets, w1, w3, h.expert_size)
+            eo = cb_expert_down(act, offsets, w2, Dp)
+            x = cb_moe_combine(x, eo, slot_of, wts, s, gate)
+        xn = cb_rmsnorm(x, _vec(m, Kind.OUTPUT_NORM), Dp, D, eps)
+        head = Kind.TOK_EMBED if h.has(Flag.TIED_EMBEDDINGS) else Kind.LM_HEAD
+        self.pos += n
+        return cb_linear(xn, _weight(m, head))
