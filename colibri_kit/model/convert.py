@@ -188,16 +188,16 @@ def _experts(p: Planner, m: HFModel, layer: int, moe: str) -> list[Item]:
         down_shapes = [(e_n, d, f), (e_n, f, d)]
         if gu_layout == 1:
             down_shapes.reverse()
-        dn, dn_layout = p.take_any(fused_down, down_shapes)
-        if d == f or d == 2 * f:  # shapes cannot tell the layouts apart: keep them consistent
-            dn_layout = gu_layout
+        dn, _ = p.take_any(fused_down, down_shapes)
+        # [E, F, D] is the transposed down layout; when D == F only gate_up's layout can tell.
+        down_transposed = gu_layout == 1 if d == f else dn.shape == (e_n, f, d)
         for e in range(e_n):
             g = gu[e]
             if gu_layout == 0:
                 gate, up = g[:f], g[f:]
             else:
                 gate, up = g[:, :f].T, g[:, f:].T
-            down = dn[e] if dn_layout == 0 else dn[e].T
+            down = dn[e].T if down_transposed else dn[e]
             w1.append(Item(Kind.EXPERT_W1, layer, e, gate, f"{fused_gu}[{e}] gate"))
             w3.append(Item(Kind.EXPERT_W3, layer, e, up, f"{fused_gu}[{e}] up"))
             w2.append(Item(Kind.EXPERT_W2, layer, e, down, f"{fused_down}[{e}]"))

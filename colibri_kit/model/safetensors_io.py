@@ -58,7 +58,7 @@ class TensorView:
     def _f32(self, raw: np.ndarray) -> np.ndarray:
         if self.bf16:
             return bf16_bits_to_f32(np.ascontiguousarray(raw))
-        return np.asarray(raw, dtype=np.float32)
+        return np.array(raw, dtype=np.float32)  # a copy: never a view into the read-only map
 
     def rows(self, start: int, stop: int) -> np.ndarray:
         return self._f32(self._raw[start:stop])
