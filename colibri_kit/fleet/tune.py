@@ -174,7 +174,7 @@ def read_state(remote: Remote, *, sudo: bool = True, modes: bool = True) -> Devi
     st.cpus_online = parse_cpu_list(base[f"{CPU_DIR}/online"])
     st.cpus_present = parse_cpu_list(base.get(f"{CPU_DIR}/present", base[f"{CPU_DIR}/online"]))
     ls = remote.run(["ls", "-1", "--", DEVFREQ_DIR], sudo=sudo, timeout=CMD_TIMEOUT, check=False)
-    nodes = [n for n in ls.stdout.split() if GPU_NODE_RE.match(n)] if ls.exit_code == 0 else []
+    nodes = [n for n in ls.stdout.splitlines() if GPU_NODE_RE.match(n)] if ls.exit_code == 0 else []
     st.gpu_node = sorted(nodes)[0] if nodes else None
 
     paths = []

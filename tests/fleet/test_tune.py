@@ -1,0 +1,304 @@
+"""`invoke tune` against emulated Jetsons: real sshd per device, the faked sysfs/etc tree bind- and
+overlay-mounted at the real paths in the device's mount namespace, and the nvpmodel/jetson_clocks
+stand-ins doing the work. Every test starts its own small fleet (a fraction of a second), so
+tuning in one test never leaks into another.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from colibri_kit.errors import FleetError
+from colibri_kit.fleet import tune as tunelib
+from colibri_kit.fleet.connect import SUDO_PASSWORD_ENV, SSHRemote
+from colibri_kit.fleet.inventory import Host, write_inventory
+from colibri_kit.fleet.remote import Result
+from colibri_kit.profiles import TuneSpec, load_profile
+
+pytestmark = pytest.mark.slow
+PROJECT = Path(__file__).resolve().parents[2]
+# The faked files a round trip must give back byte for byte (the whole faked sysfs, plus these).
+FAKED_EXTRA = ("etc/nvpmodel.conf", "etc/nv_tegra_release", "var/lib/nvpmodel/status",
+               "usr/sbin/nvpmodel", "usr/bin/jetson_clocks")
+WRITING_TOOLS = {"cp", "xargs", "jetson_clocks", "sh", "tee", "rm", "mv"}
+
+
+@pytest.fixture
+def fleet(tmp_path: Path):
+    """jetson-00: Orin NX (JP6 GPU path), jetson-01: Xavier NX (JP5 GPU path, other mode ids)."""
+    if os.geteuid() != 0:
+        pytest.fail("the tune tests start sshd in mount namespaces and need root (CI runs as root)")
+    from colibri_kit.fleet.sim import EmulatedFleet
+
+    with EmulatedFleet(2, "orin-nx", tmp_path / "sim", modules=["orin-nx", "xavier-nx"]) as f:
+        yield f
+
+
+def hosts(fleet, user: str = "root", target: str | None = None) -> list[Host]:
+    """The fleet's hosts with each device's own module as its target (or ``target``)."""
+    return [dataclasses.replace(h, target=target or d.module)
+            for h, d in zip(fleet.hosts(user), fleet.devices)]
+
+
+def fleet_file(fleet, path: Path, user: str = "root", target: str | None = None) -> Path:
+    write_inventory(path, hosts(fleet, user, target), known_hosts=str(fleet.known_hosts),
+                    identity_file=str(fleet.identity_file))
+    return path
+
+
+def connect(fleet, host: Host) -> SSHRemote:
+    return SSHRemote(host, known_hosts=fleet.known_hosts, identity_file=fleet.identity_file).connect()
+
+
+def faked(fleet, name: str) -> dict[str, bytes]:
+    root = fleet.device(name).faked_root
+    out: dict[str, bytes] = {}
+    for path in sorted((root / "sys").rglob("*")):
+        rel = str(path.relative_to(root))
+        if path.is_symlink():
+            out[rel] = b"-> " + os.readlink(path).encode()
+        elif path.is_file():
+            out[rel] = path.read_bytes()
+    for rel in FAKED_EXTRA:
+        out[rel] = (root / rel).read_bytes()
+    return out
+
+
+def invoke(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    full = {**os.environ, **(env or {})}
+    # timeout: a prompt waiting on stdin would hang here and fail the test instead.
+    return subprocess.run([sys.executable, "-m", "invoke", "tune", *args], cwd=PROJECT, env=full,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+
+
+class Recording:
+    """Passes every call to the real remote and records it (to prove what a run did not do)."""
+
+    def __init__(self, inner: SSHRemote) -> None:
+        self.inner, self.name, self.calls = inner, inner.name, []
+
+    def run(self, argv, **kw) -> Result:
+        self.calls.append(tuple(argv))
+        return self.inner.run(argv, **kw)
+
+    def read_text(self, path: str, **kw):
+        self.calls.append(("read_text", path))
+        return self.inner.read_text(path, **kw)
+
+    def write_text(self, path: str, text: str, **kw) -> None:
+        self.calls.append(("write_text", path))
+        self.inner.write_text(path, text, **kw)
+
+    def put(self, local: str, remote: str, **kw) -> None:
+        self.calls.append(("put", remote))
+        self.inner.put(local, remote, **kw)
+
+
+def test_tune_show_verify_restore_round_trip(fleet, tmp_path: Path) -> None:
+    """Both modules through the real CLI: every faked file comes back to its original bytes."""
+    ff = fleet_file(fleet, tmp_path / "fleet.yaml")
+    before = {d.name: faked(fleet, d.name) for d in fleet.devices}
+
+    dry = invoke("--fleet", str(ff), "--dry-run")
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    assert "nvpmodel -m 0 (15W -> MAXN)" in dry.stdout          # Orin NX: MAXN is id 0
+    assert "nvpmodel -m 8 (MODE_15W_6CORE -> MODE_20W_6CORE)" in dry.stdout  # Xavier: id 8
+    assert {d.name: faked(fleet, d.name) for d in fleet.devices} == before
+
+    run = invoke("--fleet", str(ff))
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = run.stdout.splitlines()[2:]
+    assert len(rows) == 8 and all(r.endswith(" ok") for r in rows), run.stdout
+    for d in fleet.devices:
+        assert faked(fleet, d.name) != before[d.name]
+        assert fleet.path_in(d.name, "/opt/colibri/tune/l4t_dfs.conf").is_file()
+        assert fleet.path_in(d.name, "/opt/colibri/tune/state.json").is_file()
+    orin = fleet.device("jetson-00").faked_root
+    assert (orin / "sys/devices/system/cpu/online").read_text() == "0-7\n"
+    assert (orin / "sys/devices/system/cpu/cpu7/cpufreq/scaling_governor").read_text() == "performance\n"
+    assert (orin / "sys/class/devfreq/17000000.gpu/governor").read_text() == "performance\n"
+    xavier = fleet.device("jetson-01").faked_root
+    assert (xavier / "sys/devices/17000000.gv11b/devfreq/17000000.gv11b/governor").read_text() \
+        == "performance\n"
+
+    show = invoke("--fleet", str(ff), "--show")
+    assert show.returncode == 0, show.stderr
+    lines = {l.split()[0]: l for l in show.stdout.splitlines()[2:]}
+    assert "MAXN (id 0)" in lines["jetson-00"] and "MODE_20W_6CORE (id 8)" in lines["jetson-01"]
+    assert all(" active " in lines[h] and "255/255" in lines[h] for h in lines)
+    assert {d.name: faked(fleet, d.name) for d in fleet.devices} != before  # --show changed nothing
+
+    back = invoke("--fleet", str(ff), "--restore")
+    assert back.returncode == 0, back.stdout + back.stderr
+    for d in fleet.devices:
+        assert faked(fleet, d.name) == before[d.name], d.name
+        assert not fleet.path_in(d.name, "/opt/colibri/tune").exists()
+    again = invoke("--fleet", str(ff), "--restore")
+    assert again.returncode == 0 and "nothing saved" in again.stdout
+
+
+def test_second_tune_changes_nothing_and_still_verifies(fleet) -> None:
+    host = hosts(fleet)[0]
+    spec = load_profile("orin-nx").tune
+    with connect(fleet, host) as remote:
+        first = tunelib.apply_host(remote, tunelib.plan_host(remote, spec), host.root)
+        assert first.ok, first.rows
+        tuned = faked(fleet, host.name)
+        saved = fleet.path_in(host.name, "/opt/colibri/tune/l4t_dfs.conf").read_bytes()
+
+        rec = Recording(remote)
+        plan = tunelib.plan_host(rec, spec)
+        assert plan.steps == []
+        second = tunelib.apply_host(rec, plan, host.root)
+        assert second.ok, second.rows
+        writes = [c for c in rec.calls if c[0] in WRITING_TOOLS or c[0] in ("write_text", "put")
+                  or c[:2] == ("nvpmodel", "-m")]
+        assert writes == []
+        assert faked(fleet, host.name) == tuned
+        # The first pre-tuning clock state is still what restore will return to.
+        assert fleet.path_in(host.name, "/opt/colibri/tune/l4t_dfs.conf").read_bytes() == saved
+        tunelib.restore_host(remote, host.root)
+
+
+def test_governor_the_device_lacks_is_refused_before_anything_changes(fleet, tmp_path: Path) -> None:
+    """Xavier NX has the mode and lists `interactive`, Orin NX has neither: the whole run stops
+    before the Xavier (which alone would pass) is touched."""
+    project = tmp_path / "project"
+    shutil.copytree(PROJECT / "targets", project / "targets")
+    (project / "targets" / "odd-gov.yaml").write_text(
+        "name: odd-gov\nextends: orin-nx\ndescription: asks for a governor Orin lacks\n"
+        "tune: {nvpmodel_mode: MODE_20W_6CORE, cpu_governor: interactive}\n")
+    ff = fleet_file(fleet, tmp_path / "fleet.yaml", target="odd-gov")
+    before = {d.name: faked(fleet, d.name) for d in fleet.devices}
+    run = invoke("--fleet", str(ff), env={"COLIBRI_PROJECT_ROOT": str(project)})
+    assert run.returncode == 1
+    assert "nothing was changed" in run.stdout + run.stderr
+    assert "cpu0 has no governor 'interactive'" in run.stdout
+    assert "power mode 'MODE_20W_6CORE' is not on this device" in run.stdout
+    assert "jetson-01" not in run.stdout  # the Xavier passed the checks, and was still left alone
+    assert {d.name: faked(fleet, d.name) for d in fleet.devices} == before
+    for d in fleet.devices:
+        assert not fleet.path_in(d.name, "/opt/colibri/tune").exists()
+
+
+def test_reboot_needing_mode_is_reported_not_applied(fleet) -> None:
+    host = hosts(fleet)[0]
+    spec = TuneSpec(nvpmodel_mode="10W", jetson_clocks=True, cpu_governor="performance",
+                    gpu_governor="performance")
+    before = faked(fleet, host.name)
+    status = fleet.device(host.name).faked_root / "var/lib/nvpmodel/status"
+    with connect(fleet, host) as remote:
+        out = tunelib.apply_host(remote, tunelib.plan_host(remote, spec), host.root)
+        assert not out.ok
+        assert ("power mode", "10W", "15W (2)", False) in out.rows
+        assert any("reboot required, not applied" in n for n in out.notes)
+        assert status.read_text() == "pmode:0002\n"
+        assert tunelib.restore_host(remote, host.root)[-1].startswith("restored mode 15W")
+        assert faked(fleet, host.name) == before
+
+        # With --allow-reboot the kit answers the tool's prompt and reports the reboot.
+        out = tunelib.apply_host(remote, tunelib.plan_host(remote, spec), host.root,
+                                 allow_reboot=True)
+        assert out.rows == [("power mode", "10W", "rebooting", False)]
+        assert status.read_text() == "pmode:0001\n"
+        # Going back to 15W needs a reboot too: without permission the saved state is kept.
+        notes = tunelib.restore_host(remote, host.root)
+        assert "reboot required" in notes[0] and "saved state is kept" in notes[0]
+        assert fleet.path_in(host.name, "/opt/colibri/tune/state.json").is_file()
+        tunelib.restore_host(remote, host.root, allow_reboot=True)
+        assert faked(fleet, host.name) == before
+
+
+def test_missing_sudo_fails_fast_and_a_given_password_works(fleet, tmp_path: Path,
+                                                            monkeypatch) -> None:
+    ff = fleet_file(fleet, tmp_path / "fleet.yaml", user="colibri")
+    before = {d.name: faked(fleet, d.name) for d in fleet.devices}
+    env = {k: v for k, v in os.environ.items() if k != SUDO_PASSWORD_ENV}
+    proc = subprocess.run([sys.executable, "-m", "invoke", "tune", "--fleet", str(ff)], cwd=PROJECT,
+                          env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 1
+    assert SUDO_PASSWORD_ENV in proc.stdout and "nothing was changed" in proc.stdout + proc.stderr
+    assert {d.name: faked(fleet, d.name) for d in fleet.devices} == before
+
+    # The same login with the password in the environment: sudo -S, a full round trip.
+    monkeypatch.setenv(SUDO_PASSWORD_ENV, fleet.sudo_password)
+    host = hosts(fleet, user="colibri")[0]
+    with connect(fleet, host) as remote:
+        out = tunelib.apply_host(remote, tunelib.plan_host(remote, load_profile("orin-nx").tune),
+                                 host.root)
+        assert out.ok, out.rows
+        tunelib.restore_host(remote, host.root)
+    assert faked(fleet, host.name) == before[host.name]
+
+
+HOSTILE = ["performance; touch /tmp/colibri-pwned", "$(touch /tmp/colibri-pwned)",
+           "`touch /tmp/colibri-pwned`", "performance\ntouch /tmp/colibri-pwned",
+           "../../../../tmp/colibri-pwned", "x' || touch /tmp/colibri-pwned '"]
+
+
+def test_hostile_values_never_reach_a_shell(fleet) -> None:
+    host = hosts(fleet)[0]
+    root = fleet.device(host.name).faked_root
+    marker_in_device = fleet.path_in(host.name, "/tmp/colibri-pwned")
+    # Hostile values on the device side: a governor list entry, a mode name, a devfreq node.
+    gov = root / "sys/devices/system/cpu/cpu0/cpufreq/scaling_available_governors"
+    gov.write_text(gov.read_text().strip() + " x;touch${IFS}/tmp/colibri-pwned\n")
+    conf = root / "etc/nvpmodel.conf"
+    conf.write_text(conf.read_text().replace(
+        "< PM_CONFIG", "< POWER_MODEL ID=9 NAME=$(touch${IFS}/tmp/colibri-pwned) >\n"
+                       "CPU MAX_FREQ 1\n\n< PM_CONFIG"))
+    (root / "sys/class/devfreq/17000000.gpu;touch${IFS}x").symlink_to("17000000.gpu")
+    before = faked(fleet, host.name)
+    good = load_profile("orin-nx").tune
+    with connect(fleet, host) as remote:
+        for value in HOSTILE + ["x;touch${IFS}/tmp/colibri-pwned"]:
+            for spec in (dataclasses.replace(good, cpu_governor=value),
+                         dataclasses.replace(good, gpu_governor=value),
+                         dataclasses.replace(good, nvpmodel_mode=value)):
+                with pytest.raises(tunelib.TuneRefused, match="not a valid name"):
+                    tunelib.plan_host(remote, spec)
+        assert faked(fleet, host.name) == before
+        # The sysfs writer itself refuses anything but a governor path and a listed name.
+        tdir = tunelib.tune_dir(host.root)
+        ok_path = "/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor"
+        for path in [ok_path + "; touch /tmp/colibri-pwned",
+                     "/sys/devices/system/cpu/cpu0/cpufreq/../../../../../etc/passwd",
+                     "/sys/class/devfreq/17000000.gpu;touch /tmp/colibri-pwned/governor"]:
+            with pytest.raises(FleetError, match="not a governor path"):
+                tunelib.write_governor(remote, tdir, [path], "performance", {path: ["performance"]})
+        for value in HOSTILE:
+            with pytest.raises(FleetError, match="refusing"):
+                tunelib.write_governor(remote, tdir, [ok_path], value, {ok_path: [value]})
+        with pytest.raises(FleetError, match="absolute, normalised"):
+            tunelib.tune_dir("/opt/colibri; touch /tmp/colibri-pwned")
+        # A normal tune on this device still works: the hostile entries are never used.
+        plan = tunelib.plan_host(remote, good)
+        assert plan.state.modes["$(touch${IFS}/tmp/colibri-pwned)"] == 9
+        assert plan.state.gpu_node == "17000000.gpu"
+        out = tunelib.apply_host(remote, plan, host.root)
+        assert out.ok, out.rows
+        tunelib.restore_host(remote, host.root)
+    assert faked(fleet, host.name) == before
+    assert not marker_in_device.exists() and not Path("/tmp/colibri-pwned").exists()
+
+
+def test_tuning_summary_for_smoke_tables(fleet) -> None:
+    host = hosts(fleet)[1]
+    with connect(fleet, host) as remote:
+        assert tunelib.tuning_summary(remote) == {
+            "mode": "MODE_15W_6CORE", "mode_id": 2, "cpu_governor": "schedutil",
+            "gpu_governor": "nvhost_podgov", "jetson_clocks": False}
+        tunelib.apply_host(remote, tunelib.plan_host(remote, load_profile("xavier-nx").tune),
+                           host.root)
+        assert tunelib.tuning_summary(remote) == {
+            "mode": "MODE_20W_6CORE", "mode_id": 8, "cpu_governor": "performance",
+            "gpu_governor": "performance", "jetson_clocks": True}
+        tunelib.restore_host(remote, host.root)
