@@ -451,9 +451,12 @@ def _build_here(target: str, *, debug: bool, cuda_archs, cuda_version, nvcc, ker
         "FLAGS_STAMP": _rel(out_dir / "flags.stamp", runtime_dir),
     }
     # Any change of compiler, flags or embedded files rewrites the stamp -> full rebuild.
+    # The source list too: a deleted .c leaves nothing newer than the archive, yet it must go.
+    sources = sorted(p.relative_to(runtime_dir).as_posix()
+                     for p in [*runtime_dir.glob("src/*.c"), *runtime_dir.glob("tools/*.c")])
     _write_if_changed(out_dir / "flags.stamp",
-                      (json.dumps({**make_vars, "cc": host_tc.version}, sort_keys=True,
-                                  indent=1) + "\n").encode())
+                      (json.dumps({**make_vars, "cc": host_tc.version, "sources": sources},
+                                  sort_keys=True, indent=1) + "\n").encode())
     env = {**os.environ, **host_tc.env, "SOURCE_DATE_EPOCH": source_date_epoch(root),
            "LC_ALL": "C", "TZ": "UTC", "ZERO_AR_DATE": "1"}
     make_out, ran = run_make(runtime_dir, make_vars, env, jobs)

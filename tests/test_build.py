@@ -185,6 +185,16 @@ def test_changes_rebuild_only_what_depends_on_them(project_copy: Path):
     assert not r.kernels_compiled
     assert "-c tools/colibri.c" in r.make_output
     assert "-c src/" not in r.make_output
+    # A deleted source: the archive and binary are rebuilt without it.
+    extra = project_copy / "runtime" / "src" / "extra_for_test.c"
+    extra.write_text("int colibri_extra_for_test(void) { return 7; }\n")
+    r = kb.build("orin-nx", where="host", progress=_quiet)
+    assert "-c src/extra_for_test.c" in r.make_output
+    assert b"colibri_extra_for_test" in (r.dist_dir / "lib" / "libcolibri.a").read_bytes()
+    extra.unlink()
+    r = kb.build("orin-nx", where="host", progress=_quiet)
+    assert r.make_ran_commands
+    assert b"colibri_extra_for_test" not in (r.dist_dir / "lib" / "libcolibri.a").read_bytes()
     # A profile change: the header changes, so every C object and the kernels rebuild.
     prof = project_copy / "targets" / "orin-nx.yaml"
     prof.write_text(prof.read_text().replace("max_first_token_ms_p99: 2000",
@@ -272,10 +282,16 @@ def test_verify_failure_fails_the_build(project_copy: Path):
 # --------------------------------------------------------------------------- where: host/docker
 
 
-def test_docker_without_engine_is_a_clear_error(monkeypatch, tmp_path: Path):
+@pytest.fixture
+def no_docker_engine(monkeypatch, tmp_path: Path) -> None:
+    """Point the docker CLI (when installed) at a socket nothing listens on: `docker info` fails
+    for real, whether or not this machine runs an engine."""
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
+
+
+def test_docker_without_engine_is_a_clear_error(no_docker_engine, monkeypatch, tmp_path: Path):
     ok, why = kb.docker_available()
-    if ok:
-        pytest.fail("a Docker engine answers here; this test expects none (CI has none)")
+    assert not ok and why
     with pytest.raises(BuildError, match=r"--in docker needs a running Docker engine.*--in host"):
         kb.build("host", where="docker", progress=_quiet)
     # Without the docker command at all, the reason says so.
@@ -285,7 +301,7 @@ def test_docker_without_engine_is_a_clear_error(monkeypatch, tmp_path: Path):
         kb.choose_where("docker")
 
 
-def test_auto_picks_host_without_engine_and_inside_docker(monkeypatch, tmp_path: Path):
+def test_auto_picks_host_without_engine_and_inside_docker(no_docker_engine, monkeypatch):
     assert kb.choose_where("auto") == "host"       # `docker info` fails here (or no docker)
     assert kb.choose_where("host") == "host"
     monkeypatch.setenv("COLIBRI_IN_DOCKER", "1")   # already in the image: never nest
