@@ -1,0 +1,196 @@
+"""The runtime's C-level checks, built from runtime/tests/Makefile and runtime/fuzz/Makefile:
+C unit tests (loader refusals, API errors, selftest), the proof that colibri_forward allocates
+nothing, the same plus the CLI's forward and bad-input paths under AddressSanitizer and UBSan,
+the COLIBRI_DEBUG routing dump against the NumPy reference's routing, the LINEAR_SCORE routing
+build against the SOFTMAX_TOPK one, and a bounded libFuzzer run over the model loader.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from colibri_kit import paths
+from colibri_kit.model.format import DType, Flag, ModelHeader
+from colibri_kit.model.reference import Reference
+from colibri_kit.model.tiny import write_random_model, write_tiny_model
+
+RUNTIME = paths.project_root() / "runtime"
+PROMPT = [1, 5, 9, 200, 3, 7, 11, 42, 0, 255]
+
+
+def render_host_config(dest: Path, routing_mode: str | None = None) -> Path:
+    """The host target's rendered colibri_config.h, optionally with another routing mode."""
+    from colibri_kit.profiles import load_profile
+    from colibri_kit.render import render_config
+
+    text = render_config(load_profile("host"))
+    if routing_mode:
+        text, n = re.subn(r"#define COLIBRI_ROUTING_MODE COLIBRI_ROUTING_\w+",
+                          f"#define COLIBRI_ROUTING_MODE COLIBRI_ROUTING_{routing_mode}", text)
+        assert n == 1
+        text = re.sub(r'#define COLIBRI_ROUTING_MODE_NAME "\w+"',
+                      f'#define COLIBRI_ROUTING_MODE_NAME "{routing_mode.lower()}"', text)
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "colibri_config.h").write_text(text)
+    return dest
+
+
+def make(target_dir: Path, out: Path, config: Path, *extra: str, goal: str = "all") -> Path:
+    proc = subprocess.run(["make", "-s", "-j2", "-C", str(target_dir), f"CONFIG_DIR={config}",
+                           f"OUT_DIR={out}", *extra, goal], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "warning:" not in proc.stderr, proc.stderr  # warning-free build
+    return out
+
+
+@pytest.fixture(scope="module")
+def host_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return render_host_config(tmp_path_factory.mktemp("cfg-host"))
+
+
+@pytest.fixture(scope="module")
+def plain_build(tmp_path_factory: pytest.TempPathFactory, host_config: Path) -> Path:
+    return make(RUNTIME / "tests", tmp_path_factory.mktemp("rt-plain"), host_config)
+
+
+@pytest.fixture(scope="module")
+def asan_build(tmp_path_factory: pytest.TempPathFactory, host_config: Path) -> Path:
+    return make(RUNTIME / "tests", tmp_path_factory.mktemp("rt-asan"), host_config, "SANITIZE=1")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny.colibri")
+
+
+def run(*args: str | Path, env: dict[str, str] | None = None, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def test_c_unit_tests(plain_build: Path) -> None:
+    proc = run(plain_build / "bin/test_runtime")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "passed: 0 failure(s)" in proc.stdout
+    assert proc.stdout.count("ok   ") >= 30
+
+
+def test_forward_allocates_nothing(plain_build: Path, tiny: Path) -> None:
+    for model in ([], [str(tiny)]):
+        proc = run(plain_build / "bin/test_noalloc", *model)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert proc.stdout.count("allocations during forward=0") == 2
+
+
+@pytest.mark.slow
+def test_sanitizers_unit_and_noalloc(asan_build: Path) -> None:
+    env = {"ASAN_OPTIONS": "detect_leaks=1:abort_on_error=1", "UBSAN_OPTIONS": "print_stacktrace=1"}
+    for prog in ("test_runtime", "test_noalloc"):
+        proc = run(asan_build / "bin" / prog, env=env, timeout=600)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "Sanitizer" not in proc.stderr and "runtime error" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_sanitizers_cli_forward_and_bad_input(asan_build: Path, tiny: Path, tmp_path: Path) -> None:
+    env = {"ASAN_OPTIONS": "detect_leaks=1", "UBSAN_OPTIONS": "print_stacktrace=1"}
+    colibri = asan_build / "bin/colibri"
+    ids = ",".join(map(str, PROMPT))
+    proc = run(colibri, "--threads", "2", "forward", tiny, "--ids", ids, "--logits-out",
+               tmp_path / "l.bin", env=env)
+    assert proc.returncode == 0, proc.stderr
+    got = np.fromfile(tmp_path / "l.bin", dtype="<f4").reshape(len(PROMPT), -1)
+    want = Reference(tiny).forward(PROMPT)
+    assert np.max(np.abs(got - want)) < 1e-5 * np.max(np.abs(want))
+    proc = run(colibri, "generate", tiny, "--ids", "1,2,3", "--max-new", "5", env=env)
+    assert proc.returncode == 0 and len(json.loads(proc.stdout)["new_ids"]) == 5, proc.stderr
+    raw = tiny.read_bytes()
+    bad = {"trunc": raw[: len(raw) - 4096], "magic": b"X" + raw[1:], "short": raw[:64],
+           "offset": raw[:280] + (1 << 50).to_bytes(8, "little") + raw[288:]}
+    for name, data in bad.items():
+        (tmp_path / name).write_bytes(data)
+        for cmd in (["info", tmp_path / name], ["forward", tmp_path / name, "--ids", "1"]):
+            proc = run(colibri, *cmd, env=env)
+            assert proc.returncode == 1, (name, proc.stderr)
+            assert "Sanitizer" not in proc.stderr and "runtime error" not in proc.stderr
+    for args in (["forward", tiny, "--ids", "256"], ["forward", tiny, "--ids", ",".join(["3"] * 129)]):
+        proc = run(colibri, *args, env=env)
+        assert proc.returncode == 1 and "Sanitizer" not in proc.stderr, proc.stderr
+    proc = run(colibri, "selftest", env=env)
+    assert proc.returncode == 0 and "Sanitizer" not in proc.stderr, proc.stdout + proc.stderr
+
+
+def test_routing_dump_matches_reference(tmp_path_factory: pytest.TempPathFactory, host_config: Path,
+                                        tmp_path: Path) -> None:
+    """COLIBRI_DEBUG build: colibri_dump_routing lists the reference's experts and weights."""
+    build = make(RUNTIME / "tests", tmp_path_factory.mktemp("rt-debug"), host_config, "DEBUG=1")
+    h = ModelHeader(num_experts=8, expert_size=32, vocab_size=100, max_seq_len=32, embed_dim=40,
+                    n_layers=3, n_heads=4, n_kv_heads=2, head_dim=10, top_k=3, routing=1,
+                    dtype=int(DType.F32), embed_dim_pad=64, pad_multiple=64,
+                    flags=int(Flag.SHARED_EXPERT), shared_expert_size=16, name="dump")
+    model = write_random_model(tmp_path / "m.colibri", h, seed=3)
+    ids = [5, 7, 11, 13, 17, 19]
+    out = tmp_path / "routing.jsonl"
+    proc = run(build / "bin/colibri", "dump-routing", model, "--ids", ",".join(map(str, ids)),
+               "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == len(ids) * h.n_layers
+    ref = Reference(model)
+    ref.forward(ids)
+    for row in rows:
+        route = ref.routing[row["pos"]][row["layer"]]
+        assert row["experts"] == list(route.experts)
+        assert np.allclose(row["weights"], route.weights, rtol=1e-5, atol=1e-6)
+        assert len(row["logits"]) == h.num_experts
+    # the plain build refuses the dump with a message (exit 1), not a crash
+    plain = make(RUNTIME / "tests", tmp_path / "plain", host_config)
+    proc = run(plain / "bin/colibri", "dump-routing", model, "--ids", "1", "--out", out)
+    assert proc.returncode == 1 and "COLIBRI_DEBUG" in proc.stderr
+
+
+@pytest.mark.slow
+def test_linear_score_routing_equals_softmax_topk(tmp_path_factory: pytest.TempPathFactory,
+                                                  plain_build: Path, tmp_path: Path) -> None:
+    """Both compile-time routing algorithms pick the same experts and agree within rounding,
+    for renormalised and plain weights, and both match the reference."""
+    cfg = render_host_config(tmp_path_factory.mktemp("cfg-linear"), "LINEAR_SCORE")
+    linear = make(RUNTIME / "tests", tmp_path_factory.mktemp("rt-linear"), cfg)
+    assert "COLIBRI_ROUTING_MODE=linear_score" in run(linear / "bin/colibri", "--version").stdout
+    proc = run(linear / "bin/colibri", "selftest")
+    assert proc.returncode == 0 and "routing (linear_score)" in proc.stdout, proc.stdout
+    for routing in (0, 1):
+        h = ModelHeader(num_experts=16, expert_size=24, vocab_size=120, max_seq_len=32, embed_dim=50,
+                        n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, top_k=4, routing=routing,
+                        dtype=int(DType.F32), embed_dim_pad=64, pad_multiple=64, name="lin")
+        model = write_random_model(tmp_path / f"m{routing}.colibri", h, seed=11 + routing)
+        ids = ",".join(str(i) for i in [3, 1, 4, 1, 5, 9, 2, 6, 5, 3])
+        outs = []
+        for build in (plain_build, linear):
+            out = tmp_path / f"{build.name}-{routing}.bin"
+            proc = run(build / "bin/colibri", "forward", model, "--ids", ids, "--logits-out", out)
+            assert proc.returncode == 0, proc.stderr
+            outs.append(np.fromfile(out, dtype="<f4").reshape(10, -1))
+        want = Reference(model).forward([3, 1, 4, 1, 5, 9, 2, 6, 5, 3])
+        scale = np.max(np.abs(want))
+        assert np.max(np.abs(outs[0] - outs[1])) < 1e-5 * scale
+        assert np.max(np.abs(outs[1] - want)) < 1e-5 * scale
+
+
+@pytest.mark.slow
+def test_fuzz_loader_short_run(host_config: Path, tmp_path: Path) -> None:
+    """20000 libFuzzer executions over the committed seed corpus: no crash, no sanitizer report."""
+    proc = subprocess.run(["make", "-s", "-C", str(RUNTIME / "fuzz"), f"CONFIG_DIR={host_config}",
+                           f"OUT_DIR={tmp_path}", "RUNS=20000", "run"], capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "Done 20000 runs" in proc.stderr
+    assert not list(tmp_path.glob("crash-*"))
