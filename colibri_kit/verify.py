@@ -8,6 +8,8 @@ Pure Python, no binutils needed. Checks, each reported as one line:
 * the CUDA ELF images (``e_machine`` 190, "cubins") embedded in it are exactly the profile's
   SMs, and a PTX module is embedded that the target's driver can JIT (ISA version and target);
 * the objects in ``lib/libcolibri.a`` are for the same architecture;
+* ``manifest.json`` (when present) names this target, profile hash, glibc floor and SMs, and
+  lists every file in the dist with its sha256;
 * ``bin/colibri --version`` runs (under ``qemu-<arch>`` when the build machine differs) and
   prints the target name.
 
@@ -16,6 +18,8 @@ Pure Python, no binutils needed. Checks, each reported as one line:
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import platform
 import re
@@ -487,6 +491,60 @@ def check_archive(profile: Profile, lib: Path, report: VerifyReport) -> None:
                 else "no ELF objects inside"))
 
 
+def check_manifest(profile: Profile, dist_dir: Path, report: VerifyReport) -> None:
+    """manifest.json agrees with the profile and with the files actually in ``dist_dir``."""
+    path = dist_dir / "manifest.json"
+    if not path.is_file():
+        report.add("manifest", True, "skipped: no manifest.json", skipped=True)
+        return
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(doc, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError) as exc:
+        report.add("manifest", False, f"{path} is not readable JSON ({exc})")
+        return
+    problems = []
+    for key, want in (("target", profile.name), ("glibc_floor", profile.glibc),
+                      ("profile_hash", profile.hash)):
+        if doc.get(key) != want:
+            problems.append(f"{key} is {doc.get(key)!r}, profile has {want!r}")
+    cuda = doc.get("cuda")
+    if profile.cuda is None and cuda:
+        problems.append("lists CUDA images but the profile has no CUDA")
+    elif profile.cuda is not None:
+        sms = sorted(cuda.get("sms", [])) if isinstance(cuda, dict) else None
+        if sms != sorted(profile.cuda.sm_numbers):
+            problems.append(f"cuda.sms is {sms}, profile has {list(profile.cuda.sm_numbers)}")
+    files = doc.get("files")
+    if not isinstance(files, dict) or "bin/colibri" not in files:
+        problems.append("files does not list bin/colibri")
+        files = {}
+    for rel, meta in sorted(files.items()):
+        f = dist_dir / rel
+        if not f.is_file():
+            problems.append(f"{rel} is listed but missing")
+        elif not isinstance(meta, dict) or meta.get("sha256") != _file_sha256(f) \
+                or meta.get("size") != f.stat().st_size:
+            problems.append(f"{rel} does not match its sha256/size")
+    present = sorted(p.relative_to(dist_dir).as_posix() for p in dist_dir.rglob("*")
+                     if p.is_file() and p != path)
+    unlisted = [rel for rel in present if rel not in files]
+    if unlisted:
+        problems.append(f"not listed: {', '.join(unlisted)}")
+    report.add("manifest", not problems, "; ".join(problems) if problems else
+               f"{len(files)} files match their sha256; target, profile hash, glibc floor"
+               f"{' and SMs' if profile.cuda else ''} agree")
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def run_command(profile: Profile, binary: Path) -> tuple[list[str] | None, str]:
     """argv that runs ``binary`` here (directly or under qemu), or None and why not."""
     here = platform.machine().lower()
@@ -557,9 +615,13 @@ def verify_build(profile: Profile, dist_dir: Path, *, run: bool = True) -> Verif
     lib = dist_dir / "lib" / "libcolibri.a"
     if lib.is_file():
         check_archive(profile, lib, report)
+    if dist_dir.is_dir():
+        check_manifest(profile, dist_dir, report)
     if not report.ok:
-        raise VerifyError(
+        err = VerifyError(
             f"{profile.name}: build does not match targets/{profile.name}.yaml:\n"
             + "\n".join(c.line() for c in report.failures)
         )
+        err.report = report  # type: ignore[attr-defined]  # the full report, for callers
+        raise err
     return report

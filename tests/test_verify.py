@@ -3,6 +3,8 @@ ARM), real cubins from the pinned ptxas of CUDA 11.8 / 12.6 / 13.0, and qemu-aar
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import random
 import re
@@ -283,8 +285,46 @@ def test_verify_passes_for_a_matching_x86_64_build_with_cubin_and_ptx(tmp_path, 
     assert report.cubin_sms == ("sm_87",) and report.ptx_targets == ("sm_87",)
     assert report.version_output == "colibri 0.1.0 target=box"
     names = [c.name for c in report.checks]
-    assert names == ["machine", "glibc", "cubins", "ptx", "run", "libcolibri.a"]
+    assert names == ["machine", "glibc", "cubins", "ptx", "run", "libcolibri.a", "manifest"]
     assert "native" in report.checks[4].detail and not report.checks[4].skipped
+    assert report.checks[6].skipped   # this dist has no manifest.json
+
+
+def write_manifest(dist: Path, profile, **override) -> dict:
+    files = {p.relative_to(dist).as_posix(): {"sha256": hashlib.sha256(p.read_bytes()).hexdigest(),
+                                              "size": p.stat().st_size}
+             for p in sorted(dist.rglob("*")) if p.is_file() and p.name != "manifest.json"}
+    doc = {"target": profile.name, "glibc_floor": profile.glibc, "profile_hash": profile.hash,
+           "cuda": {"version": profile.cuda.version, "sms": list(profile.cuda.sm_numbers)}
+           if profile.cuda else None, "files": files, **override}
+    (dist / "manifest.json").write_text(json.dumps(doc))
+    return doc
+
+
+def test_manifest_must_match_the_profile_and_the_files(tmp_path, cubins):
+    tdir = write_profile(tmp_path / "t", "box", arch="x86_64", glibc="2.36",
+                         cuda={"version": "12.6", "archs": ["sm_87"], "igpu": False})
+    profile = load_profile("box", tdir)
+    cubin, ptx = cubins[("12.6", 87)]
+    dist = make_dist(tmp_path, "box", compiler=["cc"], images=[cubin, ptx])
+    write_manifest(dist, profile)
+    report = verify_build(profile, dist, run=False)
+    assert report.checks[-1].name == "manifest" and report.checks[-1].ok
+    assert "2 files match their sha256" in report.checks[-1].detail
+
+    (dist / "lib" / "libcolibri.a").write_bytes(b"!<arch>\n")         # changed after the build
+    (dist / "bin" / "stray").write_text("x")                         # not in the manifest
+    with pytest.raises(VerifyError) as err:
+        verify_build(profile, dist, run=False)
+    assert "lib/libcolibri.a does not match its sha256/size" in str(err.value)
+    assert "not listed: bin/stray" in str(err.value)
+    (dist / "bin" / "stray").unlink()
+
+    write_manifest(dist, profile, profile_hash="0" * 64, cuda={"version": "12.6", "sms": [72]})
+    with pytest.raises(VerifyError) as err:
+        verify_build(profile, dist, run=False)
+    assert f"profile_hash is '{'0' * 64}', profile has '{profile.hash}'" in str(err.value)
+    assert "cuda.sms is [72], profile has [87]" in str(err.value)
 
 
 def test_verify_lists_every_failed_check(tmp_path, cubins):
@@ -388,3 +428,24 @@ def test_archive_members_parse_a_real_ar_archive(tmp_path):
     assert [n for n, _ in members] == [o.name for o in objs]
     assert all(parse_header(body).machine == EM_X86_64 for _, body in members)
     assert [body for _, body in members] == [o.read_bytes() for o in objs]
+
+
+def test_invoke_verify_exits_nonzero_with_every_failure(tmp_path, cubins):
+    root = Path(__file__).parent.parent
+    dist = make_dist(tmp_path, "orin-nx", compiler=["cc"], images=[cubins[("12.6", 72)][0]])
+    proc = subprocess.run([sys.executable, "-m", "invoke", "-r", str(root), "verify", "--target",
+                           "orin-nx", "--dist", str(dist)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("error: orin-nx: build does not match targets/orin-nx.yaml:")
+    for fragment in ("machine: ELF64 x86_64 (profile arch aarch64)",
+                     "cubins: embedded sm_72 x1; profile wants sm_87", "ptx: no PTX embedded"):
+        assert fragment in proc.stderr
+    ok = make_dist(tmp_path / "ok", "host", compiler=["cc"], images=[])
+    proc = subprocess.run([sys.executable, "-m", "invoke", "-r", str(root), "verify", "--target",
+                           "host", "--dist", str(ok), "--json"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["ok"] is True and doc["machine"] == "x86_64" and doc["cubin_sms"] == []
+    assert {c["name"] for c in doc["checks"]} >= {"machine", "glibc", "run", "cubins"}

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from invoke import Context, task
 
-from colibri_kit import profiles, render
-from colibri_kit.paths import project_root
+import json as jsonlib
+from pathlib import Path
+
+from colibri_kit import profiles, render, verify as verify_mod
+from colibri_kit.errors import VerifyError
+from colibri_kit.paths import dist_dir, project_root
 from colibri_kit.tasks._common import user_errors
 
 
@@ -47,4 +51,26 @@ def render_header(c: Context, target: str) -> None:  # `invoke render`; avoids t
     print(f"rendered {shown}")
 
 
-TASKS = [targets, render_header]
+@task(name="verify", help={
+    "target": "profile name the build must match",
+    "dist": "directory to check (default dist/TARGET)",
+    "run": "run bin/colibri --version (under qemu for another arch); --no-run skips it",
+    "json": "print the report as JSON instead of lines",
+})
+@user_errors
+def verify_task(c: Context, target: str, dist: str = "", run: bool = True,
+                json: bool = False) -> None:  # noqa: A002
+    """Check a build against its profile: ELF machine, glibc floor, cubin SMs, PTX, --version."""
+    profile = profiles.load_profile(target)
+    where = Path(dist) if dist else dist_dir(target)
+    try:
+        report = verify_mod.verify_build(profile, where, run=run)
+    except VerifyError as exc:
+        report = getattr(exc, "report", None)
+        if json and report is not None:
+            print(jsonlib.dumps(report.to_dict(), indent=2))
+        raise
+    print(jsonlib.dumps(report.to_dict(), indent=2) if json else report.format())
+
+
+TASKS = [targets, render_header, verify_task]
