@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from colibri_kit.errors import FleetError, KitError
-from colibri_kit.fleet.remote import Remote
+from colibri_kit.fleet.remote import Remote, Result
 from colibri_kit.profiles import TuneSpec
 
 CPU_DIR = "/sys/devices/system/cpu"
@@ -211,15 +211,24 @@ def read_state(remote: Remote, *, sudo: bool = True, modes: bool = True) -> Devi
     st.emc_locked = None if locked is None else locked.strip() == "1"
     st.fan_pwm = _int(v.get(FAN_PWM))
 
-    q = remote.run(["nvpmodel", "-q"], sudo=sudo, timeout=CMD_TIMEOUT, check=False)
+    q = _nvpmodel(remote, ["-q"], sudo=sudo)
     if q.exit_code == 0:
         st.mode_name, st.mode_id = parse_query(q.stdout)
     if modes and q.exit_code == 0:
-        p = remote.run(["nvpmodel", "-p", "--verbose"], sudo=sudo, timeout=CMD_TIMEOUT,
-                       check=False)
+        p = _nvpmodel(remote, ["-p", "--verbose"], sudo=sudo)
         if p.exit_code == 0:
             st.modes = parse_power_models(p.stdout)
     return st
+
+
+def _nvpmodel(remote: Remote, args: list[str], *, sudo: bool,
+              timeout: float = CMD_TIMEOUT) -> Result:
+    """nvpmodel lives in /usr/sbin, which a plain login's PATH may lack (sudo's secure_path has
+    it): fall back to the full path when the name is not found."""
+    res = remote.run(["nvpmodel", *args], sudo=sudo, timeout=timeout, check=False)
+    if res.exit_code == 127:
+        res = remote.run(["/usr/sbin/nvpmodel", *args], sudo=sudo, timeout=timeout, check=False)
+    return res
 
 
 # --------------------------------------------------------------------------- privileges, files
@@ -230,10 +239,20 @@ def require_privilege(remote: Remote) -> None:
     try:
         remote.run(["true"], sudo=True, timeout=CMD_TIMEOUT)
     except FleetError as exc:
-        raise FleetError(
-            f"{exc} -- tuning needs root on the device (nvpmodel -m, jetson_clocks, sysfs "
-            f"writes): log in as root, allow passwordless sudo, or set COLIBRI_SUDO_PASSWORD"
-        ) from None
+        raise FleetError(f"{exc} (tuning needs root on the device: nvpmodel -m, jetson_clocks "
+                         f"and sysfs writes)") from None
+
+
+def read_state_any(remote: Remote) -> DeviceState:
+    """``read_state`` as root when the kit can, else as the login user (``--show`` without sudo:
+    the EMC clock, in debugfs, then reads as unknown)."""
+    try:
+        return read_state(remote, sudo=True)
+    except FleetError as first:
+        try:
+            return read_state(remote, sudo=False)
+        except FleetError:
+            raise first from None
 
 
 def tune_dir(device_root: str) -> str:
@@ -488,7 +507,7 @@ def show_lines(st: DeviceState) -> list[tuple[str, str]]:
     cur = [st.cpu_cur.get(c) for c in st.cpus_online]
     top = [st.cpu_max.get(c) for c in st.cpus_online]
     return [
-        ("power mode", f"{st.mode_name} (id {st.mode_id})"),
+        ("power mode", "?" if st.mode_name is None else f"{st.mode_name} (id {st.mode_id})"),
         ("online cpus", ",".join(map(str, st.cpus_online)) or "?"),
         ("cpu governor", st.cpu_governors()),
         ("cpu MHz cur/max", f"{mhz(max((c for c in cur if c is not None), default=None), 1000)}/"

@@ -51,21 +51,21 @@ def _each(hosts: list[Host], make, parallel: int, fn: Callable[[object, Host], T
 
 
 def _show(results: list[_Outcome], as_json: bool) -> None:
+    ok = [r for r in results if r.value is not None]
     if as_json:
         print(jsonlib.dumps({r.host: (tunelib.state_dict(r.value) if r.value else {"error": r.error})
                              for r in results}, indent=1, default=str))
-    else:
+    elif ok:
         labels = [label for label, _ in tunelib.show_lines(tunelib.DeviceState())]
-        rows = [["host", *labels]]
-        for r in results:
-            if r.value is None:
-                rows.append([r.host, f"error: {r.error}", *[""] * (len(labels) - 1)])
-            else:
-                rows.append([r.host, *[v for _, v in tunelib.show_lines(r.value)]])
+        rows = [["host", *labels]] + [[r.host, *[v for _, v in tunelib.show_lines(r.value)]]
+                                      for r in ok]
         print(table(rows))
-    failed = [r.host for r in results if r.error]
+    failed = [r for r in results if r.value is None]
+    for r in failed if not as_json else []:
+        print(f"{r.host}: {r.error}")
     if failed:
-        raise Exit(f"could not read {len(failed)} host(s): {', '.join(failed)}", code=1)
+        raise Exit(f"could not read {len(failed)} host(s): {', '.join(r.host for r in failed)}",
+                   code=1)
 
 
 @task(help={
@@ -90,7 +90,7 @@ def tune(c: Context, fleet: str = "", hosts: str = "", group: str = "", target: 
     make = connect_for(inv, accept_new_host_keys)
 
     if show:
-        _show(_each(chosen, make, parallel, lambda r, h: tunelib.read_state(r)), json)
+        _show(_each(chosen, make, parallel, lambda r, h: tunelib.read_state_any(r)), json)
         return
 
     if restore:
@@ -120,14 +120,15 @@ def tune(c: Context, fleet: str = "", hosts: str = "", group: str = "", target: 
     plans = _each(chosen, make, parallel, plan)
     refused = [p for p in plans if p.error]
     if refused:
-        print(table([["host", "refused (nothing was changed on any host)"]]
-                    + [[p.host, p.error or ""] for p in refused]))
-        raise Exit(f"tune refused on {len(refused)} host(s); fix the profile or the fleet "
-                   f"selection, nothing was changed", code=1)
+        for p in refused:
+            print(f"{p.host}: {p.error}")
+        raise Exit(f"tune refused on {len(refused)} of {len(plans)} host(s) (see above); "
+                   f"nothing was changed on any host", code=1)
     rows = [["host", "steps"]]
     for p in plans:
         steps = p.value.steps if p.value else ["profile has no tune section: skipped"]
-        rows.append([p.host, "; ".join(steps) or "nothing to do"])
+        for i, step in enumerate(steps or ["nothing to do"]):
+            rows.append([p.host if i == 0 else "", step])
     if dry_run:
         print(table(rows))
         print("\ndry run: nothing was changed")

@@ -227,6 +227,12 @@ def test_missing_sudo_fails_fast_and_a_given_password_works(fleet, tmp_path: Pat
     assert proc.returncode == 1
     assert SUDO_PASSWORD_ENV in proc.stdout and "nothing was changed" in proc.stdout + proc.stderr
     assert {d.name: faked(fleet, d.name) for d in fleet.devices} == before
+    # --show needs no privilege: without sudo it reads as the login user.
+    show = subprocess.run([sys.executable, "-m", "invoke", "tune", "--fleet", str(ff), "--show"],
+                          cwd=PROJECT, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                          text=True, timeout=120)
+    assert show.returncode == 0, show.stdout + show.stderr
+    assert "15W (id 2)" in show.stdout and "MODE_15W_6CORE (id 2)" in show.stdout
 
     # The same login with the password in the environment: sudo -S, a full round trip.
     monkeypatch.setenv(SUDO_PASSWORD_ENV, fleet.sudo_password)
