@@ -234,6 +234,15 @@ class SSHRemote:
         return result
 
     def read_text(self, path: str, *, sudo: bool = False) -> str | None:
+        if not (sudo and not self.is_root):
+            # Over the open SFTP channel: no process per read on the device.
+            try:
+                with self.sftp().open(path, "rb") as fh:
+                    return fh.read().decode(errors="replace")
+            except FileNotFoundError:
+                return None
+            except (OSError, paramiko.SSHException, EOFError) as exc:
+                raise FleetError(f"{self.name}: cannot read {path}: {_io_message(exc)}") from None
         res = self.run(["cat", "--", path], sudo=sudo, check=False)
         if res.exit_code != 0:
             if "No such file" in res.stderr:
@@ -263,7 +272,12 @@ class SSHRemote:
             with self.sftp().open(path, "wb") as fh:
                 fh.write(data)
         except (OSError, paramiko.SSHException, EOFError) as exc:
-            raise FleetError(f"{self.name}: cannot write {path}: {exc}") from None
+            self._sftp = None
+            raise FleetError(f"{self.name}: cannot write {path}: {_io_message(exc)}") from None
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        """Write a remote file directly over SFTP (no rename; callers use a staging directory)."""
+        self._sftp_write(path, data)
 
     def put(
         self,
@@ -316,11 +330,17 @@ class SSHRemote:
                         progress(done, total)
         except (OSError, paramiko.SSHException, EOFError) as exc:
             self._sftp = None
-            msg = str(exc) or type(exc).__name__
-            if "No space left" in msg or getattr(exc, "errno", None) == 28 or "Failure" == msg:
-                msg += " (is the device's disk full?)"
-            raise FleetError(f"{self.name}: upload of {os.path.basename(local)} to {remote} failed: {msg}") from None
+            raise FleetError(f"{self.name}: upload of {os.path.basename(local)} to {remote} failed: "
+                             f"{_io_message(exc)}") from None
         return sent
+
+
+def _io_message(exc: BaseException) -> str:
+    msg = str(exc) or type(exc).__name__
+    # SFTP v3 has no "disk full" status: a full disk arrives as the generic "Failure".
+    if "No space left" in msg or getattr(exc, "errno", None) == 28 or msg == "Failure":
+        msg += " (is the device's disk full?)"
+    return msg
 
 
 def _drain(chan: paramiko.Channel, deadline: float) -> tuple[str, str, int | None]:

@@ -49,7 +49,7 @@ class Artifact:
 
     @property
     def release_bytes(self) -> int:
-        return sum(self.sizes.values()) + len(self.manifest_bytes)
+        return sum(self.sizes.values()) + len(self.manifest_bytes) + len(self.release_json())
 
     def release_json(self) -> bytes:
         meta = {"id": self.release_id, "target": self.target,
@@ -194,18 +194,19 @@ def _upload_release(remote: SSHRemote, art: Artifact, root: str, hooks: Hooks) -
     dirs = sorted({posixpath.dirname(p) for p in art.files if "/" in p})
     remote.run(["mkdir", "-p", "--", partial, *(posixpath.join(partial, d) for d in dirs)])
     sent = 0
-    sftp = remote.sftp()
+    executables = []
     for relpath in sorted(art.files):
         local = art.dist / relpath
         dest = posixpath.join(partial, relpath)
         progress = (lambda d, t, r=relpath: hooks.progress(remote.name, r, d, t)) if hooks.progress else None
         sent += remote.upload(local, dest, progress=progress)
-        mode = stat.S_IMODE(local.stat().st_mode) & 0o755
-        sftp.chmod(dest, mode | 0o644)
+        if local.stat().st_mode & stat.S_IXUSR:
+            executables.append(dest)
     for name, data in (("manifest.json", art.manifest_bytes), ("release.json", art.release_json())):
-        with remote.sftp().open(posixpath.join(partial, name), "wb") as fh:
-            fh.write(data)
+        remote.write_bytes(posixpath.join(partial, name), data)
         sent += len(data)
+    if executables:
+        remote.run(["chmod", "0755", "--", *executables])
     if art.model_sha:
         remote.run(["ln", "-s", posixpath.join("..", "..", "models", f"{art.model_sha}.colibri"),
                     posixpath.join(partial, "model.colibri")])

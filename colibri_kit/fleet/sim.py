@@ -117,6 +117,7 @@ class Device:
     port: int
     dir: str
     pid: int = 0
+    ns: str = ""        # mount namespace of pid when started: guards against a reused pid
 
     @property
     def faked_root(self) -> Path:
@@ -295,7 +296,7 @@ class EmulatedFleet:
         d = self.device(name)
         ns = _ns_of(d.pid)
         killed = 0
-        for pid in _pids_in_ns(ns) if ns else []:
+        for pid in _pids_in_ns(ns) if ns and ns == d.ns else []:
             if pid != d.pid:
                 try:
                     os.kill(pid, signal.SIGKILL)
@@ -347,6 +348,12 @@ class EmulatedFleet:
         (layer / "home" / SIM_USER).mkdir(parents=True, exist_ok=True)
         os.chown(layer / "home" / SIM_USER, SIM_UID, SIM_UID)
         (layer / "opt/colibri").mkdir(parents=True, exist_ok=True)
+        # The host's root dotfiles (e.g. a slow pyenv init in .bashrc, which bash reads for every
+        # ssh command) are not the device's: shadow them with a stock-like, quiet pair.
+        (layer / "root").mkdir(exist_ok=True)
+        os.chmod(layer / "root", 0o700)
+        for dotfile in (".bashrc", ".profile"):
+            (layer / "root" / dotfile).write_text("# emulated Jetson: root's shell startup file\n")
         sim_lib = layer / "usr/lib/colibri-sim"
         sim_lib.mkdir(parents=True, exist_ok=True)
         shutil.copy2(os.path.realpath("/usr/bin/uname"), sim_lib / "uname")
@@ -417,7 +424,8 @@ class EmulatedFleet:
                 ["unshare", "-m", "--propagation", "private", "/bin/sh", str(dev / "start.sh")],
                 stdin=subprocess.DEVNULL, stdout=fh, stderr=fh, env=env, start_new_session=True)
         _wait_port(port, proc, log)
-        return Device(name=name, module=module, port=port, dir=str(dev), pid=proc.pid)
+        return Device(name=name, module=module, port=port, dir=str(dev), pid=proc.pid,
+                      ns=_ns_of(proc.pid) or "")
 
     def _save(self) -> None:
         (self.state_dir / "state.json").write_text(json.dumps(
@@ -438,8 +446,8 @@ def _stop_device(d: Device) -> None:
     """Kill every process in the device's mount namespace; the namespace and its mounts go with
     the last one (they were never visible outside it)."""
     ns = _ns_of(d.pid) if d.pid else None
-    if ns is None or ns == _ns_of(os.getpid()):
-        return
+    if ns is None or ns == _ns_of(os.getpid()) or ns != d.ns:
+        return  # gone already, or the pid now belongs to some other process
     for sig in (signal.SIGTERM, signal.SIGKILL):
         pids = _pids_in_ns(ns)
         if not pids:

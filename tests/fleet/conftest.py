@@ -7,17 +7,16 @@ faults (dropped connection, corruption)."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from colibri_kit.fleet.inventory import Inventory, load_inventory
 
-MAIN = ["jetson-00", "jetson-01", "jetson-02"]
-XAVIER, SMALL_DISK, FAULTY = "jetson-03", "jetson-04", "jetson-05"
+from fleet_support import rebuilt
 
 
 @pytest.fixture(scope="session")
@@ -26,12 +25,17 @@ def sim_fleet(tmp_path_factory: pytest.TempPathFactory):
         pytest.fail("the fleet tests start sshd in mount namespaces and need root (CI runs as root)")
     from colibri_kit.fleet.sim import EmulatedFleet
 
-    state = tmp_path_factory.mktemp("sim")
+    # Not under pytest's basetemp: a concurrent pytest run rotates old basetemps away, and sshd
+    # re-reads its config (in the state dir) for every connection.
+    state = Path(tempfile.mkdtemp(prefix="colibri-fleet-test-"))
     fleet = EmulatedFleet(6, "orin-nx", state,
                           modules=["orin-nx", "orin-nx", "orin-nx", "xavier-nx", "orin-nx", "orin-nx"],
                           disk_mb=[256, 256, 256, 256, 4, 256])
-    with fleet:
-        yield fleet
+    try:
+        with fleet:
+            yield fleet
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -66,11 +70,3 @@ def dist_a(orin_nx_build: Path) -> Path:
 def dist_b(orin_nx_build: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The same binaries as a second build (another source revision): a different release id."""
     return rebuilt(orin_nx_build, tmp_path_factory.mktemp("dist") / "b", "b")
-
-
-def rebuilt(src: Path, dest: Path, tag: str) -> Path:
-    shutil.copytree(src, dest)
-    manifest = json.loads((dest / "manifest.json").read_text())
-    manifest["source_revision"] = f"{manifest.get('source_revision', '')}-{tag}"
-    (dest / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    return dest

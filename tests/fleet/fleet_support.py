@@ -1,0 +1,18 @@
+"""Names and helpers the fleet tests share (the device roles are described in conftest.py)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+MAIN = ["jetson-00", "jetson-01", "jetson-02"]
+XAVIER, SMALL_DISK, FAULTY = "jetson-03", "jetson-04", "jetson-05"
+
+
+def rebuilt(src: Path, dest: Path, tag: str) -> Path:
+    shutil.copytree(src, dest)
+    manifest = json.loads((dest / "manifest.json").read_text())
+    manifest["source_revision"] = f"{manifest.get('source_revision', '')}-{tag}"
+    (dest / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    return dest
