@@ -216,6 +216,7 @@ def cubins(tmp_path_factory) -> dict[tuple[str, int], tuple[bytes, bytes]]:
 @pytest.mark.slow
 @pytest.mark.parametrize("version,sm,abi", [("11.8", 72, 7), ("12.6", 72, 7), ("12.6", 87, 7),
                                             ("13.0", 87, 8), ("13.0", 110, 8)])
+@pytest.mark.slow
 def test_sm_of_real_cubins_for_both_elf_abi_versions(cubins, version, sm, abi):
     cubin, ptx = cubins[(version, sm)]
     h = parse_header(cubin)
@@ -275,6 +276,7 @@ def make_dist(tmp: Path, name: str, *, compiler: list[str], images: list[bytes],
     return dist
 
 
+@pytest.mark.slow
 def test_verify_passes_for_a_matching_x86_64_build_with_cubin_and_ptx(tmp_path, cubins):
     tdir = write_profile(tmp_path / "t", "box", arch="x86_64", glibc="2.36",
                          cuda={"version": "12.6", "archs": ["sm_87"], "igpu": False})
@@ -301,6 +303,7 @@ def write_manifest(dist: Path, profile, **override) -> dict:
     return doc
 
 
+@pytest.mark.slow
 def test_manifest_must_match_the_profile_and_the_files(tmp_path, cubins):
     tdir = write_profile(tmp_path / "t", "box", arch="x86_64", glibc="2.36",
                          cuda={"version": "12.6", "archs": ["sm_87"], "igpu": False})
@@ -327,6 +330,7 @@ def test_manifest_must_match_the_profile_and_the_files(tmp_path, cubins):
     assert "cuda.sms is [72], profile has [87]" in str(err.value)
 
 
+@pytest.mark.slow
 def test_verify_lists_every_failed_check(tmp_path, cubins):
     """Wrong SM, glibc above the floor, PTX too new for the driver: all three named at once."""
     tdir = write_profile(tmp_path / "t", "box", arch="x86_64", glibc="2.17",
@@ -344,6 +348,7 @@ def test_verify_lists_every_failed_check(tmp_path, cubins):
     assert "machine" not in msg
 
 
+@pytest.mark.slow
 def test_cpu_only_profile_refuses_embedded_gpu_code(tmp_path, cubins):
     tdir = write_profile(tmp_path / "t", "box", arch="x86_64", glibc="2.36", cuda=None)
     dist = make_dist(tmp_path, "box", compiler=["cc"], images=[cubins[("12.6", 87)][0]])
@@ -354,6 +359,7 @@ def test_cpu_only_profile_refuses_embedded_gpu_code(tmp_path, cubins):
     assert report.ok and report.cubin_sms == () and report.ptx_targets == ()
 
 
+@pytest.mark.slow
 def test_missing_ptx_fails_a_cuda_profile(tmp_path, cubins):
     tdir = write_profile(tmp_path / "t", "box", arch="x86_64", glibc="2.36",
                          cuda={"version": "12.6", "archs": ["sm_87"], "igpu": False})
@@ -430,6 +436,7 @@ def test_archive_members_parse_a_real_ar_archive(tmp_path):
     assert [body for _, body in members] == [o.read_bytes() for o in objs]
 
 
+@pytest.mark.slow
 def test_invoke_verify_exits_nonzero_with_every_failure(tmp_path, cubins):
     root = Path(__file__).parent.parent
     dist = make_dist(tmp_path, "orin-nx", compiler=["cc"], images=[cubins[("12.6", 72)][0]])
