@@ -368,8 +368,11 @@ def _set_mode(remote: Remote, mode_id: int, allow_reboot: bool) -> str | None:
                     f"(re-run with --allow-reboot to switch and reboot)")
         # Answer the tool's own prompt. The script is a constant; the id is a positional
         # parameter (an integer), never part of the script text.
-        res = remote.run(["sh", "-c", 'echo YES | exec nvpmodel -m "$1"', "sh", str(int(mode_id))],
-                         sudo=True, timeout=MODE_TIMEOUT, check=False)
+        try:
+            res = remote.run(["sh", "-c", 'echo YES | exec nvpmodel -m "$1"', "sh",
+                              str(int(mode_id))], sudo=True, timeout=MODE_TIMEOUT, check=False)
+        except FleetError as exc:  # a real device drops the connection as it goes down
+            return f"power mode {mode_id}: switched, the device is rebooting ({exc})"
         if res.exit_code == 0:
             return f"power mode {mode_id}: switched, the device reboots into it"
     raise FleetError(f"{remote.name}: nvpmodel -m {mode_id} failed ({res.exit_code}): "
@@ -442,6 +445,16 @@ def verify_host(remote: Remote, spec: TuneSpec, notes: list[str] | None = None) 
     if spec.jetson_clocks:
         rows.append(("jetson_clocks", "active",
                      "active" if st.jetson_clocks_active else "inactive", st.jetson_clocks_active))
+        # Pinned clocks read back: every online CPU and the GPU running at their maximum.
+        tops = [st.cpu_max.get(c) for c in st.cpus_online]
+        curs = [st.cpu_cur.get(c) for c in st.cpus_online]
+        cpu_ok = bool(tops) and None not in tops and tops == curs
+        rows.append(("cpu kHz", f"max {max((t or 0) for t in tops) if tops else '?'}",
+                     f"{min((c or 0) for c in curs) if curs else '?'}"
+                     f"-{max((c or 0) for c in curs) if curs else '?'}", cpu_ok))
+        if st.gpu_node:
+            rows.append(("gpu Hz", f"max {st.gpu_max}", str(st.gpu_cur),
+                         st.gpu_cur is not None and st.gpu_cur == st.gpu_max))
     return HostOutcome(remote.name, rows, list(notes or []))
 
 

@@ -115,7 +115,7 @@ def test_tune_show_verify_restore_round_trip(fleet, tmp_path: Path) -> None:
     run = invoke("--fleet", str(ff))
     assert run.returncode == 0, run.stdout + run.stderr
     rows = run.stdout.splitlines()[2:]
-    assert len(rows) == 8 and all(r.endswith(" ok") for r in rows), run.stdout
+    assert len(rows) == 12 and all(r.endswith(" ok") for r in rows), run.stdout
     for d in fleet.devices:
         assert faked(fleet, d.name) != before[d.name]
         assert fleet.path_in(d.name, "/opt/colibri/tune/l4t_dfs.conf").is_file()

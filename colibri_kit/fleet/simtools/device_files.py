@@ -23,18 +23,23 @@ write on a real device, at its real path relative to ``/``:
 ``usr/sbin/nvpmodel``, ``usr/bin/jetson_clocks``      the stand-in tools (python3 scripts)
 ====================================================  =============================================
 
-How an emulated device sees them (``mount_plan`` / ``python3 -m colibri_kit.fleet.simtools.enter``),
-inside its own mount namespace (``unshare -m --propagation private``), never in the host's:
+How an emulated device sees them. Inside the device's own mount namespace (never the host's),
+these real paths must show the tree:
 
-1. ``root/sys`` is bind-mounted over ``/sys`` (whole: the class links point into ``/sys/devices``,
-   and ``/sys/class/devfreq`` does not exist on a PC to mount onto);
-2. read-only overlays put ``root/etc``, ``root/usr/bin`` and ``root/usr/sbin`` on top of
-   ``/etc``, ``/usr/bin`` and ``/usr/sbin`` (the files do not exist on the host, so a file bind
-   has nothing to mount onto); mounts that were under ``/etc`` (``/etc/hosts`` in containers)
-   are put back on top;
-3. a read-only overlay puts ``root/var/lib`` on ``/var/lib``; then ``root/var/lib/nvpmodel`` is
-   bind-mounted (writable) on ``/var/lib/nvpmodel``, and the host's ``/var/lib/sudo`` on its own
-   path so sudo keeps its state writable.
+* ``/sys``                        <- ``root/sys`` (bind the whole tree: the class links point
+  into ``/sys/devices``, and ``/sys/class/devfreq`` does not exist on a PC to mount onto);
+* ``/etc/nv_tegra_release``, ``/etc/nvpmodel.conf`` <- ``root/etc/...``;
+* ``/usr/sbin/nvpmodel``, ``/usr/bin/jetson_clocks`` <- ``root/usr/...``;
+* ``/var/lib/nvpmodel/`` (writable) <- ``root/var/lib/nvpmodel``.
+
+The files do not exist on the host, so file binds have nothing to mount onto: overlays provide
+the paths. ``colibri_kit.fleet.sim`` layers ``root/etc``, ``root/usr``, ``root/var`` as writable
+upper layers over ``/etc``, ``/usr``, ``/var``. ``enter`` (``python3 -m
+colibri_kit.fleet.simtools.enter ROOT -- CMD`` under ``unshare -m --propagation private``) does
+it for one command (``MOUNTS``): a writable bind of ``root/sys``, read-only overlays of
+``root/etc``, ``root/usr/bin``, ``root/usr/sbin``, ``root/var/lib``, then a writable bind of
+``root/var/lib/nvpmodel`` (mounts that were under a covered directory, e.g. ``/etc/hosts`` in a
+container, are put back on top).
 
 The stand-ins then work on the real paths. Outside a namespace, set ``COLIBRI_SIM_ROOT=root`` and
 they use ``root/<real path>`` instead (the tests do that).
