@@ -1,0 +1,215 @@
+"""Benchmark: the Colibri CPU runtime against Hugging Face transformers on one random Mixtral.
+
+    python benchmarks/runtime.py [--threads 2] [--dtypes f32,f16,int8] [--work /tmp/colibri-bench]
+
+1. builds (once, cached in --work) a random-weight MixtralForCausalLM with transformers (hidden
+   1024, 8 layers, 8 experts top-2, FFN 2816, 16 heads / 4 KV heads, vocab 32000) and saves it;
+2. converts it with `colibri_kit.model.convert` for the host target, once per dtype;
+3. builds dist/host/bin/colibri (the kit's host build) and runs `colibri bench --json`;
+4. runs transformers on the same checkpoint, prompt and thread count (f32, KV cache, greedy);
+5. measures the memory read bandwidth of this machine with the same thread count (a small C
+   program streaming a 1 GiB buffer) and prints the decode roofline: bytes of weights one decode
+   token touches / bandwidth, and the share of it the runtime reaches.
+
+Speed figures are printed, not asserted (they vary +-15-30% on a shared machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+GEOMETRY = dict(hidden_size=1024, num_hidden_layers=8, num_local_experts=8, num_experts_per_tok=2,
+                intermediate_size=2816, num_attention_heads=16, num_key_value_heads=4,
+                vocab_size=32000, max_position_embeddings=4096, rope_theta=10000.0,
+                rms_norm_eps=1e-5, tie_word_embeddings=False)
+
+BANDWIDTH_C = r"""
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#define BYTES (1u << 30)
+static uint32_t *buf; static int nt; static uint32_t sums[64];
+/* integer sums vectorise at -O3 without -ffast-math: the loop is bound by memory, not by adds */
+static void *rd(void *a) {
+    long t = (long)a; size_t n = BYTES / 4 / nt, lo = n * t; uint32_t s = 0;
+    for (size_t i = lo; i < lo + n; i++) s += buf[i];
+    sums[t] = s; return NULL;
+}
+static double now(void) { struct timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts); return ts.tv_sec + ts.tv_nsec * 1e-9; }
+int main(int argc, char **argv) {
+    nt = atoi(argv[1]); buf = aligned_alloc(4096, BYTES); memset(buf, 1, BYTES);
+    double best = 0;
+    for (int rep = 0; rep < 5; rep++) {
+        pthread_t th[64]; double a = now();
+        for (long t = 0; t < nt; t++) pthread_create(&th[t], NULL, rd, (void *)t);
+        for (int t = 0; t < nt; t++) pthread_join(th[t], NULL);
+        double gbs = BYTES / (now() - a) / 1e9; if (gbs > best) best = gbs;
+    }
+    printf("%.3f\n", best); return sums[0] == 12345u;
+}
+"""
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def hf_checkpoint(work: Path) -> Path:
+    out = work / "hf-mixtral"
+    if (out / ".complete").exists():
+        return out
+    import torch
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    log(f"building random Mixtral {GEOMETRY} ...")
+    torch.manual_seed(0)
+    model = MixtralForCausalLM(MixtralConfig(**GEOMETRY)).eval()
+    with torch.no_grad():  # unit-scale activations, spread router logits
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            elif "embed_tokens" in name:
+                p.copy_(torch.randn_like(p))
+            else:
+                p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5 * (3.0 if ".gate." in name else 1.0))
+    model.save_pretrained(out)
+    (out / ".complete").write_text("ok\n")
+    return out
+
+
+def converted(hf: Path, work: Path, dtype: str) -> Path:
+    from colibri_kit.model.convert import convert
+
+    out = work / f"mixtral-{dtype}.colibri"
+    if not out.exists():
+        log(f"converting to {out.name} ...")
+        convert(hf, out, dtype=dtype, target="host", max_seq_len=1024, progress=False)
+    return out
+
+
+def weight_bytes_per_decode_token(model: Path) -> int:
+    """Bytes of weights (and int8 scales) one decode token reads: attention, router, top_k
+    routed experts, shared expert, final norm, LM head, one embedding row."""
+    from colibri_kit.model.format import NONE, Kind, read_model
+
+    m = read_model(model)
+    h = m.header
+    total = 0
+    for rec in m:
+        size = rec.nbytes + rec.scale_nbytes
+        if rec.kind in (Kind.EXPERT_W1, Kind.EXPERT_W3, Kind.EXPERT_W2):
+            total += size * h.top_k / h.num_experts  # top_k of E experts per layer
+        elif rec.kind == Kind.TOK_EMBED:
+            total += size // h.vocab_size  # one row
+            if h.flags & 16:  # tied: the LM head reads the whole matrix
+                total += size
+        else:
+            total += size
+    del NONE
+    return int(total)
+
+
+def bandwidth_gbs(threads: int) -> float:
+    with tempfile.TemporaryDirectory() as d:
+        src, exe = Path(d) / "bw.c", Path(d) / "bw"
+        src.write_text(BANDWIDTH_C)
+        subprocess.run(["cc", "-O3", "-o", str(exe), str(src), "-lpthread"], check=True)
+        return float(subprocess.run([str(exe), str(threads)], capture_output=True, text=True,
+                                    check=True).stdout)
+
+
+def colibri_bench(binary: Path, model: Path, threads: int, prompt: int, gen: int, runs: int) -> dict:
+    proc = subprocess.run([str(binary), "--backend", "cpu", "--threads", str(threads), "bench",
+                           str(model), "--prompt-len", str(prompt), "--gen", str(gen), "--runs",
+                           str(runs), "--json"], capture_output=True, text=True, check=True)
+    return json.loads(proc.stdout)
+
+
+def transformers_bench(hf: Path, threads: int, prompt: int, gen: int, runs: int) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(threads)
+    t0 = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
+    load_ms = (time.perf_counter() - t0) * 1e3
+    ids = torch.tensor([[(i * 7919 + 13) % GEOMETRY["vocab_size"] for i in range(prompt)]])
+    prefill, decode = [], []
+    with torch.no_grad():
+        for _ in range(runs):
+            a = time.perf_counter()
+            out = model(ids, use_cache=True)
+            b = time.perf_counter()
+            past, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
+            for _ in range(gen):
+                out = model(nxt, past_key_values=past, use_cache=True)
+                past, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
+            c = time.perf_counter()
+            prefill.append((b - a) * 1e3)
+            decode.append(c - b)
+    prefill.sort()
+    return {"load_ms": load_ms, "prefill_ms_p50": prefill[len(prefill) // 2],
+            "decode_tok_s": gen * runs / sum(decode)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
+    ap.add_argument("--dtypes", default="f32,f16,int8")
+    ap.add_argument("--prompt-len", type=int, default=64)
+    ap.add_argument("--gen", type=int, default=32)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "colibri-bench")
+    ap.add_argument("--skip-transformers", action="store_true")
+    args = ap.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+
+    from colibri_kit.build import build
+
+    binary = build("host", where="host", progress=lambda m: None).dist_dir / "bin" / "colibri"
+    hf = hf_checkpoint(args.work)
+    bw = bandwidth_gbs(args.threads)
+    print(f"machine: {os.cpu_count()} CPUs, {args.threads} threads, read bandwidth {bw:.1f} GB/s")
+    print(f"model: random Mixtral {GEOMETRY['hidden_size']}x{GEOMETRY['num_hidden_layers']} layers, "
+          f"{GEOMETRY['num_local_experts']} experts top-{GEOMETRY['num_experts_per_tok']}, "
+          f"FFN {GEOMETRY['intermediate_size']}, vocab {GEOMETRY['vocab_size']}; "
+          f"prompt {args.prompt_len}, generate {args.gen}, runs {args.runs}")
+    print(f"{'engine':<22}{'load ms':>9}{'prefill ms':>12}{'decode tok/s':>14}"
+          f"{'MB/token':>10}{'roofline tok/s':>16}{'of roofline':>13}")
+    results = {}
+    for dtype in args.dtypes.split(","):
+        model = converted(hf, args.work, dtype)
+        r = colibri_bench(binary, model, args.threads, args.prompt_len, args.gen, args.runs)
+        per_tok = weight_bytes_per_decode_token(model)
+        roof = bw * 1e9 / per_tok
+        results[f"colibri-{dtype}"] = {**r, "bytes_per_token": per_tok, "roofline_tok_s": roof}
+        print(f"{'colibri ' + dtype:<22}{r['load_ms']:>9.1f}{r['prefill_ms_p50']:>12.1f}"
+              f"{r['decode_tok_s']:>14.2f}{per_tok / 1e6:>10.1f}{roof:>16.2f}"
+              f"{100 * r['decode_tok_s'] / roof:>12.1f}%")
+    if not args.skip_transformers:
+        t = transformers_bench(hf, args.threads, args.prompt_len, args.gen, args.runs)
+        results["transformers-f32"] = t
+        print(f"{'transformers f32':<22}{t['load_ms']:>9.1f}{t['prefill_ms_p50']:>12.1f}"
+              f"{t['decode_tok_s']:>14.2f}")
+        c = results.get("colibri-f32")
+        if c:
+            print(f"colibri f32 vs transformers f32: decode x{c['decode_tok_s'] / t['decode_tok_s']:.2f}, "
+                  f"prefill x{t['prefill_ms_p50'] / c['prefill_ms_p50']:.2f}")
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
