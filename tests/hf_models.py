@@ -22,6 +22,9 @@ from typing import Any
 
 import numpy as np
 
+# Relative logit error allowed per weight type (docs/models.md, "Accuracy"):
+# max |logits - transformers| / max |transformers logits| over every position.
+TOLERANCE = {"f32": 1e-4, "f16": 2e-3, "bf16": 1.5e-2, "int8": 3e-2}
 GREEDY_PROMPT = [3, 17, 42, 5, 99, 7, 11, 64]
 GREEDY_NEW = 32
 LOGIT_PROMPT = [1, 2, 3, 250, 7, 19, 200, 33, 90, 4, 141, 5]
@@ -82,6 +85,8 @@ def _cases() -> dict[str, Case]:
 
 CASES = _cases()
 FAMILY_CASES = ["mixtral", "mixtral_tied", "qwen2_moe", "qwen2_moe_norm", "qwen3_moe", "olmoe"]
+ALL_CASES = FAMILY_CASES + ["mixtral_bf16_sharded"]
+DTYPES = ["f32", "f16", "bf16", "int8"]
 
 
 def _config(case: Case):  # -> transformers.PretrainedConfig
@@ -189,10 +194,14 @@ def hf_logits(model: Any, ids: list[int]) -> np.ndarray:
 
 def hf_greedy(model: Any, ids: list[int], n: int) -> list[int]:
     """Greedy continuation with transformers' KV cache; never stops early (no EOS handling)."""
+    import warnings
+
     import torch
 
     out: list[int] = []
-    with torch.no_grad():
+    with torch.no_grad(), warnings.catch_warnings():
+        # transformers 5.2x renames forward's past_key_values to cache; accept either release.
+        warnings.simplefilter("ignore", FutureWarning)
         res = model(torch.tensor([ids]), use_cache=True)
         for _ in range(n):
             tok = int(torch.argmax(res.logits[0, -1]))
@@ -266,6 +275,33 @@ def fuse_experts(tensors: dict[str, np.ndarray], n_layers: int, n_experts: int, 
         out[f"{fbase}.down_proj"] = down
         if fused_prefix and fused_prefix != prefix:
             out[f"model.layers.{i}.{fused_prefix}.gate.weight"] = out.pop(f"model.layers.{i}.{prefix}.gate.weight")
+    return out
+
+
+class Expected:
+    """transformers' answers for one checkpoint: prompt logits, greedy ids, routed experts."""
+
+    def __init__(self, path: Path) -> None:
+        import torch
+
+        model = load_hf(path)
+        self.logits = hf_logits(model, LOGIT_PROMPT)
+        self.greedy = hf_greedy(model, GREEDY_PROMPT, GREEDY_NEW)
+        with torch.no_grad():
+            out = model(torch.tensor([LOGIT_PROMPT]), output_router_logits=True)
+        top_k = model.config.num_experts_per_tok
+        self.experts = [torch.topk(torch.softmax(r.float(), -1), top_k, -1).indices.numpy()
+                        for r in out.router_logits]  # per layer [tokens, k]
+
+
+def converted(root: Path, name: str, dtype: str) -> Path:
+    """Case ``name`` converted to ``dtype`` for a pad of 64 (built once per session)."""
+    from colibri_kit.model.convert import TargetModelLimits, convert
+
+    out = root / f"{name}.{dtype}.colibri"
+    if not out.exists():
+        convert(checkpoint(name, root), out, dtype=dtype, limits=TargetModelLimits("host", 64, 64, 8),
+                progress=False)
     return out
 
 

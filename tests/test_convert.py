@@ -312,7 +312,7 @@ def test_safetensors_bf16_and_f16_read_exactly(tmp_path: Path) -> None:
 
 
 def _big_mixtral(path: Path) -> tuple[int, int]:
-    """A hand-written Mixtral checkpoint of ~14 MB whose largest tensor is 0.8 MB."""
+    """A hand-written Mixtral checkpoint of ~13 MB whose largest tensor is 0.8 MB."""
     d, f, e_n, v, layers = 200, 256, 8, 1000, 2
     rng = np.random.default_rng(0)
     t: dict[str, np.ndarray] = {"model.embed_tokens.weight": rng.standard_normal((v, d)),

@@ -123,7 +123,7 @@ def build_header(m: HFModel, dtype: DType, limits: TargetModelLimits, max_seq_le
 def plan_tensors(m: HFModel, ck: Checkpoint) -> list[Item]:
     """Every tensor of the output, with its checkpoint source; refuses missing/mis-shaped/unknown ones."""
     p = Planner(ck)
-    d, v, f, e_n = m.hidden, m.vocab, m.expert_ffn, m.experts
+    d, v, e_n = m.hidden, m.vocab, m.experts
     hq, hkv = m.heads * m.head_dim, m.kv_heads * m.head_dim
     items: list[Item] = []
 
