@@ -388,3 +388,30 @@ def test_invoke_with_a_broken_profile_exits_nonzero_naming_file_and_key(tmp_path
         assert ("error: targets/orin-nx.yaml: colibri.routing_mode: 'topk' is not one of "
                 "softmax_topk, linear_score") in proc.stderr
     assert not (tmp_path / "build").exists()
+
+
+CLI_BROKEN = [
+    ("colibri: {bogus: 1}\n", "colibri.bogus: unknown key 'bogus'; allowed keys: embed_pad"),
+    ("colibri: {top_k: eight}\n", "colibri.top_k: expected an integer, got 'eight' (string)"),
+    ("colibri: {top_k: 128}\n", "colibri.top_k: 128 is larger than colibri.max_experts (64)"),
+    ("colibri: {embed_pad: 100}\n", "colibri.embed_pad: 100 is not allowed; must be a positive "
+                                    "multiple of 16"),
+    ("cuda: {version: '13.0', archs: [sm_72]}\n", "cuda.archs.0: sm_72 is not supported by "
+                                                  "CUDA 13.0; CUDA 13.0 targets: sm_75,"),
+    ("arch: riscv64\n", "arch: 'riscv64' is not one of aarch64, x86_64"),
+    ("glibc: 2.35\n", "glibc: expected a string, got 2.35 (number); quote it in YAML"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("appended,expected", CLI_BROKEN, ids=[e.split(":")[0] for _, e in
+                                                               CLI_BROKEN])
+def test_each_error_class_exits_nonzero_from_the_cli(tmp_path, appended, expected):
+    shutil.copytree(ROOT / "targets", tmp_path / "targets")
+    path = tmp_path / "targets" / "agx-thor.yaml"
+    kept = [line for line in path.read_text().splitlines(keepends=True)
+            if not line.startswith(appended.split(":")[0] + ":")]
+    path.write_text("".join(kept) + appended)
+    proc = _invoke("targets", "--show", "agx-thor", root=tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith(f"error: targets/agx-thor.yaml: {expected}"), proc.stderr
