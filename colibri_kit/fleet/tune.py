@@ -512,6 +512,17 @@ def tuning_summary(remote: Remote) -> dict[str, Any]:
             "gpu_governor": st.gpu_governor, "jetson_clocks": st.jetson_clocks_active}
 
 
+def summary_text(summary: dict[str, Any]) -> str:
+    """``tuning_summary`` as one table cell: "MAXN, cpu performance, gpu performance, clocks
+    pinned" (or "unknown: <why>")."""
+    if summary.get("mode") is None and summary.get("error"):
+        return f"unknown: {summary['error']}"
+    pinned = {True: "clocks pinned", False: "clocks free"}.get(summary.get("jetson_clocks"),
+                                                                "clocks ?")
+    return (f"{summary.get('mode') or '?'}, cpu {summary.get('cpu_governor') or '?'}, "
+            f"gpu {summary.get('gpu_governor') or '?'}, {pinned}")
+
+
 def show_lines(st: DeviceState) -> list[tuple[str, str]]:
     """(label, value) pairs for ``invoke tune --show``."""
     def mhz(v: int | None, scale: int) -> str:

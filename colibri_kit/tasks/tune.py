@@ -84,6 +84,9 @@ def tune(c: Context, fleet: str = "", hosts: str = "", group: str = "", target: 
     """Tune devices per their target profile (nvpmodel, jetson_clocks, governors) and verify."""
     if show and restore:
         raise FleetError("--show and --restore are separate actions: pick one")
+    if dry_run and (show or restore):
+        raise FleetError("--dry-run previews tuning only (--show never changes anything; "
+                         "--restore --dry-run is not supported)")
     inv = _inventory(c, fleet)
     chosen = _select(inv, hosts, group, target, tags)
     parallel = parallel or int(_cfg(c, "parallel", 8))

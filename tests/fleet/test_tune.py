@@ -304,7 +304,10 @@ def test_tuning_summary_for_smoke_tables(fleet) -> None:
             "gpu_governor": "nvhost_podgov", "jetson_clocks": False}
         tunelib.apply_host(remote, tunelib.plan_host(remote, load_profile("xavier-nx").tune),
                            host.root)
-        assert tunelib.tuning_summary(remote) == {
+        tuned = tunelib.tuning_summary(remote)
+        assert tuned == {
             "mode": "MODE_20W_6CORE", "mode_id": 8, "cpu_governor": "performance",
             "gpu_governor": "performance", "jetson_clocks": True}
+        assert tunelib.summary_text(tuned) == \
+            "MODE_20W_6CORE, cpu performance, gpu performance, clocks pinned"
         tunelib.restore_host(remote, host.root)
