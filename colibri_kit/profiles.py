@@ -204,13 +204,27 @@ def _rel(path: Path) -> str:
         return str(path)
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys (PyYAML silently keeps the last one)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _value in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def _read(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ProfileError(f"{_rel(path)}: cannot read: {exc.strerror}") from None
     try:
-        doc = yaml.safe_load(text)
+        doc = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (a SafeLoader subclass)
     except yaml.YAMLError as exc:
         where = getattr(exc, "problem_mark", None)
         line = f" (line {where.line + 1})" if where is not None else ""
@@ -322,7 +336,7 @@ class _Checker:
 
     def string(self, value: Any, kpath: tuple[str, ...], regex: re.Pattern[str] | None = None,
                allowed_desc: str = "") -> str:
-        hint = "; quote it in YAML, e.g. \"2.35\"" if isinstance(value, (int, float)) and \
+        hint = f'; quote it in YAML, e.g. "{value}"' if isinstance(value, (int, float)) and \
             not isinstance(value, bool) else ""
         self.typed(value, kpath, str, "a string", hint)
         if regex is not None and not regex.match(value):

@@ -340,6 +340,9 @@ def test_invalid_yaml_and_non_mapping(tmp_path):
     with pytest.raises(ProfileError, match=r"not valid YAML \(line \d+\)") as err:
         load_profile("dev", tmp_path)
     assert str(err.value).startswith(str(path))
+    write(tmp_path, "dev", "name: dev\ncolibri: {top_k: 1}\ncolibri: {top_k: 2}\n")
+    with pytest.raises(ProfileError, match=r"not valid YAML \(line 3\): duplicate key 'colibri'"):
+        load_profile("dev", tmp_path)
     write(tmp_path, "dev", "- just\n- a list\n")
     with pytest.raises(ProfileError, match=r"must be a mapping"):
         load_profile("dev", tmp_path)
