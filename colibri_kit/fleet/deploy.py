@@ -312,6 +312,8 @@ def deploy_host(remote: SSHRemote, host: Host, art: Artifact, profile: object, *
         result.uploaded += _upload_model(remote, art, root, hooks)
     if not have_release:
         result.uploaded += _upload_release(remote, art, root, hooks)
+    if state.current:
+        result.extra["previous"] = state.current
     if state.current != art.release_id:
         rel.activate(remote, root, art.release_id)
         result.result = "ok"
@@ -390,17 +392,33 @@ def deploy(inv: Inventory, hosts: list[Host], art: Artifact, profile: object, *,
         ok = all(r.ok for r in results)
         if ok and smoke_fn is not None:
             smoked = {s.host: s for s in smoke_fn(first)}
-            for r in results:
-                s = smoked.get(r.host)
-                if s is not None and not s.ok:
-                    r.result = "failed"
-                    r.detail = f"canary smoke test failed: {s.detail}"
-                    ok = False
+            bad = [h for h in first if h.name in smoked and not smoked[h.name].ok]
+            if bad:
+                ok = False
+                # A canary that fails its smoke test goes back to what it ran before.
+                back = {r.host: r for r in run_on_hosts(bad, make, _undo(results), parallel=parallel)}
+                for r in results:
+                    if r.host in back:
+                        r.result = "failed"
+                        r.detail = (f"canary smoke test failed: {smoked[r.host].detail}; "
+                                    f"{back[r.host].detail}")
         if not ok:
             return results + [HostResult(host=h.name, release=art.release_id, result="skipped",
                                          detail="canary failed") for h in rest]
     remaining_failures = None if max_failures is None else max(0, max_failures - sum(not r.ok for r in results))
     return results + run_on_hosts(rest, make, one, parallel=parallel, max_failures=remaining_failures)
+
+
+def _undo(results: list[HostResult]) -> Callable[[SSHRemote, Host], HostResult]:
+    previous = {r.host: r.extra.get("previous") for r in results}
+
+    def one(remote: SSHRemote, host: Host) -> HostResult:
+        prev = previous.get(host.name)
+        if not prev:
+            return HostResult(host=host.name, result="failed", detail="no previous release to go back to")
+        rel.rollback(remote, host.root, to=prev)
+        return HostResult(host=host.name, release=prev, result="ok", detail=f"rolled back to {prev}")
+    return one
 
 
 def results_table(results: list[HostResult], extra_cols: list[str] | None = None) -> str:

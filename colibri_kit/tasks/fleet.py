@@ -132,4 +132,54 @@ def status(c: Context, fleet: str = "", hosts: str = "", group: str = "", target
         raise Exit("some hosts are unreachable", code=1)
 
 
-TASKS = [deploy, rollback, status]
+def _tuning_column():
+    """The tuning state next to the latency figures (issue 6), when the tuning module is present."""
+    try:
+        from colibri_kit.fleet.tune import tuning_summary
+    except ImportError:
+        return []
+
+    def fields(remote, host: Host) -> dict[str, str]:
+        t = tuning_summary(remote)
+        if t.get("error"):
+            return {"tuning": "unknown"}
+        cpu = t.get("cpu_governor")
+        cpu = ",".join(sorted(set(cpu.values()))) if isinstance(cpu, dict) else (cpu or "?")
+        clocks = "clocks-max" if t.get("jetson_clocks") else "clocks-dfs"
+        return {"tuning": f"{t.get('mode') or '?'} cpu:{cpu} gpu:{t.get('gpu_governor') or '?'} {clocks}"}
+    return [fields]
+
+
+@task(help={
+    **SELECT_HELP,
+    "target": "target profile to check against (prompt, threshold, device identity); also selects "
+              "hosts whose target is T, or hosts with no target",
+    "model": "local copy of the deployed model for the reference (default: fetched from a device "
+             "once, by sha256, into the kit cache)",
+    "max_first_token_ms": "override the profile's first-token p99 limit (e.g. for emulated devices under qemu)",
+    "bench_runs": "colibri bench --runs (default 5)",
+    "json": "print results as JSON (for CI)",
+})
+@user_errors
+def smoke(c: Context, target: str, fleet: str = "", hosts: str = "", group: str = "", tags: str = "",
+          parallel: int = 0, model: str = "", max_first_token_ms: float = -1.0, bench_runs: int = 5,
+          accept_new_host_keys: bool = False, json: bool = False) -> None:
+    """Run the deployed colibri on each device: logits/top-k/greedy vs the NumPy reference, latency."""
+    from colibri_kit.fleet import smoke as smokelib
+    from colibri_kit.profiles import load_profile
+
+    profile = load_profile(target)
+    inv = _inventory(c, fleet)
+    chosen = [h for h in _select(inv, hosts, group, "", tags) if h.target in (None, target)]
+    if not chosen:
+        raise FleetError(f"no selected host has target {target}")
+    results = smokelib.smoke(
+        inv, chosen, profile, parallel=parallel or _cfg(c, "parallel", 8),
+        model=Path(model) if model else None,
+        max_first_token_ms=None if max_first_token_ms < 0 else max_first_token_ms,
+        accept_new=accept_new_host_keys, bench_runs=bench_runs, extra_fields=_tuning_column())
+    cols = smokelib.SMOKE_COLUMNS + (["tuning"] if any("tuning" in r.extra for r in results) else [])
+    _finish(results, json, cols)
+
+
+TASKS = [deploy, rollback, status, smoke]

@@ -1,0 +1,208 @@
+"""`invoke smoke`: prove each device answers correctly and fast with what is deployed on it.
+
+Per host: the device is the kind the target profile describes; the deployed ``current/bin/colibri``
+run on the deployed ``current/model.colibri`` with the profile's fixed prompt gives logits that
+match the NumPy reference computed here from the same model file (same sha256) within the dtype's
+tolerance, the same top-k tokens, and the same greedy continuation; ``colibri bench --json``
+reports a first-token p99 under the profile's threshold (or an explicit override, e.g. for
+emulated devices running under qemu). Extra per-host columns (the tuning state) come from
+``extra_fields`` callables so other concerns can add to the table without changing this module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import secrets
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from colibri_kit.errors import FleetError, KitError
+from colibri_kit.fleet import release as rel
+from colibri_kit.fleet.connect import SSHRemote
+from colibri_kit.fleet.deploy import HostResult, connect_for, file_sha256, run_on_hosts
+from colibri_kit.fleet.inventory import Host, Inventory
+from colibri_kit.paths import cache_dir
+
+# Max |device - reference| relative to max |reference logit|, by the model's weight dtype. The
+# reference dequantises exactly as the runtime does; what is left is f32 summation order and, for
+# narrower types, the runtime's fused dequantise-multiply paths.
+TOLERANCE = {"f32": 1e-4, "f16": 1e-3, "bf16": 1e-3, "int8": 1e-2}
+TOP_K = 5
+
+ExtraFields = Callable[[SSHRemote, Host], dict[str, str]]
+
+
+@dataclass
+class Expected:
+    """What the reference says for one model and prompt (computed once per model sha)."""
+
+    logits: np.ndarray        # [n, V] float32
+    greedy: list[int]
+    dtype: str
+
+
+class ReferenceCache:
+    """Local model copies (content addressed) and their reference outputs, shared by threads."""
+
+    def __init__(self, local_model: Path | None = None, store: Path | None = None) -> None:
+        self.local_model = local_model
+        self.local_sha = file_sha256(local_model) if local_model else None
+        self.store = store or (cache_dir() / "models")
+        self.lock = threading.Lock()
+        self.expected: dict[tuple[str, tuple[int, ...], int], Expected] = {}
+
+    def model_file(self, remote: SSHRemote, remote_path: str, sha: str) -> Path:
+        if self.local_sha == sha and self.local_model is not None:
+            return self.local_model
+        if self.local_model is not None:
+            raise FleetError(f"{remote.name}: the deployed model is {sha[:12]}, the --model given "
+                             f"is {self.local_sha[:12] if self.local_sha else '?'}")
+        path = self.store / f"{rel.validate_sha(sha)}.colibri"
+        with self.lock:
+            if not path.exists() or file_sha256(path) != sha:
+                # Fetch the device's copy once; it is content addressed, so any device's will do.
+                self.store.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_suffix(f".tmp-{secrets.token_hex(4)}")
+                try:
+                    remote.sftp().get(remote_path, str(tmp))
+                except OSError as exc:
+                    raise FleetError(f"{remote.name}: cannot fetch {remote_path}: {exc}") from None
+                if file_sha256(tmp) != sha:
+                    tmp.unlink()
+                    raise FleetError(f"{remote.name}: the deployed model does not match its sha256 {sha[:12]}")
+                os.replace(tmp, path)
+        return path
+
+    def expect(self, model: Path, sha: str, ids: tuple[int, ...], greedy_tokens: int) -> Expected:
+        from colibri_kit.model.reference import Reference
+
+        key = (sha, ids, greedy_tokens)
+        with self.lock:
+            if key not in self.expected:
+                ref = Reference(model)
+                logits = ref.forward(list(ids)).astype(np.float32)
+                ref = Reference(model)
+                greedy = [int(t) for t in ref.generate(list(ids), greedy_tokens)]
+                dtype = _dtype_name(ref)
+                self.expected[key] = Expected(logits, greedy, dtype)
+            return self.expected[key]
+
+
+def _dtype_name(ref: Any) -> str:
+    from colibri_kit.model.format import DType
+
+    try:
+        return DType(ref.h.dtype).name.lower()
+    except (ValueError, AttributeError):
+        return "f32"
+
+
+def compare_logits(got: np.ndarray, want: np.ndarray, dtype: str) -> tuple[list[str], float]:
+    """Problems (empty when they agree) and the relative max error."""
+    problems = []
+    if got.shape != want.shape:
+        return [f"logits shape {got.shape}, reference {want.shape}"], float("inf")
+    scale = float(np.max(np.abs(want))) or 1.0
+    err = float(np.max(np.abs(got - want))) / scale
+    tol = TOLERANCE.get(dtype, TOLERANCE["f32"])
+    if not np.isfinite(err) or err > tol:
+        problems.append(f"logits differ from the reference: rel. error {err:.2e} > {tol:g} ({dtype})")
+    for pos in range(want.shape[0]):
+        k = min(TOP_K, want.shape[1])
+        want_top = np.argsort(-want[pos], kind="stable")[:k]
+        got_top = np.argsort(-got[pos], kind="stable")[:k]
+        if want_top[0] != got_top[0] or set(want_top.tolist()) != set(got_top.tolist()):
+            problems.append(f"top-{k} at position {pos}: device {got_top.tolist()}, reference {want_top.tolist()}")
+            break
+    return problems, err
+
+
+def smoke_host(remote: SSHRemote, host: Host, profile: Any, refs: ReferenceCache, *,
+               max_first_token_ms: float | None = None, bench_runs: int = 5,
+               extra_fields: list[ExtraFields] | None = None) -> HostResult:
+    res = HostResult(host=host.name, result="failed")
+    problems: list[str] = []
+    info = rel.identify(remote)
+    problems += rel.check_device(info, profile, host.name)
+    root = host.root
+    current = rel.current_release(remote, root)
+    if current is None:
+        raise FleetError(f"{host.name}: nothing deployed under {root} (run invoke deploy first)")
+    res.release = current
+    meta = rel.release_meta(remote, root, current) or {}
+    if meta.get("target") not in (None, profile.name):
+        problems.append(f"deployed release is for {meta.get('target')}, not {profile.name}")
+    sha = meta.get("model_sha256")
+    if not sha:
+        raise FleetError(f"{host.name}: release {current} has no model (deploy with --model FILE)")
+    res.model = sha[:12]
+    binary = posixpath.join(root, "current", "bin", "colibri")
+    model_remote = posixpath.join(root, "current", "model.colibri")
+    local_model = refs.model_file(remote, model_remote, sha)
+    spec = profile.smoke
+    ids = tuple(int(i) for i in spec.prompt_ids)
+    want = refs.expect(local_model, sha, ids, int(spec.greedy_tokens))
+    id_arg = ",".join(str(i) for i in ids)
+
+    out = f"/tmp/colibri-smoke-{secrets.token_hex(6)}.f32"
+    try:
+        remote.run([binary, "forward", model_remote, "--ids", id_arg, "--logits-out", out], timeout=300)
+        with remote.sftp().open(out, "rb") as fh:
+            raw = fh.read()
+    finally:
+        remote.run(["rm", "-f", "--", out], check=False)
+    got = np.frombuffer(raw, dtype="<f4")
+    if got.size % max(1, len(ids)) == 0:
+        got = got.reshape(len(ids), -1)
+    logit_problems, err = compare_logits(got, want.logits, want.dtype)
+    problems += logit_problems
+    res.extra["logits"] = f"{err:.1e}"
+
+    gen = json.loads(remote.run([binary, "generate", model_remote, "--ids", id_arg, "--max-new",
+                                 str(spec.greedy_tokens)], timeout=300).stdout)
+    new_ids = [int(t) for t in gen.get("new_ids", [])]
+    res.extra["greedy"] = "same" if new_ids == want.greedy else "DIFFERENT"
+    if new_ids != want.greedy:
+        problems.append(f"greedy continuation {new_ids}, reference {want.greedy}")
+
+    bench = json.loads(remote.run([binary, "bench", model_remote, "--runs", str(bench_runs), "--json"],
+                                  timeout=600).stdout)
+    p99 = float(bench.get("first_token_ms_p99", float("nan")))
+    limit = float(max_first_token_ms if max_first_token_ms is not None else spec.max_first_token_ms_p99)
+    res.extra["p99_ms"] = f"{p99:.1f}/{limit:g}"
+    backend = bench.get("backend", {})
+    res.extra["backend"] = backend.get("name", "?") if isinstance(backend, dict) else str(backend)
+    if not p99 <= limit:
+        problems.append(f"first-token p99 {p99:.1f} ms > {limit:g} ms")
+
+    for fn in extra_fields or []:
+        try:
+            res.extra.update(fn(remote, host))
+        except KitError as exc:
+            res.extra["note"] = str(exc)
+
+    res.result = "failed" if problems else "ok"
+    res.detail = "; ".join(problems) if problems else f"device {info.model or info.arch}, L4T {info.l4t or '?'}"
+    return res
+
+
+def smoke(inv: Inventory, hosts: list[Host], profile: Any, *, parallel: int = 8,
+          model: Path | None = None, max_first_token_ms: float | None = None,
+          accept_new: bool = False, bench_runs: int = 5,
+          extra_fields: list[ExtraFields] | None = None) -> list[HostResult]:
+    refs = ReferenceCache(model)
+
+    def one(remote: SSHRemote, host: Host) -> HostResult:
+        return smoke_host(remote, host, profile, refs, max_first_token_ms=max_first_token_ms,
+                          bench_runs=bench_runs, extra_fields=extra_fields)
+    return run_on_hosts(hosts, connect_for(inv, accept_new), one, parallel=parallel)
+
+
+SMOKE_COLUMNS = ["logits", "greedy", "p99_ms", "backend"]
