@@ -108,6 +108,10 @@ def test_prefill_then_decode_equals_one_prefill(tmp_path: Path) -> None:
     assert ref.pos == len(ids) and len(ref.routing) == len(ids)
     ref.reset()
     np.testing.assert_array_equal(ref.forward(ids), whole)
+    # Large models are dequantised on every use instead of cached: same numbers.
+    lazy = Reference(path, cache=False)
+    np.testing.assert_array_equal(lazy.forward(ids), whole)
+    assert not lazy.w and len(ref.w) == 41
 
 
 def test_tiny_model_generation_and_routing(tmp_path: Path) -> None:

@@ -32,14 +32,20 @@ class Route:
 
 
 class Reference:
-    def __init__(self, model: str | os.PathLike[str] | ColibriModel, dtype: type = np.float32) -> None:
+    # Keep dequantised weights in memory when they fit in this many bytes; larger models are
+    # dequantised tensor by tensor on every use (slow, but memory stays near one tensor).
+    CACHE_LIMIT = 2 << 30
+
+    def __init__(self, model: str | os.PathLike[str] | ColibriModel, dtype: type = np.float32,
+                 cache: bool | None = None) -> None:
         self.model = model if isinstance(model, ColibriModel) else read_model(model)
         self.h = self.model.header
         self.dtype = np.dtype(dtype)
         h = self.h
-        self.w: dict[tuple[int, int, int], np.ndarray] = {
-            key: self.model.tensor(Kind(key[0]), key[1], key[2]).astype(self.dtype)
-            for key in self.model.records}
+        if cache is None:
+            cache = sum(r.rows * r.cols for r in self.model) * self.dtype.itemsize <= self.CACHE_LIMIT
+        self.cache = cache
+        self.w: dict[tuple[int, int, int], np.ndarray] = {}
         self.group = h.n_heads // h.n_kv_heads
         half = h.head_dim // 2
         # Frequency of pair i is theta^(-2i/Dh).
@@ -51,7 +57,14 @@ class Reference:
 
     # -- weights ---------------------------------------------------------------------------
     def W(self, kind: Kind, layer: int = NONE, expert: int = NONE) -> np.ndarray:  # noqa: N802
-        return self.w[(int(kind), layer, expert)]
+        """One weight tensor, dequantised to the reference's dtype (padded shape)."""
+        key = (int(kind), layer, expert)
+        w = self.w.get(key)
+        if w is None:
+            w = self.model.tensor(kind, layer, expert).astype(self.dtype)
+            if self.cache:
+                self.w[key] = w
+        return w
 
     def vec(self, kind: Kind, layer: int = NONE) -> np.ndarray:
         return self.W(kind, layer)[0]
