@@ -128,12 +128,13 @@ def test_tune_show_verify_restore_round_trip(fleet, tmp_path: Path) -> None:
     assert (xavier / "sys/devices/17000000.gv11b/devfreq/17000000.gv11b/governor").read_text() \
         == "performance\n"
 
+    tuned = {d.name: faked(fleet, d.name) for d in fleet.devices}
     show = invoke("--fleet", str(ff), "--show")
     assert show.returncode == 0, show.stderr
     lines = {l.split()[0]: l for l in show.stdout.splitlines()[2:]}
     assert "MAXN (id 0)" in lines["jetson-00"] and "MODE_20W_6CORE (id 8)" in lines["jetson-01"]
     assert all(" active " in lines[h] and "255/255" in lines[h] for h in lines)
-    assert {d.name: faked(fleet, d.name) for d in fleet.devices} != before  # --show changed nothing
+    assert {d.name: faked(fleet, d.name) for d in fleet.devices} == tuned  # --show changed nothing
 
     back = invoke("--fleet", str(ff), "--restore")
     assert back.returncode == 0, back.stdout + back.stderr
