@@ -116,12 +116,16 @@ def _write_if_changed(path: Path, data: bytes) -> bool:
 
 
 @contextlib.contextmanager
-def _target_lock(target: str):
+def _target_lock(target: str, progress: Progress):
     """One build per target at a time (several shells or test sessions may share a checkout)."""
     lock = paths.build_dir(target) / ".lock"
     lock.parent.mkdir(parents=True, exist_ok=True)
     with lock.open("a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            progress(f"waiting for another build of {target} in this checkout to finish")
+            fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield
         finally:
@@ -381,7 +385,7 @@ def build(target: str, *, where: str = "auto", debug: bool = False,
             raise BuildError("kernel_source cannot be used with --in docker")
         return build_in_docker(target, debug=debug, cuda_archs=cuda_archs,
                                cuda_version=cuda_version, jobs=jobs, progress=say)
-    with _target_lock(target):
+    with _target_lock(target, say):
         return _build_here(target, debug=debug, cuda_archs=cuda_archs, cuda_version=cuda_version,
                            nvcc=nvcc, kernel_source=kernel_source, jobs=jobs, progress=say)
 
