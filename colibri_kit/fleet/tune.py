@@ -34,14 +34,14 @@ DEVFREQ_DIR = "/sys/class/devfreq"
 EMC_DIR = "/sys/kernel/debug/bpmp/debug/clk/emc"
 FAN_PWM = "/sys/devices/platform/pwm-fan/hwmon/hwmon0/pwm1"
 
-GOVERNOR_RE = re.compile(r"^[a-z0-9_]{1,32}$")
-MODE_NAME_RE = re.compile(r"^[A-Za-z0-9_]{1,48}$")
-CPU_LIST_RE = re.compile(r"^[0-9]{1,4}(?:-[0-9]{1,4})?(?:,[0-9]{1,4}(?:-[0-9]{1,4})?)*$")
-GPU_NODE_RE = re.compile(r"^(?:[0-9a-f]{1,16}\.(?:gpu|gv11b|ga10b|gp10b)|gpu-gpc-[0-9]{1,2})$")
-CPU_GOV_PATH_RE = re.compile(r"^/sys/devices/system/cpu/cpu[0-9]{1,4}/cpufreq/scaling_governor$")
+GOVERNOR_RE = re.compile(r"^[a-z0-9_]{1,32}\Z")
+MODE_NAME_RE = re.compile(r"^[A-Za-z0-9_]{1,48}\Z")
+CPU_LIST_RE = re.compile(r"^[0-9]{1,4}(?:-[0-9]{1,4})?(?:,[0-9]{1,4}(?:-[0-9]{1,4})?)*\Z")
+GPU_NODE_RE = re.compile(r"^(?:[0-9a-f]{1,16}\.(?:gpu|gv11b|ga10b|gp10b)|gpu-gpc-[0-9]{1,2})\Z")
+CPU_GOV_PATH_RE = re.compile(r"^/sys/devices/system/cpu/cpu[0-9]{1,4}/cpufreq/scaling_governor\Z")
 GPU_GOV_PATH_RE = re.compile(
-    r"^/sys/class/devfreq/(?:[0-9a-f]{1,16}\.(?:gpu|gv11b|ga10b|gp10b)|gpu-gpc-[0-9]{1,2})/governor$")
-DEVICE_ROOT_RE = re.compile(r"^/[A-Za-z0-9._/-]*$")
+    r"^/sys/class/devfreq/(?:[0-9a-f]{1,16}\.(?:gpu|gv11b|ga10b|gp10b)|gpu-gpc-[0-9]{1,2})/governor\Z")
+DEVICE_ROOT_RE = re.compile(r"^/[A-Za-z0-9._/-]*\Z")
 POWER_MODEL_RE = re.compile(r"POWER_MODEL:\s*ID=([0-9]+)\s+NAME=(\S+)")
 REBOOT_RE = re.compile(r"reboot required|do you want to reboot", re.IGNORECASE)
 

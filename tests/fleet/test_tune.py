@@ -248,7 +248,7 @@ def test_missing_sudo_fails_fast_and_a_given_password_works(fleet, tmp_path: Pat
 
 HOSTILE = ["performance; touch /tmp/colibri-pwned", "$(touch /tmp/colibri-pwned)",
            "`touch /tmp/colibri-pwned`", "performance\ntouch /tmp/colibri-pwned",
-           "../../../../tmp/colibri-pwned", "x' || touch /tmp/colibri-pwned '"]
+           "../../../../tmp/colibri-pwned", "x' || touch /tmp/colibri-pwned '", "performance\n"]
 
 
 def test_hostile_values_never_reach_a_shell(fleet) -> None:
