@@ -119,6 +119,7 @@ class ElfInfo:
     interpreter: str | None
     needed: tuple[str, ...]                 # DT_NEEDED libraries
     version_needs: tuple[tuple[str, str], ...]  # (library, version name), e.g. (libc.so.6, GLIBC_2.34)
+    version_index: tuple[tuple[str, int], ...] = ()  # (version name, index .gnu.version uses)
 
     @property
     def machine(self) -> int:
@@ -130,17 +131,19 @@ class ElfInfo:
 
     @property
     def glibc_versions(self) -> tuple[tuple[int, ...], ...]:
-        out = set()
-        for _lib, ver in self.version_needs:
-            m = _GLIBC_VER_RE.match(ver)
-            if m:
-                out.add(tuple(int(g) for g in m.groups() if g is not None))
-        return tuple(sorted(out))
+        found = {_glibc_tuple(ver) for _lib, ver in self.version_needs}
+        return tuple(sorted(v for v in found if v is not None))
 
     @property
     def max_glibc(self) -> tuple[int, ...] | None:
         versions = self.glibc_versions
         return versions[-1] if versions else None
+
+
+def _glibc_tuple(version_name: str) -> tuple[int, ...] | None:
+    """``GLIBC_2.34`` -> (2, 34); ``GLIBC_2.2.5`` -> (2, 2, 5); anything else -> None."""
+    m = _GLIBC_VER_RE.match(version_name)
+    return tuple(int(g) for g in m.groups() if g is not None) if m else None
 
 
 def _fmt(fmt64: str, fmt32: str, bits: int) -> str:
@@ -192,7 +195,7 @@ def parse_elf(data: bytes) -> ElfInfo:
         raise ElfFormatError(f"address {vaddr:#x} is not in any PT_LOAD segment")
 
     needed: list[str] = []
-    needs: list[tuple[str, str]] = []
+    needs: list[tuple[str, str, int]] = []
     if dynamic is not None:
         entries: dict[int, int] = {}
         needed_off: list[int] = []
@@ -216,20 +219,57 @@ def parse_elf(data: bytes) -> ElfInfo:
                                       entries.get(DT_VERNEEDNUM, 0), strtab, strend)
     elif h.shnum and h.shoff:
         needs = _verneed_from_sections(data, h)
-    return ElfInfo(h, interp, tuple(needed), tuple(needs))
+    return ElfInfo(h, interp, tuple(needed), tuple((lib, ver) for lib, ver, _ in needs),
+                   tuple((ver, idx) for _, ver, idx in needs))
+
+
+SHT_GNU_VERSYM = 0x6FFFFFFF
+
+
+def symbols_needing(data: bytes, info: ElfInfo, versions: set[str]) -> list[str]:
+    """Dynamic symbols bound to any of ``versions`` (e.g. ``pthread_create@GLIBC_2.34``).
+
+    Reads ``.dynsym`` and ``.gnu.version`` through the section headers; returns [] when they
+    are stripped (the version check itself does not need them).
+    """
+    h = info.header
+    wanted = {idx: ver for ver, idx in info.version_index if ver in versions}
+    if not wanted or not h.shoff or not h.shnum:
+        return []
+    shfmt = _fmt("<IIQQQQIIQQ", "<IIIIIIIIII", h.elf_class)
+    try:
+        sections = [_unpack(shfmt, data, h.shoff + i * h.shentsize) for i in range(h.shnum)]
+        dynsym = next((sh for sh in sections if sh[1] == SHT_DYNSYM), None)
+        versym = next((sh for sh in sections if sh[1] == SHT_GNU_VERSYM), None)
+        if dynsym is None or versym is None or dynsym[6] >= len(sections):
+            return []
+        sym_off, sym_size, link, entsize = dynsym[4], dynsym[5], dynsym[6], dynsym[9]
+        str_off = sections[link][4]
+        out = []
+        for i in range(sym_size // entsize if entsize else 0):
+            (ver,) = _unpack("<H", data, versym[4] + 2 * i)
+            if (ver & 0x7FFF) in wanted:
+                (st_name,) = _unpack("<I", data, sym_off + i * entsize)
+                out.append(f"{_cstr(data, str_off + st_name)}@{wanted[ver & 0x7FFF]}")
+        return sorted(set(out))
+    except ElfFormatError:
+        return []
 
 
 def _read_verneed(data: bytes, off: int, count: int, strtab: int,
-                  strend: int) -> list[tuple[str, str]]:
-    """Walk the Elf_Verneed / Elf_Vernaux chains (same layout for ELF32 and ELF64)."""
-    out: list[tuple[str, str]] = []
+                  strend: int) -> list[tuple[str, str, int]]:
+    """Walk the Elf_Verneed / Elf_Vernaux chains (same layout for ELF32 and ELF64).
+
+    Returns (library, version name, version index) for every needed version.
+    """
+    out: list[tuple[str, str, int]] = []
     for _ in range(count):
         _ver, cnt, vn_file, vn_aux, vn_next = _unpack("<HHIII", data, off)
         lib = _cstr(data, strtab + vn_file, strend)
         aux = off + vn_aux
         for _ in range(cnt):
-            _hash, _flags, _other, name, vna_next = _unpack("<IHHII", data, aux)
-            out.append((lib, _cstr(data, strtab + name, strend)))
+            _hash, _flags, other, name, vna_next = _unpack("<IHHII", data, aux)
+            out.append((lib, _cstr(data, strtab + name, strend), other))
             if not vna_next:
                 break
             aux += vna_next
@@ -239,7 +279,7 @@ def _read_verneed(data: bytes, off: int, count: int, strtab: int,
     return out
 
 
-def _verneed_from_sections(data: bytes, h: ElfHeader) -> list[tuple[str, str]]:
+def _verneed_from_sections(data: bytes, h: ElfHeader) -> list[tuple[str, str, int]]:
     shfmt = _fmt("<IIQQQQIIQQ", "<IIIIIIIIII", h.elf_class)
     sections = [_unpack(shfmt, data, h.shoff + i * h.shentsize) for i in range(h.shnum)]
     for sh in sections:
@@ -419,12 +459,16 @@ def check_binary(profile: Profile, binary: Path, report: VerifyReport) -> bytes 
         report.add("glibc", True, f"{detail}; floor {profile.glibc}")
     else:
         ok = top[:2] <= profile.glibc_tuple
-        newest = [f"{s}" for lib, s in info.version_needs if _GLIBC_VER_RE.match(s)
-                  and tuple(int(g) for g in _GLIBC_VER_RE.match(s).groups() if g) == top]
-        report.add("glibc", ok, f"highest required GLIBC_{_vstr(top)} "
-                                f"{'<=' if ok else '>'} profile floor {profile.glibc}"
-                   + ("" if ok else f" (needs {newest[0]}: build with zig cc -target "
-                                    f"{profile.zig_triple})"))
+        detail = (f"highest required GLIBC_{_vstr(top)} {'<=' if ok else '>'} profile floor "
+                  f"{profile.glibc}")
+        if not ok:
+            too_new = {ver for _, ver in info.version_needs if _glibc_tuple(ver) is not None
+                       and _glibc_tuple(ver)[:2] > profile.glibc_tuple}  # type: ignore[index]
+            syms = symbols_needing(data, info, too_new)
+            shown = ", ".join(syms[:8]) + (f" and {len(syms) - 8} more" if len(syms) > 8 else "")
+            detail += (f" ({'symbols: ' + shown + '; ' if syms else ''}build with zig cc "
+                       f"-target {profile.zig_triple} so the floor's glibc is linked against)")
+        report.add("glibc", ok, detail)
     return data
 
 

@@ -21,7 +21,8 @@ from colibri_kit import toolchain
 from colibri_kit.errors import VerifyError
 from colibri_kit.profiles import load_profile
 from colibri_kit.verify import (EM_AARCH64, EM_CUDA, EM_X86_64, ElfFormatError, archive_members,
-                                find_cubins, find_ptx, parse_elf, parse_header, verify_build)
+                                find_cubins, find_ptx, parse_elf, parse_header, symbols_needing,
+                                verify_build)
 
 ZIG = [sys.executable, "-m", "ziglang"]
 
@@ -167,6 +168,19 @@ def test_glibc_found_from_program_headers_when_section_headers_are_gone(bins, tm
     info = parse_elf(bytes(data))
     assert info.max_glibc == (2, 34)
     assert info.version_needs == parse_elf(bins["cc"].read_bytes()).version_needs
+
+
+@pytest.mark.slow
+def test_symbols_needing_a_version_match_readelf(bins):
+    data = bins["cc"].read_bytes()
+    info = parse_elf(data)
+    syms = symbols_needing(data, info, {"GLIBC_2.34"})
+    assert "pthread_create@GLIBC_2.34" in syms
+    dyn = run(["readelf", "--dyn-syms", "-W", str(bins["cc"])]).stdout
+    expected = sorted({m.group(1) + "@GLIBC_2.34"
+                       for m in re.finditer(r"\s(\w+)@GLIBC_2\.34\b", dyn)})
+    assert syms == expected
+    assert symbols_needing(data, info, {"GLIBC_9.99"}) == []
 
 
 def test_static_binary_needs_no_glibc_versions(tmp_path):
@@ -341,7 +355,8 @@ def test_verify_lists_every_failed_check(tmp_path, cubins):
         verify_build(load_profile("box", tdir), dist)
     msg = str(err.value)
     assert msg.startswith("box: build does not match targets/box.yaml:")
-    assert "glibc: highest required GLIBC_2.34 > profile floor 2.17" in msg
+    assert "glibc: highest required GLIBC_2.34 > profile floor 2.17 (symbols: " in msg
+    assert "pthread_create@GLIBC_2.34" in msg and "puts@" not in msg    # only the too-new ones
     assert "cubins: embedded sm_87 x1; profile wants sm_72" in msg
     assert "PTX ISA 8.5 is newer than CUDA 11.8 drivers accept (7.8)" in msg
     assert "PTX targets sm_87, above the lowest profile SM sm_72" in msg
