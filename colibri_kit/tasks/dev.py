@@ -1,0 +1,89 @@
+"""`invoke demo`: the whole pipeline on the built-in default, for a newcomer's first run.
+
+build orin-nx -> verify (qemu runs --version) -> tiny-moe-4e2r model -> emulated Jetson (real sshd,
+faked Jetson files) -> deploy -> status -> smoke (deployed binary under qemu vs the NumPy
+reference) -> tune + verify -> restore. Each step is the same code the individual tasks run.
+"""
+
+from __future__ import annotations
+
+import os
+
+from invoke import Context, task
+
+from colibri_kit.paths import build_dir
+from colibri_kit.tasks._common import user_errors
+
+# Apart from `invoke sim.up`'s default, so the demo never touches a fleet the user started.
+DEMO_STATE_DIR = "/tmp/colibri-demo"
+
+
+def _step(title: str) -> None:
+    print(f"\n=== {title} ===", flush=True)
+
+
+@task(help={
+    "target": "target profile to build and emulate (default orin-nx)",
+    "count": "emulated devices to bring up (default 1)",
+    "keep_running": "leave the emulated devices running afterwards (stop them with `invoke sim.down`)",
+    "max_first_token_ms": "first-token p99 limit for the smoke test; the emulated device runs the "
+                          "aarch64 binary under qemu, so the default is generous (5000)",
+})
+@user_errors
+def demo(c: Context, target: str = "orin-nx", count: int = 1, keep_running: bool = False,
+         max_first_token_ms: float = 5000.0) -> None:
+    """Run the whole pipeline on the built-in default: build, model, emulated device, deploy, smoke, tune."""
+    from colibri_kit.build import build
+    from colibri_kit.fleet import sim as simlib
+    from colibri_kit.model.tiny import write_tiny_model
+    from colibri_kit.profiles import load_profile
+    from colibri_kit.tasks.fleet import deploy, smoke, status
+    from colibri_kit.tasks.tune import tune
+
+    profile = load_profile(target)
+    _step(f"1/6 build {target} (cross-compile, embed kernels, verify; qemu runs --version)")
+    build(target)
+
+    _step("2/6 built-in model tiny-moe-4e2r (4 experts, top-2, 2 layers), padded for the target")
+    model = build_dir(target) / "demo" / "tiny-moe-4e2r.colibri"
+    model.parent.mkdir(parents=True, exist_ok=True)
+    write_tiny_model(model, pad=profile.colibri.embed_pad)
+    print(f"wrote {model} ({model.stat().st_size} bytes)")
+
+    if os.geteuid() != 0:
+        _step("3/6 emulated device: skipped (needs root)")
+        print("As root this demo would now start an emulated Jetson (a real sshd on 127.0.0.1 in its\n"
+              "own mount namespace with faked /etc/nv_tegra_release, device tree, cpufreq, devfreq,\n"
+              "nvpmodel and jetson_clocks), then run:\n"
+              f"  invoke sim.up --count {count} --target {target} --state-dir {DEMO_STATE_DIR}\n"
+              f"  invoke deploy --fleet {DEMO_STATE_DIR}/fleet.yaml --target {target} --model {model}\n"
+              f"  invoke status --fleet {DEMO_STATE_DIR}/fleet.yaml\n"
+              f"  invoke smoke --fleet {DEMO_STATE_DIR}/fleet.yaml --target {target} "
+              f"--max-first-token-ms {max_first_token_ms:g}\n"
+              f"  invoke tune --fleet {DEMO_STATE_DIR}/fleet.yaml; invoke tune --restore ...\n"
+              "Against real devices, write a fleet.yaml (docs/fleet.md) and run the same commands.")
+        return
+
+    _step(f"3/6 emulated fleet: {count} device(s) ({target})")
+    fleet = simlib.EmulatedFleet(count, target, DEMO_STATE_DIR)
+    fleet.up()
+    fleet_file = str(fleet.fleet_file)
+    print(f"fleet file: {fleet_file}")
+    try:
+        _step("4/6 deploy (upload, verify sha256 on the device, switch `current` atomically)")
+        deploy(c, target=target, model=str(model), fleet=fleet_file)
+        status(c, fleet=fleet_file)
+        _step("5/6 smoke (deployed binary vs the NumPy reference; bench p99 vs the threshold)")
+        smoke(c, target=target, fleet=fleet_file, max_first_token_ms=max_first_token_ms)
+        _step("6/6 tune (power mode by name, jetson_clocks, governors; verified), then restore")
+        tune(c, fleet=fleet_file)
+        tune(c, fleet=fleet_file, restore=True)
+    finally:
+        if keep_running:
+            print(f"\nemulated devices left running; stop them with `invoke sim.down --state-dir {DEMO_STATE_DIR}`")
+        else:
+            fleet.down()
+            print("\nemulated devices stopped")
+
+
+TASKS = [demo]
