@@ -32,6 +32,7 @@ ARCHES = ("aarch64", "x86_64")
 ROUTING_MODES = ("softmax_topk", "linear_score")
 STREAM_COUNTS = (1, 2)
 MAX_EXPERTS_LIMIT = 256  # the bitonic top-k network in the runtime is sized for this
+TOP_K_LIMIT = 16         # the .colibri format's limit (docs/format.md, "Limits enforced by readers")
 
 # SMs each pinned CUDA version can compile for (the wheels the kit installs; see FACTS.md).
 # 11.8: sm_35..sm_90; 12.6: sm_50..sm_90a (sm_100/101/120 arrive in 12.8);
@@ -448,7 +449,7 @@ def _colibri(c: _Checker, v: Any, k: tuple[str, ...]) -> ColibriSpec:
         raise c.fail((*k, "max_experts"),
                      f"{max_experts} is not allowed; must be a power of two from 1 to "
                      f"{MAX_EXPERTS_LIMIT} (the routing top-k uses a bitonic network)")
-    top_k = c.integer(m["top_k"], (*k, "top_k"), lo=1)
+    top_k = c.integer(m["top_k"], (*k, "top_k"), lo=1, hi=TOP_K_LIMIT)
     if top_k > max_experts:
         raise c.fail((*k, "top_k"), f"{top_k} is larger than colibri.max_experts "
                                     f"({max_experts}); allowed: 1..{max_experts}")

@@ -225,7 +225,8 @@ BROKEN = [
     ("bogus_top", 1, ["bogus_top", "unknown key", "allowed keys"]),
     ("colibri.top_k", "8", ["colibri.top_k", "expected an integer", "'8'"]),
     ("colibri.top_k", True, ["colibri.top_k", "expected an integer", "true"]),
-    ("colibri.top_k", 128, ["colibri.top_k", "128", "max_experts", "1..64"]),
+    ("colibri.top_k", 128, ["colibri.top_k", "128", "out of range", "1..16"]),
+    ("colibri.top_k", 17, ["colibri.top_k", "17", "out of range", "1..16"]),
     ("colibri.top_k", 0, ["colibri.top_k", "out of range"]),
     ("colibri.max_experts", 48, ["colibri.max_experts", "48", "power of two"]),
     ("colibri.max_experts", 512, ["colibri.max_experts", "512", "256"]),
@@ -396,7 +397,8 @@ def test_invoke_with_a_broken_profile_exits_nonzero_naming_file_and_key(tmp_path
 CLI_BROKEN = [
     ("colibri: {bogus: 1}\n", "colibri.bogus: unknown key 'bogus'; allowed keys: embed_pad"),
     ("colibri: {top_k: eight}\n", "colibri.top_k: expected an integer, got 'eight' (string)"),
-    ("colibri: {top_k: 128}\n", "colibri.top_k: 128 is larger than colibri.max_experts (64)"),
+    ("colibri: {top_k: 16, max_experts: 8}\n",
+     "colibri.top_k: 16 is larger than colibri.max_experts (8)"),
     ("colibri: {embed_pad: 100}\n", "colibri.embed_pad: 100 is not allowed; must be a positive "
                                     "multiple of 16"),
     ("cuda: {version: '13.0', archs: [sm_72]}\n", "cuda.archs.0: sm_72 is not supported by "

@@ -133,8 +133,10 @@ def test_default_location_is_build_target_include():
 @pytest.mark.parametrize("edit,message", [
     (("#define COLIBRI_EMBED_DIM_PAD 64", "#define COLIBRI_EMBED_DIM_PAD 40"),
      "COLIBRI_EMBED_DIM_PAD must be a positive multiple of 16"),
-    (("#define COLIBRI_TOP_K 8", "#define COLIBRI_TOP_K 128"),
-     "COLIBRI_TOP_K must be in 1..COLIBRI_MAX_EXPERTS"),
+    (("#define COLIBRI_TOP_K 8", "#define COLIBRI_TOP_K 17"),
+     "COLIBRI_TOP_K must be in 1..16 and <= COLIBRI_MAX_EXPERTS"),
+    (("#define COLIBRI_MAX_EXPERTS 64", "#define COLIBRI_MAX_EXPERTS 4"),
+     "COLIBRI_TOP_K must be in 1..16 and <= COLIBRI_MAX_EXPERTS"),
     (("#define COLIBRI_MAX_EXPERTS 64", "#define COLIBRI_MAX_EXPERTS 48"),
      "COLIBRI_MAX_EXPERTS must be a power of two"),
     (("#define COLIBRI_STREAM_COUNT 2", "#define COLIBRI_STREAM_COUNT 3"),
