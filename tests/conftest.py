@@ -51,6 +51,12 @@ def copy_project(dest: Path) -> Path:
 
 
 @pytest.fixture
+def copy_project_to():
+    """copy_project as a fixture (test modules need not import conftest)."""
+    return copy_project
+
+
+@pytest.fixture
 def project_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A private project root (COLIBRI_PROJECT_ROOT) whose build/ and dist/ tests may wreck."""
     root = copy_project(tmp_path / "proj")

@@ -116,10 +116,10 @@ def test_host_build(host_colibri: Path):
 
 
 @pytest.mark.slow
-def test_two_clean_builds_are_byte_identical(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def test_two_clean_builds_are_byte_identical(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             copy_project_to):
     """Different checkout paths and a cold vs warm zig cache: same bytes in dist/."""
-    from conftest import copy_project
-
+    copy_project = copy_project_to
     trees = []
     for i, zig_cache in enumerate((tmp_path / "zig-cold", None)):
         root = copy_project(tmp_path / f"checkout-{i}" / ("nested" * i or "p"))
@@ -141,9 +141,8 @@ def test_two_clean_builds_are_byte_identical(tmp_path: Path, monkeypatch: pytest
 
 
 @pytest.mark.slow
-def test_host_clean_builds_are_byte_identical(tmp_path: Path, monkeypatch):
-    from conftest import copy_project
-
+def test_host_clean_builds_are_byte_identical(tmp_path: Path, monkeypatch, copy_project_to):
+    copy_project = copy_project_to
     trees = []
     for i in range(2):
         monkeypatch.setenv("COLIBRI_PROJECT_ROOT", str(copy_project(tmp_path / f"c{i}")))
