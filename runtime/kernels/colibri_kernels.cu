@@ -2,7 +2,8 @@
  *
  * The build compiles this file with NVRTC to PTX for the profile's lowest SM, then ptxas makes one
  * cubin per SM; the runtime loads them through the driver API (runtime/src/cuda_backend.c). So:
- *   - no standard or CUDA headers (NVRTC ships none; f16/bf16 are decoded by hand below);
+ *   - no standard or CUDA headers (NVRTC ships none; f16/bf16 are decoded by hand below) and no
+ *     inline PTX, so tests/gpu/emu can also compile this file as plain C++ and run it on a CPU;
  *   - every kernel is extern "C" so its name in the cubin is the name the backend looks up;
  *   - nothing newer than sm_72 (Xavier) is used, one PTX serves every target.
  *
@@ -42,10 +43,18 @@ typedef unsigned short cb_u16;
 
 /* ---- element decoding -------------------------------------------------------------------- */
 
+/* f16 bits -> f32, exactly, with integer operations only (no inline PTX, so the same source also
+ * runs in the host emulation of tests/gpu/emu). Subnormals are man * 2^-24 (an exact product);
+ * inf/nan keep their payload. The GEMVs are memory-bound: these few ALU ops cost nothing. */
 __device__ __forceinline__ float cb_half_to_float(cb_u16 h) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-    return f;
+    const cb_u32 sign = ((cb_u32)h & 0x8000u) << 16;
+    const cb_u32 ex = ((cb_u32)h >> 10) & 0x1fu, man = (cb_u32)h & 0x3ffu;
+    if (ex == 0) {
+        const float f = (float)man * 5.9604644775390625e-8f;
+        return sign ? -f : f;
+    }
+    if (ex == 31) return __uint_as_float(sign | 0x7f800000u | (man << 13));
+    return __uint_as_float(sign | ((ex + 112u) << 23) | (man << 13));
 }
 
 __device__ __forceinline__ float cb_bf16_to_float(cb_u16 h) {

@@ -147,7 +147,9 @@ def cb_router_topk(logits: np.ndarray, k: int, renorm: bool,
         lr = logits[t].astype(np.float32)
         mx = np.float32(lr.max())
         ex = np.exp(lr.astype(np.float64) - np.float64(mx))
-        total = float(np.sum(ex))  # order differs from the kernel's serial sum only at 1 ulp
+        total = 0.0
+        for v in ex:  # in index order, like route.c and the kernel
+            total += float(v)
         if mode == SOFTMAX_TOPK:
             key = (ex / total).astype(np.float32)
         else:

@@ -1,0 +1,249 @@
+"""The kernel conformance checks, shared by the real GPU (test_kernels_pycuda.py, pycuda) and the
+host emulation (test_kernels_emu.py): each check runs one kernel of
+runtime/kernels/colibri_kernels.cu through `gpu` and compares it with kernel_reference.py.
+
+`gpu` provides: put(array) -> device pointer, zeros(shape, dtype), get(ptr, shape, dtype),
+run(kernel, format, grid, block, *args) (format: "P" pointer, "i" int, "f" float; checked against
+the compiled PTX signature where there is one) and routing_mode (the build's
+COLIBRI_ROUTING_MODE). Shapes: the *_SHAPES lists (the GPU runs them all; the emulation, whose
+threads are OS threads, a subset).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import kernel_reference as ref
+from colibri_kit.model.format import DType
+
+DTYPES = [DType.F32, DType.F16, DType.BF16, DType.INT8]
+EPS32 = 2.0 ** -23
+
+EMBED_SHAPES = [(37, 16, 5), (1000, 48, 33), (3, 4096, 1)]                       # V, Dp, n
+RMSNORM_SHAPES = [(1, 64, 50, 64), (7, 33, 33, 33), (3, 1000, 999, 1024), (40, 8, 8, 8),
+                  (2, 4096, 4096, 4096)]                                           # rows, len, D, stride
+LINEAR_SHAPES = [(1, 8, 1), (37, 64, 5), (300, 1000, 3), (129, 256, 9), (64, 4096, 1),
+                 (5, 45, 2), (2048, 2048, 1), (17, 24, 33)]  # rows, cols, n: vector + scalar paths
+ROPE_SHAPES = [(3, 4, 8, 0, 0), (1, 2, 64, 1000, 16), (5, 8, 128, 100000, 0), (2, 3, 6, 7, 2)]
+ATTENTION_SHAPES = [(5, 0, 4, 2, 16), (1, 37, 4, 2, 16), (3, 300, 8, 1, 128), (4, 9, 6, 3, 10),
+                    (1, 0, 2, 2, 64), (1, 2000, 32, 8, 128)]                       # n, pos0, H, Hkv, Dh
+TOPK_SHAPES = [(2, 1), (7, 2), (8, 2), (33, 4), (64, 8), (64, 1), (60, 16)]         # E, k
+DISPATCH_SHAPES = [(1, 2, 8), (5, 2, 8), (32, 8, 64), (17, 3, 64), (32, 1, 2), (9, 4, 5)]
+EXPERT_SHAPES = [(1, 2, 8, 20, 64), (6, 2, 8, 37, 48), (32, 8, 64, 24, 64), (3, 1, 4, 96, 4096)]
+
+
+def dot_bound(absdot: np.ndarray, cols: int) -> np.ndarray:
+    """Worst-case f32 error of the kernels' dot products: each lane adds cols/32 products in
+    order, then 5 butterfly levels; plus the f32 rounding of the reference."""
+    return (cols / 32 + 12) * EPS32 * absdot + 1e-30
+
+
+def weight_args(gpu, w: ref.Weight) -> tuple[int, int]:
+    raw = gpu.put(w.raw)
+    sc = gpu.put(w.scales.astype(np.float32)) if w.scales is not None else 0
+    return raw, sc
+
+
+# ---------------------------------------------------------------- per-kernel conformance
+
+
+def check_embed(gpu, dtype, V, Dp, n):
+    rng = np.random.default_rng(V + Dp)
+    table = ref.make_weight(rng.standard_normal((V, Dp)).astype(np.float32), dtype)
+    ids = rng.integers(0, V, n).astype(np.int32)
+    ids[0], ids[-1] = 0, V - 1
+    x = gpu.zeros((n, Dp))
+    raw, sc = weight_args(gpu, table)
+    gpu.run("cb_embed", "PiPPPi", (n, 1), 256, x, np.int32(Dp), gpu.put(ids), raw, sc,
+            np.int32(dtype))
+    np.testing.assert_array_equal(gpu.get(x, (n, Dp)), ref.cb_embed(ids, table))
+
+
+def check_rmsnorm(gpu, rows, length, true_len, stride, in_place):
+    rng = np.random.default_rng(rows * length)
+    x = rng.standard_normal((rows, stride)).astype(np.float32)
+    x[:, true_len:] = 0.0
+    w = (1 + 0.1 * rng.standard_normal(length)).astype(np.float32)
+    xd = gpu.put(x)
+    yd = xd if in_place else gpu.zeros((rows, stride))
+    gpu.run("cb_rmsnorm", "PiPiPiif", (rows, 1), 256, yd, np.int32(stride), xd,
+            np.int32(stride), gpu.put(w), np.int32(length), np.int32(true_len), np.float32(1e-5))
+    got = gpu.get(yd, (rows, stride))[:, :length]
+    want = ref.cb_rmsnorm(x, w, length, true_len, 1e-5)
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6 * np.abs(want).max())
+
+
+def check_linear(gpu, dtype, rows, cols, n):
+    rng = np.random.default_rng(rows * 7 + cols)
+    w = ref.make_weight(rng.standard_normal((rows, cols)).astype(np.float32) / np.sqrt(cols),
+                        dtype)
+    x = rng.standard_normal((n, cols)).astype(np.float32)
+    bias = rng.standard_normal(rows).astype(np.float32)
+    prev = rng.standard_normal((n, rows)).astype(np.float32)
+    raw, sc = weight_args(gpu, w)
+    absdot = np.abs(x).astype(np.float64) @ np.abs(w.f32() * w.scale()[:, None]).T
+    for with_bias, accumulate in ((False, False), (True, False), (False, True)):
+        y = gpu.put(prev)
+        gpu.run("cb_linear", "PiPiiPPiiiPi", ((rows + 3) // 4, (n + 3) // 4), 128,
+                y, np.int32(rows), gpu.put(x), np.int32(cols), np.int32(n), raw, sc,
+                np.int32(dtype), np.int32(rows), np.int32(cols),
+                gpu.put(bias) if with_bias else 0, np.int32(accumulate))
+        got = gpu.get(y, (n, rows))
+        want = ref.cb_linear(x, w, bias if with_bias else None, prev if accumulate else None)
+        extra = (np.abs(prev) if accumulate else 0) + (np.abs(bias) if with_bias else 0)
+        assert np.all(np.abs(got - want) <= dot_bound(absdot + extra, cols)), \
+            (with_bias, accumulate, np.abs(got - want).max())
+
+
+def check_linear_strided_rows_into_kv_cache(gpu):
+    """y_stride/x_stride != cols: the K/V projection writes rows of the cache in place."""
+    rng = np.random.default_rng(3)
+    rows, cols, n, ystride = 24, 64, 6, 40
+    w = ref.make_weight(rng.standard_normal((rows, cols)).astype(np.float32), DType.F16)
+    x = rng.standard_normal((n, cols)).astype(np.float32)
+    y0 = np.full((n, ystride), 7.0, np.float32)
+    y = gpu.put(y0)
+    raw, sc = weight_args(gpu, w)
+    gpu.run("cb_linear", "PiPiiPPiiiPi", ((rows + 3) // 4, (n + 3) // 4), 128, y,
+            np.int32(ystride), gpu.put(x), np.int32(cols), np.int32(n), raw, sc,
+            np.int32(DType.F16), np.int32(rows), np.int32(cols), 0, np.int32(0))
+    got = gpu.get(y, (n, ystride))
+    np.testing.assert_allclose(got[:, :rows], ref.cb_linear(x, w), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(got[:, rows:], 7.0)  # nothing past the row touched
+
+
+def check_rope(gpu, n, nheads, dh, pos0, stride_extra):
+    rng = np.random.default_rng(dh + pos0)
+    stride = nheads * dh + stride_extra
+    x = rng.standard_normal((n, stride)).astype(np.float32)
+    xd = gpu.put(x)
+    gpu.run("cb_rope", "Piiiif", (n, 1), 128, xd, np.int32(stride), np.int32(nheads),
+            np.int32(dh), np.int32(pos0), np.float32(10000.0))
+    got = gpu.get(xd, (n, stride))
+    want = ref.cb_rope(x, nheads, dh, pos0, 10000.0)
+    np.testing.assert_allclose(got, want, rtol=0, atol=8 * EPS32 * np.abs(x).max())
+    np.testing.assert_array_equal(got[:, nheads * dh:], x[:, nheads * dh:])
+
+
+def check_attention(gpu, n, pos0, H, Hkv, dh):
+    rng = np.random.default_rng(n * 1000 + pos0)
+    S = pos0 + n + 3
+    kvd = Hkv * dh
+    q = rng.standard_normal((n, H * dh)).astype(np.float32)
+    kc = rng.standard_normal((S, kvd)).astype(np.float32)
+    vc = rng.standard_normal((S, kvd)).astype(np.float32)
+    out = gpu.zeros((n, H * dh))
+    scores = gpu.zeros((n, H, S))
+    args = (out, gpu.put(q), gpu.put(kc), gpu.put(vc), scores, np.int32(S), np.int32(pos0),
+            np.int32(H), np.int32(Hkv), np.int32(dh))
+    gpu.run("cb_attention", "PPPPPiiiii", (H, n), 128, *args)
+    got = gpu.get(out, (n, H * dh))
+    want = ref.cb_attention(q, kc, vc, pos0, H, Hkv, dh)
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(vc).max())
+    gpu.run("cb_attention", "PPPPPiiiii", (H, n), 128, *args)
+    np.testing.assert_array_equal(gpu.get(out, (n, H * dh)), got)  # run to run: same bits
+
+
+def check_router_topk(gpu, E, k, renorm):
+    rng = np.random.default_rng(E * 31 + k)
+    n = 9
+    logits = rng.standard_normal((n, E)).astype(np.float32) * 3
+    logits[1, :] = 0.5                      # all tied: experts 0..k-1
+    logits[2, E // 2:] = logits[2, : E - E // 2]  # pairwise ties across halves
+    logits[3, -1] = logits[3].max() + 1     # best is the last expert
+    logits[4, 0] = -np.inf                  # an expert that can never win
+    idx = gpu.zeros((n, k), np.int32)
+    wts = gpu.zeros((n, k))
+    gpu.run("cb_router_topk", "PiiiPP", (n, 1), 32, gpu.put(logits), np.int32(E), np.int32(k),
+            np.int32(renorm), idx, wts)
+    want_idx, want_w = ref.cb_router_topk(logits, k, renorm, gpu.routing_mode)
+    np.testing.assert_array_equal(gpu.get(idx, (n, k), np.int32), want_idx)
+    np.testing.assert_allclose(gpu.get(wts, (n, k)), want_w, rtol=1e-6, atol=1e-7)
+    assert list(gpu.get(idx, (n, k), np.int32)[1]) == list(range(k))
+
+
+def check_dispatch(gpu, n, k, E):
+    rng = np.random.default_rng(n * k * E)
+    idx = np.stack([rng.choice(E, k, replace=False) for _ in range(n)]).astype(np.int32)
+    off, perm, slot = gpu.zeros(E + 1, np.int32), gpu.zeros(n * k, np.int32), gpu.zeros(
+        n * k, np.int32)
+    gpu.run("cb_dispatch", "PiiiPPP", (1, 1), 256, gpu.put(idx), np.int32(n), np.int32(k),
+            np.int32(E), off, perm, slot)
+    w_off, w_perm, w_slot = ref.cb_dispatch(idx, E)
+    np.testing.assert_array_equal(gpu.get(off, E + 1, np.int32), w_off)
+    np.testing.assert_array_equal(gpu.get(perm, n * k, np.int32), w_perm)
+    np.testing.assert_array_equal(gpu.get(slot, n * k, np.int32), w_slot)
+
+
+def _pointer_table(gpu, ptrs: list[int]) -> int:
+    return gpu.put(np.array(ptrs, np.uint64))
+
+
+def check_grouped_experts(gpu, dtype, n, k, E, F, Dp):
+    """expert_up (SwiGLU) + expert_down over the dispatch of random routing, then the combine."""
+    rng = np.random.default_rng(n + k + E + F)
+    h = rng.standard_normal((n, Dp)).astype(np.float32)
+    w1 = [ref.make_weight(rng.standard_normal((F, Dp)).astype(np.float32) / np.sqrt(Dp), dtype)
+          for _ in range(E)]
+    w3 = [ref.make_weight(rng.standard_normal((F, Dp)).astype(np.float32) / np.sqrt(Dp), dtype)
+          for _ in range(E)]
+    w2 = [ref.make_weight(rng.standard_normal((Dp, F)).astype(np.float32) / np.sqrt(F), dtype)
+          for _ in range(E)]
+    idx = np.stack([rng.choice(E, k, replace=False) for _ in range(n)]).astype(np.int32)
+    offsets, perm, slot_of = ref.cb_dispatch(idx, E)
+    tabs = {}
+    for name, ws in (("w1", w1), ("w3", w3), ("w2", w2)):
+        pairs = [weight_args(gpu, w) for w in ws]
+        tabs[name] = _pointer_table(gpu, [p for p, _ in pairs])
+        tabs["s" + name[1]] = _pointer_table(gpu, [s for _, s in pairs])
+    act = gpu.zeros((n * k, F))
+    hd, offd, permd = gpu.put(h), gpu.put(offsets), gpu.put(perm)
+    gpu.run("cb_expert_up", "PiPiPPPPPPi", ((F + 3) // 4, E), 128, act, np.int32(F), hd,
+            np.int32(Dp), permd, offd, tabs["w1"], tabs["w3"], tabs["s1"], tabs["s3"],
+            np.int32(dtype))
+    got_act = gpu.get(act, (n * k, F))
+    want_act = ref.cb_expert_up(h, perm, offsets, w1, w3, F)
+    # error bound: dot-product bounds of g and u carried through silu(g) * u (|silu'| <= 1.1),
+    # plus a few roundings and expf's 2 ulp on the result
+    bound = np.zeros_like(want_act, dtype=np.float64)
+    for e in range(E):
+        b, en = int(offsets[e]), int(offsets[e + 1])
+        if b == en:
+            continue
+        x = h[perm[b:en]].astype(np.float64)
+        g = x @ (w1[e].f32() * w1[e].scale()[:, None]).T.astype(np.float64)
+        u = x @ (w3[e].f32() * w3[e].scale()[:, None]).T.astype(np.float64)
+        bg = dot_bound(np.abs(x) @ np.abs(w1[e].f32() * w1[e].scale()[:, None]).T, Dp)
+        bu = dot_bound(np.abs(x) @ np.abs(w3[e].f32() * w3[e].scale()[:, None]).T, Dp)
+        silu = g / (1 + np.exp(-g))
+        bound[b:en] = 2 * (1.1 * np.abs(u) * bg + np.abs(silu) * bu + 8 * EPS32 * np.abs(silu * u))
+    assert np.all(np.abs(got_act - want_act) <= bound + 1e-30), np.abs(got_act - want_act).max()
+    eo = gpu.zeros((n * k, Dp))
+    act_in = gpu.put(want_act)  # isolate the down projection from the up one's rounding
+    gpu.run("cb_expert_down", "PiPiPPPi", ((Dp + 3) // 4, E), 128, eo, np.int32(Dp), act_in,
+            np.int32(F), offd, tabs["w2"], tabs["s2"], np.int32(dtype))
+    got_eo = gpu.get(eo, (n * k, Dp))
+    want_eo = ref.cb_expert_down(want_act, offsets, w2, Dp)
+    absdot = np.zeros_like(want_eo, dtype=np.float64)
+    for e in range(E):
+        b, en = int(offsets[e]), int(offsets[e + 1])
+        if b < en:
+            absdot[b:en] = np.abs(want_act[b:en]).astype(np.float64) @ np.abs(
+                w2[e].f32() * w2[e].scale()[:, None]).T
+    assert np.all(np.abs(got_eo - want_eo) <= dot_bound(absdot, F)), np.abs(got_eo - want_eo).max()
+
+    # combine: routed in rank order, then the gated shared expert
+    x = rng.standard_normal((n, Dp)).astype(np.float32)
+    wts = rng.random((n, k)).astype(np.float32)
+    s = rng.standard_normal((n, Dp)).astype(np.float32)
+    gate = rng.standard_normal(n).astype(np.float32)
+    for shared, gated in ((False, False), (True, False), (True, True)):
+        xd = gpu.put(x)
+        gpu.run("cb_moe_combine", "PiiPPPPP", (n, 1), 256, xd, np.int32(Dp), np.int32(k),
+                gpu.put(want_eo), gpu.put(slot_of), gpu.put(wts), gpu.put(s) if shared else 0,
+                gpu.put(gate) if gated else 0)
+        want = ref.cb_moe_combine(x, want_eo, slot_of, wts, s if shared else None,
+                                  gate if gated else None)
+        np.testing.assert_allclose(gpu.get(xd, (n, Dp)), want, rtol=1e-5, atol=1e-5)
+
+

@@ -1,0 +1,166 @@
+"""The kernel conformance checks (conformance.py) on a CPU: runtime/kernels/colibri_kernels.cu
+compiled as C++ against tests/gpu/emu/cuda_emu.cpp, a host emulation of the CUDA execution model
+(blocks in turn, a block's threads as OS threads, real barriers for __syncthreads/__syncwarp/
+__shfl_xor_sync).
+
+This checks the kernels' logic where no GPU is available: indexing and strides, token tiling, the
+fixed-shape reductions, the bitonic top-k network and its tie rule, the dispatch permutation, the
+grouped expert tables. It does not check NVRTC's code generation or the GPU's arithmetic (FMA
+contraction, expf): those are the pycuda suite's job on a real GPU (test_kernels_pycuda.py). Every
+call is checked against the kernel signatures of the PTX the real NVRTC produces.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import conformance as C  # noqa: E402
+import kernel_reference as ref  # noqa: E402
+from gpu_images import ptx_signatures  # noqa: E402
+
+from colibri_kit import paths, profiles, render, toolchain  # noqa: E402
+
+pytestmark = pytest.mark.slow
+ROOT = paths.project_root()
+KERNELS = ROOT / "runtime" / "kernels" / "colibri_kernels.cu"
+
+
+class EmuGpu:
+    """Same interface as test_kernels_pycuda.Gpu; "device" memory is 256-aligned host memory."""
+
+    def __init__(self, lib: Path, routing_mode: int, signatures: dict[str, str]) -> None:
+        self.lib = ctypes.CDLL(str(lib))
+        self.lib.emu_launch.argtypes = [ctypes.c_char_p, ctypes.c_uint, ctypes.c_uint,
+                                        ctypes.c_uint, ctypes.POINTER(ctypes.c_void_p)]
+        self.lib.emu_launch.restype = ctypes.c_int
+        self.routing_mode = routing_mode
+        self.signatures = signatures
+        self.buffers: dict[int, np.ndarray] = {}
+
+    def put(self, a: np.ndarray) -> int:
+        raw = np.ascontiguousarray(a).view(np.uint8).reshape(-1)
+        base = np.zeros(raw.size + 256 + 4, np.uint8)
+        off = (-base.ctypes.data) % 256
+        view = base[off:off + max(raw.size, 4)]
+        view[:raw.size] = raw
+        ptr = view.ctypes.data
+        self.buffers[ptr] = view
+        return ptr
+
+    def zeros(self, shape, dtype=np.float32) -> int:
+        return self.put(np.zeros(shape, dtype))
+
+    def get(self, ptr: int, shape, dtype=np.float32) -> np.ndarray:
+        n = int(np.prod(shape))
+        return self.buffers[ptr][: n * np.dtype(dtype).itemsize].view(dtype).reshape(shape).copy()
+
+    def run(self, name: str, fmt: str, grid: tuple[int, int], block: int, *args) -> None:
+        assert self.signatures.get(name) == fmt, (name, self.signatures.get(name), fmt)
+        assert len(args) == len(fmt)
+        conv = {"P": lambda v: ctypes.c_void_p(int(v)), "i": lambda v: ctypes.c_int(int(v)),
+                "f": lambda v: ctypes.c_float(float(v))}
+        values = [conv[c](v) for c, v in zip(fmt, args)]
+        argv = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
+        rc = self.lib.emu_launch(name.encode(), grid[0], grid[1], block, argv)
+        assert rc == 0, f"emulator has no kernel {name}"
+
+
+def _build(tmp: Path, mode: str) -> tuple[Path, dict[str, str]]:
+    """Emulator library with the host profile's config (routing mode swapped when asked), plus
+    the real NVRTC's kernel signatures for the same source and config."""
+    inc = render.write_config(profiles.load_profile("host"), tmp / "inc").parent
+    header = inc / "colibri_config.h"
+    text = header.read_text()
+    header.write_text(text.replace("COLIBRI_ROUTING_MODE COLIBRI_ROUTING_SOFTMAX_TOPK",
+                                   f"COLIBRI_ROUTING_MODE COLIBRI_ROUTING_{mode}"))
+    lib = tmp / "libcolibri_emu.so"
+    cxx = os.environ.get("CXX", "g++")
+    subprocess.run([cxx, "-std=c++20", "-O1", "-shared", "-fPIC", "-fno-strict-aliasing",
+                    "-Wall", "-Wextra", "-Werror", "-Wno-unknown-pragmas",
+                    "-Wno-unused-function", "-Wno-unused-parameter",
+                    f"-I{KERNELS.parent}", f"-I{inc}", str(HERE / "emu" / "cuda_emu.cpp"),
+                    "-o", str(lib), "-lpthread"], check=True)
+    tc = toolchain.cuda_toolchain("12.6")
+    images = toolchain.compile_kernels(tc, KERNELS, [inc], [90], tmp / "ptx")
+    return lib, ptx_signatures(images[-1].path.read_text())
+
+
+@pytest.fixture(scope="module")
+def gpu(tmp_path_factory: pytest.TempPathFactory) -> EmuGpu:
+    lib, sigs = _build(tmp_path_factory.mktemp("emu_softmax"), "SOFTMAX_TOPK")
+    return EmuGpu(lib, ref.SOFTMAX_TOPK, sigs)
+
+
+@pytest.fixture(scope="module")
+def gpu_linear_score(tmp_path_factory: pytest.TempPathFactory) -> EmuGpu:
+    lib, sigs = _build(tmp_path_factory.mktemp("emu_linear"), "LINEAR_SCORE")
+    return EmuGpu(lib, ref.LINEAR_SCORE, sigs)
+
+
+_dt = {"ids": lambda d: d.name}
+
+
+@pytest.mark.parametrize("dtype", C.DTYPES, **_dt)
+@pytest.mark.parametrize("V,Dp,n", C.EMBED_SHAPES[:2])
+def test_embed(gpu, dtype, V, Dp, n):
+    C.check_embed(gpu, dtype, V, Dp, n)
+
+
+@pytest.mark.parametrize("rows,length,true_len,stride", C.RMSNORM_SHAPES[:3])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_rmsnorm(gpu, rows, length, true_len, stride, in_place):
+    C.check_rmsnorm(gpu, rows, length, true_len, stride, in_place)
+
+
+@pytest.mark.parametrize("dtype", C.DTYPES, **_dt)
+@pytest.mark.parametrize("rows,cols,n", [(1, 8, 1), (37, 64, 5), (5, 45, 2), (17, 24, 33),
+                                         (20, 256, 6)])
+def test_linear(gpu, dtype, rows, cols, n):
+    C.check_linear(gpu, dtype, rows, cols, n)
+
+
+def test_linear_strided_rows_into_kv_cache(gpu):
+    C.check_linear_strided_rows_into_kv_cache(gpu)
+
+
+@pytest.mark.parametrize("n,nheads,dh,pos0,stride_extra", C.ROPE_SHAPES)
+def test_rope(gpu, n, nheads, dh, pos0, stride_extra):
+    C.check_rope(gpu, n, nheads, dh, pos0, stride_extra)
+
+
+@pytest.mark.parametrize("n,pos0,H,Hkv,dh", [s for s in C.ATTENTION_SHAPES if s[1] < 100])
+def test_attention(gpu, n, pos0, H, Hkv, dh):
+    C.check_attention(gpu, n, pos0, H, Hkv, dh)
+
+
+@pytest.mark.parametrize("E,k", C.TOPK_SHAPES)
+@pytest.mark.parametrize("renorm", [True, False])
+def test_router_topk(gpu, E, k, renorm):
+    C.check_router_topk(gpu, E, k, renorm)
+
+
+@pytest.mark.parametrize("E,k", [(8, 2), (64, 8), (60, 16)])
+@pytest.mark.parametrize("renorm", [True, False])
+def test_router_topk_linear_score(gpu_linear_score, E, k, renorm):
+    C.check_router_topk(gpu_linear_score, E, k, renorm)
+
+
+@pytest.mark.parametrize("n,k,E", C.DISPATCH_SHAPES)
+def test_dispatch(gpu, n, k, E):
+    C.check_dispatch(gpu, n, k, E)
+
+
+@pytest.mark.parametrize("dtype", C.DTYPES, **_dt)
+@pytest.mark.parametrize("n,k,E,F,Dp", C.EXPERT_SHAPES[:2])
+def test_grouped_experts(gpu, dtype, n, k, E, F, Dp):
+    C.check_grouped_experts(gpu, dtype, n, k, E, F, Dp)
