@@ -182,7 +182,9 @@ def main() -> None:
     binary = build("host", where="host", progress=lambda m: None).dist_dir / "bin" / "colibri"
     hf = hf_checkpoint(args.work)
     bw = bandwidth_gbs(args.threads)
-    print(f"machine: {os.cpu_count()} CPUs, {args.threads} threads, read bandwidth {bw:.1f} GB/s")
+    load = os.getloadavg()[0]
+    print(f"machine: {os.cpu_count()} CPUs, {args.threads} threads, read bandwidth {bw:.1f} GB/s, "
+          f"load average {load:.1f} (other work on the machine skews every figure)")
     print(f"model: random Mixtral {GEOMETRY['hidden_size']}x{GEOMETRY['num_hidden_layers']} layers, "
           f"{GEOMETRY['num_local_experts']} experts top-{GEOMETRY['num_experts_per_tok']}, "
           f"FFN {GEOMETRY['intermediate_size']}, vocab {GEOMETRY['vocab_size']}; "

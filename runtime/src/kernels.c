@@ -22,6 +22,11 @@ typedef int32_t (*dot_q8_fn)(const int8_t *w, const int8_t *x, size_t n);
 static struct {
     dot_fn dot[4]; /* indexed by dtype: f32, f16, bf16, int8 (int8: unscaled sum q * x) */
     dot_q8_fn dot_q8;
+    void (*convert)(const void *row, uint32_t dtype, size_t n, float *out);
+    /* three tokens at once against one f32 row, each with exactly the lane layout and
+     * reduction order of dot[F32] (so the bits match the one-token kernel) */
+    void (*dot3_f32)(const float *w, const float *x0, const float *x1, const float *x2, size_t n,
+                     float out[3]);
     const char *name;
 } K;
 
@@ -132,6 +137,75 @@ AVX2_DOT(avx2_dot_f16, uint16_t, AVX_LOAD_F16, half_to_float)
 AVX2_DOT(avx2_dot_bf16, uint16_t, AVX_LOAD_BF16, bf16_to_float)
 AVX2_DOT(avx2_dot_i8, int8_t, AVX_LOAD_I8, CVT_I8)
 
+__attribute__((target("avx2,fma,f16c"))) static void avx2_convert(const void *row, uint32_t dtype,
+                                                                   size_t n, float *out) {
+    size_t i = 0;
+    switch (dtype) {
+    case COLIBRI_DT_F16:
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, AVX_LOAD_F16((const uint16_t *)row + i));
+        break;
+    case COLIBRI_DT_BF16:
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, AVX_LOAD_BF16((const uint16_t *)row + i));
+        break;
+    case COLIBRI_DT_INT8:
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, AVX_LOAD_I8((const int8_t *)row + i));
+        break;
+    default: break;
+    }
+    if (i < n) convert_row((const uint8_t *)row + i * colibri_dtype_size(dtype), dtype, n - i, out + i);
+}
+
+#define AVX2_HSUM(a, t, s)                                                                    \
+    do {                                                                                      \
+        _mm256_storeu_ps(t, a);                                                               \
+        s = ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));               \
+    } while (0)
+
+__attribute__((target("avx2,fma"))) static void avx2_dot3_f32(const float *w, const float *x0,
+                                                              const float *x1, const float *x2,
+                                                              size_t n, float out[3]) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0, c0 = a0, c1 = a0, c2 = a0, c3 = a0;
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m256 w0 = _mm256_loadu_ps(w + i), w1 = _mm256_loadu_ps(w + i + 8);
+        a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x0 + i), a0);
+        b0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x1 + i), b0);
+        c0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x2 + i), c0);
+        a1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x0 + i + 8), a1);
+        b1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x1 + i + 8), b1);
+        c1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x2 + i + 8), c1);
+        __m256 w2 = _mm256_loadu_ps(w + i + 16), w3 = _mm256_loadu_ps(w + i + 24);
+        a2 = _mm256_fmadd_ps(w2, _mm256_loadu_ps(x0 + i + 16), a2);
+        b2 = _mm256_fmadd_ps(w2, _mm256_loadu_ps(x1 + i + 16), b2);
+        c2 = _mm256_fmadd_ps(w2, _mm256_loadu_ps(x2 + i + 16), c2);
+        a3 = _mm256_fmadd_ps(w3, _mm256_loadu_ps(x0 + i + 24), a3);
+        b3 = _mm256_fmadd_ps(w3, _mm256_loadu_ps(x1 + i + 24), b3);
+        c3 = _mm256_fmadd_ps(w3, _mm256_loadu_ps(x2 + i + 24), c3);
+    }
+    for (; i + 8 <= n; i += 8) {
+        __m256 w0 = _mm256_loadu_ps(w + i);
+        a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x0 + i), a0);
+        b0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x1 + i), b0);
+        c0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x2 + i), c0);
+    }
+    a0 = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
+    b0 = _mm256_add_ps(_mm256_add_ps(b0, b1), _mm256_add_ps(b2, b3));
+    c0 = _mm256_add_ps(_mm256_add_ps(c0, c1), _mm256_add_ps(c2, c3));
+    float t[8], s0, s1, s2;
+    AVX2_HSUM(a0, t, s0);
+    AVX2_HSUM(b0, t, s1);
+    AVX2_HSUM(c0, t, s2);
+    for (; i < n; i++) {
+        s0 += w[i] * x0[i];
+        s1 += w[i] * x1[i];
+        s2 += w[i] * x2[i];
+    }
+    out[0] = s0;
+    out[1] = s1;
+    out[2] = s2;
+}
+
 /* int8 x int8 -> int32: |w| (unsigned) times x with w's sign, pairs summed to int16 by maddubs
  * (at most 2 * 128 * 127 < 32767, so no saturation), then to int32. Integer sums are exact. */
 __attribute__((target("avx2"))) static int32_t avx2_dot_q8(const int8_t *w, const int8_t *x,
@@ -191,6 +265,23 @@ NEON_DOT(neon_dot_f16, uint16_t, NEON_LOAD_F16, half_to_float)
 NEON_DOT(neon_dot_bf16, uint16_t, NEON_LOAD_BF16, bf16_to_float)
 NEON_DOT(neon_dot_i8, int8_t, NEON_LOAD_I8, CVT_I8)
 
+static void neon_convert(const void *row, uint32_t dtype, size_t n, float *out) {
+    size_t i = 0;
+    switch (dtype) {
+    case COLIBRI_DT_F16:
+        for (; i + 4 <= n; i += 4) vst1q_f32(out + i, NEON_LOAD_F16((const uint16_t *)row + i));
+        break;
+    case COLIBRI_DT_BF16:
+        for (; i + 4 <= n; i += 4) vst1q_f32(out + i, NEON_LOAD_BF16((const uint16_t *)row + i));
+        break;
+    case COLIBRI_DT_INT8:
+        for (; i + 4 <= n; i += 4) vst1q_f32(out + i, NEON_LOAD_I8((const int8_t *)row + i));
+        break;
+    default: break;
+    }
+    if (i < n) convert_row((const uint8_t *)row + i * colibri_dtype_size(dtype), dtype, n - i, out + i);
+}
+
 static int32_t neon_dot_q8(const int8_t *w, const int8_t *x, size_t n) {
     int32x4_t acc = vdupq_n_s32(0);
     size_t i = 0;
@@ -206,6 +297,13 @@ static int32_t neon_dot_q8(const int8_t *w, const int8_t *x, size_t n) {
 }
 #endif
 
+static void generic_dot3_f32(const float *w, const float *x0, const float *x1, const float *x2,
+                             size_t n, float out[3]) {
+    out[0] = K.dot[COLIBRI_DT_F32](w, x0, n);
+    out[1] = K.dot[COLIBRI_DT_F32](w, x1, n);
+    out[2] = K.dot[COLIBRI_DT_F32](w, x2, n);
+}
+
 /* ---- selection ------------------------------------------------------------------------------ */
 
 static pthread_once_t kernels_once = PTHREAD_ONCE_INIT;
@@ -216,6 +314,8 @@ static void kernels_pick(void) {
     K.dot[COLIBRI_DT_BF16] = scalar_dot_bf16;
     K.dot[COLIBRI_DT_INT8] = scalar_dot_i8;
     K.dot_q8 = scalar_dot_q8;
+    K.convert = convert_row;
+    K.dot3_f32 = generic_dot3_f32;
     K.name = "scalar";
 #ifdef COLIBRI_HAVE_AVX2
     __builtin_cpu_init();
@@ -226,6 +326,8 @@ static void kernels_pick(void) {
         K.dot[COLIBRI_DT_BF16] = avx2_dot_bf16;
         K.dot[COLIBRI_DT_INT8] = avx2_dot_i8;
         K.dot_q8 = avx2_dot_q8;
+        K.convert = avx2_convert;
+        K.dot3_f32 = avx2_dot3_f32;
         K.name = "avx2";
     }
 #endif
@@ -235,6 +337,7 @@ static void kernels_pick(void) {
     K.dot[COLIBRI_DT_BF16] = neon_dot_bf16;
     K.dot[COLIBRI_DT_INT8] = neon_dot_i8;
     K.dot_q8 = neon_dot_q8;
+    K.convert = neon_convert;
     K.name = "neon";
 #endif
 }
@@ -255,15 +358,27 @@ void colibri_rows_dot(const colibri_tensor *w, uint32_t r0, uint32_t r1, const f
     for (uint32_t r = r0; r < r1; r++) {
         const uint8_t *row = (const uint8_t *)w->data + (size_t)r * rowbytes;
         float sc = w->scales ? w->scales[r] : 1.0f;
-        if (n == 1 || w->dtype == COLIBRI_DT_F32) {
-            for (int j = 0; j < n; j++) y[(size_t)j * ldy + r] = sc * dot(row, x + (size_t)j * ldx, cols);
-        } else {
-            /* Convert once, reuse for every token: same bits as the fused kernel (exact
-             * conversion, same lane order). */
-            convert_row(row, w->dtype, cols, scratch);
-            for (int j = 0; j < n; j++)
-                y[(size_t)j * ldy + r] = sc * K.dot[COLIBRI_DT_F32](scratch, x + (size_t)j * ldx, cols);
+        if (n == 1) {
+            y[r] = sc * dot(row, x, cols);
+            continue;
         }
+        /* Several tokens: convert the row once (exact) and run the f32 kernels, three tokens
+         * per pass over the row; same lane order as the fused one-token kernel, same bits. */
+        const float *wf = (const float *)(const void *)row;
+        if (w->dtype != COLIBRI_DT_F32) {
+            K.convert(row, w->dtype, cols, scratch);
+            wf = scratch;
+        }
+        int j = 0;
+        for (; j + 3 <= n; j += 3) {
+            float o[3];
+            const float *xj = x + (size_t)j * ldx;
+            K.dot3_f32(wf, xj, xj + ldx, xj + 2 * ldx, cols, o);
+            y[(size_t)j * ldy + r] = sc * o[0];
+            y[(size_t)(j + 1) * ldy + r] = sc * o[1];
+            y[(size_t)(j + 2) * ldy + r] = sc * o[2];
+        }
+        for (; j < n; j++) y[(size_t)j * ldy + r] = sc * K.dot[COLIBRI_DT_F32](wf, x + (size_t)j * ldx, cols);
     }
 }
 
