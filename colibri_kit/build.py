@@ -306,8 +306,7 @@ def publish(out_dir: Path, config_header: Path, runtime_dir: Path, dist: Path) -
         wanted[f"include/{h.name}"] = h
     for rel, src in wanted.items():
         dst = dist / rel
-        if _write_if_changed(dst, src.read_bytes()):
-            pass
+        _write_if_changed(dst, src.read_bytes())
         mode = 0o755 if rel.startswith("bin/") else 0o644
         if (dst.stat().st_mode & 0o777) != mode:
             dst.chmod(mode)

@@ -13,7 +13,6 @@ clean with every pinned toolchain.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import json
 import os
 import re
@@ -484,12 +483,6 @@ def compile_kernels(tc: CudaToolchain, source: Path, include_dirs: Sequence[Path
     images.append(KernelImage("ptx", ptx_sm, ptx_path))
     return images
 
-
-def file_digest(paths_: Iterable[Path]) -> str:
-    h = hashlib.sha256()
-    for p in paths_:
-        h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
-    return h.hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------
