@@ -108,14 +108,20 @@ def install_set(name: str, packages: Sequence[str], what: str, progress: Progres
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=dest.parent))
     cmd = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--quiet",
            "--no-input", "--no-deps", "--no-compile", "--target", str(tmp), *packages]
+    # --target must not be vetoed by a user's pip settings meant for their own environment.
+    env = {**os.environ, "PIP_REQUIRE_VIRTUALENV": "0", "PIP_USER": "0", "PIP_NO_INPUT": "1"}
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise ToolchainError(f"cannot run pip to install {what}: {exc}") from None
     if proc.returncode != 0:
         shutil.rmtree(tmp, ignore_errors=True)
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-6:])
+        if "No module named pip" in tail:
+            raise ToolchainError(
+                f"{sys.executable} has no pip, which installs {what}: run the kit from its "
+                "virtual environment (scripts/bootstrap.sh makes .venv) or install python3-pip")
         raise ToolchainError(
             f"could not install {what} ({' '.join(packages)}) with pip:\n{tail}\n"
             "Check network access to PyPI (or a configured index/proxy) and the free space in "

@@ -180,3 +180,18 @@ def test_invoke_toolchain_needs_an_argument():
                           text=True, timeout=60, cwd=paths.project_root())
     assert proc.returncode == 1
     assert "give --target NAME" in proc.stderr
+
+
+def test_python_without_pip_is_explained(tmp_path: Path):
+    # A real interpreter without pip (a venv made --without-pip) running the kit.
+    venv = tmp_path / "nopip"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    code = ("from colibri_kit import toolchain\n"
+            "toolchain.install_set('x', ['six==1.16.0'], 'six', None)\n")
+    proc = subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True,
+                          text=True, env={"PYTHONPATH": str(paths.project_root()),
+                                          "COLIBRI_CACHE_DIR": str(tmp_path / "cache"),
+                                          "PATH": "/usr/bin:/bin"})
+    assert proc.returncode != 0
+    assert "has no pip, which installs six" in proc.stderr
+    assert "scripts/bootstrap.sh" in proc.stderr
