@@ -283,3 +283,29 @@ def test_backend_cuda_without_gpu_is_a_clean_error(host_colibri: Path, models: d
     else:
         assert proc.returncode == 1 and "CUDA" in proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1
+
+
+# ---- the aarch64 build (zig cc, NEON kernels) under qemu ------------------------------------------
+
+@pytest.mark.slow
+def test_aarch64_neon_build_under_qemu(orin_nx_build: Path, models: dict[str, Path], tmp_path: Path) -> None:
+    """The cross-compiled runtime (NEON kernels, CPU fallback without a GPU): selftest passes and
+    logits match the reference, bitwise equal across thread counts."""
+    qemu = ["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu", str(orin_nx_build / "bin" / "colibri")]
+    proc = subprocess.run([*qemu, "selftest"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "(neon)" in proc.stdout and "passed: 0 check(s) failed" in proc.stdout
+    for name in ("tiny-f32", "tiny-int8", "shared-gate-bias-plain-f32"):
+        ids = [i % 256 for i in PROMPT]
+        want = Reference(models[name]).forward(ids)
+        outs = []
+        for threads in ("1", "2"):
+            out = tmp_path / f"{name}-{threads}.bin"
+            proc = subprocess.run([*qemu, "--backend", "auto", "--threads", threads, "forward",
+                                   str(models[name]), "--ids", ",".join(map(str, ids)),
+                                   "--logits-out", str(out)], capture_output=True, text=True,
+                                  timeout=600)
+            assert proc.returncode == 0, proc.stderr
+            outs.append(out.read_bytes())
+        got = np.frombuffer(outs[0], dtype="<f4").reshape(len(ids), -1)
+        assert rel_err(got, want) < F32_TOL and outs[0] == outs[1], name
