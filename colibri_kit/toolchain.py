@@ -13,6 +13,7 @@ clean with every pinned toolchain.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import json
 import os
 import re
@@ -88,22 +89,36 @@ def _display(path: Path) -> str:
 # Installing pinned wheel sets
 
 
+def _marker_matches(marker: Path, want: dict) -> bool:
+    try:
+        return json.loads(marker.read_text()) == want
+    except (OSError, ValueError):
+        return False
+
+
 def install_set(name: str, packages: Sequence[str], what: str, progress: Progress | None) -> Path:
     """Install `packages` into toolchains/<name>/ once; return that directory.
 
     The install goes into a temporary sibling and is renamed into place, so an interrupted
-    install never leaves a half-populated set that later looks complete.
+    install never leaves a half-populated set that later looks complete; a lock file keeps two
+    processes (parallel builds, test sessions) from installing the same set at once.
     """
     dest = toolchains_dir() / name
     marker = dest / MARKER
     want = {"name": name, "packages": list(packages)}
-    if marker.is_file():
-        try:
-            if json.loads(marker.read_text()) == want:
-                return dest
-        except (OSError, ValueError):
-            pass
+    if _marker_matches(marker, want):
+        return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
+    with open(dest.parent / f".{name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _marker_matches(marker, want):   # another process finished it while we waited
+            return dest
+        _pip_install(dest, packages, what, progress)
+    return dest
+
+
+def _pip_install(dest: Path, packages: Sequence[str], what: str, progress: Progress | None) -> None:
+    name = dest.name
     _say(progress, f"installing {what} into {_display(dest)} (first time only)")
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=dest.parent))
     cmd = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--quiet",
@@ -126,11 +141,11 @@ def install_set(name: str, packages: Sequence[str], what: str, progress: Progres
             f"could not install {what} ({' '.join(packages)}) with pip:\n{tail}\n"
             "Check network access to PyPI (or a configured index/proxy) and the free space in "
             f"{_display(dest.parent)}, then retry; COLIBRI_CACHE_DIR moves the cache.")
-    (tmp / MARKER).write_text(json.dumps(want, indent=2) + "\n")
+    (tmp / MARKER).write_text(json.dumps({"name": name, "packages": list(packages)}, indent=2)
+                              + "\n")
     if dest.exists():
         shutil.rmtree(dest)
     os.replace(tmp, dest)
-    return dest
 
 
 @dataclass(frozen=True)
