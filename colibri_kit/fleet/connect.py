@@ -34,6 +34,8 @@ from colibri_kit.fleet.remote import Result
 SUDO_PASSWORD_ENV = "COLIBRI_SUDO_PASSWORD"
 DEFAULT_PARALLEL = 8
 CONNECT_TIMEOUT_S = 10.0
+SFTP_WINDOW = 64 << 20
+SFTP_MAX_PACKET = 256 << 10
 
 _known_hosts_lock = threading.Lock()  # serialises appends to the project known_hosts file
 
@@ -176,7 +178,9 @@ class SSHRemote:
     def sftp(self) -> paramiko.SFTPClient:
         if self._sftp is None:
             try:
-                self._sftp = self.transport.open_sftp_client()
+                # A large window keeps pipelined writes flowing instead of waiting on acks.
+                self._sftp = paramiko.SFTPClient.from_transport(
+                    self.transport, window_size=SFTP_WINDOW, max_packet_size=SFTP_MAX_PACKET)
             except (paramiko.SSHException, EOFError, OSError) as exc:
                 raise FleetError(f"{self.name}: cannot open SFTP: {exc}") from None
         return self._sftp

@@ -14,10 +14,13 @@ import json
 import os
 import posixpath
 import secrets
+import shutil
 import stat
 import sys
+import tempfile
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -38,7 +41,7 @@ class Artifact:
     """What gets deployed: the dist tree (verified against its manifest) and an optional model."""
 
     target: str
-    dist: Path
+    dist: Path                       # a private snapshot of dist/<target>/, removed with the object
     manifest_bytes: bytes
     files: dict[str, str]            # relative path -> sha256 (from the manifest)
     sizes: dict[str, int]
@@ -77,13 +80,21 @@ def prepare(target: str, dist: Path, model: Path | None = None) -> Artifact:
         raise FleetError(f"{manifest_file} is for target {manifest.get('target')}, not {target}")
     files = rel.manifest_hashes(manifest)
     sizes = {}
+    # Upload from a private snapshot: a rebuild of dist/ during a long rollout must not change
+    # what the remaining hosts receive (the manifest was read once, above).
+    snapshot = Path(tempfile.mkdtemp(prefix=f"colibri-release-{target}-"))
     for relpath, sha in files.items():
         local = dist / relpath
         if not local.is_file():
+            shutil.rmtree(snapshot, ignore_errors=True)
             raise FleetError(f"{local} is listed in the manifest but missing: rebuild {target}")
-        if file_sha256(local) != sha:
+        copy = snapshot / relpath
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(local, copy)
+        if file_sha256(copy) != sha:
+            shutil.rmtree(snapshot, ignore_errors=True)
             raise FleetError(f"{local} does not match its manifest (sha256 differs): rebuild {target}")
-        sizes[relpath] = local.stat().st_size
+        sizes[relpath] = copy.stat().st_size
     model_sha = None
     model_size = 0
     if model is not None:
@@ -93,7 +104,9 @@ def prepare(target: str, dist: Path, model: Path | None = None) -> Artifact:
         model_size = model.stat().st_size
     digest = hashlib.sha256(manifest_bytes + b"\0" + (model_sha or "").encode()).hexdigest()
     release_id = rel.validate_release_id(f"{target}-{digest[:12]}")
-    return Artifact(target, dist, manifest_bytes, files, sizes, model, model_sha, model_size, release_id)
+    art = Artifact(target, snapshot, manifest_bytes, files, sizes, model, model_sha, model_size, release_id)
+    weakref.finalize(art, shutil.rmtree, snapshot, True)
+    return art
 
 
 @dataclass
@@ -295,7 +308,15 @@ def deploy_host(remote: SSHRemote, host: Host, art: Artifact, profile: object, *
     if problems:
         raise FleetError("; ".join(problems))
     root = host.root
-    remote.run(["mkdir", "-p", "--", rel.releases_dir(root), posixpath.join(root, "models")])
+    made = remote.run(["mkdir", "-p", "--", rel.releases_dir(root), posixpath.join(root, "models")],
+                      check=False)
+    writable = made.ok and remote.run(["test", "-w", root, "-a", "-w", rel.releases_dir(root), "-a", "-w",
+                                       posixpath.join(root, "models")], check=False).ok
+    if not writable:
+        raise FleetError(
+            f"{host.name}: {host.user} cannot write {root} ({made.stderr.strip() or 'permission denied'}); "
+            f"once, as root on the device: mkdir -p {root} && chown {host.user} {root} "
+            f"(or log in as root: user: root in the fleet file)")
     state = rel.read_state(remote, root)
     have_release = art.release_id in {r.id for r in state.releases}
     if have_release and rel.verify_release(remote, root, art.release_id):

@@ -174,6 +174,19 @@ def _wait_port(port: int, proc: subprocess.Popen[bytes], log: Path, timeout: flo
                      f"{log.read_text()[-2000:]}")
 
 
+def _mountpoints_under(tops: list[str]) -> list[str]:
+    """Mount points strictly below any of ``tops`` in this namespace (plain names only)."""
+    points = []
+    with open("/proc/self/mountinfo") as fh:
+        for line in fh:
+            point = line.split()[4]
+            if "\\" in point:
+                continue  # escaped characters: not a path we can pass back safely
+            if any(point.startswith(t + "/") for t in tops) and os.path.exists(point):
+                points.append(point)
+    return sorted(set(points), key=lambda p: (p.count("/"), p))
+
+
 def _ns_of(pid: int) -> str | None:
     try:
         return os.readlink(f"/proc/{pid}/ns/mnt")
@@ -400,6 +413,19 @@ class EmulatedFleet:
         script = ["set -e"]
         top_dirs = sorted({p.name for p in root.iterdir() if p.is_dir() and p.name != "sys"}
                           | {p.name for p in layer.iterdir() if p.is_dir()})
+        # Mounts under a directory we overlay (in a container: /etc/hosts, /etc/resolv.conf) would
+        # be hidden by the overlay: park them in a stash first and put them back on top after.
+        restore = []
+        stash = dev / "stash"
+        for n, point in enumerate(_mountpoints_under([f"/{d}" for d in top_dirs])):
+            stash.mkdir(exist_ok=True)
+            held = stash / str(n)
+            if os.path.isdir(point):
+                held.mkdir()
+            else:
+                held.touch()
+            script.append(shlex.join(["mount", "--bind", point, str(held)]))
+            restore.append(shlex.join(["mount", "--bind", str(held), point]))
         for d in top_dirs:
             upper = root / d
             upper.mkdir(exist_ok=True)
@@ -410,6 +436,7 @@ class EmulatedFleet:
                 raise FleetError(f"emulated device files need /{d} on the host to exist")
             opts = f"lowerdir={':'.join(lowers)},upperdir={upper},workdir={work}"
             script.append(shlex.join(["mount", "-t", "overlay", "overlay", "-o", opts, f"/{d}"]))
+        script += restore
         if (root / "sys").is_dir():
             script.append(shlex.join(["mount", "--bind", str(root / "sys"), "/sys"]))
         size = self.disk_mb[i]

@@ -292,3 +292,13 @@ def test_max_failures_stops_the_rollout(inventory, profile, dist_a, tiny_model) 
     results = D.deploy(inventory, order, art, profile, parallel=1, max_failures=2, hooks=D.Hooks())
     assert [r.result for r in results] == ["failed", "failed", "skipped"]
     assert "--max-failures" in results[2].detail
+
+
+def test_non_root_login_without_write_access_fails_with_the_fix(inventory, profile, dist_a, tiny_model) -> None:
+    from colibri_kit.fleet.sim import SIM_USER
+
+    host = replace(inventory.hosts[MAIN[0]], user=SIM_USER)
+    art = D.prepare("orin-nx", dist_a, tiny_model)
+    [res] = D.deploy(inventory, [host], art, profile, hooks=D.Hooks())
+    assert res.result == "failed"
+    assert f"chown {SIM_USER} /opt/colibri" in res.detail and "cannot write /opt/colibri" in res.detail
