@@ -60,6 +60,11 @@ class _RefuseOrRecord(paramiko.MissingHostKeyPolicy):
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
         fp = fingerprint(key)
+        if self.accept_new and self.known_hosts is None:
+            raise HostKeyError(
+                f"{self.host.name}: unknown host key for {hostname} ({key.get_name()} {fp}); "
+                f"--accept-new-host-keys records keys in the project file: add "
+                f"'known_hosts: fleet_known_hosts' to the fleet file (it never writes ~/.ssh)")
         if not self.accept_new or self.known_hosts is None:
             where = str(self.known_hosts) if self.known_hosts else "~/.ssh/known_hosts"
             raise HostKeyError(

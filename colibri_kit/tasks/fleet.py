@@ -65,13 +65,14 @@ def _finish(results: list[deploylib.HostResult], as_json: bool, cols: list[str] 
     "dry_run": "print what would be uploaded and switched, change nothing",
     "canary": "deploy to the first N hosts, smoke-test them, continue only if they pass",
     "max_failures": "stop starting new hosts after K failures",
+    "max_first_token_ms": "with --canary: override the profile's first-token p99 limit for the canary smoke test",
     "json": "print results as JSON",
 })
 @user_errors
 def deploy(c: Context, target: str, model: str = "", fleet: str = "", hosts: str = "", group: str = "",
            tags: str = "", parallel: int = 0, keep: int = 0, dry_run: bool = False, canary: int = 0,
            max_failures: int = -1, accept_new_host_keys: bool = False, dist: str = "",
-           json: bool = False) -> None:
+           max_first_token_ms: float = -1.0, json: bool = False) -> None:
     """Upload dist/<target>/ (+ a model) to the fleet and switch `current` atomically per host."""
     from colibri_kit.profiles import load_profile
 
@@ -86,7 +87,9 @@ def deploy(c: Context, target: str, model: str = "", fleet: str = "", hosts: str
         from colibri_kit.fleet import smoke as smokelib
 
         def smoke_fn(hs: list[Host]) -> list[deploylib.HostResult]:
-            return smokelib.smoke(inv, hs, profile, parallel=parallel or 8)
+            return smokelib.smoke(inv, hs, profile, parallel=parallel or _cfg(c, "parallel", 8),
+                                  model=Path(model) if model else None,
+                                  max_first_token_ms=None if max_first_token_ms < 0 else max_first_token_ms)
     results = deploylib.deploy(
         inv, chosen, art, profile, parallel=parallel or _cfg(c, "parallel", 8),
         keep=keep or _cfg(c, "keep", deploylib.DEFAULT_KEEP), dry_run=dry_run,

@@ -162,3 +162,12 @@ def test_for_each_bounds_parallelism() -> None:
     assert peak == 3
     with pytest.raises(FleetError):
         for_each([1], work, parallel=0)
+
+
+def test_accept_new_without_a_project_file_says_where_to_record(inventory, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.ssh/known_hosts either
+    r = SSHRemote(inventory.hosts["jetson-00"], known_hosts=None, identity_file=inventory.identity_file,
+                  accept_new=True)
+    with pytest.raises(HostKeyError, match="add 'known_hosts: fleet_known_hosts' to the fleet file"):
+        r.connect()
+    assert not (tmp_path / ".ssh").exists()

@@ -302,3 +302,11 @@ def test_non_root_login_without_write_access_fails_with_the_fix(inventory, profi
     [res] = D.deploy(inventory, [host], art, profile, hooks=D.Hooks())
     assert res.result == "failed"
     assert f"chown {SIM_USER} /opt/colibri" in res.detail and "cannot write /opt/colibri" in res.detail
+
+
+@pytest.mark.parametrize("hostile", ["../../etc", "x;reboot", "$(id)", "-rf"])
+def test_rollback_refuses_hostile_release_ids(sim_fleet, hostile) -> None:
+    proc = subprocess.run([sys.executable, "-m", "invoke", "rollback", "--fleet", str(sim_fleet.fleet_file),
+                           f"--to={hostile}"],
+                          capture_output=True, text=True, cwd=Path(__file__).parents[2], timeout=120)
+    assert proc.returncode == 1 and "is not a release id" in proc.stderr, proc.stdout + proc.stderr
