@@ -55,7 +55,7 @@ def _finish(results: list[deploylib.HostResult], as_json: bool, cols: list[str] 
         raise Exit(f"failed on {len(failed)} of {len(results)} host(s): {', '.join(failed)}", code=1)
 
 
-@task(help={
+@task(auto_shortflags=False, help={
     **SELECT_HELP,
     "target": "target profile to deploy (dist/<target>/ must be built); also selects hosts whose "
               "target is T, or hosts with no target",

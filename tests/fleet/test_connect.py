@@ -13,7 +13,7 @@ from colibri_kit.errors import FleetError, HostKeyError
 from colibri_kit.fleet.connect import SUDO_PASSWORD_ENV, SSHRemote, for_each
 from colibri_kit.fleet.sim import SIM_USER
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.root]
 
 
 def device_fingerprint(sim_fleet, name: str) -> str:

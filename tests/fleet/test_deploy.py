@@ -22,7 +22,7 @@ from colibri_kit.profiles import load_profile
 
 from fleet_support import FAULTY, MAIN, SMALL_DISK, XAVIER, rebuilt
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.root]
 ROOT = "/opt/colibri"
 
 

@@ -17,7 +17,7 @@ from colibri_kit.fleet.connect import SSHRemote
 
 from fleet_support import MAIN, SMALL_DISK, XAVIER
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.root]
 
 
 def remote(inventory, name) -> SSHRemote:

@@ -18,7 +18,7 @@ from colibri_kit.profiles import load_profile
 
 from fleet_support import FAULTY, MAIN, rebuilt
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.root]
 
 
 @pytest.fixture(scope="module")
