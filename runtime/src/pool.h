@@ -5,6 +5,7 @@
 #define COLIBRI_POOL_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 
 typedef void (*colibri_task_fn)(void *arg, int t, int n);
 
@@ -22,9 +23,9 @@ struct colibri_pool {
     pthread_cond_t start, done;
     colibri_task_fn fn;
     void *arg;
-    unsigned long generation; /* bumped for each job */
-    int pending;              /* helpers still running the current job */
-    int stop;
+    atomic_ulong generation;  /* bumped for each job */
+    atomic_int pending;       /* helpers still running the current job */
+    atomic_int stop;
     int started;              /* helpers actually created (for cleanup after a partial start) */
 };
 
