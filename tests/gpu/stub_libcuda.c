@@ -12,7 +12,10 @@
  *   STUB_INTEGRATED  CU_DEVICE_ATTRIBUTE_INTEGRATED (default 0)
  *   STUB_LOAD_RC     cuModuleLoadDataEx's result (default 0)
  *   STUB_LOG         file receiving one line per cuLaunchKernel / memcpy / event call
- * Built with -DSTUB_OMIT_LAUNCH it lacks cuLaunchKernel (a driver missing an entry point). */
+ * Built with -DSTUB_OMIT_LAUNCH it lacks cuLaunchKernel (a driver missing an entry point).
+ * Built with -DSTUB_EMULATE and linked with tests/gpu/emu/cuda_emu.cpp, cuLaunchKernel runs the
+ * kernel in the host emulation, so the real binary's `--backend cuda` path runs end to end on a
+ * CPU (tests/test_cuda_host.py compares it with `--backend cpu`). */
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -121,6 +124,10 @@ CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *d, void *p, unsigned flags) {
     *d = (CUdeviceptr)(uintptr_t)p;
     return 0;
 }
+#ifdef STUB_EMULATE
+int emu_launch(const char *name, unsigned gx, unsigned gy, unsigned bx, void **args);
+#endif
+
 #ifndef STUB_OMIT_LAUNCH
 CUresult cuLaunchKernel(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                         unsigned bz, unsigned shmem, void *stream, void **params, void **extra) {
@@ -135,6 +142,10 @@ CUresult cuLaunchKernel(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigne
             fclose(f);
         }
     }
+#ifdef STUB_EMULATE
+    if (gy > 65535 || bx > 1024) return 1; /* CUDA_ERROR_INVALID_VALUE, as the driver would */
+    if (emu_launch((const char *)fn, gx, gy, bx, params) != 0) return 500; /* NOT_FOUND */
+#endif
     return 0;
 }
 #endif

@@ -59,25 +59,28 @@ using std::cos; using std::exp; using std::pow; using std::sin;
 
 #include "colibri_kernels.cu"
 
+// One OS thread per CUDA thread of a block, reused for every block of the launch: the threads
+// walk the blocks in order and meet at `between` before the next one, so blocks never overlap.
 static void run_grid(unsigned gx, unsigned gy, unsigned bx, const std::function<void()> &body) {
     gridDim = {gx, gy, 1};
     blockDim = {bx, 1, 1};
-    for (unsigned by = 0; by < gy; by++)
-        for (unsigned bxi = 0; bxi < gx; bxi++) {
-            std::barrier<> block_bar((std::ptrdiff_t)bx);
-            g_block_bar = &block_bar;
-            g_warps.clear();
-            for (unsigned w = 0; w < (bx + 31) / 32; w++) g_warps.emplace_back(new Warp);
-            std::vector<std::thread> threads;
-            threads.reserve(bx);
-            for (unsigned t = 0; t < bx; t++)
-                threads.emplace_back([=, &body] {
-                    threadIdx = {t, 0, 0};
+    std::barrier<> block_bar((std::ptrdiff_t)bx), between((std::ptrdiff_t)bx);
+    g_block_bar = &block_bar;
+    g_warps.clear();
+    for (unsigned w = 0; w < (bx + 31) / 32; w++) g_warps.emplace_back(new Warp);
+    std::vector<std::thread> threads;
+    threads.reserve(bx);
+    for (unsigned t = 0; t < bx; t++)
+        threads.emplace_back([=, &body, &between] {
+            threadIdx = {t, 0, 0};
+            for (unsigned by = 0; by < gy; by++)
+                for (unsigned bxi = 0; bxi < gx; bxi++) {
                     blockIdx = {bxi, by, 0};
                     body();
-                });
-            for (auto &th : threads) th.join();
-        }
+                    between.arrive_and_wait();
+                }
+        });
+    for (auto &th : threads) th.join();
 }
 
 template <typename... A, std::size_t... I>
