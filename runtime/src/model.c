@@ -477,6 +477,8 @@ colibri_status colibri_model_open(struct colibri_model *m, const char *path, cha
     close(fd);
     if (p == MAP_FAILED)
         return fail(why, why_len, COLIBRI_E_IO, "cannot mmap %s: %s", path, strerror(errno));
+    /* start reading the weights in ahead of the first forward (asynchronous, advisory) */
+    (void)madvise(p, size, MADV_WILLNEED);
     m->base = p;
     m->size = size;
     m->mapped = 1;
