@@ -451,3 +451,21 @@ def test_cuda_backend_decode_steps_in_emulation(cuda_host_build, tiny_model: Pat
         assert proc.returncode == 0, proc.stderr
         runs[backend] = json.loads(proc.stdout)["new_ids"]
     assert runs["cuda"] == runs["cpu"] and len(runs["cpu"]) == 4
+
+
+def test_invoke_gpucheck_failures_are_actionable():
+    """`invoke gpucheck` is an explicit request for a GPU check: without pycuda or a GPU it fails
+    (exit 1, one line naming what is missing); with one, a target never built names the build
+    command."""
+    from colibri_kit.gpucheck import GpuCheckError, probe_gpu
+
+    try:
+        probe_gpu()
+        expected = "does not exist: build it first with `invoke build --target no-such-target`"
+    except GpuCheckError as exc:
+        expected = str(exc)
+        assert "pycuda is not installed" in expected or "CUDA GPU" in expected
+    proc = subprocess.run([sys.executable, "-m", "invoke", "gpucheck", "--target", "no-such-target"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 1
+    assert expected in proc.stderr and "Traceback" not in proc.stderr
