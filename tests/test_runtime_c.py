@@ -208,3 +208,11 @@ def test_thread_sanitizer_pool(tmp_path_factory: pytest.TempPathFactory, host_co
                    env={"TSAN_OPTIONS": "halt_on_error=1"})
         assert proc.returncode == 0, proc.stderr
         assert "ThreadSanitizer" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_clang_build_warning_free(tmp_path_factory: pytest.TempPathFactory, host_config: Path) -> None:
+    """The runtime builds without warnings with clang too (zig cc is clang) and passes its tests."""
+    build = make(RUNTIME / "tests", tmp_path_factory.mktemp("rt-clang"), host_config, "CC=clang-14")
+    proc = run(build / "bin/test_runtime")
+    assert proc.returncode == 0, proc.stdout + proc.stderr

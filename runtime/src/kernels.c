@@ -9,6 +9,7 @@
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define COLIBRI_HAVE_AVX2 1
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 #if defined(__aarch64__)
@@ -304,6 +305,22 @@ static void generic_dot3_f32(const float *w, const float *x0, const float *x1, c
     out[2] = K.dot[COLIBRI_DT_F32](w, x2, n);
 }
 
+#ifdef COLIBRI_HAVE_AVX2
+/* CPUID (not __builtin_cpu_supports, which clang 14 lacks "f16c" for): AVX2, FMA and F16C, and
+ * the OS saving the YMM state (OSXSAVE + XCR0 bits 1 and 2). */
+static int cpu_has_avx2_fma_f16c(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
+    int fma = (c >> 12) & 1, osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, f16c = (c >> 29) & 1;
+    if (!(fma && osxsave && avx && f16c)) return 0;
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & 6) != 6) return 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+    return (b >> 5) & 1;
+}
+#endif
+
 /* ---- selection ------------------------------------------------------------------------------ */
 
 static pthread_once_t kernels_once = PTHREAD_ONCE_INIT;
@@ -318,9 +335,7 @@ static void kernels_pick(void) {
     K.dot3_f32 = generic_dot3_f32;
     K.name = "scalar";
 #ifdef COLIBRI_HAVE_AVX2
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c")) {
+    if (cpu_has_avx2_fma_f16c()) {
         K.dot[COLIBRI_DT_F32] = avx2_dot_f32;
         K.dot[COLIBRI_DT_F16] = avx2_dot_f16;
         K.dot[COLIBRI_DT_BF16] = avx2_dot_bf16;
