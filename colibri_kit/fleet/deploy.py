@@ -32,7 +32,7 @@ from colibri_kit.fleet.inventory import Host, Inventory
 from colibri_kit.fleet.report import table
 
 DEFAULT_KEEP = 3
-SPACE_MARGIN = 1.05 + 0.0  # need 5 % more than the bytes we upload
+SPACE_MARGIN = 1.05  # need 5 % more than the bytes we upload
 MiB = 1 << 20
 
 
@@ -241,7 +241,14 @@ def _upload_release(remote: SSHRemote, art: Artifact, root: str, hooks: Hooks) -
             raise FleetError(f"{remote.name}: the uploaded colibri does not run on the device "
                              f"(exit {res.exit_code}: {(res.stderr or res.stdout).strip()[:300]}); "
                              f"not activated")
-    remote.run(["mv", "-T", "--", partial, final])
+    if remote.run(["test", "-e", final], check=False).ok:
+        # Replacing a damaged copy (maybe the current one): two renames, the window is tiny.
+        old = f"{final}.partial-old-{secrets.token_hex(4)}"
+        remote.run(["mv", "-T", "--", final, old])
+        remote.run(["mv", "-T", "--", partial, final])
+        remote.run(["rm", "-rf", "--", old])
+    else:
+        remote.run(["mv", "-T", "--", partial, final])
     return sent
 
 
@@ -319,9 +326,9 @@ def deploy_host(remote: SSHRemote, host: Host, art: Artifact, profile: object, *
             f"(or log in as root: user: root in the fleet file)")
     state = rel.read_state(remote, root)
     have_release = art.release_id in {r.id for r in state.releases}
-    if have_release and rel.verify_release(remote, root, art.release_id):
-        remote.run(["rm", "-rf", "--", rel.release_dir(root, art.release_id)])  # damaged: redo
-        have_release = False
+    damaged = have_release and bool(rel.verify_release(remote, root, art.release_id))
+    if damaged:
+        have_release = False  # re-upload; the damaged copy is swapped out only once the new one verifies
     need = 0 if have_release else art.release_bytes
     if art.model_sha:
         final = rel.model_path(root, art.model_sha)

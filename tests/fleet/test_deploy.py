@@ -310,3 +310,18 @@ def test_rollback_refuses_hostile_release_ids(sim_fleet, hostile) -> None:
                            f"--to={hostile}"],
                           capture_output=True, text=True, cwd=Path(__file__).parents[2], timeout=120)
     assert proc.returncode == 1 and "is not a release id" in proc.stderr, proc.stdout + proc.stderr
+
+
+def test_damaged_installed_release_is_repaired_on_redeploy(inventory, sim_fleet, profile, dist_a, tiny_model) -> None:
+    name = MAIN[1]
+    art = D.prepare("orin-nx", dist_a, tiny_model)
+    [res] = D.deploy(inventory, hosts(inventory, [name]), art, profile, hooks=D.Hooks())
+    assert res.ok, res.detail
+    header = sim_fleet.path_in(name, f"{ROOT}/releases/{art.release_id}/include/colibri.h")
+    header.write_text("damaged on the device\n")
+    with remote(inventory, name) as r:
+        assert rel.verify_release(r, ROOT, art.release_id) != []
+    [res] = D.deploy(inventory, hosts(inventory, [name]), art, profile, hooks=D.Hooks())
+    assert res.result == "ok" and res.uploaded >= art.release_bytes, res.detail
+    assert assert_current_complete(inventory, name) == art.release_id
+    assert not list(sim_fleet.path_in(name, f"{ROOT}/releases").glob("*.partial*"))
