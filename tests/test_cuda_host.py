@@ -136,7 +136,8 @@ def stub_driver(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def run_unit(exe: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    full = {k: v for k, v in os.environ.items() if not k.startswith(("STUB_", "COLIBRI_LIBCUDA"))}
+    full = {k: v for k, v in os.environ.items()
+            if not k.startswith(("STUB_", "COLIBRI_LIBCUDA", "COLIBRI_CUDA_"))}
     full["ASAN_OPTIONS"] = "detect_leaks=1"
     full.update(env or {})
     return subprocess.run([str(exe), *args], capture_output=True, text=True, env=full, timeout=60)
@@ -235,6 +236,9 @@ def test_integrated_gpu_maps_the_weights(host_unit, stub_driver, tmp_path: Path)
     alloc_i = int(next(ln for ln in integ if ln.startswith("alloc ")).split()[1])
     weights = int(reg[0].split()[1])
     assert alloc_d - alloc_i >= weights - 4096  # the copy is what the mapping saves
+    out_c, forced = launch_log(host_unit, lib, tmp_path, 1, "forced", STUB_INTEGRATED="1",
+                               COLIBRI_CUDA_WEIGHTS="copy")
+    assert "weights=copied" in out_c and not any(ln.startswith("register ") for ln in forced)
 
 
 # ---------------------------------------------------------------- the real binary, no GPU

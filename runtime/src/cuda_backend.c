@@ -499,8 +499,12 @@ int colibri_cuda_open(colibri_cuda **out, const struct colibri_model *m, int str
         goto fail;
     }
 
-    /* weights: device-mapped file on an integrated GPU, else one copy in the arena */
-    int mapped = (integrated && can_map) ? cb_map_weights(cu) == 0 : 0;
+    /* weights: device-mapped file on an integrated GPU, else one copy in the arena.
+     * COLIBRI_CUDA_WEIGHTS=copy forces the single device copy on an integrated GPU too (GPU reads
+     * of registered host memory take the I/O-coherency path on some Tegra parts: measure both). */
+    const char *wmode = getenv("COLIBRI_CUDA_WEIGHTS");
+    const int want_map = integrated && can_map && !(wmode && strcmp(wmode, "copy") == 0);
+    int mapped = want_map ? cb_map_weights(cu) == 0 : 0;
     if (colibri_cuda_plan(m, !mapped, &cu->plan)) {
         snprintf(why, why_len, "model geometry unsupported by the CUDA backend");
         goto fail;
