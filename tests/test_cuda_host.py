@@ -102,6 +102,21 @@ def test_kernel_source_uses_no_atomics_and_no_headers():
     assert re.findall(r'#include\s+[<"]([^>"]+)', code) == ["colibri_config.h"]
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["xavier-nx", "agx-thor"])
+def test_backend_c_cross_compiles_warning_free(tmp_path: Path, target: str):
+    """cuda_backend.c (no CUDA headers: cuda_driver.h) with the target's pinned zig, -Werror."""
+    profile = profiles.load_profile(target)
+    tc = toolchain.host_toolchain(profile)
+    include = rendered_config(target, tmp_path / "inc")
+    proc = subprocess.run([*tc.cc, *tc.arch_cflags, "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror",
+                           "-Wno-unused-parameter", "-D_GNU_SOURCE",
+                           f"-I{ROOT / 'runtime' / 'include'}", f"-I{include}", "-c", str(BACKEND),
+                           "-o", str(tmp_path / "cuda_backend.o")],
+                          capture_output=True, text=True, env={**os.environ, **toolchain.zig_env()})
+    assert proc.returncode == 0 and "warning" not in proc.stderr, proc.stderr
+
+
 # ---------------------------------------------------------------- host C unit tests
 
 
