@@ -15,7 +15,6 @@ import json
 import os
 import posixpath
 import secrets
-import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path

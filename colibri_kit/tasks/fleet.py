@@ -82,14 +82,14 @@ def deploy(c: Context, target: str, model: str = "", fleet: str = "", hosts: str
     if not chosen:
         raise FleetError(f"no selected host has target {target}")
     art = deploylib.prepare(target, Path(dist) if dist else dist_dir(target), Path(model) if model else None)
-    smoke_fn = None
-    if canary:
+
+    def canary_smoke(hs: list[Host]) -> list[deploylib.HostResult]:
         from colibri_kit.fleet import smoke as smokelib
 
-        def smoke_fn(hs: list[Host]) -> list[deploylib.HostResult]:
-            return smokelib.smoke(inv, hs, profile, parallel=parallel or _cfg(c, "parallel", 8),
-                                  model=Path(model) if model else None,
-                                  max_first_token_ms=None if max_first_token_ms < 0 else max_first_token_ms)
+        return smokelib.smoke(inv, hs, profile, parallel=parallel or _cfg(c, "parallel", 8),
+                              model=Path(model) if model else None,
+                              max_first_token_ms=None if max_first_token_ms < 0 else max_first_token_ms)
+    smoke_fn = canary_smoke if canary else None
     results = deploylib.deploy(
         inv, chosen, art, profile, parallel=parallel or _cfg(c, "parallel", 8),
         keep=keep or _cfg(c, "keep", deploylib.DEFAULT_KEEP), dry_run=dry_run,
