@@ -58,3 +58,13 @@ def run_suite(target: str, pytest_args: list[str] | None = None,
     argv = [python, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
             str(paths.project_root() / SUITE), *(pytest_args or [])]
     return subprocess.run(argv, env=env, cwd=paths.project_root()).returncode
+
+
+BENCH = Path("tests") / "gpu" / "bench_gemv.py"
+
+
+def run_bench(target: str, python: str = sys.executable) -> int:
+    """Print decode-GEMV bandwidth of dist/<target>'s kernels vs the GPU's copy bandwidth."""
+    env = dict(os.environ, COLIBRI_GPU_TARGET=target)
+    return subprocess.run([python, str(paths.project_root() / BENCH)], env=env,
+                          cwd=paths.project_root()).returncode
