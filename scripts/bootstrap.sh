@@ -17,7 +17,7 @@ apt_packages=(
   qemu-user libc6-arm64-cross         # run aarch64 binaries: qemu-aarch64 -L /usr/aarch64-linux-gnu
   openssh-server openssh-client openssl  # emulated Jetson fleet: real sshd per device
   iproute2 util-linux procps sudo     # unshare, mount, ip; sudo for the emulated non-root user
-  file binutils make gcc              # host build + inspection
+  file binutils make gcc g++ libc6-dev  # host build + inspection; g++ runs the kernels' CPU emulation
   clang-14 libclang-rt-14-dev         # libFuzzer + sanitizers for the runtime's loader
   python3-venv
 )
