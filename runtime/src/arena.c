@@ -62,7 +62,7 @@ size_t colibri_arena_plan(const struct colibri_model *m, int threads, int q8, co
     /* int8 activations: rows 0..T*K-1 for the routed experts' inputs, T*K.. for the rest */
     b->xq = take(&c, q8 ? T * (K + 1) * max_cols : 0, sizeof(int8_t));
     b->xqs = take(&c, q8 ? T * (K + 1) : 0, sizeof(float));
-    b->scratch = take(&c, (size_t)threads * max_cols, sizeof(float));
+    b->scratch = take(&c, (size_t)threads * 2 * max_cols, sizeof(float)); /* two rows each */
     b->scores = take(&c, (size_t)threads * S, sizeof(float));
 #ifdef COLIBRI_DEBUG
     b->dump = take(&c, S * L * (2 * K + E), sizeof(float));

@@ -37,7 +37,7 @@ typedef struct {
     float *sout;              /* [chunk, Dp] */
     int8_t *xq;               /* [chunk*(K+1), max_cols] int8 activations (int8_activations) */
     float *xqs;               /* [chunk*(K+1)] their scales */
-    float *scratch;           /* [threads, max_cols] converted weight rows */
+    float *scratch;           /* [threads, 2 * max_cols] converted weight rows */
     float *scores;            /* [threads, max_seq_len] attention scores */
     size_t max_cols;
     float *dump;              /* COLIBRI_DEBUG: [max_seq_len, L, 2K + E] routing records */

@@ -40,7 +40,7 @@ typedef struct {
 static void mm_task(void *arg, int t, int nt) {
     mm_job *job = arg;
     colibri_buffers *b = &job->ctx->b;
-    float *scratch = b->scratch + (size_t)t * b->max_cols;
+    float *scratch = b->scratch + (size_t)t * 2 * b->max_cols;
     for (int s = 0; s < job->nseg; s++) {
         const mm_seg *g = &job->seg[s];
         unsigned long lo, hi;

@@ -24,10 +24,10 @@ static struct {
     dot_fn dot[4]; /* indexed by dtype: f32, f16, bf16, int8 (int8: unscaled sum q * x) */
     dot_q8_fn dot_q8;
     void (*convert)(const void *row, uint32_t dtype, size_t n, float *out);
-    /* three tokens at once against one f32 row, each with exactly the lane layout and
-     * reduction order of dot[F32] (so the bits match the one-token kernel) */
-    void (*dot3_f32)(const float *w, const float *x0, const float *x1, const float *x2, size_t n,
-                     float out[3]);
+    /* two f32 rows against three tokens at once, each (row, token) with exactly the lane layout
+     * and reduction order of dot[F32] (so the bits match the one-token kernel) */
+    void (*tile_2x3)(const float *w0, const float *w1, const float *x0, const float *x1,
+                     const float *x2, size_t n, float out[6]);
     const char *name;
 } K;
 
@@ -113,20 +113,21 @@ static int32_t scalar_dot_q8(const int8_t *w, const int8_t *x, size_t n) {
 #define AVX_LOAD_I8(p)                                                                        \
     _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(p))))
 
+/* Lane layout shared by every AVX2 f32-accumulating kernel: two accumulators over blocks of 16
+ * (offsets 0 and 8), then blocks of 8 into the first, then a0 + a1, a fixed horizontal sum, then
+ * a scalar tail. The multi-row/multi-token kernels below keep exactly this per (row, token). */
 #define AVX2_DOT(NAME, T, LOAD8, CVT)                                                         \
     __attribute__((target("avx2,fma,f16c"))) static float NAME(const void *wv, const float *x, \
                                                                size_t n) {                    \
         const T *w = (const T *)wv;                                                           \
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                           \
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0;                                             \
         size_t i = 0;                                                                         \
-        for (; i + 32 <= n; i += 32) {                                                        \
+        for (; i + 16 <= n; i += 16) {                                                        \
             a0 = _mm256_fmadd_ps(LOAD8(w + i), _mm256_loadu_ps(x + i), a0);                   \
             a1 = _mm256_fmadd_ps(LOAD8(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);           \
-            a2 = _mm256_fmadd_ps(LOAD8(w + i + 16), _mm256_loadu_ps(x + i + 16), a2);         \
-            a3 = _mm256_fmadd_ps(LOAD8(w + i + 24), _mm256_loadu_ps(x + i + 24), a3);         \
         }                                                                                     \
         for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(LOAD8(w + i), _mm256_loadu_ps(x + i), a0); \
-        a0 = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));                     \
+        a0 = _mm256_add_ps(a0, a1);                                                           \
         float t[8];                                                                           \
         _mm256_storeu_ps(t, a0);                                                              \
         float s = ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));          \
@@ -162,49 +163,49 @@ __attribute__((target("avx2,fma,f16c"))) static void avx2_convert(const void *ro
         s = ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));               \
     } while (0)
 
-__attribute__((target("avx2,fma"))) static void avx2_dot3_f32(const float *w, const float *x0,
-                                                              const float *x1, const float *x2,
-                                                              size_t n, float out[3]) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0, c0 = a0, c1 = a0, c2 = a0, c3 = a0;
+/* Two f32 rows against three tokens: out[r * 3 + j] = w_r . x_j with the one-token lane layout
+ * (so the bits equal avx2_dot_f32's). 12 accumulators + 2 weight + 1 activation registers; five
+ * loads per six FMAs instead of two per one. */
+__attribute__((target("avx2,fma"))) static void avx2_tile_2x3(const float *w0, const float *w1,
+                                                              const float *x0, const float *x1,
+                                                              const float *x2, size_t n,
+                                                              float out[6]) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, b0 = a0, b1 = a0, c0 = a0, c1 = a0;
+    __m256 d0 = a0, d1 = a0, e0 = a0, e1 = a0, f0 = a0, f1 = a0;
     size_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        __m256 w0 = _mm256_loadu_ps(w + i), w1 = _mm256_loadu_ps(w + i + 8);
-        a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x0 + i), a0);
-        b0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x1 + i), b0);
-        c0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x2 + i), c0);
-        a1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x0 + i + 8), a1);
-        b1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x1 + i + 8), b1);
-        c1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x2 + i + 8), c1);
-        __m256 w2 = _mm256_loadu_ps(w + i + 16), w3 = _mm256_loadu_ps(w + i + 24);
-        a2 = _mm256_fmadd_ps(w2, _mm256_loadu_ps(x0 + i + 16), a2);
-        b2 = _mm256_fmadd_ps(w2, _mm256_loadu_ps(x1 + i + 16), b2);
-        c2 = _mm256_fmadd_ps(w2, _mm256_loadu_ps(x2 + i + 16), c2);
-        a3 = _mm256_fmadd_ps(w3, _mm256_loadu_ps(x0 + i + 24), a3);
-        b3 = _mm256_fmadd_ps(w3, _mm256_loadu_ps(x1 + i + 24), b3);
-        c3 = _mm256_fmadd_ps(w3, _mm256_loadu_ps(x2 + i + 24), c3);
+    for (; i + 16 <= n; i += 16) {
+        __m256 wa = _mm256_loadu_ps(w0 + i), wb = _mm256_loadu_ps(w1 + i), x;
+        x = _mm256_loadu_ps(x0 + i); a0 = _mm256_fmadd_ps(wa, x, a0); d0 = _mm256_fmadd_ps(wb, x, d0);
+        x = _mm256_loadu_ps(x1 + i); b0 = _mm256_fmadd_ps(wa, x, b0); e0 = _mm256_fmadd_ps(wb, x, e0);
+        x = _mm256_loadu_ps(x2 + i); c0 = _mm256_fmadd_ps(wa, x, c0); f0 = _mm256_fmadd_ps(wb, x, f0);
+        wa = _mm256_loadu_ps(w0 + i + 8);
+        wb = _mm256_loadu_ps(w1 + i + 8);
+        x = _mm256_loadu_ps(x0 + i + 8); a1 = _mm256_fmadd_ps(wa, x, a1); d1 = _mm256_fmadd_ps(wb, x, d1);
+        x = _mm256_loadu_ps(x1 + i + 8); b1 = _mm256_fmadd_ps(wa, x, b1); e1 = _mm256_fmadd_ps(wb, x, e1);
+        x = _mm256_loadu_ps(x2 + i + 8); c1 = _mm256_fmadd_ps(wa, x, c1); f1 = _mm256_fmadd_ps(wb, x, f1);
     }
     for (; i + 8 <= n; i += 8) {
-        __m256 w0 = _mm256_loadu_ps(w + i);
-        a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x0 + i), a0);
-        b0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x1 + i), b0);
-        c0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x2 + i), c0);
+        __m256 wa = _mm256_loadu_ps(w0 + i), wb = _mm256_loadu_ps(w1 + i), x;
+        x = _mm256_loadu_ps(x0 + i); a0 = _mm256_fmadd_ps(wa, x, a0); d0 = _mm256_fmadd_ps(wb, x, d0);
+        x = _mm256_loadu_ps(x1 + i); b0 = _mm256_fmadd_ps(wa, x, b0); e0 = _mm256_fmadd_ps(wb, x, e0);
+        x = _mm256_loadu_ps(x2 + i); c0 = _mm256_fmadd_ps(wa, x, c0); f0 = _mm256_fmadd_ps(wb, x, f0);
     }
-    a0 = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
-    b0 = _mm256_add_ps(_mm256_add_ps(b0, b1), _mm256_add_ps(b2, b3));
-    c0 = _mm256_add_ps(_mm256_add_ps(c0, c1), _mm256_add_ps(c2, c3));
-    float t[8], s0, s1, s2;
-    AVX2_HSUM(a0, t, s0);
-    AVX2_HSUM(b0, t, s1);
-    AVX2_HSUM(c0, t, s2);
+    float t[8], s[6];
+    AVX2_HSUM(_mm256_add_ps(a0, a1), t, s[0]);
+    AVX2_HSUM(_mm256_add_ps(b0, b1), t, s[1]);
+    AVX2_HSUM(_mm256_add_ps(c0, c1), t, s[2]);
+    AVX2_HSUM(_mm256_add_ps(d0, d1), t, s[3]);
+    AVX2_HSUM(_mm256_add_ps(e0, e1), t, s[4]);
+    AVX2_HSUM(_mm256_add_ps(f0, f1), t, s[5]);
     for (; i < n; i++) {
-        s0 += w[i] * x0[i];
-        s1 += w[i] * x1[i];
-        s2 += w[i] * x2[i];
+        s[0] += w0[i] * x0[i];
+        s[1] += w0[i] * x1[i];
+        s[2] += w0[i] * x2[i];
+        s[3] += w1[i] * x0[i];
+        s[4] += w1[i] * x1[i];
+        s[5] += w1[i] * x2[i];
     }
-    out[0] = s0;
-    out[1] = s1;
-    out[2] = s2;
+    memcpy(out, s, sizeof s);
 }
 
 /* int8 x int8 -> int32: |w| (unsigned) times x with w's sign, pairs summed to int16 by maddubs
@@ -266,6 +267,42 @@ NEON_DOT(neon_dot_f16, uint16_t, NEON_LOAD_F16, half_to_float)
 NEON_DOT(neon_dot_bf16, uint16_t, NEON_LOAD_BF16, bf16_to_float)
 NEON_DOT(neon_dot_i8, int8_t, NEON_LOAD_I8, CVT_I8)
 
+/* Two f32 rows against three tokens with the one-token NEON lane layout (4 x 4 lanes over blocks
+ * of 16, then blocks of 4 into the first, fixed reduction): 24 accumulators of the 32 registers. */
+static void neon_tile_2x3(const float *w0, const float *w1, const float *x0, const float *x1,
+                          const float *x2, size_t n, float out[6]) {
+    float32x4_t acc[6][4];
+    const float *xs[3] = {x0, x1, x2};
+    for (int p = 0; p < 6; p++)
+        for (int k = 0; k < 4; k++) acc[p][k] = vdupq_n_f32(0);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int k = 0; k < 4; k++) {
+            float32x4_t wa = vld1q_f32(w0 + i + 4 * k), wb = vld1q_f32(w1 + i + 4 * k);
+            for (int j = 0; j < 3; j++) {
+                float32x4_t x = vld1q_f32(xs[j] + i + 4 * k);
+                acc[j][k] = vfmaq_f32(acc[j][k], wa, x);
+                acc[3 + j][k] = vfmaq_f32(acc[3 + j][k], wb, x);
+            }
+        }
+    for (; i + 4 <= n; i += 4) {
+        float32x4_t wa = vld1q_f32(w0 + i), wb = vld1q_f32(w1 + i);
+        for (int j = 0; j < 3; j++) {
+            float32x4_t x = vld1q_f32(xs[j] + i);
+            acc[j][0] = vfmaq_f32(acc[j][0], wa, x);
+            acc[3 + j][0] = vfmaq_f32(acc[3 + j][0], wb, x);
+        }
+    }
+    for (int p = 0; p < 6; p++) {
+        float32x4_t a = vaddq_f32(vaddq_f32(acc[p][0], acc[p][1]), vaddq_f32(acc[p][2], acc[p][3]));
+        float s = (vgetq_lane_f32(a, 0) + vgetq_lane_f32(a, 1)) +
+                  (vgetq_lane_f32(a, 2) + vgetq_lane_f32(a, 3));
+        const float *w = p < 3 ? w0 : w1, *x = xs[p % 3];
+        for (size_t t = i; t < n; t++) s += w[t] * x[t];
+        out[p] = s;
+    }
+}
+
 static void neon_convert(const void *row, uint32_t dtype, size_t n, float *out) {
     size_t i = 0;
     switch (dtype) {
@@ -298,11 +335,11 @@ static int32_t neon_dot_q8(const int8_t *w, const int8_t *x, size_t n) {
 }
 #endif
 
-static void generic_dot3_f32(const float *w, const float *x0, const float *x1, const float *x2,
-                             size_t n, float out[3]) {
-    out[0] = K.dot[COLIBRI_DT_F32](w, x0, n);
-    out[1] = K.dot[COLIBRI_DT_F32](w, x1, n);
-    out[2] = K.dot[COLIBRI_DT_F32](w, x2, n);
+static void generic_tile_2x3(const float *w0, const float *w1, const float *x0, const float *x1,
+                             const float *x2, size_t n, float out[6]) {
+    const float *w[2] = {w0, w1}, *x[3] = {x0, x1, x2};
+    for (int r = 0; r < 2; r++)
+        for (int j = 0; j < 3; j++) out[r * 3 + j] = K.dot[COLIBRI_DT_F32](w[r], x[j], n);
 }
 
 #ifdef COLIBRI_HAVE_AVX2
@@ -332,7 +369,7 @@ static void kernels_pick(void) {
     K.dot[COLIBRI_DT_INT8] = scalar_dot_i8;
     K.dot_q8 = scalar_dot_q8;
     K.convert = convert_row;
-    K.dot3_f32 = generic_dot3_f32;
+    K.tile_2x3 = generic_tile_2x3;
     K.name = "scalar";
 #ifdef COLIBRI_HAVE_AVX2
     if (cpu_has_avx2_fma_f16c()) {
@@ -342,7 +379,7 @@ static void kernels_pick(void) {
         K.dot[COLIBRI_DT_INT8] = avx2_dot_i8;
         K.dot_q8 = avx2_dot_q8;
         K.convert = avx2_convert;
-        K.dot3_f32 = avx2_dot3_f32;
+        K.tile_2x3 = avx2_tile_2x3;
         K.name = "avx2";
     }
 #endif
@@ -353,6 +390,7 @@ static void kernels_pick(void) {
     K.dot[COLIBRI_DT_INT8] = neon_dot_i8;
     K.dot_q8 = neon_dot_q8;
     K.convert = neon_convert;
+    K.tile_2x3 = neon_tile_2x3;
     K.name = "neon";
 #endif
 }
@@ -369,31 +407,42 @@ float colibri_dot_f32(const float *a, const float *b, size_t n) {
 void colibri_rows_dot(const colibri_tensor *w, uint32_t r0, uint32_t r1, const float *x, int n,
                       size_t ldx, float *y, size_t ldy, float *scratch) {
     size_t cols = w->cols, rowbytes = cols * colibri_dtype_size(w->dtype);
-    dot_fn dot = K.dot[w->dtype];
-    for (uint32_t r = r0; r < r1; r++) {
-        const uint8_t *row = (const uint8_t *)w->data + (size_t)r * rowbytes;
-        float sc = w->scales ? w->scales[r] : 1.0f;
-        if (n == 1) {
-            y[r] = sc * dot(row, x, cols);
-            continue;
+    const uint8_t *base = (const uint8_t *)w->data;
+    if (n == 1) { /* decode: stream the rows once, converting in registers */
+        dot_fn dot = K.dot[w->dtype];
+        for (uint32_t r = r0; r < r1; r++)
+            y[r] = (w->scales ? w->scales[r] : 1.0f) * dot(base + (size_t)r * rowbytes, x, cols);
+        return;
+    }
+    /* Several tokens: rows converted to f32 once (exact), then 2-row x 3-token tiles with the
+     * one-token kernel's lane order, so every value has the same bits as in decode. */
+    for (uint32_t r = r0; r < r1; r += 2) {
+        int rows = r + 1 < r1 ? 2 : 1;
+        const float *wr[2];
+        for (int k = 0; k < rows; k++) {
+            const uint8_t *row = base + (size_t)(r + (uint32_t)k) * rowbytes;
+            if (w->dtype == COLIBRI_DT_F32) {
+                wr[k] = (const float *)(const void *)row;
+            } else {
+                K.convert(row, w->dtype, cols, scratch + (size_t)k * cols);
+                wr[k] = scratch + (size_t)k * cols;
+            }
         }
-        /* Several tokens: convert the row once (exact) and run the f32 kernels, three tokens
-         * per pass over the row; same lane order as the fused one-token kernel, same bits. */
-        const float *wf = (const float *)(const void *)row;
-        if (w->dtype != COLIBRI_DT_F32) {
-            K.convert(row, w->dtype, cols, scratch);
-            wf = scratch;
-        }
+        if (rows == 1) wr[1] = wr[0];
+        float sc[2] = {w->scales ? w->scales[r] : 1.0f,
+                       w->scales && rows == 2 ? w->scales[r + 1] : 1.0f};
         int j = 0;
         for (; j + 3 <= n; j += 3) {
-            float o[3];
+            float o[6];
             const float *xj = x + (size_t)j * ldx;
-            K.dot3_f32(wf, xj, xj + ldx, xj + 2 * ldx, cols, o);
-            y[(size_t)j * ldy + r] = sc * o[0];
-            y[(size_t)(j + 1) * ldy + r] = sc * o[1];
-            y[(size_t)(j + 2) * ldy + r] = sc * o[2];
+            K.tile_2x3(wr[0], wr[1], xj, xj + ldx, xj + 2 * ldx, cols, o);
+            for (int k = 0; k < rows; k++)
+                for (int t = 0; t < 3; t++) y[(size_t)(j + t) * ldy + r + (uint32_t)k] = sc[k] * o[k * 3 + t];
         }
-        for (; j < n; j++) y[(size_t)j * ldy + r] = sc * K.dot[COLIBRI_DT_F32](wf, x + (size_t)j * ldx, cols);
+        for (; j < n; j++)
+            for (int k = 0; k < rows; k++)
+                y[(size_t)j * ldy + r + (uint32_t)k] =
+                    sc[k] * K.dot[COLIBRI_DT_F32](wr[k], x + (size_t)j * ldx, cols);
     }
 }
 

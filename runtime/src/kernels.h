@@ -20,7 +20,7 @@ const char *colibri_kernels_init(void);
 float colibri_dot_f32(const float *a, const float *b, size_t n);
 
 /* y[j * ldy + r] = W[r, :] . x[j * ldx, :] for rows r in [r0, r1) and tokens j < n.
- * `scratch` holds at least W->cols floats (a converted row, used when n > 1). */
+ * `scratch` holds at least 2 * W->cols floats (converted rows, used when n > 1). */
 void colibri_rows_dot(const colibri_tensor *w, uint32_t r0, uint32_t r1, const float *x, int n,
                       size_t ldx, float *y, size_t ldy, float *scratch);
 

@@ -116,7 +116,7 @@ static uint16_t float_to_half(float f) { /* round to nearest even, normal range 
 static void check_kernels(report *r, const char *simd) {
     uint32_t s = 99;
     enum { COLS = 203, ROWS = 5, N = 3 };
-    float wf[ROWS * COLS], x[N * COLS], y[N * ROWS], y1[N * ROWS], scratch[COLS];
+    float wf[ROWS * COLS], x[N * COLS], y[N * ROWS], y1[N * ROWS], scratch[2 * COLS];
     uint16_t wh[ROWS * COLS], wb[ROWS * COLS];
     int8_t wq[ROWS * COLS];
     float scales[ROWS];
