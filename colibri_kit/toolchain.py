@@ -113,6 +113,8 @@ def install_set(name: str, packages: Sequence[str], what: str, progress: Progres
         fcntl.flock(lock, fcntl.LOCK_EX)
         if _marker_matches(marker, want):   # another process finished it while we waited
             return dest
+        for stale in dest.parent.glob(f".{name}-*"):   # an interrupted install's leftovers
+            shutil.rmtree(stale, ignore_errors=True)
         _pip_install(dest, packages, what, progress)
     return dest
 

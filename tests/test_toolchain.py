@@ -141,11 +141,15 @@ def test_pip_failure_is_actionable(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
 def test_install_reports_progress_once_then_is_cached(tmp_path: Path, monkeypatch):
     monkeypatch.setenv("COLIBRI_CACHE_DIR", str(tmp_path / "cache"))
+    leftover = tmp_path / "cache" / "toolchains" / ".tiny-interrupted"   # a killed install
+    leftover.mkdir(parents=True)
+    (leftover / "six.py").write_text("partial")
     said: list[str] = []
     # A tiny real wheel set (no network beyond the index pip is configured with).
     d = toolchain.install_set("tiny", ["six==1.16.0"], "six", said.append)
     assert (d / "six.py").is_file()
     assert said == [f"installing six into {d} (first time only)"]
+    assert not leftover.exists()
     toolchain.install_set("tiny", ["six==1.16.0"], "six", said.append)
     assert len(said) == 1
     (entry,) = toolchain.cached_sets()
