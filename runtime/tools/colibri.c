@@ -283,6 +283,23 @@ static double pct(const double *v, int n, double p) {
     return v[r - 1];
 }
 
+/* VmHWM from /proc/self/status: unlike getrusage's ru_maxrss it starts afresh at exec, so a
+ * parent's footprint (e.g. a Python benchmark driver) is not reported as ours. */
+static double peak_rss_mb(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    double kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmHWM: %lf kB", &kb) == 1) break;
+    if (f) fclose(f);
+    if (kb == 0) {
+        struct rusage ru;
+        getrusage(RUSAGE_SELF, &ru);
+        kb = (double)ru.ru_maxrss;
+    }
+    return kb / 1024.0;
+}
+
 static int cmd_bench(const cli *c) {
     double t0 = now_ms();
     colibri_ctx *ctx;
@@ -336,9 +353,7 @@ static int cmd_bench(const cli *c) {
         qsort(first, (size_t)runs, sizeof(double), cmp_double);
         qsort(decode, (size_t)runs, sizeof(double), cmp_double);
         double tok_s = gen > 0 && dsum > 0 ? (double)gen * runs / (dsum / 1e3) : 0.0;
-        struct rusage ru;
-        getrusage(RUSAGE_SELF, &ru);
-        double rss_mb = ru.ru_maxrss / 1024.0;
+        double rss_mb = peak_rss_mb();
         if (c->json) {
             printf("{\"model\": ");
             json_string(stdout, m.name);
