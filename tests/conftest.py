@@ -6,12 +6,10 @@ session; the build is incremental, so a session after the first costs well under
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
-
-from colibri_kit import paths
+from kit_support import copy_project
 
 
 def _quiet(msg: str) -> None:
@@ -38,16 +36,6 @@ def orin_nx_build() -> Path:
     result = build("orin-nx", where="host", progress=_quiet)
     assert (result.dist_dir / "manifest.json").is_file()
     return result.dist_dir
-
-
-def copy_project(dest: Path) -> Path:
-    """Copy what a build reads (runtime/, targets/, templates/) to `dest`, without outputs."""
-    root = paths.project_root()
-    dest.mkdir(parents=True, exist_ok=True)
-    ignore = shutil.ignore_patterns("build", "*.o", "*.a", "__pycache__", "corpus-work")
-    for name in ("runtime", "targets", "templates"):
-        shutil.copytree(root / name, dest / name, ignore=ignore)
-    return dest
 
 
 @pytest.fixture

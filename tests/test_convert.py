@@ -366,7 +366,16 @@ def test_progress_bar_on_a_terminal_plain_lines_otherwise(tmp_path: Path) -> Non
             bar.step(500, "model.layers.0.self_attn.q_proj.weight")
             bar.step(500, "lm_head.weight")
             bar.finish(tmp_path / "m.colibri")
-        out = os.read(master, 65536).decode()
+        chunks = []
+        while True:  # a pty hands back what was written in pieces; read to the end
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the other side is closed and drained
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        out = b"".join(chunks).decode()
     finally:
         os.close(master)
     assert "\r" in out and "[###############               ]  50.0%" in out and "100.0%" in out

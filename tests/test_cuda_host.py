@@ -386,14 +386,8 @@ def cuda_host_build(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]
     """A private project copy built for `host --cuda-archs sm_90` (real NVRTC/ptxas, cubin + PTX
     embedded), and a libcuda stand-in that runs each launched kernel in the host emulation
     (tests/gpu/stub_libcuda.c -DSTUB_EMULATE + tests/gpu/emu/cuda_emu.cpp)."""
-    import sys as _sys
-
-    _sys.path.insert(0, str(ROOT / "tests"))
-    try:
-        from conftest import copy_project
-    finally:
-        _sys.path.remove(str(ROOT / "tests"))
     from colibri_kit.build import build
+    from kit_support import copy_project
 
     tmp = tmp_path_factory.mktemp("cuda_host_build")
     root = copy_project(tmp / "proj")

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from kit_support import zig_command
 import yaml
 
 from colibri_kit import paths
@@ -129,7 +130,7 @@ def test_zig_knows_every_shipped_cpu_name(tmp_path):
         seen.add((p.zig_triple, p.zig_mcpu))
         out = tmp_path / f"{p.name}.o"
         proc = subprocess.run(
-            [sys.executable, "-m", "ziglang", "cc", "-target", p.zig_triple,
+            [*zig_command(), "cc", "-target", p.zig_triple,
              f"-mcpu={p.zig_mcpu}", "-c", str(src), "-o", str(out)],
             capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, f"{p.name}: zig rejects -mcpu={p.zig_mcpu}: {proc.stderr}"
@@ -142,7 +143,7 @@ def test_zig_rejects_an_unknown_cpu_name(tmp_path):
     src = tmp_path / "t.c"
     src.write_text("int f(void) { return 0; }\n")
     proc = subprocess.run(
-        [sys.executable, "-m", "ziglang", "cc", "-target", "aarch64-linux-gnu.2.35",
+        [*zig_command(), "cc", "-target", "aarch64-linux-gnu.2.35",
          "-mcpu=neoverse_v99", "-c", str(src), "-o", str(tmp_path / "t.o")],
         capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "neoverse_v99" in proc.stderr

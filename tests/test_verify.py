@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from kit_support import zig_command
 import yaml
 
 from colibri_kit import toolchain
@@ -24,7 +25,6 @@ from colibri_kit.verify import (EM_AARCH64, EM_CUDA, EM_X86_64, ElfFormatError, 
                                 find_cubins, find_ptx, parse_elf, parse_header, symbols_needing,
                                 verify_build)
 
-ZIG = [sys.executable, "-m", "ziglang"]
 
 THREADS_C = r"""
 #include <pthread.h>
@@ -117,11 +117,11 @@ def bins(tmp_path_factory) -> dict[str, Path]:
     out = {"cc": d / "cc-x86_64", "zig231": d / "zig-a64-231", "zig217": d / "zig-a64-217",
            "arm32": d / "zig-arm32"}
     run(["cc", "-O2", str(src), "-o", str(out["cc"]), "-lpthread"])
-    run([*ZIG, "cc", "-target", "aarch64-linux-gnu.2.31", "-O2", str(src), "-o",
+    run([*zig_command(), "cc", "-target", "aarch64-linux-gnu.2.31", "-O2", str(src), "-o",
          str(out["zig231"]), "-lpthread"])
-    run([*ZIG, "cc", "-target", "aarch64-linux-gnu.2.17", "-O2", str(src), "-o",
+    run([*zig_command(), "cc", "-target", "aarch64-linux-gnu.2.17", "-O2", str(src), "-o",
          str(out["zig217"]), "-lpthread"])
-    run([*ZIG, "cc", "-target", "arm-linux-gnueabihf.2.31", "-O2", str(src), "-o",
+    run([*zig_command(), "cc", "-target", "arm-linux-gnueabihf.2.31", "-O2", str(src), "-o",
          str(out["arm32"]), "-lpthread"])
     return out
 
@@ -395,7 +395,7 @@ def test_aarch64_build_verified_and_run_under_qemu(tmp_path, cubins):
     assert shutil.which("qemu-aarch64"), "tests need qemu-user (scripts/bootstrap.sh installs it)"
     p = load_profile("orin-nx")
     cubin, ptx = cubins[("12.6", 87)]
-    zig = [*ZIG, "cc", "-target", p.zig_triple, f"-mcpu={p.zig_mcpu}"]
+    zig = [*zig_command(), "cc", "-target", p.zig_triple, f"-mcpu={p.zig_mcpu}"]
     dist = make_dist(tmp_path, "orin-nx", compiler=zig, images=[cubin, ptx])
     report = verify_build(p, dist)
     assert report.ok and report.machine == "aarch64"
