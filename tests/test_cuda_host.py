@@ -287,6 +287,37 @@ def test_binary_auto_backend_falls_back_to_cpu_with_reason(host_colibri: Path, t
     assert fwd.returncode == 0, fwd.stderr
 
 
+FALLBACK_LINE = re.compile(r"^colibri: CUDA unavailable \(.*not found \(no NVIDIA driver\)\); "
+                           r"running on CPU$")
+
+
+@pytest.mark.slow
+def test_binary_auto_fallback_says_why_in_one_stderr_line(host_colibri: Path, tiny_model: Path):
+    """forward, generate and bench with --backend auto on a GPU-less machine: exactly one stderr
+    line with the reason, stdout still parseable JSON; --backend cpu prints no such line."""
+    model = str(tiny_model)
+    commands = {
+        "forward": ["forward", model, "--ids", "1,2,3"],
+        "generate": ["generate", model, "--ids", "1,2", "--max-new", "3"],
+        "bench": ["bench", model, "--prompt-len", "4", "--gen", "2", "--runs", "1", "--json"],
+    }
+    for name, args in commands.items():
+        auto = _cli(host_colibri, "--backend", "auto", *args)
+        assert auto.returncode == 0, auto.stderr
+        lines = auto.stderr.splitlines()
+        assert len(lines) == 1 and FALLBACK_LINE.match(lines[0]), (name, auto.stderr)
+        assert json.loads(auto.stdout)
+        cpu = _cli(host_colibri, "--backend", "cpu", *args)
+        assert cpu.returncode == 0 and cpu.stderr == "", (name, cpu.stderr)
+        if name == "forward":  # generate and bench also carry timings
+            assert cpu.stdout == auto.stdout
+        elif name == "generate":
+            assert json.loads(cpu.stdout)["new_ids"] == json.loads(auto.stdout)["new_ids"]
+    bench = json.loads(auto.stdout)
+    assert bench["backend"]["name"] == "cpu" and bench["backend"]["cuda_image"] == ""
+    assert 0 < bench["rss_mb"] <= bench["peak_rss_mb"]
+
+
 @pytest.mark.slow
 def test_binary_cuda_backend_fails_cleanly(host_colibri: Path, tiny_model: Path):
     proc = _cli(host_colibri, "--backend", "cuda", "info", str(tiny_model))
@@ -489,3 +520,60 @@ def test_invoke_gpucheck_failures_are_actionable():
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert proc.returncode == 1
     assert expected in proc.stderr and "Traceback" not in proc.stderr
+
+
+def _emu_info(build: dict[str, Path], model: Path, **env: str) -> dict:
+    proc = _emu_cli(build, "--backend", "cuda", "info", str(model), **env)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)["backend"]
+
+
+@pytest.mark.slow
+def test_cuda_backend_reports_image_weights_and_device_memory(cuda_host_build, tiny_model: Path):
+    """info reports what the stand-in driver presents and what the backend chose: the sm_90 cubin
+    on an SM 9.0 GPU, the embedded PTX (JIT) on a newer SM with no cubin, weights copied on a
+    discrete GPU, device-mapped on an integrated one unless COLIBRI_CUDA_WEIGHTS=copy."""
+    discrete = _emu_info(cuda_host_build, tiny_model)
+    assert (discrete["cuda_sm"], discrete["cuda_driver_version"]) == (90, 12060)
+    assert discrete["cuda_image"] == "cubin" and discrete["cuda_weights"] == "copied"
+    assert discrete["cuda_integrated"] is False
+    assert discrete["cuda_device_bytes"] == discrete["arena_bytes"] > tiny_model.stat().st_size
+    newer = _emu_info(cuda_host_build, tiny_model, STUB_SM="100")
+    assert newer["cuda_sm"] == 100 and newer["cuda_image"] == "ptx"
+    mapped = _emu_info(cuda_host_build, tiny_model, STUB_INTEGRATED="1")
+    assert mapped["cuda_integrated"] is True and mapped["cuda_weights"] == "mapped"
+    assert mapped["cuda_device_bytes"] < discrete["cuda_device_bytes"]  # no weights in the arena
+    copied = _emu_info(cuda_host_build, tiny_model, STUB_INTEGRATED="1", COLIBRI_CUDA_WEIGHTS="copy")
+    assert copied["cuda_weights"] == "copied"
+    assert copied["cuda_device_bytes"] == discrete["cuda_device_bytes"]
+
+
+@pytest.mark.slow
+def test_copied_weights_leave_one_copy_resident(cuda_host_build, tmp_path: Path):
+    """Integrated GPU with COLIBRI_CUDA_WEIGHTS=copy: after the upload the mmapped weight pages are
+    dropped (MADV_DONTNEED), so bench's resident memory falls by about the weights' size below
+    its peak (in emulation the device arena is host memory, so the peak holds both copies), and
+    the logits still equal the CPU path's."""
+    from colibri_kit.model.format import DType, Family, ModelHeader, Routing, padded_dim
+    from colibri_kit.model.tiny import write_random_model
+
+    d, pad = 128, 64  # the host profile's embed_pad
+    header = ModelHeader(
+        num_experts=4, expert_size=32, vocab_size=32000, max_seq_len=8, embed_dim=d, n_layers=1,
+        n_heads=4, n_kv_heads=2, head_dim=32, top_k=2, routing=Routing.RENORMALISE,
+        dtype=int(DType.F32), embed_dim_pad=padded_dim(d, pad), pad_multiple=pad, flags=0,
+        shared_expert_size=0, norm_eps=1e-5, rope_theta=10000.0, family=Family.OTHER,
+        name="rss-check")
+    model = write_random_model(tmp_path / "wide_vocab.colibri", header, seed=3)
+    weights_mb = model.stat().st_size / 2**20  # ~31 MiB: embedding + LM head of 32000 x 128 f32
+    env = {"STUB_INTEGRATED": "1", "COLIBRI_CUDA_WEIGHTS": "copy"}
+    proc = _emu_cli(cuda_host_build, "--backend", "cuda", "bench", str(model), "--prompt-len", "1",
+                    "--gen", "1", "--runs", "1", "--json", **env)
+    assert proc.returncode == 0, proc.stderr
+    bench = json.loads(proc.stdout)
+    assert bench["backend"]["cuda_weights"] == "copied"
+    assert bench["peak_rss_mb"] - bench["rss_mb"] > 0.8 * weights_mb, bench
+    ids = [5, 31999, 7]
+    cpu = _logits(cuda_host_build, model, "cpu", ids, "wide_cpu")
+    gpu = _logits(cuda_host_build, model, "cuda", ids, "wide_cuda", **env)
+    assert np.abs(gpu - cpu).max() / np.abs(cpu).max() < 1e-4

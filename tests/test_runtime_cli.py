@@ -168,8 +168,17 @@ def test_info_json(host_colibri: Path, models: dict[str, Path]) -> None:
     assert (info["embed_dim"], info["embed_dim_pad"], info["pad_multiple"]) == (48, 64, 64)
     assert (info["num_experts"], info["top_k"], info["n_layers"], info["vocab_size"]) == (4, 2, 2, 256)
     assert info["dtype"] == "bf16" and info["routing"] == "renormalise"
-    assert info["backend"]["name"] == "cpu"
-    assert "libcuda" in info["backend"]["fallback_reason"] or "CUDA" in info["backend"]["fallback_reason"]
+    backend = info["backend"]
+    for key in ("name", "threads", "cpu_simd", "arena_bytes", "fallback_reason", "cuda_device",
+                "cuda_sm", "cuda_driver_version", "cuda_image", "cuda_weights", "cuda_integrated",
+                "cuda_device_bytes"):
+        assert key in backend, key
+    if backend["name"] == "cuda":  # a machine with a usable GPU
+        assert backend["cuda_image"] in ("cubin", "ptx") and backend["cuda_sm"] > 0
+        assert backend["cuda_weights"] in ("mapped", "copied") and backend["cuda_device_bytes"] > 0
+    else:
+        assert backend["name"] == "cpu" and backend["cuda_image"] == backend["cuda_weights"] == ""
+        assert "libcuda" in backend["fallback_reason"] or "CUDA" in backend["fallback_reason"]
 
 
 def test_forward_json_summary(host_colibri: Path, models: dict[str, Path]) -> None:
@@ -187,7 +196,8 @@ def test_bench_json_fields(host_colibri: Path, models: dict[str, Path]) -> None:
     for key in ("load_ms", "prefill_ms_p50", "prefill_ms_p99", "first_token_ms_p50",
                 "first_token_ms_p99", "decode_tok_s", "peak_rss_mb", "backend", "threads"):
         assert key in out
-    assert out["threads"] == 2 and out["backend"]["name"] == "cpu"
+    assert out["threads"] == 2 and out["backend"]["name"] in ("cpu", "cuda")
+    assert 0 < out["rss_mb"] <= out["peak_rss_mb"]  # VmRSS / VmHWM of the process
     assert out["decode_tok_s"] > 0 and out["prefill_ms_p99"] >= out["prefill_ms_p50"] > 0
 
 

@@ -78,8 +78,14 @@ typedef struct {
     char fallback_reason[192];/* why CUDA was not used (backend auto), else "" */
     char cuda_device[128];    /* when backend is cuda */
     int cuda_sm, cuda_driver_version;
-    size_t arena_bytes;       /* working memory allocated once at init */
+    size_t arena_bytes;       /* working memory allocated once at init (device arena on cuda) */
     int position;             /* tokens currently in the KV cache */
+    /* when backend is cuda (else empty / 0): */
+    char cuda_image[8];       /* "cubin" (built for this SM) or "ptx" (JIT-compiled by the driver) */
+    char cuda_weights[8];     /* "mapped" (the mmapped file, device-mapped: integrated GPU) or
+                                 "copied" (one copy in the device arena) */
+    int cuda_integrated;      /* 1 when the GPU shares DRAM with the CPU (Jetson) */
+    size_t cuda_device_bytes; /* bytes of device memory allocated at init */
 } colibri_runtime_info;
 
 void colibri_default_options(colibri_options *opt);

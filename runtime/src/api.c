@@ -228,6 +228,10 @@ void colibri_get_runtime_info(const colibri_ctx *ctx, colibri_runtime_info *i) {
         i->cuda_sm = ci.sm;
         i->cuda_driver_version = ci.driver_version;
         i->arena_bytes = ci.device_bytes;
+        snprintf(i->cuda_image, sizeof i->cuda_image, "%s", ci.image);
+        snprintf(i->cuda_weights, sizeof i->cuda_weights, "%s", ci.weights);
+        i->cuda_integrated = ci.integrated;
+        i->cuda_device_bytes = ci.device_bytes;
     } else {
         i->arena_bytes = ctx->arena_bytes;
     }

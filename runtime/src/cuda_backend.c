@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "colibri_config.h"
@@ -389,6 +390,20 @@ static int cb_map_weights(colibri_cuda *cu) {
     return 0;
 }
 
+/* After the weights were copied to the device, the host never reads them again (cb_dev only
+ * does address arithmetic on the mapping): drop this process's pages of the mmapped data section
+ * so one copy stays resident. On an integrated GPU (COLIBRI_CUDA_WEIGHTS=copy) CPU and GPU share
+ * DRAM, so this halves the weights' footprint; the file's page-cache pages become clean and
+ * reclaimable. A later host read would simply fault them back in from the file (read-only
+ * private mapping), so this is safe whatever happens next. */
+static void cb_drop_host_weights(const struct colibri_model *m) {
+    if (!m->mapped) return;
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t lo = ((uintptr_t)(m->base + m->data_offset) + page - 1) / page * page;
+    const uintptr_t hi = (uintptr_t)(m->base + m->file_size) / page * page; /* whole pages only */
+    if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
 static int cb_check_model(const struct colibri_model *m, char *why, size_t why_len) {
     if (m->top_k > 16 || m->num_experts > 256 || m->num_experts > COLIBRI_MAX_EXPERTS) {
         snprintf(why, why_len, "model routing (E=%u, top_k=%u) exceeds the CUDA kernels' limits "
@@ -522,6 +537,7 @@ int colibri_cuda_open(colibri_cuda **out, const struct colibri_model *m, int str
             cb_fail(cu, r, "cuMemcpyHtoD(weights)", why, why_len);
             goto fail;
         }
+        cb_drop_host_weights(m);
     }
     snprintf(cu->info.weights, sizeof cu->info.weights, "%s", mapped ? "mapped" : "copied");
     cu->info.device_bytes = cu->plan.total;

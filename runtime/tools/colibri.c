@@ -138,7 +138,19 @@ static void print_backend_json(FILE *f, colibri_ctx *ctx) {
     json_string(f, r.fallback_reason);
     fprintf(f, ", \"cuda_device\": ");
     json_string(f, r.cuda_device);
-    fprintf(f, ", \"cuda_sm\": %d, \"cuda_driver_version\": %d}", r.cuda_sm, r.cuda_driver_version);
+    fprintf(f, ", \"cuda_sm\": %d, \"cuda_driver_version\": %d, \"cuda_image\": \"%s\", "
+            "\"cuda_weights\": \"%s\", \"cuda_integrated\": %s, \"cuda_device_bytes\": %zu}",
+            r.cuda_sm, r.cuda_driver_version, r.cuda_image, r.cuda_weights,
+            r.cuda_integrated ? "true" : "false", r.cuda_device_bytes);
+}
+
+/* --backend auto fell back to the CPU: say why in one line on stderr (stdout stays JSON or raw
+ * logits, so scripts parsing it are not disturbed). */
+static void note_fallback(colibri_ctx *ctx) {
+    colibri_runtime_info r;
+    colibri_get_runtime_info(ctx, &r);
+    if (r.fallback_reason[0])
+        fprintf(stderr, "colibri: CUDA unavailable (%s); running on CPU\n", r.fallback_reason);
 }
 
 static int cmd_info(const cli *c) {
@@ -175,6 +187,7 @@ static int run_ids(const cli *c, colibri_ctx **ctx, int32_t **ids, int *n, float
     *n = parse_ids(c->ids, ids);
     if (*n < 0) return usage("--ids must be comma-separated integers, e.g. 1,2,3");
     if (open_model(c, ctx)) return 1; /* the caller frees *ids */
+    note_fallback(*ctx);
     colibri_model_info m;
     colibri_get_model_info(*ctx, &m);
     *logits = malloc((size_t)*n * m.vocab_size * sizeof(float));
@@ -283,15 +296,22 @@ static double pct(const double *v, int n, double p) {
     return v[r - 1];
 }
 
-/* VmHWM from /proc/self/status: unlike getrusage's ru_maxrss it starts afresh at exec, so a
- * parent's footprint (e.g. a Python benchmark driver) is not reported as ours. */
-static double peak_rss_mb(void) {
+/* A "VmHWM:"/"VmRSS:" line of /proc/self/status in MB (0 when absent). */
+static double proc_status_mb(const char *key) {
     FILE *f = fopen("/proc/self/status", "r");
     char line[256];
+    size_t klen = strlen(key);
     double kb = 0;
     while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "VmHWM: %lf kB", &kb) == 1) break;
+        if (!strncmp(line, key, klen) && sscanf(line + klen, " %lf kB", &kb) == 1) break;
     if (f) fclose(f);
+    return kb / 1024.0;
+}
+
+/* VmHWM: unlike getrusage's ru_maxrss it starts afresh at exec, so a parent's footprint (e.g. a
+ * Python benchmark driver) is not reported as ours. */
+static double peak_rss_mb(void) {
+    double kb = proc_status_mb("VmHWM:") * 1024.0;
     if (kb == 0) {
         struct rusage ru;
         getrusage(RUSAGE_SELF, &ru);
@@ -305,6 +325,7 @@ static int cmd_bench(const cli *c) {
     colibri_ctx *ctx;
     if (open_model(c, &ctx)) return 1;
     double load_ms = now_ms() - t0;
+    note_fallback(ctx);
     colibri_model_info m;
     colibri_get_model_info(ctx, &m);
     long plen = c->prompt_len, gen = c->gen, runs = c->runs;
@@ -354,26 +375,30 @@ static int cmd_bench(const cli *c) {
         qsort(decode, (size_t)runs, sizeof(double), cmp_double);
         double tok_s = gen > 0 && dsum > 0 ? (double)gen * runs / (dsum / 1e3) : 0.0;
         double rss_mb = peak_rss_mb();
+        /* resident now: after a CUDA upload of copied weights the file pages are dropped, so
+         * this is below the peak (docs/cuda.md, Memory) */
+        double rss_now_mb = proc_status_mb("VmRSS:");
         if (c->json) {
             printf("{\"model\": ");
             json_string(stdout, m.name);
             printf(", \"dtype\": \"%s\", \"prompt_len\": %ld, \"gen\": %ld, \"runs\": %ld, "
                    "\"load_ms\": %.3f, \"prefill_ms_p50\": %.3f, \"prefill_ms_p99\": %.3f, "
                    "\"first_token_ms_p50\": %.3f, \"first_token_ms_p99\": %.3f, "
-                   "\"decode_tok_s\": %.3f, \"peak_rss_mb\": %.1f, \"target\": \"%s\", \"backend\": ",
+                   "\"decode_tok_s\": %.3f, \"peak_rss_mb\": %.1f, \"rss_mb\": %.1f, "
+                   "\"target\": \"%s\", \"backend\": ",
                    dtype_name(m.dtype), plen, gen, runs, load_ms, pct(prefill, (int)runs, 50),
                    pct(prefill, (int)runs, 99), pct(first, (int)runs, 50), pct(first, (int)runs, 99),
-                   tok_s, rss_mb, COLIBRI_TARGET_NAME);
+                   tok_s, rss_mb, rss_now_mb, COLIBRI_TARGET_NAME);
             print_backend_json(stdout, ctx);
             colibri_runtime_info ri;
             colibri_get_runtime_info(ctx, &ri);
             printf(", \"threads\": %d}\n", ri.threads);
         } else {
             printf("model %s (%s)\nload %.1f ms\nprefill %ld tokens: p50 %.2f ms, p99 %.2f ms\n"
-                   "first token: p50 %.2f ms, p99 %.2f ms\ndecode: %.2f tok/s\npeak RSS %.1f MB\n",
+                   "first token: p50 %.2f ms, p99 %.2f ms\ndecode: %.2f tok/s\npeak RSS %.1f MB (now %.1f MB)\n",
                    m.name, dtype_name(m.dtype), load_ms, plen, pct(prefill, (int)runs, 50),
                    pct(prefill, (int)runs, 99), pct(first, (int)runs, 50), pct(first, (int)runs, 99),
-                   tok_s, rss_mb);
+                   tok_s, rss_mb, rss_now_mb);
         }
     }
     free(ids);
