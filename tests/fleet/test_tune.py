@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -31,14 +32,21 @@ WRITING_TOOLS = {"cp", "xargs", "jetson_clocks", "sh", "tee", "rm", "mv"}
 
 
 @pytest.fixture
-def fleet(tmp_path: Path):
-    """jetson-00: Orin NX (JP6 GPU path), jetson-01: Xavier NX (JP5 GPU path, other mode ids)."""
+def fleet():
+    """jetson-00: Orin NX (JP6 GPU path), jetson-01: Xavier NX (JP5 GPU path, other mode ids).
+
+    The state dir (which holds the faked device files) lives outside pytest's temp dirs: another
+    pytest session prunes old basetemp dirs and would delete it under running devices."""
     if os.geteuid() != 0:
         pytest.fail("the tune tests start sshd in mount namespaces and need root (CI runs as root)")
     from colibri_kit.fleet.sim import EmulatedFleet
 
-    with EmulatedFleet(2, "orin-nx", tmp_path / "sim", modules=["orin-nx", "xavier-nx"]) as f:
-        yield f
+    state = Path(tempfile.mkdtemp(prefix="colibri-tune-test-"))
+    try:
+        with EmulatedFleet(2, "orin-nx", state, modules=["orin-nx", "xavier-nx"]) as f:
+            yield f
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
 
 
 def hosts(fleet, user: str = "root", target: str | None = None) -> list[Host]:
