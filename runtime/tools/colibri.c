@@ -145,7 +145,8 @@ static void print_backend_json(FILE *f, colibri_ctx *ctx) {
 }
 
 /* --backend auto fell back to the CPU: say why in one line on stderr (stdout stays JSON or raw
- * logits, so scripts parsing it are not disturbed). */
+ * logits, so scripts parsing it are not disturbed). Printed once the model ran, so that a failure
+ * still gives exactly one stderr line: its cause. */
 static void note_fallback(colibri_ctx *ctx) {
     colibri_runtime_info r;
     colibri_get_runtime_info(ctx, &r);
@@ -187,7 +188,6 @@ static int run_ids(const cli *c, colibri_ctx **ctx, int32_t **ids, int *n, float
     *n = parse_ids(c->ids, ids);
     if (*n < 0) return usage("--ids must be comma-separated integers, e.g. 1,2,3");
     if (open_model(c, ctx)) return 1; /* the caller frees *ids */
-    note_fallback(*ctx);
     colibri_model_info m;
     colibri_get_model_info(*ctx, &m);
     *logits = malloc((size_t)*n * m.vocab_size * sizeof(float));
@@ -237,6 +237,7 @@ static int cmd_forward(const cli *c) {
         }
         printf("]}\n");
     }
+    note_fallback(ctx);
 done:
     free(logits);
     free(ids);
@@ -271,6 +272,7 @@ static int cmd_generate(const cli *c) {
         next = argmax(logits, m.vocab_size);
     }
     double ms = now_ms() - t0;
+    note_fallback(ctx);
     printf("{\"ids\": [");
     for (int i = 0; i < n; i++) printf("%s%d", i ? ", " : "", (int)ids[i]);
     for (long i = 0; i < made; i++) printf("%s%d", n + i ? ", " : "", (int)out[i]);
@@ -325,7 +327,6 @@ static int cmd_bench(const cli *c) {
     colibri_ctx *ctx;
     if (open_model(c, &ctx)) return 1;
     double load_ms = now_ms() - t0;
-    note_fallback(ctx);
     colibri_model_info m;
     colibri_get_model_info(ctx, &m);
     long plen = c->prompt_len, gen = c->gen, runs = c->runs;
@@ -368,6 +369,7 @@ static int cmd_bench(const cli *c) {
         }
     }
     if (!rc) {
+        note_fallback(ctx);
         double dsum = 0;
         for (long r = 0; r < runs; r++) dsum += decode[r];
         qsort(prefill, (size_t)runs, sizeof(double), cmp_double);
