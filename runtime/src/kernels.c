@@ -26,11 +26,11 @@
 
 typedef float (*dot_fn)(const void *w, const float *x, size_t n);
 typedef int32_t (*dot_q8_fn)(const int8_t *w, const int8_t *x, size_t n);
-typedef void (*dot2_fn)(const void *wa, const void *wb, const float *x, size_t n, float out[2]);
+typedef void (*dot4_fn)(const void *const *w, const float *x, size_t n, float out[4]);
 
 static struct {
     dot_fn dot[4]; /* indexed by dtype: f32, f16, bf16, int8 (int8: unscaled sum q * x) */
-    dot2_fn dot2[4]; /* two rows at once, bits equal to dot[] per row; NULL: not provided */
+    dot4_fn dot4[4]; /* four rows at once, bits equal to dot[] per row; NULL: not provided */
     dot_q8_fn dot_q8;
     void (*convert)(const void *row, uint32_t dtype, size_t n, float *out);
     /* two f32 rows against three tokens at once, each (row, token) with exactly the lane layout
@@ -149,39 +149,6 @@ AVX2_DOT(avx2_dot_f16, uint16_t, AVX_LOAD_F16, half_to_float)
 AVX2_DOT(avx2_dot_bf16, uint16_t, AVX_LOAD_BF16, bf16_to_float)
 AVX2_DOT(avx2_dot_i8, int8_t, AVX_LOAD_I8, CVT_I8)
 
-/* Two rows (anywhere) against one token, each with exactly AVX2_DOT's operations and order (so
- * the bits equal two calls of it): decode runs two weight streams per thread, far apart, which
- * keeps more cache-line fetches in flight than one stream (measured in docs/runtime.md). */
-#define AVX2_DOT2(NAME, T, LOAD8, CVT)                                                        \
-    __attribute__((target("avx2,fma,f16c"))) static void NAME(                                \
-        const void *wav, const void *wbv, const float *x, size_t n, float out[2]) {           \
-        const T *wa = (const T *)wav, *wb = (const T *)wbv;                                   \
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, b0 = a0, b1 = a0;                           \
-        size_t i = 0;                                                                         \
-        for (; i + 16 <= n; i += 16) {                                                        \
-            __builtin_prefetch((const char *)(wa + i) + PREFETCH_BYTES);                      \
-            __builtin_prefetch((const char *)(wb + i) + PREFETCH_BYTES);                      \
-            __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + i + 8);              \
-            a0 = _mm256_fmadd_ps(LOAD8(wa + i), x0, a0);                                      \
-            b0 = _mm256_fmadd_ps(LOAD8(wb + i), x0, b0);                                      \
-            a1 = _mm256_fmadd_ps(LOAD8(wa + i + 8), x1, a1);                                  \
-            b1 = _mm256_fmadd_ps(LOAD8(wb + i + 8), x1, b1);                                  \
-        }                                                                                     \
-        for (; i + 8 <= n; i += 8) {                                                          \
-            __m256 x0 = _mm256_loadu_ps(x + i);                                               \
-            a0 = _mm256_fmadd_ps(LOAD8(wa + i), x0, a0);                                      \
-            b0 = _mm256_fmadd_ps(LOAD8(wb + i), x0, b0);                                      \
-        }                                                                                     \
-        float t[8], sa, sb;                                                                   \
-        AVX2_HSUM(_mm256_add_ps(a0, a1), t, sa);                                              \
-        AVX2_HSUM(_mm256_add_ps(b0, b1), t, sb);                                              \
-        for (; i < n; i++) {                                                                  \
-            sa += CVT(wa[i]) * x[i];                                                          \
-            sb += CVT(wb[i]) * x[i];                                                          \
-        }                                                                                     \
-        out[0] = sa;                                                                          \
-        out[1] = sb;                                                                          \
-    }
 
 __attribute__((target("avx2,fma,f16c"))) static void avx2_convert(const void *row, uint32_t dtype,
                                                                    size_t n, float *out) {
@@ -206,10 +173,58 @@ __attribute__((target("avx2,fma,f16c"))) static void avx2_convert(const void *ro
         _mm256_storeu_ps(t, a);                                                               \
         s = ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));               \
     } while (0)
-AVX2_DOT2(avx2_dot2_f32, float, AVX_LOAD_F32, CVT_F32)
-AVX2_DOT2(avx2_dot2_f16, uint16_t, AVX_LOAD_F16, half_to_float)
-AVX2_DOT2(avx2_dot2_bf16, uint16_t, AVX_LOAD_BF16, bf16_to_float)
-AVX2_DOT2(avx2_dot2_i8, int8_t, AVX_LOAD_I8, CVT_I8)
+
+/* Four rows (anywhere) against one token, each with exactly AVX2_DOT's operations and order (so
+ * the bits equal four calls of it): decode runs four weight streams per thread, a quarter block
+ * apart, which keeps more cache-line fetches in flight than one stream and shares the x loads
+ * (measured in docs/runtime.md). */
+#define AVX2_DOT4(NAME, T, LOAD8, CVT)                                                        \
+    __attribute__((target("avx2,fma,f16c"))) static void NAME(                                \
+        const void *const *wv, const float *x, size_t n, float out[4]) {                      \
+        const T *w0 = (const T *)wv[0], *w1 = (const T *)wv[1], *w2 = (const T *)wv[2],       \
+                *w3 = (const T *)wv[3];                                                       \
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, b0 = a0, b1 = a0, c0 = a0, c1 = a0, d0 = a0, \
+               d1 = a0;                                                                       \
+        size_t i = 0;                                                                         \
+        for (; i + 16 <= n; i += 16) {                                                        \
+            __builtin_prefetch((const char *)(w0 + i) + PREFETCH_BYTES);                      \
+            __builtin_prefetch((const char *)(w1 + i) + PREFETCH_BYTES);                      \
+            __builtin_prefetch((const char *)(w2 + i) + PREFETCH_BYTES);                      \
+            __builtin_prefetch((const char *)(w3 + i) + PREFETCH_BYTES);                      \
+            __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + i + 8);              \
+            a0 = _mm256_fmadd_ps(LOAD8(w0 + i), x0, a0);                                      \
+            b0 = _mm256_fmadd_ps(LOAD8(w1 + i), x0, b0);                                      \
+            c0 = _mm256_fmadd_ps(LOAD8(w2 + i), x0, c0);                                      \
+            d0 = _mm256_fmadd_ps(LOAD8(w3 + i), x0, d0);                                      \
+            a1 = _mm256_fmadd_ps(LOAD8(w0 + i + 8), x1, a1);                                  \
+            b1 = _mm256_fmadd_ps(LOAD8(w1 + i + 8), x1, b1);                                  \
+            c1 = _mm256_fmadd_ps(LOAD8(w2 + i + 8), x1, c1);                                  \
+            d1 = _mm256_fmadd_ps(LOAD8(w3 + i + 8), x1, d1);                                  \
+        }                                                                                     \
+        for (; i + 8 <= n; i += 8) {                                                          \
+            __m256 x0 = _mm256_loadu_ps(x + i);                                               \
+            a0 = _mm256_fmadd_ps(LOAD8(w0 + i), x0, a0);                                      \
+            b0 = _mm256_fmadd_ps(LOAD8(w1 + i), x0, b0);                                      \
+            c0 = _mm256_fmadd_ps(LOAD8(w2 + i), x0, c0);                                      \
+            d0 = _mm256_fmadd_ps(LOAD8(w3 + i), x0, d0);                                      \
+        }                                                                                     \
+        float t[8], s[4];                                                                     \
+        AVX2_HSUM(_mm256_add_ps(a0, a1), t, s[0]);                                            \
+        AVX2_HSUM(_mm256_add_ps(b0, b1), t, s[1]);                                            \
+        AVX2_HSUM(_mm256_add_ps(c0, c1), t, s[2]);                                            \
+        AVX2_HSUM(_mm256_add_ps(d0, d1), t, s[3]);                                            \
+        for (; i < n; i++) {                                                                  \
+            s[0] += CVT(w0[i]) * x[i];                                                        \
+            s[1] += CVT(w1[i]) * x[i];                                                        \
+            s[2] += CVT(w2[i]) * x[i];                                                        \
+            s[3] += CVT(w3[i]) * x[i];                                                        \
+        }                                                                                     \
+        memcpy(out, s, sizeof s);                                                             \
+    }
+AVX2_DOT4(avx2_dot4_f32, float, AVX_LOAD_F32, CVT_F32)
+AVX2_DOT4(avx2_dot4_f16, uint16_t, AVX_LOAD_F16, half_to_float)
+AVX2_DOT4(avx2_dot4_bf16, uint16_t, AVX_LOAD_BF16, bf16_to_float)
+AVX2_DOT4(avx2_dot4_i8, int8_t, AVX_LOAD_I8, CVT_I8)
 
 /* Two f32 rows against three tokens: out[r * 3 + j] = w_r . x_j with the one-token lane layout
  * (so the bits equal avx2_dot_f32's). 12 accumulators + 2 weight + 1 activation registers; five
@@ -426,10 +441,10 @@ static void kernels_pick(void) {
         K.dot[COLIBRI_DT_F16] = avx2_dot_f16;
         K.dot[COLIBRI_DT_BF16] = avx2_dot_bf16;
         K.dot[COLIBRI_DT_INT8] = avx2_dot_i8;
-        K.dot2[COLIBRI_DT_F32] = avx2_dot2_f32;
-        K.dot2[COLIBRI_DT_F16] = avx2_dot2_f16;
-        K.dot2[COLIBRI_DT_BF16] = avx2_dot2_bf16;
-        K.dot2[COLIBRI_DT_INT8] = avx2_dot2_i8;
+        K.dot4[COLIBRI_DT_F32] = avx2_dot4_f32;
+        K.dot4[COLIBRI_DT_F16] = avx2_dot4_f16;
+        K.dot4[COLIBRI_DT_BF16] = avx2_dot4_bf16;
+        K.dot4[COLIBRI_DT_INT8] = avx2_dot4_i8;
         K.dot_q8 = avx2_dot_q8;
         K.convert = avx2_convert;
         K.tile_2x3 = avx2_tile_2x3;
@@ -463,18 +478,21 @@ void colibri_rows_dot(const colibri_tensor *w, uint32_t r0, uint32_t r1, const f
     const uint8_t *base = (const uint8_t *)w->data;
     if (n == 1) { /* decode: stream the rows once, converting in registers */
         dot_fn dot = K.dot[w->dtype];
-        dot2_fn dot2 = K.dot2[w->dtype];
+        dot4_fn dot4 = K.dot4[w->dtype];
         uint32_t r = r0;
-        if (dot2) { /* row r0 + i with row mid + i: two streams half the block apart */
-            uint32_t half = (r1 - r0) / 2, mid = r0 + half;
-            for (uint32_t i = 0; i < half; i++) {
-                float o[2];
-                dot2(base + (size_t)(r0 + i) * rowbytes, base + (size_t)(mid + i) * rowbytes, x,
-                     cols, o);
-                y[r0 + i] = (w->scales ? w->scales[r0 + i] : 1.0f) * o[0];
-                y[mid + i] = (w->scales ? w->scales[mid + i] : 1.0f) * o[1];
+        if (dot4) { /* rows r0 + k*q + i for k < 4: four streams a quarter block apart */
+            uint32_t q = (r1 - r0) / 4;
+            for (uint32_t i = 0; i < q; i++) {
+                const void *rows[4];
+                float o[4];
+                for (uint32_t k = 0; k < 4; k++) rows[k] = base + (size_t)(r0 + k * q + i) * rowbytes;
+                dot4(rows, x, cols, o);
+                for (uint32_t k = 0; k < 4; k++) {
+                    uint32_t rr = r0 + k * q + i;
+                    y[rr] = (w->scales ? w->scales[rr] : 1.0f) * o[k];
+                }
             }
-            r = mid + half; /* an odd block leaves its last row */
+            r = r0 + 4 * q; /* up to 3 rows left */
         }
         for (; r < r1; r++)
             y[r] = (w->scales ? w->scales[r] : 1.0f) * dot(base + (size_t)r * rowbytes, x, cols);
