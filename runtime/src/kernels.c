@@ -27,11 +27,13 @@
 typedef float (*dot_fn)(const void *w, const float *x, size_t n);
 typedef int32_t (*dot_q8_fn)(const int8_t *w, const int8_t *x, size_t n);
 typedef void (*dot4_fn)(const void *const *w, const float *x, size_t n, float out[4]);
+typedef void (*dot4_q8_fn)(const int8_t *const *w, const int8_t *x, size_t n, int32_t out[4]);
 
 static struct {
     dot_fn dot[4]; /* indexed by dtype: f32, f16, bf16, int8 (int8: unscaled sum q * x) */
     dot4_fn dot4[4]; /* four rows at once, bits equal to dot[] per row; NULL: not provided */
     dot_q8_fn dot_q8;
+    dot4_q8_fn dot4_q8; /* NULL: not provided */
     void (*convert)(const void *row, uint32_t dtype, size_t n, float *out);
     /* two f32 rows against three tokens at once, each (row, token) with exactly the lane layout
      * and reduction order of dot[F32] (so the bits match the one-token kernel) */
@@ -290,6 +292,32 @@ __attribute__((target("avx2"))) static int32_t avx2_dot_q8(const int8_t *w, cons
     for (; i < n; i++) s += (int32_t)w[i] * (int32_t)x[i];
     return s;
 }
+
+/* Four int8 rows against one int8 token (decode with --int8-act): four streams a quarter block
+ * apart, as AVX2_DOT4. Integer sums are exact, so the result equals avx2_dot_q8's per row. */
+__attribute__((target("avx2"))) static void avx2_dot4_q8(const int8_t *const *w, const int8_t *x,
+                                                         size_t n, int32_t out[4]) {
+    __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                      _mm256_setzero_si256()};
+    const __m256i ones = _mm256_set1_epi16(1);
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m256i vx = _mm256_loadu_si256((const __m256i *)(const void *)(x + i));
+        for (int k = 0; k < 4; k++) {
+            __builtin_prefetch(w[k] + i + PREFETCH_BYTES);
+            __m256i vw = _mm256_loadu_si256((const __m256i *)(const void *)(w[k] + i));
+            __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(vw), _mm256_sign_epi8(vx, vw));
+            acc[k] = _mm256_add_epi32(acc[k], _mm256_madd_epi16(p, ones));
+        }
+    }
+    for (int k = 0; k < 4; k++) {
+        int32_t t[8];
+        _mm256_storeu_si256((__m256i *)(void *)t, acc[k]);
+        int32_t s = t[0] + t[1] + t[2] + t[3] + t[4] + t[5] + t[6] + t[7];
+        for (size_t j = i; j < n; j++) s += (int32_t)w[k][j] * (int32_t)x[j];
+        out[k] = s;
+    }
+}
 #endif
 
 /* ---- NEON: 4 x 4 lanes over blocks of 16, then blocks of 4, then a scalar tail -------------- */
@@ -446,6 +474,7 @@ static void kernels_pick(void) {
         K.dot4[COLIBRI_DT_BF16] = avx2_dot4_bf16;
         K.dot4[COLIBRI_DT_INT8] = avx2_dot4_i8;
         K.dot_q8 = avx2_dot_q8;
+        K.dot4_q8 = avx2_dot4_q8;
         K.convert = avx2_convert;
         K.tile_2x3 = avx2_tile_2x3;
         K.name = "avx2";
@@ -533,8 +562,23 @@ void colibri_rows_dot(const colibri_tensor *w, uint32_t r0, uint32_t r1, const f
 void colibri_rows_dot_q8(const colibri_tensor *w, uint32_t r0, uint32_t r1, const int8_t *xq,
                          const float *xscale, int n, size_t ldx, float *y, size_t ldy) {
     size_t cols = w->cols;
+    const int8_t *base = (const int8_t *)w->data;
+    if (n == 1 && K.dot4_q8) { /* decode: four streams a quarter block apart, as colibri_rows_dot */
+        uint32_t q = (r1 - r0) / 4;
+        for (uint32_t i = 0; i < q; i++) {
+            const int8_t *rows[4];
+            int32_t acc[4];
+            for (uint32_t k = 0; k < 4; k++) rows[k] = base + (size_t)(r0 + k * q + i) * cols;
+            K.dot4_q8(rows, xq, cols, acc);
+            for (uint32_t k = 0; k < 4; k++) {
+                uint32_t rr = r0 + k * q + i;
+                y[rr] = (float)acc[k] * (w->scales[rr] * xscale[0]);
+            }
+        }
+        r0 += 4 * q; /* up to 3 rows left */
+    }
     for (uint32_t r = r0; r < r1; r++) {
-        const int8_t *row = (const int8_t *)w->data + (size_t)r * cols;
+        const int8_t *row = base + (size_t)r * cols;
         float sc = w->scales[r];
         for (int j = 0; j < n; j++) {
             int32_t acc = K.dot_q8(row, xq + (size_t)j * ldx, cols);
