@@ -148,10 +148,11 @@ def bandwidth_gbs(threads: int, source: str | None = None) -> float:
 
 def drop_page_cache(path: Path) -> None:
     """Evict one file's clean page-cache pages (POSIX_FADV_DONTNEED; no other file is touched), so
-    the runtime's mmap reads it back as on a freshly booted device. A file just written by the
-    converter sits in the page cache in the writer's small folios; read back through a mapping,
-    a recent kernel (ext4 large folios, Linux >= 6.x) caches it in up to 2 MiB folios that are
-    mapped with 2 MiB page-table entries: far fewer TLB misses for the weight streams."""
+    the runtime's mmap reads it back as on a freshly booted device: reproducible runs. A file just
+    written by the converter sits in the page cache in the writer's small folios; read back
+    through a mapping, a recent kernel (ext4 large folios, Linux >= 6.x) caches it in up to 2 MiB
+    folios mapped with 2 MiB entries. The bandwidth probe over the mapping sees the difference;
+    the runtime's decode, measured, does not (docs/runtime.md)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
