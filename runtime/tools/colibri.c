@@ -376,10 +376,11 @@ static int cmd_bench(const cli *c) {
         qsort(first, (size_t)runs, sizeof(double), cmp_double);
         qsort(decode, (size_t)runs, sizeof(double), cmp_double);
         double tok_s = gen > 0 && dsum > 0 ? (double)gen * runs / (dsum / 1e3) : 0.0;
-        double rss_mb = peak_rss_mb();
         /* resident now: after a CUDA upload of copied weights the file pages are dropped, so
          * this is below the peak (docs/cuda.md, Memory) */
         double rss_now_mb = proc_status_mb("VmRSS:");
+        /* the kernel refreshes VmHWM lazily, so it can trail the current VmRSS */
+        double rss_mb = fmax(peak_rss_mb(), rss_now_mb);
         if (c->json) {
             printf("{\"model\": ");
             json_string(stdout, m.name);
