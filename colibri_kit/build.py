@@ -34,6 +34,7 @@ from typing import Callable, Sequence
 
 from colibri_kit import paths, toolchain
 from colibri_kit.errors import BuildError, KitError, ToolchainError
+from colibri_kit.hashing import file_sha256
 
 Progress = Callable[[str], None]
 
@@ -130,14 +131,6 @@ def _target_lock(target: str, progress: Progress):
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _git(root: Path, *args: str) -> subprocess.CompletedProcess:
@@ -257,7 +250,7 @@ def embed_sources(images: Sequence[toolchain.KernelImage], embed_dir: Path,
     for i, img in enumerate(images):
         sym = f"colibri_kernel_image_{i}"
         size = img.path.stat().st_size
-        asm += [f"\t/* {img.kind} sm {img.sm}: {size} bytes, sha256 {_sha256(img.path)} */",
+        asm += [f"\t/* {img.kind} sm {img.sm}: {size} bytes, sha256 {file_sha256(img.path)} */",
                 f"\t.balign {IMAGE_ALIGN}", f"\t.globl {sym}", f"\t.type {sym}, %object",
                 f"{sym}:", f'\t.incbin "{_rel(img.path, runtime_dir)}"']
         if img.kind == "ptx":
@@ -478,7 +471,7 @@ def _build_here(target: str, *, debug: bool, cuda_archs, cuda_version, nvcc, ker
                                                       if cuda_versions else {})},
         "cuda": ({"version": plan.version, "sms": list(plan.sms),
                   "images": [{"kind": i.kind, "sm": i.sm} for i in images]} if plan else None),
-        "files": {rel: {"sha256": _sha256(dist / rel), "size": (dist / rel).stat().st_size}
+        "files": {rel: {"sha256": file_sha256(dist / rel), "size": (dist / rel).stat().st_size}
                   for rel in files},
     }
     _write_if_changed(dist / "manifest.json",

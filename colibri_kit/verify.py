@@ -18,7 +18,6 @@ Pure Python, no binutils needed. Checks, each reported as one line:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import platform
@@ -30,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from colibri_kit.errors import VerifyError
+from colibri_kit.hashing import file_sha256
 from colibri_kit.profiles import Profile
 
 EM_X86_64 = 62
@@ -568,7 +568,7 @@ def check_manifest(profile: Profile, dist_dir: Path, report: VerifyReport) -> No
         f = dist_dir / rel
         if not f.is_file():
             problems.append(f"{rel} is listed but missing")
-        elif not isinstance(meta, dict) or meta.get("sha256") != _file_sha256(f) \
+        elif not isinstance(meta, dict) or meta.get("sha256") != file_sha256(f) \
                 or meta.get("size") != f.stat().st_size:
             problems.append(f"{rel} does not match its sha256/size")
     present = sorted(p.relative_to(dist_dir).as_posix() for p in dist_dir.rglob("*")
@@ -579,14 +579,6 @@ def check_manifest(profile: Profile, dist_dir: Path, report: VerifyReport) -> No
     report.add("manifest", not problems, "; ".join(problems) if problems else
                f"{len(files)} files match their sha256; target, profile hash, glibc floor"
                f"{' and SMs' if profile.cuda else ''} agree")
-
-
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def run_command(profile: Profile, binary: Path) -> tuple[list[str] | None, str]:

@@ -11,7 +11,6 @@ import ctypes.util
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -351,7 +350,7 @@ def test_pycuda_suite_skips_only_without_gpu_and_says_why():
 
 
 def _random_model(path: Path, flags: int, dtype: int, shared: int = 0, pad: int = 16):
-    from colibri_kit.model.format import DType, Family, ModelHeader, Routing, padded_dim, read_model
+    from colibri_kit.model.format import Family, ModelHeader, Routing, padded_dim, read_model
     from colibri_kit.model.tiny import write_random_model
 
     d = 40

@@ -29,6 +29,7 @@ from colibri_kit.fleet import release as rel
 from colibri_kit.fleet.connect import SSHRemote, for_each
 from colibri_kit.fleet.inventory import Host, Inventory
 from colibri_kit.fleet.report import table
+from colibri_kit.hashing import file_sha256
 
 DEFAULT_KEEP = 3
 SPACE_MARGIN = 1.05  # need 5 % more than the bytes we upload
@@ -58,14 +59,6 @@ class Artifact:
                 "manifest_sha256": hashlib.sha256(self.manifest_bytes).hexdigest(),
                 "model_sha256": self.model_sha, "model_size": self.model_size if self.model else None}
         return (json.dumps(meta, indent=1, sort_keys=True) + "\n").encode()
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(4 * MiB), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def prepare(target: str, dist: Path, model: Path | None = None) -> Artifact:

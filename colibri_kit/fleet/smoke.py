@@ -25,7 +25,8 @@ import numpy as np
 from colibri_kit.errors import FleetError, KitError
 from colibri_kit.fleet import release as rel
 from colibri_kit.fleet.connect import SSHRemote
-from colibri_kit.fleet.deploy import HostResult, connect_for, file_sha256, run_on_hosts
+from colibri_kit.fleet.deploy import HostResult, connect_for, run_on_hosts
+from colibri_kit.hashing import file_sha256
 from colibri_kit.fleet.inventory import Host, Inventory
 from colibri_kit.paths import cache_dir
 
