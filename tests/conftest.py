@@ -12,6 +12,20 @@ import pytest
 from kit_support import copy_project
 
 
+@pytest.fixture(scope="session")
+def hf_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where tests/hf_models.py builds its random-weight checkpoints (once per session)."""
+    import hf_models
+
+    return hf_models.session_root(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def hf_expected() -> dict:
+    """Cache of transformers' answers per checkpoint, filled by hf_models.expect()."""
+    return {}
+
+
 def _quiet(msg: str) -> None:
     """Build progress goes to the captured output (shown when a test fails)."""
     print(msg)

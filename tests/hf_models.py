@@ -294,6 +294,14 @@ class Expected:
                         for r in out.router_logits]  # per layer [tokens, k]
 
 
+def expect(cache: dict[str, Expected], root: Path, name: str) -> Expected:
+    """transformers' answers for case ``name``, computed once per session (``cache`` is the
+    session fixture ``hf_expected``)."""
+    if name not in cache:
+        cache[name] = Expected(checkpoint(name, root))
+    return cache[name]
+
+
 def converted(root: Path, name: str, dtype: str) -> Path:
     """Case ``name`` converted to ``dtype`` for a pad of 64 (built once per session)."""
     from colibri_kit.model.convert import TargetModelLimits, convert

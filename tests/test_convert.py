@@ -22,11 +22,6 @@ from colibri_kit.paths import project_root
 HOST = TargetModelLimits("host", 64, 64, 8)
 
 
-@pytest.fixture(scope="session")
-def hf_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return H.session_root(tmp_path_factory)
-
-
 def cfg_of(path: Path) -> dict:
     return json.loads((path / "config.json").read_text())
 

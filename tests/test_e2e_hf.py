@@ -27,20 +27,6 @@ pytestmark = pytest.mark.slow
 C_VS_REFERENCE = 1e-5
 
 
-@pytest.fixture(scope="session")
-def hf_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return H.session_root(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def expected(hf_root: Path) -> dict[str, H.Expected]:
-    return {}
-
-
-def expect(expected: dict[str, H.Expected], hf_root: Path, name: str) -> H.Expected:
-    if name not in expected:
-        expected[name] = H.Expected(H.checkpoint(name, hf_root))
-    return expected[name]
 
 
 def run(binary: Path, *args: str, threads: int = 2) -> subprocess.CompletedProcess:
@@ -68,9 +54,9 @@ def c_generate(binary: Path, model: Path, ids: list[int], n: int) -> list[int]:
 
 @pytest.mark.parametrize("dtype", H.DTYPES)
 @pytest.mark.parametrize("name", H.ALL_CASES)
-def test_colibri_matches_transformers(host_colibri: Path, hf_root: Path, expected: dict,
+def test_colibri_matches_transformers(host_colibri: Path, hf_root: Path, hf_expected: dict,
                                       tmp_path: Path, name: str, dtype: str) -> None:
-    want = expect(expected, hf_root, name)
+    want = H.expect(hf_expected, hf_root, name)
     model = H.converted(hf_root, name, dtype)
     got = c_forward(host_colibri, model, H.LOGIT_PROMPT, tmp_path / "logits.f32")
     err = H.rel_err(got, want.logits)

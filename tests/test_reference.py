@@ -19,20 +19,6 @@ from colibri_kit.model.tiny import write_tiny_model
 
 
 
-@pytest.fixture(scope="session")
-def hf_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return H.session_root(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def expected(hf_root: Path) -> dict[str, H.Expected]:
-    return {}
-
-
-def expect(expected: dict[str, H.Expected], hf_root: Path, name: str) -> H.Expected:
-    if name not in expected:
-        expected[name] = H.Expected(H.checkpoint(name, hf_root))
-    return expected[name]
 
 
 converted = H.converted
@@ -43,8 +29,8 @@ TOLERANCE = H.TOLERANCE
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["f32", "f16", "bf16", "int8"])
 @pytest.mark.parametrize("name", ALL_CASES)
-def test_reference_matches_transformers(hf_root: Path, expected: dict, name: str, dtype: str) -> None:
-    want = expect(expected, hf_root, name)
+def test_reference_matches_transformers(hf_root: Path, hf_expected: dict, name: str, dtype: str) -> None:
+    want = H.expect(hf_expected, hf_root, name)
     ref = Reference(converted(hf_root, name, dtype))
     got = ref.forward(H.LOGIT_PROMPT)
     err = H.rel_err(got, want.logits)
@@ -54,8 +40,8 @@ def test_reference_matches_transformers(hf_root: Path, expected: dict, name: str
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ALL_CASES)
-def test_routing_matches_transformers(hf_root: Path, expected: dict, name: str) -> None:
-    want = expect(expected, hf_root, name)
+def test_routing_matches_transformers(hf_root: Path, hf_expected: dict, name: str) -> None:
+    want = H.expect(hf_expected, hf_root, name)
     ref = Reference(converted(hf_root, name, "f32"))
     ref.forward(H.LOGIT_PROMPT)
     for layer, hf_top in enumerate(want.experts):
@@ -79,8 +65,8 @@ def test_checkpoints_are_well_conditioned(hf_root: Path, name: str) -> None:
 
 
 @pytest.mark.slow
-def test_float64_reference_agrees(hf_root: Path, expected: dict) -> None:
-    want = expect(expected, hf_root, "qwen2_moe")
+def test_float64_reference_agrees(hf_root: Path, hf_expected: dict) -> None:
+    want = H.expect(hf_expected, hf_root, "qwen2_moe")
     ref = Reference(converted(hf_root, "qwen2_moe", "f32"), dtype=np.float64)
     got = ref.forward(H.LOGIT_PROMPT)
     assert got.dtype == np.float64
