@@ -124,6 +124,14 @@ def validate_root(value: Any, what: str) -> str:
     return value
 
 
+def _refuse_unknown_keys(where: str, mapping: dict, allowed: set[str]) -> None:
+    """One message shape for every level of the file: where, the unknown keys, the allowed ones."""
+    unknown = set(mapping) - allowed
+    if unknown:
+        raise FleetError(f"{where}: unknown key(s) {', '.join(sorted(map(str, unknown)))} "
+                         f"(allowed: {', '.join(sorted(allowed))})")
+
+
 def load_inventory(path: str | Path) -> Inventory:
     path = Path(path).expanduser()
     if not path.exists():
@@ -135,18 +143,12 @@ def load_inventory(path: str | Path) -> Inventory:
         raise FleetError(f"{path}: not valid YAML: {exc}") from None
     if not isinstance(data, dict):
         raise FleetError(f"{path}: must be a mapping with a 'hosts' key")
-    unknown = set(data) - TOP_KEYS
-    if unknown:
-        raise FleetError(f"{path}: unknown key(s) {', '.join(sorted(map(str, unknown)))} "
-                         f"(allowed: {', '.join(sorted(TOP_KEYS))})")
+    _refuse_unknown_keys(f"{path}", data, TOP_KEYS)
 
     defaults = data.get("defaults") or {}
     if not isinstance(defaults, dict):
         raise FleetError(f"{path}: defaults must be a mapping")
-    bad = set(defaults) - DEFAULT_KEYS
-    if bad:
-        raise FleetError(f"{path}: defaults: unknown key(s) {', '.join(sorted(map(str, bad)))} "
-                         f"(allowed: {', '.join(sorted(DEFAULT_KEYS))})")
+    _refuse_unknown_keys(f"{path}: defaults", defaults, DEFAULT_KEYS)
 
     base = path.parent
     known_hosts = None
@@ -169,10 +171,7 @@ def load_inventory(path: str | Path) -> Inventory:
         validate_name(name, f"{path}: hosts")
         if not isinstance(spec, dict):
             raise FleetError(f"{where}: must be a mapping with at least 'address'")
-        bad = set(spec) - HOST_KEYS
-        if bad:
-            raise FleetError(f"{where}: unknown key(s) {', '.join(sorted(map(str, bad)))} "
-                             f"(allowed: {', '.join(sorted(HOST_KEYS))})")
+        _refuse_unknown_keys(where, spec, HOST_KEYS)
         merged = {**defaults, **spec}
         if "address" not in merged:
             raise FleetError(f"{where}: address is required")
