@@ -246,7 +246,8 @@ def parse_nvpmodel_query(text: str) -> tuple[str, int]:
     raise JetsonError(f"nvpmodel -q: no 'NV Power Mode:' line in {clean(text)!r}")
 
 
-def reboot_required(conf: NvpConf, current_id: int, target_id: int) -> bool:
+def reboot_required(conf: NvpConf, current_id: int, target_id: int,
+                    live_mask: str | None = None) -> bool:
     """Whether nvpmodel asks for a reboot to go from ``current_id`` to ``target_id``.
 
     The rule (jetson_stats ``nvpmodel.py``: a mode is switchable live when its TPC_PG_MASK
@@ -254,12 +255,26 @@ def reboot_required(conf: NvpConf, current_id: int, target_id: int) -> bool:
     power mode" exactly for the switches whose masks differ on Orin NX 15W -> MAXN, 240 vs 252,
     and AGX Orin MODE_30W -> MAXN, 0 vs 240): the GPU's TPC power-gating mask is applied at boot,
     so a switch that changes it needs a reboot. Modes that set no mask (Orin Nano, the L4T 32
-    confs) never need one for this reason."""
-    old = conf.by_id(current_id).tpc_pg_mask
+    confs) never need one for this reason.
+
+    ``live_mask`` is what the GPU runs now (``/sys/devices/platform/gpu.0/tpc_pg_mask``) when the
+    caller read it; it wins over the current mode's mask, which differs from it while an accepted
+    switch waits for its reboot (see ``reboot_pending``)."""
+    old = (live_mask or "").strip() or conf.by_id(current_id).tpc_pg_mask
     new = conf.by_id(target_id).tpc_pg_mask
     if old is None or new is None:
         return False
     return _mask_value(old) != _mask_value(new)
+
+
+def reboot_pending(conf: NvpConf, current_id: int, live_mask: str | None) -> bool:
+    """True when nvpmodel already records ``current_id`` (its status file, what ``nvpmodel -q``
+    prints) but the GPU still runs another mask: the switch was accepted and the device has not
+    rebooted yet."""
+    want = conf.by_id(current_id).tpc_pg_mask
+    if not live_mask or not live_mask.strip() or want is None:
+        return False
+    return _mask_value(live_mask.strip()) != _mask_value(want)
 
 
 def _mask_value(text: str) -> int | str:

@@ -154,6 +154,17 @@ def test_reboot_required_is_a_mask_comparison(name, frm, to, needs):
     assert reboot_required(c, c.by_name(frm).id, c.by_name(to).id) is needs
 
 
+def test_live_mask_wins_and_a_pending_switch_is_seen():
+    nx = conf("orin-nx-16gb")
+    # Accepted 15W -> MAXN (status says MAXN) but not rebooted: the GPU still runs 252.
+    assert jetson.reboot_pending(nx, 0, "252\n")
+    assert not jetson.reboot_pending(nx, 0, "240")
+    assert not jetson.reboot_pending(nx, 0, None)
+    assert reboot_required(nx, 0, 3, live_mask="252")       # MAXN -> 25W while still at 252
+    assert not reboot_required(nx, 0, 2, live_mask="252")   # back to 15W: no reboot
+    assert not reboot_required(nx, 0, 3, live_mask="")      # unreadable: the mode's mask
+
+
 def test_modes_without_a_mask_never_need_a_reboot_and_unknown_ids_are_named():
     c = parse_nvpmodel_conf("< POWER_MODEL ID=0 NAME=MAXN >\n< POWER_MODEL ID=1 NAME=5W >\n"
                             "TPC_POWER_GATING TPC_PG_MASK 1\n< PM_CONFIG DEFAULT=0 >\n")

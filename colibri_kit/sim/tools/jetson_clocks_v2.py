@@ -148,8 +148,8 @@ def do_cpu(action, store):
         idles = globbed(cpu + "/cpuidle/state[0-9]*")
         if action == "show":
             if exists(fq + "/scaling_governor"):
-                states = "".join("%s=%d " % (read(s + "/name", "?"), read(s + "/disable", "0") == "0")
-                                 for s in idles)
+                states = "".join("%s=%d " % (read(s + "/name", "?"),
+                                             read(s + "/disable", "0") == "0") for s in idles)
                 print("%s: Online=%s Governor=%s MinFreq=%s MaxFreq=%s CurrentFreq=%s "
                       "IdleStates: %s" % (os.path.basename(cpu), read(cpu + "/online", "1"),
                                           read(fq + "/scaling_governor"),
@@ -266,7 +266,8 @@ def store_action(path):
 
 
 _SAFE_RE = re.compile(r"^/sys/[A-Za-z0-9@._/+-]+$")
-_ONLINE_RE = re.compile(r"^/sys/devices/system/cpu/cpu\d+/online$|^/sys/kernel/debug/clk/override.*/state$")
+_ONLINE_RE = re.compile(r"^/sys/devices/system/cpu/cpu\d+/online$"
+                        r"|^/sys/kernel/debug/clk/override.*/state$")
 _MIN_FREQ_RE = re.compile(r"^/sys/devices/system/cpu/cpu\d+/cpufreq/scaling_min_freq$")
 
 
