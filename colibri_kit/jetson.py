@@ -347,6 +347,33 @@ def _resolve_extreme(conf: NvpConf, which: str) -> Resolution:
     return Resolution(best, f"{why}, mode {best.id}")
 
 
+@dataclass(frozen=True)
+class ModePlan:
+    """What ``tune`` should do about the power mode of one device."""
+
+    current: PowerMode
+    target: PowerMode
+    reason: str          # why this target (``Resolution.reason``)
+    change: bool         # target differs from the current mode (or a reboot is still pending)
+    reboot: bool         # nvpmodel will ask for a reboot (masks differ)
+    pending: bool        # an accepted switch to ``current`` still waits for its reboot
+
+
+def plan_mode(conf: NvpConf, current_id: int, intent: str | Sequence[str],
+              live_mask: str | None = None) -> ModePlan:
+    """The power-mode step of a tune plan: which mode ``intent`` means on this device, whether
+    it is a change, and whether nvpmodel will ask for a reboot (``reboot_required`` against the
+    GPU's live mask when given). A device whose status already names the target but still runs
+    another mask is ``pending``: it needs the reboot, not another ``nvpmodel -m``."""
+    res = resolve_mode(conf, intent)
+    current = conf.by_id(current_id)
+    pending = reboot_pending(conf, current_id, live_mask)
+    if res.mode.id == current_id:
+        return ModePlan(current, res.mode, res.reason, pending, pending, pending)
+    return ModePlan(current, res.mode, res.reason, True,
+                    reboot_required(conf, current_id, res.mode.id, live_mask), pending)
+
+
 # ----------------------------------------------------------------------------- L4T releases
 
 @dataclass(frozen=True, order=True)

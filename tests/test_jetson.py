@@ -198,6 +198,22 @@ def test_resolve_mode(name, intent, expected):
     assert str(r.mode.id) in r.reason
 
 
+def test_plan_mode_for_the_issue_cases():
+    nx = conf("orin-nx-16gb")
+    p = jetson.plan_mode(nx, 2, "max")                      # factory Orin NX tuned to max
+    assert (p.target.name, p.change, p.reboot, p.pending) == ("MAXN", True, True, False)
+    p = jetson.plan_mode(nx, 2, "10W")
+    assert (p.change, p.reboot) == (True, False)
+    p = jetson.plan_mode(nx, 0, "max", live_mask="240")     # already there
+    assert (p.change, p.reboot) == (False, False)
+    p = jetson.plan_mode(nx, 0, "max", live_mask="252")     # accepted, not rebooted yet
+    assert (p.change, p.reboot, p.pending) == (True, True, True)
+    sup = jetson.plan_mode(conf("orin-nx-16gb-super"), 4, ["MAXN_SUPER", "MAXN"])
+    assert (sup.target.name, sup.reboot) == ("MAXN_SUPER", False)
+    agx = jetson.plan_mode(conf("agx-orin-64gb"), 2, "MAXN")
+    assert agx.reboot and agx.reason == "MAXN is mode 0"
+
+
 def test_resolve_mode_explains_fallbacks_and_refusals():
     r = resolve_mode(conf("orin-nx-16gb"), ["MAXN_SUPER", "MAXN"])
     assert r.reason == "MAXN is mode 0 (MAXN_SUPER not on this device)"
