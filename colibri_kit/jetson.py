@@ -627,6 +627,58 @@ _PART_FAMILY = {
 }
 
 
+# GPU devfreq nodes, found as jtop finds them: by the device's of_node name (JetPack 5 Orin
+# 17000000.ga10b, JetPack 6 17000000.gpu, Xavier 17000000.gv11b, Thor gpu-gpc-0 and gpu-nvd-0, all
+# GPU devices); by node name when the tree has no of_node.
+GPU_OF_NODE_NAMES = frozenset({"gv11b", "gp10b", "ga10b", "gb10b", "gpu"})
+_GPU_NODE_RE = re.compile(r"^(?:[0-9a-f]+\.(?:gpu|gv11b|ga10b|gp10b|gb10b)|gpu-(?:gpc|nvd)-\d+)$")
+
+
+def gpu_devfreq_nodes(nodes: dict[str, str | None]) -> list[str]:
+    """The GPU domains among ``/sys/class/devfreq`` nodes, given as {node name: its
+    ``device/of_node/name`` (None when absent)}. Thor returns both of its domains."""
+    out = []
+    for node, of_name in sorted(nodes.items()):
+        name = (of_name or "").replace("\0", "").strip()
+        is_gpu = name in GPU_OF_NODE_NAMES if name else bool(_GPU_NODE_RE.match(node))
+        if is_gpu:
+            out.append(node)
+    return out
+
+
+def parse_meminfo(text: str) -> dict[str, int]:
+    """``/proc/meminfo`` as {field: kB}."""
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r"^(\w+(?:\(\w+\))?):\s+(\d+)(?:\s*kB)?\s*$", line)
+        if m:
+            out[m.group(1)] = int(m.group(2))
+    return out
+
+
+def check_footprint(parts: dict[str, int], meminfo: dict[str, int], device: str = "device") -> int:
+    """Refuse a model whose footprint does not fit. ``parts`` names its bytes (weights, arena,
+    KV cache at the context length, ...). On a Jetson the GPU shares DRAM with the CPU, so every
+    part counts against the same memory; the bound is the kernel's ``MemAvailable`` (its estimate
+    of what a new workload can use without swapping, Documentation/filesystems/proc.rst), or
+    ``MemTotal`` when an old kernel lacks it. Returns the bytes left."""
+    need = sum(parts.values())
+    field_ = "MemAvailable" if "MemAvailable" in meminfo else "MemTotal"
+    if field_ not in meminfo:
+        raise JetsonError(f"{device}: /proc/meminfo has neither MemAvailable nor MemTotal")
+    have = meminfo[field_] * 1024
+    if need > have:
+        detail = ", ".join(f"{k} {_mib(v)}" for k, v in parts.items())
+        raise JetsonError(f"{device}: the model needs {_mib(need)} ({detail}) but {field_} is "
+                          f"{_mib(have)}; use a smaller model, quantisation or context length, "
+                          f"or stop what else runs there")
+    return have - need
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1024 * 1024):.0f} MiB"
+
+
 def parse_meminfo_kb(text: str) -> int:
     m = re.search(r"^MemTotal:\s+(\d+)\s*kB", text, re.M)
     if not m:

@@ -389,6 +389,38 @@ def test_emulated_sku_table_identifies_as_itself():
         assert parse_l4t_release(s["nv_tegra_release"]).major in (35, 36, 38)
 
 
+def test_gpu_devfreq_nodes_by_of_node_name():
+    # Thor: two GPU domains; the VIC is not a GPU; JetPack 5 Orin names the node after ga10b.
+    assert jetson.gpu_devfreq_nodes({"gpu-gpc-0": "gpu\0", "gpu-nvd-0": "gpu\0",
+                                     "15340000.vic": "vic\0"}) == ["gpu-gpc-0", "gpu-nvd-0"]
+    assert jetson.gpu_devfreq_nodes({"17000000.ga10b": "ga10b", "15480000.nvdec": "nvdec"}) \
+        == ["17000000.ga10b"]
+    # No of_node in the tree: by node name.
+    assert jetson.gpu_devfreq_nodes({"17000000.gpu": None, "15340000.vic": None}) == \
+        ["17000000.gpu"]
+
+
+REAL_MEMINFO = """\
+MemTotal:        7620000 kB
+MemFree:         5312044 kB
+MemAvailable:    6489200 kB
+Buffers:           35688 kB
+HugePages_Total:       0
+"""
+
+
+def test_footprint_check_names_the_numbers():
+    info = jetson.parse_meminfo(REAL_MEMINFO)
+    assert info["MemAvailable"] == 6489200 and info["HugePages_Total"] == 0
+    left = jetson.check_footprint({"weights": 4 << 30, "arena": 512 << 20, "kv": 256 << 20}, info)
+    assert left == 6489200 * 1024 - (4 << 30) - (768 << 20)
+    with pytest.raises(JetsonError, match=r"cab-01: the model needs 7168 MiB \(weights 6144 MiB, "
+                                          r"arena 512 MiB, kv 512 MiB\) but MemAvailable is "
+                                          r"6337 MiB"):
+        jetson.check_footprint({"weights": 6 << 30, "arena": 512 << 20, "kv": 512 << 20}, info,
+                               "cab-01")
+
+
 def test_meminfo_and_cpu_list():
     assert jetson.parse_meminfo_kb("MemTotal:        7620000 kB\nMemFree: 1 kB\n") == 7620000
     assert jetson.parse_cpu_list("0-5\n") == 6 and jetson.parse_cpu_list("0-3,6,8-9") == 7

@@ -114,6 +114,13 @@ def mode_value(mode, param, arg):
     return None
 
 
+def mask_value(text):
+    try:
+        return int(text, 0)
+    except ValueError:
+        return text.strip()
+
+
 def status_mode(default):
     """(mode id, fan mode or None) from the status file ("pmode:0002 fmode:quiet")."""
     text = read(STATUS, "")
@@ -240,7 +247,7 @@ def set_mode(params, modes, default, mid, verbose):
     live = read(LIVE_TPC_MASK, "")
     old = live if live else mode_value(current, "TPC_POWER_GATING", "TPC_PG_MASK")
     new = mode_value(target, "TPC_POWER_GATING", "TPC_PG_MASK")
-    if old is not None and new is not None and int(old, 0) != int(new, 0):
+    if old is not None and new is not None and mask_value(old) != mask_value(new):
         print("NVPM WARN: Reboot required for changing to this power mode: %d" % mid)
         print("NVPM WARN: DO YOU WANT TO REBOOT NOW? enter YES/yes to confirm:", flush=True)
         try:
