@@ -356,6 +356,13 @@ def test_restore_reports_failures_and_still_exits_0(base):
     assert (r.returncode, r.stdout) == (1, "Error: /root/none.conf file not found !\n")
 
 
+def test_store_survives_a_missing_home(base):
+    root = fresh(base, "xavier-nx")
+    r = run(root, "jetson_clocks", "--store", "/root/x.conf", env={"HOME": "/nonexistent"})
+    assert r.returncode == 0 and "/nonexistent/.jetsonclocks_fan.txt" in r.stderr
+    assert "/sys/class/devfreq/17000000.gv11b/min_freq:" in (root / "root/x.conf").read_text()
+
+
 def test_show_and_fan(base):
     root = fresh(base, "orin-nx-16gb")
     assert run(root, "jetson_clocks", "--fan").returncode == 0

@@ -229,7 +229,10 @@ def do_fan(action, store, fan_override):
             print("FAN Dynamic Speed control=%s %s_%s=%s" % (
                 active, hwmon, os.path.basename(node), read(node)))
     elif action == "store":
-        write(status_file, active)
+        try:
+            write(status_file, active)
+        except OSError as e:    # the script's `echo > file` fails the same way and goes on
+            print("%s: %s: %s" % (NAME, status_file, e.strerror), file=sys.stderr)
         store.add(status_file)
     elif fan_override:
         for node in fan_nodes():
