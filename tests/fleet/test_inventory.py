@@ -100,6 +100,8 @@ def test_errors_name_file_and_key(tmp_path: Path, text: str, where: str) -> None
 def test_hostile_values_are_refused(tmp_path: Path, key: str, value: str) -> None:
     if key == "name":
         text = f"hosts: {{{value}: {{address: 10.0.0.1}}}}"
+    elif key == "address":
+        text = f"hosts: {{cab: {{address: {value}}}}}"
     else:
         text = f"hosts: {{cab: {{address: 10.0.0.1, {key}: {value}}}}}"
     with pytest.raises(FleetError, match="not a valid|not a host name|must be an absolute"):
