@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from colibri_kit.errors import FleetError
-from colibri_kit.fleet import sim as simlib
+from colibri_kit.sim import fleet as simlib
 from colibri_kit.fleet.connect import SSHRemote
 
 from fleet_support import MAIN, SMALL_DISK, XAVIER
@@ -60,7 +60,7 @@ def test_aarch64_binaries_run_through_binfmt(inventory, orin_nx_build) -> None:
     flags = Path("/proc/sys/fs/binfmt_misc", entry).read_text().split("flags:")[1].split("\n")[0]
     assert "F" in flags  # interpreter opened at registration: works inside every mount namespace
     with remote(inventory, MAIN[0]) as r:
-        r.put(str(orin_nx_build / "bin/colibri"), "/tmp/colibri-binfmt-test")
+        r.upload(orin_nx_build / "bin/colibri", "/tmp/colibri-binfmt-test")
         r.run(["chmod", "+x", "/tmp/colibri-binfmt-test"])
         assert r.run(["/tmp/colibri-binfmt-test", "--version"], timeout=120).stdout.startswith("colibri ")
         r.run(["rm", "-f", "/tmp/colibri-binfmt-test"])
