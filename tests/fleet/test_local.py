@@ -312,3 +312,19 @@ def test_runs_without_root(tmp_path: Path) -> None:
         cwd=HERE.parents[2], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout and "failed" not in proc.stdout
+
+
+def test_product_code_does_not_import_the_emulation() -> None:
+    """colibri_kit/sim is test and demo tooling: only the sim tasks import it."""
+    package = HERE.parents[2] / "colibri_kit"
+    offenders = []
+    for path in package.rglob("*.py"):
+        if path.is_relative_to(package / "sim") or path == package / "tasks/sim.py":
+            continue
+        for line in path.read_text().splitlines():
+            words = line.split()
+            if words[:1] in (["import"], ["from"]) and words[1:2] and (
+                    words[1] == "colibri_kit.sim" or words[1].startswith("colibri_kit.sim.")
+                    or (words[1] == "colibri_kit" and "sim" in line.split("import", 1)[1])):
+                offenders.append(f"{path.relative_to(package)}: {line.strip()}")
+    assert offenders == []
