@@ -133,7 +133,7 @@ class Fleet:
             except Exception as exc:  # noqa: BLE001 - a bug on one host must not stop the fleet
                 out.error = f"{type(exc).__name__}: {exc}"
             out.seconds = time.monotonic() - start
-            if not out.ok or not getattr(out.value, "ok", True):
+            if out.error is not None:
                 with lock:
                     failures += 1
             return out

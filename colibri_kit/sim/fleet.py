@@ -5,7 +5,7 @@ of the machine, then ``exec``s ``/usr/sbin/sshd -D`` with its own config, host k
 127.0.0.1. Inside that namespace (and nowhere else):
 
 * ``/sys`` is a bind mount of the device's faked sysfs tree (devicetree model/compatible, cpufreq,
-  GPU devfreq), written by ``device_files(root, module)``;
+  GPU devfreq), written by ``device_files.populate(root, module)``;
 * ``/etc``, ``/usr`` (and any other top-level directory the faked tree has, e.g. ``/var``) are
   overlayfs mounts: the host directory is the bottom layer, the sim's own additions (a ``colibri``
   user with a sudo password, the authorized keys, a ``uname`` that reports aarch64) are the middle

@@ -210,28 +210,3 @@ def test_rollback_refuses_hostile_release_ids(sim_fleet, hostile) -> None:
                            f"--to={hostile}"],
                           capture_output=True, text=True, cwd=Path(__file__).parents[2], timeout=120)
     assert proc.returncode == 1 and "is not a release id" in proc.stderr, proc.stdout + proc.stderr
-
-
-def test_progress_lines_for_large_uploads() -> None:
-    import io
-
-    out = io.StringIO()
-    progress = D._Progress(stream=out, min_bytes=1 << 20)
-    total = 8 << 20
-    for done in range(0, total + 1, 1 << 20):
-        progress("cab-01", "model", done, total)
-    progress("cab-01", "bin/colibri", 1000, 5000)  # small files print nothing
-    lines = out.getvalue().splitlines()
-    assert lines == [f"  cab-01: model {p}% ({p * 8 // 100}/8 MiB)" for p in (0, 25, 50, 75, 100)]
-
-
-def test_device_checks_without_a_device_tree() -> None:
-    info = rel.DeviceInfo(arch="x86_64")
-    problems = rel.check_device(info, load_profile("orin-nx"), "pc")
-    assert any("architecture is x86_64" in p for p in problems)
-    assert any("not a Jetson" in p for p in problems)
-    assert any("nv_tegra_release" in p for p in problems)
-    ok = rel.DeviceInfo(arch="aarch64", l4t="36.4.3", model="NVIDIA Jetson Orin NX Developer Kit",
-                        compatible=("nvidia,p3767-0000", "nvidia,tegra234"))
-    assert rel.check_device(ok, load_profile("orin-nx"), "cab") == []
-    assert rel.check_device(ok, load_profile("orin-nano"), "cab")  # an NX is not a Nano

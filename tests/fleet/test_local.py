@@ -17,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from colibri_kit.errors import FleetError
@@ -328,3 +329,42 @@ def test_product_code_does_not_import_the_emulation() -> None:
                     or (words[1] == "colibri_kit" and "sim" in line.split("import", 1)[1])):
                 offenders.append(f"{path.relative_to(package)}: {line.strip()}")
     assert offenders == []
+
+
+def test_compare_logits_tolerance_and_topk() -> None:
+    want = np.array([[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0]], np.float32)
+    assert smokelib.compare_logits(want + 1e-6, want, "f32")[0] == []
+    problems, err = smokelib.compare_logits(want + 0.01, want, "f32")
+    assert err > 1e-3 and "rel. error" in problems[0]
+    assert smokelib.compare_logits(want + 0.01, want, "int8")[0] == []  # int8 tolerance is wider
+    swapped = want.copy()
+    swapped[0, [5, 6]] = swapped[0, [6, 5]]
+    assert any("top-5" in p for p in smokelib.compare_logits(swapped, want, "int8")[0])
+    assert "shape" in smokelib.compare_logits(want[:, :3], want, "f32")[0][0]
+
+
+
+def test_progress_lines_for_large_uploads() -> None:
+    import io
+
+    out = io.StringIO()
+    progress = D._Progress(stream=out, min_bytes=1 << 20)
+    total = 8 << 20
+    for done in range(0, total + 1, 1 << 20):
+        progress("cab-01", "model", done, total)
+    progress("cab-01", "bin/colibri", 1000, 5000)  # small files print nothing
+    lines = out.getvalue().splitlines()
+    assert lines == [f"  cab-01: model {p}% ({p * 8 // 100}/8 MiB)" for p in (0, 25, 50, 75, 100)]
+
+
+
+def test_device_checks_without_a_device_tree() -> None:
+    info = rel.DeviceInfo(arch="x86_64")
+    problems = rel.check_device(info, load_profile("orin-nx"), "pc")
+    assert any("architecture is x86_64" in p for p in problems)
+    assert any("not a Jetson" in p for p in problems)
+    assert any("nv_tegra_release" in p for p in problems)
+    ok = rel.DeviceInfo(arch="aarch64", l4t="36.4.3", model="NVIDIA Jetson Orin NX Developer Kit",
+                        compatible=("nvidia,p3767-0000", "nvidia,tegra234"))
+    assert rel.check_device(ok, load_profile("orin-nx"), "cab") == []
+    assert rel.check_device(ok, load_profile("orin-nano"), "cab")  # an NX is not a Nano
