@@ -1,13 +1,15 @@
 """Verified SSH connections to fleet hosts, and the ``Remote`` implementation over them.
 
 Fabric's ``Connection`` gives us ``~/.ssh/config``, ssh-agent and identity handling; its paramiko
-client is hardened here before it connects: the user's and the project's known_hosts are loaded and
-an unknown host key is refused (Fabric would auto-add it). A changed key is always refused; with
-``accept_new`` an unknown key is recorded in the project known_hosts file, never a changed one.
+client, and the client of every ProxyJump hop it builds from ``~/.ssh/config``, is hardened here
+before it connects: the user's and the project's known_hosts are loaded and an unknown host key is
+refused (Fabric would auto-add it). A changed key is always refused; with ``accept_new`` an unknown
+key is recorded in the project known_hosts file, never a changed one.
 
-Commands run through ``SSHRemote.run``: an argv list quoted with ``shlex.join`` in one place,
-standard input closed (except the sudo password, which goes to ``sudo -S`` and nowhere else), and a
-deadline after which the channel is closed and an error raised.
+Commands run through ``SSHRemote.run``: an argv list quoted with ``shlex.join`` in one place;
+standard input is the sudo password (for ``sudo -S`` only) and the bytes the caller passes, then
+EOF; a deadline and an output cap after which the channel is closed and an error raised. Files are
+read with ``head -c`` (capped), uploaded and fetched over SFTP with an I/O timeout.
 """
 
 from __future__ import annotations
