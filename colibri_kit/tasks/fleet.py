@@ -136,14 +136,9 @@ def status(c: Context, fleet: str = "", hosts: str = "", group: str = "", target
 
 def _tuning_column(remote: Remote, host: Host) -> dict[str, str]:
     """The tuning state next to the latency figures."""
-    from colibri_kit.fleet.tune import tuning_summary
+    from colibri_kit.fleet.tune import summary_text, tuning_summary
 
-    t = tuning_summary(remote)
-    if t.get("error"):
-        return {"tuning": "unknown"}
-    clocks = "clocks-max" if t.get("jetson_clocks") else "clocks-dfs"
-    return {"tuning": f"{t.get('mode') or '?'} cpu:{t.get('cpu_governor') or '?'} "
-                      f"gpu:{t.get('gpu_governor') or '?'} {clocks}"}
+    return {"tuning": summary_text(tuning_summary(remote))}
 
 
 @task(help={
