@@ -373,7 +373,10 @@ def _drain(chan: paramiko.Channel, deadline: float, cap: int) -> tuple[bytes, by
         if len(out) + len(err) > cap:
             chan.close()
             raise TooMuchOutput(cap)
-        if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+        # sshd may send the exit status before the last output it has not yet read from the
+        # command's pipes: done only once the output's EOF has arrived too.
+        finished = chan.exit_status_ready() and (chan.eof_received or chan.closed)
+        if finished and not chan.recv_ready() and not chan.recv_stderr_ready():
             break
         if chan.closed and not chan.exit_status_ready():
             raise EOFError("channel closed before the command finished")

@@ -85,7 +85,8 @@ def private_dir(path: Path) -> Path:
 class Device:
     """One emulated Jetson: its files under ``dir`` (``root/`` the faked tree, ``start.sh`` the
     mounts and sshd), and the process whose mount namespace is the running device. ``start``,
-    ``stop`` and ``reboot`` are its power button; the files, host key and port survive a reboot."""
+    ``stop`` and ``reboot`` are its power button; the files, host key and port survive a reboot,
+    the ``/opt/colibri`` tmpfs (mounted inside the namespace) starts empty again."""
 
     name: str
     module: str
@@ -321,6 +322,11 @@ class EmulatedFleet:
         if (self.state_dir / "state.json").exists():
             (self.state_dir / "state.json").unlink()
 
+    def reboot(self, name: str) -> None:
+        """Reboot one device (see ``Device.reboot``) and record its new pid for ``sim.down``."""
+        self.device(name).reboot()
+        self._save()
+
     def kill_sessions(self, name: str) -> int:
         """Kill every SSH session on the device but keep it listening (a dropped connection)."""
         d = self.device(name)
@@ -481,10 +487,12 @@ class EmulatedFleet:
 
 
 def stop_state_dir(state_dir: Path) -> int:
-    """Stop the devices a previous ``up`` recorded in ``state_dir``; returns how many."""
+    """Stop the devices a previous ``up`` recorded in ``state_dir``; returns how many. The
+    record says which processes to kill: only one in a private directory is believed."""
     state = state_dir / "state.json"
     if not state.exists():
         return 0
+    private_dir(state_dir)
     devices = [Device(**d) for d in json.loads(state.read_text())["devices"]]
     for d in devices:
         d.stop()

@@ -19,7 +19,7 @@ from colibri_kit.fleet import tune as tunelib
 from colibri_kit.fleet.connect import SUDO_PASSWORD_ENV, SSHRemote
 from colibri_kit.fleet.inventory import write_inventory
 from colibri_kit.profiles import load_profile
-from colibri_kit.sim.fleet import SIM_UID, SIM_USER, EmulatedFleet
+from colibri_kit.sim.fleet import SIM_UID, SIM_USER, EmulatedFleet, stop_state_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 PROJECT = Path(__file__).resolve().parents[2]
@@ -165,6 +165,11 @@ def test_sim_state_dir_must_be_private(tmp_path: Path) -> None:
         finally:
             f.down()
         assert not (state / "id_ed25519").exists()
+    # sim.down believes a state.json (which processes to kill) only in a private directory.
+    (foreign / "state.json").write_text('{"devices": [{"name": "x", "module": "orin-nx", '
+                                        '"port": 1, "dir": "/", "pid": 1, "ns": "mnt:[1]"}]}')
+    with pytest.raises(FleetError, match="owned by uid 12345"):
+        stop_state_dir(foreign)
     fresh = tmp_path / "fresh" / "state"
     with EmulatedFleet(1, "orin-nx", fresh):
         st = os.stat(fresh)
