@@ -289,8 +289,9 @@ class SSHRemote(TextReads):
 
     def write_bytes(self, path: str, data: bytes, *, sudo: bool = False) -> None:
         """Write a small file atomically: its bytes go through the command's standard input into
-        a temporary file next to ``path`` (as root with sudo: nothing is staged anywhere the login
-        could change it), then a rename."""
+        a temporary file next to ``path``, then a rename. With sudo nothing is staged where the
+        login could change it; ``path`` must then be in a directory only root can write (tune's
+        state directory), or the login could plant a link under the temporary name."""
         tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
         try:
             self.run(["cp", "--", "/dev/stdin", tmp], sudo=sudo, input=data)
