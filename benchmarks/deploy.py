@@ -25,9 +25,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from colibri_kit.fleet import deploy as D  # noqa: E402
+from colibri_kit.fleet.fleet import Fleet  # noqa: E402
 from colibri_kit.fleet.inventory import load_inventory  # noqa: E402
-from colibri_kit.fleet.report import table  # noqa: E402
-from colibri_kit.fleet.sim import EmulatedFleet  # noqa: E402
+from colibri_kit.report import table  # noqa: E402
+from colibri_kit.sim.fleet import EmulatedFleet  # noqa: E402
 from colibri_kit.profiles import load_profile  # noqa: E402
 
 MiB = 1 << 20
@@ -69,17 +70,16 @@ def main() -> None:
         for n in counts:
             state = work_dir / f"sim{n}"
             with EmulatedFleet(n, "orin-nx", state, disk_mb=args.model_mb * 2 + 64) as fleet:
-                inv = load_inventory(fleet.fleet_file)
-                hosts = list(inv.hosts.values())
+                hosts = Fleet.select(load_inventory(fleet.fleet_file), parallel=args.parallel)
                 quiet = D.Hooks()
                 t0 = time.monotonic()
-                first = D.deploy(inv, hosts, art, profile, parallel=args.parallel, hooks=quiet)
+                first = D.deploy(hosts, art, profile, hooks=quiet)
                 t_first = time.monotonic() - t0
                 bad = [r for r in first if r.result != "ok"]
                 if bad:
                     raise SystemExit(D.results_table(first))
                 t0 = time.monotonic()
-                again = D.deploy(inv, hosts, art, profile, parallel=args.parallel, hooks=quiet)
+                again = D.deploy(hosts, art, profile, hooks=quiet)
                 t_noop = time.monotonic() - t0
                 assert all(r.result == "unchanged" and r.uploaded == 0 for r in again), D.results_table(again)
                 t_scp = scp_seconds(fleet, model)

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from colibri_kit.fleet.simtools import _devlib
-from colibri_kit.fleet.simtools.device_files import populate
-from colibri_kit.fleet.simtools.modules import MODULES
+from colibri_kit.sim import _devlib
+from colibri_kit.sim.device_files import populate
+from colibri_kit.sim.modules import MODULES
 
 ALL = sorted(MODULES)
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
@@ -219,7 +219,7 @@ def test_enter_mounts_the_tree_at_real_paths_only_in_its_namespace(tmp_path: Pat
         pytest.fail("this test mounts in a private mount namespace: needs root and util-linux")
     root = tmp_path / "root"
     populate(root, "xavier-nx")
-    entry = [sys.executable, "-m", "colibri_kit.fleet.simtools.enter", str(root), "--"]
+    entry = [sys.executable, "-m", "colibri_kit.sim.enter", str(root), "--"]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     env.pop("COLIBRI_SIM_ROOT", None)
     host_had = [p for p in ("/etc/nv_tegra_release", "/etc/nvpmodel.conf") if Path(p).exists()]

@@ -1,13 +1,15 @@
 """Verified SSH connections to fleet hosts, and the ``Remote`` implementation over them.
 
 Fabric's ``Connection`` gives us ``~/.ssh/config``, ssh-agent and identity handling; its paramiko
-client is hardened here before it connects: the user's and the project's known_hosts are loaded and
-an unknown host key is refused (Fabric would auto-add it). A changed key is always refused; with
-``accept_new`` an unknown key is recorded in the project known_hosts file, never a changed one.
+client, and the client of every ProxyJump hop it builds from ``~/.ssh/config``, is hardened here
+before it connects: the user's and the project's known_hosts are loaded and an unknown host key is
+refused (Fabric would auto-add it). A changed key is always refused; with ``accept_new`` an unknown
+key is recorded in the project known_hosts file, never a changed one.
 
-Commands run through ``SSHRemote.run``: an argv list quoted with ``shlex.join`` in one place,
-standard input closed (except the sudo password, which goes to ``sudo -S`` and nowhere else), and a
-deadline after which the channel is closed and an error raised.
+Commands run through ``SSHRemote.run``: an argv list quoted with ``shlex.join`` in one place;
+standard input is the sudo password (for ``sudo -S`` only) and the bytes the caller passes, then
+EOF; a deadline and an output cap after which the channel is closed and an error raised. Files are
+read with ``head -c`` (capped), uploaded and fetched over SFTP with an I/O timeout.
 """
 
 from __future__ import annotations
@@ -20,20 +22,19 @@ import socket
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Iterable, Sequence, TypeVar
+from typing import Callable, Sequence
 
 import paramiko
 from fabric import Config, Connection
 
 from colibri_kit.errors import FleetError, HostKeyError
 from colibri_kit.fleet.inventory import Host
-from colibri_kit.fleet.remote import Result
+from colibri_kit.fleet.remote import (
+    CONNECT_TIMEOUT_S, IO_TIMEOUT_S, MAX_OUTPUT, MAX_READ, Result, TextReads, TooMuchOutput,
+    copy_capped, missing_file)
 
 SUDO_PASSWORD_ENV = "COLIBRI_SUDO_PASSWORD"
-DEFAULT_PARALLEL = 8
-CONNECT_TIMEOUT_S = 10.0
 SFTP_WINDOW = 64 << 20
 SFTP_MAX_PACKET = 256 << 10
 
@@ -85,7 +86,20 @@ def _sudo_prefix(password: str | None) -> list[str]:
     return ["sudo", "-S", "-k", "-p", "", "--"] if password else ["sudo", "-n", "--"]
 
 
-class SSHRemote:
+def _harden(conn: Connection, host: Host, known_hosts: Path | None, accept_new: bool) -> None:
+    """Load known_hosts and refuse unknown keys on ``conn`` and on every ProxyJump hop Fabric
+    made for it from ``~/.ssh/config`` (Fabric gives each hop AutoAddPolicy: any key accepted)."""
+    hop: object = conn
+    while isinstance(hop, Connection):
+        client = hop.client
+        client.load_system_host_keys()  # ~/.ssh/known_hosts (refused if changed, never written)
+        if known_hosts is not None and known_hosts.exists():
+            client.load_host_keys(str(known_hosts))
+        client.set_missing_host_key_policy(_RefuseOrRecord(host, known_hosts, accept_new))
+        hop = hop.gateway
+
+
+class SSHRemote(TextReads):
     """A host reached over a verified SSH connection (implements ``remote.Remote``)."""
 
     def __init__(
@@ -122,16 +136,13 @@ class SSHRemote:
             connect_kwargs=connect_kwargs,
             config=Config(overrides={"load_ssh_configs": True}),
         )
-        client = conn.client
-        client.load_system_host_keys()  # ~/.ssh/known_hosts (refused if changed, never written)
-        if self.known_hosts is not None and self.known_hosts.exists():
-            client.load_host_keys(str(self.known_hosts))
-        client.set_missing_host_key_policy(_RefuseOrRecord(self.host, self.known_hosts, self.accept_new))
+        _harden(conn, self.host, self.known_hosts, self.accept_new)
         try:
             conn.open()
         except paramiko.BadHostKeyException as exc:
             raise HostKeyError(
-                f"{self.name}: HOST KEY CHANGED for {self.host.address}:{self.host.port}: device "
+                f"{self.name}: HOST KEY CHANGED for {self.host.address}:{self.host.port} (or a "
+                f"ProxyJump host on the way): device "
                 f"offers {exc.key.get_name()} {fingerprint(exc.key)}, known_hosts has "
                 f"{exc.expected_key.get_name()} {fingerprint(exc.expected_key)}. This can be a "
                 f"reinstalled device or an attack; verify it, then remove the old line with "
@@ -180,7 +191,7 @@ class SSHRemote:
             raise FleetError(f"{self.name}: the SSH connection was lost")
         return transport
 
-    def sftp(self) -> paramiko.SFTPClient:
+    def _sftp_client(self) -> paramiko.SFTPClient:
         if self._sftp is None:
             try:
                 # A large window keeps pipelined writes flowing instead of waiting on acks.
@@ -188,6 +199,8 @@ class SSHRemote:
                     self.transport, window_size=SFTP_WINDOW, max_packet_size=SFTP_MAX_PACKET)
             except (paramiko.SSHException, EOFError, OSError) as exc:
                 raise FleetError(f"{self.name}: cannot open SFTP: {exc}") from None
+            # A device that stops answering mid-transfer fails the transfer, not the run.
+            self._sftp.get_channel().settimeout(IO_TIMEOUT_S)
         return self._sftp
 
     @property
@@ -204,15 +217,8 @@ class SSHRemote:
             argv = _sudo_prefix(os.environ.get(SUDO_PASSWORD_ENV)) + argv
         return shlex.join(argv)
 
-    def run(
-        self,
-        argv: Sequence[str],
-        *,
-        sudo: bool = False,
-        timeout: float = 60.0,
-        check: bool = True,
-    ) -> Result:
-        argv = tuple(str(a) for a in argv)
+    def _exec(self, argv: tuple[str, ...], *, sudo: bool, timeout: float, input: bytes | None,
+              max_output: int) -> tuple[int, bytes, bytes]:
         password = os.environ.get(SUDO_PASSWORD_ENV) if (sudo and not self.is_root) else None
         line = self.command_line(argv, sudo=sudo)
         try:
@@ -220,93 +226,82 @@ class SSHRemote:
             chan.settimeout(1.0)
             chan.exec_command(line)
             if password:
+                # sudo -S reads the password a byte at a time up to the newline; the rest is the
+                # command's own standard input.
                 chan.sendall((password + "\n").encode())
+            if input:
+                chan.sendall(input)
             chan.shutdown_write()  # stdin closed: nothing can wait on a prompt
-            out, err, code = _drain(chan, time.monotonic() + timeout)
+            out, err, code = _drain(chan, time.monotonic() + timeout, max_output)
+        except TooMuchOutput as exc:
+            raise FleetError(f"{self.name}: `{shlex.join(argv)}` printed more than "
+                             f"{exc.limit} bytes (stopped)") from None
         except (paramiko.SSHException, EOFError, OSError) as exc:
             raise FleetError(f"{self.name}: `{shlex.join(argv)}` failed: connection error: {exc}") from None
         if code is None:
             raise FleetError(
                 f"{self.name}: `{shlex.join(argv)}` did not finish within {timeout:g}s (stopped)"
             )
-        result = Result(argv=argv, exit_code=code, stdout=out, stderr=err)
-        if sudo and not self.is_root and code != 0 and _sudo_refused(err):
+        if sudo and not self.is_root and code != 0 and _sudo_refused(err.decode(errors="replace")):
             raise FleetError(
                 f"{self.name}: sudo as {self.host.user} needs a password: set {SUDO_PASSWORD_ENV} "
                 f"in the environment, allow NOPASSWD for {self.host.user} in the device's sudoers, "
                 f"or log in as root (user: root in the fleet file)"
             )
+        return code, out, err
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        sudo: bool = False,
+        timeout: float = IO_TIMEOUT_S,
+        check: bool = True,
+        input: bytes | None = None,
+        max_output: int = MAX_OUTPUT,
+    ) -> Result:
+        argv = tuple(str(a) for a in argv)
+        code, out, err = self._exec(argv, sudo=sudo, timeout=timeout, input=input,
+                                    max_output=max_output)
+        result = Result(argv=argv, exit_code=code, stdout=out.decode(errors="replace"),
+                        stderr=err.decode(errors="replace"))
         if check and code != 0:
             raise FleetError(
-                f"{self.name}: `{shlex.join(argv)}` exited {code}: {err.strip() or out.strip()}"
+                f"{self.name}: `{shlex.join(argv)}` exited {code}: "
+                f"{result.stderr.strip() or result.stdout.strip()}"
             )
         return result
 
-    def read_text(self, path: str, *, sudo: bool = False) -> str | None:
-        if not (sudo and not self.is_root):
-            # Over the open SFTP channel: no process per read on the device.
-            try:
-                with self.sftp().open(path, "rb") as fh:
-                    return fh.read().decode(errors="replace")
-            except FileNotFoundError:
+    def read_bytes(self, path: str, *, sudo: bool = False, max_bytes: int = MAX_READ,
+                   timeout: float = IO_TIMEOUT_S) -> bytes | None:
+        # head -c stops after the cap even on an endless file (a link to /dev/zero).
+        code, out, err = self._exec(("head", "-c", str(max_bytes + 1), "--", path), sudo=sudo,
+                                    timeout=timeout, input=None, max_output=max_bytes + 1)
+        text = err.decode(errors="replace")
+        if code != 0:
+            if missing_file(text):
                 return None
-            except (OSError, paramiko.SSHException, EOFError) as exc:
-                raise FleetError(f"{self.name}: cannot read {path}: {_io_message(exc)}") from None
-        res = self.run(["cat", "--", path], sudo=sudo, check=False)
-        if res.exit_code != 0:
-            if "No such file" in res.stderr:
-                return None
-            raise FleetError(f"{self.name}: cannot read {path}: {res.stderr.strip()}")
-        return res.stdout
+            raise FleetError(f"{self.name}: cannot read {path}: {text.strip()}")
+        if len(out) > max_bytes:
+            raise FleetError(f"{self.name}: {path} holds more than {max_bytes} bytes "
+                             f"(stopped reading)")
+        return out
+
+    def write_bytes(self, path: str, data: bytes, *, sudo: bool = False) -> None:
+        """Write a small file atomically: its bytes go through the command's standard input into
+        a temporary file next to ``path``, then a rename. With sudo nothing is staged where the
+        login could change it; ``path`` must then be in a directory only root can write (tune's
+        state directory), or the login could plant a link under the temporary name."""
+        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+        try:
+            self.run(["cp", "--", "/dev/stdin", tmp], sudo=sudo, input=data)
+            self.run(["mv", "-f", "--", tmp, path], sudo=sudo)
+        except FleetError:
+            self.run(["rm", "-f", "--", tmp], sudo=sudo, check=False)
+            raise
 
     def write_text(self, path: str, text: str, *, sudo: bool = False) -> None:
-        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-        if sudo and not self.is_root:
-            staging = f"/tmp/colibri-{uuid.uuid4().hex}"
-            self._sftp_write(staging, text.encode())
-            self._copy_as_root(staging, tmp)
-        else:
-            self._sftp_write(tmp, text.encode())
-        self.run(["mv", "-f", "--", tmp, path], sudo=sudo)
-
-    def _copy_as_root(self, staging: str, dest: str) -> None:
-        """cp as root makes a root-owned file (mv would keep the login user as owner)."""
-        try:
-            self.run(["cp", "--", staging, dest], sudo=True)
-        finally:
-            self.run(["rm", "-f", "--", staging], sudo=True, check=False)
-
-    def _sftp_write(self, path: str, data: bytes) -> None:
-        try:
-            with self.sftp().open(path, "wb") as fh:
-                fh.write(data)
-        except (OSError, paramiko.SSHException, EOFError) as exc:
-            self._sftp = None
-            raise FleetError(f"{self.name}: cannot write {path}: {_io_message(exc)}") from None
-
-    def write_bytes(self, path: str, data: bytes) -> None:
-        """Write a remote file directly over SFTP (no rename; callers use a staging directory)."""
-        self._sftp_write(path, data)
-
-    def put(
-        self,
-        local: str,
-        remote: str,
-        *,
-        sudo: bool = False,
-        progress: Callable[[int, int], None] | None = None,
-    ) -> None:
-        """Upload to ``<remote>.tmp-*`` and rename into place (as root with sudo)."""
-        if sudo and not self.is_root:
-            staging = f"/tmp/colibri-{uuid.uuid4().hex}"
-            self.upload(local, staging, progress=progress)
-            tmp = f"{remote}.tmp-{uuid.uuid4().hex[:8]}"
-            self._copy_as_root(staging, tmp)
-            self.run(["mv", "-f", "--", tmp, remote], sudo=True)
-            return
-        tmp = f"{remote}.tmp-{uuid.uuid4().hex[:8]}"
-        self.upload(local, tmp, progress=progress)
-        self.run(["mv", "-f", "--", tmp, remote])
+        self.write_bytes(path, text.encode(), sudo=sudo)
 
     def upload(
         self,
@@ -317,14 +312,13 @@ class SSHRemote:
         progress: Callable[[int, int], None] | None = None,
         chunk: int = 1 << 20,
     ) -> int:
-        """Copy ``local`` to ``remote`` from byte ``offset`` (append: resumes a partial file).
-
-        Returns the bytes sent. ``progress(done, total)`` is called after every chunk."""
+        """Copy ``local`` to ``remote`` as the login user from byte ``offset`` (append: resumes a
+        partial file). Returns the bytes sent. ``progress(done, total)`` after every chunk."""
         total = os.path.getsize(local)
         sent = 0
         try:
             mode = "ab" if offset else "wb"
-            with open(local, "rb") as src, self.sftp().open(remote, mode) as dst:
+            with open(local, "rb") as src, self._sftp_client().open(remote, mode) as dst:
                 dst.set_pipelined(True)
                 src.seek(offset)
                 done = offset
@@ -343,6 +337,19 @@ class SSHRemote:
                              f"{_io_message(exc)}") from None
         return sent
 
+    def fetch(self, remote: str, local: str | os.PathLike[str], *, max_bytes: int,
+              timeout: float) -> None:
+        """Copy ``remote`` into the local file ``local``: at most ``max_bytes``, within
+        ``timeout`` seconds, else FleetError (the caller removes ``local``)."""
+        try:
+            with self._sftp_client().open(remote, "rb") as src, open(local, "wb") as dst:
+                src.prefetch(max_bytes)
+                copy_capped(src, dst, host=self.name, path=remote, max_bytes=max_bytes,
+                            timeout=timeout)
+        except (OSError, paramiko.SSHException, EOFError) as exc:
+            self._sftp = None
+            raise FleetError(f"{self.name}: cannot fetch {remote}: {_io_message(exc)}") from None
+
 
 def _io_message(exc: BaseException) -> str:
     msg = str(exc) or type(exc).__name__
@@ -352,50 +359,39 @@ def _io_message(exc: BaseException) -> str:
     return msg
 
 
-def _drain(chan: paramiko.Channel, deadline: float) -> tuple[str, str, int | None]:
-    out: list[bytes] = []
-    err: list[bytes] = []
+def _drain(chan: paramiko.Channel, deadline: float, cap: int) -> tuple[bytes, bytes, int | None]:
+    """stdout, stderr and the exit code (None at the deadline); TooMuchOutput past ``cap``."""
+    out = bytearray()
+    err = bytearray()
     while True:
         progressed = False
         while chan.recv_ready():
-            out.append(chan.recv(65536))
+            out += chan.recv(65536)
             progressed = True
         while chan.recv_stderr_ready():
-            err.append(chan.recv_stderr(65536))
+            err += chan.recv_stderr(65536)
             progressed = True
-        if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+        if len(out) + len(err) > cap:
+            chan.close()
+            raise TooMuchOutput(cap)
+        # sshd may send the exit status before the last output it has not yet read from the
+        # command's pipes: done only once the output's EOF has arrived too.
+        finished = chan.exit_status_ready() and (chan.eof_received or chan.closed)
+        if finished and not chan.recv_ready() and not chan.recv_stderr_ready():
             break
         if chan.closed and not chan.exit_status_ready():
             raise EOFError("channel closed before the command finished")
         if time.monotonic() > deadline:
             chan.close()
-            return b"".join(out).decode(errors="replace"), b"".join(err).decode(errors="replace"), None
+            return bytes(out), bytes(err), None
         if not progressed:
             time.sleep(0.005)
     code = chan.recv_exit_status()
     chan.close()
-    return b"".join(out).decode(errors="replace"), b"".join(err).decode(errors="replace"), code
+    return bytes(out), bytes(err), code
 
 
 def _sudo_refused(stderr: str) -> bool:
     s = stderr.lower()
     return "a password is required" in s or "no password was provided" in s or (
         "incorrect password" in s) or "a terminal is required" in s
-
-
-T = TypeVar("T")
-R = TypeVar("R")
-
-
-def for_each(items: Iterable[T], fn: Callable[[T], R], parallel: int = DEFAULT_PARALLEL) -> list[R]:
-    """Run fn on every item with at most ``parallel`` at a time; results in input order.
-
-    Fabric's ThreadingGroup starts one thread per host with no bound; a fleet of hundreds would
-    open hundreds of connections at once. fn is expected to catch its own per-host failures."""
-    items = list(items)
-    if parallel < 1:
-        raise FleetError(f"--parallel must be at least 1 (got {parallel})")
-    if not items:
-        return []
-    with ThreadPoolExecutor(max_workers=min(parallel, len(items))) as pool:
-        return list(pool.map(fn, items))

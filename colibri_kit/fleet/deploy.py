@@ -18,20 +18,20 @@ import stat
 import sys
 import tempfile
 import threading
-import time
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from colibri_kit.errors import FleetError, KitError
+from colibri_kit.errors import FleetError
 from colibri_kit.fleet import release as rel
-from colibri_kit.fleet.connect import SSHRemote, for_each
-from colibri_kit.fleet.inventory import Host, Inventory
-from colibri_kit.fleet.report import table
+from colibri_kit.fleet.fleet import DEFAULT_KEEP, Fleet, Results
+from colibri_kit.fleet.inventory import Host
+from colibri_kit.fleet.remote import Remote
 from colibri_kit.hashing import file_sha256
+from colibri_kit.profiles import Profile
+from colibri_kit.report import table
 
-DEFAULT_KEEP = 3
 SPACE_MARGIN = 1.05  # need 5 % more than the bytes we upload
 MiB = 1 << 20
 
@@ -146,7 +146,7 @@ class _Progress:
                       file=self.stream, flush=True)
 
 
-def _need_space(remote: SSHRemote, root: str, need: int) -> None:
+def _need_space(remote: Remote, root: str, need: int) -> None:
     res = remote.run(["df", "-Pk", "--", root])
     lines = res.stdout.strip().splitlines()
     try:
@@ -158,16 +158,7 @@ def _need_space(remote: SSHRemote, root: str, need: int) -> None:
                          f"(+5 %), {avail / MiB:.1f} MiB free; free space or lower --keep")
 
 
-def _remote_size(remote: SSHRemote, path: str) -> int | None:
-    try:
-        return remote.sftp().stat(path).st_size
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise FleetError(f"{remote.name}: cannot stat {path}: {exc}") from None
-
-
-def _upload_model(remote: SSHRemote, art: Artifact, root: str, hooks: Hooks) -> int:
+def _upload_model(remote: Remote, art: Artifact, root: str, hooks: Hooks) -> int:
     """Content-addressed, resumable model upload. Returns bytes sent."""
     assert art.model is not None and art.model_sha is not None
     final = rel.model_path(root, art.model_sha)
@@ -177,7 +168,7 @@ def _upload_model(remote: SSHRemote, art: Artifact, root: str, hooks: Hooks) -> 
     partial = final + ".partial"
     sent = 0
     for attempt in (0, 1):
-        size = _remote_size(remote, partial) or 0
+        size = rel.remote_size(remote, partial) or 0
         offset = size if attempt == 0 and 0 < size <= art.model_size else 0
         progress = (lambda d, t: hooks.progress(remote.name, "model", d, t)) if hooks.progress else None
         sent += remote.upload(art.model, partial, offset=offset, progress=progress)
@@ -193,7 +184,7 @@ def _upload_model(remote: SSHRemote, art: Artifact, root: str, hooks: Hooks) -> 
                      f"nothing activated")
 
 
-def _upload_release(remote: SSHRemote, art: Artifact, root: str, hooks: Hooks) -> int:
+def _upload_release(remote: Remote, art: Artifact, root: str, hooks: Hooks) -> int:
     final = rel.release_dir(root, art.release_id)
     partial = f"{final}.partial-{secrets.token_hex(4)}"
     dirs = sorted({posixpath.dirname(p) for p in art.files if "/" in p})
@@ -244,10 +235,10 @@ def _upload_release(remote: SSHRemote, art: Artifact, root: str, hooks: Hooks) -
     return sent
 
 
-def prune(remote: SSHRemote, root: str, keep: int, keep_model: str | None) -> list[str]:
+def prune(remote: Remote, root: str, keep: int, keep_model: str | None) -> list[str]:
     """Delete releases beyond the newest ``keep`` (never current), stale partial uploads, and
     models no kept release uses. Returns what was removed."""
-    state = rel.read_state(remote, root)
+    state = rel.installed(remote, root)
     kept = [r.id for r in state.releases][:keep]
     if state.current and state.current not in kept:
         kept.append(state.current)
@@ -273,21 +264,21 @@ def prune(remote: SSHRemote, root: str, keep: int, keep_model: str | None) -> li
     return doomed + state.partials + [posixpath.basename(m) for m in gone_models]
 
 
-def plan_host(remote: SSHRemote, host: Host, art: Artifact, profile: object) -> list[str]:
+def plan_host(remote: Remote, host: Host, art: Artifact, profile: Profile) -> list[str]:
     """What a deploy would do on this host (no changes)."""
     info = rel.identify(remote)
     problems = rel.check_device(info, profile, host.name)
     if problems:
         raise FleetError("; ".join(problems))
     root = host.root
-    state = rel.read_state(remote, root)
+    state = rel.installed(remote, root)
     steps = [f"device {info.model or info.arch}, L4T {info.l4t or '?'}"]
     have_release = art.release_id in {r.id for r in state.releases}
     steps.append(f"release {art.release_id}: " + ("present" if have_release else
                  f"upload {len(art.files) + 2} files ({art.release_bytes / MiB:.1f} MiB)"))
     if art.model_sha:
         final = rel.model_path(root, art.model_sha)
-        have_model = _remote_size(remote, final) == art.model_size
+        have_model = rel.remote_size(remote, final) == art.model_size
         steps.append(f"model {art.model_sha[:12]}: " + ("present (verify)" if have_model else
                      f"upload {art.model_size / MiB:.1f} MiB"))
     steps.append("current: unchanged" if state.current == art.release_id else
@@ -297,7 +288,7 @@ def plan_host(remote: SSHRemote, host: Host, art: Artifact, profile: object) -> 
     return steps
 
 
-def deploy_host(remote: SSHRemote, host: Host, art: Artifact, profile: object, *,
+def deploy_host(remote: Remote, host: Host, art: Artifact, profile: Profile, *,
                 keep: int = DEFAULT_KEEP, hooks: Hooks | None = None) -> HostResult:
     hooks = hooks or Hooks()
     result = HostResult(host=host.name, release=art.release_id,
@@ -316,7 +307,7 @@ def deploy_host(remote: SSHRemote, host: Host, art: Artifact, profile: object, *
             f"{host.name}: {host.user} cannot write {root} ({made.stderr.strip() or 'permission denied'}); "
             f"once, as root on the device: mkdir -p {root} && chown {host.user} {root} "
             f"(or log in as root: user: root in the fleet file)")
-    state = rel.read_state(remote, root)
+    state = rel.installed(remote, root)
     have_release = art.release_id in {r.id for r in state.releases}
     damaged = have_release and bool(rel.verify_release(remote, root, art.release_id))
     if damaged:
@@ -324,8 +315,8 @@ def deploy_host(remote: SSHRemote, host: Host, art: Artifact, profile: object, *
     need = 0 if have_release else art.release_bytes
     if art.model_sha:
         final = rel.model_path(root, art.model_sha)
-        if _remote_size(remote, final) != art.model_size:
-            need += art.model_size - (_remote_size(remote, final + ".partial") or 0)
+        if rel.remote_size(remote, final) != art.model_size:
+            need += art.model_size - (rel.remote_size(remote, final + ".partial") or 0)
     if need:
         _need_space(remote, root, need)
     if art.model is not None:
@@ -345,78 +336,54 @@ def deploy_host(remote: SSHRemote, host: Host, art: Artifact, profile: object, *
     return result
 
 
-def connect_for(inv: Inventory, accept_new: bool) -> Callable[[Host], SSHRemote]:
-    def make(host: Host) -> SSHRemote:
-        return SSHRemote(host, known_hosts=inv.known_hosts, identity_file=inv.identity_file,
-                         accept_new=accept_new)
-    return make
+def host_results(results: Results[HostResult], release: str = "-") -> list[HostResult]:
+    """One HostResult per host: the value, or a failed/skipped row for the host's outcome."""
+    out = []
+    for o in results:
+        if o.value is not None:
+            r = o.value
+        elif o.skipped:
+            r = HostResult(host=o.host, release=release, result="skipped",
+                           detail="stopped after too many failures (--max-failures)")
+        else:
+            r = HostResult(host=o.host, release=release, result="failed", detail=o.error or "")
+        r.seconds = o.seconds
+        out.append(r)
+    return out
 
 
-def run_on_hosts(hosts: list[Host], make_remote: Callable[[Host], SSHRemote],
-                 fn: Callable[[SSHRemote, Host], HostResult], *, parallel: int,
-                 max_failures: int | None = None) -> list[HostResult]:
-    """Run ``fn`` on every host (bounded parallelism); one host's failure never stops another,
-    except that after ``max_failures`` failures hosts not yet started are skipped."""
-    failures = 0
-    lock = threading.Lock()
-
-    def one(host: Host) -> HostResult:
-        nonlocal failures
-        with lock:
-            if max_failures is not None and failures >= max_failures:
-                return HostResult(host=host.name, result="skipped",
-                                  detail=f"stopped after {failures} failure(s) (--max-failures)")
-        start = time.monotonic()
-        try:
-            with make_remote(host) as remote:
-                res = fn(remote, host)
-        except KitError as exc:
-            res = HostResult(host=host.name, result="failed", detail=str(exc))
-        except Exception as exc:  # noqa: BLE001 - a bug on one host must not stop the fleet
-            res = HostResult(host=host.name, result="failed", detail=f"{type(exc).__name__}: {exc}")
-        res.seconds = time.monotonic() - start
-        if not res.ok:
-            with lock:
-                failures += 1
-        return res
-
-    return for_each(hosts, one, parallel)
-
-
-def deploy(inv: Inventory, hosts: list[Host], art: Artifact, profile: object, *,
-           parallel: int = 8, keep: int = DEFAULT_KEEP, dry_run: bool = False,
-           accept_new: bool = False, max_failures: int | None = None, canary: int = 0,
-           smoke_fn: Callable[[list[Host]], list[HostResult]] | None = None,
+def deploy(fleet: Fleet, art: Artifact, profile: Profile, *, keep: int = DEFAULT_KEEP,
+           dry_run: bool = False, canary: int = 0,
+           smoke_fn: Callable[[Fleet], list[HostResult]] | None = None,
            hooks: Hooks | None = None) -> list[HostResult]:
     if keep < 1:
         raise FleetError(f"--keep must be at least 1 (got {keep})")
-    make = connect_for(inv, accept_new)
     if dry_run:
-        def plan(remote: SSHRemote, host: Host) -> HostResult:
+        def plan(remote: Remote, host: Host) -> HostResult:
             steps = plan_host(remote, host, art, profile)
             return HostResult(host=host.name, release=art.release_id,
                               model=art.model_sha[:12] if art.model_sha else "-",
                               result="planned", detail="; ".join(steps))
-        return run_on_hosts(hosts, make, plan, parallel=parallel)
+        return host_results(fleet.run(plan), art.release_id)
 
     hooks = hooks or Hooks(progress=_Progress())
 
-    def one(remote: SSHRemote, host: Host) -> HostResult:
+    def one(remote: Remote, host: Host) -> HostResult:
         return deploy_host(remote, host, art, profile, keep=keep, hooks=hooks)
 
     results: list[HostResult] = []
-    rest = hosts
+    rest = fleet.hosts
     if canary > 0:
-        first, rest = hosts[:canary], hosts[canary:]
-        results = run_on_hosts(first, make, one, parallel=parallel, max_failures=max_failures)
+        first, rest = fleet.hosts[:canary], fleet.hosts[canary:]
+        results = host_results(fleet.run(one, hosts=first), art.release_id)
         ok = all(r.ok for r in results)
         if ok and smoke_fn is not None:
-            smoked = {s.host: s for s in smoke_fn(first)}
+            smoked = {s.host: s for s in smoke_fn(fleet.only(first))}
             bad = [h for h in first if h.name in smoked and not smoked[h.name].ok]
             if bad:
                 ok = False
                 # A canary that fails its smoke test goes back to what it ran before.
-                back = {r.host: r for r in run_on_hosts(bad, make, _undo(results), parallel=parallel)}
+                back = {r.host: r for r in host_results(fleet.run(_undo(results), hosts=bad))}
                 for r in results:
                     if r.host in back:
                         r.result = "failed"
@@ -425,14 +392,24 @@ def deploy(inv: Inventory, hosts: list[Host], art: Artifact, profile: object, *,
         if not ok:
             return results + [HostResult(host=h.name, release=art.release_id, result="skipped",
                                          detail="canary failed") for h in rest]
-    remaining_failures = None if max_failures is None else max(0, max_failures - sum(not r.ok for r in results))
-    return results + run_on_hosts(rest, make, one, parallel=parallel, max_failures=remaining_failures)
+    budget = fleet.max_failures
+    left = None if budget is None else max(0, budget - sum(not r.ok for r in results))
+    return results + host_results(fleet.run(one, hosts=rest, max_failures=left), art.release_id)
 
 
-def _undo(results: list[HostResult]) -> Callable[[SSHRemote, Host], HostResult]:
+def rollback(fleet: Fleet, to: str | None = None) -> list[HostResult]:
+    """Switch ``current`` back to the previous release (or ``to``) on every host."""
+    def one(remote: Remote, host: Host) -> HostResult:
+        before, after = rel.rollback(remote, host.root, to)
+        return HostResult(host=host.name, release=after, result="ok",
+                          detail=f"was {before or '(none)'}")
+    return host_results(fleet.run(one))
+
+
+def _undo(results: list[HostResult]) -> Callable[[Remote, Host], HostResult]:
     previous = {r.host: r.extra.get("previous") for r in results}
 
-    def one(remote: SSHRemote, host: Host) -> HostResult:
+    def one(remote: Remote, host: Host) -> HostResult:
         prev = previous.get(host.name)
         if not prev:
             return HostResult(host=host.name, result="failed", detail="no previous release to go back to")

@@ -132,13 +132,31 @@ def _refuse_unknown_keys(where: str, mapping: dict, allowed: set[str]) -> None:
                          f"(allowed: {', '.join(sorted(allowed))})")
 
 
+def _refuse_duplicate_keys(path: Path, node: yaml.Node | None) -> None:
+    """PyYAML keeps the last of two equal keys; in a fleet file that silently drops a host."""
+    if isinstance(node, yaml.MappingNode):
+        seen: set[str] = set()
+        for key, value in node.value:
+            if isinstance(key, yaml.ScalarNode):
+                if key.value in seen:
+                    raise FleetError(f"{path}: line {key.start_mark.line + 1}: duplicate key "
+                                     f"{key.value!r}")
+                seen.add(key.value)
+            _refuse_duplicate_keys(path, value)
+    elif isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            _refuse_duplicate_keys(path, item)
+
+
 def load_inventory(path: str | Path) -> Inventory:
     path = Path(path).expanduser()
     if not path.exists():
         raise FleetError(f"fleet file {path} not found; write one (see docs/fleet.md) or pass "
                          f"--fleet PATH (the emulated fleet writes one: invoke sim.up)")
     try:
-        data = yaml.safe_load(path.read_text())
+        text = path.read_text()
+        _refuse_duplicate_keys(path, yaml.compose(text, Loader=yaml.SafeLoader))
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise FleetError(f"{path}: not valid YAML: {exc}") from None
     if not isinstance(data, dict):

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from colibri_kit.errors import FleetError
 from colibri_kit.fleet.remote import Remote
+from colibri_kit.profiles import Profile
 
 RELEASE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -99,28 +100,27 @@ def identify(remote: Remote) -> DeviceInfo:
     return info
 
 
-def check_device(info: DeviceInfo, profile: object, host_name: str) -> list[str]:
+def check_device(info: DeviceInfo, profile: Profile, host_name: str) -> list[str]:
     """Problems (empty when the device is the kind ``profile`` targets)."""
     problems = []
-    arch = getattr(profile, "arch")
+    arch = profile.arch
     if info.arch != arch and not (arch == "aarch64" and info.arch == "arm64"):
-        problems.append(f"architecture is {info.arch}, target {profile.name} needs {arch}")  # type: ignore[attr-defined]
-    device = getattr(profile, "device", None)
+        problems.append(f"architecture is {info.arch}, target {profile.name} needs {arch}")
+    device = profile.device
     if device is not None:
         if info.model is None:
             problems.append("no devicetree model (/proc/device-tree/model): not a Jetson")
         elif device.model_pattern not in info.model:
-            problems.append(f"device is {info.model!r}, target {profile.name} expects "  # type: ignore[attr-defined]
+            problems.append(f"device is {info.model!r}, target {profile.name} expects "
                             f"a {device.model_pattern!r} module")
         if info.compatible and info.soc != device.soc:
             problems.append(f"SoC is {info.soc}, target expects {device.soc}")
-    l4t = getattr(profile, "l4t", None)
-    if l4t:
+    if profile.l4t:
         if info.l4t is None:
             problems.append("no /etc/nv_tegra_release: cannot tell the L4T release")
-        elif info.l4t.split(".")[0] != str(l4t).split(".")[0]:
-            problems.append(f"L4T is R{info.l4t}, target {profile.name} is built for R{l4t} "  # type: ignore[attr-defined]
-                            f"(JetPack {getattr(profile, 'jetpack', '?')})")
+        elif info.l4t.split(".")[0] != str(profile.l4t).split(".")[0]:
+            problems.append(f"L4T is R{info.l4t}, target {profile.name} is built for "
+                            f"R{profile.l4t} (JetPack {profile.jetpack or '?'})")
     return [f"{host_name}: wrong device kind: {p}" for p in problems]
 
 
@@ -132,13 +132,16 @@ class ReleaseEntry:
 
 
 @dataclass
-class DeviceState:
+class InstalledReleases:
+    """What is installed under a device root: the current release, the complete ones, and
+    uploads left unfinished."""
+
     current: str | None                 # release id current points at
     releases: list[ReleaseEntry] = field(default_factory=list)  # complete ones, newest first
     partials: list[str] = field(default_factory=list)           # names of *.partial-* dirs
 
 
-def read_state(remote: Remote, root: str) -> DeviceState:
+def installed(remote: Remote, root: str) -> InstalledReleases:
     rel = releases_dir(root)
     res = remote.run(["find", rel, "-mindepth", "1", "-maxdepth", "1", "-type", "d",
                       "-printf", "%T@ %f\\n"], check=False)
@@ -152,7 +155,7 @@ def read_state(remote: Remote, root: str) -> DeviceState:
             elif RELEASE_ID_RE.match(name):
                 entries.append(ReleaseEntry(name, float(stamp)))
     entries.sort(key=lambda e: (-e.mtime, e.id))
-    return DeviceState(current=current_release(remote, root), releases=entries, partials=partials)
+    return InstalledReleases(current=current_release(remote, root), releases=entries, partials=partials)
 
 
 def current_release(remote: Remote, root: str) -> str | None:
@@ -162,6 +165,16 @@ def current_release(remote: Remote, root: str) -> str | None:
     target = res.stdout.strip()
     name = posixpath.basename(target.rstrip("/"))
     return name if RELEASE_ID_RE.match(name) else None
+
+
+def remote_size(remote: Remote, path: str) -> int | None:
+    """A remote file's size in bytes, None when it does not exist."""
+    res = remote.run(["stat", "-c", "%s", "--", path], check=False)
+    if res.exit_code != 0:
+        if "No such file" in res.stderr:
+            return None
+        raise FleetError(f"{remote.name}: cannot stat {path}: {res.stderr.strip()}")
+    return int(res.stdout.strip())
 
 
 def release_meta(remote: Remote, root: str, release_id: str) -> dict | None:
@@ -237,7 +250,7 @@ def activate(remote: Remote, root: str, release_id: str) -> None:
 
 def rollback(remote: Remote, root: str, to: str | None = None) -> tuple[str | None, str]:
     """Switch ``current`` to ``to`` or to the newest other complete release. Returns (from, to)."""
-    state = read_state(remote, root)
+    state = installed(remote, root)
     if to is not None:
         validate_release_id(to)
         if to not in {r.id for r in state.releases}:

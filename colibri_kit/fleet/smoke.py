@@ -24,19 +24,23 @@ import numpy as np
 
 from colibri_kit.errors import FleetError, KitError
 from colibri_kit.fleet import release as rel
-from colibri_kit.fleet.connect import SSHRemote
-from colibri_kit.fleet.deploy import HostResult, connect_for, run_on_hosts
+from colibri_kit.fleet.deploy import HostResult, host_results
+from colibri_kit.fleet.fleet import Fleet
+from colibri_kit.fleet.inventory import Host
+from colibri_kit.fleet.remote import Remote
 from colibri_kit.hashing import file_sha256
-from colibri_kit.fleet.inventory import Host, Inventory
 from colibri_kit.paths import cache_dir
+from colibri_kit.profiles import Profile
 
 # Max |device - reference| relative to max |reference logit|, by the model's weight dtype. The
 # reference dequantises exactly as the runtime does; what is left is f32 summation order and, for
 # narrower types, the runtime's fused dequantise-multiply paths.
 TOLERANCE = {"f32": 1e-4, "f16": 1e-3, "bf16": 1e-3, "int8": 1e-2}
 TOP_K = 5
+FETCH_MIN_S = 60.0                 # a model fetch gets this long plus 1 s per MiB
+FETCH_MIN_BYTES_PER_S = 1 << 20
 
-ExtraFields = Callable[[SSHRemote, Host], dict[str, str]]
+ExtraFields = Callable[[Remote, Host], dict[str, str]]
 
 
 @dataclass
@@ -58,7 +62,7 @@ class ReferenceCache:
         self.lock = threading.Lock()
         self.expected: dict[tuple[str, tuple[int, ...], int], Expected] = {}
 
-    def model_file(self, remote: SSHRemote, remote_path: str, sha: str) -> Path:
+    def model_file(self, remote: Remote, remote_path: str, sha: str, size: int) -> Path:
         if self.local_sha == sha and self.local_model is not None:
             return self.local_model
         if self.local_model is not None:
@@ -68,16 +72,19 @@ class ReferenceCache:
         with self.lock:
             if not path.exists() or file_sha256(path) != sha:
                 # Fetch the device's copy once; it is content addressed, so any device's will do.
+                # At most the size its release records, within a deadline; the partial file goes
+                # whatever stops the fetch (an error, Ctrl-C).
                 self.store.mkdir(parents=True, exist_ok=True)
                 tmp = path.with_suffix(f".tmp-{secrets.token_hex(4)}")
                 try:
-                    remote.sftp().get(remote_path, str(tmp))
-                except OSError as exc:
-                    raise FleetError(f"{remote.name}: cannot fetch {remote_path}: {exc}") from None
-                if file_sha256(tmp) != sha:
-                    tmp.unlink()
-                    raise FleetError(f"{remote.name}: the deployed model does not match its sha256 {sha[:12]}")
-                os.replace(tmp, path)
+                    remote.fetch(remote_path, tmp, max_bytes=size,
+                                 timeout=FETCH_MIN_S + size / FETCH_MIN_BYTES_PER_S)
+                    if file_sha256(tmp) != sha:
+                        raise FleetError(f"{remote.name}: the deployed model does not match its "
+                                         f"sha256 {sha[:12]}")
+                    os.replace(tmp, path)
+                finally:
+                    tmp.unlink(missing_ok=True)
         return path
 
     def expect(self, model: Path, sha: str, ids: tuple[int, ...], greedy_tokens: int) -> Expected:
@@ -124,7 +131,7 @@ def compare_logits(got: np.ndarray, want: np.ndarray, dtype: str) -> tuple[list[
     return problems, err
 
 
-def smoke_host(remote: SSHRemote, host: Host, profile: Any, refs: ReferenceCache, *,
+def smoke_host(remote: Remote, host: Host, profile: Profile, refs: ReferenceCache, *,
                max_first_token_ms: float | None = None, bench_runs: int = 5,
                extra_fields: list[ExtraFields] | None = None) -> HostResult:
     res = HostResult(host=host.name, result="failed")
@@ -142,10 +149,13 @@ def smoke_host(remote: SSHRemote, host: Host, profile: Any, refs: ReferenceCache
     sha = meta.get("model_sha256")
     if not sha:
         raise FleetError(f"{host.name}: release {current} has no model (deploy with --model FILE)")
+    size = meta.get("model_size")
+    if not isinstance(size, int) or size <= 0:
+        raise FleetError(f"{host.name}: release {current} records no model size; redeploy it")
     res.model = sha[:12]
     binary = posixpath.join(root, "current", "bin", "colibri")
     model_remote = posixpath.join(root, "current", "model.colibri")
-    local_model = refs.model_file(remote, model_remote, sha)
+    local_model = refs.model_file(remote, model_remote, sha, size)
     spec = profile.smoke
     ids = tuple(int(i) for i in spec.prompt_ids)
     want = refs.expect(local_model, sha, ids, int(spec.greedy_tokens))
@@ -154,8 +164,7 @@ def smoke_host(remote: SSHRemote, host: Host, profile: Any, refs: ReferenceCache
     out = f"/tmp/colibri-smoke-{secrets.token_hex(6)}.f32"
     try:
         remote.run([binary, "forward", model_remote, "--ids", id_arg, "--logits-out", out], timeout=300)
-        with remote.sftp().open(out, "rb") as fh:
-            raw = fh.read()
+        raw = remote.read_bytes(out, max_bytes=want.logits.nbytes) or b""
     finally:
         remote.run(["rm", "-f", "--", out], check=False)
     got = np.frombuffer(raw, dtype="<f4")
@@ -193,16 +202,15 @@ def smoke_host(remote: SSHRemote, host: Host, profile: Any, refs: ReferenceCache
     return res
 
 
-def smoke(inv: Inventory, hosts: list[Host], profile: Any, *, parallel: int = 8,
-          model: Path | None = None, max_first_token_ms: float | None = None,
-          accept_new: bool = False, bench_runs: int = 5,
+def smoke(fleet: Fleet, profile: Profile, *, model: Path | None = None,
+          max_first_token_ms: float | None = None, bench_runs: int = 5,
           extra_fields: list[ExtraFields] | None = None) -> list[HostResult]:
     refs = ReferenceCache(model)
 
-    def one(remote: SSHRemote, host: Host) -> HostResult:
+    def one(remote: Remote, host: Host) -> HostResult:
         return smoke_host(remote, host, profile, refs, max_first_token_ms=max_first_token_ms,
                           bench_runs=bench_runs, extra_fields=extra_fields)
-    return run_on_hosts(hosts, connect_for(inv, accept_new), one, parallel=parallel)
+    return host_results(fleet.run(one))
 
 
 SMOKE_COLUMNS = ["logits", "greedy", "p99_ms", "backend"]

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from colibri_kit.errors import KitError
 from colibri_kit.fleet import release as rel
-from colibri_kit.fleet.connect import SSHRemote, for_each
-from colibri_kit.fleet.inventory import Host, Inventory
-from colibri_kit.fleet.report import table
+from colibri_kit.fleet.fleet import Fleet
+from colibri_kit.fleet.inventory import Host
+from colibri_kit.fleet.remote import Remote
+from colibri_kit.report import table
 
 
 @dataclass
@@ -35,7 +35,7 @@ def _uptime(text: str | None) -> str:
     return f"{d}d {h}h{m:02d}m" if d else f"{h}h{m:02d}m"
 
 
-def host_status(remote: SSHRemote, host: Host) -> HostStatus:
+def host_status(remote: Remote, host: Host) -> HostStatus:
     info = rel.identify(remote)
     st = HostStatus(host=host.name, reachable=True, l4t=f"R{info.l4t}" if info.l4t else "-",
                     device=info.model or info.arch,
@@ -51,15 +51,10 @@ def host_status(remote: SSHRemote, host: Host) -> HostStatus:
     return st
 
 
-def status(inv: Inventory, hosts: list[Host], *, parallel: int = 8, accept_new: bool = False) -> list[HostStatus]:
-    def one(host: Host) -> HostStatus:
-        try:
-            with SSHRemote(host, known_hosts=inv.known_hosts, identity_file=inv.identity_file,
-                           accept_new=accept_new) as remote:
-                return host_status(remote, host)
-        except KitError as exc:
-            return HostStatus(host=host.name, reachable=False, detail=str(exc))
-    return for_each(hosts, one, parallel)
+def status(fleet: Fleet) -> list[HostStatus]:
+    return [o.value if o.value is not None else
+            HostStatus(host=o.host, reachable=False, detail=o.error or "skipped")
+            for o in fleet.run(host_status)]
 
 
 def status_table(rows: list[HostStatus]) -> str:

@@ -4,25 +4,31 @@ Per host, ``tune`` does, in this order (each step skipped when the device alread
 
 1. power mode by *name*: the id is looked up on the device (``nvpmodel -p --verbose``), never
    hard-coded; a switch that needs a reboot is reported and left alone unless ``allow_reboot``;
-2. the pre-tuning state is saved once under ``<device root>/tune/``: ``state.json`` (mode,
-   governors, taken before anything changes) and ``l4t_dfs.conf`` (``jetson_clocks --store``,
-   never in ``$HOME``, never over an existing saved state);
+2. the pre-tuning state is saved once in ``TUNE_DIR`` (``/var/lib/colibri-tune``, created by
+   root, mode 0700, checked to be root's own before every use): ``state.json`` (mode, governors,
+   taken before anything changes) and ``l4t_dfs.conf`` (``jetson_clocks --store``, never in
+   ``$HOME``, never over an existing saved state);
 3. ``jetson_clocks`` if the profile asks for it;
 4. the CPU governor on every online CPU and the GPU devfreq governor.
 
+Privileges: with a login that is not root, nothing root does may depend on a file the login can
+write (it could swap the file between two steps). So root keeps its state only in ``TUNE_DIR``,
+never under the device root (which the login owns), and the values root writes come from the
+kit through the command's standard input, never from a file.
+
 Everything the kit writes to sysfs goes through ``write_governor``: the path must match one of the
 fixed patterns below (paths are discovered on the device, then checked), the value must be a
-governor name ``[a-z0-9_]+`` that the device lists as available, and the write is ``cp`` of a
-kit-owned file holding the value, run as an argv list: no value ever reaches a shell. Every
-command has a timeout and no standard input (``Remote.run``), so no prompt can hang a run.
+governor name ``[a-z0-9_]+`` that the device lists as available, and root writes it with ``tee``
+(argv only, the value on standard input): no value ever reaches a shell. Every command has a
+deadline, so no prompt can hang a run.
 """
 
 from __future__ import annotations
 
 import json
-import posixpath
 import re
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 from typing import Any
 
 from colibri_kit.errors import FleetError, KitError
@@ -41,10 +47,10 @@ GPU_NODE_RE = re.compile(r"^(?:[0-9a-f]{1,16}\.(?:gpu|gv11b|ga10b|gp10b)|gpu-gpc
 CPU_GOV_PATH_RE = re.compile(r"^/sys/devices/system/cpu/cpu[0-9]{1,4}/cpufreq/scaling_governor\Z")
 GPU_GOV_PATH_RE = re.compile(
     r"^/sys/class/devfreq/(?:[0-9a-f]{1,16}\.(?:gpu|gv11b|ga10b|gp10b)|gpu-gpc-[0-9]{1,2})/governor\Z")
-DEVICE_ROOT_RE = re.compile(r"^/[A-Za-z0-9._/-]*\Z")
 POWER_MODEL_RE = re.compile(r"POWER_MODEL:\s*ID=([0-9]+)\s+NAME=(\S+)")
 REBOOT_RE = re.compile(r"reboot required|do you want to reboot", re.IGNORECASE)
 
+TUNE_DIR = "/var/lib/colibri-tune"   # root's own: the saved pre-tuning state
 CMD_TIMEOUT = 30.0     # seconds for any one tool invocation
 MODE_TIMEOUT = 90.0    # nvpmodel -m can take a while (clocks, CPU hotplug)
 
@@ -57,8 +63,9 @@ class TuneRefused(KitError):
 
 
 @dataclass
-class DeviceState:
-    """What ``--show`` prints and verify compares; read without changing anything."""
+class TuningState:
+    """A device's power mode, clocks and governors: what ``--show`` prints and verify compares;
+    read without changing anything."""
 
     mode_id: int | None = None
     mode_name: str | None = None
@@ -165,9 +172,9 @@ def _cpu(c: int, name: str) -> str:
     return f"{CPU_DIR}/cpu{c}/cpufreq/{name}"
 
 
-def read_state(remote: Remote, *, sudo: bool = True, modes: bool = True) -> DeviceState:
+def read_state(remote: Remote, *, sudo: bool = True, modes: bool = True) -> TuningState:
     """The device's tuning state (paths discovered on the device, every value parsed strictly)."""
-    st = DeviceState()
+    st = TuningState()
     base = _read_files(remote, [f"{CPU_DIR}/present", f"{CPU_DIR}/online"], sudo=sudo)
     if f"{CPU_DIR}/online" not in base:
         raise FleetError(f"{remote.name}: {CPU_DIR}/online is missing: not a Linux device?")
@@ -243,7 +250,7 @@ def require_privilege(remote: Remote) -> None:
                          f"and sysfs writes)") from None
 
 
-def read_state_any(remote: Remote) -> DeviceState:
+def read_state_any(remote: Remote) -> TuningState:
     """``read_state`` as root when the kit can, else as the login user (``--show`` without sudo:
     the EMC clock, in debugfs, then reads as unknown)."""
     try:
@@ -255,20 +262,26 @@ def read_state_any(remote: Remote) -> DeviceState:
             raise first from None
 
 
-def tune_dir(device_root: str) -> str:
-    if (not DEVICE_ROOT_RE.match(device_root) or device_root == "/"
-            or posixpath.normpath(device_root) != device_root):
-        raise FleetError(f"device root {device_root!r} must be an absolute, normalised path")
-    return f"{device_root}/tune"
+def root_dir(remote: Remote) -> str:
+    """Create ``TUNE_DIR`` as root and check it is root's own (owner root, mode 0700, a real
+    directory): refuse to keep state anywhere another user could have prepared."""
+    remote.run(["mkdir", "-p", "-m", "0700", "--", TUNE_DIR], sudo=True, timeout=CMD_TIMEOUT)
+    uid = remote.run(["id", "-u"], sudo=True, timeout=CMD_TIMEOUT).stdout.strip()
+    got = remote.run(["stat", "-c", "%u %a %F", "--", TUNE_DIR], sudo=True,
+                     timeout=CMD_TIMEOUT).stdout.strip()
+    if got != f"{uid} 700 directory":
+        raise FleetError(f"{remote.name}: {TUNE_DIR} is not a root-only directory (owner, mode, "
+                         f"type: {got!r}); someone else made it: inspect and remove it")
+    return TUNE_DIR
 
 
-def write_governor(remote: Remote, tdir: str, paths: list[str], value: str,
+def write_governor(remote: Remote, paths: list[str], value: str,
                    allowed: dict[str, list[str]]) -> None:
     """The one way the kit writes sysfs. Every path must match a fixed governor-path pattern
     (they were discovered on the device), the value must be a plain name ``[a-z0-9_]+`` that the
-    device lists for that path (``allowed``: path -> available governors). The value goes into a
-    kit-owned file and ``cp`` copies it onto each path, run by ``xargs`` from a list file: argv
-    only, no shell, one round trip whatever the CPU count."""
+    device lists for that path (``allowed``: path -> available governors). Root writes it with
+    ``tee PATH...``, the value on standard input: argv only, no shell, no file in between, one
+    round trip whatever the CPU count."""
     if not paths:
         return
     if not GOVERNOR_RE.match(value):
@@ -279,31 +292,26 @@ def write_governor(remote: Remote, tdir: str, paths: list[str], value: str,
         if value not in allowed.get(path, []):
             raise FleetError(f"{remote.name}: refusing to write {value!r} to {path}: not one of "
                              f"{' '.join(allowed.get(path, [])) or 'nothing listed'}")
-    src = f"{tdir}/values/{value}"
-    remote.write_text(src, value + "\n", sudo=True)
-    if len(paths) == 1:
-        remote.run(["cp", "--", src, paths[0]], sudo=True, timeout=CMD_TIMEOUT)
-        return
-    listing = f"{tdir}/values/{value}.targets"
-    remote.write_text(listing, "".join(p + "\n" for p in paths), sudo=True)
-    remote.run(["xargs", "-a", listing, "-d", "\\n", "-n", "1", "--", "cp", "--", src],
-               sudo=True, timeout=CMD_TIMEOUT)
+    remote.run(["tee", "--", *paths], sudo=True, timeout=CMD_TIMEOUT,
+               input=(value + "\n").encode())
 
 
 # --------------------------------------------------------------------------- plan, apply, verify
 
 
 @dataclass
-class HostPlan:
+class TunePlan:
     host: str
     spec: TuneSpec
-    state: DeviceState
+    state: TuningState
     mode_id: int | None
     steps: list[str]
 
 
-def plan_host(remote: Remote, spec: TuneSpec) -> HostPlan:
-    """Read the device and check the profile against it; raises TuneRefused, changing nothing."""
+def plan(remote: Remote, spec: TuneSpec) -> TunePlan:
+    """Read the device and check the profile against it; raises TuneRefused, changing nothing.
+    Needs root on the device (checked first): nvpmodel -m, jetson_clocks and sysfs writes."""
+    require_privilege(remote)
     for what, value, regex in (("nvpmodel_mode", spec.nvpmodel_mode, MODE_NAME_RE),
                                ("cpu_governor", spec.cpu_governor, GOVERNOR_RE),
                                ("gpu_governor", spec.gpu_governor, GOVERNOR_RE)):
@@ -342,44 +350,77 @@ def plan_host(remote: Remote, spec: TuneSpec) -> HostPlan:
         steps.append(f"cpu governor {spec.cpu_governor} on cpu{','.join(map(str, cpus))}")
     if st.gpu_governor != spec.gpu_governor:
         steps.append(f"gpu governor {st.gpu_governor} -> {spec.gpu_governor}")
-    return HostPlan(remote.name, spec, st, mode_id, steps)
+    return TunePlan(remote.name, spec, st, mode_id, steps)
+
+
+class ModeSwitch(Enum):
+    DONE = "done"                    # the device runs the new mode now
+    NEEDS_REBOOT = "needs reboot"    # not applied: the switch needs a reboot, not allowed
+    REBOOTING = "rebooting"          # applied; the device is going down to boot into it
+
+
+@dataclass(frozen=True)
+class Check:
+    what: str
+    wanted: str
+    actual: str
+    ok: bool
 
 
 @dataclass
-class HostOutcome:
+class TuneReport:
     host: str
-    rows: list[tuple[str, str, str, bool]]   # (what, wanted, actual, ok)
+    checks: list[Check]
+    notes: list[str]
+    mode: ModeSwitch | None = None   # None: the mode was already right
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+
+class Restored(Enum):
+    RESTORED = "restored"
+    NOTHING_SAVED = "nothing saved"
+    INCOMPLETE = "incomplete"        # the mode switch back needs a reboot: saved state kept
+
+
+@dataclass
+class RestoreReport:
+    host: str
+    outcome: Restored
     notes: list[str]
 
     @property
     def ok(self) -> bool:
-        return all(r[3] for r in self.rows)
+        return self.outcome is not Restored.INCOMPLETE
 
 
-def _set_mode(remote: Remote, mode_id: int, allow_reboot: bool) -> str | None:
-    """Switch the power mode. Returns None when done, or a note ("reboot required ...")."""
+def _set_mode(remote: Remote, mode_id: int, allow_reboot: bool) -> tuple[ModeSwitch, str | None]:
+    """Switch the power mode: (what happened, a note for the report)."""
     argv = ["nvpmodel", "-m", str(int(mode_id))]
     res = remote.run(argv, sudo=True, timeout=MODE_TIMEOUT, check=False)
     if res.exit_code == 0 and not REBOOT_RE.search(res.stdout + res.stderr):
-        return None
+        return ModeSwitch.DONE, None
     if REBOOT_RE.search(res.stdout + res.stderr):
         if not allow_reboot:
-            return (f"power mode {mode_id}: reboot required, not applied "
-                    f"(re-run with --allow-reboot to switch and reboot)")
+            return ModeSwitch.NEEDS_REBOOT, (
+                f"power mode {mode_id}: reboot required, not applied "
+                f"(re-run with --allow-reboot to switch and reboot)")
         # Answer the tool's own prompt. The script is a constant; the id is a positional
         # parameter (an integer), never part of the script text.
         try:
             res = remote.run(["sh", "-c", 'echo YES | exec nvpmodel -m "$1"', "sh",
                               str(int(mode_id))], sudo=True, timeout=MODE_TIMEOUT, check=False)
         except FleetError as exc:  # a real device drops the connection as it goes down
-            return f"power mode {mode_id}: switched, the device is rebooting ({exc})"
+            return ModeSwitch.REBOOTING, f"power mode {mode_id}: switched, the device is rebooting ({exc})"
         if res.exit_code == 0:
-            return f"power mode {mode_id}: switched, the device reboots into it"
+            return ModeSwitch.REBOOTING, f"power mode {mode_id}: switched, the device reboots into it"
     raise FleetError(f"{remote.name}: nvpmodel -m {mode_id} failed ({res.exit_code}): "
                      f"{(res.stderr or res.stdout).strip()}")
 
 
-def save_state(remote: Remote, tdir: str, st: DeviceState) -> bool:
+def save_state(remote: Remote, tdir: str, st: TuningState) -> bool:
     """Record the pre-tuning mode and governors, once. Returns False when already saved."""
     path = f"{tdir}/state.json"
     if remote.read_text(path, sudo=True) is not None:
@@ -389,27 +430,26 @@ def save_state(remote: Remote, tdir: str, st: DeviceState) -> bool:
         "cpu_governor": {str(c): g for c, g in st.cpu_governor.items()},
         "gpu_node": st.gpu_node, "gpu_governor": st.gpu_governor,
     }
-    remote.write_text(path, json.dumps(data, indent=1, sort_keys=True) + "\n", sudo=True)
+    remote.write_bytes(path, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode(),
+                       sudo=True)
     return True
 
 
-def apply_host(remote: Remote, plan: HostPlan, device_root: str, *,
-               allow_reboot: bool = False) -> HostOutcome:
+def apply(remote: Remote, plan: TunePlan, *, allow_reboot: bool = False) -> TuneReport:
     """Apply a checked plan, then verify. Changes nothing the device already has."""
-    tdir = tune_dir(device_root)
     spec, st = plan.spec, plan.state
+    tdir = root_dir(remote)
     notes: list[str] = []
-    remote.run(["mkdir", "-p", "--", f"{tdir}/values"], sudo=True, timeout=CMD_TIMEOUT)
     save_state(remote, tdir, st)
     now = st
+    switch = None
     if plan.mode_id is not None and st.mode_id != plan.mode_id:
-        note = _set_mode(remote, plan.mode_id, allow_reboot)
-        if note:
-            notes.append(note)
-            if "switched" in note:  # a real device is going down now: verify when it is back
-                return HostOutcome(plan.host, [("power mode", spec.nvpmodel_mode,
-                                                "rebooting", False)], notes)
-        else:
+        switch, note = _set_mode(remote, plan.mode_id, allow_reboot)
+        notes += [note] if note else []
+        if switch is ModeSwitch.REBOOTING:  # a real device is going down: verify when it is back
+            return TuneReport(plan.host, [Check("power mode", spec.nvpmodel_mode, "rebooting",
+                                                False)], notes, switch)
+        if switch is ModeSwitch.DONE:
             now = read_state(remote, modes=False)  # online CPUs and caps follow the mode
     if spec.jetson_clocks and not now.jetson_clocks_active:
         store = f"{tdir}/l4t_dfs.conf"
@@ -423,48 +463,53 @@ def apply_host(remote: Remote, plan: HostPlan, device_root: str, *,
                               f"governor {spec.cpu_governor!r}; governors were left unchanged")
     cpu_paths = {_cpu(c, "scaling_governor"): now.cpu_available[c] for c in now.cpus_online
                  if now.cpu_governor.get(c) != spec.cpu_governor}
-    write_governor(remote, tdir, list(cpu_paths), spec.cpu_governor, cpu_paths)
+    write_governor(remote, list(cpu_paths), spec.cpu_governor, cpu_paths)
     if now.gpu_dir and now.gpu_governor != spec.gpu_governor:
         gpath = f"{now.gpu_dir}/governor"
-        write_governor(remote, tdir, [gpath], spec.gpu_governor, {gpath: now.gpu_available})
-    return verify_host(remote, spec, notes)
+        write_governor(remote, [gpath], spec.gpu_governor, {gpath: now.gpu_available})
+    report = verify(remote, spec, notes)
+    report.mode = switch
+    return report
 
 
-def verify_host(remote: Remote, spec: TuneSpec, notes: list[str] | None = None) -> HostOutcome:
+def verify(remote: Remote, spec: TuneSpec, notes: list[str] | None = None) -> TuneReport:
     """Read everything back and compare with what the profile wants."""
     st = read_state(remote, modes=False)
-    rows: list[tuple[str, str, str, bool]] = [
-        ("power mode", spec.nvpmodel_mode, f"{st.mode_name} ({st.mode_id})",
-         st.mode_name == spec.nvpmodel_mode),
-        ("cpu governor", spec.cpu_governor, st.cpu_governors(),
-         bool(st.cpus_online) and all(st.cpu_governor.get(c) == spec.cpu_governor
-                                      for c in st.cpus_online)),
-        ("gpu governor", spec.gpu_governor, str(st.gpu_governor),
-         st.gpu_governor == spec.gpu_governor),
+    checks = [
+        Check("power mode", spec.nvpmodel_mode, f"{st.mode_name} ({st.mode_id})",
+              st.mode_name == spec.nvpmodel_mode),
+        Check("cpu governor", spec.cpu_governor, st.cpu_governors(),
+              bool(st.cpus_online) and all(st.cpu_governor.get(c) == spec.cpu_governor
+                                           for c in st.cpus_online)),
+        Check("gpu governor", spec.gpu_governor, str(st.gpu_governor),
+              st.gpu_governor == spec.gpu_governor),
     ]
     if spec.jetson_clocks:
-        rows.append(("jetson_clocks", "active",
-                     "active" if st.jetson_clocks_active else "inactive", st.jetson_clocks_active))
+        checks.append(Check("jetson_clocks", "active",
+                            "active" if st.jetson_clocks_active else "inactive",
+                            st.jetson_clocks_active))
         # Pinned clocks read back: every online CPU and the GPU running at their maximum.
         tops = [st.cpu_max.get(c) for c in st.cpus_online]
         curs = [st.cpu_cur.get(c) for c in st.cpus_online]
         cpu_ok = bool(tops) and None not in tops and tops == curs
-        rows.append(("cpu kHz", f"max {max((t or 0) for t in tops) if tops else '?'}",
-                     f"{min((c or 0) for c in curs) if curs else '?'}"
-                     f"-{max((c or 0) for c in curs) if curs else '?'}", cpu_ok))
+        checks.append(Check("cpu kHz", f"max {max((t or 0) for t in tops) if tops else '?'}",
+                            f"{min((c or 0) for c in curs) if curs else '?'}"
+                            f"-{max((c or 0) for c in curs) if curs else '?'}", cpu_ok))
         if st.gpu_node:
-            rows.append(("gpu Hz", f"max {st.gpu_max}", str(st.gpu_cur),
-                         st.gpu_cur is not None and st.gpu_cur == st.gpu_max))
-    return HostOutcome(remote.name, rows, list(notes or []))
+            checks.append(Check("gpu Hz", f"max {st.gpu_max}", str(st.gpu_cur),
+                                st.gpu_cur is not None and st.gpu_cur == st.gpu_max))
+    return TuneReport(remote.name, checks, list(notes or []))
 
 
-def restore_host(remote: Remote, device_root: str, *, allow_reboot: bool = False) -> list[str]:
-    """Put back the saved pre-tuning state and remove it. Returns notes for the report."""
-    tdir = tune_dir(device_root)
+def restore(remote: Remote, *, allow_reboot: bool = False) -> RestoreReport:
+    """Put back the saved pre-tuning state and remove it."""
     require_privilege(remote)
-    text = remote.read_text(f"{tdir}/state.json", sudo=True)
+    exists = remote.run(["test", "-e", TUNE_DIR], sudo=True, check=False, timeout=CMD_TIMEOUT)
+    tdir = root_dir(remote) if exists.ok else TUNE_DIR
+    text = remote.read_text(f"{tdir}/state.json", sudo=True) if exists.ok else None
     if text is None:
-        return ["nothing saved: the device was not tuned by the kit (or already restored)"]
+        return RestoreReport(remote.name, Restored.NOTHING_SAVED, [
+            "nothing saved: the device was not tuned by the kit (or already restored)"])
     try:
         saved: dict[str, Any] = json.loads(text)
         cpu_saved = {int(k): str(v) for k, v in dict(saved.get("cpu_governor") or {}).items()}
@@ -477,26 +522,26 @@ def restore_host(remote: Remote, device_root: str, *, allow_reboot: bool = False
         if st.cpu_governor.get(c) != gov and c in st.cpu_available:
             by_value.setdefault(gov, {})[_cpu(c, "scaling_governor")] = st.cpu_available[c]
     for gov, paths in by_value.items():
-        write_governor(remote, tdir, list(paths), gov, paths)
+        write_governor(remote, list(paths), gov, paths)
     gnode, ggov = saved.get("gpu_node"), saved.get("gpu_governor")
     if gnode and ggov and gnode == st.gpu_node and st.gpu_governor != ggov:
         gpath = f"{DEVFREQ_DIR}/{gnode}/governor"
-        write_governor(remote, tdir, [gpath], str(ggov), {gpath: st.gpu_available})
+        write_governor(remote, [gpath], str(ggov), {gpath: st.gpu_available})
     store = f"{tdir}/l4t_dfs.conf"
     if remote.read_text(store, sudo=True) is not None:
         remote.run(["jetson_clocks", "--restore", store], sudo=True, timeout=CMD_TIMEOUT)
     notes = []
     mode_id = saved.get("mode_id")
     if isinstance(mode_id, int) and st.mode_id != mode_id:
-        note = _set_mode(remote, mode_id, allow_reboot)
-        if note and "switched" not in note:
+        switch, note = _set_mode(remote, mode_id, allow_reboot)
+        if switch is ModeSwitch.NEEDS_REBOOT:
             # Keep the saved state: the next --restore (with --allow-reboot) finishes the job.
-            return [note + "; governors and clocks were restored, the saved state is kept"]
-        if note:
-            notes.append(note)
+            return RestoreReport(remote.name, Restored.INCOMPLETE, [
+                f"{note}; governors and clocks were restored, the saved state is kept"])
+        notes += [note] if note else []
     remote.run(["rm", "-rf", "--", tdir], sudo=True, timeout=CMD_TIMEOUT)
     notes.append(f"restored mode {saved.get('mode_name')}, governors and clocks; removed {tdir}")
-    return notes
+    return RestoreReport(remote.name, Restored.RESTORED, notes)
 
 
 def tuning_summary(remote: Remote) -> dict[str, Any]:
@@ -523,7 +568,7 @@ def summary_text(summary: dict[str, Any]) -> str:
             f"gpu {summary.get('gpu_governor') or '?'}, {pinned}")
 
 
-def show_lines(st: DeviceState) -> list[tuple[str, str]]:
+def show_lines(st: TuningState) -> list[tuple[str, str]]:
     """(label, value) pairs for ``invoke tune --show``."""
     def mhz(v: int | None, scale: int) -> str:
         return "?" if v is None else f"{v / scale:.0f}"
@@ -544,7 +589,7 @@ def show_lines(st: DeviceState) -> list[tuple[str, str]]:
     ]
 
 
-def state_dict(st: DeviceState) -> dict[str, Any]:
+def state_dict(st: TuningState) -> dict[str, Any]:
     d = asdict(st)
     d["jetson_clocks_active"] = st.jetson_clocks_active
     return d

@@ -8,6 +8,7 @@ from colibri_kit import build as kit_build
 from colibri_kit import profiles, toolchain
 from colibri_kit.errors import BuildError, KitError
 from colibri_kit.paths import project_root
+from colibri_kit.report import table
 from colibri_kit.tasks._common import user_errors
 
 
@@ -79,11 +80,7 @@ def build_task(c: Context, target: str = "", all: bool = False, in_: str = "auto
         except KitError as exc:
             results.append([name, "FAILED", "", "", "", "", str(exc).splitlines()[0][:60]])
     rows = [["target", "status", "arch", "glibc", "sms", "bin bytes", "seconds / error"], *results]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for i, r in enumerate(rows):
-        print("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip())
-        if i == 0:
-            print("  ".join("-" * w for w in widths))
+    print(table(rows))
     failed = [r[0] for r in results if r[1] != "ok"]
     if failed:
         raise BuildError(f"{len(failed)} target(s) failed: {', '.join(failed)}")

@@ -8,6 +8,7 @@ reference) -> tune + verify -> restore. Each step is the same code the individua
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from invoke import Context, task
 
@@ -15,7 +16,7 @@ from colibri_kit.paths import build_dir
 from colibri_kit.tasks._common import user_errors
 
 # Apart from `invoke sim.up`'s default, so the demo never touches a fleet the user started.
-DEMO_STATE_DIR = "/tmp/colibri-demo"
+DEMO_STATE_DIR = "/run/colibri-demo"
 
 
 def _step(title: str) -> None:
@@ -34,10 +35,10 @@ def demo(c: Context, target: str = "orin-nx", count: int = 1, keep_running: bool
          max_first_token_ms: float = 5000.0) -> None:
     """Run the whole pipeline on the built-in default: build, model, emulated device, deploy, smoke, tune."""
     from colibri_kit.build import build
-    from colibri_kit.fleet import sim as simlib
     from colibri_kit.model.tiny import write_tiny_model
     from colibri_kit.profiles import load_profile
     from colibri_kit.tasks.fleet import deploy, smoke, status
+    from colibri_kit.tasks.sim import start, stop
     from colibri_kit.tasks.tune import tune
 
     profile = load_profile(target)
@@ -65,10 +66,8 @@ def demo(c: Context, target: str = "orin-nx", count: int = 1, keep_running: bool
         return
 
     _step(f"3/6 emulated fleet: {count} device(s) ({target})")
-    fleet = simlib.EmulatedFleet(count, target, DEMO_STATE_DIR)
-    fleet.up()
+    fleet = start(count, target, Path(DEMO_STATE_DIR))
     fleet_file = str(fleet.fleet_file)
-    print(f"fleet file: {fleet_file}")
     try:
         _step("4/6 deploy (upload, verify sha256 on the device, switch `current` atomically)")
         deploy(c, target=target, model=str(model), fleet=fleet_file)
@@ -82,7 +81,7 @@ def demo(c: Context, target: str = "orin-nx", count: int = 1, keep_running: bool
         if keep_running:
             print(f"\nemulated devices left running; stop them with `invoke sim.down --state-dir {DEMO_STATE_DIR}`")
         else:
-            fleet.down()
+            stop(fleet)
             print("\nemulated devices stopped")
 
 

@@ -12,7 +12,9 @@ from colibri_kit.errors import FleetError
 from colibri_kit.fleet import deploy as deploylib
 from colibri_kit.fleet import release as rel
 from colibri_kit.fleet import status as statuslib
+from colibri_kit.fleet.fleet import DEFAULT_KEEP, DEFAULT_PARALLEL, Fleet
 from colibri_kit.fleet.inventory import Host, Inventory, load_inventory
+from colibri_kit.fleet.remote import Remote
 from colibri_kit.paths import dist_dir, project_root
 from colibri_kit.tasks._common import user_errors
 
@@ -22,7 +24,7 @@ SELECT_HELP = {
     "group": "only the hosts of this group (or tag)",
     "target": "only hosts whose target is T",
     "tags": "only hosts carrying all these tags (comma-separated)",
-    "parallel": "connections at once (default: fleet.parallel in invoke.yaml, else 8)",
+    "parallel": f"connections at once (default: fleet.parallel in invoke.yaml, else {DEFAULT_PARALLEL})",
     "accept_new_host_keys": "record unknown host keys in the project known_hosts (never changed ones)",
 }
 
@@ -41,8 +43,22 @@ def _inventory(c: Context, fleet: str) -> Inventory:
     return load_inventory(path)
 
 
-def _select(inv: Inventory, hosts: str, group: str, target: str, tags: str) -> list[Host]:
-    return inv.select(hosts=hosts or None, group=group or None, target=target or None, tags=tags or None)
+def select_fleet(c: Context, fleet: str, hosts: str = "", group: str = "", target: str = "",
+                 tags: str = "", parallel: int = 0, accept_new_host_keys: bool = False,
+                 max_failures: int | None = None) -> Fleet:
+    """The options every fleet task shares, as one Fleet (defaults: invoke.yaml's fleet.*)."""
+    return Fleet.select(_inventory(c, fleet), hosts=hosts, group=group, target=target, tags=tags,
+                        accept_new=accept_new_host_keys,
+                        parallel=parallel or int(_cfg(c, "parallel", DEFAULT_PARALLEL)),
+                        max_failures=max_failures)
+
+
+def _for_target(f: Fleet, target: str) -> Fleet:
+    """Hosts whose target is ``target`` or unset (deploy and smoke name the target to act on)."""
+    chosen = [h for h in f.hosts if h.target in (None, target)]
+    if not chosen:
+        raise FleetError(f"no selected host has target {target}")
+    return f.only(chosen)
 
 
 def _finish(results: list[deploylib.HostResult], as_json: bool, cols: list[str] | None = None) -> None:
@@ -61,7 +77,7 @@ def _finish(results: list[deploylib.HostResult], as_json: bool, cols: list[str] 
               "target is T, or hosts with no target",
     "model": "a .colibri model file to deploy with the release",
     "dist": "deploy this dist directory instead of dist/<target>/",
-    "keep": "releases kept on each device (default 3)",
+    "keep": f"releases kept on each device (default {DEFAULT_KEEP})",
     "dry_run": "print what would be uploaded and switched, change nothing",
     "canary": "deploy to the first N hosts, smoke-test them, continue only if they pass",
     "max_failures": "stop starting new hosts after K failures",
@@ -74,27 +90,20 @@ def deploy(c: Context, target: str, model: str = "", fleet: str = "", hosts: str
            max_failures: int = -1, accept_new_host_keys: bool = False, dist: str = "",
            max_first_token_ms: float = -1.0, json: bool = False) -> None:
     """Upload dist/<target>/ (+ a model) to the fleet and switch `current` atomically per host."""
+    from colibri_kit.fleet import smoke as smokelib
     from colibri_kit.profiles import load_profile
 
     profile = load_profile(target)
-    inv = _inventory(c, fleet)
-    chosen = [h for h in _select(inv, hosts, group, "", tags) if h.target in (None, target)]
-    if not chosen:
-        raise FleetError(f"no selected host has target {target}")
+    f = _for_target(select_fleet(c, fleet, hosts, group, "", tags, parallel, accept_new_host_keys,
+                                 None if max_failures < 0 else max_failures), target)
     art = deploylib.prepare(target, Path(dist) if dist else dist_dir(target), Path(model) if model else None)
 
-    def canary_smoke(hs: list[Host]) -> list[deploylib.HostResult]:
-        from colibri_kit.fleet import smoke as smokelib
-
-        return smokelib.smoke(inv, hs, profile, parallel=parallel or _cfg(c, "parallel", 8),
-                              model=Path(model) if model else None,
+    def canary_smoke(canaries: Fleet) -> list[deploylib.HostResult]:
+        return smokelib.smoke(canaries, profile, model=Path(model) if model else None,
                               max_first_token_ms=None if max_first_token_ms < 0 else max_first_token_ms)
-    smoke_fn = canary_smoke if canary else None
     results = deploylib.deploy(
-        inv, chosen, art, profile, parallel=parallel or _cfg(c, "parallel", 8),
-        keep=keep or _cfg(c, "keep", deploylib.DEFAULT_KEEP), dry_run=dry_run,
-        accept_new=accept_new_host_keys, max_failures=None if max_failures < 0 else max_failures,
-        canary=canary, smoke_fn=smoke_fn)
+        f, art, profile, keep=keep or _cfg(c, "keep", DEFAULT_KEEP), dry_run=dry_run,
+        canary=canary, smoke_fn=canary_smoke if canary else None)
     _finish(results, json)
 
 
@@ -104,18 +113,10 @@ def deploy(c: Context, target: str, model: str = "", fleet: str = "", hosts: str
 def rollback(c: Context, to: str = "", fleet: str = "", hosts: str = "", group: str = "", target: str = "",
              tags: str = "", parallel: int = 0, accept_new_host_keys: bool = False, json: bool = False) -> None:
     """Switch `current` back to the previous release (or --to ID), atomically, per host."""
-    inv = _inventory(c, fleet)
-    chosen = _select(inv, hosts, group, target, tags)
     if to:
         rel.validate_release_id(to)
-
-    def one(remote, host: Host) -> deploylib.HostResult:
-        before, after = rel.rollback(remote, host.root, to or None)
-        return deploylib.HostResult(host=host.name, release=after, result="ok",
-                                    detail=f"was {before or '(none)'}")
-    results = deploylib.run_on_hosts(chosen, deploylib.connect_for(inv, accept_new_host_keys), one,
-                                     parallel=parallel or _cfg(c, "parallel", 8))
-    _finish(results, json)
+    f = select_fleet(c, fleet, hosts, group, target, tags, parallel, accept_new_host_keys)
+    _finish(deploylib.rollback(f, to or None), json)
 
 
 @task(help={**SELECT_HELP, "json": "print results as JSON"})
@@ -123,10 +124,8 @@ def rollback(c: Context, to: str = "", fleet: str = "", hosts: str = "", group: 
 def status(c: Context, fleet: str = "", hosts: str = "", group: str = "", target: str = "", tags: str = "",
            parallel: int = 0, accept_new_host_keys: bool = False, json: bool = False) -> None:
     """Show per host: reachable, current release, model, target, L4T, uptime."""
-    inv = _inventory(c, fleet)
-    chosen = _select(inv, hosts, group, target, tags)
-    rows = statuslib.status(inv, chosen, parallel=parallel or _cfg(c, "parallel", 8),
-                            accept_new=accept_new_host_keys)
+    f = select_fleet(c, fleet, hosts, group, target, tags, parallel, accept_new_host_keys)
+    rows = statuslib.status(f)
     if json:
         print(jsonlib.dumps([r.__dict__ for r in rows], indent=1))
     else:
@@ -135,22 +134,11 @@ def status(c: Context, fleet: str = "", hosts: str = "", group: str = "", target
         raise Exit("some hosts are unreachable", code=1)
 
 
-def _tuning_column():
-    """The tuning state next to the latency figures (issue 6), when the tuning module is present."""
-    try:
-        from colibri_kit.fleet.tune import tuning_summary
-    except ImportError:
-        return []
+def _tuning_column(remote: Remote, host: Host) -> dict[str, str]:
+    """The tuning state next to the latency figures."""
+    from colibri_kit.fleet.tune import summary_text, tuning_summary
 
-    def fields(remote, host: Host) -> dict[str, str]:
-        t = tuning_summary(remote)
-        if t.get("error"):
-            return {"tuning": "unknown"}
-        cpu = t.get("cpu_governor")
-        cpu = ",".join(sorted(set(cpu.values()))) if isinstance(cpu, dict) else (cpu or "?")
-        clocks = "clocks-max" if t.get("jetson_clocks") else "clocks-dfs"
-        return {"tuning": f"{t.get('mode') or '?'} cpu:{cpu} gpu:{t.get('gpu_governor') or '?'} {clocks}"}
-    return [fields]
+    return {"tuning": summary_text(tuning_summary(remote))}
 
 
 @task(help={
@@ -172,17 +160,13 @@ def smoke(c: Context, target: str, fleet: str = "", hosts: str = "", group: str 
     from colibri_kit.profiles import load_profile
 
     profile = load_profile(target)
-    inv = _inventory(c, fleet)
-    chosen = [h for h in _select(inv, hosts, group, "", tags) if h.target in (None, target)]
-    if not chosen:
-        raise FleetError(f"no selected host has target {target}")
+    f = _for_target(select_fleet(c, fleet, hosts, group, "", tags, parallel, accept_new_host_keys),
+                    target)
     results = smokelib.smoke(
-        inv, chosen, profile, parallel=parallel or _cfg(c, "parallel", 8),
-        model=Path(model) if model else None,
+        f, profile, model=Path(model) if model else None,
         max_first_token_ms=None if max_first_token_ms < 0 else max_first_token_ms,
-        accept_new=accept_new_host_keys, bench_runs=bench_runs, extra_fields=_tuning_column())
-    cols = smokelib.SMOKE_COLUMNS + (["tuning"] if any("tuning" in r.extra for r in results) else [])
-    _finish(results, json, cols)
+        bench_runs=bench_runs, extra_fields=[_tuning_column])
+    _finish(results, json, smokelib.SMOKE_COLUMNS + ["tuning"])
 
 
 TASKS = [deploy, rollback, status, smoke]

@@ -10,14 +10,8 @@ from pathlib import Path
 from colibri_kit import profiles, render, verify as verify_mod
 from colibri_kit.errors import VerifyError
 from colibri_kit.paths import dist_dir, project_root
+from colibri_kit.report import table
 from colibri_kit.tasks._common import user_errors
-
-
-def _table(rows: list[list[str]]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
 
 
 @task(help={"show": "print the resolved profile NAME (after `extends`) as YAML, with its hash"})
@@ -36,7 +30,7 @@ def targets(c: Context, show: str = "") -> None:
             ",".join(p.sms) or "-",
             p.glibc, p.description,
         ])
-    print(_table(rows))
+    print(table(rows))
 
 
 @task(name="render", help={"target": "profile name from targets/ (see `invoke targets`)"})

@@ -23,7 +23,7 @@ from fleet_support import rebuilt
 def sim_fleet(tmp_path_factory: pytest.TempPathFactory):
     if os.geteuid() != 0:
         pytest.fail("the fleet tests start sshd in mount namespaces and need root (CI runs as root)")
-    from colibri_kit.fleet.sim import EmulatedFleet
+    from colibri_kit.sim.fleet import EmulatedFleet
 
     # Not under pytest's basetemp: a concurrent pytest run rotates old basetemps away, and sshd
     # re-reads its config (in the state dir) for every connection.

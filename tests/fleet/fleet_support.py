@@ -16,3 +16,11 @@ def rebuilt(src: Path, dest: Path, tag: str) -> Path:
     manifest["source_revision"] = f"{manifest.get('source_revision', '')}-{tag}"
     (dest / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return dest
+
+
+def fleet_of(inventory, hosts, **kw):
+    """A Fleet over SSH of these hosts (names or Host objects) of the emulated fleet."""
+    from colibri_kit.fleet.fleet import Fleet, ssh_connector
+
+    chosen = [inventory.hosts[h] if isinstance(h, str) else h for h in hosts]
+    return Fleet(chosen, ssh_connector(inventory), **kw)

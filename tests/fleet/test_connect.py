@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from colibri_kit.errors import FleetError, HostKeyError
-from colibri_kit.fleet.connect import SUDO_PASSWORD_ENV, SSHRemote, for_each
-from colibri_kit.fleet.sim import SIM_USER
+from colibri_kit.fleet.connect import SUDO_PASSWORD_ENV, SSHRemote
+from colibri_kit.sim.fleet import SIM_USER
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
@@ -141,29 +141,6 @@ def test_sudo_with_password_from_environment(inventory, sim_fleet, monkeypatch: 
             r.run(["id", "-u"], sudo=True, timeout=30)
 
 
-def test_for_each_bounds_parallelism() -> None:
-    import threading
-
-    active = 0
-    peak = 0
-    lock = threading.Lock()
-
-    def work(i: int) -> int:
-        nonlocal active, peak
-        with lock:
-            active += 1
-            peak = max(peak, active)
-        time.sleep(0.05)
-        with lock:
-            active -= 1
-        return i * 2
-
-    assert for_each(range(12), work, parallel=3) == [i * 2 for i in range(12)]
-    assert peak == 3
-    with pytest.raises(FleetError):
-        for_each([1], work, parallel=0)
-
-
 def test_accept_new_without_a_project_file_says_where_to_record(inventory, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.ssh/known_hosts either
     r = SSHRemote(inventory.hosts["jetson-00"], known_hosts=None, identity_file=inventory.identity_file,
@@ -171,3 +148,32 @@ def test_accept_new_without_a_project_file_says_where_to_record(inventory, tmp_p
     with pytest.raises(HostKeyError, match="add 'known_hosts: fleet_known_hosts' to the fleet file"):
         r.connect()
     assert not (tmp_path / ".ssh").exists()
+
+
+def test_proxyjump_hops_verify_host_keys(inventory, sim_fleet, tmp_path: Path, monkeypatch) -> None:
+    """Low: a ProxyJump host from ~/.ssh/config is verified like the last hop (Fabric gives each
+    hop AutoAddPolicy). Two real sshds: jetson-00 is the jump host for jetson-01."""
+    jump, target = sim_fleet.device("jetson-00"), sim_fleet.device("jetson-01")
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    # Fabric skips a hop whose host equals the target's, so the target is named "localhost".
+    (home / ".ssh/config").write_text(
+        f"Host via-jump\n  HostName localhost\n  ProxyJump root@127.0.0.1:{jump.port}\n\n"
+        f"Host 127.0.0.1\n  IdentityFile {sim_fleet.identity_file}\n")
+    monkeypatch.setenv("HOME", str(home))
+
+    def line(name: str, device) -> str:
+        key = (Path(device.dir) / "ssh_host_ed25519_key.pub").read_text().split()
+        return f"[{name}]:{device.port} {key[0]} {key[1]}\n"
+    kh = tmp_path / "known_hosts"
+    kh.write_text(line("localhost", target))  # the jump host's key is not known
+    host = replace(inventory.hosts["jetson-01"], address="via-jump")
+    with pytest.raises(HostKeyError) as exc:
+        SSHRemote(host, known_hosts=kh, identity_file=inventory.identity_file).connect()
+    assert device_fingerprint(sim_fleet, "jetson-00") in str(exc.value)
+    assert kh.read_text() == line("localhost", target)  # nothing recorded
+    kh.write_text(line("localhost", target) + line("127.0.0.1", jump))
+    with SSHRemote(host, known_hosts=kh, identity_file=inventory.identity_file) as r:
+        assert r.run(["cat", "/etc/hostname"]).ok
+        # the session runs on jetson-01: its sshd is the one that answered through the jump
+        assert r.run(["sh", "-c", "echo $SSH_CONNECTION"]).stdout.split()[-1] == str(target.port)

@@ -67,6 +67,10 @@ def test_selection(tmp_path: Path) -> None:
     ("defaults: {password: x}\nhosts: {a: {address: h}}", "defaults: unknown key(s) password"),
     ("hosts: [a]", "hosts must be a non-empty mapping"),
     ("hosts: {a: {address: h, tags: x}}", "hosts.a.tags"),
+    # PyYAML keeps the last of two equal keys: a second cab-01 would silently replace the first.
+    ("hosts:\n  cab-01: {address: 10.0.0.1}\n  cab-01: {address: 10.0.0.2}\n",
+     "line 3: duplicate key 'cab-01'"),
+    ("hosts: {a: {address: h, port: 22, port: 23}}", "duplicate key 'port'"),
 ])
 def test_errors_name_file_and_key(tmp_path: Path, text: str, where: str) -> None:
     path = write(tmp_path, text)
@@ -96,6 +100,8 @@ def test_errors_name_file_and_key(tmp_path: Path, text: str, where: str) -> None
 def test_hostile_values_are_refused(tmp_path: Path, key: str, value: str) -> None:
     if key == "name":
         text = f"hosts: {{{value}: {{address: 10.0.0.1}}}}"
+    elif key == "address":
+        text = f"hosts: {{cab: {{address: {value}}}}}"
     else:
         text = f"hosts: {{cab: {{address: 10.0.0.1, {key}: {value}}}}}"
     with pytest.raises(FleetError, match="not a valid|not a host name|must be an absolute"):

@@ -3,6 +3,7 @@ limited disk, and sim.up / sim.down through the invoke CLI leaving nothing runni
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -12,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from colibri_kit.errors import FleetError
-from colibri_kit.fleet import sim as simlib
+from colibri_kit.sim import fleet as simlib
 from colibri_kit.fleet.connect import SSHRemote
 
-from fleet_support import MAIN, SMALL_DISK, XAVIER
+from fleet_support import FAULTY, MAIN, SMALL_DISK, XAVIER
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
@@ -60,7 +61,7 @@ def test_aarch64_binaries_run_through_binfmt(inventory, orin_nx_build) -> None:
     flags = Path("/proc/sys/fs/binfmt_misc", entry).read_text().split("flags:")[1].split("\n")[0]
     assert "F" in flags  # interpreter opened at registration: works inside every mount namespace
     with remote(inventory, MAIN[0]) as r:
-        r.put(str(orin_nx_build / "bin/colibri"), "/tmp/colibri-binfmt-test")
+        r.upload(orin_nx_build / "bin/colibri", "/tmp/colibri-binfmt-test")
         r.run(["chmod", "+x", "/tmp/colibri-binfmt-test"])
         assert r.run(["/tmp/colibri-binfmt-test", "--version"], timeout=120).stdout.startswith("colibri ")
         r.run(["rm", "-f", "/tmp/colibri-binfmt-test"])
@@ -73,7 +74,6 @@ def test_sim_up_and_down_through_invoke(tmp_path: Path) -> None:
                         capture_output=True, text=True, cwd=cwd, timeout=120)
     assert up.returncode == 0, up.stderr
     assert "jetson-01" in up.stdout and (state / "fleet.yaml").is_file()
-    import json
 
     devices = json.loads((state / "state.json").read_text())["devices"]
     ports = [d["port"] for d in devices]
@@ -98,3 +98,22 @@ def test_without_root_it_says_what_it_would_do(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(FleetError, match="needs root: it mounts overlayfs/tmpfs .* starts sshd"):
         simlib.EmulatedFleet(1).up()
+
+
+def test_device_reboot_keeps_its_files_port_and_host_key(inventory, sim_fleet) -> None:
+    """A device's power button: stop ends every process in it, start boots it again from its
+    files (what the device wrote to its faked tree survives; its /opt/colibri tmpfs does not)."""
+    device = sim_fleet.device(FAULTY)
+    with remote(inventory, FAULTY) as r:
+        r.write_bytes("/var/lib/nvpmodel/status", b"pmode:0000\n")
+        r.write_bytes("/opt/colibri/marker", b"gone after a reboot\n")
+    old_pid = device.pid
+    sim_fleet.reboot(FAULTY)
+    assert device.running and device.pid != old_pid
+    assert not simlib.Device(**{**device.__dict__, "pid": old_pid}).running
+    with remote(inventory, FAULTY) as r:  # same port, and the known host key still matches
+        assert r.read_text("/var/lib/nvpmodel/status") == "pmode:0000\n"
+        assert r.read_text("/opt/colibri/marker") is None
+        r.write_bytes("/var/lib/nvpmodel/status", b"pmode:0002\n")
+    saved = json.loads((sim_fleet.state_dir / "state.json").read_text())["devices"]
+    assert [d["pid"] for d in saved if d["name"] == FAULTY] == [device.pid]  # sim.down finds it

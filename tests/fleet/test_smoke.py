@@ -8,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from colibri_kit.fleet import deploy as D
@@ -16,7 +15,7 @@ from colibri_kit.fleet import smoke as S
 from colibri_kit.fleet.status import status
 from colibri_kit.profiles import load_profile
 
-from fleet_support import FAULTY, MAIN, rebuilt
+from fleet_support import FAULTY, MAIN, fleet_of, rebuilt
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
@@ -29,13 +28,13 @@ def profile():
 @pytest.fixture(scope="module")
 def deployed(inventory, profile, dist_a, tiny_model):
     art = D.prepare("orin-nx", dist_a, tiny_model)
-    results = D.deploy(inventory, [inventory.hosts[n] for n in MAIN], art, profile, hooks=D.Hooks())
+    results = D.deploy(fleet_of(inventory, MAIN), art, profile, hooks=D.Hooks())
     assert all(r.ok for r in results), D.results_table(results)
     return art
 
 
 def test_smoke_passes_on_the_fleet(inventory, profile, deployed, tiny_model) -> None:
-    results = S.smoke(inventory, [inventory.hosts[n] for n in MAIN], profile, model=tiny_model,
+    results = S.smoke(fleet_of(inventory, MAIN), profile, model=tiny_model,
                       bench_runs=2)
     for r in results:
         assert r.result == "ok", r.detail
@@ -58,7 +57,7 @@ def test_smoke_cli_fetches_the_model_and_prints_json(inventory, deployed, sim_fl
 
 
 def test_slow_first_token_fails(inventory, profile, deployed, tiny_model) -> None:
-    [r] = S.smoke(inventory, [inventory.hosts[MAIN[1]]], profile, model=tiny_model,
+    [r] = S.smoke(fleet_of(inventory, [MAIN[1]]), profile, model=tiny_model,
                   max_first_token_ms=0.001, bench_runs=2)
     assert r.result == "failed" and "first-token p99" in r.detail and "> 0.001 ms" in r.detail
 
@@ -69,9 +68,9 @@ def test_model_not_fitting_the_binary_fails(inventory, profile, dist_a, tmp_path
 
     odd = write_tiny_model(tmp_path / "pad128.colibri", pad=128)
     art = D.prepare("orin-nx", dist_a, Path(odd))
-    [dep] = D.deploy(inventory, [inventory.hosts[FAULTY]], art, profile, hooks=D.Hooks())
+    [dep] = D.deploy(fleet_of(inventory, [FAULTY]), art, profile, hooks=D.Hooks())
     assert dep.result == "ok", dep.detail
-    [r] = S.smoke(inventory, [inventory.hosts[FAULTY]], profile, model=Path(odd), bench_runs=1)
+    [r] = S.smoke(fleet_of(inventory, [FAULTY]), profile, model=Path(odd), bench_runs=1)
     assert r.result == "failed"
     assert "128" in r.detail and "64" in r.detail  # the runtime names both paddings
 
@@ -79,37 +78,25 @@ def test_model_not_fitting_the_binary_fails(inventory, profile, dist_a, tmp_path
 def test_local_model_must_be_the_deployed_one(inventory, profile, deployed, tmp_path) -> None:
     other = tmp_path / "other.colibri"
     other.write_bytes(b"not the deployed model")
-    [r] = S.smoke(inventory, [inventory.hosts[MAIN[0]]], profile, model=other)
+    [r] = S.smoke(fleet_of(inventory, [MAIN[0]]), profile, model=other)
     assert r.result == "failed" and "the --model given is" in r.detail
 
 
 def test_canary_failure_stops_the_rollout(inventory, profile, deployed, dist_a, tiny_model, tmp_path) -> None:
     art = D.prepare("orin-nx", rebuilt(dist_a, tmp_path / "canary", "canary"), tiny_model)
-    hosts = [inventory.hosts[n] for n in MAIN]
+    hosts = fleet_of(inventory, MAIN)
 
-    def strict_smoke(hs):
-        return S.smoke(inventory, hs, profile, model=tiny_model, max_first_token_ms=0.001, bench_runs=1)
-    results = D.deploy(inventory, hosts, art, profile, canary=1, smoke_fn=strict_smoke, hooks=D.Hooks())
+    def strict_smoke(canaries):
+        return S.smoke(canaries, profile, model=tiny_model, max_first_token_ms=0.001, bench_runs=1)
+    results = D.deploy(hosts, art, profile, canary=1, smoke_fn=strict_smoke, hooks=D.Hooks())
     assert [r.result for r in results] == ["failed", "skipped", "skipped"]
     assert "canary smoke test failed" in results[0].detail
     assert f"rolled back to {deployed.release_id}" in results[0].detail
     # the canary is back on its previous release; hosts after it were not touched
-    rows = status(inventory, hosts)
+    rows = status(hosts)
     assert [row.release for row in rows] == [deployed.release_id] * 3
 
-    def lenient_smoke(hs):
-        return S.smoke(inventory, hs, profile, model=tiny_model, bench_runs=1)
-    results = D.deploy(inventory, hosts, art, profile, canary=1, smoke_fn=lenient_smoke, hooks=D.Hooks())
+    def lenient_smoke(canaries):
+        return S.smoke(canaries, profile, model=tiny_model, bench_runs=1)
+    results = D.deploy(hosts, art, profile, canary=1, smoke_fn=lenient_smoke, hooks=D.Hooks())
     assert [r.result for r in results] == ["ok", "ok", "ok"], D.results_table(results)
-
-
-def test_compare_logits_tolerance_and_topk() -> None:
-    want = np.array([[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0]], np.float32)
-    assert S.compare_logits(want + 1e-6, want, "f32")[0] == []
-    problems, err = S.compare_logits(want + 0.01, want, "f32")
-    assert err > 1e-3 and "rel. error" in problems[0]
-    assert S.compare_logits(want + 0.01, want, "int8")[0] == []  # int8 tolerance is wider
-    swapped = want.copy()
-    swapped[0, [5, 6]] = swapped[0, [6, 5]]
-    assert any("top-5" in p for p in S.compare_logits(swapped, want, "int8")[0])
-    assert "shape" in S.compare_logits(want[:, :3], want, "f32")[0][0]

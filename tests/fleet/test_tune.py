@@ -29,6 +29,7 @@ PROJECT = Path(__file__).resolve().parents[2]
 FAKED_EXTRA = ("etc/nvpmodel.conf", "etc/nv_tegra_release", "var/lib/nvpmodel/status",
                "usr/sbin/nvpmodel", "usr/bin/jetson_clocks")
 WRITING_TOOLS = {"cp", "xargs", "jetson_clocks", "sh", "tee", "rm", "mv"}
+STATE = tunelib.TUNE_DIR
 
 
 @pytest.fixture
@@ -39,7 +40,7 @@ def fleet():
     pytest session prunes old basetemp dirs and would delete it under running devices."""
     if os.geteuid() != 0:
         pytest.fail("the tune tests start sshd in mount namespaces and need root (CI runs as root)")
-    from colibri_kit.fleet.sim import EmulatedFleet
+    from colibri_kit.sim.fleet import EmulatedFleet
 
     state = Path(tempfile.mkdtemp(prefix="colibri-tune-test-"))
     try:
@@ -96,17 +97,13 @@ class Recording:
         self.calls.append(tuple(argv))
         return self.inner.run(argv, **kw)
 
-    def read_text(self, path: str, **kw):
-        self.calls.append(("read_text", path))
-        return self.inner.read_text(path, **kw)
+    def __getattr__(self, name: str):
+        method = getattr(self.inner, name)
 
-    def write_text(self, path: str, text: str, **kw) -> None:
-        self.calls.append(("write_text", path))
-        self.inner.write_text(path, text, **kw)
-
-    def put(self, local: str, remote: str, **kw) -> None:
-        self.calls.append(("put", remote))
-        self.inner.put(local, remote, **kw)
+        def call(*args, **kw):
+            self.calls.append((name, *args[:1]))
+            return method(*args, **kw)
+        return call
 
 
 def test_tune_show_verify_restore_round_trip(fleet, tmp_path: Path) -> None:
@@ -126,8 +123,8 @@ def test_tune_show_verify_restore_round_trip(fleet, tmp_path: Path) -> None:
     assert len(rows) == 12 and all(r.endswith(" ok") for r in rows), run.stdout
     for d in fleet.devices:
         assert faked(fleet, d.name) != before[d.name]
-        assert fleet.path_in(d.name, "/opt/colibri/tune/l4t_dfs.conf").is_file()
-        assert fleet.path_in(d.name, "/opt/colibri/tune/state.json").is_file()
+        assert fleet.path_in(d.name, f"{STATE}/l4t_dfs.conf").is_file()
+        assert fleet.path_in(d.name, f"{STATE}/state.json").is_file()
     orin = fleet.device("jetson-00").faked_root
     assert (orin / "sys/devices/system/cpu/online").read_text() == "0-7\n"
     assert (orin / "sys/devices/system/cpu/cpu7/cpufreq/scaling_governor").read_text() == "performance\n"
@@ -148,7 +145,7 @@ def test_tune_show_verify_restore_round_trip(fleet, tmp_path: Path) -> None:
     assert back.returncode == 0, back.stdout + back.stderr
     for d in fleet.devices:
         assert faked(fleet, d.name) == before[d.name], d.name
-        assert not fleet.path_in(d.name, "/opt/colibri/tune").exists()
+        assert not fleet.path_in(d.name, STATE).exists()
     again = invoke("--fleet", str(ff), "--restore")
     assert again.returncode == 0 and "nothing saved" in again.stdout
 
@@ -157,23 +154,23 @@ def test_second_tune_changes_nothing_and_still_verifies(fleet) -> None:
     host = hosts(fleet)[0]
     spec = load_profile("orin-nx").tune
     with connect(fleet, host) as remote:
-        first = tunelib.apply_host(remote, tunelib.plan_host(remote, spec), host.root)
-        assert first.ok, first.rows
+        first = tunelib.apply(remote, tunelib.plan(remote, spec))
+        assert first.ok, first.checks
         tuned = faked(fleet, host.name)
-        saved = fleet.path_in(host.name, "/opt/colibri/tune/l4t_dfs.conf").read_bytes()
+        saved = fleet.path_in(host.name, f"{STATE}/l4t_dfs.conf").read_bytes()
 
         rec = Recording(remote)
-        plan = tunelib.plan_host(rec, spec)
+        plan = tunelib.plan(rec, spec)
         assert plan.steps == []
-        second = tunelib.apply_host(rec, plan, host.root)
-        assert second.ok, second.rows
-        writes = [c for c in rec.calls if c[0] in WRITING_TOOLS or c[0] in ("write_text", "put")
+        second = tunelib.apply(rec, plan)
+        assert second.ok, second.checks
+        writes = [c for c in rec.calls if c[0] in WRITING_TOOLS or c[0] in ("write_bytes", "upload")
                   or c[:2] == ("nvpmodel", "-m")]
         assert writes == []
         assert faked(fleet, host.name) == tuned
         # The first pre-tuning clock state is still what restore will return to.
-        assert fleet.path_in(host.name, "/opt/colibri/tune/l4t_dfs.conf").read_bytes() == saved
-        tunelib.restore_host(remote, host.root)
+        assert fleet.path_in(host.name, f"{STATE}/l4t_dfs.conf").read_bytes() == saved
+        tunelib.restore(remote)
 
 
 def test_governor_the_device_lacks_is_refused_before_anything_changes(fleet, tmp_path: Path) -> None:
@@ -194,7 +191,7 @@ def test_governor_the_device_lacks_is_refused_before_anything_changes(fleet, tmp
     assert "jetson-01" not in run.stdout  # the Xavier passed the checks, and was still left alone
     assert {d.name: faked(fleet, d.name) for d in fleet.devices} == before
     for d in fleet.devices:
-        assert not fleet.path_in(d.name, "/opt/colibri/tune").exists()
+        assert not fleet.path_in(d.name, STATE).exists()
 
 
 def test_reboot_needing_mode_is_reported_not_applied(fleet) -> None:
@@ -204,24 +201,26 @@ def test_reboot_needing_mode_is_reported_not_applied(fleet) -> None:
     before = faked(fleet, host.name)
     status = fleet.device(host.name).faked_root / "var/lib/nvpmodel/status"
     with connect(fleet, host) as remote:
-        out = tunelib.apply_host(remote, tunelib.plan_host(remote, spec), host.root)
+        out = tunelib.apply(remote, tunelib.plan(remote, spec))
         assert not out.ok
-        assert ("power mode", "10W", "15W (2)", False) in out.rows
+        assert tunelib.Check("power mode", "10W", "15W (2)", False) in out.checks
+        assert out.mode is tunelib.ModeSwitch.NEEDS_REBOOT
         assert any("reboot required, not applied" in n for n in out.notes)
         assert status.read_text() == "pmode:0002\n"
-        assert tunelib.restore_host(remote, host.root)[-1].startswith("restored mode 15W")
+        assert tunelib.restore(remote).notes[-1].startswith("restored mode 15W")
         assert faked(fleet, host.name) == before
 
         # With --allow-reboot the kit answers the tool's prompt and reports the reboot.
-        out = tunelib.apply_host(remote, tunelib.plan_host(remote, spec), host.root,
-                                 allow_reboot=True)
-        assert out.rows == [("power mode", "10W", "rebooting", False)]
+        out = tunelib.apply(remote, tunelib.plan(remote, spec), allow_reboot=True)
+        assert out.checks == [tunelib.Check("power mode", "10W", "rebooting", False)]
+        assert out.mode is tunelib.ModeSwitch.REBOOTING
         assert status.read_text() == "pmode:0001\n"
         # Going back to 15W needs a reboot too: without permission the saved state is kept.
-        notes = tunelib.restore_host(remote, host.root)
-        assert "reboot required" in notes[0] and "saved state is kept" in notes[0]
-        assert fleet.path_in(host.name, "/opt/colibri/tune/state.json").is_file()
-        tunelib.restore_host(remote, host.root, allow_reboot=True)
+        back = tunelib.restore(remote)
+        assert back.outcome is tunelib.Restored.INCOMPLETE and not back.ok
+        assert "reboot required" in back.notes[0] and "saved state is kept" in back.notes[0]
+        assert fleet.path_in(host.name, f"{STATE}/state.json").is_file()
+        tunelib.restore(remote, allow_reboot=True)
         assert faked(fleet, host.name) == before
 
 
@@ -247,10 +246,9 @@ def test_missing_sudo_fails_fast_and_a_given_password_works(fleet, tmp_path: Pat
     monkeypatch.setenv(SUDO_PASSWORD_ENV, fleet.sudo_password)
     host = hosts(fleet, user="colibri")[0]
     with connect(fleet, host) as remote:
-        out = tunelib.apply_host(remote, tunelib.plan_host(remote, load_profile("orin-nx").tune),
-                                 host.root)
-        assert out.ok, out.rows
-        tunelib.restore_host(remote, host.root)
+        out = tunelib.apply(remote, tunelib.plan(remote, load_profile("orin-nx").tune))
+        assert out.ok, out.checks
+        tunelib.restore(remote)
     assert faked(fleet, host.name) == before[host.name]
 
 
@@ -279,28 +277,25 @@ def test_hostile_values_never_reach_a_shell(fleet) -> None:
                          dataclasses.replace(good, gpu_governor=value),
                          dataclasses.replace(good, nvpmodel_mode=value)):
                 with pytest.raises(tunelib.TuneRefused, match="not a valid name"):
-                    tunelib.plan_host(remote, spec)
+                    tunelib.plan(remote, spec)
         assert faked(fleet, host.name) == before
         # The sysfs writer itself refuses anything but a governor path and a listed name.
-        tdir = tunelib.tune_dir(host.root)
         ok_path = "/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor"
         for path in [ok_path + "; touch /tmp/colibri-pwned",
                      "/sys/devices/system/cpu/cpu0/cpufreq/../../../../../etc/passwd",
                      "/sys/class/devfreq/17000000.gpu;touch /tmp/colibri-pwned/governor"]:
             with pytest.raises(FleetError, match="not a governor path"):
-                tunelib.write_governor(remote, tdir, [path], "performance", {path: ["performance"]})
+                tunelib.write_governor(remote, [path], "performance", {path: ["performance"]})
         for value in HOSTILE:
             with pytest.raises(FleetError, match="refusing"):
-                tunelib.write_governor(remote, tdir, [ok_path], value, {ok_path: [value]})
-        with pytest.raises(FleetError, match="absolute, normalised"):
-            tunelib.tune_dir("/opt/colibri; touch /tmp/colibri-pwned")
+                tunelib.write_governor(remote, [ok_path], value, {ok_path: [value]})
         # A normal tune on this device still works: the hostile entries are never used.
-        plan = tunelib.plan_host(remote, good)
+        plan = tunelib.plan(remote, good)
         assert plan.state.modes["$(touch${IFS}/tmp/colibri-pwned)"] == 9
         assert plan.state.gpu_node == "17000000.gpu"
-        out = tunelib.apply_host(remote, plan, host.root)
-        assert out.ok, out.rows
-        tunelib.restore_host(remote, host.root)
+        out = tunelib.apply(remote, plan)
+        assert out.ok, out.checks
+        tunelib.restore(remote)
     assert faked(fleet, host.name) == before
     assert not marker_in_device.exists() and not Path("/tmp/colibri-pwned").exists()
 
@@ -311,12 +306,11 @@ def test_tuning_summary_for_smoke_tables(fleet) -> None:
         assert tunelib.tuning_summary(remote) == {
             "mode": "MODE_15W_6CORE", "mode_id": 2, "cpu_governor": "schedutil",
             "gpu_governor": "nvhost_podgov", "jetson_clocks": False}
-        tunelib.apply_host(remote, tunelib.plan_host(remote, load_profile("xavier-nx").tune),
-                           host.root)
+        tunelib.apply(remote, tunelib.plan(remote, load_profile("xavier-nx").tune))
         tuned = tunelib.tuning_summary(remote)
         assert tuned == {
             "mode": "MODE_20W_6CORE", "mode_id": 8, "cpu_governor": "performance",
             "gpu_governor": "performance", "jetson_clocks": True}
         assert tunelib.summary_text(tuned) == \
             "MODE_20W_6CORE, cpu performance, gpu performance, clocks pinned"
-        tunelib.restore_host(remote, host.root)
+        tunelib.restore(remote)

@@ -33,9 +33,9 @@ these real paths must show the tree:
 * ``/var/lib/nvpmodel/`` (writable) <- ``root/var/lib/nvpmodel``.
 
 The files do not exist on the host, so file binds have nothing to mount onto: overlays provide
-the paths. ``colibri_kit.fleet.sim`` layers ``root/etc``, ``root/usr``, ``root/var`` as writable
+the paths. ``colibri_kit.sim.fleet`` layers ``root/etc``, ``root/usr``, ``root/var`` as writable
 upper layers over ``/etc``, ``/usr``, ``/var``. ``enter`` (``python3 -m
-colibri_kit.fleet.simtools.enter ROOT -- CMD`` under ``unshare -m --propagation private``) does
+colibri_kit.sim.enter ROOT -- CMD`` under ``unshare -m --propagation private``) does
 it for one command (``MOUNTS``): a writable bind of ``root/sys``, read-only overlays of
 ``root/etc``, ``root/usr/bin``, ``root/usr/sbin``, ``root/var/lib``, then a writable bind of
 ``root/var/lib/nvpmodel`` (mounts that were under a covered directory, e.g. ``/etc/hosts`` in a
@@ -53,8 +53,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from colibri_kit.fleet.simtools import _devlib
-from colibri_kit.fleet.simtools.modules import Module, module as get_module
+from colibri_kit.sim import _devlib
+from colibri_kit.sim.modules import Module, module as get_module
 
 HERE = Path(__file__).resolve().parent
 _ROOT_LOCK = threading.Lock()
@@ -78,7 +78,7 @@ def tool_script(source_name: str) -> str:
     lib = (HERE / "_devlib.py").read_text()
     tool = (HERE / source_name).read_text()
     body = "\n".join(line for line in tool.splitlines()
-                     if not line.startswith("from colibri_kit.fleet.simtools._devlib import"))
+                     if not line.startswith("from colibri_kit.sim._devlib import"))
     return "#!/usr/bin/env python3\n" + lib + "\n" + body + "\n"
 
 
@@ -104,7 +104,9 @@ def _write(path: Path, text: str | bytes, mode: int = 0o644) -> None:
         path.write_bytes(text)
     else:
         path.write_text(text)
-    os.chmod(path, mode)
+    # Root writes the kernel's read-only files (the stand-ins do, as the kernel would); a tree
+    # made by another user for in-process tests (LocalRemote) keeps them writable by its owner.
+    os.chmod(path, mode if os.geteuid() == 0 else mode | 0o200)
 
 
 @contextmanager

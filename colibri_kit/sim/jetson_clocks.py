@@ -1,4 +1,4 @@
-from colibri_kit.fleet.simtools._devlib import *  # noqa: F401,F403  (inlined when installed)
+from colibri_kit.sim._devlib import *  # noqa: F401,F403  (inlined when installed)
 
 # Stand-in for NVIDIA's jetson_clocks on an emulated Jetson (root only, like the real script):
 #   jetson_clocks                  lock CPU, GPU and EMC clocks at their maximum (min = max),
@@ -126,9 +126,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main(sys.argv[1:]))
-    except KeyboardInterrupt:
-        sys.exit(130)
-    except BrokenPipeError:  # output cut short by the reader (| head)
-        sys.exit(141)
+    run_tool(main)

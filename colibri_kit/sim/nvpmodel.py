@@ -1,4 +1,4 @@
-from colibri_kit.fleet.simtools._devlib import *  # noqa: F401,F403  (inlined when installed)
+from colibri_kit.sim._devlib import *  # noqa: F401,F403  (inlined when installed)
 
 # Stand-in for NVIDIA's nvpmodel on an emulated Jetson. Same interface and quirks as the real tool:
 #   nvpmodel -q [--verbose]   "NV Power Mode: NAME" then the id
@@ -86,9 +86,4 @@ def set_mode(modes, current, mode, verbose):
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main(sys.argv[1:]))
-    except KeyboardInterrupt:
-        sys.exit(130)
-    except BrokenPipeError:  # output cut short by the reader (| head)
-        sys.exit(141)
+    run_tool(main)

@@ -1,7 +1,7 @@
 """Mount an emulated Jetson's faked files at their real paths, then exec a command.
 
     unshare -m --propagation private \\
-        python3 -m colibri_kit.fleet.simtools.enter ROOT -- /usr/sbin/sshd -D -f CONFIG
+        python3 -m colibri_kit.sim.enter ROOT -- /usr/sbin/sshd -D -f CONFIG
 
 ROOT is a tree written by ``device_files.populate``. Refuses to run in the host's own mount
 namespace: these mounts would cover the machine's real /sys and /etc.
@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from colibri_kit.fleet.simtools.device_files import mount_plan
+from colibri_kit.sim.device_files import mount_plan
 
 # Writable state the host keeps under paths that the read-only overlays cover.
 KEEP_WRITABLE = ("/var/lib/sudo",)
@@ -72,7 +72,7 @@ def mount_all(root: Path, stash: Path) -> None:
 
 def main(argv: list[str]) -> int:
     if len(argv) < 3 or argv[1] != "--":
-        print("usage: python3 -m colibri_kit.fleet.simtools.enter ROOT -- COMMAND [ARG...]",
+        print("usage: python3 -m colibri_kit.sim.enter ROOT -- COMMAND [ARG...]",
               file=sys.stderr)
         return 2
     if not in_private_namespace():

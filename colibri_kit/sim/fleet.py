@@ -5,7 +5,7 @@ of the machine, then ``exec``s ``/usr/sbin/sshd -D`` with its own config, host k
 127.0.0.1. Inside that namespace (and nowhere else):
 
 * ``/sys`` is a bind mount of the device's faked sysfs tree (devicetree model/compatible, cpufreq,
-  GPU devfreq), written by ``device_files(root, module)``;
+  GPU devfreq), written by ``device_files.populate(root, module)``;
 * ``/etc``, ``/usr`` (and any other top-level directory the faked tree has, e.g. ``/var``) are
   overlayfs mounts: the host directory is the bottom layer, the sim's own additions (a ``colibri``
   user with a sudo password, the authorized keys, a ``uname`` that reports aarch64) are the middle
@@ -34,6 +34,7 @@ import shlex
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import time
 from dataclasses import asdict, dataclass
@@ -42,8 +43,9 @@ from typing import Callable
 
 from colibri_kit.errors import FleetError
 from colibri_kit.fleet.inventory import Host, write_inventory
+from colibri_kit.sim.device_files import populate
 
-DEFAULT_STATE_DIR = Path("/tmp/colibri-sim")
+STATE_DIR = Path("/run/colibri-sim")  # root's own /run: no other user can create it first
 SIM_USER = "colibri"
 SIM_UID = 4242
 QEMU_LD_PREFIX = "/usr/aarch64-linux-gnu"
@@ -51,67 +53,41 @@ BINFMT_DIR = Path("/proc/sys/fs/binfmt_misc")
 BINFMT_NAME = "colibri-aarch64"
 AARCH64_MAGIC = (r"\x7f\x45\x4c\x46\x02\x01\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x02\x00\xb7\x00")
 AARCH64_MASK = (r"\xff\xff\xff\xff\xff\xff\xff\x00\xff\xff\xff\xff\xff\xff\xff\xff\xfe\xff\xff\xff")
-MODULES = ("orin-nx", "orin-nano", "agx-orin", "xavier-nx", "agx-thor")
-
-# Minimal identity of each module, used until the tuning stand-ins provide the full tree.
-_IDENTITY = {
-    "orin-nx": ("NVIDIA Jetson Orin NX Engineering Reference Developer Kit",
-                ["nvidia,p3768-0000+p3767-0000", "nvidia,p3767-0000", "nvidia,tegra234"], "R36", "4.3"),
-    "orin-nano": ("NVIDIA Jetson Orin Nano Engineering Reference Developer Kit",
-                  ["nvidia,p3768-0000+p3767-0005", "nvidia,p3767-0005", "nvidia,tegra234"], "R36", "4.3"),
-    "agx-orin": ("NVIDIA Jetson AGX Orin Developer Kit",
-                 ["nvidia,p3737-0000+p3701-0005", "nvidia,p3701-0005", "nvidia,tegra234"], "R36", "4.3"),
-    "xavier-nx": ("NVIDIA Jetson Xavier NX Developer Kit",
-                  ["nvidia,p3509-0000+p3668-0001", "nvidia,p3668-0001", "nvidia,tegra194"], "R35", "5.0"),
-    "agx-thor": ("NVIDIA Jetson AGX Thor Developer Kit",
-                 ["nvidia,p3971-0000+p3834-0000", "nvidia,p3834-0000", "nvidia,tegra264"], "R38", "2.0"),
-}
 
 
-def _builtin_device_files(root: Path, module: str) -> None:
-    """The identity files only (release, devicetree model/compatible, cpufreq, GPU devfreq)."""
-    model, compatible, rel, rev = _IDENTITY[module]
-    etc = root / "etc"
-    etc.mkdir(parents=True, exist_ok=True)
-    (etc / "nv_tegra_release").write_text(
-        f"# {rel} (release), REVISION: {rev}, GCID: 38968081, BOARD: generic, EABI: aarch64, "
-        f"DATE: Tue Jan  7 18:59:49 UTC 2025\n")
-    dt = root / "sys/firmware/devicetree/base"
-    dt.mkdir(parents=True, exist_ok=True)
-    (dt / "model").write_bytes(model.encode() + b"\0")
-    (dt / "compatible").write_bytes(b"".join(c.encode() + b"\0" for c in compatible))
-    cpu = root / "sys/devices/system/cpu"
-    cpu.mkdir(parents=True, exist_ok=True)
-    (cpu / "online").write_text("0-7\n")
-    (cpu / "possible").write_text("0-7\n")
-    for n in range(8):
-        freq = cpu / f"cpu{n}/cpufreq"
-        freq.mkdir(parents=True, exist_ok=True)
-        (freq / "scaling_governor").write_text("schedutil\n")
-        (freq / "scaling_available_governors").write_text("interactive conservative ondemand userspace powersave performance schedutil\n")
-    gpu = root / "sys/class/devfreq/17000000.gpu"
-    gpu.mkdir(parents=True, exist_ok=True)
-    (gpu / "governor").write_text("nvhost_podgov\n")
-    (gpu / "available_governors").write_text("nvhost_podgov userspace performance simple_ondemand\n")
-
-
-def device_files(root: Path, module: str) -> None:
-    """Write the faked Jetson files for ``module`` under ``root`` (at their real relative paths).
-
-    The tuning work owns the full stand-ins (``simtools.device_files.populate``: nvpmodel,
-    jetson_clocks, clocks); until it exists, the identity files above are enough to deploy."""
-    if module not in MODULES:
-        raise FleetError(f"unknown emulated module {module!r} (choose from {', '.join(MODULES)})")
+def private_dir(path: Path) -> Path:
+    """``path`` as a directory only this user can enter: created 0700 when missing; an existing
+    one must be a real directory owned by this user and writable by nobody else. The state dir
+    holds the client key that logs into every device as root, so a directory another local user
+    made (or can write) first would hand them root on the devices, i.e. on this machine."""
     try:
-        from colibri_kit.fleet.simtools.device_files import populate  # type: ignore
-    except ImportError:
-        _builtin_device_files(root, module)
-        return
-    populate(root, module)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    st = path.lstat()
+    if stat.S_ISLNK(st.st_mode):
+        raise FleetError(f"state dir {path} is a symbolic link: use a directory of your own")
+    if not stat.S_ISDIR(st.st_mode):
+        raise FleetError(f"state dir {path} exists and is not a directory")
+    if st.st_uid != os.geteuid():
+        raise FleetError(f"state dir {path} is owned by uid {st.st_uid}, not by you "
+                         f"(uid {os.geteuid()}): someone else made it; remove it or pick another")
+    if st.st_mode & 0o002:
+        raise FleetError(f"state dir {path} is writable by others: remove it or pick another")
+    if st.st_mode & 0o020:
+        raise FleetError(f"state dir {path} is writable by its group: remove it or pick another")
+    os.chmod(path, 0o700)
+    return path
 
 
 @dataclass
 class Device:
+    """One emulated Jetson: its files under ``dir`` (``root/`` the faked tree, ``start.sh`` the
+    mounts and sshd), and the process whose mount namespace is the running device. ``start``,
+    ``stop`` and ``reboot`` are its power button; the files, host key and port survive a reboot,
+    the ``/opt/colibri`` tmpfs (mounted inside the namespace) starts empty again."""
+
     name: str
     module: str
     port: int
@@ -122,6 +98,49 @@ class Device:
     @property
     def faked_root(self) -> Path:
         return Path(self.dir) / "root"
+
+    @property
+    def running(self) -> bool:
+        return bool(self.pid) and _ns_of(self.pid) == self.ns and self.ns != _ns_of(os.getpid())
+
+    def start(self) -> None:
+        """Boot: a fresh mount namespace runs ``start.sh`` (mounts, then sshd on ``port``)."""
+        dev = Path(self.dir)
+        log = dev / "sshd.log"
+        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "QEMU_LD_PREFIX": QEMU_LD_PREFIX}
+        with open(log, "wb") as fh:
+            proc = subprocess.Popen(
+                ["unshare", "-m", "--propagation", "private", "/bin/sh", str(dev / "start.sh")],
+                stdin=subprocess.DEVNULL, stdout=fh, stderr=fh, env=env, start_new_session=True)
+        _wait_port(self.port, proc, log)
+        self.pid, self.ns = proc.pid, _ns_of(proc.pid) or ""
+
+    def stop(self) -> None:
+        """Power off: kill every process in the device's mount namespace; the namespace and its
+        mounts go with the last one (they were never visible outside it)."""
+        if self.running:
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                pids = _pids_in_ns(self.ns)
+                if not pids:
+                    break
+                for pid in pids:
+                    try:
+                        os.kill(pid, sig)
+                    except ProcessLookupError:
+                        pass
+                for _ in range(50):
+                    if not _pids_in_ns(self.ns):
+                        break
+                    time.sleep(0.02)
+            try:
+                os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+        self.pid, self.ns = 0, ""
+
+    def reboot(self) -> None:
+        self.stop()
+        self.start()
 
 
 def require_root(action: str) -> None:
@@ -212,18 +231,18 @@ class EmulatedFleet:
         self,
         count: int = 3,
         target: str = "orin-nx",
-        state_dir: Path | str = DEFAULT_STATE_DIR,
+        state_dir: Path | str = STATE_DIR,
         *,
         modules: list[str] | None = None,
         disk_mb: int | list[int] = 512,
         name_prefix: str = "jetson",
-        device_files_fn: Callable[[Path, str], None] = device_files,
+        device_files_fn: Callable[[Path, str], None] = populate,
     ) -> None:
         if count < 1:
             raise FleetError(f"--count must be at least 1 (got {count})")
         self.count = count
         self.target = target
-        self.state_dir = Path(state_dir).resolve()
+        self.state_dir = Path(state_dir).absolute()
         if any(c in str(self.state_dir) for c in ":, \n'\"\\"):
             raise FleetError(f"state dir {self.state_dir} must not contain ':', ',', quotes or spaces "
                              f"(it is used in overlayfs mount options)")
@@ -280,10 +299,9 @@ class EmulatedFleet:
                 raise FleetError(f"{tool} not found (apt-get install util-linux openssh-client openssl)")
         if not Path("/usr/sbin/sshd").exists():
             raise FleetError("/usr/sbin/sshd not found: apt-get install openssh-server")
+        private_dir(self.state_dir)
         if (self.state_dir / "state.json").exists():
             stop_state_dir(self.state_dir)
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.state_dir, 0o700)
         ensure_binfmt()
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation dir
         self._client_key()
@@ -299,10 +317,15 @@ class EmulatedFleet:
 
     def down(self) -> None:
         for d in self.devices:
-            _stop_device(d)
+            d.stop()
         self.devices = []
         if (self.state_dir / "state.json").exists():
             (self.state_dir / "state.json").unlink()
+
+    def reboot(self, name: str) -> None:
+        """Reboot one device (see ``Device.reboot``) and record its new pid for ``sim.down``."""
+        self.device(name).reboot()
+        self._save()
 
     def kill_sessions(self, name: str) -> int:
         """Kill every SSH session on the device but keep it listening (a dropped connection)."""
@@ -444,15 +467,9 @@ class EmulatedFleet:
                                   f"colibri-{name}", "/opt/colibri"]))
         script.append(shlex.join(["exec", "/usr/sbin/sshd", "-D", "-e", "-f", str(config)]))
         (dev / "start.sh").write_text("\n".join(script) + "\n")
-        log = dev / "sshd.log"
-        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "QEMU_LD_PREFIX": QEMU_LD_PREFIX}
-        with open(log, "wb") as fh:
-            proc = subprocess.Popen(
-                ["unshare", "-m", "--propagation", "private", "/bin/sh", str(dev / "start.sh")],
-                stdin=subprocess.DEVNULL, stdout=fh, stderr=fh, env=env, start_new_session=True)
-        _wait_port(port, proc, log)
-        return Device(name=name, module=module, port=port, dir=str(dev), pid=proc.pid,
-                      ns=_ns_of(proc.pid) or "")
+        device = Device(name=name, module=module, port=port, dir=str(dev))
+        device.start()
+        return device
 
     def _save(self) -> None:
         (self.state_dir / "state.json").write_text(json.dumps(
@@ -469,38 +486,15 @@ class EmulatedFleet:
                         groups={"sim": [d.name for d in self.devices]})
 
 
-def _stop_device(d: Device) -> None:
-    """Kill every process in the device's mount namespace; the namespace and its mounts go with
-    the last one (they were never visible outside it)."""
-    ns = _ns_of(d.pid) if d.pid else None
-    if ns is None or ns == _ns_of(os.getpid()) or ns != d.ns:
-        return  # gone already, or the pid now belongs to some other process
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        pids = _pids_in_ns(ns)
-        if not pids:
-            break
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        for _ in range(50):
-            if not _pids_in_ns(ns):
-                break
-            time.sleep(0.02)
-    try:
-        os.waitpid(d.pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
-
-
 def stop_state_dir(state_dir: Path) -> int:
-    """Stop the devices a previous ``up`` recorded in ``state_dir``; returns how many."""
+    """Stop the devices a previous ``up`` recorded in ``state_dir``; returns how many. The
+    record says which processes to kill: only one in a private directory is believed."""
     state = state_dir / "state.json"
     if not state.exists():
         return 0
+    private_dir(state_dir)
     devices = [Device(**d) for d in json.loads(state.read_text())["devices"]]
     for d in devices:
-        _stop_device(d)
+        d.stop()
     state.unlink()
     return len(devices)

@@ -195,3 +195,13 @@ def apply_mode(mode_id, mode):
 def fail(msg, code=1):
     print(msg, file=sys.stderr)
     sys.exit(code)
+
+
+def run_tool(main):
+    """A stand-in's entry point: exit codes as a shell tool's (Ctrl-C 130, a closed pipe 141)."""
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except BrokenPipeError:  # output cut short by the reader (| head)
+        sys.exit(141)
