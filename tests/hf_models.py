@@ -173,6 +173,8 @@ def checkpoint(name: str, root: Path) -> Path:
     if case.max_shard_size:
         kwargs["max_shard_size"] = case.max_shard_size
     model.save_pretrained(out, **kwargs)
+    # a tokenizer of the family's real configuration, sized to the model's vocabulary
+    train_tokenizer(TOKENIZER_FAMILY[name], int(case.config["vocab_size"]), out)
     (out / ".complete").write_text("ok\n")
     return out
 
@@ -251,6 +253,9 @@ def copy_with(src: Path, dst: Path, tensors: dict[str, np.ndarray] | None = None
     cfg = config if config is not None else json.loads((src / "config.json").read_text())
     (dst / "config.json").write_text(json.dumps(cfg, indent=1))
     write_safetensors(dst / "model.safetensors", tensors if tensors is not None else read_all(src))
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "tokenizer.model"):
+        if (src / name).is_file():  # the tokenizer belongs to the variant too
+            shutil.copyfile(src / name, dst / name)
     return dst
 
 

@@ -535,3 +535,15 @@ def describe_blobs(config: bytes | None) -> dict[str, Any] | None:
             "pre_tokenizer": NAMES["pre_tokenizer"].get(w[3], w[3]), "decoder": NAMES["decoder"].get(w[5], w[5]),
             "vocab": w[11], "merges": w[12], "added_tokens": w[13], "add_bos": bool(w[6] & F_ADD_BOS),
             "bos_id": _opt(w[8]), "eos_id": _opt(w[9]), "stop_ids": stops}
+
+
+def tokenizer_metadata(hf_dir: str | Path, vocab_size: int) -> dict[str, bytes]:
+    """The tokenizer.* blobs for a checkpoint whose model has ``vocab_size`` ids ({} when the
+    checkpoint has no tokenizer: the file then runs `--ids` commands only)."""
+    spec = load_tokenizer(hf_dir)
+    if spec is None:
+        return {}
+    if len(spec.vocab) > vocab_size:
+        raise ModelError(f"{hf_dir}: the tokenizer has {len(spec.vocab)} ids but the model's vocab_size is "
+                         f"{vocab_size} (config.json); they must belong together")
+    return spec.blobs()
