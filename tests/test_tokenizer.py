@@ -184,7 +184,7 @@ def test_sentencepiece_model_only(host_colibri: Path, tmp_path: Path) -> None:
 
 def test_converted_checkpoint_carries_its_tokenizer(hf_root: Path, host_colibri: Path, tmp_path: Path) -> None:
     from colibri_kit.model.convert import convert
-    from colibri_kit.model.convert import TargetModelLimits  # noqa: F401  (signature reference)
+    from colibri_kit.model.format import header_json
 
     for name in ("qwen3_moe", "mixtral"):
         src = H.checkpoint(name, hf_root)
@@ -194,6 +194,11 @@ def test_converted_checkpoint_carries_its_tokenizer(hf_root: Path, host_colibri:
         assert {"tokenizer.config", "tokenizer.vocab", "tokenizer.merges", "tokenizer.added"} <= set(m.metadata_names())
         desc = T.describe_blobs(m.metadata("tokenizer.config"))
         assert desc and desc["model"] == ("sentencepiece_bpe" if name == "mixtral" else "byte_level_bpe")
+        info = header_json(out)  # what `invoke model-info` prints
+        assert info["tokenizer"] == desc and info["metadata"]["tokenizer.vocab"] == len(m.metadata("tokenizer.vocab"))
+        gen = json.loads((src / "generation_config.json").read_text())
+        want_stops = gen["eos_token_id"] if isinstance(gen["eos_token_id"], list) else [gen["eos_token_id"]]
+        assert desc["stop_ids"] == want_stops and desc["add_bos"] == (name == "mixtral")
         ref = reference(src)
         for text in ("Hello world", "<|im_start|>user\nHi<|im_end|>", "你好 ", "<s>[INST] hi [/INST]"):
             assert c_tokenize(host_colibri, out, text.encode(), tmp_path) == ref.encode(text).ids
