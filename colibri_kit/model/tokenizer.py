@@ -37,7 +37,8 @@ SPLIT_REGEXES = {QWEN2_REGEX: 1, LLAMA3_REGEX: 3}  # -> max digits per number pi
 
 MODEL_BYTE_BPE, MODEL_SP_BPE = 1, 2
 NORM_NONE, NORM_NFC, NORM_SP = 0, 1, 2
-PRETOK_NONE, PRETOK_GPT2, PRETOK_LLAMA3 = 0, 1, 2
+PRETOK_NONE, PRETOK_GPT2, PRETOK_LLAMA3, PRETOK_METASPACE = 0, 1, 2, 3
+META_ALWAYS, META_FIRST, META_NEVER = 1, 2, 3  # Metaspace prepend_scheme (config word 4)
 DEC_BYTE_LEVEL, DEC_SP = 1, 2
 F_BYTE_FALLBACK, F_FUSE_UNK, F_ADD_BOS, F_ADD_EOS, F_IGNORE_MERGES = 1, 2, 4, 8, 16
 A_SPECIAL, A_LSTRIP, A_RSTRIP, A_NORMALIZED, A_SINGLE_WORD = 1, 2, 4, 8, 16
@@ -51,7 +52,8 @@ SP = "\u2581"  # ▁
 NAMES = {
     "model": {MODEL_BYTE_BPE: "byte_level_bpe", MODEL_SP_BPE: "sentencepiece_bpe"},
     "normalizer": {NORM_NONE: "none", NORM_NFC: "nfc", NORM_SP: "prepend_replace_space"},
-    "pre_tokenizer": {PRETOK_NONE: "none", PRETOK_GPT2: "gpt2_regex", PRETOK_LLAMA3: "qwen2_llama3_regex"},
+    "pre_tokenizer": {PRETOK_NONE: "none", PRETOK_GPT2: "gpt2_regex", PRETOK_LLAMA3: "qwen2_llama3_regex",
+                      PRETOK_METASPACE: "metaspace"},
     "decoder": {DEC_BYTE_LEVEL: "byte_level", DEC_SP: "sentencepiece"},
 }
 
@@ -176,12 +178,25 @@ def _byte_level_ok(b: dict[str, Any], key: str, use_regex: bool) -> None:
 
 
 def _parse_pre_tokenizer(p: Any) -> tuple[int, int]:
-    sup = ("null (SentencePiece-style), ByteLevel(use_regex=true, add_prefix_space=false) (GPT-2 regex), or "
-           "Sequence[Split(Regex=<Qwen2 or Llama-3 regex>, behavior=Isolated), ByteLevel(use_regex=false)]")
+    sup = ("null (SentencePiece-style), Metaspace(\"▁\", split=false), ByteLevel(use_regex=true, "
+           "add_prefix_space=false) (GPT-2 regex), or Sequence[Split(Regex=<Qwen2 or Llama-3 regex>, "
+           "behavior=Isolated), ByteLevel(use_regex=false)]")
     if p is None:
         return PRETOK_NONE, 0
     if not isinstance(p, dict):
         raise _bad("pre_tokenizer", p, sup)
+    if p.get("type") == "Metaspace":  # what transformers 5 writes for Llama/Mixtral tokenizers
+        if p.get("replacement") != SP:
+            raise _bad("pre_tokenizer.replacement", p.get("replacement"), '"▁"')
+        if p.get("split", True):
+            raise _bad("pre_tokenizer.split", p.get("split", True), "false")
+        scheme = p.get("prepend_scheme")
+        if scheme is None:  # tokenizers < 0.15 wrote add_prefix_space
+            scheme = "always" if p.get("add_prefix_space", True) else "never"
+        schemes = {"always": META_ALWAYS, "first": META_FIRST, "never": META_NEVER}
+        if scheme not in schemes:
+            raise _bad("pre_tokenizer.prepend_scheme", scheme, "always, first, never")
+        return PRETOK_METASPACE, schemes[scheme]
     if p.get("type") == "ByteLevel":
         _byte_level_ok(p, "pre_tokenizer", True)
         return PRETOK_GPT2, 0
@@ -298,7 +313,7 @@ def spec_from_tokenizer_json(tj: dict[str, Any], tok_config: dict[str, Any] | No
     norm = _parse_normalizer(tj.get("normalizer"))
     pre, digits = _parse_pre_tokenizer(tj.get("pre_tokenizer"))
     dec = _parse_decoder(tj.get("decoder"))
-    if pre != PRETOK_NONE:
+    if pre in (PRETOK_GPT2, PRETOK_LLAMA3):
         model_kind = MODEL_BYTE_BPE
         if norm not in (NORM_NONE, NORM_NFC):
             raise _bad("normalizer", tj.get("normalizer"), "null or NFC with a ByteLevel pre-tokenizer")
@@ -308,9 +323,11 @@ def spec_from_tokenizer_json(tj: dict[str, Any], tok_config: dict[str, Any] | No
             raise _bad("model.byte_fallback", True, "false with a ByteLevel pre-tokenizer")
     else:
         model_kind = MODEL_SP_BPE
-        if norm != NORM_SP:
+        if pre == PRETOK_NONE and norm != NORM_SP:
             raise _bad("normalizer", tj.get("normalizer"),
                        'Sequence[Prepend("▁"), Replace(" " -> "▁")] without a pre-tokenizer')
+        if pre == PRETOK_METASPACE and norm != NORM_NONE:
+            raise _bad("normalizer", tj.get("normalizer"), "null with a Metaspace pre-tokenizer")
         if dec != DEC_SP:
             raise _bad("decoder", tj.get("decoder"), "the SentencePiece decoder sequence")
     vocab_in = m.get("vocab")
