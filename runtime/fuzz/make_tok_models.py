@@ -3,8 +3,9 @@
     python3 runtime/fuzz/make_tok_models.py OUT_DIR
 
 OUT_DIR/models/: one carrier model per family tokenizer trained by tests/hf_models.py (qwen2,
-olmoe, mixtral; vocabulary 1000), the tiny model (256 byte pieces) and a byte-level tokenizer
-without normalizer or added tokens (the fuzzer checks that its pieces join to the input).
+olmoe, mixtral; vocabulary 1000), the Mixtral one with a Metaspace(first) pre-tokenizer, the tiny
+model (256 byte pieces) and a byte-level tokenizer without normalizer or added tokens (the fuzzer
+checks that its pieces join to the input).
 OUT_DIR/corpus/: the exactness corpus (tests/data/tokenizer_corpus.json), one file per text.
 """
 
@@ -36,6 +37,10 @@ def main(out: Path) -> None:
     assert raw is not None
     raw.normalizer, raw.added = T.NORM_NONE, []
     write_text_model(models / "plain.colibri", raw.blobs(), 1024)
+    meta = T.load_tokenizer(out / "hf" / "mixtral")  # as transformers 5 saves it: Metaspace(first)
+    assert meta is not None
+    meta.normalizer, meta.pre_tokenizer, meta.digits = T.NORM_NONE, T.PRETOK_METASPACE, T.META_FIRST
+    write_text_model(models / "metaspace.colibri", meta.blobs(), 1024)
     corpus = out / "corpus"
     corpus.mkdir(exist_ok=True)
     texts = json.loads(H.TOKENIZER_CORPUS.read_text(encoding="utf-8"))
