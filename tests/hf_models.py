@@ -448,5 +448,7 @@ def train_tokenizer(family: str, vocab_size: int, out_dir: Path, texts: list[str
     Tokenizer.from_str(text)  # the library itself accepts it
     (out_dir / "tokenizer.json").write_text(text, encoding="utf-8")
     (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
-    (out_dir / "generation_config.json").write_text(json.dumps(gen, indent=1))
+    gpath = out_dir / "generation_config.json"  # keep what save_pretrained wrote; ids from here
+    saved = json.loads(gpath.read_text()) if gpath.is_file() else {}
+    gpath.write_text(json.dumps({**saved, **gen}, indent=1))
     return out_dir / "tokenizer.json"
