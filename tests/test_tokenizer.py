@@ -315,3 +315,42 @@ def test_unicode_tables_are_generated_and_current() -> None:
     text = OUT.read_text()
     assert f'colibri_unicode_version[] = "{unicodedata.unidata_version}"' in text
     assert text == generate(), "runtime/src/unicode_tables.c is stale: python -m colibri_kit.model.unicode_gen"
+
+
+def _corrupt_blob(blobs: dict[str, bytes], name: str, at: int, value: int) -> dict[str, bytes]:
+    import struct
+
+    b = bytearray(blobs[name])
+    struct.pack_into("<I", b, at, value)
+    return {**blobs, name: bytes(b)}
+
+
+@pytest.mark.parametrize("name,at,value,message", [
+    ("tokenizer.config", 0, 9, "tokenizer.config version 9"),
+    ("tokenizer.config", 4, 7, "unsupported combination"),
+    ("tokenizer.config", 44, 5000, "vocabulary has 5000 pieces"),
+    ("tokenizer.config", 32, 300, "special id 300"),
+    ("tokenizer.config", 56, 3, "stop ids"),
+    ("tokenizer.config", 64, 1, "word 16 must be 0"),
+    ("tokenizer.vocab", 8, 1 << 20, "offset"),
+    ("tokenizer.vocab", -1, 0x40404040, "flags"),  # -1: the first flag bytes
+    ("tokenizer.merges", 0, 99999, "merge 0 names id"),
+    ("tokenizer.added", 0, 99999, "out of range"),
+    ("tokenizer.added", 12, 0, "out of range"),
+])
+def test_loader_refuses_a_broken_tokenizer_section(host_colibri: Path, tmp_path: Path, name: str, at: int,
+                                                   value: int, message: str) -> None:
+    """Each field of the tokenizer blobs is checked when the model loads (docs/format.md)."""
+    d = tmp_path / "t"
+    H.train_tokenizer("qwen2", 300, d)
+    spec = T.load_tokenizer(d)
+    blobs = spec.blobs()
+    assert spec.merges and spec.added
+    if at == -1:
+        at = 4 + 4 * (len(spec.vocab) + 1)
+    model = write_text_model(tmp_path / "bad.colibri", _corrupt_blob(blobs, name, at, value), 320)
+    p = cli(host_colibri, "--backend", "cpu", "forward", model, "--ids", "1,2")
+    err = p.stderr.decode()
+    assert p.returncode == 1 and "tokenizer" in err and message in err, err
+    good = write_text_model(tmp_path / "good.colibri", blobs, 320)
+    assert cli(host_colibri, "--backend", "cpu", "forward", good, "--ids", "1,2").returncode == 0
