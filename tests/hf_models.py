@@ -395,7 +395,6 @@ def train_tokenizer(family: str, vocab_size: int, out_dir: Path, texts: list[str
         tj["added_tokens"] = [_added(s, base + k) for k, s in enumerate(specials)]
         for k, (content, special, normalized) in enumerate(extra):
             tj["added_tokens"].append(_added(content, base + len(specials) + k, special, normalized))
-        from tokenizers import processors  # noqa: F401  (ByteLevel post-processor, as the originals)
         tj["post_processor"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
                                 "use_regex": False}
         eos = "<|endoftext|>" if family == "olmoe" else "<|im_end|>"

@@ -426,13 +426,12 @@ def spec_from_tokenizer_json(tj: dict[str, Any], tok_config: dict[str, Any] | No
     if flags & F_ADD_EOS and eos_id == NO_ID:
         raise ModelError("tokenizer_config.json key add_eos_token: true, but there is no eos_token")
     stops: list[int] = []
-    for key in ("eos_token_id",):
-        v = gc.get(key)
-        for s in (v if isinstance(v, list) else [v] if v is not None else []):
-            if not isinstance(s, int) or not 0 <= s < n:
-                raise ModelError(f"generation_config.json key {key}: {s!r} is not a token id below {n}")
-            if s not in stops:
-                stops.append(s)
+    v = gc.get("eos_token_id")
+    for s in (v if isinstance(v, list) else [v] if v is not None else []):
+        if not isinstance(s, int) or not 0 <= s < n:
+            raise ModelError(f"generation_config.json key eos_token_id: {s!r} is not a token id below {n}")
+        if s not in stops:
+            stops.append(s)
     if not stops and eos_id != NO_ID:
         stops.append(eos_id)
     if gc.get("bos_token_id") is not None and bos_id == NO_ID and isinstance(gc["bos_token_id"], int):
@@ -453,12 +452,11 @@ def tokenizer_json_from_sentencepiece(path: Path) -> dict[str, Any]:
     Merges are every pair of pieces whose concatenation is a piece, ranked by the merged piece's
     score (SentencePiece BPE merges the highest-scoring pair first), as transformers' converter
     does. Only BPE models with the identity normalizer (Llama's) are accepted."""
-    try:
-        import sentencepiece as spm  # noqa: PLC0415 (optional: only this path needs it)
-        from sentencepiece import sentencepiece_model_pb2 as pb  # noqa: PLC0415
+    try:  # optional (the `sentencepiece` extra): only this path needs it
+        from sentencepiece import sentencepiece_model_pb2 as pb
     except ImportError:
-        raise ModelError(f"{path}: reading a SentencePiece tokenizer.model needs the `sentencepiece` "
-                         "package (pip install sentencepiece), or provide tokenizer.json") from None
+        raise ModelError(f"{path}: reading a SentencePiece tokenizer.model needs the `sentencepiece` and "
+                         "`protobuf` packages (pip install '.[sentencepiece]'), or provide tokenizer.json") from None
     proto = pb.ModelProto()
     try:
         proto.ParseFromString(path.read_bytes())
@@ -474,7 +472,6 @@ def tokenizer_json_from_sentencepiece(path: Path) -> dict[str, Any]:
     if not ns.add_dummy_prefix or ns.remove_extra_whitespaces:
         raise ModelError(f"{path}: tokenizer.model keys normalizer_spec.add_dummy_prefix/remove_extra_whitespaces: "
                          f"{ns.add_dummy_prefix}/{ns.remove_extra_whitespaces} are not supported; supported: true/false")
-    del spm
     vocab: dict[str, int] = {}
     scores: dict[str, float] = {}
     added = []
