@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "colibri_config.h"
@@ -738,4 +739,101 @@ void colibri_cuda_close(colibri_cuda *cu) {
         dlclose(cu->d.lib);
     }
     free(cu);
+}
+
+/* ---- copy-bandwidth probe ---------------------------------------------------------------------- */
+
+static double cb_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Host clock around queued copies and one cuCtxSynchronize: the launch overhead of a few copies
+ * of >= 64 MiB is far below the clock's resolution of the whole. */
+static int cb_probe_run(colibri_cuda *cu, size_t bytes, int iters, colibri_cuda_bandwidth *out,
+                        char *why, size_t why_len) {
+    cuMemcpyDtoD_v2_t dtod = (cuMemcpyDtoD_v2_t)dlsym(cu->d.lib, "cuMemcpyDtoD_v2");
+    cuCtxSynchronize_t sync = (cuCtxSynchronize_t)dlsym(cu->d.lib, "cuCtxSynchronize");
+    if (!dtod || !sync) {
+        snprintf(why, why_len, "the driver lacks cuMemcpyDtoD_v2 or cuCtxSynchronize");
+        return -1;
+    }
+    CUdeviceptr a = 0, b = 0;
+    CUresult r;
+    int rc = -1;
+    if ((r = cu->d.MemAlloc(&a, bytes)) != CUDA_SUCCESS ||
+        (r = cu->d.MemAlloc(&b, bytes)) != CUDA_SUCCESS) {
+        cb_fail(cu, r, "cuMemAlloc (probe buffers)", why, why_len);
+        goto done;
+    }
+    if ((r = dtod(b, a, bytes)) != CUDA_SUCCESS || (r = sync()) != CUDA_SUCCESS) {
+        cb_fail(cu, r, "cuMemcpyDtoD (warm-up)", why, why_len);
+        goto done;
+    }
+    double t0 = cb_now();
+    for (int i = 0; i < iters; i++)
+        if ((r = i % 2 ? dtod(a, b, bytes) : dtod(b, a, bytes)) != CUDA_SUCCESS) {
+            cb_fail(cu, r, "cuMemcpyDtoD", why, why_len);
+            goto done;
+        }
+    if ((r = sync()) != CUDA_SUCCESS) {
+        cb_fail(cu, r, "cuCtxSynchronize", why, why_len);
+        goto done;
+    }
+    out->seconds = cb_now() - t0;
+    out->bytes = bytes;
+    out->iters = iters;
+    out->gbps = out->seconds > 0 ? 2.0 * (double)bytes * iters / out->seconds / 1e9 : 0.0;
+    rc = 0;
+done:
+    if (a) cu->d.MemFree(a);
+    if (b) cu->d.MemFree(b);
+    return rc;
+}
+
+int colibri_cuda_copy_bandwidth(size_t bytes, int iters, colibri_cuda_bandwidth *out, char *why,
+                                size_t why_len) {
+    memset(out, 0, sizeof *out);
+    if (bytes == 0 || iters < 1) {
+        snprintf(why, why_len, "probe size and iterations must be positive");
+        return -1;
+    }
+    colibri_cuda *cu = calloc(1, sizeof *cu);
+    if (!cu) {
+        snprintf(why, why_len, "out of host memory");
+        return -1;
+    }
+    int rc = -1;
+    CUresult r;
+    int major = 0, minor = 0;
+    if (cb_driver_load(&cu->d, why, why_len)) goto done;
+    if ((r = cu->d.Init(0)) != CUDA_SUCCESS) {
+        cb_fail(cu, r, "cuInit", why, why_len);
+        goto done;
+    }
+    if ((r = cu->d.DeviceGet(&cu->dev, 0)) != CUDA_SUCCESS ||
+        (r = cu->d.DeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                                      cu->dev)) != CUDA_SUCCESS ||
+        (r = cu->d.DeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+                                      cu->dev)) != CUDA_SUCCESS ||
+        (r = cu->d.DeviceGetAttribute(&out->integrated, CU_DEVICE_ATTRIBUTE_INTEGRATED,
+                                      cu->dev)) != CUDA_SUCCESS ||
+        (r = cu->d.DeviceGetName(out->device_name, (int)sizeof out->device_name, cu->dev)) !=
+            CUDA_SUCCESS ||
+        (r = cu->d.DriverGetVersion(&out->driver_version)) != CUDA_SUCCESS) {
+        cb_fail(cu, r, "querying CUDA device 0", why, why_len);
+        goto done;
+    }
+    out->sm = major * 10 + minor;
+    if ((r = cu->d.CtxCreate(&cu->ctx, 0, cu->dev)) != CUDA_SUCCESS) {
+        cb_fail(cu, r, "cuCtxCreate", why, why_len);
+        goto done;
+    }
+    rc = cb_probe_run(cu, bytes, iters, out, why, why_len);
+done:
+    if (cu->ctx) cu->d.CtxDestroy(cu->ctx);
+    if (cu->d.lib) dlclose(cu->d.lib);
+    free(cu);
+    return rc;
 }

@@ -44,7 +44,9 @@ static int usage(const char *msg) {
             "  generate MODEL --ids 1,2,3 --max-new N\n"
             "  bench MODEL [--prompt-len N] [--gen N] [--runs N] [--json]\n"
             "  dump-routing MODEL --ids 1,2,3 --out FILE\n"
-            "  selftest\n");
+            "  selftest\n"
+            "  gpuprobe [--mib N] [--iters N] [--json]      GPU copy bandwidth (gpuprobe --help)\n"
+            "  synth OUT [geometry options]                 random model for speed checks (synth --help)\n");
     return 2;
 }
 
@@ -446,7 +448,12 @@ static int print_version(void) {
     return 0;
 }
 
+int cmd_gpuprobe(int argc, char **argv); /* tools/cmd_gpuprobe.c */
+int cmd_synth(int argc, char **argv);    /* tools/cmd_synth.c */
+
 int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "gpuprobe")) return cmd_gpuprobe(argc - 1, argv + 1);
+    if (argc > 1 && !strcmp(argv[1], "synth")) return cmd_synth(argc - 1, argv + 1);
     cli c;
     memset(&c, 0, sizeof c);
     c.backend = COLIBRI_BACKEND_AUTO;
