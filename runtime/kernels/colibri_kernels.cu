@@ -15,24 +15,23 @@
  * Layouts: a linear layer's weight is W[rows=out, cols=in] row-major, y[t, r] = W[r, :] . x[t, :].
  * Tensors with a D-sized axis are padded to Dp with zeros, so padded lanes stay exactly zero. */
 #include "colibri_config.h"
+#include "colibri_abi.h"
 
 typedef unsigned long long cb_u64;
 typedef unsigned int cb_u32;
 typedef unsigned short cb_u16;
 
-#define CB_DT_F32 0
-#define CB_DT_F16 1
-#define CB_DT_BF16 2
-#define CB_DT_INT8 3
+/* short names for the values colibri_abi.h defines */
+#define CB_DT_F32 COLIBRI_DT_F32
+#define CB_DT_F16 COLIBRI_DT_F16
+#define CB_DT_BF16 COLIBRI_DT_BF16
+#define CB_DT_INT8 COLIBRI_DT_INT8
 
-#define CB_WARP 32
+#define CB_WARP COLIBRI_CU_WARP
 #define CB_FULL_MASK 0xffffffffu
-/* Threads per block of the row kernels (linear, expert up/down): 4 warps, one output row each. */
-#define CB_ROW_WARPS 4
-/* Tokens one warp carries at once in a row kernel: the weight row is read once per tile. */
-#define CB_TOKEN_TILE 4
-/* Router top-k sorts at most this many experts (docs/format.md caps E at 256). */
-#define CB_MAX_SORT 256
+#define CB_ROW_WARPS COLIBRI_CU_ROW_WARPS
+#define CB_TOKEN_TILE COLIBRI_CU_TOKEN_TILE
+#define CB_MAX_SORT COLIBRI_CU_MAX_SORT
 
 #if !defined(COLIBRI_ROUTING_MODE) || !defined(COLIBRI_ROUTING_SOFTMAX_TOPK)
 #error "colibri_config.h must define COLIBRI_ROUTING_MODE and COLIBRI_ROUTING_SOFTMAX_TOPK"

@@ -259,11 +259,12 @@ int cmd_synth(int argc, char **argv) {
         }
         if (done) continue;
         if (!strcmp(a, "--dtype") && v) {
-            if (!strcmp(v, "f32")) g.dtype = COLIBRI_DT_F32;
-            else if (!strcmp(v, "f16")) g.dtype = COLIBRI_DT_F16;
-            else if (!strcmp(v, "bf16")) g.dtype = COLIBRI_DT_BF16;
-            else if (!strcmp(v, "int8")) g.dtype = COLIBRI_DT_INT8;
-            else return synth_usage("--dtype must be f32, f16, bf16 or int8");
+            static const char *names[] = COLIBRI_DT_NAMES;
+            g.dtype = COLIBRI_DT_COUNT;
+            for (uint32_t d = 0; d < COLIBRI_DT_COUNT; d++)
+                if (!strcmp(v, names[d])) g.dtype = d;
+            /* this writer rounds to the per-row types only */
+            if (g.dtype > COLIBRI_DT_INT8) return synth_usage("--dtype must be f32, f16, bf16 or int8");
             i++;
         } else if (!strcmp(a, "--seed") && v) {
             char *end;

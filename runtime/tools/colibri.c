@@ -19,6 +19,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include "../kernels/colibri_abi.h"
 #include "colibri.h"
 #include "colibri_config.h"
 
@@ -123,8 +124,8 @@ static int open_model(const cli *c, colibri_ctx **ctx) {
 }
 
 static const char *dtype_name(uint32_t d) {
-    static const char *names[] = {"f32", "f16", "bf16", "int8"};
-    return d < 4 ? names[d] : "unknown";
+    static const char *names[] = COLIBRI_DT_NAMES;
+    return d < COLIBRI_DT_COUNT ? names[d] : "unknown";
 }
 static const char *family_name(uint32_t f) {
     static const char *names[] = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe"};
