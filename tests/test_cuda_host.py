@@ -716,3 +716,36 @@ def test_gpu_check_bytes_per_token_counts_active_weights(tmp_path: Path):
 def test_gpu_check_run_refuses_an_unprepared_directory(tmp_path: Path):
     proc = _gpu_check(tmp_path)
     assert proc.returncode == 2 and "is not a prepared directory" in proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["f16", "int8"])
+def test_synth_writes_a_valid_deterministic_model(host_colibri: Path, tmp_path: Path, dtype: str):
+    """`colibri synth` (the GPU check's large model, written on the GPU machine): the kit's reader
+    accepts the file, the CPU forward matches the NumPy reference on it, and the same options
+    and seed give the same bytes (another seed does not)."""
+    from colibri_kit.model.format import read_model
+    from colibri_kit.model.reference import Reference
+
+    args = TINY_SYNTH.split() + ["--dtype", dtype]
+    paths_ = [tmp_path / f"{name}.colibri" for name in ("a", "b", "c")]
+    for path, seed in zip(paths_, ("7", "7", "8")):
+        proc = subprocess.run([str(host_colibri), "synth", str(path), *args, "--seed", seed],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["file_bytes"] == path.stat().st_size
+    a, b, c = (p.read_bytes() for p in paths_)
+    assert a == b and a != c
+    from colibri_kit.model.format import DType
+
+    model = read_model(paths_[0])
+    assert model.header.dtype == int(DType.parse(dtype)) and model.header.n_layers == 1
+    ids = [1, 5, 9, 2]
+    out = tmp_path / "l.f32"
+    proc = subprocess.run([str(host_colibri), "--backend", "cpu", "forward", str(paths_[0]),
+                           "--ids", ",".join(map(str, ids)), "--logits-out", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    got = np.fromfile(out, "<f4").reshape(len(ids), -1)
+    want = Reference(paths_[0]).forward(ids)
+    assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
