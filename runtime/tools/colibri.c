@@ -44,7 +44,8 @@ static int usage(const char *msg) {
             "  generate MODEL --ids 1,2,3 --max-new N\n"
             "  bench MODEL [--prompt-len N] [--gen N] [--runs N] [--json]\n"
             "  dump-routing MODEL --ids 1,2,3 --out FILE\n"
-            "  selftest\n");
+            "  selftest\n"
+            "  serve MODEL [--host H] [--port P] [--slots N] [--max-queue Q] [--api-key-file F] (serve --help)\n");
     return 2;
 }
 
@@ -446,7 +447,11 @@ static int print_version(void) {
     return 0;
 }
 
+int cmd_serve_wanted(int argc, char **argv); /* tools/cmd_serve.c */
+int cmd_serve(int argc, char **argv);
+
 int main(int argc, char **argv) {
+    if (cmd_serve_wanted(argc, argv)) return cmd_serve(argc, argv);
     cli c;
     memset(&c, 0, sizeof c);
     c.backend = COLIBRI_BACKEND_AUTO;
