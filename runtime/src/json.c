@@ -399,7 +399,10 @@ void jb_str(json_buf *b, const char *s, size_t n) {
         } else if (c == '\n') { jb_raw(b, "\\n", 2); i++; }
         else if (c == '\r') { jb_raw(b, "\\r", 2); i++; }
         else if (c == '\t') { jb_raw(b, "\\t", 2); i++; }
-        else if (c < 0x20 || c == 0x7F) {
+        else if (c == 0) { /* the parser refuses \u0000, so the writer never produces it */
+            jb_raw(b, "\xEF\xBF\xBD", 3);
+            i++;
+        } else if (c < 0x20 || c == 0x7F) {
             char e[6] = {'\\', 'u', '0', '0', hex[c >> 4], hex[c & 15]};
             jb_raw(b, e, 6);
             i++;

@@ -10,7 +10,7 @@
  *
  * Writer: a growable byte buffer with helpers that always produce valid JSON: strings are
  * escaped, and bytes that are not valid UTF-8 (a token may end inside a multi-byte character)
- * are written as U+FFFD. */
+ * and NUL bytes (which the parser refuses) are written as U+FFFD. */
 #ifndef COLIBRI_JSON_H
 #define COLIBRI_JSON_H
 

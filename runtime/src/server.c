@@ -564,7 +564,7 @@ static void stream_finish(completion *k, int finish, const char *err) {
     chunk_head(k);
     if (k->rq->chat) jb_puts(b, "{\"index\": 0, \"delta\": {}, \"logprobs\": null, \"finish_reason\": ");
     else jb_puts(b, "{\"index\": 0, \"text\": \"\", \"logprobs\": null, \"finish_reason\": ");
-    jb_printf(b, "\"%s\"}]}", finish_name(finish));
+    jb_printf(b, "\"%s\", \"token_ids\": []}]}", finish_name(finish));
     if (send_chunk(k)) return;
     if (k->rq->include_usage) {
         chunk_head(k);
@@ -944,6 +944,26 @@ static void serve_connection(conn *c) {
     route(c, &r);
 }
 
+/* Close after the answer without losing it: closing a socket with unread input (a refused
+ * oversized head or body) makes the kernel send a reset, which can destroy the response before
+ * the client reads it. So: end our side, then read and drop what the client still sends for a
+ * short while, until it closes too. */
+static void linger_close(int fd) {
+    shutdown(fd, SHUT_WR);
+    char sink[4096];
+    double end = now_ms() + 500;
+    size_t dropped = 0;
+    while (dropped < (1u << 20)) {
+        int left = (int)(end - now_ms());
+        struct pollfd p = {fd, POLLIN, 0};
+        if (left <= 0 || poll(&p, 1, left) <= 0) break;
+        ssize_t n = recv(fd, sink, sizeof sink, 0);
+        if (n <= 0) break;
+        dropped += (size_t)n;
+    }
+    close(fd);
+}
+
 static void *conn_main(void *arg) {
     conn *c = arg;
     server *S = c->S;
@@ -954,7 +974,7 @@ static void *conn_main(void *arg) {
         pthread_mutex_unlock(&S->mu);
         log_request(c);
     }
-    close(c->fd);
+    linger_close(c->fd);
     free(c->buf);
     free(c);
     pthread_mutex_lock(&S->mu);
