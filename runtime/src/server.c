@@ -685,9 +685,13 @@ static void handle_completion(conn *c, int chat, const char *body, size_t len) {
         goto fail;
     }
     if (acq == ACQ_GONE) {
+        free(k.out);
+        if (!client_gone(c)) { /* still there: the drain deadline passed while it waited */
+            oai_set_error(&e, 503, "server_error", "shutting_down", NULL, "the server is shutting down");
+            goto fail;
+        }
         c->status = 499; /* nginx's "client closed request": nothing is sent */
         snprintf(c->err, sizeof c->err, "client left while queued");
-        free(k.out);
         oai_request_free(&rq);
         json_free(&doc);
         return;
@@ -714,10 +718,26 @@ static void handle_completion(conn *c, int chat, const char *body, size_t len) {
     c->finish = finish_name(finish);
     if (finish == FINISH_CANCELLED) {
         pthread_mutex_lock(&S->mu);
-        S->m.cancelled++;
+        int shutting_down = S->cancel_all;
+        if (!shutting_down) S->m.cancelled++;
         pthread_mutex_unlock(&S->mu);
-        if (!rq.stream) c->status = 499;
-        snprintf(c->err, sizeof c->err, "client disconnected or server shutting down; generation stopped");
+        if (shutting_down && !client_gone(c)) {
+            /* the drain deadline passed: say so instead of cutting the answer off silently */
+            oai_set_error(&e, 503, "server_error", "shutting_down", NULL,
+                          "the server is shutting down; generation stopped after %d tokens", k.n_out);
+            if (rq.stream) {
+                jb_reset(&k.chunk);
+                jb_puts(&k.chunk, "data: ");
+                oai_error_json(&k.chunk, &e);
+                send_chunk(&k);
+                snprintf(c->err, sizeof c->err, "%s", e.message);
+            } else {
+                respond_error(c, &e);
+            }
+        } else {
+            if (!rq.stream) c->status = 499; /* nginx's "client closed request": nothing sent */
+            snprintf(c->err, sizeof c->err, "client disconnected; generation stopped");
+        }
     } else if (rq.stream) {
         stream_finish(&k, finish, gerr);
         if (finish == FINISH_ERROR) snprintf(c->err, sizeof c->err, "%s", gerr);
