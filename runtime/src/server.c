@@ -27,7 +27,6 @@
 
 #define MAX_HEAD 16384          /* request head limit (431 beyond) */
 #define MAX_LISTEN 4            /* listening sockets (a host name may resolve to v4 and v6) */
-#define PREFILL_CHUNK 64        /* prompt tokens per forward call (the runtime's own chunk) */
 #define CONN_SLACK 8            /* connections beyond slots + queue, for /health and /metrics */
 #define CONN_STACK (256 * 1024)
 
@@ -75,10 +74,7 @@ typedef struct {
 
 typedef struct slot {
     int index;
-    colibri_ctx *ctx;
-    float *logits;              /* [PREFILL_CHUNK, V] */
-    float *probs;               /* [V] sampling */
-    int32_t *order;             /* [V] top-p */
+    colibri_ctx *ctx;           /* one sequence over the shared model */
     struct slot *next_free;
 } slot;
 
@@ -94,6 +90,8 @@ typedef struct {
     char api_key[256];
     size_t api_key_len;
     colibri_model_info info;
+    colibri_model *model;       /* mapped once, shared by every slot's context */
+    colibri_detok_fn detok;     /* NULL until the model carries a tokenizer */
     slot *slots;
     int n_slots;
     pthread_mutex_t mu;         /* everything below */
@@ -351,97 +349,65 @@ static void release_slot(server *S, slot *s) {
 
 /* ---------------------------------------------------------------- generation
  *
- * The generation backend of the service: prompt ids in, token ids out through a callback.
- * Greedy at temperature 0 (ties: the lower id, as `colibri generate`), otherwise temperature
- * and top-p sampling from a seeded generator. This is the one place to switch to the shared
- * generation loop (runtime/src/generate.*) when it lands. */
+ * The service's use of the runtime's generation loop (colibri_generate: prefill, sampling,
+ * EOS/stop ids and stop strings, UTF-8-safe text): prompt ids in, ids and final text out
+ * through a callback that also polls for cancellation (client gone, drain deadline). */
 
 typedef struct {
     int max_tokens;
-    double temperature, top_p;
-    uint64_t seed;
-    int32_t eos;                /* -1: none */
+    colibri_sampling sampling;
+    const char *stop[OAI_MAX_STOP];
+    int n_stop;
 } gen_params;
 
 typedef struct {
-    int (*on_token)(void *user, int32_t id);  /* nonzero: stop (the client went away) */
-    int (*cancelled)(void *user);              /* polled during prefill and between tokens */
+    /* id >= 0: a generated token; id == -1: the end. text: bytes that became final. Return
+     * non-zero to stop (the client went away). */
+    int (*on_token)(void *user, int32_t id, const char *text, size_t len);
+    int (*cancelled)(void *user);   /* polled between tokens */
     void *user;
 } gen_callbacks;
 
 enum { FINISH_LENGTH, FINISH_STOP, FINISH_CANCELLED, FINISH_ERROR };
 
-static int32_t argmax(const float *v, uint32_t n) {
-    uint32_t best = 0;
-    for (uint32_t i = 1; i < n; i++)
-        if (v[i] > v[best]) best = i;
-    return (int32_t)best;
-}
-
-static const float *g_sort_probs; /* qsort has no context argument; guarded by g_sort_mu */
-static pthread_mutex_t g_sort_mu = PTHREAD_MUTEX_INITIALIZER;
-static int by_prob_desc(const void *a, const void *b) {
-    float x = g_sort_probs[*(const int32_t *)a], y = g_sort_probs[*(const int32_t *)b];
-    if (x != y) return x < y ? 1 : -1;
-    return *(const int32_t *)a < *(const int32_t *)b ? -1 : 1;
-}
-
-static int32_t sample(slot *s, const float *logits, uint32_t V, const gen_params *p, uint64_t *rng) {
-    if (p->temperature <= 0) return argmax(logits, V);
-    float mx = logits[argmax(logits, V)];
-    double sum = 0;
-    for (uint32_t i = 0; i < V; i++) {
-        s->probs[i] = expf((float)((logits[i] - mx) / p->temperature));
-        sum += s->probs[i];
-    }
-    double u = (double)(splitmix64(rng) >> 11) * 0x1.0p-53;
-    if (p->top_p >= 1.0) {
-        double target = u * sum, acc = 0;
-        for (uint32_t i = 0; i < V; i++) {
-            acc += s->probs[i];
-            if (acc >= target) return (int32_t)i;
-        }
-        return (int32_t)(V - 1);
-    }
-    for (uint32_t i = 0; i < V; i++) s->order[i] = (int32_t)i;
-    pthread_mutex_lock(&g_sort_mu);
-    g_sort_probs = s->probs;
-    qsort(s->order, V, sizeof *s->order, by_prob_desc);
-    pthread_mutex_unlock(&g_sort_mu);
-    double keep = 0;
-    uint32_t k = 0;
-    while (k < V && keep < p->top_p * sum) keep += s->probs[s->order[k++]];
-    double target = u * keep, acc = 0;
-    for (uint32_t i = 0; i < k; i++) {
-        acc += s->probs[s->order[i]];
-        if (acc >= target) return s->order[i];
-    }
-    return s->order[k ? k - 1 : 0];
+static int bridge_token(void *user, int32_t id, const char *text, size_t len) {
+    const gen_callbacks *cb = user;
+    if (cb->on_token(cb->user, id, text, len)) return 1;
+    return id >= 0 && cb->cancelled(cb->user);
 }
 
 static int slot_generate(server *S, slot *s, const int32_t *ids, int n, const gen_params *p,
                          const gen_callbacks *cb, char *err, size_t errlen) {
-    uint32_t V = S->info.vocab_size;
-    colibri_reset(s->ctx);
-    colibri_status st = COLIBRI_OK;
-    int last = 0;
-    for (int done = 0; done < n && !st; done += last) {
-        if (cb->cancelled(cb->user)) return FINISH_CANCELLED;
-        last = n - done < PREFILL_CHUNK ? n - done : PREFILL_CHUNK;
-        st = colibri_forward(s->ctx, ids + done, last, s->logits);
+    if (cb->cancelled(cb->user)) return FINISH_CANCELLED;
+    int32_t *out = malloc((size_t)p->max_tokens * sizeof *out);
+    if (!out) {
+        snprintf(err, errlen, "out of memory");
+        return FINISH_ERROR;
     }
-    uint64_t rng = p->seed;
-    for (int made = 0; !st; made++) {
-        int32_t next = sample(s, s->logits + (size_t)(last - 1) * V, V, p, &rng);
-        if (next == p->eos) return FINISH_STOP;
-        if (cb->on_token(cb->user, next)) return FINISH_CANCELLED;
-        if (made + 1 >= p->max_tokens) return FINISH_LENGTH;
-        if (cb->cancelled(cb->user)) return FINISH_CANCELLED;
-        last = 1;
-        st = colibri_forward(s->ctx, &next, 1, s->logits);
+    colibri_generate_params g;
+    colibri_default_generate_params(&g);
+    g.prompt = ids;
+    g.n_prompt = n;
+    g.max_new = p->max_tokens;
+    g.sampling = p->sampling;
+    g.stop_strings = p->n_stop ? p->stop : NULL;
+    g.n_stop_strings = p->n_stop;
+    g.detok = S->detok;
+    g.detok_user = S;
+    g.on_token = bridge_token;
+    g.user = (void *)cb;
+    colibri_generate_result r;
+    colibri_status st = colibri_generate(s->ctx, &g, out, &r);
+    free(out);
+    if (st) {
+        snprintf(err, errlen, "%s: %s", colibri_strerror(st), colibri_last_error(s->ctx));
+        return FINISH_ERROR;
     }
-    snprintf(err, errlen, "%s: %s", colibri_strerror(st), colibri_last_error(s->ctx));
-    return FINISH_ERROR;
+    switch (r.finish) {
+    case COLIBRI_FINISH_STOP: return FINISH_STOP;
+    case COLIBRI_FINISH_CANCELLED: return FINISH_CANCELLED;
+    default: return FINISH_LENGTH; /* max_tokens, or the context is full */
+    }
 }
 
 /* ---------------------------------------------------------------- text
@@ -450,17 +416,7 @@ static int slot_generate(server *S, slot *s, const int32_t *ids, int n, const ge
  * tokenizer and chat template (format v2 metadata). Until the runtime has them, the service
  * takes prompts as token ids and answers with token ids (`token_ids`, next to an empty text). */
 
-static int text_supported(const server *S) {
-    (void)S;
-    return 0;
-}
-
-/* Bytes of token id's text appended to out (none without a tokenizer). */
-static void token_text(const server *S, int32_t id, json_buf *out) {
-    (void)S;
-    (void)id;
-    (void)out;
-}
+static int text_supported(const server *S) { return S->detok != NULL; }
 
 /* ---------------------------------------------------------------- completions */
 
@@ -497,36 +453,33 @@ static void usage_json(json_buf *b, int prompt, int completion) {
               completion, prompt + completion);
 }
 
-static int on_token(void *user, int32_t id) {
+static int on_token(void *user, int32_t id, const char *text, size_t len) {
     completion *k = user;
     server *S = k->S;
-    double t = now_ms();
-    pthread_mutex_lock(&S->mu);
-    if (k->n_out == 0) hist_add(&S->m.first_token, FIRST_TOKEN_BUCKETS, N_FT, (t - k->t_req) / 1e3);
-    else hist_add(&S->m.per_token, TOKEN_BUCKETS, N_TOK, (t - k->t_last) / 1e3);
-    S->m.generated_tokens++;
-    pthread_mutex_unlock(&S->mu);
-    if (k->n_out == 0) k->c->first_token_ms = t - k->t_req;
-    k->t_last = t;
-    k->out[k->n_out++] = id;
+    if (id >= 0) {
+        double t = now_ms();
+        pthread_mutex_lock(&S->mu);
+        if (k->n_out == 0) hist_add(&S->m.first_token, FIRST_TOKEN_BUCKETS, N_FT, (t - k->t_req) / 1e3);
+        else hist_add(&S->m.per_token, TOKEN_BUCKETS, N_TOK, (t - k->t_last) / 1e3);
+        S->m.generated_tokens++;
+        pthread_mutex_unlock(&S->mu);
+        if (k->n_out == 0) k->c->first_token_ms = t - k->t_req;
+        k->t_last = t;
+        k->out[k->n_out++] = id;
+    }
     if (!k->rq->stream) {
-        token_text(S, id, &k->text);
+        jb_raw(&k->text, text, len);
         return 0;
     }
-    json_buf piece = {0};
-    token_text(S, id, &piece);
+    if (id < 0 && len == 0) return 0; /* the end, with no text held back */
     chunk_head(k);
     json_buf *b = &k->chunk;
-    if (k->rq->chat) {
-        jb_puts(b, "{\"index\": 0, \"delta\": {\"content\": ");
-        jb_str(b, piece.buf ? piece.buf : "", piece.len);
-        jb_printf(b, "}, \"logprobs\": null, \"finish_reason\": null, \"token_ids\": [%d]}]}", (int)id);
-    } else {
-        jb_puts(b, "{\"index\": 0, \"text\": ");
-        jb_str(b, piece.buf ? piece.buf : "", piece.len);
-        jb_printf(b, ", \"logprobs\": null, \"finish_reason\": null, \"token_ids\": [%d]}]}", (int)id);
-    }
-    jb_free(&piece);
+    jb_puts(b, k->rq->chat ? "{\"index\": 0, \"delta\": {\"content\": " : "{\"index\": 0, \"text\": ");
+    jb_str(b, text ? text : "", len);
+    jb_puts(b, k->rq->chat ? "}, " : ", ");
+    jb_puts(b, "\"logprobs\": null, \"finish_reason\": null, \"token_ids\": [");
+    if (id >= 0) jb_printf(b, "%d", (int)id);
+    jb_puts(b, "]}]}");
     return send_chunk(k) ? 1 : 0;
 }
 
@@ -699,8 +652,15 @@ static void handle_completion(conn *c, int chat, const char *body, size_t len) {
     pthread_mutex_lock(&S->mu);
     S->m.prompt_tokens += (unsigned long long)n;
     pthread_mutex_unlock(&S->mu);
-    gen_params p = {(int)max_tokens, rq.temperature, rq.top_p, rq.seed_set ? rq.seed : rid,
-                    S->info.eos_token_id == 0xFFFFFFFFu ? -1 : (int32_t)S->info.eos_token_id};
+    gen_params p;
+    memset(&p, 0, sizeof p);
+    p.max_tokens = (int)max_tokens;
+    colibri_default_sampling(&p.sampling);
+    p.sampling.temperature = (float)rq.temperature;
+    p.sampling.top_p = (float)rq.top_p;
+    p.sampling.seed = rq.seed_set ? rq.seed : rid;
+    p.n_stop = rq.n_stop;
+    for (int i = 0; i < rq.n_stop; i++) p.stop[i] = rq.stop[i];
     gen_callbacks cb = {on_token, gen_cancelled, &k};
     char gerr[256] = "";
     if (rq.stream) {
@@ -1114,35 +1074,32 @@ static int open_listeners(server *S, int *fds, int *nfds, int *port_out) {
 
 static int load_slots(server *S) {
     const server_options *o = &S->o;
+    colibri_options opt;
+    char err[512] = "";
+    colibri_default_options(&opt);
+    opt.threads = o->threads;
+    opt.backend = o->backend;
+    opt.int8_activations = o->int8_activations;
+    opt.error = err;
+    opt.error_len = sizeof err;
+    /* The model is mapped and validated once; every slot is a context over it with its own
+     * arena (KV cache) and compute threads. */
+    colibri_status st = colibri_model_load(&S->model, o->model_path, &opt);
+    if (st) {
+        log_event("colibri serve: %s: %s: %s", o->model_path, colibri_strerror(st), err);
+        return -1;
+    }
+    colibri_model_get_info(S->model, &S->info);
     S->slots = calloc((size_t)o->slots, sizeof *S->slots);
     if (!S->slots) return -1;
     for (int i = 0; i < o->slots; i++) {
         slot *s = &S->slots[i];
-        colibri_options opt;
-        char err[512] = "";
-        colibri_default_options(&opt);
-        opt.threads = o->threads;
-        opt.backend = o->backend;
-        opt.int8_activations = o->int8_activations;
-        opt.error = err;
-        opt.error_len = sizeof err;
-        /* Each slot maps the same file: the kernel shares the page-cache pages, so the weights
-         * are resident once; each context has its own arena (KV cache) and threads. */
-        colibri_status st = colibri_init_ex(&s->ctx, o->model_path, &opt);
+        st = colibri_ctx_new(&s->ctx, S->model, &opt);
         if (st) {
-            log_event("colibri serve: %s: %s: %s", o->model_path, colibri_strerror(st), err);
+            log_event("colibri serve: %s: slot %d: %s: %s", o->model_path, i, colibri_strerror(st), err);
             return -1;
         }
-        if (i == 0) colibri_get_model_info(s->ctx, &S->info);
-        uint32_t V = S->info.vocab_size;
         s->index = i;
-        s->logits = malloc((size_t)PREFILL_CHUNK * V * sizeof *s->logits);
-        s->probs = malloc((size_t)V * sizeof *s->probs);
-        s->order = malloc((size_t)V * sizeof *s->order);
-        if (!s->logits || !s->probs || !s->order) {
-            log_event("colibri serve: out of memory for slot %d", i);
-            return -1;
-        }
         s->next_free = S->free_slots;
         S->free_slots = s;
         S->n_slots = i + 1;
@@ -1151,13 +1108,9 @@ static int load_slots(server *S) {
 }
 
 static void free_slots(server *S) {
-    for (int i = 0; i < S->n_slots; i++) {
-        colibri_free(S->slots[i].ctx);
-        free(S->slots[i].logits);
-        free(S->slots[i].probs);
-        free(S->slots[i].order);
-    }
+    for (int i = 0; i < S->n_slots; i++) colibri_free(S->slots[i].ctx);
     free(S->slots);
+    colibri_model_free(S->model);
 }
 
 static void model_id_from_path(server *S) {
@@ -1301,13 +1254,20 @@ int server_run(const server_options *o) {
     colibri_runtime_info ri;
     colibri_get_runtime_info(S.slots[0].ctx, &ri);
     S.ready = 1;
-    log_event("{\"event\": \"ready\", \"host\": \"%s\", \"port\": %d, \"model\": \"%s\", \"slots\": %d, "
-              "\"threads_per_slot\": %d, \"max_queue\": %d, \"backend\": \"%s\", \"api_key\": %s, "
-              "\"load_ms\": %.1f}",
-              o->host, port, S.model_id, S.n_slots, ri.threads, o->max_queue, ri.backend,
-              S.api_key_len ? "true" : "false", now_ms() - t0);
-    if (ri.fallback_reason[0])
-        log_event("{\"event\": \"cuda_fallback\", \"reason\": \"CUDA unavailable; running on CPU\"}");
+    json_buf b = {0};
+    jb_puts(&b, "{\"event\": \"ready\", \"host\": ");
+    jb_cstr(&b, o->host);
+    jb_printf(&b, ", \"port\": %d, \"model\": ", port);
+    jb_cstr(&b, S.model_id);
+    jb_printf(&b, ", \"slots\": %d, \"threads_per_slot\": %d, \"max_queue\": %d, \"backend\": \"%s\", "
+                  "\"api_key\": %s, \"load_ms\": %.1f, \"cuda_fallback\": ",
+              S.n_slots, ri.threads, o->max_queue, ri.backend, S.api_key_len ? "true" : "false",
+              now_ms() - t0);
+    if (ri.fallback_reason[0]) jb_cstr(&b, ri.fallback_reason);
+    else jb_puts(&b, "null");
+    jb_puts(&b, "}");
+    log_event("%s", b.failed ? "{\"event\": \"ready\"}" : b.buf);
+    jb_free(&b);
 
     accept_loop(&S, lfds, nl, pipefd[0]);
     for (int i = 0; i < nl; i++) close(lfds[i]); /* new connections are refused from here on */
