@@ -1,0 +1,14 @@
+/* The generation loop (colibri.h, "Generation"): internals the tests reach. */
+#ifndef COLIBRI_GENERATE_H
+#define COLIBRI_GENERATE_H
+
+#include <stddef.h>
+
+/* Bytes at the end of text[0..len) that form an incomplete UTF-8 character (0..3). */
+size_t colibri_utf8_incomplete_tail(const char *text, size_t len);
+
+/* Longest k < strlen(stop) with text ending in stop's first k bytes (a stop string that may
+ * still complete with the next token). */
+size_t colibri_stop_prefix_tail(const char *text, size_t len, const char *stop);
+
+#endif
