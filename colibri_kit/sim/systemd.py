@@ -1,0 +1,375 @@
+"""An emulated device that runs a REAL systemd (the host's, Debian 12's systemd 252) as PID 1.
+
+``SystemdDevice.boot()`` starts ``unshare --pid --fork --mount --uts --ipc --mount-proc
+--propagation private /bin/sh start.sh``; the start script builds the device's view of the
+machine and then ``exec``s ``/lib/systemd/systemd``, which is PID 1 of the new PID namespace.
+What the device sees (FACTS.md, "systemd inside an emulated device"):
+
+* ``/etc``, ``/var`` and ``/opt``: overlayfs, the host's directory below, the device's own upper
+  layer on top (``<state>/<name>/upper/{etc,var,opt}``), so what the device writes (users, unit files, its
+  journal under ``/var/log/journal``) is its own and survives a reboot;
+* ``/etc/systemd/system``: a bind mount of the device's own directory (``<state>/<name>/units``)
+  holding only what the sim and the kit put there: the host's enabled services (sshd, a
+  database...) are not the device's. Units that have no business in a device emulated inside a
+  shared machine (udev, getty, logind, sysctl, binfmt, kernel-module and hugepage mounts, ...)
+  are masked there: several of them write kernel-global state;
+* ``/opt/colibri``: a bind mount of ``<state>/<name>/opt`` (the install root, kept on reboot);
+* ``/tmp``, ``/var/tmp``, ``/run``: fresh tmpfs mounted BEFORE systemd starts, because its boot
+  runs ``systemd-tmpfiles``, which empties ``/tmp`` of the filesystem it sees;
+* ``/dev``: a tmpfs with bind mounts of the harmless host nodes (null, zero, full, random,
+  urandom, tty), its own devpts and ``/dev/shm``: journald links ``/dev/log`` and must not do
+  that in the host's ``/dev``;
+* cgroups: PID 1 starts in ``colibri-sim/<name>`` of every cgroup hierarchy (cpuset excepted),
+  which systemd then takes as its root (a PID 1 outside the root cgroup does), so two devices
+  never share ``system.slice/colibri.service``;
+* ``container=colibri-sim`` in PID 1's environment: systemd behaves as in a container
+  (``ConditionVirtualization=container``; it exits instead of rebooting the machine).
+
+Commands run inside with ``nsenter`` (mount, PID, UTS and IPC namespaces of PID 1). The device
+stops through its own ``systemctl poweroff`` (PID 1 ignores SIGTERM); ``kill()`` sends SIGKILL to
+PID 1 only (the pid this object started; the kernel then kills the rest of its PID namespace).
+The network namespace is the host's: services listen on host ports (pick free ones).
+
+Not imported by the product code.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shlex
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from colibri_kit.errors import FleetError
+
+SYSTEMD = "/lib/systemd/systemd"
+PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+CGROUP_PARENT = "colibri-sim"
+
+# Vendor units a shared machine must not run for each device (kernel-global writes, hardware,
+# logins): masked in the device's /etc/systemd/system. What stays: journald, tmpfiles, sysusers,
+# the targets, and whatever the kit installs.
+MASKED_UNITS = (
+    "systemd-binfmt.service", "proc-sys-fs-binfmt_misc.automount", "proc-sys-fs-binfmt_misc.mount",
+    "systemd-sysctl.service", "systemd-modules-load.service", "kmod-static-nodes.service",
+    "systemd-random-seed.service", "systemd-firstboot.service", "systemd-repart.service",
+    "systemd-pcrphase-sysinit.service", "systemd-pcrphase.service",
+    "sys-kernel-config.mount", "sys-kernel-debug.mount", "sys-kernel-tracing.mount",
+    "sys-fs-fuse-connections.mount", "dev-hugepages.mount", "dev-mqueue.mount",
+    "getty.target", "console-getty.service", "systemd-logind.service",
+    "dbus.service", "dbus.socket", "systemd-tmpfiles-setup-dev.service",
+    "systemd-udevd.service", "systemd-udev-trigger.service", "systemd-udev-settle.service",
+    "systemd-udevd-control.socket", "systemd-udevd-kernel.socket",
+    "systemd-remount-fs.service", "systemd-ask-password-wall.path",
+    "systemd-ask-password-console.path", "systemd-machine-id-commit.service",
+    "cryptsetup.target", "veritysetup.target", "integritysetup.target",
+    "systemd-hwdb-update.service", "ldconfig.service", "systemd-journald-audit.socket",
+    "systemd-tmpfiles-clean.timer", "e2scrub_reap.service", "systemd-update-utmp.service",
+    "systemd-update-utmp-runlevel.service",
+)
+DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
+_UNSAFE = set(":, \n'\"\\%")
+
+
+def require_tools() -> None:
+    if os.geteuid() != 0:
+        raise FleetError("an emulated systemd device needs root (namespaces, overlayfs, cgroups); "
+                         "run it as root, e.g. in a container or CI job")
+    for tool in ("unshare", "nsenter", "mount"):
+        if shutil.which(tool) is None:
+            raise FleetError(f"{tool} not found: apt-get install util-linux mount")
+    if not Path(SYSTEMD).exists():
+        raise FleetError(f"{SYSTEMD} not found: apt-get install systemd")
+
+
+def _cgroup_hierarchies() -> list[Path]:
+    """Mount points of this namespace's cgroup hierarchies, cpuset excepted (a cpuset cgroup
+    needs cpus/mems set before a task may join; systemd does not use it on v1)."""
+    points = []
+    with open("/proc/self/mountinfo") as fh:
+        for line in fh:
+            fields = line.split()
+            sep = fields.index("-")
+            fstype, opts = fields[sep + 1], fields[sep + 3] if len(fields) > sep + 3 else ""
+            point = fields[4]
+            if fstype not in ("cgroup", "cgroup2") or "\\" in point:
+                continue
+            if fstype == "cgroup" and "cpuset" in opts.split(","):
+                continue
+            points.append(Path(point))
+    return sorted(set(points))
+
+
+def sshd_unit(config: str) -> str:
+    """A unit that runs the host's sshd with ``config`` (an absolute path) in the device."""
+    if not config.startswith("/") or any(c in _UNSAFE for c in config):
+        raise FleetError(f"sshd config path {config!r} must be absolute and plain")
+    return ("[Unit]\nDescription=OpenSSH server of the emulated device\nAfter=network.target\n\n"
+            f"[Service]\nExecStart=/usr/sbin/sshd -D -e -f {config}\nRestart=on-failure\n"
+            "RuntimeDirectory=sshd\nRuntimeDirectoryMode=0755\n\n"
+            "[Install]\nWantedBy=multi-user.target\n")
+
+
+class SystemdDevice:
+    """One device: its state lives in ``state_dir/<name>`` and survives ``poweroff``/``reboot``.
+
+    ``units`` are extra unit files (name -> text) installed and enabled in the device before its
+    first boot; ``default_environment`` goes to systemd's ``DefaultEnvironment=`` (e.g.
+    ``QEMU_LD_PREFIX`` for aarch64 binaries run through qemu-user's binfmt entry)."""
+
+    def __init__(self, name: str, state_dir: Path | str, *, units: dict[str, str] | None = None,
+                 default_environment: dict[str, str] | None = None) -> None:
+        if not name or not all(c.isalnum() or c == "-" for c in name) or len(name) > 40:
+            raise FleetError(f"device name {name!r}: letters, digits and '-' only")
+        self.name = name
+        self.dir = Path(state_dir).resolve() / name
+        if any(c in _UNSAFE for c in str(self.dir)):
+            raise FleetError(f"state dir {self.dir} must not contain ':', ',', '%', quotes or "
+                             f"spaces (it is used in overlayfs mount options)")
+        for top in ("/etc", "/var", "/opt", "/run", "/dev"):
+            if str(self.dir) == top or str(self.dir).startswith(top + "/"):
+                raise FleetError(f"state dir {self.dir} must not be under {top}: the device "
+                                 f"mounts its own {top} over it")
+        self.units = dict(units or {})
+        self.default_environment = dict(default_environment or {})
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.pid = 0           # host pid of the device's PID 1
+        self.boots = 0
+
+    # -- paths ------------------------------------------------------------------------------------
+    @property
+    def install_root(self) -> Path:
+        """The host directory that the device sees as /opt/colibri."""
+        return self.dir / "opt"
+
+    def path(self, path: str) -> Path:
+        """A path as the running device sees it, reachable from the host via /proc/<pid>/root."""
+        if not self.running():
+            raise FleetError(f"{self.name} is not running")
+        return Path(f"/proc/{self.pid}/root") / path.lstrip("/")
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None and self.pid > 0
+
+    def boot(self, timeout: float = 60.0) -> str:
+        """Start the device and wait until systemd reports ``running`` or ``degraded``; returns
+        that state. The first boot creates the device's state."""
+        require_tools()
+        if self.running():
+            raise FleetError(f"{self.name} is already running (pid {self.pid})")
+        if not (self.dir / "start.sh").exists():
+            self._prepare()
+        self._cgroups_create()
+        log = open(self.dir / "boot.log", "ab")
+        try:
+            self.proc = subprocess.Popen(
+                ["unshare", "--pid", "--fork", "--mount", "--uts", "--ipc", "--mount-proc",
+                 "--propagation", "private", "/bin/sh", str(self.dir / "start.sh")],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+                env={"PATH": PATH})
+        finally:
+            log.close()
+        self.pid = self._wait_pid1(timeout)
+        self.boots += 1
+        state = ""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.running():
+                break
+            res = self.run(["systemctl", "is-system-running"], check=False, timeout=10)
+            state = res.stdout.strip()
+            if state in ("running", "degraded"):
+                return state
+            time.sleep(0.2)
+        tail = (self.dir / "boot.log").read_text(errors="replace")[-2000:]
+        self.kill()
+        raise FleetError(f"{self.name}: systemd did not finish booting within {timeout:g}s "
+                         f"(state {state or 'unknown'}): {tail}")
+
+    def poweroff(self, timeout: float = 30.0) -> int:
+        """``systemctl poweroff`` inside; SIGKILL PID 1 if it is not down in ``timeout``.
+        Returns the exit status of the unshare process."""
+        if not self.running():
+            return self._reap()
+        self.run(["systemctl", "--no-block", "poweroff"], check=False, timeout=10)
+        assert self.proc is not None
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        return self._reap()
+
+    def kill(self) -> int:
+        """SIGKILL the device's PID 1 (the kernel kills everything else in its PID namespace)."""
+        if self.running():
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            assert self.proc is not None
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()   # the unshare process we started, never anything else
+                self.proc.wait(10)
+        return self._reap()
+
+    def reboot(self, timeout: float = 60.0) -> str:
+        """Power off (everything stops, state on disk kept) and boot again."""
+        self.poweroff()
+        return self.boot(timeout)
+
+    def __enter__(self) -> "SystemdDevice":
+        self.boot()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.poweroff()
+
+    # -- commands ---------------------------------------------------------------------------------
+    def run(self, argv: list[str], *, check: bool = True, input: str | None = None,
+            timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+        """Run ``argv`` as root inside the device (its mount, PID, UTS and IPC namespaces)."""
+        if not self.running():
+            raise FleetError(f"{self.name} is not running")
+        cmd = ["nsenter", "-t", str(self.pid), "-m", "-p", "-u", "-i", "--",
+               "/usr/bin/env", "-i", f"PATH={PATH}", "LANG=C.UTF-8", "SYSTEMD_PAGER=",
+               "SYSTEMD_COLORS=0", *argv]
+        res = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout)
+        if check and res.returncode != 0:
+            raise FleetError(f"{self.name}: {shlex.join(argv)} exited {res.returncode}: "
+                             f"{(res.stderr or res.stdout).strip()[-2000:]}")
+        return res
+
+    def sh(self, script: str, **kw: object) -> subprocess.CompletedProcess[str]:
+        return self.run(["/bin/sh", "-c", script], **kw)  # type: ignore[arg-type]
+
+    def systemctl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return self.run(["systemctl", "--no-pager", *args], check=check)
+
+    def main_pid(self, unit: str) -> int:
+        """The unit's main PID as the device numbers it (0 when not running)."""
+        out = self.systemctl("show", "-p", "MainPID", "--value", unit).stdout.strip()
+        return int(out or 0)
+
+    # -- internals --------------------------------------------------------------------------------
+    def _prepare(self) -> None:
+        d = self.dir
+        for sub in ("upper/etc", "upper/var", "upper/opt", "work/etc", "work/var", "work/opt", "units", "opt", "devstage"):
+            (d / sub).mkdir(parents=True, exist_ok=True)
+        etc = d / "upper/etc"
+        (etc / "hostname").write_text(self.name + "\n")
+        (etc / "machine-id").write_text(secrets.token_hex(16) + "\n")
+        units = d / "units"
+        for unit in MASKED_UNITS:
+            link = units / unit
+            if not link.is_symlink():
+                link.symlink_to("/dev/null")
+        wants = units / "multi-user.target.wants"
+        wants.mkdir(exist_ok=True)
+        for name, text in self.units.items():
+            (units / name).write_text(text)
+            if "[Install]" in text:
+                link = wants / name
+                if not link.is_symlink():
+                    link.symlink_to(f"/etc/systemd/system/{name}")
+        if self.default_environment:
+            conf = etc / "systemd/system.conf.d"
+            conf.mkdir(parents=True, exist_ok=True)
+            pairs = []
+            for k, v in self.default_environment.items():
+                if not k.isidentifier() or any(c in _UNSAFE or c.isspace() for c in v):
+                    raise FleetError(f"default environment {k}={v!r}: plain values only")
+                pairs.append(f"{k}={v}")
+            (conf / "colibri-sim.conf").write_text(
+                "# emulated device: environment of every service\n[Manager]\n"
+                f"DefaultEnvironment={' '.join(pairs)}\n")
+        q = shlex.quote
+        stage = d / "devstage"
+        cg = [f"{q(str(h / CGROUP_PARENT / self.name / 'cgroup.procs'))}" for h in _cgroup_hierarchies()]
+        script = [
+            "set -e",
+            "# join this device's cgroups first: systemd takes PID 1's cgroup as its root",
+            *[f"echo $$ > {p}" for p in cg],
+            f"mount -t overlay overlay -o lowerdir=/etc,upperdir={d}/upper/etc,workdir={d}/work/etc /etc",
+            f"mount --bind {q(str(d / 'units'))} /etc/systemd/system",
+            f"mount -t overlay overlay -o lowerdir=/var,upperdir={d}/upper/var,workdir={d}/work/var /var",
+            f"mount -t overlay overlay -o lowerdir=/opt,upperdir={d}/upper/opt,workdir={d}/work/opt /opt",
+            "mkdir -p /opt/colibri",
+            f"mount --bind {q(str(d / 'opt'))} /opt/colibri",
+            "# a private /dev: journald links /dev/log, which must not land in the host's /dev",
+            f"mount -t tmpfs -o mode=0755,nosuid devtmp {q(str(stage))}",
+            *[f"touch {q(str(stage / n))} && mount --bind /dev/{n} {q(str(stage / n))}" for n in DEV_NODES],
+            f"touch {q(str(stage / 'console'))} && mount --bind /dev/null {q(str(stage / 'console'))}",
+            f"mkdir {q(str(stage / 'pts'))} {q(str(stage / 'shm'))}",
+            f"ln -s /proc/self/fd {q(str(stage / 'fd'))}",
+            f"ln -s /proc/self/fd/0 {q(str(stage / 'stdin'))}",
+            f"ln -s /proc/self/fd/1 {q(str(stage / 'stdout'))}",
+            f"ln -s /proc/self/fd/2 {q(str(stage / 'stderr'))}",
+            f"ln -s pts/ptmx {q(str(stage / 'ptmx'))}",
+            f"mount --move {q(str(stage))} /dev",
+            "mount -t devpts -o newinstance,ptmxmode=0666,mode=0620 devpts /dev/pts",
+            "mount -t tmpfs -o mode=1777,nosuid,nodev shm /dev/shm",
+            "# before systemd: its boot empties /tmp of the filesystem it sees (FACTS.md)",
+            "mount -t tmpfs -o mode=1777,nosuid,nodev tmp /tmp",
+            "mount -t tmpfs -o mode=1777,nosuid,nodev vartmp /var/tmp",
+            "mount -t tmpfs -o mode=0755,nosuid,nodev run /run",
+            f"hostname {q(self.name)}",
+            f"exec /usr/bin/env -i container=colibri-sim PATH={PATH} {SYSTEMD} --unit=multi-user.target",
+        ]
+        (d / "start.sh").write_text("\n".join(script) + "\n")
+
+    def _cgroups_create(self) -> None:
+        for h in _cgroup_hierarchies():
+            (h / CGROUP_PARENT / self.name).mkdir(parents=True, exist_ok=True)
+
+    def _cgroups_remove(self) -> None:
+        for h in _cgroup_hierarchies():
+            top = h / CGROUP_PARENT / self.name
+            if not top.is_dir():
+                continue
+            for dirpath, dirnames, _ in sorted(os.walk(top), key=lambda w: -len(w[0])):
+                try:
+                    os.rmdir(dirpath)  # cgroupfs: rmdir of an empty cgroup (files go with it)
+                except OSError:
+                    pass
+
+    def _wait_pid1(self, timeout: float) -> int:
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
+        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise FleetError(f"{self.name}: the device exited while starting: "
+                                 f"{(self.dir / 'boot.log').read_text(errors='replace')[-2000:]}")
+            try:
+                kids = children.read_text().split()
+            except OSError:
+                kids = []
+            if kids:
+                pid = int(kids[0])
+                try:
+                    if os.readlink(f"/proc/{pid}/exe").endswith("/systemd"):
+                        return pid
+                except OSError:
+                    pass
+            time.sleep(0.05)
+        self.proc.kill()
+        raise FleetError(f"{self.name}: systemd did not start within {timeout:g}s")
+
+    def _reap(self) -> int:
+        rc = 0
+        if self.proc is not None:
+            try:
+                rc = self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                rc = -1
+        self.proc = None
+        self.pid = 0
+        self._cgroups_remove()
+        return rc
