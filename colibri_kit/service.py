@@ -33,11 +33,12 @@ DEFAULT_ROOT = "/opt/colibri"
 BACKENDS = ("auto", "cpu", "cuda")
 SECTION_KEYS = ("port", "bind", "slots", "threads", "cpu_affinity", "nice", "memory_max",
                 "api_key_file", "max_queue", "backend", "user", "groups", "restart_sec",
-                "drain_timeout_s")
+                "drain_timeout_s", "model_id")
 
 _PATH_RE = re.compile(r"^/[A-Za-z0-9._/-]*$")
 _NAME_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")   # a POSIX-ish system user/group name
 _CPU_ITEM_RE = re.compile(r"^(\d{1,4})(?:-(\d{1,4}))?$")
+_MODEL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 _SIZE_RE = re.compile(r"^(?:[1-9]\d{0,15}[KMGT]?|(?:100|[1-9]\d?)%|infinity)$")
 MAX_CPU = 1023
 
@@ -64,6 +65,7 @@ class ServiceSpec:
     groups: tuple[str, ...] = ("video",)   # Jetson GPU nodes (/dev/nvhost-*, /dev/nvmap) are group video
     restart_sec: float = 2.0
     drain_timeout_s: int = 30
+    model_id: str | None = None            # name in the API; default: serve's (file name: "model")
     start_limit_burst: int = 5
     start_limit_interval_s: int = 60
     root: str = DEFAULT_ROOT
@@ -96,6 +98,8 @@ class ServiceSpec:
                 "--drain-timeout", str(self.drain_timeout_s * 1000)]
         if self.threads is not None:
             args += ["--threads", str(self.threads)]
+        if self.model_id is not None:
+            args += ["--model-id", self.model_id]
         if self.api_key_file:
             args += ["--api-key-file", "%d/api-key"]
         return args
@@ -211,6 +215,10 @@ def check_spec(s: ServiceSpec) -> None:
     for g in s.groups:
         if not isinstance(g, str) or not _NAME_RE.match(g) or g == "root":
             raise ServiceError(f"groups: {g!r} is not allowed; a group name such as video")
+    if s.model_id is not None and (not isinstance(s.model_id, str)
+                                   or not _MODEL_ID_RE.match(s.model_id)):
+        raise ServiceError(f"model_id: {s.model_id!r} is not allowed; 1..100 of letters, digits "
+                           f"and ._- starting with a letter or digit")
     check_path(s.root, "root")
     if s.root == "/":
         raise ServiceError("root: '/' is not allowed; the install root is a directory such as /opt/colibri")
@@ -229,7 +237,8 @@ def parse_service(raw: Any, kpath: tuple[str, ...] = ("service",), *, root: str 
     kw: dict[str, Any] = {"root": root}
     for key, value in raw.items():
         k = (*kpath, key)
-        if value is None and key in ("threads", "cpu_affinity", "memory_max", "api_key_file"):
+        if value is None and key in ("threads", "cpu_affinity", "memory_max", "api_key_file",
+                                     "model_id"):
             continue
         try:
             if key == "cpu_affinity":
@@ -256,7 +265,8 @@ def service_dict(spec: ServiceSpec) -> dict[str, Any]:
             "cpu_affinity": spec.cpu_affinity, "nice": spec.nice, "memory_max": spec.memory_max,
             "api_key_file": spec.api_key_file, "max_queue": spec.max_queue,
             "backend": spec.backend, "user": spec.user, "groups": list(spec.groups),
-            "restart_sec": spec.restart_sec, "drain_timeout_s": spec.drain_timeout_s}
+            "restart_sec": spec.restart_sec, "drain_timeout_s": spec.drain_timeout_s,
+            "model_id": spec.model_id}
 
 
 # --------------------------------------------------------------------------- rendering

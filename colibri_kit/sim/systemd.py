@@ -252,6 +252,16 @@ class SystemdDevice:
     def systemctl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return self.run(["systemctl", "--no-pager", *args], check=check)
 
+    def write(self, path: str, data: str | bytes, mode: int = 0o644) -> Path:
+        """Write a file into the running device's view (parents made 0755), as root."""
+        target = self.path(path)
+        target.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+        if isinstance(data, str):
+            data = data.encode()
+        target.write_bytes(data)
+        os.chmod(target, mode)
+        return target
+
     def main_pid(self, unit: str) -> int:
         """The unit's main PID as the device numbers it (0 when not running)."""
         out = self.systemctl("show", "-p", "MainPID", "--value", unit).stdout.strip()
@@ -320,6 +330,9 @@ class SystemdDevice:
             "mount -t tmpfs -o mode=1777,nosuid,nodev vartmp /var/tmp",
             "mount -t tmpfs -o mode=0755,nosuid,nodev run /run",
             f"hostname {q(self.name)}",
+            "# shared inside this namespace (a booted system's default, which systemd leaves to a",
+            "# container manager): LoadCredential= and friends move mounts between namespaces",
+            "mount --make-rshared /",
             f"exec /usr/bin/env -i container=colibri-sim PATH={PATH} {SYSTEMD} --unit=multi-user.target",
         ]
         (d / "start.sh").write_text("\n".join(script) + "\n")
