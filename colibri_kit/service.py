@@ -80,9 +80,7 @@ class ServiceSpec:
     @property
     def health_url(self) -> str:
         """Where the device itself asks for /health (the deploy's gate runs curl on the device)."""
-        host = "127.0.0.1" if self.bind in ("0.0.0.0", "localhost") or self.loopback else self.bind
-        if host == "::":
-            host = "::1"
+        host = {"0.0.0.0": "127.0.0.1", "localhost": "127.0.0.1", "::": "::1"}.get(self.bind, self.bind)
         if ":" in host:
             host = f"[{host}]"
         return f"http://{host}:{self.port}/health"
@@ -192,10 +190,14 @@ def check_spec(s: ServiceSpec) -> None:
                                f"0.0.0.0 or ::1, or localhost") from None
         if "%" in s.bind:
             raise ServiceError(f"bind: {s.bind!r}: scoped addresses are not supported")
-    if s.cpu_affinity is not None and (not isinstance(s.cpu_affinity, str)
-                                       or parse_cpu_list(s.cpu_affinity) != s.cpu_affinity):
-        raise ServiceError(f"cpu_affinity: {s.cpu_affinity!r} is not a normalised CPU list "
-                           f"(use parse_cpu_list)")
+    if s.cpu_affinity is not None:
+        try:
+            ok = isinstance(s.cpu_affinity, str) and parse_cpu_list(s.cpu_affinity) == s.cpu_affinity
+        except ServiceError as exc:
+            raise ServiceError(f"cpu_affinity: {exc}") from None
+        if not ok:
+            raise ServiceError(f"cpu_affinity: {s.cpu_affinity!r} is not a normalised CPU list "
+                               f"such as '0-3 6' (parse_cpu_list makes one)")
     if s.memory_max is not None and (not isinstance(s.memory_max, str)
                                      or not _SIZE_RE.match(s.memory_max)):
         raise ServiceError(f"memory_max: {s.memory_max!r} is not allowed; a size such as 512M, 6G, "
