@@ -1,0 +1,211 @@
+"""colibri.service under a REAL systemd (the host's systemd 252 as PID 1 of an emulated device,
+colibri_kit/sim/systemd.py), serving with the real `colibri serve` of dist/host and the tiny model.
+
+One device is booted for the module; the tests run in order on it: the service starts and
+answers /health (curl), its request log is in the journal, `kill -9` is answered by a restart,
+a release with a bad model ends `failed` (what the deploy's health gate reads), and after a
+reboot the enabled service is back. The install steps here are the ones the deploy will run on a
+device (docs/service.md, "What a deploy does")."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import socket
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from colibri_kit.model.tiny import write_tiny_model
+from colibri_kit.service import ServiceSpec, render_sysusers, render_unit, verify_unit
+from colibri_kit.sim.systemd import CGROUP_PARENT, SystemdDevice
+
+pytestmark = [pytest.mark.slow, pytest.mark.root]
+
+API_KEY = "sk-colibri-test-0123456789"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def install_release(dev: SystemdDevice, root: str, binary: Path, model: bytes, rel: str) -> None:
+    """What deploy leaves on a device: releases/<id>/{bin/colibri, model.colibri ->
+    ../../models/<sha>.colibri}, models/<sha>.colibri, current -> releases/<id>."""
+    top = dev.path(root)
+    sha = hashlib.sha256(model).hexdigest()
+    (top / "models").mkdir(parents=True, exist_ok=True)
+    (top / "models" / f"{sha}.colibri").write_bytes(model)
+    bin_dir = top / "releases" / rel / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(binary, bin_dir / "colibri")
+    os.symlink(f"../../models/{sha}.colibri", top / "releases" / rel / "model.colibri")
+    os.symlink(f"releases/{rel}", top / "current")
+
+
+def install_unit(dev: SystemdDevice, spec: ServiceSpec, unit: str, *, enable: bool) -> None:
+    """The service user (sysusers.d + systemd-sysusers), the verified unit, daemon-reload."""
+    text = render_unit(spec)
+    verify_unit(text, name=unit)
+    dev.write("/etc/sysusers.d/colibri.conf", render_sysusers(spec))
+    dev.run(["systemd-sysusers"])
+    dev.write(f"/etc/systemd/system/{unit}", text)
+    dev.systemctl("daemon-reload")
+    if enable:
+        dev.systemctl("enable", unit)
+
+
+def health(dev: SystemdDevice, url: str) -> str:
+    """HTTP status of /health as curl on the device reports it ('000': no answer)."""
+    res = dev.run(["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "2", url],
+                  check=False)
+    return res.stdout.strip()
+
+
+def wait_for(pred, timeout: float = 30.0, step: float = 0.1):
+    end = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value or time.monotonic() > end:
+            return value
+        time.sleep(step)
+
+
+@pytest.fixture(scope="module")
+def device(host_colibri: Path, tmp_path_factory: pytest.TempPathFactory):
+    if os.geteuid() != 0:
+        pytest.fail("the systemd emulation needs root (namespaces, overlayfs, cgroups); CI runs as root")
+    model = write_tiny_model(tmp_path_factory.mktemp("model") / "tiny.colibri").read_bytes()
+    # A marker in the host's /tmp: the device's boot (systemd-tmpfiles) must not touch it.
+    marker = tmp_path_factory.mktemp("marker") / "kept"
+    marker.write_text("host file\n")
+    had_dev_log = os.path.lexists("/dev/log")
+    state = Path(tempfile.mkdtemp(prefix="colibri-systemd-test-"))
+    dev = SystemdDevice("sysd-00", state)
+    try:
+        dev.boot()
+        spec = ServiceSpec(port=free_port(), cpu_affinity="0", memory_max="256M", nice=5,
+                           restart_sec=0.3, api_key_file="/etc/colibri/api-key", model_id="tiny")
+        dev.write("/etc/colibri/api-key", API_KEY + "\n", 0o600)
+        install_release(dev, "/opt/colibri", host_colibri, model, "r1")
+        install_unit(dev, spec, "colibri.service", enable=True)
+        dev.systemctl("start", "colibri.service")
+        yield dev, spec, marker, had_dev_log
+    finally:
+        dev.kill()
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def test_device_boots_its_own_systemd_without_touching_the_host(device):
+    dev, _, marker, had_dev_log = device
+    assert dev.run(["cat", "/proc/1/comm"]).stdout.strip() == "systemd"
+    assert dev.run(["hostname"]).stdout.strip() == "sysd-00"
+    assert dev.systemctl("is-system-running", check=False).stdout.strip() in ("running", "degraded")
+    # own /tmp, emptied by its tmpfiles; the host's /tmp file is still there
+    assert marker.read_text() == "host file\n"
+    assert not dev.path(str(marker)).exists()
+    # journald's /dev/log link is in the device's /dev only
+    assert dev.path("/dev/log").is_symlink()
+    assert os.path.lexists("/dev/log") == had_dev_log
+    # its unit directory is its own: none of the host's enabled services
+    wants = sorted(p.name for p in dev.path("/etc/systemd/system/multi-user.target.wants").iterdir())
+    assert wants == ["colibri.service"]
+
+
+def test_service_serves_health_with_its_limits(device):
+    dev, spec, _, _ = device
+    assert wait_for(lambda: health(dev, spec.health_url) == "200"), \
+        dev.run(["journalctl", "-u", "colibri", "--no-pager", "-n", "20"], check=False).stdout
+    assert dev.systemctl("is-active", "colibri.service").stdout.strip() == "active"
+    pid = dev.main_pid("colibri.service")
+    status = dev.run(["cat", f"/proc/{pid}/status"]).stdout
+    assert "Cpus_allowed_list:\t0\n" in status and "NoNewPrivs:\t1" in status
+    assert dev.run(["ps", "-o", "user=,ni=", "-p", str(pid)]).stdout.split() == ["colibri", "5"]
+    cmdline = dev.run(["cat", f"/proc/{pid}/cmdline"]).stdout
+    assert API_KEY not in cmdline and "/run/credentials/colibri.service/api-key" in cmdline
+    environ = dev.run(["cat", f"/proc/{pid}/environ"]).stdout
+    assert API_KEY not in environ
+    # the key is required beyond /health
+    models = dev.run(["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}",
+                      spec.health_url.replace("/health", "/v1/models")]).stdout
+    assert models == "401"
+    authed = dev.run(["curl", "-sS", "-H", f"Authorization: Bearer {API_KEY}",
+                      spec.health_url.replace("/health", "/v1/models")]).stdout
+    assert '"id": "tiny"' in authed
+
+
+def test_request_log_line_is_in_the_journal(device):
+    dev, spec, _, _ = device
+    assert health(dev, spec.health_url) == "200"
+
+    def logged():
+        out = dev.run(["journalctl", "-u", "colibri", "--no-pager", "-o", "cat"]).stdout
+        return [l for l in out.splitlines() if '"path": "/health"' in l and '"status": 200' in l]
+
+    assert wait_for(logged, 10)
+
+
+def test_kill_9_is_answered_by_a_restart(device):
+    dev, spec, _, _ = device
+    before = dev.main_pid("colibri.service")
+    restarts = int(dev.systemctl("show", "-p", "NRestarts", "--value", "colibri.service").stdout)
+    dev.run(["kill", "-9", str(before)])
+    assert wait_for(lambda: dev.main_pid("colibri.service") not in (0, before))
+    assert wait_for(lambda: health(dev, spec.health_url) == "200")
+    after = int(dev.systemctl("show", "-p", "NRestarts", "--value", "colibri.service").stdout)
+    assert after == restarts + 1
+
+
+def test_a_bad_model_ends_failed(device, host_colibri):
+    dev, _, _, _ = device
+    bad = ServiceSpec(port=free_port(), restart_sec=0.2, start_limit_burst=3, root="/opt/colibri-bad")
+    install_release(dev, "/opt/colibri-bad", host_colibri, b"this is not a model\n" * 8, "bad")
+    install_unit(dev, bad, "colibri-bad.service", enable=False)
+    dev.systemctl("start", "colibri-bad.service")   # Type=exec: the exec itself succeeds
+
+    def failed() -> bool:
+        return dev.systemctl("is-failed", "colibri-bad.service", check=False).stdout.strip() == "failed"
+
+    assert wait_for(failed, 30)
+    # retried (Restart=on-failure); the restart that would exceed the burst is refused: failed
+    show = dev.systemctl("show", "-p", "Result", "-p", "NRestarts", "colibri-bad.service").stdout
+    assert "Result=exit-code" in show and f"NRestarts={bad.start_limit_burst}" in show, show
+    log = dev.run(["journalctl", "-u", "colibri-bad", "--no-pager", "-o", "cat"]).stdout
+    assert "colibri serve: /opt/colibri-bad/current/model.colibri:" in log
+    assert health(dev, bad.health_url) == "000"
+    # the good service is untouched
+    assert dev.systemctl("is-failed", "colibri.service", check=False).stdout.strip() == "active"
+
+
+def test_reboot_brings_the_enabled_service_back(device):
+    dev, spec, _, _ = device
+    old_pid1 = dev.pid
+    dev.reboot()
+    assert dev.pid != old_pid1
+    assert dev.systemctl("is-enabled", "colibri.service").stdout.strip() == "enabled"
+    assert wait_for(lambda: health(dev, spec.health_url) == "200")
+    # state on disk kept: the release, the user, and the previous boot's journal
+    assert dev.path("/opt/colibri/current").readlink() == Path("releases/r1")
+    boots = dev.run(["journalctl", "--list-boots", "--no-pager"]).stdout.strip().splitlines()
+    assert len(boots) >= 2
+    # a failed unit does not outlive the boot; a disabled one stays down
+    assert dev.systemctl("is-active", "colibri-bad.service", check=False).stdout.strip() == "inactive"
+
+
+def test_poweroff_and_kill_leave_nothing_behind(device):
+    dev, _, _, _ = device
+    pid1 = dev.pid
+    rc = dev.poweroff()
+    assert rc in (0, -2)                                  # exit, or SIGINT: the namespace's poweroff
+    assert not os.path.exists(f"/proc/{pid1}")
+    cg = Path("/sys/fs/cgroup/systemd") / CGROUP_PARENT / dev.name
+    assert not cg.exists()
+    dev.boot()
+    pid1 = dev.pid
+    dev.kill()
+    assert not os.path.exists(f"/proc/{pid1}") and not dev.running()
