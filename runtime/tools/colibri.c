@@ -49,6 +49,8 @@ static int usage(const char *msg) {
             "  bench MODEL [--prompt-len N] [--gen N] [--runs N] [--json]\n"
             "  dump-routing MODEL --ids 1,2,3 --out FILE\n"
             "  bench-contexts MODEL [--contexts N] [--gen N] [--threads T] [--json]\n"
+            "  tokenize MODEL (--text T | --text-file F) [--no-special]\n"
+            "  detokenize MODEL --ids 1,2,3 [--skip-special]\n"
             "  selftest\n"
             "  serve MODEL [--host H] [--port P] [--slots N] [--max-queue Q] [--api-key-file F] (serve --help)\n");
     return 2;
@@ -412,9 +414,12 @@ static int print_version(void) {
 
 int cmd_serve_wanted(int argc, char **argv); /* tools/cmd_serve.c */
 int cmd_serve(int argc, char **argv);
+int colibri_cmd_text(int argc, char **argv); /* cmd_text.c */
 
 int main(int argc, char **argv) {
     if (cmd_serve_wanted(argc, argv)) return cmd_serve(argc, argv);
+    int text_rc = colibri_cmd_text(argc, argv); /* tokenize / detokenize */
+    if (text_rc >= 0) return text_rc;
     cli c;
     memset(&c, 0, sizeof c);
     c.backend = COLIBRI_BACKEND_AUTO;
