@@ -13,6 +13,7 @@ import hashlib
 import os
 import shutil
 import socket
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -21,7 +22,7 @@ import pytest
 
 from colibri_kit.model.tiny import write_tiny_model
 from colibri_kit.service import ServiceSpec, render_sysusers, render_unit, verify_unit
-from colibri_kit.sim.systemd import CGROUP_PARENT, SystemdDevice
+from colibri_kit.sim.systemd import CGROUP_PARENT, SystemdDevice, sshd_unit
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
@@ -166,7 +167,9 @@ def test_a_bad_model_ends_failed(device, host_colibri):
     bad = ServiceSpec(port=free_port(), restart_sec=0.2, start_limit_burst=3, root="/opt/colibri-bad")
     install_release(dev, "/opt/colibri-bad", host_colibri, b"this is not a model\n" * 8, "bad")
     install_unit(dev, bad, "colibri-bad.service", enable=False)
-    dev.systemctl("start", "colibri-bad.service")   # Type=exec: the exec itself succeeds
+    # Type=exec: the job ends once exec succeeded, but a process that dies at once may fail the
+    # job itself (a race), so the verdict is read from the unit state, as the deploy gate will.
+    dev.systemctl("start", "--no-block", "colibri-bad.service")
 
     def failed() -> bool:
         return dev.systemctl("is-failed", "colibri-bad.service", check=False).stdout.strip() == "failed"
@@ -180,6 +183,32 @@ def test_a_bad_model_ends_failed(device, host_colibri):
     assert health(dev, bad.health_url) == "000"
     # the good service is untouched
     assert dev.systemctl("is-failed", "colibri.service", check=False).stdout.strip() == "active"
+
+
+def test_sshd_runs_as_a_unit_and_logs_in_to_the_device(device, tmp_path):
+    dev, _, _, _ = device
+    port = free_port()
+    for key in ("host", "client"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / key)], check=True)
+    dev.write("/etc/colibri-sim/ssh_host_ed25519_key", (tmp_path / "host").read_text(), 0o600)
+    dev.write("/etc/colibri-sim/authorized_keys", (tmp_path / "client.pub").read_text())
+    dev.write("/etc/colibri-sim/sshd_config", "\n".join([
+        f"Port {port}", "ListenAddress 127.0.0.1", "HostKey /etc/colibri-sim/ssh_host_ed25519_key",
+        "AuthorizedKeysFile /etc/colibri-sim/authorized_keys", "PermitRootLogin prohibit-password",
+        "PasswordAuthentication no", "KbdInteractiveAuthentication no", "UsePAM no",
+        "PidFile /run/sshd-sim.pid", "LogLevel ERROR", ""]))
+    dev.write("/etc/systemd/system/sim-sshd.service", sshd_unit("/etc/colibri-sim/sshd_config"))
+    dev.systemctl("daemon-reload")
+    dev.systemctl("start", "sim-sshd.service")
+    pub = (tmp_path / "host.pub").read_text().split()
+    (tmp_path / "known_hosts").write_text(f"[127.0.0.1]:{port} {pub[0]} {pub[1]}\n")
+    ssh = ["ssh", "-i", str(tmp_path / "client"), "-p", str(port), "-o", "BatchMode=yes",
+           "-o", f"UserKnownHostsFile={tmp_path / 'known_hosts'}", "-o", "StrictHostKeyChecking=yes",
+           "root@127.0.0.1", "cat /proc/1/comm; hostname; systemctl is-active colibri.service"]
+    res = wait_for(lambda: (r := subprocess.run(ssh, capture_output=True, text=True, timeout=30))
+                   .returncode == 0 and r, 15)
+    assert res and res.stdout.split() == ["systemd", "sysd-00", "active"]
+    dev.systemctl("stop", "sim-sshd.service")
 
 
 def test_reboot_brings_the_enabled_service_back(device):

@@ -351,6 +351,10 @@ class SystemdDevice:
                     os.rmdir(dirpath)  # cgroupfs: rmdir of an empty cgroup (files go with it)
                 except OSError:
                     pass
+            try:
+                os.rmdir(h / CGROUP_PARENT)  # the last device out removes the parent
+            except OSError:
+                pass
 
     def _wait_pid1(self, timeout: float) -> int:
         assert self.proc is not None
