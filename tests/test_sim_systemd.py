@@ -87,7 +87,8 @@ def device(host_colibri: Path, tmp_path_factory: pytest.TempPathFactory):
     marker.write_text("host file\n")
     had_dev_log = os.path.lexists("/dev/log")
     state = Path(tempfile.mkdtemp(prefix="colibri-systemd-test-"))
-    dev = SystemdDevice("sysd-00", state)
+    # aarch64 services run through qemu-user's binfmt entry, which needs the loader prefix
+    dev = SystemdDevice("sysd-00", state, default_environment={"QEMU_LD_PREFIX": "/usr/aarch64-linux-gnu"})
     try:
         dev.boot()
         spec = ServiceSpec(port=free_port(), cpu_affinity="0", memory_max="256M", nice=5,
@@ -183,6 +184,31 @@ def test_a_bad_model_ends_failed(device, host_colibri):
     assert health(dev, bad.health_url) == "000"
     # the good service is untouched
     assert dev.systemctl("is-failed", "colibri.service", check=False).stdout.strip() == "active"
+
+
+def test_the_orin_nx_binary_serves_under_the_same_unit(device, orin_nx_build, tmp_path):
+    """The aarch64 product build, run by the hardened unit through qemu-user (binfmt F flag)."""
+    try:  # the fleet emulation's registration (moving from colibri_kit/fleet/sim.py)
+        from colibri_kit.sim.fleet import ensure_binfmt  # type: ignore[import-not-found]
+    except ImportError:
+        from colibri_kit.fleet.sim import ensure_binfmt
+    ensure_binfmt()
+    dev, _, _, _ = device
+    arm = ServiceSpec(port=free_port(), restart_sec=0.5, model_id="tiny", root="/opt/colibri-arm")
+    model = write_tiny_model(tmp_path / "tiny.colibri", pad=64).read_bytes()   # orin-nx embed_pad
+    install_release(dev, "/opt/colibri-arm", orin_nx_build / "bin" / "colibri", model, "r1")
+    install_unit(dev, arm, "colibri-arm.service", enable=False)
+    dev.systemctl("start", "--no-block", "colibri-arm.service")
+    assert wait_for(lambda: health(dev, arm.health_url) == "200", 60), \
+        dev.run(["journalctl", "-u", "colibri-arm", "--no-pager", "-o", "cat"], check=False).stdout
+    out = dev.run(["curl", "-sS", "-H", "Content-Type: application/json", "-d",
+                   '{"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 4, "temperature": 0}',
+                   arm.health_url.replace("/health", "/v1/completions")]).stdout
+    assert '"completion_tokens": 4' in out, out
+    pid = dev.main_pid("colibri-arm.service")
+    assert dev.run(["readlink", f"/proc/{pid}/exe"]).stdout.strip().endswith("qemu-aarch64")
+    dev.systemctl("stop", "colibri-arm.service")
+    assert dev.systemctl("is-active", "colibri-arm.service", check=False).stdout.strip() == "inactive"
 
 
 def test_sshd_runs_as_a_unit_and_logs_in_to_the_device(device, tmp_path):
