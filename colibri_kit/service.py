@@ -15,10 +15,12 @@ together and a rollback restores both. See docs/service.md.
 from __future__ import annotations
 
 import ipaddress
+import json
 import re
 import shutil
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -341,3 +343,68 @@ def _scratch_root(root: Path, text: str) -> Path:
             stand_in.write_text("#!/bin/sh\nexit 0\n")
             stand_in.chmod(0o755)
     return root
+
+
+# --------------------------------------------------------------------------- the health gate
+
+Run = Callable[[list[str]], "tuple[int, str]"]
+
+# Runs on the device as root: reads the key file itself so the key never appears in an argv
+# (printf is a shell builtin; curl reads the header from stdin). Values arrive as $1..$3.
+_COMPLETION_SH = (
+    'if [ -n "$1" ]; then key=$(head -n 1 -- "$1") && '
+    'printf "Authorization: Bearer %s\\n" "$key" | curl -sS --max-time 20 -H @- '
+    '-H "Content-Type: application/json" -d "$3" -- "$2"; '
+    'else curl -sS --max-time 20 -H "Content-Type: application/json" -d "$3" -- "$2"; fi'
+)
+
+
+@dataclass(frozen=True)
+class GateResult:
+    ok: bool
+    state: str          # "healthy" | "failed" (systemd gave up) | "timeout"
+    waited_s: float
+    detail: str         # for the deploy table: the last answer or the journal's last lines
+
+
+def health_gate(run: Run, spec: ServiceSpec, *, unit: str = UNIT_NAME, timeout: float = 60.0,
+                poll: float = 0.5, clock: Callable[[], float] | None = None,
+                sleep: Callable[[float], None] | None = None) -> GateResult:
+    """Wait until the service on a device is healthy: ``/health`` answers 200 and a one-token
+    completion answers. Gives up at once when systemd marks the unit failed (start limit hit),
+    or after ``timeout``. ``run(argv) -> (exit status, stdout)`` runs as root on the device
+    (the deploy passes its remote; the emulation tests pass SystemdDevice.run)."""
+    clock = clock or time.monotonic
+    sleep = sleep or time.sleep
+    if not re.match(r"^[a-z0-9][a-z0-9_.-]*\.service$", unit):
+        raise ServiceError(f"unit name {unit!r} is not valid")
+    url = spec.health_url
+    body = json.dumps({"model": spec.model_id or "model", "prompt": [1], "max_tokens": 1,
+                       "temperature": 0})
+    start = clock()
+    detail = ""
+    while True:
+        _, state = run(["systemctl", "is-failed", unit])
+        if state.strip() == "failed":
+            _, log = run(["journalctl", "-u", unit, "-n", "30", "--no-pager", "-o", "cat"])
+            lines = log.strip().splitlines()
+            own = [l for l in lines if l.startswith("colibri serve:")]   # the service's reason
+            return GateResult(False, "failed", clock() - start,
+                              own[-1] if own else "\n".join(lines[-2:]) or "unit failed")
+        _, code = run(["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "2",
+                       "--", url])
+        code = code.strip()
+        detail = f"/health {code or 'no answer'}"
+        if code == "200":
+            rc, out = run(["sh", "-c", _COMPLETION_SH, "sh", spec.api_key_file or "",
+                           url.rsplit("/", 1)[0] + "/v1/completions", body])
+            try:
+                answer = json.loads(out) if rc == 0 else {}
+            except ValueError:
+                answer = {}
+            if isinstance(answer, dict) and answer.get("choices"):
+                return GateResult(True, "healthy", clock() - start, "/health 200, completion answered")
+            detail = f"/health 200 but the completion failed: {out.strip()[:200]}"
+        if clock() - start >= timeout:
+            return GateResult(False, "timeout", clock() - start, detail)
+        sleep(poll)

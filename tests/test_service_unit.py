@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from colibri_kit.errors import ProfileError
-from colibri_kit.service import (ServiceError, ServiceSpec, cpus_of, parse_cpu_list,
+from colibri_kit.service import (ServiceError, ServiceSpec, cpus_of, health_gate, parse_cpu_list,
                                  parse_service, render_sysusers, render_unit, service_dict,
                                  verify_unit)
 
@@ -174,3 +174,24 @@ def test_sysusers_line_and_health_url():
     assert ServiceSpec().with_root("/data/c").root == "/data/c"
     with pytest.raises(ServiceError, match="root"):
         ServiceSpec().with_root("/data/c d")
+
+
+def test_health_gate_gives_up_at_its_deadline():
+    """A service that never gets healthy (here: /health stays 503 while 'loading'): the timeout
+    path, which a real service would need minutes to show; the healthy and failed paths run
+    against a real systemd in tests/test_sim_systemd.py."""
+    calls: list[list[str]] = []
+    now = [0.0]
+
+    def run(argv):
+        calls.append(argv)
+        return (3, "activating\n") if argv[:2] == ["systemctl", "is-failed"] else (0, "503")
+
+    gate = health_gate(run, ServiceSpec(port=9001), timeout=5, poll=1,
+                       clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s))
+    assert not gate.ok and gate.state == "timeout" and gate.waited_s == 5
+    assert gate.detail == "/health 503"
+    assert ["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "2", "--",
+            "http://127.0.0.1:9001/health"] in calls
+    with pytest.raises(ServiceError, match="unit name"):
+        health_gate(run, ServiceSpec(), unit="x; reboot")

@@ -10,6 +10,7 @@ device (docs/service.md, "What a deploy does")."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import socket
@@ -21,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from colibri_kit.model.tiny import write_tiny_model
-from colibri_kit.service import ServiceSpec, render_sysusers, render_unit, verify_unit
+from colibri_kit.service import (ServiceSpec, health_gate, render_sysusers, render_unit,
+                                 verify_unit)
 from colibri_kit.sim.systemd import CGROUP_PARENT, SystemdDevice, sshd_unit
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
@@ -66,6 +68,14 @@ def health(dev: SystemdDevice, url: str) -> str:
     res = dev.run(["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "2", url],
                   check=False)
     return res.stdout.strip()
+
+
+def runner(dev: SystemdDevice):
+    """SystemdDevice.run in the shape health_gate takes (the deploy adapts its remote the same way)."""
+    def run(argv: list[str]) -> tuple[int, str]:
+        res = dev.run(argv, check=False)
+        return res.returncode, res.stdout
+    return run
 
 
 def wait_for(pred, timeout: float = 30.0, step: float = 0.1):
@@ -163,6 +173,16 @@ def test_kill_9_is_answered_by_a_restart(device):
     assert after == restarts + 1
 
 
+def test_health_gate_passes_with_the_api_key(device):
+    dev, spec, _, _ = device
+    gate = health_gate(runner(dev), spec, timeout=30)
+    assert gate.ok and gate.state == "healthy", gate
+    # the one-token completion went through with the key, which never was in an argv
+    log = dev.run(["journalctl", "-u", "colibri", "--no-pager", "-o", "cat"]).stdout
+    lines = [json.loads(l) for l in log.splitlines() if l.startswith('{"ts"')]
+    assert any(e["path"] == "/v1/completions" and e["status"] == 200 for e in lines)
+
+
 def test_a_bad_model_ends_failed(device, host_colibri):
     dev, _, _, _ = device
     bad = ServiceSpec(port=free_port(), restart_sec=0.2, start_limit_burst=3, root="/opt/colibri-bad")
@@ -175,7 +195,10 @@ def test_a_bad_model_ends_failed(device, host_colibri):
     def failed() -> bool:
         return dev.systemctl("is-failed", "colibri-bad.service", check=False).stdout.strip() == "failed"
 
-    assert wait_for(failed, 30)
+    gate = health_gate(runner(dev), bad, unit="colibri-bad.service", timeout=30)
+    assert not gate.ok and gate.state == "failed" and gate.waited_s < 30, gate
+    assert "model.colibri" in gate.detail
+    assert failed()
     # retried (Restart=on-failure); the restart that would exceed the burst is refused: failed
     show = dev.systemctl("show", "-p", "Result", "-p", "NRestarts", "colibri-bad.service").stdout
     assert "Result=exit-code" in show and f"NRestarts={bad.start_limit_burst}" in show, show
@@ -235,6 +258,17 @@ def test_sshd_runs_as_a_unit_and_logs_in_to_the_device(device, tmp_path):
                    .returncode == 0 and r, 15)
     assert res and res.stdout.split() == ["systemd", "sysd-00", "active"]
     dev.systemctl("stop", "sim-sshd.service")
+
+
+def test_a_taken_port_ends_failed(device):
+    dev, spec, _, _ = device
+    taken = ServiceSpec(port=spec.port, restart_sec=0.2, start_limit_burst=3)   # the good one's port
+    install_unit(dev, taken, "colibri-taken.service", enable=False)
+    dev.systemctl("start", "--no-block", "colibri-taken.service")
+    gate = health_gate(runner(dev), taken, unit="colibri-taken.service", timeout=30)
+    assert not gate.ok and gate.state == "failed", gate
+    assert "cannot listen" in gate.detail
+    assert health(dev, spec.health_url) == "200"    # the running service kept its port
 
 
 def test_reboot_brings_the_enabled_service_back(device):
