@@ -29,6 +29,8 @@ from colibri_kit.sim.systemd import CGROUP_PARENT, SystemdDevice, sshd_unit
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
 API_KEY = "sk-colibri-test-0123456789"
+# /proc/device-tree/model of an Orin NX devkit (FACTS.md, "Devicetree model strings")
+ORIN_NX_MODEL = b"NVIDIA Jetson Orin NX Engineering Reference Developer Kit"
 
 
 def free_port() -> int:
@@ -97,8 +99,18 @@ def device(host_colibri: Path, tmp_path_factory: pytest.TempPathFactory):
     marker.write_text("host file\n")
     had_dev_log = os.path.lexists("/dev/log")
     state = Path(tempfile.mkdtemp(prefix="colibri-systemd-test-"))
+    # The fleet emulation's shape: a faked sysfs tree bound over /sys (it needs an fs/cgroup
+    # directory, where systemd finds or mounts its cgroups) and a read-only layer over /usr.
+    fake = state / "fake"
+    (fake / "sys/fs/cgroup").mkdir(parents=True)
+    (fake / "sys/firmware/devicetree/base").mkdir(parents=True)
+    (fake / "sys/firmware/devicetree/base/model").write_bytes(ORIN_NX_MODEL + b"\0")
+    (fake / "usr/lib/colibri-sim").mkdir(parents=True)
+    (fake / "usr/lib/colibri-sim/layer").write_text("sim layer\n")
     # aarch64 services run through qemu-user's binfmt entry, which needs the loader prefix
-    dev = SystemdDevice("sysd-00", state, default_environment={"QEMU_LD_PREFIX": "/usr/aarch64-linux-gnu"})
+    dev = SystemdDevice("sysd-00", state / "devices",
+                        default_environment={"QEMU_LD_PREFIX": "/usr/aarch64-linux-gnu"},
+                        layers={"usr": [fake / "usr"]}, binds=[(fake / "sys", "/sys")])
     try:
         dev.boot()
         spec = ServiceSpec(port=free_port(), cpu_affinity="0", memory_max="256M", nice=5,
@@ -124,6 +136,13 @@ def test_device_boots_its_own_systemd_without_touching_the_host(device):
     # journald's /dev/log link is in the device's /dev only
     assert dev.path("/dev/log").is_symlink()
     assert os.path.lexists("/dev/log") == had_dev_log
+    # its faked sysfs and its /usr layer are the device's only; its writes land in its own layer
+    assert dev.path("/sys/firmware/devicetree/base/model").read_bytes() == ORIN_NX_MODEL + b"\0"
+    assert dev.run(["cat", "/usr/lib/colibri-sim/layer"]).stdout == "sim layer\n"
+    assert not os.path.exists("/usr/lib/colibri-sim/layer")
+    dev.run(["touch", "/usr/lib/colibri-sim/written"])
+    assert (dev.dir / "upper/usr/lib/colibri-sim/written").exists()
+    assert not os.path.exists("/usr/lib/colibri-sim/written")
     # its unit directory is its own: none of the host's enabled services
     wants = sorted(p.name for p in dev.path("/etc/systemd/system/multi-user.target.wants").iterdir())
     assert wants == ["colibri.service"]

@@ -104,6 +104,19 @@ def _cgroup_hierarchies() -> list[Path]:
     return sorted(set(points))
 
 
+def _mountpoints_under(tops: list[str]) -> list[str]:
+    """Mount points strictly below any of ``tops`` in this namespace (plain names only)."""
+    points = []
+    with open("/proc/self/mountinfo") as fh:
+        for line in fh:
+            point = line.split()[4]
+            if "\\" in point:
+                continue  # escaped characters: not a path to pass on
+            if any(point.startswith(t + "/") for t in tops) and os.path.exists(point):
+                points.append(point)
+    return sorted(set(points), key=lambda p: (p.count("/"), p))
+
+
 def sshd_unit(config: str) -> str:
     """A unit that runs the host's sshd with ``config`` (an absolute path) in the device."""
     if not config.startswith("/") or any(c in _UNSAFE for c in config):
@@ -119,10 +132,16 @@ class SystemdDevice:
 
     ``units`` are extra unit files (name -> text) installed and enabled in the device before its
     first boot; ``default_environment`` goes to systemd's ``DefaultEnvironment=`` (e.g.
-    ``QEMU_LD_PREFIX`` for aarch64 binaries run through qemu-user's binfmt entry)."""
+    ``QEMU_LD_PREFIX`` for aarch64 binaries run through qemu-user's binfmt entry).
+    ``layers`` adds read-only layers above the host's directory of a top-level directory
+    (``{"usr": [sim_layer / "usr"], "etc": [...]}``: the emulated Jetson's tools and files);
+    ``binds`` bind-mounts host paths at device paths (``[(faked_tree / "proc-like", "/x")]``)
+    after the overlays; the device path must exist in the device's view."""
 
     def __init__(self, name: str, state_dir: Path | str, *, units: dict[str, str] | None = None,
-                 default_environment: dict[str, str] | None = None) -> None:
+                 default_environment: dict[str, str] | None = None,
+                 layers: dict[str, list[Path]] | None = None,
+                 binds: list[tuple[Path, str]] | None = None) -> None:
         if not name or not all(c.isalnum() or c == "-" for c in name) or len(name) > 40:
             raise FleetError(f"device name {name!r}: letters, digits and '-' only")
         self.name = name
@@ -134,6 +153,20 @@ class SystemdDevice:
             if str(self.dir) == top or str(self.dir).startswith(top + "/"):
                 raise FleetError(f"state dir {self.dir} must not be under {top}: the device "
                                  f"mounts its own {top} over it")
+        self.layers = {k: [Path(p).resolve() for p in v] for k, v in (layers or {}).items()}
+        for top, lowers in self.layers.items():
+            if top in ("tmp", "run", "dev", "proc", "sys") or not top.isidentifier() \
+                    or not Path(f"/{top}").is_dir():
+                raise FleetError(f"layers: /{top} cannot be overlaid (a top-level host directory "
+                                 f"other than /tmp, /run, /dev, /proc, /sys)")
+            for p in lowers:
+                if any(c in _UNSAFE for c in str(p)) or not p.is_dir():
+                    raise FleetError(f"layers: {p} must be an existing directory with a plain name")
+        self.binds = [(Path(src).resolve(), dst) for src, dst in (binds or [])]
+        for src, dst in self.binds:
+            if not src.exists() or not dst.startswith("/") or any(c in _UNSAFE for c in dst):
+                raise FleetError(f"binds: {src} -> {dst}: the source must exist and the target "
+                                 f"be an absolute plain path")
         self.units = dict(units or {})
         self.default_environment = dict(default_environment or {})
         self.proc: subprocess.Popen[bytes] | None = None
@@ -270,7 +303,8 @@ class SystemdDevice:
     # -- internals --------------------------------------------------------------------------------
     def _prepare(self) -> None:
         d = self.dir
-        for sub in ("upper/etc", "upper/var", "upper/opt", "work/etc", "work/var", "work/opt", "units", "opt", "devstage"):
+        tops = sorted({"etc", "var", "opt", *self.layers})
+        for sub in ("units", "opt", "devstage", *(f"{k}/{t}" for t in tops for k in ("upper", "work"))):
             (d / sub).mkdir(parents=True, exist_ok=True)
         etc = d / "upper/etc"
         (etc / "hostname").write_text(self.name + "\n")
@@ -302,16 +336,34 @@ class SystemdDevice:
         q = shlex.quote
         stage = d / "devstage"
         cg = [f"{q(str(h / CGROUP_PARENT / self.name / 'cgroup.procs'))}" for h in _cgroup_hierarchies()]
+        # Mounts below an overlaid directory (in a container: /etc/hosts, /etc/resolv.conf) would
+        # be hidden by the overlay: park them in a stash and put them back on top after.
+        stash, park, unpark = d / "stash", [], []
+        for n, point in enumerate(_mountpoints_under([f"/{t}" for t in tops])):
+            stash.mkdir(exist_ok=True)
+            held = stash / str(n)
+            if os.path.isdir(point):
+                held.mkdir(exist_ok=True)
+            else:
+                held.touch()
+            park.append(f"mount --bind {q(point)} {q(str(held))}")
+            unpark.append(f"mount --bind {q(str(held))} {q(point)}")
+        overlays = []
+        for t in tops:
+            lowers = ":".join([*(str(p) for p in reversed(self.layers.get(t, []))), f"/{t}"])
+            overlays.append(f"mount -t overlay overlay -o lowerdir={lowers},upperdir={d}/upper/{t},"
+                            f"workdir={d}/work/{t} /{t}")
         script = [
             "set -e",
             "# join this device's cgroups first: systemd takes PID 1's cgroup as its root",
             *[f"echo $$ > {p}" for p in cg],
-            f"mount -t overlay overlay -o lowerdir=/etc,upperdir={d}/upper/etc,workdir={d}/work/etc /etc",
+            *park,
+            *overlays,
+            *unpark,
             f"mount --bind {q(str(d / 'units'))} /etc/systemd/system",
-            f"mount -t overlay overlay -o lowerdir=/var,upperdir={d}/upper/var,workdir={d}/work/var /var",
-            f"mount -t overlay overlay -o lowerdir=/opt,upperdir={d}/upper/opt,workdir={d}/work/opt /opt",
             "mkdir -p /opt/colibri",
             f"mount --bind {q(str(d / 'opt'))} /opt/colibri",
+            *[f"mount --bind {q(str(src))} {q(dst)}" for src, dst in self.binds],
             "# a private /dev: journald links /dev/log, which must not land in the host's /dev",
             f"mount -t tmpfs -o mode=0755,nosuid devtmp {q(str(stage))}",
             *[f"touch {q(str(stage / n))} && mount --bind /dev/{n} {q(str(stage / n))}" for n in DEV_NODES],
