@@ -24,7 +24,7 @@ import pytest
 from colibri_kit.model.tiny import write_tiny_model
 from colibri_kit.service import (ServiceSpec, health_gate, render_sysusers, render_unit,
                                  verify_unit)
-from colibri_kit.sim.systemd import CGROUP_PARENT, SystemdDevice, sshd_unit
+from colibri_kit.sim.systemd import CGROUP_PARENT, SystemdDevice, sshd_unit, stop_devices
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
@@ -317,3 +317,10 @@ def test_poweroff_and_kill_leave_nothing_behind(device):
     pid1 = dev.pid
     dev.kill()
     assert not os.path.exists(f"/proc/{pid1}") and not dev.running()
+    # a device a crashed session left running is found from its record and stopped
+    dev.boot()
+    pid1 = dev.pid
+    assert stop_devices(dev.dir.parent) == 1
+    assert wait_for(lambda: not os.path.exists(f"/proc/{pid1}"), 10)
+    dev.kill()                                             # reaps the unshare process
+    assert stop_devices(dev.dir.parent) == 0 and not cg.exists()

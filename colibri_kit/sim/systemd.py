@@ -35,6 +35,7 @@ Not imported by the product code.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shlex
@@ -102,6 +103,22 @@ def _cgroup_hierarchies() -> list[Path]:
                 continue
             points.append(Path(point))
     return sorted(set(points))
+
+
+def _pidns_of(pid: int) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return ""
+
+
+def stop_devices(state_dir: Path | str) -> int:
+    """Stop every device a crashed session left running under ``state_dir`` (from their
+    running.json records); returns how many PID 1s were killed."""
+    killed = 0
+    for record in sorted(Path(state_dir).glob("*/running.json")):
+        killed += SystemdDevice(record.parent.name, Path(state_dir))._stop_recorded()
+    return killed
 
 
 def _mountpoints_under(tops: list[str]) -> list[str]:
@@ -195,6 +212,7 @@ class SystemdDevice:
         require_tools()
         if self.running():
             raise FleetError(f"{self.name} is already running (pid {self.pid})")
+        self._stop_recorded()  # a PID 1 left running by a session that died
         if not (self.dir / "start.sh").exists():
             self._prepare()
         self._cgroups_create()
@@ -208,6 +226,8 @@ class SystemdDevice:
         finally:
             log.close()
         self.pid = self._wait_pid1(timeout)
+        (self.dir / "running.json").write_text(json.dumps(
+            {"pid": self.pid, "pidns": _pidns_of(self.pid)}))
         self.boots += 1
         state = ""
         deadline = time.monotonic() + timeout
@@ -431,6 +451,33 @@ class SystemdDevice:
         self.proc.kill()
         raise FleetError(f"{self.name}: systemd did not start within {timeout:g}s")
 
+    def _stop_recorded(self) -> bool:
+        """SIGKILL the PID 1 recorded in running.json when it is still that device's PID 1
+        (same PID namespace as recorded: a reused pid is never touched). True if one was."""
+        record = self.dir / "running.json"
+        if not record.exists():
+            return False
+        try:
+            rec = json.loads(record.read_text())
+            pid, ns = int(rec["pid"]), str(rec["pidns"])
+        except (ValueError, KeyError, TypeError):
+            record.unlink()
+            return False
+        killed = False
+        if ns and _pidns_of(pid) == ns:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed = True
+            except ProcessLookupError:
+                pass
+            for _ in range(100):
+                if _pidns_of(pid) != ns:
+                    break
+                time.sleep(0.05)
+        record.unlink()
+        self._cgroups_remove()
+        return killed
+
     def _reap(self) -> int:
         rc = 0
         if self.proc is not None:
@@ -440,5 +487,6 @@ class SystemdDevice:
                 rc = -1
         self.proc = None
         self.pid = 0
+        (self.dir / "running.json").unlink(missing_ok=True)
         self._cgroups_remove()
         return rc
