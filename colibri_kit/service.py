@@ -21,7 +21,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -37,6 +37,7 @@ SECTION_KEYS = ("port", "bind", "slots", "threads", "cpu_affinity", "nice", "mem
                 "api_key_file", "max_queue", "backend", "user", "groups", "restart_sec",
                 "drain_timeout_s", "model_id")
 
+# Used with fullmatch only: `$` in re.match would also accept a trailing newline.
 _PATH_RE = re.compile(r"^/[A-Za-z0-9._/-]*$")
 _NAME_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")   # a POSIX-ish system user/group name
 _CPU_ITEM_RE = re.compile(r"^(\d{1,4})(?:-(\d{1,4}))?$")
@@ -116,7 +117,7 @@ def _default_fail(kpath: tuple[str, ...], msg: str) -> Exception:
 
 def check_path(value: Any, what: str) -> str:
     """An absolute path safe inside a unit file and a shell: ``[A-Za-z0-9._/-]``, no ``..``."""
-    if not isinstance(value, str) or not _PATH_RE.match(value) or len(value) > 255:
+    if not isinstance(value, str) or not _PATH_RE.fullmatch(value) or len(value) > 255:
         raise ServiceError(f"{what}: {value!r} is not allowed; give an absolute path of letters, "
                            f"digits and ._/- (no spaces, quotes, '%' or newlines)")
     parts = value.split("/")
@@ -144,7 +145,7 @@ def parse_cpu_list(value: Any) -> str:
         raise ServiceError("empty CPU list")
     out = []
     for item in items:
-        m = _CPU_ITEM_RE.match(item)
+        m = _CPU_ITEM_RE.fullmatch(item)
         if not m:
             raise ServiceError(f"{item!r} in {value!r} is not a CPU number or range such as 2-5")
         lo = int(m.group(1))
@@ -201,7 +202,7 @@ def check_spec(s: ServiceSpec) -> None:
             raise ServiceError(f"cpu_affinity: {s.cpu_affinity!r} is not a normalised CPU list "
                                f"such as '0-3 6' (parse_cpu_list makes one)")
     if s.memory_max is not None and (not isinstance(s.memory_max, str)
-                                     or not _SIZE_RE.match(s.memory_max)):
+                                     or not _SIZE_RE.fullmatch(s.memory_max)):
         raise ServiceError(f"memory_max: {s.memory_max!r} is not allowed; a size such as 512M, 6G, "
                            f"a percentage of RAM such as 80%, or infinity")
     if s.api_key_file is not None:
@@ -211,16 +212,16 @@ def check_spec(s: ServiceSpec) -> None:
                            f"(colibri serve refuses to listen there without a key)")
     if s.backend not in BACKENDS:
         raise ServiceError(f"backend: {s.backend!r} is not one of {', '.join(BACKENDS)}")
-    if not isinstance(s.user, str) or not _NAME_RE.match(s.user) or s.user == "root":
+    if not isinstance(s.user, str) or not _NAME_RE.fullmatch(s.user) or s.user == "root":
         raise ServiceError(f"user: {s.user!r} is not allowed; a system user name such as colibri "
                            f"(lowercase letters, digits, _ and -; not root)")
     if not isinstance(s.groups, tuple):
         raise ServiceError(f"groups: {s.groups!r} must be a tuple of group names")
     for g in s.groups:
-        if not isinstance(g, str) or not _NAME_RE.match(g) or g == "root":
+        if not isinstance(g, str) or not _NAME_RE.fullmatch(g) or g == "root":
             raise ServiceError(f"groups: {g!r} is not allowed; a group name such as video")
     if s.model_id is not None and (not isinstance(s.model_id, str)
-                                   or not _MODEL_ID_RE.match(s.model_id)):
+                                   or not _MODEL_ID_RE.fullmatch(s.model_id)):
         raise ServiceError(f"model_id: {s.model_id!r} is not allowed; 1..100 of letters, digits "
                            f"and ._- starting with a letter or digit")
     check_path(s.root, "root")
@@ -285,7 +286,7 @@ def _environment(templates_dir: Path) -> jinja2.Environment:
 def render_unit(spec: ServiceSpec, *, target: str = "host", templates_dir: Path | None = None) -> str:
     """The unit file text for ``spec`` (deterministic)."""
     check_spec(spec)
-    if not re.match(r"^[a-z0-9][a-z0-9-]*$", target):
+    if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", target):
         raise ServiceError(f"target name {target!r} is not valid")
     env = _environment(Path(templates_dir) if templates_dir else paths.templates_dir())
     try:
@@ -312,7 +313,7 @@ def verify_unit(text: str, *, name: str = UNIT_NAME) -> str:
     tool = shutil.which("systemd-analyze")
     if tool is None:
         raise ServiceError("systemd-analyze not found: apt-get install systemd")
-    if not re.match(r"^[a-z0-9][a-z0-9_.-]*\.service$", name):
+    if not re.fullmatch(r"[a-z0-9][a-z0-9_.-]*\.service", name):
         raise ServiceError(f"unit name {name!r} is not valid")
     with tempfile.TemporaryDirectory(prefix="colibri-unit-") as tmp:
         root = _scratch_root(Path(tmp) / "root", text)
@@ -376,7 +377,7 @@ def health_gate(run: Run, spec: ServiceSpec, *, unit: str = UNIT_NAME, timeout: 
     (the deploy passes its remote; the emulation tests pass SystemdDevice.run)."""
     clock = clock or time.monotonic
     sleep = sleep or time.sleep
-    if not re.match(r"^[a-z0-9][a-z0-9_.-]*\.service$", unit):
+    if not re.fullmatch(r"[a-z0-9][a-z0-9_.-]*\.service", unit):
         raise ServiceError(f"unit name {unit!r} is not valid")
     url = spec.health_url
     body = json.dumps({"model": spec.model_id or "model", "prompt": [1], "max_tokens": 1,

@@ -85,6 +85,11 @@ HOSTILE = [
     (dict(user="c b"), "user"), (dict(groups=("video\nUser=root",)), "groups"),
     (dict(backend="tpu"), "backend"), (dict(restart_sec=0), "restart_sec"),
     (dict(model_id="my model"), "model_id"), (dict(model_id="-x"), "model_id"),
+    # a trailing newline (a YAML block scalar can carry one) would end the directive early
+    (dict(api_key_file="/etc/colibri/api-key\n"), "api_key_file"), (dict(user="colibri\n"), "user"),
+    (dict(memory_max="1G\n"), "memory_max"), (dict(model_id="tiny\n"), "model_id"),
+    (dict(cpu_affinity="0-3\n"), "cpu_affinity"), (dict(bind="127.0.0.1\n"), "bind"),
+    (dict(root="/opt/colibri\n"), "root"), (dict(groups=("video\n",)), "groups"),
 ]
 
 
