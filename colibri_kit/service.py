@@ -304,6 +304,30 @@ def render_sysusers(spec: ServiceSpec) -> str:
             f"u {spec.user} - \"Colibri inference service\" /nonexistent /usr/sbin/nologin\n")
 
 
+SYSUSERS_PATH = "/etc/sysusers.d/colibri.conf"
+
+
+def unit_path(unit: str = UNIT_NAME) -> str:
+    return f"/etc/systemd/system/{unit}"
+
+
+def device_files(spec: ServiceSpec, *, target: str = "host", unit: str = UNIT_NAME) -> dict[str, str]:
+    """The files a deploy writes on the device (root-owned, mode 0644): the verified unit and
+    the service user's sysusers.d entry."""
+    text = render_unit(spec, target=target)
+    verify_unit(text, name=unit)
+    return {SYSUSERS_PATH: render_sysusers(spec), unit_path(unit): text}
+
+
+def install_commands(unit: str = UNIT_NAME, *, enable: bool = True) -> list[list[str]]:
+    """What a deploy runs as root after writing ``device_files``: create the user, reload,
+    enable at boot. (Starting or restarting is the deploy's switch step.)"""
+    cmds = [["systemd-sysusers", SYSUSERS_PATH], ["systemctl", "daemon-reload"]]
+    if enable:
+        cmds.append(["systemctl", "enable", unit])
+    return cmds
+
+
 def verify_unit(text: str, *, name: str = UNIT_NAME) -> str:
     """Run ``systemd-analyze verify`` on the unit text; return its output, raise on findings.
 

@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from colibri_kit.errors import ProfileError
-from colibri_kit.service import (ServiceError, ServiceSpec, cpus_of, health_gate, parse_cpu_list,
+from colibri_kit.service import (ServiceError, ServiceSpec, cpus_of, device_files, health_gate,
+                                 install_commands, parse_cpu_list,
                                  parse_service, render_sysusers, render_unit, service_dict,
                                  verify_unit)
 
@@ -200,3 +201,13 @@ def test_health_gate_gives_up_at_its_deadline():
             "http://127.0.0.1:9001/health"] in calls
     with pytest.raises(ServiceError, match="unit name"):
         health_gate(run, ServiceSpec(), unit="x; reboot")
+
+
+def test_device_files_and_install_commands():
+    files = device_files(FULL, target="orin-nx")
+    assert files == {"/etc/sysusers.d/colibri.conf": render_sysusers(FULL),
+                     "/etc/systemd/system/colibri.service": render_unit(FULL, target="orin-nx")}
+    assert install_commands() == [["systemd-sysusers", "/etc/sysusers.d/colibri.conf"],
+                                  ["systemctl", "daemon-reload"],
+                                  ["systemctl", "enable", "colibri.service"]]
+    assert install_commands("colibri-b.service", enable=False)[-1] == ["systemctl", "daemon-reload"]

@@ -22,8 +22,7 @@ from pathlib import Path
 import pytest
 
 from colibri_kit.model.tiny import write_tiny_model
-from colibri_kit.service import (ServiceSpec, health_gate, render_sysusers, render_unit,
-                                 verify_unit)
+from colibri_kit.service import ServiceSpec, device_files, health_gate, install_commands
 from colibri_kit.sim.systemd import CGROUP_PARENT, SystemdDevice, sshd_unit, stop_devices
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
@@ -54,15 +53,12 @@ def install_release(dev: SystemdDevice, root: str, binary: Path, model: bytes, r
 
 
 def install_unit(dev: SystemdDevice, spec: ServiceSpec, unit: str, *, enable: bool) -> None:
-    """The service user (sysusers.d + systemd-sysusers), the verified unit, daemon-reload."""
-    text = render_unit(spec)
-    verify_unit(text, name=unit)
-    dev.write("/etc/sysusers.d/colibri.conf", render_sysusers(spec))
-    dev.run(["systemd-sysusers"])
-    dev.write(f"/etc/systemd/system/{unit}", text)
-    dev.systemctl("daemon-reload")
-    if enable:
-        dev.systemctl("enable", unit)
+    """What the deploy will do: write device_files (the verified unit, the service user's
+    sysusers.d entry), then run install_commands (systemd-sysusers, daemon-reload, enable)."""
+    for path, text in device_files(spec, unit=unit).items():
+        dev.write(path, text)
+    for argv in install_commands(unit, enable=enable):
+        dev.run(argv)
 
 
 def health(dev: SystemdDevice, url: str) -> str:
