@@ -235,6 +235,25 @@ colibri_status colibri_generate(colibri_ctx *ctx, const colibri_generate_params 
 /* "stop", "length", "context", "cancelled" or "none". */
 const char *colibri_finish_name(colibri_finish f);
 
+/* ---- Chat (chat.c) -------------------------------------------------------------------------
+ * The model's chat template, stored at conversion as a table of the text around each message
+ * (colibri_kit/model/chat.py, docs/format.md "chat.template"); the rendering is byte-identical
+ * to transformers' apply_chat_template(tokenize=False) for the conversations it accepts: an
+ * optional system message, then user and assistant alternating, starting with user. The text
+ * already holds the BOS text where the template puts it: tokenize it without adding BOS. */
+typedef struct {
+    const char *role;     /* "system", "user" or "assistant" */
+    const char *content;  /* UTF-8, NUL-terminated */
+} colibri_chat_message;
+
+/* Writes at most cap bytes (NUL-terminated when it fits) and sets *len to the full length;
+ * when *len >= cap call again with a larger buffer. Reads only the model: thread safe.
+ * COLIBRI_E_UNSUPPORTED when the model has no template or the template refuses the
+ * conversation; why receives the reason. */
+colibri_status colibri_chat_render(const colibri_model *m, const colibri_chat_message *msgs, int n,
+                                   int add_generation_prompt, char *out, size_t cap, size_t *len,
+                                   char *why, size_t why_len);
+
 #ifdef __cplusplus
 }
 #endif
