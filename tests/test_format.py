@@ -19,7 +19,7 @@ from colibri_kit.model.tiny import TINY_NAME, tiny_header, write_random_model, w
 
 # sha256 of tiny-moe-4e2r (pad 64, f32). Pinned: C tests and device smoke tests rely on the same
 # bytes everywhere; a change to tiny.py or the writer must be deliberate.
-TINY_SHA256 = "58448ca8a857d3e5504f265554be91db0171900c7c77fd4f70d6928570377ad6"
+TINY_SHA256 = "fbf5fbbab855b571044aefeda416e7003d81b49161060cd173587dce619b8629"
 
 ALL_FEATURES = int(Flag.SHARED_EXPERT | Flag.SHARED_EXPERT_GATE | Flag.QKV_BIAS | Flag.QK_NORM_HEAD
                    | Flag.TIED_EMBEDDINGS)

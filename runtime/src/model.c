@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "colibri_config.h"
+#include "tokenizer.h"
 
 _Static_assert(COLIBRI_EMBED_DIM_PAD > 0 && COLIBRI_EMBED_DIM_PAD % 16 == 0,
                "COLIBRI_EMBED_DIM_PAD must be a positive multiple of 16 (docs/format.md)");
@@ -507,6 +508,24 @@ static colibri_status check_complete(struct colibri_model *m, char *why, size_t 
     return COLIBRI_OK;
 }
 
+/* The tokenizer blobs are validated like every other section: a file whose tokenizer is broken
+ * is refused; a file without one loads (text calls then say to re-convert it). */
+static colibri_status load_tokenizer(struct colibri_model *m, char *why, size_t len) {
+    colibri_tokenizer *t = malloc(sizeof *t);
+    if (!t) return fail(why, len, COLIBRI_E_NO_MEMORY, "out of memory for the tokenizer");
+    colibri_status s = colibri_tokenizer_load(t, m, m->vocab_size, why, len);
+    if (s == COLIBRI_OK) {
+        m->tokenizer = t;
+        return COLIBRI_OK;
+    }
+    free(t);
+    if (s == COLIBRI_E_NO_TOKENIZER) {
+        if (why && len) why[0] = '\0';
+        return COLIBRI_OK;
+    }
+    return s;
+}
+
 static colibri_status validate(struct colibri_model *m, char *why, size_t len) {
     colibri_status s = parse_header(m, m->base, m->size, why, len);
     if (s) return s;
@@ -529,7 +548,8 @@ static colibri_status validate(struct colibri_model *m, char *why, size_t len) {
         if ((s = parse_record(m, m->base + COLIBRI_HEADER_SIZE + (size_t)i * COLIBRI_RECORD_SIZE, i,
                               why, len)))
             return s;
-    return check_complete(m, why, len);
+    if ((s = check_complete(m, why, len))) return s;
+    return load_tokenizer(m, why, len);
 }
 
 colibri_status colibri_model_from_memory(struct colibri_model *m, const void *buf, size_t len,
@@ -579,5 +599,7 @@ void colibri_model_close(struct colibri_model *m) {
     if (m->mapped && m->base) munmap((void *)m->base, m->size);
     free(m->layers);
     free(m->expert_views);
+    if (m->tokenizer) colibri_tokenizer_free(m->tokenizer);
+    free(m->tokenizer);
     memset(m, 0, sizeof *m);
 }

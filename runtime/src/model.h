@@ -71,6 +71,7 @@ struct colibri_model {
      * base + meta_offset; tensor data must end by tensor_end (= meta_offset, or file_size) */
     uint32_t meta_count;
     uint64_t meta_offset, meta_size, tensor_end;
+    struct colibri_tokenizer *tokenizer; /* built from the tokenizer.* blobs; NULL when none */
 
     colibri_tensor tok_embed, output_norm, lm_head; /* lm_head == tok_embed when tied */
     colibri_layer *layers;                          /* n_layers entries */
