@@ -286,10 +286,15 @@ def convert(hf_dir: str | os.PathLike[str], out: str | os.PathLike[str], dtype: 
     ck = Checkpoint(hf_dir)
     items = plan_tensors(m, ck)
     chat = chat_template_blob(hf_dir, chat_template)  # refused here, before anything is written
+    from colibri_kit.model.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(hf_dir)  # tokenizer.* blobs; None: `--ids` commands only
     bar = Progress(sum(it.nbytes for it in items), progress)
     with ModelWriter(out, header) as w:
         if chat is not None:
             w.add_metadata("chat.template", chat)
+        for name, blob in (tokenizer.blobs() if tokenizer else {}).items():
+            w.add_metadata(name, blob)
         for it in items:
             try:
                 w.add(it.kind, it.layer, it.expert, it.source)

@@ -201,7 +201,9 @@ typedef size_t (*colibri_detok_fn)(void *user, const int32_t *ids, int n, char *
 
 /* Called once per generated token (id >= 0) and once at the end (id == -1) with the text that
  * became final: never a part of a UTF-8 character, never a part that might still turn out to
- * be a stop string. text is not NUL-terminated; len may be 0. Return non-zero to cancel. */
+ * be a stop string. The text is valid UTF-8: byte sequences the model made that are not are
+ * replaced by U+FFFD, as `tokenizers`' decode does. Not NUL-terminated; len may be 0. Return
+ * non-zero to cancel (no final call then). */
 typedef int (*colibri_token_fn)(void *user, int32_t id, const char *text, size_t len);
 
 typedef struct {
