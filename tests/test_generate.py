@@ -23,10 +23,12 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_model(tmp_path_factory.mktemp("gen-tiny") / "tiny.colibri")
 
 
-def stream(driver: Path, model: Path, text: str, cuts: list[int], max_new: int,
+def stream(driver: Path, model: Path, text: str | bytes, cuts: list[int], max_new: int,
            *stops: str) -> tuple[list[tuple[int, bytes]], str, int, int]:
-    out = subprocess.run([str(driver), "stream", str(model), text, ",".join(map(str, cuts)),
-                          str(max_new), *stops], capture_output=True, text=True, check=True,
+    raw = text if isinstance(text, bytes) else text.encode()
+    out = subprocess.run([str(driver).encode(), b"stream", str(model).encode(), raw,
+                          ",".join(map(str, cuts)).encode(), str(max_new).encode(),
+                          *(x.encode() for x in stops)], capture_output=True, text=True, check=True,
                          timeout=60).stdout.splitlines()
     chunks = []
     for line in out[:-1]:
@@ -66,6 +68,14 @@ def test_stop_string_across_token_boundaries(driver: Path, tiny: Path, cuts: lis
     assert cuts[n_new] >= RAW.index(b"STOP") + 4 and cuts[n_new - 1] < RAW.index(b"STOP") + 4
     for _, c in chunks:
         c.decode("utf-8")
+
+
+@pytest.mark.parametrize("raw", [b"ok\xff\xe3\x81A\xed\xa0\x80 \xf0\x9f\x98", b"\xc3\xa9\x80\x80z\xf4\x90\x80\x80"])
+def test_invalid_utf8_from_the_model_becomes_replacement_characters(driver: Path, tiny: Path,
+                                                                    raw: bytes) -> None:
+    """As `tokenizers` decodes (from_utf8_lossy = Python's errors="replace"), chunk by chunk."""
+    chunks, _, _, _ = stream(driver, tiny, raw, list(range(len(raw) + 1)), len(raw))
+    assert b"".join(c for _, c in chunks).decode("utf-8") == raw.decode("utf-8", "replace")
 
 
 def test_held_back_stop_prefix_is_released_at_the_end(driver: Path, tiny: Path) -> None:

@@ -3,9 +3,10 @@
 (4 slots); separate short-lived servers for the API key, the start-up refusals and the aarch64
 build under qemu. Answers at temperature 0 are checked against `colibri generate`.
 
-Until the runtime has a tokenizer (format v2), prompts are token ids (the OpenAI completions API
-accepts `prompt` as an array of ids) and answers carry `token_ids`; text prompts and chat
-messages are refused with 400 `tokenizer_unavailable`.
+The tiny model carries a byte-level tokenizer (format v2), so prompts are text or token ids
+(the OpenAI completions API accepts `prompt` as an array of ids) and answers carry both `text` and
+`token_ids`. Chat messages wait for the runtime's chat-template renderer (400
+`chat_template_unavailable`); a model without a tokenizer is tested in test_serve_load.py.
 """
 
 from __future__ import annotations
@@ -114,13 +115,52 @@ def test_sampling_is_seeded_and_top_p_near_zero_is_greedy(client):
     assert ids(temperature=1.0, top_p=1e-9, seed=5) == greedy  # only the top token survives
 
 
-def test_chat_and_text_prompts_need_a_tokenizer(client):
+def detokenize(binary: Path, model: Path, ids: list[int]) -> str:
+    out = subprocess.run([str(binary), "detokenize", str(model), "--ids", ",".join(map(str, ids))],
+                         capture_output=True, timeout=60, check=True).stdout
+    return out.decode("utf-8", errors="replace")
+
+
+def test_text_prompt_equals_generate_on_its_tokens(client, host_colibri, tiny):
+    """The tiny model's tokenizer maps bytes to ids (colibri_kit/model/tiny.py), so the prompt's
+    ids are its UTF-8 bytes; the answer's text is `colibri detokenize` of its ids (bytes that are
+    not UTF-8 become U+FFFD, as Python decodes them)."""
+    prompt = "Hello, wörld"
+    want = generate_ids(host_colibri, tiny, list(prompt.encode()), 16, EOS)
+    r = client.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=16, temperature=0)
+    assert r.usage.prompt_tokens == len(prompt.encode())
+    assert r.choices[0].token_ids == want
+    assert r.choices[0].text == detokenize(host_colibri, tiny, want) == bytes(want).decode("utf-8", "replace")
+    chunks = list(client.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=16,
+                                            temperature=0, stream=True))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == r.choices[0].text
+
+
+def test_sampled_text_streams_whole(client):
+    """Sampled bytes are often not UTF-8: the text still equals the ids' bytes decoded with
+    U+FFFD replacement, streamed or not (held-back partial characters are sent at the end)."""
+    for seed in range(6):
+        kw = dict(model=MODEL_ID, prompt="Hi there", max_tokens=40, temperature=1.5, seed=seed)
+        r = client.completions.create(**kw)
+        assert r.choices[0].text == bytes(r.choices[0].token_ids).decode("utf-8", "replace")
+        chunks = list(client.completions.create(stream=True, **kw))
+        assert "".join(c.choices[0].text for c in chunks if c.choices) == r.choices[0].text
+
+
+def test_stop_string_ends_the_answer(client):
+    full = client.completions.create(model=MODEL_ID, prompt="Hello", max_tokens=24, temperature=0)
+    text = full.choices[0].text
+    cut = next(i for i, ch in enumerate(text) if i >= 2 and ch.isascii() and ch.isprintable())
+    r = client.completions.create(model=MODEL_ID, prompt="Hello", max_tokens=24, temperature=0,
+                                  stop=[text[cut]])
+    assert r.choices[0].text == text[: text.index(text[cut])]
+    assert r.choices[0].finish_reason == "stop"
+
+
+def test_chat_needs_a_chat_template(client):
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "hi"}])
-    assert e.value.code == "tokenizer_unavailable" and e.value.param == "messages"
-    with pytest.raises(openai.BadRequestError) as e:
-        client.completions.create(model=MODEL_ID, prompt="hello", max_tokens=2)
-    assert e.value.code == "tokenizer_unavailable" and e.value.param == "prompt"
+    assert e.value.code == "chat_template_unavailable" and e.value.param == "messages"
 
 
 def test_models_health_and_metrics(client, server):
@@ -343,6 +383,47 @@ def test_orin_nx_build_serves_under_qemu(orin_nx_build, tiny):
         capture_output=True, text=True, timeout=120, check=True).stdout)["new_ids"]
     want = status_host[: status_host.index(EOS)] if EOS in status_host else status_host
     assert got == want
+
+
+@pytest.mark.slow
+def test_serve_under_address_sanitizer(tmp_path, tiny):
+    """The service built with ASan + UBSan (runtime/tests/Makefile SANITIZE=1) through text,
+    ids, streaming, sampling, stop strings, bad bodies, malformed HTTP and a disconnect, then
+    SIGTERM: exit 0 and no sanitizer report."""
+    from colibri_kit.profiles import load_profile
+    from colibri_kit.render import render_config
+
+    cfg = tmp_path / "include"
+    cfg.mkdir()
+    (cfg / "colibri_config.h").write_text(render_config(load_profile("host")))
+    out = tmp_path / "asan"
+    proc = subprocess.run(["make", "-s", "-C", str(RUNTIME / "tests"), f"CONFIG_DIR={cfg}",
+                           f"OUT_DIR={out}", "SANITIZE=1", f"{out}/bin/colibri"],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    srv = Server(out / "bin" / "colibri", tiny, "--slots", "2", "--threads", "1", "--read-timeout", "500").start()
+    try:
+        client = openai.OpenAI(base_url=srv.base + "/v1", api_key="x", max_retries=0)
+        for seed in range(3):
+            for stream in (False, True):
+                kw = dict(model=MODEL_ID, max_tokens=30, temperature=1.2, seed=seed, stop=["ab"])
+                r = client.completions.create(prompt="Hi there", stream=stream, **kw)
+                list(r) if stream else r.choices[0].text
+                client.completions.create(prompt=[1, 2, 3], **kw)
+        for body, _, _, _ in BAD_BODIES:
+            srv.call("POST", "/v1/completions", body)
+        for data in (b"GARBAGE\r\n\r\n", b"GET /health HTTP/1.1\r\nX: " + b"a" * 20000 + b"\r\n\r\n",
+                     b"POST /v1/completions HTTP/1.1\r\nContent-Length: 10\r\n\r\n{"):
+            raw(srv, data)
+        with socket.create_connection(("127.0.0.1", srv.port)) as s:
+            body = json.dumps({"model": MODEL_ID, "prompt": [1], "max_tokens": 100, "stream": True}).encode()
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+            s.recv(10)
+        assert srv.call("GET", "/health")[0] == 200
+    finally:
+        rc = srv.stop()
+    log = "\n".join(srv.lines)
+    assert rc == 0 and "Sanitizer" not in log and "runtime error" not in log, log[-3000:]
 
 
 @pytest.mark.slow

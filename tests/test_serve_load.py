@@ -83,6 +83,19 @@ def test_16_clients_against_4_slots(server, host_colibri, load_model):
     assert after["colibri_generated_tokens_total"] - before["colibri_generated_tokens_total"] == MAX_TOKENS * len(ok)
 
 
+def test_a_model_without_tokenizer_takes_ids_only(server):
+    status, _, body = server.call("POST", "/v1/completions", {"model": MODEL_ID, "prompt": "hi"})
+    err = json.loads(body)["error"]
+    assert status == 400 and err["code"] == "tokenizer_unavailable" and err["param"] == "prompt"
+    status, _, body = server.call("POST", "/v1/completions", {"model": MODEL_ID, "prompt": [5, 6],
+                                                             "max_tokens": 2, "stop": ["x"]})
+    assert status == 400 and json.loads(body)["error"]["param"] == "stop"
+    status, _, body = server.call("POST", "/v1/completions", {"model": MODEL_ID, "prompt": [5, 6],
+                                                             "max_tokens": 2, "temperature": 0})
+    choice = json.loads(body)["choices"][0]
+    assert status == 200 and choice["text"] == "" and len(choice["token_ids"]) == 2
+
+
 def stream_request(port: int, max_tokens: int, prompt: list[int] | None = None) -> socket.socket:
     body = json.dumps({"model": MODEL_ID, "prompt": prompt or PROMPTS[0], "max_tokens": max_tokens,
                        "temperature": 0, "stream": True}).encode()

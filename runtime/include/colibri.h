@@ -201,7 +201,9 @@ typedef size_t (*colibri_detok_fn)(void *user, const int32_t *ids, int n, char *
 
 /* Called once per generated token (id >= 0) and once at the end (id == -1) with the text that
  * became final: never a part of a UTF-8 character, never a part that might still turn out to
- * be a stop string. text is not NUL-terminated; len may be 0. Return non-zero to cancel. */
+ * be a stop string. The text is valid UTF-8: byte sequences the model made that are not are
+ * replaced by U+FFFD, as `tokenizers`' decode does. Not NUL-terminated; len may be 0. Return
+ * non-zero to cancel (no final call then). */
 typedef int (*colibri_token_fn)(void *user, int32_t id, const char *text, size_t len);
 
 typedef struct {
@@ -237,6 +239,25 @@ colibri_status colibri_generate(colibri_ctx *ctx, const colibri_generate_params 
                                 int32_t *out_ids, colibri_generate_result *r);
 /* "stop", "length", "context", "cancelled" or "none". */
 const char *colibri_finish_name(colibri_finish f);
+
+/* ---- Chat (chat.c) -------------------------------------------------------------------------
+ * The model's chat template, stored at conversion as a table of the text around each message
+ * (colibri_kit/model/chat.py, docs/format.md "chat.template"); the rendering is byte-identical
+ * to transformers' apply_chat_template(tokenize=False) for the conversations it accepts: an
+ * optional system message, then user and assistant alternating, starting with user. The text
+ * already holds the BOS text where the template puts it: tokenize it without adding BOS. */
+typedef struct {
+    const char *role;     /* "system", "user" or "assistant" */
+    const char *content;  /* UTF-8, NUL-terminated */
+} colibri_chat_message;
+
+/* Writes at most cap bytes (NUL-terminated when it fits) and sets *len to the full length;
+ * when *len >= cap call again with a larger buffer. Reads only the model: thread safe.
+ * COLIBRI_E_UNSUPPORTED when the model has no template or the template refuses the
+ * conversation; why receives the reason. */
+colibri_status colibri_chat_render(const colibri_model *m, const colibri_chat_message *msgs, int n,
+                                   int add_generation_prompt, char *out, size_t cap, size_t *len,
+                                   char *why, size_t why_len);
 
 /* ---- Text: the model's own tokenizer (format version 2; docs/runtime.md "Tokenizer") --------
  * Ids are exactly those of the Hugging Face `tokenizers` library for the model's tokenizer.json.

@@ -31,6 +31,31 @@ size_t colibri_utf8_incomplete_tail(const char *text, size_t len) {
     return 0; /* only continuation bytes: invalid, emitted as they are */
 }
 
+size_t colibri_utf8_sanitize(const char *in, size_t n, char *out) {
+    const unsigned char *s = (const unsigned char *)in;
+    size_t o = 0;
+    for (size_t i = 0; i < n;) {
+        unsigned c = s[i];
+        size_t need = 0;
+        unsigned lo = 0x80, hi = 0xBF; /* allowed range of the first continuation byte */
+        if (c < 0x80) { out[o++] = (char)c; i++; continue; }
+        if (c >= 0xC2 && c <= 0xDF) need = 1;
+        else if (c >= 0xE0 && c <= 0xEF) { need = 2; lo = c == 0xE0 ? 0xA0 : 0x80; hi = c == 0xED ? 0x9F : 0xBF; }
+        else if (c >= 0xF0 && c <= 0xF4) { need = 3; lo = c == 0xF0 ? 0x90 : 0x80; hi = c == 0xF4 ? 0x8F : 0xBF; }
+        size_t k = 1;
+        while (need && k <= need && i + k < n) {
+            unsigned d = s[i + k];
+            if (d < (k == 1 ? lo : 0x80) || d > (k == 1 ? hi : 0xBF)) break;
+            k++;
+        }
+        if (need && k == need + 1) { memcpy(out + o, in + i, k); o += k; i += k; continue; }
+        memcpy(out + o, "\xEF\xBF\xBD", 3); /* U+FFFD for the maximal subpart s[i..i+k) */
+        o += 3;
+        i += k;
+    }
+    return o;
+}
+
 size_t colibri_stop_prefix_tail(const char *text, size_t len, const char *stop) {
     size_t n = strlen(stop);
     for (size_t k = n > 0 ? n - 1 : 0; k > 0; k--)
@@ -60,7 +85,24 @@ typedef struct {
     char *text;
     size_t cap, emitted;
     int32_t *hist; /* prompt + generated ids */
+    char *clean;   /* the emitted piece with invalid UTF-8 replaced (3 x its size) */
+    size_t clean_cap;
 } gen_state;
+
+/* Hand text[from..to) to the callback as valid UTF-8. */
+static int emit(gen_state *g, int32_t id, size_t from, size_t to, int *oom) {
+    const colibri_generate_params *p = g->p;
+    if (!p->on_token) return 0;
+    size_t n = to - from;
+    if (3 * n > g->clean_cap) {
+        char *c = realloc(g->clean, 3 * n);
+        if (!c) { *oom = 1; return 1; }
+        g->clean = c;
+        g->clean_cap = 3 * n;
+    }
+    size_t m = n ? colibri_utf8_sanitize(g->text + from, n, g->clean) : 0;
+    return p->on_token(p->user, id, m ? g->clean : "", m);
+}
 
 /* Decode the generated ids; *found = index of a stop string that appeared (else -1). Returns
  * the end of the text that is final now (>= emitted), or (size_t)-1 when out of memory. */
@@ -155,7 +197,8 @@ colibri_status colibri_generate(colibri_ctx *ctx, const colibri_generate_params 
     const struct colibri_model *m = ctx->model;
     uint32_t V = m->vocab_size;
     int chunk = p->n_prompt < COLIBRI_CHUNK ? p->n_prompt : COLIBRI_CHUNK;
-    gen_state g = {p, NULL, 0, 0, NULL};
+    gen_state g = {p, NULL, 0, 0, NULL, NULL, 0};
+    int oom = 0;
     float *logits = malloc((size_t)chunk * V * sizeof *logits);
     g.hist = malloc(((size_t)p->n_prompt + (size_t)p->max_new) * sizeof *g.hist);
     colibri_sampler *smp = NULL;
@@ -200,8 +243,12 @@ colibri_status colibri_generate(colibri_ctx *ctx, const colibri_generate_params 
                 goto done;
             }
         }
-        int cancel = p->on_token ? p->on_token(p->user, id, g.text + g.emitted, safe - g.emitted)
-                                 : 0;
+        int cancel = emit(&g, id, g.emitted, safe, &oom);
+        if (oom) {
+            s = COLIBRI_E_NO_MEMORY;
+            snprintf(ctx->err, sizeof ctx->err, "cannot grow the generated text buffer");
+            goto done;
+        }
         g.emitted = safe;
         if (found >= 0) {
             r->finish = COLIBRI_FINISH_STOP;
@@ -219,14 +266,14 @@ colibri_status colibri_generate(colibri_ctx *ctx, const colibri_generate_params 
     if (r->finish == COLIBRI_FINISH_NONE) r->finish = COLIBRI_FINISH_LENGTH;
     if (r->n_new == 0 && t1 == 0) t1 = now_ms();
     /* the end: whatever was held back is final now */
-    if (p->on_token && r->finish != COLIBRI_FINISH_CANCELLED)
-        p->on_token(p->user, -1, g.text ? g.text + g.emitted : "", len - g.emitted);
+    if (r->finish != COLIBRI_FINISH_CANCELLED) emit(&g, -1, g.emitted, len, &oom);
     r->prefill_ms = t1 - t0;
     r->decode_ms = now_ms() - t1;
 done:
     free(logits);
     free(g.hist);
     free(g.text);
+    free(g.clean);
     colibri_sampler_free(smp);
     return s;
 }

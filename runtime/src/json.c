@@ -64,6 +64,29 @@ static int utf8_seq(const unsigned char *s, size_t n) {
     return len;
 }
 
+/* Bytes of the longest prefix of s that starts a well-formed sequence but does not complete
+ * it (at least 1): the unit that one U+FFFD replaces. */
+static size_t utf8_maximal_subpart(const unsigned char *s, size_t n) {
+    unsigned c = s[0];
+    size_t len;
+    unsigned lo = 0x80, hi = 0xBF; /* allowed range of the second byte */
+    if (c >= 0xC2 && c <= 0xDF) len = 2;
+    else if (c >= 0xE0 && c <= 0xEF) {
+        len = 3;
+        if (c == 0xE0) lo = 0xA0;
+        if (c == 0xED) hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        len = 4;
+        if (c == 0xF0) lo = 0x90;
+        if (c == 0xF4) hi = 0x8F;
+    } else return 1;
+    size_t k = 1;
+    if (k < n && k < len && s[k] >= lo && s[k] <= hi) k++;
+    else return 1;
+    while (k < n && k < len && (s[k] & 0xC0) == 0x80) k++;
+    return k;
+}
+
 static int hex4(const char *s, unsigned *out) {
     unsigned v = 0;
     for (int i = 0; i < 4; i++) {
@@ -399,10 +422,7 @@ void jb_str(json_buf *b, const char *s, size_t n) {
         } else if (c == '\n') { jb_raw(b, "\\n", 2); i++; }
         else if (c == '\r') { jb_raw(b, "\\r", 2); i++; }
         else if (c == '\t') { jb_raw(b, "\\t", 2); i++; }
-        else if (c == 0) { /* the parser refuses \u0000, so the writer never produces it */
-            jb_raw(b, "\xEF\xBF\xBD", 3);
-            i++;
-        } else if (c < 0x20 || c == 0x7F) {
+        else if (c < 0x20 || c == 0x7F) {
             char e[6] = {'\\', 'u', '0', '0', hex[c >> 4], hex[c & 15]};
             jb_raw(b, e, 6);
             i++;
@@ -412,8 +432,10 @@ void jb_str(json_buf *b, const char *s, size_t n) {
                 jb_raw(b, s + i, (size_t)k);
                 i += (size_t)k;
             } else {
-                jb_raw(b, "\xEF\xBF\xBD", 3); /* U+FFFD for a byte that is not valid UTF-8 */
-                i++;
+                /* U+FFFD for each maximal subpart of an ill-formed sequence (Unicode's
+                 * recommended practice, as Python's and Rust's lossy decoders do) */
+                jb_raw(b, "\xEF\xBF\xBD", 3);
+                i += utf8_maximal_subpart((const unsigned char *)s + i, n - i);
             }
         }
     }

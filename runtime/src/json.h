@@ -10,7 +10,8 @@
  *
  * Writer: a growable byte buffer with helpers that always produce valid JSON: strings are
  * escaped, and bytes that are not valid UTF-8 (a token may end inside a multi-byte character)
- * and NUL bytes (which the parser refuses) are written as U+FFFD. */
+ * are written as U+FFFD (one per maximal ill-formed subpart, as Python and Rust decode). A NUL
+ * byte is written as \u0000, which this parser refuses in requests. */
 #ifndef COLIBRI_JSON_H
 #define COLIBRI_JSON_H
 

@@ -91,7 +91,8 @@ typedef struct {
     size_t api_key_len;
     colibri_model_info info;
     colibri_model *model;       /* mapped once, shared by every slot's context */
-    colibri_detok_fn detok;     /* NULL until the model carries a tokenizer */
+    colibri_detok_fn detok;     /* NULL when the model carries no tokenizer: ids only */
+    colibri_tokenizer_info tinfo;
     slot *slots;
     int n_slots;
     pthread_mutex_t mu;         /* everything below */
@@ -370,11 +371,22 @@ typedef struct {
 
 enum { FINISH_LENGTH, FINISH_STOP, FINISH_CANCELLED, FINISH_ERROR };
 
+typedef struct {
+    const gen_callbacks *cb;
+    size_t emitted;             /* text bytes handed to on_token so far */
+} bridge;
+
 static int bridge_token(void *user, int32_t id, const char *text, size_t len) {
-    const gen_callbacks *cb = user;
-    if (cb->on_token(cb->user, id, text, len)) return 1;
-    return id >= 0 && cb->cancelled(cb->user);
+    bridge *b = user;
+    /* A detokenizer whose text for more ids is not an extension of its text for fewer would
+     * make the loop's "new bytes" negative: never pass that on (see serve_detok). */
+    if (len > ((size_t)1 << 30)) len = 0;
+    b->emitted += len;
+    if (b->cb->on_token(b->cb->user, id, text, len)) return 1;
+    return id >= 0 && b->cb->cancelled(b->cb->user);
 }
+
+static size_t full_text(const server *S, const int32_t *ids, int n, char **out);
 
 static int slot_generate(server *S, slot *s, const int32_t *ids, int n, const gen_params *p,
                          const gen_callbacks *cb, char *err, size_t errlen) {
@@ -384,20 +396,31 @@ static int slot_generate(server *S, slot *s, const int32_t *ids, int n, const ge
         snprintf(err, errlen, "out of memory");
         return FINISH_ERROR;
     }
+    bridge br = {cb, 0};
     colibri_generate_params g;
     colibri_default_generate_params(&g);
     g.prompt = ids;
     g.n_prompt = n;
     g.max_new = p->max_tokens;
     g.sampling = p->sampling;
+    g.stop_ids = S->tinfo.n_stop ? S->tinfo.stop_ids : NULL;
+    g.n_stop_ids = S->tinfo.n_stop;
     g.stop_strings = p->n_stop ? p->stop : NULL;
     g.n_stop_strings = p->n_stop;
     g.detok = S->detok;
-    g.detok_user = S;
+    g.detok_user = (void *)S;
     g.on_token = bridge_token;
-    g.user = (void *)cb;
+    g.user = &br;
     colibri_generate_result r;
     colibri_status st = colibri_generate(s->ctx, &g, out, &r);
+    if (!st && S->detok && r.finish != COLIBRI_FINISH_CANCELLED && r.stop_string < 0) {
+        /* serve_detok holds back trailing U+FFFD (they may still become a character); at the
+         * end they are final: send what the whole answer decodes to beyond what was sent */
+        char *all = NULL;
+        size_t len = full_text(S, out, r.n_new, &all);
+        if (all && len > br.emitted) cb->on_token(cb->user, -1, all + br.emitted, len - br.emitted);
+        free(all);
+    }
     free(out);
     if (st) {
         snprintf(err, errlen, "%s: %s", colibri_strerror(st), colibri_last_error(s->ctx));
@@ -417,6 +440,61 @@ static int slot_generate(server *S, slot *s, const int32_t *ids, int n, const ge
  * takes prompts as token ids and answers with token ids (`token_ids`, next to an empty text). */
 
 static int text_supported(const server *S) { return S->detok != NULL; }
+
+/* The text of ids as the model's tokenizer decodes it (malloc'd in *out; length returned). The
+ * text calls read only the shared model, so every connection thread may use slot 0's context
+ * for them at once (colibri.h, "Text"). */
+static size_t full_text(const server *S, const int32_t *ids, int n, char **out) {
+    size_t len = 0;
+    *out = NULL;
+    colibri_status st = colibri_detokenize(S->slots[0].ctx, ids, (size_t)n, 1, NULL, 0, &len);
+    if (st && st != COLIBRI_E_BUFFER_TOO_SMALL) return 0;
+    *out = malloc(len + 1);
+    if (!*out) return 0;
+    if (colibri_detokenize(S->slots[0].ctx, ids, (size_t)n, 1, *out, len, &len)) {
+        free(*out);
+        *out = NULL;
+        return 0;
+    }
+    return len;
+}
+
+/* colibri_detok_fn for the generation loop. The tokenizer decodes bytes that are not (yet)
+ * UTF-8 to U+FFFD, and such a trailing U+FFFD may become a character with the next token, so the
+ * text for more ids would not extend the text for fewer. Trailing U+FFFD are held back here
+ * (slot_generate sends them at the end): the text the loop sees only ever grows. */
+static size_t serve_detok(void *user, const int32_t *ids, int n, char *out, size_t cap) {
+    const server *S = user;
+    size_t len = 0;
+    colibri_status st = colibri_detokenize(S->slots[0].ctx, ids, (size_t)n, 1, out, cap, &len);
+    if (st == COLIBRI_E_BUFFER_TOO_SMALL) return len; /* the loop retries with room for len */
+    if (st) return 0;
+    while (len >= 3 && !memcmp(out + len - 3, "\xEF\xBF\xBD", 3)) len -= 3;
+    return len;
+}
+
+/* The text prompt -> rq->ids, with the special tokens the model's tokenizer adds by default. */
+static int tokenize_prompt(server *S, oai_request *rq, oai_error *e) {
+    const colibri_ctx *tc = S->slots[0].ctx;
+    size_t need = 0;
+    colibri_status st = colibri_tokenize(tc, rq->text, rq->text_len, 1, NULL, 0, &need);
+    if (st && st != COLIBRI_E_BUFFER_TOO_SMALL) {
+        oai_set_error(e, 500, "server_error", NULL, NULL, "tokenizer: %s", colibri_strerror(st));
+        return -1;
+    }
+    rq->ids = malloc((need ? need : 1) * sizeof *rq->ids);
+    if (!rq->ids) {
+        oai_set_error(e, 500, "server_error", NULL, NULL, "out of memory");
+        return -1;
+    }
+    st = colibri_tokenize(tc, rq->text, rq->text_len, 1, rq->ids, need, &need);
+    if (st) {
+        oai_set_error(e, 500, "server_error", NULL, NULL, "tokenizer: %s", colibri_strerror(st));
+        return -1;
+    }
+    rq->n_ids = (int)need;
+    return 0;
+}
 
 /* ---------------------------------------------------------------- completions */
 
@@ -585,6 +663,15 @@ static void handle_completion(conn *c, int chat, const char *body, size_t len) {
             goto fail;
         }
     }
+    if (chat) {
+        /* rendering messages needs the model's chat template (chat.template metadata) and the
+         * runtime's template renderer, which this build does not have yet */
+        oai_set_error(&e, 400, "invalid_request_error", "chat_template_unavailable", "messages",
+                      "this server cannot render chat messages for model '%s' yet; use "
+                      "/v1/completions with a text prompt or token ids", S->model_id);
+        goto fail;
+    }
+    if (rq.text && tokenize_prompt(S, &rq, &e)) goto fail;
     const int32_t *ids = rq.ids;
     int n = rq.n_ids;
     if (n <= 0) {
@@ -1251,6 +1338,9 @@ int server_run(const server_options *o) {
         free_slots(&S);
         return 1;
     }
+    colibri_get_tokenizer_info(S.slots[0].ctx, &S.tinfo);
+    if (S.tinfo.n_stop < 0 || S.tinfo.n_stop > 16) S.tinfo.n_stop = 0;
+    if (S.tinfo.has_tokenizer) S.detok = serve_detok;
     colibri_runtime_info ri;
     colibri_get_runtime_info(S.slots[0].ctx, &ri);
     S.ready = 1;
@@ -1260,9 +1350,9 @@ int server_run(const server_options *o) {
     jb_printf(&b, ", \"port\": %d, \"model\": ", port);
     jb_cstr(&b, S.model_id);
     jb_printf(&b, ", \"slots\": %d, \"threads_per_slot\": %d, \"max_queue\": %d, \"backend\": \"%s\", "
-                  "\"api_key\": %s, \"load_ms\": %.1f, \"cuda_fallback\": ",
+                  "\"api_key\": %s, \"load_ms\": %.1f, \"tokenizer\": %s, \"cuda_fallback\": ",
               S.n_slots, ri.threads, o->max_queue, ri.backend, S.api_key_len ? "true" : "false",
-              now_ms() - t0);
+              now_ms() - t0, S.tinfo.has_tokenizer ? "true" : "false");
     if (ri.fallback_reason[0]) jb_cstr(&b, ri.fallback_reason);
     else jb_puts(&b, "null");
     jb_puts(&b, "}");

@@ -6,11 +6,15 @@
  *       greedy colibri_generate with a stand-in detokenizer: after n tokens the text is
  *       TEXT[0 .. CUTS[n]) whatever the ids (CUTS: comma-separated byte offsets), so a test
  *       controls where characters and stop strings are cut between tokens. Prints one line per
- *       callback "id <hex of the text>" and then "finish NAME n_new stop_string". */
+ *       callback "id <hex of the text>" and then "finish NAME n_new stop_string".
+ *   gen_driver chat BLOB GEN < messages   render lines "ROLE HEX" with a chat.template blob
+ *       file; prints the text as hex, or "error STATUS reason".
+ *   gen_driver chat-model MODEL GEN < messages   the same with a .colibri file's template */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "chat.h"
 #include "colibri.h"
 
 static int sample_main(void) {
@@ -93,7 +97,58 @@ static int stream_main(int argc, char **argv) {
     return 0;
 }
 
+static int hexval(int c) {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
+/* path: a blob file, or with from_model a .colibri file (its chat.template metadata). */
+static int chat_main(const char *path, int gen, int from_model) {
+    static uint8_t blob[1 << 16];
+    static char text[1 << 16], store[1 << 16], out[1 << 17];
+    size_t blen = 0;
+    colibri_model *model = NULL;
+    if (from_model) {
+        if (colibri_model_load(&model, path, NULL)) return 3;
+    } else {
+        FILE *f = fopen(path, "rb");
+        if (!f) return 2;
+        blen = fread(blob, 1, sizeof blob, f);
+        fclose(f);
+    }
+    colibri_chat_message msgs[32];
+    char role[32][16];
+    int n = 0;
+    size_t used = 0;
+    while (n < 32 && scanf("%15s %65535s", role[n], text) == 2) {
+        size_t tl = strlen(text) / 2;
+        if (!strcmp(text, "-")) tl = 0;
+        for (size_t i = 0; i < tl; i++)
+            store[used + i] = (char)(hexval(text[2 * i]) * 16 + hexval(text[2 * i + 1]));
+        store[used + tl] = '\0';
+        msgs[n].role = role[n];
+        msgs[n].content = store + used;
+        used += tl + 1;
+        n++;
+    }
+    size_t len = 0;
+    char why[256] = "";
+    colibri_status s = model ? colibri_chat_render(model, msgs, n, gen, out, sizeof out, &len, why,
+                                                   sizeof why)
+                             : colibri_chat_render_blob(blob, blen, msgs, n, gen, out, sizeof out,
+                                                        &len, why, sizeof why);
+    colibri_model_free(model);
+    if (s) {
+        printf("error %d %s\n", (int)s, why);
+        return 0;
+    }
+    for (size_t i = 0; i < len; i++) printf("%02x", (unsigned char)out[i]);
+    printf("\n");
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc == 4 && !strcmp(argv[1], "chat")) return chat_main(argv[2], atoi(argv[3]), 0);
+    if (argc == 4 && !strcmp(argv[1], "chat-model")) return chat_main(argv[2], atoi(argv[3]), 1);
     if (argc >= 2 && !strcmp(argv[1], "sample")) return sample_main();
     if (argc >= 6 && !strcmp(argv[1], "stream")) return stream_main(argc, argv);
     fprintf(stderr, "usage: gen_driver sample < spec | stream MODEL TEXT CUTS MAX_NEW STOP...\n");

@@ -180,6 +180,7 @@ static int parse(gen_cli *c, int argc, char **argv, int skip) {
     const char *bad = colibri_sampling_check(&c->sampling);
     if (bad) return gen_usage(bad);
     if (c->ids && (c->chat || c->system)) return gen_usage("--chat and --system need --prompt");
+    if (c->ids && c->n_stops) return gen_usage("--stop needs --prompt (text)");
     if (c->system && !c->chat) return gen_usage("--system needs --chat");
     return 0;
 }
@@ -255,6 +256,162 @@ done:
 }
 
 /* argv as main got it; argv[skip] is the word "generate" (global options may precede it). */
+/* colibri_detok_fn over the model's tokenizer: the text a user sees (special tokens dropped). */
+static size_t detok_text(void *user, const int32_t *ids, int n, char *out, size_t cap) {
+    size_t len = 0;
+    colibri_status s = colibri_detokenize((const colibri_ctx *)user, ids, (size_t)n, 1, out, cap, &len);
+    return s == COLIBRI_OK || s == COLIBRI_E_BUFFER_TOO_SMALL ? len : 0;
+}
+
+typedef struct {
+    int json;
+    char *text;  /* --json: everything emitted */
+    size_t len, cap;
+    int failed;
+} stream_out;
+
+static int on_text(void *user, int32_t id, const char *text, size_t len) {
+    stream_out *o = user;
+    if (!o->json) {
+        if (len && fwrite(text, 1, len, stdout) != len) return 1; /* stdout gone: cancel */
+        fflush(stdout);
+        return 0;
+    }
+    if (o->len + len + 1 > o->cap) {
+        size_t cap = (o->len + len + 1) * 2;
+        char *t = realloc(o->text, cap);
+        if (!t) { o->failed = 1; return 1; }
+        o->text = t;
+        o->cap = cap;
+    }
+    memcpy(o->text + o->len, text, len);
+    o->len += len;
+    return 0;
+}
+
+/* The prompt's ids: the chat template's text (which carries its own BOS) or the plain text with
+ * the tokenizer's special tokens added, as transformers' tokenizer(prompt) does. */
+static int prompt_ids(const gen_cli *c, colibri_ctx *ctx, int32_t **ids, size_t *n) {
+    char why[512] = "";
+    char *rendered = NULL;
+    const char *text = c->prompt;
+    size_t text_len = strlen(c->prompt);
+    int add_special = 1;
+    if (c->chat) {
+        colibri_chat_message msgs[2];
+        int nm = 0;
+        if (c->system) msgs[nm++] = (colibri_chat_message){"system", c->system};
+        msgs[nm++] = (colibri_chat_message){"user", c->prompt};
+        size_t need = 0;
+        colibri_status s = colibri_chat_render(colibri_ctx_model(ctx), msgs, nm, 1, NULL, 0, &need,
+                                               why, sizeof why);
+        if (!s) {
+            rendered = malloc(need + 1);
+            if (!rendered) return 1;
+            s = colibri_chat_render(colibri_ctx_model(ctx), msgs, nm, 1, rendered, need + 1, &need,
+                                    why, sizeof why);
+        }
+        if (s) {
+            fprintf(stderr, "colibri: --chat: %s\n", why);
+            free(rendered);
+            return 1;
+        }
+        text = rendered;
+        text_len = need;
+        add_special = 0;
+    }
+    size_t need = 0;
+    colibri_status s = colibri_tokenize(ctx, text, text_len, add_special, NULL, 0, &need);
+    if (s == COLIBRI_OK || s == COLIBRI_E_BUFFER_TOO_SMALL) {
+        *ids = malloc((need ? need : 1) * sizeof **ids);
+        s = *ids ? colibri_tokenize(ctx, text, text_len, add_special, *ids, need, n)
+                 : COLIBRI_E_NO_MEMORY;
+    }
+    free(rendered);
+    if (s) {
+        fprintf(stderr, "colibri: %s: %s\n", c->model, colibri_strerror(s));
+        return 1;
+    }
+    if (*n == 0) {
+        fprintf(stderr, "colibri: the prompt tokenizes to no ids: give some text\n");
+        return 1;
+    }
+    return 0;
+}
+
+static void put_ids(const int32_t *ids, size_t n) {
+    for (size_t i = 0; i < n; i++) printf("%s%d", i ? ", " : "", (int)ids[i]);
+}
+
+/* --prompt: text in, streamed text out (or one JSON object with --json). */
+static int run_prompt(const gen_cli *c, colibri_ctx *ctx) {
+    colibri_tokenizer_info ti;
+    colibri_get_tokenizer_info(ctx, &ti);
+    if (!ti.has_tokenizer) {
+        fprintf(stderr, "colibri: %s: %s\n", c->model, colibri_strerror(COLIBRI_E_NO_TOKENIZER));
+        return 1;
+    }
+    int32_t *ids = NULL, *out = NULL;
+    size_t n = 0;
+    if (prompt_ids(c, ctx, &ids, &n)) { free(ids); return 1; }
+    int rc = 1;
+    out = malloc(((size_t)c->max_new + 1) * sizeof *out);
+    if (!out || n > (size_t)INT32_MAX) goto done;
+    colibri_generate_params p;
+    colibri_default_generate_params(&p);
+    p.prompt = ids;
+    p.n_prompt = (int)n;
+    p.max_new = (int)c->max_new;
+    p.sampling = c->sampling;
+    p.ignore_eos = c->ignore_eos;
+    if (!c->ignore_eos) { /* generation_config.json's eos ids, besides the header's EOS */
+        p.stop_ids = ti.stop_ids;
+        p.n_stop_ids = ti.n_stop;
+    }
+    p.stop_strings = c->stops;
+    p.n_stop_strings = c->n_stops;
+    p.detok = detok_text;
+    p.detok_user = ctx;
+    stream_out so = {c->json, NULL, 0, 0, 0};
+    p.on_token = on_text;
+    p.user = &so;
+    colibri_generate_result r;
+    colibri_status s = colibri_generate(ctx, &p, out, &r);
+    if (s) {
+        if (!c->json) fputc('\n', stdout);
+        fprintf(stderr, "colibri: %s: %s\n", colibri_strerror(s), colibri_last_error(ctx));
+        free(so.text);
+        goto done;
+    }
+    if (so.failed) {
+        fprintf(stderr, "colibri: out of memory for the generated text\n");
+        free(so.text);
+        goto done;
+    }
+    fallback_note(ctx);
+    if (c->json) {
+        printf("{\"prompt_ids\": [");
+        put_ids(ids, n);
+        printf("], \"ids\": [");
+        put_ids(out, (size_t)r.n_new);
+        printf("], \"text\": ");
+        put_json_string(stdout, so.text ? so.text : "", so.len);
+        printf(", \"finish_reason\": \"%s\", \"prompt_tokens\": %zu, \"new_tokens\": %d, "
+               "\"prefill_ms\": %.3f, \"decode_ms\": %.3f, \"decode_tok_s\": %.3f}\n",
+               colibri_finish_name(r.finish), n, r.n_new, r.prefill_ms, r.decode_ms,
+               r.n_new > 1 && r.decode_ms > 0 ? (r.n_new - 1) / (r.decode_ms / 1e3) : 0.0);
+    } else {
+        fputc('\n', stdout);
+    }
+    free(so.text);
+    rc = 0;
+done:
+    free(ids);
+    free(out);
+    return rc;
+}
+
+/* argv as main got it; argv[skip] is the word "generate" (global options may precede it). */
 int colibri_cmd_generate(int argc, char **argv, int skip) {
     gen_cli c;
     memset(&c, 0, sizeof c);
@@ -263,14 +420,9 @@ int colibri_cmd_generate(int argc, char **argv, int skip) {
     colibri_default_sampling(&c.sampling);
     int rc = parse(&c, argc, argv, skip);
     if (rc) return rc < 0 ? 0 : rc; /* -1: --help */
-    if (c.prompt) {
-        fprintf(stderr, "colibri: --prompt needs the model's tokenizer (not built yet)\n");
-        return 1;
-    }
     colibri_ctx *ctx;
     if (open_ctx(&c, &ctx)) return 1;
-    rc = run_ids(&c, ctx);
+    rc = c.prompt ? run_prompt(&c, ctx) : run_ids(&c, ctx);
     colibri_free(ctx);
-    (void)put_json_string;
     return rc;
 }
