@@ -13,7 +13,6 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -23,19 +22,14 @@ import pytest
 
 from colibri_kit.model.tiny import write_tiny_model
 from colibri_kit.service import ServiceSpec, device_files, health_gate, install_commands
-from colibri_kit.sim.systemd import CGROUP_PARENT, SystemdDevice, sshd_unit, stop_devices
+from colibri_kit.sim.systemd import (CGROUP_PARENT, SystemdDevice, free_addresses, sshd_unit,
+                                     stop_devices)
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
 API_KEY = "sk-colibri-test-0123456789"
 # /proc/device-tree/model of an Orin NX devkit (FACTS.md, "Devicetree model strings")
 ORIN_NX_MODEL = b"NVIDIA Jetson Orin NX Engineering Reference Developer Kit"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def install_release(dev: SystemdDevice, root: str, binary: Path, model: bytes, rel: str) -> None:
@@ -106,10 +100,12 @@ def device(host_colibri: Path, tmp_path_factory: pytest.TempPathFactory):
     # aarch64 services run through qemu-user's binfmt entry, which needs the loader prefix
     dev = SystemdDevice("sysd-00", state / "devices",
                         default_environment={"QEMU_LD_PREFIX": "/usr/aarch64-linux-gnu"},
-                        layers={"usr": [fake / "usr"]}, binds=[(fake / "sys", "/sys")])
+                        layers={"usr": [fake / "usr"]}, binds=[(fake / "sys", "/sys")],
+                        address=free_addresses()[0])
     try:
         dev.boot()
-        spec = ServiceSpec(port=free_port(), cpu_affinity="0", memory_max="256M", nice=5,
+        # its own network namespace: the profile's port, whatever the host runs
+        spec = ServiceSpec(port=8080, cpu_affinity="0", memory_max="256M", nice=5,
                            restart_sec=0.3, api_key_file="/etc/colibri/api-key", model_id="tiny")
         dev.write("/etc/colibri/api-key", API_KEY + "\n", 0o600)
         install_release(dev, "/opt/colibri", host_colibri, model, "r1")
@@ -139,6 +135,11 @@ def test_device_boots_its_own_systemd_without_touching_the_host(device):
     dev.run(["touch", "/usr/lib/colibri-sim/written"])
     assert (dev.dir / "upper/usr/lib/colibri-sim/written").exists()
     assert not os.path.exists("/usr/lib/colibri-sim/written")
+    # its own network: the host reaches its address; its loopback-only service stays private
+    assert dev.run(["ip", "-o", "-4", "addr", "show", "eth0"]).stdout.split()[3] == f"{dev.address}/31"
+    ping = subprocess.run(["curl", "-sS", "--max-time", "5", f"http://{dev.address}:8080/health"],
+                          capture_output=True, text=True)
+    assert ping.returncode == 7, ping   # no answer: bound to its own 127.0.0.1 (the arm test reaches 0.0.0.0)
     # its unit directory is its own: none of the host's enabled services
     wants = sorted(p.name for p in dev.path("/etc/systemd/system/multi-user.target.wants").iterdir())
     assert wants == ["colibri.service"]
@@ -200,7 +201,7 @@ def test_health_gate_passes_with_the_api_key(device):
 
 def test_a_bad_model_ends_failed(device, host_colibri):
     dev, _, _, _ = device
-    bad = ServiceSpec(port=free_port(), restart_sec=0.2, start_limit_burst=3, root="/opt/colibri-bad")
+    bad = ServiceSpec(port=8081, restart_sec=0.2, start_limit_burst=3, root="/opt/colibri-bad")
     install_release(dev, "/opt/colibri-bad", host_colibri, b"this is not a model\n" * 8, "bad")
     install_unit(dev, bad, "colibri-bad.service", enable=False)
     # Type=exec: the job ends once exec succeeded, but a process that dies at once may fail the
@@ -232,16 +233,20 @@ def test_the_orin_nx_binary_serves_under_the_same_unit(device, orin_nx_build, tm
         from colibri_kit.fleet.sim import ensure_binfmt
     ensure_binfmt()
     dev, _, _, _ = device
-    arm = ServiceSpec(port=free_port(), restart_sec=0.5, model_id="tiny", root="/opt/colibri-arm")
+    # bound beyond loopback (so with a key): the host reaches it at the device's address
+    arm = ServiceSpec(port=8082, bind="0.0.0.0", api_key_file="/etc/colibri/api-key", restart_sec=0.5,
+                      model_id="tiny", root="/opt/colibri-arm")
     model = write_tiny_model(tmp_path / "tiny.colibri", pad=64).read_bytes()   # orin-nx embed_pad
     install_release(dev, "/opt/colibri-arm", orin_nx_build / "bin" / "colibri", model, "r1")
     install_unit(dev, arm, "colibri-arm.service", enable=False)
     dev.systemctl("start", "--no-block", "colibri-arm.service")
     assert wait_for(lambda: health(dev, arm.health_url) == "200", 60), \
         dev.run(["journalctl", "-u", "colibri-arm", "--no-pager", "-o", "cat"], check=False).stdout
-    out = dev.run(["curl", "-sS", "-H", "Content-Type: application/json", "-d",
-                   '{"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 4, "temperature": 0}',
-                   arm.health_url.replace("/health", "/v1/completions")]).stdout
+    out = subprocess.run(["curl", "-sS", "--max-time", "60", "-H", "Content-Type: application/json",
+                          "-H", f"Authorization: Bearer {API_KEY}", "-d",
+                          '{"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 4, "temperature": 0}',
+                          f"http://{dev.address}:8082/v1/completions"],
+                         capture_output=True, text=True).stdout
     assert '"completion_tokens": 4' in out, out
     pid = dev.main_pid("colibri-arm.service")
     assert dev.run(["readlink", f"/proc/{pid}/exe"]).stdout.strip().endswith("qemu-aarch64")
@@ -251,13 +256,13 @@ def test_the_orin_nx_binary_serves_under_the_same_unit(device, orin_nx_build, tm
 
 def test_sshd_runs_as_a_unit_and_logs_in_to_the_device(device, tmp_path):
     dev, _, _, _ = device
-    port = free_port()
+    port = 22
     for key in ("host", "client"):
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / key)], check=True)
     dev.write("/etc/colibri-sim/ssh_host_ed25519_key", (tmp_path / "host").read_text(), 0o600)
     dev.write("/etc/colibri-sim/authorized_keys", (tmp_path / "client.pub").read_text())
     dev.write("/etc/colibri-sim/sshd_config", "\n".join([
-        f"Port {port}", "ListenAddress 127.0.0.1", "HostKey /etc/colibri-sim/ssh_host_ed25519_key",
+        f"Port {port}", "ListenAddress 0.0.0.0", "HostKey /etc/colibri-sim/ssh_host_ed25519_key",
         "AuthorizedKeysFile /etc/colibri-sim/authorized_keys", "PermitRootLogin prohibit-password",
         "PasswordAuthentication no", "KbdInteractiveAuthentication no", "UsePAM no",
         "PidFile /run/sshd-sim.pid", "LogLevel ERROR", ""]))
@@ -265,10 +270,10 @@ def test_sshd_runs_as_a_unit_and_logs_in_to_the_device(device, tmp_path):
     dev.systemctl("daemon-reload")
     dev.systemctl("start", "sim-sshd.service")
     pub = (tmp_path / "host.pub").read_text().split()
-    (tmp_path / "known_hosts").write_text(f"[127.0.0.1]:{port} {pub[0]} {pub[1]}\n")
+    (tmp_path / "known_hosts").write_text(f"{dev.address} {pub[0]} {pub[1]}\n")
     ssh = ["ssh", "-i", str(tmp_path / "client"), "-p", str(port), "-o", "BatchMode=yes",
            "-o", f"UserKnownHostsFile={tmp_path / 'known_hosts'}", "-o", "StrictHostKeyChecking=yes",
-           "root@127.0.0.1", "cat /proc/1/comm; hostname; systemctl is-active colibri.service"]
+           f"root@{dev.address}", "cat /proc/1/comm; hostname; systemctl is-active colibri.service"]
     res = wait_for(lambda: (r := subprocess.run(ssh, capture_output=True, text=True, timeout=30))
                    .returncode == 0 and r, 15)
     assert res and res.stdout.split() == ["systemd", "sysd-00", "active"]

@@ -35,6 +35,8 @@ Not imported by the product code.
 
 from __future__ import annotations
 
+import hashlib
+import ipaddress
 import json
 import os
 import secrets
@@ -112,6 +114,22 @@ def _pidns_of(pid: int) -> str:
         return ""
 
 
+def free_addresses(count: int = 1, network: str = "198.18.0.0/15") -> list[str]:
+    """``count`` device addresses whose /31s are unused on this machine (198.18.0.0/15: RFC
+    2544's benchmarking range, never routed)."""
+    used = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True).stdout
+    taken = {ipaddress.IPv4Address(w.split("/")[0]) for w in used.split() if w.count(".") == 3 and "/" in w}
+    net = ipaddress.IPv4Network(network)
+    found: list[str] = []
+    for base in range(int(net.network_address) + 2, int(net.broadcast_address) - 1, 2):
+        host, dev = ipaddress.IPv4Address(base), ipaddress.IPv4Address(base + 1)
+        if host not in taken and dev not in taken:
+            found.append(str(dev))
+            if len(found) == count:
+                return found
+    raise FleetError(f"not enough free address pairs left in {network}")
+
+
 def stop_devices(state_dir: Path | str) -> int:
     """Stop every device a crashed session left running under ``state_dir`` (from their
     running.json records); returns how many PID 1s were killed."""
@@ -153,12 +171,17 @@ class SystemdDevice:
     ``layers`` adds read-only layers above the host's directory of a top-level directory
     (``{"usr": [sim_layer / "usr"], "etc": [...]}``: the emulated Jetson's tools and files);
     ``binds`` bind-mounts host paths at device paths (``[(faked_tree / "proc-like", "/x")]``)
-    after the overlays; the device path must exist in the device's view."""
+    after the overlays; the device path must exist in the device's view.
+    ``address`` (an IPv4 address, e.g. from ``free_addresses()``) gives the device its own network
+    namespace: its own loopback (every device may listen on 127.0.0.1:8080 and :22) and an
+    ``eth0`` with that address, joined by a veth pair (/31) to the host, which reaches the
+    device at ``address``. Without it the device shares the host's network."""
 
     def __init__(self, name: str, state_dir: Path | str, *, units: dict[str, str] | None = None,
                  default_environment: dict[str, str] | None = None,
                  layers: dict[str, list[Path]] | None = None,
-                 binds: list[tuple[Path, str]] | None = None) -> None:
+                 binds: list[tuple[Path, str]] | None = None,
+                 address: str | None = None) -> None:
         if not name or not all(c.isalnum() or c == "-" for c in name) or len(name) > 40:
             raise FleetError(f"device name {name!r}: letters, digits and '-' only")
         self.name = name
@@ -184,6 +207,15 @@ class SystemdDevice:
             if not src.exists() or not dst.startswith("/") or any(c in _UNSAFE for c in dst):
                 raise FleetError(f"binds: {src} -> {dst}: the source must exist and the target "
                                  f"be an absolute plain path")
+        self.address = self.host_address = None
+        if address is not None:
+            try:
+                ip = ipaddress.IPv4Address(address)
+            except ValueError:
+                raise FleetError(f"address {address!r} is not an IPv4 address") from None
+            self.address, self.host_address = str(ip), str(ipaddress.IPv4Address(int(ip) ^ 1))
+        # the host end of the veth pair: unique per state dir and name, at most 15 characters
+        self.host_if = "cs" + hashlib.sha256(str(self.dir).encode()).hexdigest()[:12]
         self.units = dict(units or {})
         self.default_environment = dict(default_environment or {})
         self.proc: subprocess.Popen[bytes] | None = None
@@ -220,11 +252,14 @@ class SystemdDevice:
         try:
             self.proc = subprocess.Popen(
                 ["unshare", "--pid", "--fork", "--mount", "--uts", "--ipc", "--mount-proc",
+                 *(["--net"] if self.address else []),
                  "--propagation", "private", "/bin/sh", str(self.dir / "start.sh")],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
                 env={"PATH": PATH})
         finally:
             log.close()
+        if self.address:
+            self._plug_network(self._wait_child(timeout))
         self.pid = self._wait_pid1(timeout)
         (self.dir / "running.json").write_text(json.dumps(
             {"pid": self.pid, "pidns": _pidns_of(self.pid)}))
@@ -290,7 +325,7 @@ class SystemdDevice:
         """Run ``argv`` as root inside the device (its mount, PID, UTS and IPC namespaces)."""
         if not self.running():
             raise FleetError(f"{self.name} is not running")
-        cmd = ["nsenter", "-t", str(self.pid), "-m", "-p", "-u", "-i", "--",
+        cmd = ["nsenter", "-t", str(self.pid), "-m", "-p", "-u", "-i", *(["-n"] if self.address else []), "--",
                "/usr/bin/env", "-i", f"PATH={PATH}", "LANG=C.UTF-8", "SYSTEMD_PAGER=",
                "SYSTEMD_COLORS=0", *argv]
         res = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout)
@@ -373,10 +408,23 @@ class SystemdDevice:
             lowers = ":".join([*(str(p) for p in reversed(self.layers.get(t, []))), f"/{t}"])
             overlays.append(f"mount -t overlay overlay -o lowerdir={lowers},upperdir={d}/upper/{t},"
                             f"workdir={d}/work/{t} /{t}")
+        network = []
+        if self.address:
+            network = [
+                "# own network namespace: loopback up before any service binds 127.0.0.1;",
+                "# eth0 arrives from the host (veth), then gets the device address",
+                "ip link set lo up",
+                "i=0; while ! ip link show eth0 >/dev/null 2>&1; do i=$((i+1)); "
+                "[ $i -lt 1000 ] || { echo 'no eth0 from the host' >&2; exit 1; }; sleep 0.02; done",
+                f"ip addr add {self.address}/31 dev eth0",
+                "ip link set eth0 up",
+                f"ip route add default via {self.host_address}",
+            ]
         script = [
             "set -e",
             "# join this device's cgroups first: systemd takes PID 1's cgroup as its root",
             *[f"echo $$ > {p}" for p in cg],
+            *network,
             *park,
             *overlays,
             *unpark,
@@ -428,7 +476,8 @@ class SystemdDevice:
             except OSError:
                 pass
 
-    def _wait_pid1(self, timeout: float) -> int:
+    def _wait_child(self, timeout: float, exe_suffix: str = "") -> int:
+        """The pid of unshare's child (the start script, then systemd once it exec'd)."""
         assert self.proc is not None
         deadline = time.monotonic() + timeout
         children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
@@ -443,13 +492,29 @@ class SystemdDevice:
             if kids:
                 pid = int(kids[0])
                 try:
-                    if os.readlink(f"/proc/{pid}/exe").endswith("/systemd"):
+                    if os.readlink(f"/proc/{pid}/exe").endswith(exe_suffix):
                         return pid
                 except OSError:
                     pass
-            time.sleep(0.05)
+            time.sleep(0.02)
         self.proc.kill()
-        raise FleetError(f"{self.name}: systemd did not start within {timeout:g}s")
+        raise FleetError(f"{self.name}: {'systemd' if exe_suffix else 'the start script'} did not "
+                         f"start within {timeout:g}s")
+
+    def _wait_pid1(self, timeout: float) -> int:
+        return self._wait_child(timeout, "/systemd")
+
+    def _plug_network(self, pid: int) -> None:
+        """The veth pair: eth0 into the device's network namespace (the start script waits for
+        it and configures its end), the host end up with the peer address of the /31."""
+        subprocess.run(["ip", "link", "del", self.host_if], capture_output=True)  # a stale one
+        for argv in (["ip", "link", "add", self.host_if, "type", "veth", "peer", "name", "eth0",
+                      "netns", str(pid)],
+                     ["ip", "addr", "add", f"{self.host_address}/31", "dev", self.host_if],
+                     ["ip", "link", "set", self.host_if, "up"]):
+            res = subprocess.run(argv, capture_output=True, text=True)
+            if res.returncode != 0:
+                raise FleetError(f"{self.name}: {shlex.join(argv)}: {res.stderr.strip()}")
 
     def _stop_recorded(self) -> bool:
         """SIGKILL the PID 1 recorded in running.json when it is still that device's PID 1
@@ -487,6 +552,8 @@ class SystemdDevice:
                 rc = -1
         self.proc = None
         self.pid = 0
+        if self.address:  # normally gone with the namespace; a leftover end would block the next boot
+            subprocess.run(["ip", "link", "del", self.host_if], capture_output=True)
         (self.dir / "running.json").unlink(missing_ok=True)
         self._cgroups_remove()
         return rc
