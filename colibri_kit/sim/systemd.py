@@ -251,18 +251,24 @@ class SystemdDevice:
         log = open(self.dir / "boot.log", "ab")
         try:
             self.proc = subprocess.Popen(
-                ["unshare", "--pid", "--fork", "--mount", "--uts", "--ipc", "--mount-proc",
+                ["unshare", "--pid", "--fork", "--kill-child", "--mount", "--uts", "--ipc", "--mount-proc",
                  *(["--net"] if self.address else []),
                  "--propagation", "private", "/bin/sh", str(self.dir / "start.sh")],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
                 env={"PATH": PATH})
         finally:
             log.close()
-        if self.address:
-            self._plug_network(self._wait_child(timeout))
-        self.pid = self._wait_pid1(timeout)
-        (self.dir / "running.json").write_text(json.dumps(
-            {"pid": self.pid, "pidns": _pidns_of(self.pid)}))
+        try:
+            # the start script's pid is PID 1's: it execs systemd
+            self.pid = self._wait_child(timeout)
+            (self.dir / "running.json").write_text(json.dumps(
+                {"pid": self.pid, "pidns": _pidns_of(self.pid)}))
+            if self.address:
+                self._plug_network(self.pid)
+            self._wait_pid1(timeout)
+        except BaseException:
+            self.kill()
+            raise
         self.boots += 1
         state = ""
         deadline = time.monotonic() + timeout
@@ -294,12 +300,14 @@ class SystemdDevice:
 
     def kill(self) -> int:
         """SIGKILL the device's PID 1 (the kernel kills everything else in its PID namespace)."""
-        if self.running():
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            assert self.proc is not None
+        if self.proc is not None and self.proc.poll() is None:
+            if self.pid:
+                try:
+                    os.kill(self.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            else:  # PID 1 not known yet: unshare --kill-child takes its child along
+                self.proc.kill()
             try:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
@@ -497,7 +505,6 @@ class SystemdDevice:
                 except OSError:
                     pass
             time.sleep(0.02)
-        self.proc.kill()
         raise FleetError(f"{self.name}: {'systemd' if exe_suffix else 'the start script'} did not "
                          f"start within {timeout:g}s")
 
