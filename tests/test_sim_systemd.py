@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from colibri_kit.errors import FleetError
 from colibri_kit.model.tiny import write_tiny_model
 from colibri_kit.service import ServiceSpec, device_files, health_gate, install_commands
 from colibri_kit.sim.systemd import (CGROUP_PARENT, SystemdDevice, free_addresses, sshd_unit,
@@ -325,3 +326,21 @@ def test_poweroff_and_kill_leave_nothing_behind(device):
     assert wait_for(lambda: not os.path.exists(f"/proc/{pid1}"), 10)
     dev.kill()                                             # reaps the unshare process
     assert stop_devices(dev.dir.parent) == 0 and not cg.exists()
+
+
+@pytest.mark.parametrize("kw,words", [
+    (dict(state_dir="/etc/x"), "must not be under /etc"),
+    (dict(state_dir="/usr/lib/x", layers={"usr": [Path("/tmp")]}), "must not be under /usr"),
+    (dict(state_dir="/tmp/a b"), "must not contain"),
+    (dict(state_dir="/tmp/x", address="1.2.3"), "not an IPv4 address"),
+    (dict(state_dir="/tmp/x", layers={"proc": [Path("/tmp")]}), "cannot be overlaid"),
+    (dict(state_dir="/tmp/x", binds=[(Path("/nonexistent"), "/sys")]), "the source must exist"),
+    (dict(state_dir="/tmp/x", default_environment={"A": "b c"}), "plain values only"),
+    (dict(state_dir="/tmp/x", default_environment={"A B": "c"}), "plain values only"),
+    (dict(state_dir="/tmp/x", units={"../x.service": ""}), "not a unit file name"),
+])
+def test_device_settings_are_checked(kw, words):
+    with pytest.raises(FleetError, match=words):
+        SystemdDevice("chk", **kw)
+    with pytest.raises(FleetError, match="letters, digits and '-' only"):
+        SystemdDevice("a/b", "/tmp/x")

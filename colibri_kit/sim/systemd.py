@@ -39,6 +39,7 @@ import hashlib
 import ipaddress
 import json
 import os
+import re
 import secrets
 import shlex
 import shutil
@@ -170,7 +171,7 @@ class SystemdDevice:
     ``QEMU_LD_PREFIX`` for aarch64 binaries run through qemu-user's binfmt entry).
     ``layers`` adds read-only layers above the host's directory of a top-level directory
     (``{"usr": [sim_layer / "usr"], "etc": [...]}``: the emulated Jetson's tools and files);
-    ``binds`` bind-mounts host paths at device paths (``[(faked_tree / "proc-like", "/x")]``)
+    ``binds`` bind-mounts host paths at device paths (``[(faked / "sys", "/sys")]``)
     after the overlays; the device path must exist in the device's view.
     ``address`` (an IPv4 address, e.g. from ``free_addresses()``) gives the device its own network
     namespace: its own loopback (every device may listen on 127.0.0.1:8080 and :22) and an
@@ -189,11 +190,11 @@ class SystemdDevice:
         if any(c in _UNSAFE for c in str(self.dir)):
             raise FleetError(f"state dir {self.dir} must not contain ':', ',', '%', quotes or "
                              f"spaces (it is used in overlayfs mount options)")
-        for top in ("/etc", "/var", "/opt", "/run", "/dev"):
+        self.layers = {k: [Path(p).resolve() for p in v] for k, v in (layers or {}).items()}
+        for top in ("/etc", "/var", "/opt", "/run", "/dev", *(f"/{t}" for t in self.layers)):
             if str(self.dir) == top or str(self.dir).startswith(top + "/"):
                 raise FleetError(f"state dir {self.dir} must not be under {top}: the device "
                                  f"mounts its own {top} over it")
-        self.layers = {k: [Path(p).resolve() for p in v] for k, v in (layers or {}).items()}
         for top, lowers in self.layers.items():
             if top in ("tmp", "run", "dev", "proc", "sys") or not top.isidentifier() \
                     or not Path(f"/{top}").is_dir():
@@ -217,7 +218,14 @@ class SystemdDevice:
         # the host end of the veth pair: unique per state dir and name, at most 15 characters
         self.host_if = "cs" + hashlib.sha256(str(self.dir).encode()).hexdigest()[:12]
         self.units = dict(units or {})
+        for unit in self.units:
+            if not re.fullmatch(r"[A-Za-z0-9@_.-]+\.(service|socket|target|timer|path|mount)", unit):
+                raise FleetError(f"units: {unit!r} is not a unit file name such as sim-sshd.service")
         self.default_environment = dict(default_environment or {})
+        for k, v in self.default_environment.items():
+            if not k.isidentifier() or any(c in _UNSAFE or c.isspace() for c in v):
+                raise FleetError(f"default environment {k}={v!r}: plain values only "
+                                 f"(no spaces, quotes, ':', ',', '%')")
         self.proc: subprocess.Popen[bytes] | None = None
         self.pid = 0           # host pid of the device's PID 1
         self.boots = 0
@@ -388,11 +396,7 @@ class SystemdDevice:
         if self.default_environment:
             conf = etc / "systemd/system.conf.d"
             conf.mkdir(parents=True, exist_ok=True)
-            pairs = []
-            for k, v in self.default_environment.items():
-                if not k.isidentifier() or any(c in _UNSAFE or c.isspace() for c in v):
-                    raise FleetError(f"default environment {k}={v!r}: plain values only")
-                pairs.append(f"{k}={v}")
+            pairs = [f"{k}={v}" for k, v in self.default_environment.items()]
             (conf / "colibri-sim.conf").write_text(
                 "# emulated device: environment of every service\n[Manager]\n"
                 f"DefaultEnvironment={' '.join(pairs)}\n")
