@@ -3,10 +3,10 @@
 (4 slots); separate short-lived servers for the API key, the start-up refusals and the aarch64
 build under qemu. Answers at temperature 0 are checked against `colibri generate`.
 
-The tiny model carries a byte-level tokenizer (format v2), so prompts are text or token ids
-(the OpenAI completions API accepts `prompt` as an array of ids) and answers carry both `text` and
-`token_ids`. Chat messages wait for the runtime's chat-template renderer (400
-`chat_template_unavailable`); a model without a tokenizer is tested in test_serve_load.py.
+The served model has the tiny geometry, the tiny byte-level tokenizer (id = byte) and a ChatML
+chat template (format v2 metadata), so prompts are text or token ids (the OpenAI completions API
+accepts `prompt` as an array of ids), chat works, and answers carry both `text` and `token_ids`.
+A model without a tokenizer or template is tested in test_serve_load.py.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ import openai
 import pytest
 from serve_support import Server, generate_ids
 
-from colibri_kit.model.tiny import write_tiny_model
+from colibri_kit.model import chat
+from colibri_kit.model.tiny import tiny_header, tiny_tokenizer, write_random_model
 
 RUNTIME = Path(__file__).resolve().parents[1] / "runtime"
 MODEL_ID = "tiny"
@@ -30,9 +31,19 @@ EOS = 2  # the tiny model's end-of-sequence id (colibri_kit/model/tiny.py)
 PROMPTS = [[1, 5, 9, 200], [1, 17, 99, 3, 7, 11, 42], [1, 250], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]]
 
 
+# ChatML, the template Qwen checkpoints use, in the minimal form of transformers' chat templating
+# guide (docs "Chat templates": the ChatML example).
+CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content']"
+          " + '<|im_end|>' + '\\n' }}{% endfor %}"
+          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_model(tmp_path_factory.mktemp("serve") / f"{MODEL_ID}.colibri")
+    """The tiny geometry with its byte-level tokenizer (id = byte) and a ChatML chat template."""
+    meta = {**tiny_tokenizer().blobs(), "chat.template": chat.from_template(CHATML).blob()}
+    return write_random_model(tmp_path_factory.mktemp("serve") / f"{MODEL_ID}.colibri",
+                              tiny_header(64), seed=3, metadata=meta)
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +108,11 @@ def test_sse_wire_format_with_curl(server):
     assert events[-1] == "" and events[-2] == "data: [DONE]"
     payloads = [json.loads(e[len("data: "):]) for e in events[:-2]]
     assert all(e.startswith("data: ") for e in events[:-1])
-    assert [p["choices"][0]["finish_reason"] for p in payloads] == [None, None, None, "length"]
+    finishes = [p["choices"][0]["finish_reason"] for p in payloads]
+    assert finishes[-1] == "length" and not any(finishes[:-1])
+    # one event per token (a held-back partial character may add a text-only event at the end)
+    assert sum(len(p["choices"][0]["token_ids"]) for p in payloads) == 3
+    assert [len(p["choices"][0]["token_ids"]) for p in payloads[:3]] == [1, 1, 1]
     assert all(p["object"] == "text_completion" for p in payloads)
 
 
@@ -157,10 +172,45 @@ def test_stop_string_ends_the_answer(client):
     assert r.choices[0].finish_reason == "stop"
 
 
-def test_chat_needs_a_chat_template(client):
+def generate_chat(binary: Path, model: Path, system: str, user: str, max_new: int) -> dict:
+    out = subprocess.run([str(binary), "--threads", "1", "generate", str(model), "--prompt", user,
+                          "--system", system, "--chat", "--max-new", str(max_new), "--json"],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    return json.loads(out)
+
+
+def test_chat_equals_colibri_generate_chat(client, host_colibri, tiny):
+    want = generate_chat(host_colibri, tiny, "Be brief.", "Hi, who are you?", 20)
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi, who are you?"}]
+    r = client.chat.completions.create(model=MODEL_ID, messages=msgs, max_tokens=20, temperature=0)
+    choice = r.choices[0]
+    assert choice.message.role == "assistant" and choice.message.content == want["text"]
+    assert choice.token_ids == want["ids"]
+    assert choice.finish_reason == want["finish_reason"].replace("context", "length")
+    assert r.usage.prompt_tokens == len(want["prompt_ids"]) and r.object == "chat.completion"
+    # the prompt is the ChatML text, byte for byte (id = byte)
+    rendered = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi, who are you?<|im_end|>\n<|im_start|>assistant\n"
+    assert want["prompt_ids"] == list(rendered.encode())
+    # text parts and the "developer" role give the same conversation
+    parts = [{"role": "developer", "content": [{"type": "text", "text": "Be "}, {"type": "text", "text": "brief."}]},
+             {"role": "user", "content": "Hi, who are you?"}]
+    assert client.chat.completions.create(model=MODEL_ID, messages=parts, max_tokens=20,
+                                          temperature=0).choices[0].message.content == want["text"]
+    chunks = list(client.chat.completions.create(model=MODEL_ID, messages=msgs, max_tokens=20,
+                                                 temperature=0, stream=True,
+                                                 stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want["text"]
+    assert chunks[-2].choices[0].finish_reason == choice.finish_reason
+    assert chunks[-1].usage.completion_tokens == r.usage.completion_tokens
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+
+
+def test_chat_conversation_the_template_refuses(client):
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "hi"}])
-    assert e.value.code == "chat_template_unavailable" and e.value.param == "messages"
+        client.chat.completions.create(model=MODEL_ID, messages=[{"role": "assistant", "content": "x"}],
+                                       max_tokens=2)
+    assert e.value.code == "unsupported_conversation" and e.value.param == "messages"
 
 
 def test_models_health_and_metrics(client, server):

@@ -87,6 +87,10 @@ def test_a_model_without_tokenizer_takes_ids_only(server):
     status, _, body = server.call("POST", "/v1/completions", {"model": MODEL_ID, "prompt": "hi"})
     err = json.loads(body)["error"]
     assert status == 400 and err["code"] == "tokenizer_unavailable" and err["param"] == "prompt"
+    status, _, body = server.call("POST", "/v1/chat/completions",
+                                  {"model": MODEL_ID, "messages": [{"role": "user", "content": "hi"}]})
+    err = json.loads(body)["error"]
+    assert status == 400 and err["code"] == "tokenizer_unavailable" and err["param"] == "messages"
     status, _, body = server.call("POST", "/v1/completions", {"model": MODEL_ID, "prompt": [5, 6],
                                                              "max_tokens": 2, "stop": ["x"]})
     assert status == 400 and json.loads(body)["error"]["param"] == "stop"

@@ -23,6 +23,7 @@
 
 #include "http.h"
 #include "json.h"
+#include "model.h"
 #include "oai.h"
 
 #define MAX_HEAD 16384          /* request head limit (431 beyond) */
@@ -93,6 +94,7 @@ typedef struct {
     colibri_model *model;       /* mapped once, shared by every slot's context */
     colibri_detok_fn detok;     /* NULL when the model carries no tokenizer: ids only */
     colibri_tokenizer_info tinfo;
+    int has_chat_template;      /* the model file carries chat.template */
     slot *slots;
     int n_slots;
     pthread_mutex_t mu;         /* everything below */
@@ -473,11 +475,51 @@ static size_t serve_detok(void *user, const int32_t *ids, int n, char *out, size
     return len;
 }
 
+static int tokenize_text(server *S, oai_request *rq, int add_special, oai_error *e);
+
+/* Chat messages -> the model's chat template text (with the generation prompt) -> rq->ids. The
+ * template's text carries its own BOS, so it is tokenized without adding special tokens. */
+static int render_chat(server *S, oai_request *rq, oai_error *e) {
+    colibri_chat_message *msgs = calloc((size_t)rq->n_messages, sizeof *msgs);
+    if (!msgs) {
+        oai_set_error(e, 500, "server_error", NULL, NULL, "out of memory");
+        return -1;
+    }
+    for (int i = 0; i < rq->n_messages; i++) {
+        /* OpenAI's "developer" role is the newer name of "system" */
+        msgs[i].role = strcmp(rq->messages[i].role, "developer") ? rq->messages[i].role : "system";
+        msgs[i].content = rq->messages[i].content;
+    }
+    char why[256] = "";
+    size_t need = 0;
+    char *text = NULL;
+    colibri_status st = colibri_chat_render(S->model, msgs, rq->n_messages, 1, NULL, 0, &need, why, sizeof why);
+    if (!st) {
+        text = malloc(need + 1);
+        st = text ? colibri_chat_render(S->model, msgs, rq->n_messages, 1, text, need + 1, &need, why, sizeof why)
+                  : COLIBRI_E_NO_MEMORY;
+    }
+    free(msgs);
+    if (st) {
+        free(text);
+        if (st == COLIBRI_E_NO_MEMORY) oai_set_error(e, 500, "server_error", NULL, NULL, "out of memory");
+        else oai_set_error(e, 400, "invalid_request_error", "unsupported_conversation", "messages",
+                           "%s", why[0] ? why : colibri_strerror(st));
+        return -1;
+    }
+    rq->text = text;
+    rq->text_len = need;
+    int rc = tokenize_text(S, rq, 0, e);
+    rq->text = NULL;
+    free(text);
+    return rc;
+}
+
 /* The text prompt -> rq->ids, with the special tokens the model's tokenizer adds by default. */
-static int tokenize_prompt(server *S, oai_request *rq, oai_error *e) {
+static int tokenize_text(server *S, oai_request *rq, int add_special, oai_error *e) {
     const colibri_ctx *tc = S->slots[0].ctx;
     size_t need = 0;
-    colibri_status st = colibri_tokenize(tc, rq->text, rq->text_len, 1, NULL, 0, &need);
+    colibri_status st = colibri_tokenize(tc, rq->text, rq->text_len, add_special, NULL, 0, &need);
     if (st && st != COLIBRI_E_BUFFER_TOO_SMALL) {
         oai_set_error(e, 500, "server_error", NULL, NULL, "tokenizer: %s", colibri_strerror(st));
         return -1;
@@ -487,7 +529,7 @@ static int tokenize_prompt(server *S, oai_request *rq, oai_error *e) {
         oai_set_error(e, 500, "server_error", NULL, NULL, "out of memory");
         return -1;
     }
-    st = colibri_tokenize(tc, rq->text, rq->text_len, 1, rq->ids, need, &need);
+    st = colibri_tokenize(tc, rq->text, rq->text_len, add_special, rq->ids, need, &need);
     if (st) {
         oai_set_error(e, 500, "server_error", NULL, NULL, "tokenizer: %s", colibri_strerror(st));
         return -1;
@@ -663,15 +705,14 @@ static void handle_completion(conn *c, int chat, const char *body, size_t len) {
             goto fail;
         }
     }
-    if (chat) {
-        /* rendering messages needs the model's chat template (chat.template metadata) and the
-         * runtime's template renderer, which this build does not have yet */
+    if (chat && !S->has_chat_template) {
         oai_set_error(&e, 400, "invalid_request_error", "chat_template_unavailable", "messages",
-                      "this server cannot render chat messages for model '%s' yet; use "
-                      "/v1/completions with a text prompt or token ids", S->model_id);
+                      "model '%s' has no chat template (re-convert it from a checkpoint that has "
+                      "one, or give one with --chat-template); use /v1/completions", S->model_id);
         goto fail;
     }
-    if (rq.text && tokenize_prompt(S, &rq, &e)) goto fail;
+    if (chat && render_chat(S, &rq, &e)) goto fail;
+    if (!chat && rq.text && tokenize_text(S, &rq, 1, &e)) goto fail;
     const int32_t *ids = rq.ids;
     int n = rq.n_ids;
     if (n <= 0) {
@@ -1341,6 +1382,9 @@ int server_run(const server_options *o) {
     colibri_get_tokenizer_info(S.slots[0].ctx, &S.tinfo);
     if (S.tinfo.n_stop < 0 || S.tinfo.n_stop > 16) S.tinfo.n_stop = 0;
     if (S.tinfo.has_tokenizer) S.detok = serve_detok;
+    const uint8_t *blob;
+    size_t blob_len;
+    S.has_chat_template = S.tinfo.has_tokenizer && colibri_model_meta(S.model, "chat.template", &blob, &blob_len);
     colibri_runtime_info ri;
     colibri_get_runtime_info(S.slots[0].ctx, &ri);
     S.ready = 1;
@@ -1350,9 +1394,9 @@ int server_run(const server_options *o) {
     jb_printf(&b, ", \"port\": %d, \"model\": ", port);
     jb_cstr(&b, S.model_id);
     jb_printf(&b, ", \"slots\": %d, \"threads_per_slot\": %d, \"max_queue\": %d, \"backend\": \"%s\", "
-                  "\"api_key\": %s, \"load_ms\": %.1f, \"tokenizer\": %s, \"cuda_fallback\": ",
+                  "\"api_key\": %s, \"load_ms\": %.1f, \"tokenizer\": %s, \"chat_template\": %s, \"cuda_fallback\": ",
               S.n_slots, ri.threads, o->max_queue, ri.backend, S.api_key_len ? "true" : "false",
-              now_ms() - t0, S.tinfo.has_tokenizer ? "true" : "false");
+              now_ms() - t0, S.tinfo.has_tokenizer ? "true" : "false", S.has_chat_template ? "true" : "false");
     if (ri.fallback_reason[0]) jb_cstr(&b, ri.fallback_reason);
     else jb_puts(&b, "null");
     jb_puts(&b, "}");
