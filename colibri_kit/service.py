@@ -44,6 +44,8 @@ _CPU_ITEM_RE = re.compile(r"^(\d{1,4})(?:-(\d{1,4}))?$")
 _MODEL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 _SIZE_RE = re.compile(r"^(?:[1-9]\d{0,15}[KMGT]?|(?:100|[1-9]\d?)%|infinity)$")
 MAX_CPU = 1023
+# Hidden or replaced for the service by ProtectHome=, PrivateTmp= and the kernel filesystems.
+HIDDEN_FROM_SERVICE = ("/home", "/root", "/run/user", "/tmp", "/var/tmp", "/proc", "/sys", "/dev")
 
 
 class ServiceError(KitError):
@@ -227,6 +229,11 @@ def check_spec(s: ServiceSpec) -> None:
     check_path(s.root, "root")
     if s.root == "/":
         raise ServiceError("root: '/' is not allowed; the install root is a directory such as /opt/colibri")
+    for hidden in HIDDEN_FROM_SERVICE:
+        if s.root == hidden or s.root.startswith(hidden + "/"):
+            raise ServiceError(f"root: {s.root} is under {hidden}, which the unit's hardening "
+                               f"(ProtectHome, PrivateTmp, ...) hides from the service; use a "
+                               f"directory such as /opt/colibri")
 
 
 def parse_service(raw: Any, kpath: tuple[str, ...] = ("service",), *, root: str = DEFAULT_ROOT,
