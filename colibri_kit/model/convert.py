@@ -260,12 +260,22 @@ def load_config(hf_dir: Path) -> dict[str, Any]:
     return cfg
 
 
+def chat_template_blob(hf_dir: Path, override: str | os.PathLike[str] | None) -> bytes | None:
+    """The `chat.template` metadata blob (colibri_kit/model/chat.py), None without a template."""
+    from colibri_kit.model.chat import from_checkpoint
+
+    ct = from_checkpoint(hf_dir, Path(override) if override else None)
+    return ct.blob() if ct else None
+
+
 def convert(hf_dir: str | os.PathLike[str], out: str | os.PathLike[str], dtype: str = "f32",
             target: str = "host", max_seq_len: int | None = None, progress: bool = True,
-            limits: TargetModelLimits | None = None) -> Path:
+            limits: TargetModelLimits | None = None,
+            chat_template: str | os.PathLike[str] | None = None) -> Path:
     """Convert ``hf_dir`` to ``out`` for ``target`` (its embed_pad, max_experts, top_k).
 
-    ``limits`` overrides the profile lookup (tests, or a pad the profiles do not list)."""
+    ``limits`` overrides the profile lookup (tests, or a pad the profiles do not list).
+    ``chat_template``: a Jinja file used instead of the checkpoint's chat template."""
     hf_dir = Path(hf_dir)
     out = Path(out)
     kind = DType.parse(dtype)
@@ -275,8 +285,16 @@ def convert(hf_dir: str | os.PathLike[str], out: str | os.PathLike[str], dtype: 
     header = build_header(m, kind, limits, max_seq_len, hf_dir.resolve().name)
     ck = Checkpoint(hf_dir)
     items = plan_tensors(m, ck)
+    chat = chat_template_blob(hf_dir, chat_template)  # refused here, before anything is written
+    from colibri_kit.model.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(hf_dir)  # tokenizer.* blobs; None: `--ids` commands only
     bar = Progress(sum(it.nbytes for it in items), progress)
     with ModelWriter(out, header) as w:
+        if chat is not None:
+            w.add_metadata("chat.template", chat)
+        for name, blob in (tokenizer.blobs() if tokenizer else {}).items():
+            w.add_metadata(name, blob)
         for it in items:
             try:
                 w.add(it.kind, it.layer, it.expert, it.source)
