@@ -141,7 +141,7 @@ class ServiceFleet:
             "Port 22", "ListenAddress 0.0.0.0", f"HostKey {SIM_ETC}/ssh_host_ed25519_key",
             f"AuthorizedKeysFile {SIM_ETC}/authorized_keys", "PermitRootLogin prohibit-password",
             "PasswordAuthentication no", "KbdInteractiveAuthentication no", "UsePAM no",
-            "PidFile /run/sshd-sim.pid", f"SetEnv QEMU_LD_PREFIX={QEMU_LD_PREFIX}",
+            "PidFile /run/sshd-sim.pid", "Subsystem sftp internal-sftp", f"SetEnv QEMU_LD_PREFIX={QEMU_LD_PREFIX}",
             "MaxStartups 200:30:400", "MaxSessions 64", "LogLevel ERROR", ""]))
         # qemu-user reports the guest's machine: so does the device's uname (as sim/fleet.py's).
         sim_lib = layer / "usr/lib/colibri-sim"
