@@ -19,6 +19,8 @@ says so.
 
 from __future__ import annotations
 
+import json
+import posixpath
 import time
 from dataclasses import dataclass, replace
 from typing import Callable
@@ -295,3 +297,44 @@ def control(remote: Remote, host_name: str, action: str, *, unit: str = UNIT_NAM
                          f"({gate.state}: {gate.detail})")
     st.detail = f"healthy after {downtime:.1f}s"
     return st
+
+
+# --------------------------------------------------------------------------- invoke smoke --http
+
+# $1 key file ("" for none), $2 URL, $3 JSON body: a POST through the running service.
+_POST_SH = (
+    'if [ -n "$1" ]; then key=$(head -n 1 -- "$1") && '
+    'printf "Authorization: Bearer %s\\n" "$key" | curl -sS --max-time 300 -H @- '
+    '-H "Content-Type: application/json" -d "$3" -- "$2"; '
+    'else curl -sS --max-time 300 -H "Content-Type: application/json" -d "$3" -- "$2"; fi'
+)
+
+
+def http_smoke(remote: Remote, root: str, prompt_ids: list[int], max_tokens: int,
+               unit: str = UNIT_NAME) -> tuple[bool, str]:
+    """A greedy completion through the running service must equal ``colibri generate`` of the
+    current release on the same device (cut where the service stopped at end-of-sequence).
+    Returns (ok, what to show)."""
+    spec = installed_spec(remote, unit)
+    if spec is None or not systemd_running(remote):
+        return False, f"no {unit} on the device (invoke deploy installs it)"
+    if not is_active(remote, unit):
+        return False, f"{unit} is not running ({last_reason(remote, unit) or 'see invoke logs'})"
+    base = spec.health_url.rsplit("/", 1)[0]
+    body = json.dumps({"model": spec.model_id or "model", "prompt": list(prompt_ids),
+                       "max_tokens": max_tokens, "temperature": 0})
+    rc, out = runner(remote, timeout=320)(["sh", "-c", _POST_SH, "sh", spec.api_key_file or "",
+                                           base + "/v1/completions", body])
+    try:
+        choice = json.loads(out)["choices"][0]
+        got = [int(t) for t in choice["token_ids"]]
+        finish = choice.get("finish_reason")
+    except (ValueError, KeyError, IndexError, TypeError):
+        return False, f"the service's answer is not a completion: {out.strip()[:200]}"
+    binary = posixpath.join(root, "current", "bin", "colibri")
+    model = posixpath.join(root, "current", "model.colibri")
+    gen = remote.run([binary, "generate", model, "--ids", ",".join(map(str, prompt_ids)),
+                      "--max-new", str(max_tokens)], timeout=300)
+    want = [int(t) for t in json.loads(gen.stdout).get("new_ids", [])]
+    same = bool(got) and got == want[:len(got)] and (len(got) == max_tokens or finish == "stop")
+    return same, ("same" if same else f"service {got} ({finish}), colibri generate {want}")

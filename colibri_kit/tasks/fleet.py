@@ -161,12 +161,14 @@ def _tuning_column(remote: Remote, host: Host) -> dict[str, str]:
              "once, by sha256, into the kit cache)",
     "max_first_token_ms": "override the profile's first-token p99 limit (e.g. for emulated devices under qemu)",
     "bench_runs": "colibri bench --runs (default 5)",
+    "http": "also check the running colibri.service: a greedy completion through it must equal "
+            "colibri generate of the deployed release (column http)",
     "json": "print results as JSON (for CI)",
 })
 @user_errors
 def smoke(c: Context, target: str, fleet: str = "", hosts: str = "", group: str = "", tags: str = "",
           parallel: int = 0, model: str = "", max_first_token_ms: float = -1.0, bench_runs: int = 5,
-          accept_new_host_keys: bool = False, json: bool = False) -> None:
+          accept_new_host_keys: bool = False, http: bool = False, json: bool = False) -> None:
     """Run the deployed colibri on each device: logits/top-k/greedy vs the NumPy reference, latency."""
     from colibri_kit.fleet import smoke as smokelib
     from colibri_kit.profiles import load_profile
@@ -178,7 +180,22 @@ def smoke(c: Context, target: str, fleet: str = "", hosts: str = "", group: str 
         f, profile, model=Path(model) if model else None,
         max_first_token_ms=None if max_first_token_ms < 0 else max_first_token_ms,
         bench_runs=bench_runs, extra_fields=[_tuning_column])
-    _finish(results, json, smokelib.SMOKE_COLUMNS + ["tuning"])
+    cols = smokelib.SMOKE_COLUMNS + ["tuning"]
+    if http:
+        from colibri_kit.fleet import service as svc
+
+        checked = {o.host: o for o in f.run(lambda r, h: svc.http_smoke(
+            r, h.root, list(profile.smoke.prompt_ids), int(profile.smoke.greedy_tokens)))}
+        for row in results:
+            o = checked.get(row.host)
+            ok, what = o.value if o is not None and o.value is not None else (
+                False, (o.error if o is not None else None) or "not checked")
+            row.extra["http"] = "same" if ok else "FAILED"
+            if not ok and row.result != "skipped":
+                row.result = "failed"
+                row.detail = f"{row.detail}; http: {what}" if row.detail else f"http: {what}"
+        cols.append("http")
+    _finish(results, json, cols)
 
 
 def _service_table(rows) -> str:

@@ -15,6 +15,8 @@ import json
 import os
 import shutil
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -279,6 +281,49 @@ def test_service_and_logs_tasks(sfleet, inv):
         log = svc.journal(r, 50)
     assert health(dev) == 200
     assert "ready" in log
+
+
+def invoke(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "invoke", *args], capture_output=True, text=True,
+                          cwd=Path(__file__).parents[2], timeout=600)
+
+
+def test_the_cli_rolls_back_exits_1_and_shows_the_service(sfleet, inv, dist_b, bad_model, tiny_model):
+    """Through the real `invoke` CLI with the orin-nx profile's own service section (loopback,
+    no key): the bad release's unit is replaced, fails, and the old unit and release come back."""
+    dev = sfleet.devices[1]
+    old, unit = current(inv, dev.name), dev.path("/etc/systemd/system/colibri.service").read_text()
+    fleet = str(sfleet.fleet_file)
+    proc = invoke("deploy", "--target", "orin-nx", "--fleet", fleet, "--hosts", dev.name,
+                  "--dist", str(dist_b), "--model", str(bad_model), "--gate-timeout", "60")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    row = next(l for l in proc.stdout.splitlines() if l.startswith(dev.name))
+    assert " rolled-back " in row and "colibri serve:" in row and f"rolled back to {old}" in row, row
+    assert "failed on 1 of 1 host(s)" in proc.stderr
+    assert current(inv, dev.name) == old
+    assert dev.path("/etc/systemd/system/colibri.service").read_text() == unit
+    assert health(dev) == 200
+
+    proc = invoke("service", "--fleet", fleet)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [l.split() for l in proc.stdout.splitlines() if l.startswith("svc-")]
+    assert [r[1] for r in rows] == ["active/running"] * 2, proc.stdout
+    proc = invoke("logs", "--fleet", fleet, "--hosts", dev.name, "-n", "40")
+    assert proc.returncode == 0 and proc.stdout.startswith(f"== {dev.name} ==")
+    assert "colibri serve:" in proc.stdout          # the bad release's reason, in the journal
+    assert API_KEY not in proc.stdout
+    proc = invoke("smoke", "--target", "orin-nx", "--fleet", fleet, "--hosts", dev.name, "--http",
+                  "--model", str(tiny_model), "--max-first-token-ms", "100000", "--bench-runs", "1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    row = next(l for l in proc.stdout.splitlines() if l.startswith(dev.name))
+    assert row.split()[3] == "ok" and " same " in row, proc.stdout
+    with remote(inv, dev.name) as r:
+        assert svc.http_smoke(r, ROOT, [1, 2, 3], 4)[0]
+        r.run(["systemctl", "stop", "colibri.service"])
+        ok, what = svc.http_smoke(r, ROOT, [1, 2, 3], 4)
+        assert not ok and "not running" in what
+        r.run(["systemctl", "start", "colibri.service"])
+    assert wait_for(lambda: health(dev) == 200)
 
 
 def test_reboot_brings_the_service_back(sfleet, inv):
