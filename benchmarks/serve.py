@@ -11,7 +11,8 @@
    the random model has none) over plain HTTP, and the time to the first SSE token event and to
    [DONE] is taken per request;
 4. prints requests/s, generated tokens/s, first-token p50/p99 and p99/p50 (the jitter the seed
-   article promises to keep low), and the server's own /metrics histogram counts as a check.
+   article promises to keep low), and the server's own /metrics histogram counts as a check,
+   next to `colibri bench` (same model, prompt, threads; no HTTP) measured in the same run.
 
 Figures are printed, not asserted: on a shared machine they move +-15-30% between runs. With C
 above the slot count, requests wait in the queue and first-token latency grows by design.
@@ -142,6 +143,11 @@ def main() -> None:
     model_id = model.name[: -len(".colibri")]
     info = json.loads(subprocess.run([str(binary), "--backend", "cpu", "info", str(model)],
                                      capture_output=True, text=True, check=True).stdout)
+    # the same work without HTTP, in the same run: `colibri bench` on one context
+    bench = json.loads(subprocess.run(
+        [str(binary), "--backend", "cpu", "--threads", str(args.threads), "bench", str(model),
+         "--prompt-len", str(args.prompt), "--gen", str(args.gen), "--runs", "5", "--json"],
+        capture_output=True, text=True, check=True).stdout)
     proc, port = start_server(binary, model, args.slots, args.threads)
     rows = []
     try:
@@ -160,6 +166,9 @@ def main() -> None:
     print(f"model {model.name} ({info['dtype']}, vocab {info['vocab_size']}), slots {args.slots} x "
           f"{args.threads} thread(s), prompt {args.prompt}, gen {args.gen}, {args.requests} "
           f"requests per level; server exit {rc}; {counted[0] if counted else ''}")
+    print(f"colibri bench (no HTTP, one context, same run): first token p50 "
+          f"{bench['first_token_ms_p50']:.1f} ms, p99 {bench['first_token_ms_p99']:.1f} ms, "
+          f"decode {bench['decode_tok_s']:.1f} tok/s")
     print("| clients | req/s | gen tok/s | first token p50 ms | p99 ms | p99/p50 |")
     print("|---|---|---|---|---|---|")
     for r in rows:

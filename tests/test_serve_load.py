@@ -2,7 +2,8 @@
 one thread) that requests overlap: 16 `openai` clients against 4 slots and a queue of 4 (every
 200 answer equals `colibri generate`, the rest are 503 with Retry-After, the service stays up),
 a client that disconnects mid-generation frees its slot, and SIGTERM drains in-flight requests
-(or, past the drain deadline, ends them with an error event) and exits 0."""
+(or, past the drain deadline, ends them with an error event) and exits 0; /health is 503
+"full" while every slot and queue place is taken."""
 
 from __future__ import annotations
 
@@ -150,13 +151,21 @@ def test_client_disconnect_cancels_generation(server):
 def test_sigterm_finishes_in_flight_requests_and_exits_0(host_colibri, load_model):
     srv = Server(host_colibri, load_model, "--slots", "2", "--threads", "1", "--max-queue", "2").start()
     try:
-        streams = [stream_request(srv.port, 60, p) for p in PROMPTS[:3]]  # 2 generating, 1 queued
+        streams = [stream_request(srv.port, 60, p) for p in PROMPTS]  # 2 generating, 2 queued
         firsts = [read_until(s, b"token_ids") for s in streams[:2]]
+        end = time.monotonic() + 5
+        while True:  # both slots busy and the queue full: /health says so, a 5th request is refused
+            status, headers, body = srv.call("GET", "/health")
+            if json.loads(body)["status"] == "full" or time.monotonic() > end:
+                break
+        assert status == 503 and headers["retry-after"] == "1", body
+        status, _, body = srv.call("POST", "/v1/completions", {"model": MODEL_ID, "prompt": [1], "max_tokens": 1})
+        assert status == 503 and json.loads(body)["error"]["code"] == "queue_full"
         srv.proc.send_signal(signal.SIGTERM)
         time.sleep(0.5)
         with pytest.raises(ConnectionRefusedError):
             socket.create_connection(("127.0.0.1", srv.port), timeout=5).close()
-        outs = [f + read_all(s) for f, s in zip(firsts, streams[:2])] + [read_all(streams[2])]
+        outs = [f + read_all(s) for f, s in zip(firsts, streams[:2])] + [read_all(s) for s in streams[2:]]
         for s in streams:
             s.close()
         assert srv.proc.wait(60) == 0
