@@ -20,6 +20,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include "../kernels/colibri_abi.h"
 #include "colibri.h"
 #include "colibri_config.h"
 
@@ -52,7 +53,9 @@ static int usage(const char *msg) {
             "  tokenize MODEL (--text T | --text-file F) [--no-special]\n"
             "  detokenize MODEL --ids 1,2,3 [--skip-special]\n"
             "  selftest\n"
-            "  serve MODEL [--host H] [--port P] [--slots N] [--max-queue Q] [--api-key-file F] (serve --help)\n");
+            "  serve MODEL [--host H] [--port P] [--slots N] [--max-queue Q] [--api-key-file F] (serve --help)\n"
+            "  gpuprobe [--mib N] [--iters N] [--json]      GPU copy bandwidth (gpuprobe --help)\n"
+            "  synth OUT [geometry options]                 random model for speed checks (synth --help)\n");
     return 2;
 }
 
@@ -129,8 +132,8 @@ static int open_model(const cli *c, colibri_ctx **ctx) {
 }
 
 static const char *dtype_name(uint32_t d) {
-    static const char *names[] = {"f32", "f16", "bf16", "int8"};
-    return d < 4 ? names[d] : "unknown";
+    static const char *names[] = COLIBRI_DT_NAMES;
+    return d < COLIBRI_DT_COUNT ? names[d] : "unknown";
 }
 static const char *family_name(uint32_t f) {
     static const char *names[] = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe"};
@@ -415,8 +418,12 @@ static int print_version(void) {
 int cmd_serve_wanted(int argc, char **argv); /* tools/cmd_serve.c */
 int cmd_serve(int argc, char **argv);
 int colibri_cmd_text(int argc, char **argv); /* cmd_text.c */
+int cmd_gpuprobe(int argc, char **argv); /* tools/cmd_gpuprobe.c */
+int cmd_synth(int argc, char **argv);    /* tools/cmd_synth.c */
 
 int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "gpuprobe")) return cmd_gpuprobe(argc - 1, argv + 1);
+    if (argc > 1 && !strcmp(argv[1], "synth")) return cmd_synth(argc - 1, argv + 1);
     if (cmd_serve_wanted(argc, argv)) return cmd_serve(argc, argv);
     int text_rc = colibri_cmd_text(argc, argv); /* tokenize / detokenize */
     if (text_rc >= 0) return text_rc;
