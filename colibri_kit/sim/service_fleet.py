@@ -36,12 +36,12 @@ SIM_ETC = "/etc/colibri-sim"
 class ServiceFleet:
     """``count`` systemd-booted emulated devices of ``module``; a context manager for tests."""
 
-    def __init__(self, count: int, state_dir: Path | str, *, module: str = "orin-nx",
-                 target: str = "orin-nx", name_prefix: str = "svc") -> None:
+    def __init__(self, count: int, state_dir: Path | str, *, target: str = "orin-nx",
+                 module: str | None = None, name_prefix: str = "svc") -> None:
         if not 1 <= count <= 8:
             raise FleetError(f"count must be 1..8 (got {count})")
         self.count = count
-        self.module = module
+        self.module = module or target   # as sim/fleet.py: the target names its module
         self.target = target
         self.state_dir = Path(state_dir).absolute()
         self.name_prefix = name_prefix
