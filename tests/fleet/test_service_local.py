@@ -163,3 +163,13 @@ def test_spec_of_unit_and_requests_served():
     assert svc.requests_served(metrics) == 9
     assert svc.requests_served("colibri_generated_tokens_total 0\n") == 0
     assert svc.requests_served("<html>not metrics</html>") is None
+
+
+def test_dry_run_says_what_the_service_step_will_do(device, fleet, tmp_path, profile):
+    art = D.prepare("orin-nx", make_dist(tmp_path / "dist-p", "p"), model(tmp_path, "p", True))
+    plan = D.deploy(fleet, art, profile, dry_run=True, service=SPEC)[0]
+    assert plan.result == "planned" and "service: install/refresh colibri.service" in plan.detail
+    assert calls(device) == [] and not device.path("/etc/systemd/system/colibri.service").exists()
+    (device.root / "run/systemd/system").rmdir()
+    plan = D.deploy(fleet, art, profile, dry_run=True, service=SPEC)[0]
+    assert "service: none (device not booted with systemd)" in plan.detail
