@@ -17,25 +17,28 @@ ROOT = Path(__file__).resolve().parents[1]
 MASK = (1 << 64) - 1
 
 
-def build_driver(out_dir: Path, config_dir: Path) -> Path:
-    """runtime/tests/gen_driver.c linked with every runtime source (CPU only, no kernels)."""
+def build_driver(out_dir: Path, config_dir: Path, sanitize: bool = False) -> Path:
+    """runtime/tests/gen_driver.c linked with every runtime source (CPU only, no kernels);
+    with sanitize, under -fsanitize=address,undefined (any finding aborts the run)."""
     rt = ROOT / "runtime"
     srcs = sorted(str(p) for p in (rt / "src").glob("*.c")) + [str(rt / "embed" / "kernel_images_empty.c")]
-    exe = out_dir / "gen_driver"
-    subprocess.run(["cc", "-std=c11", "-O1", "-D_GNU_SOURCE", f"-I{rt / 'include'}", f"-I{rt / 'src'}",
+    exe = out_dir / ("gen_driver_asan" if sanitize else "gen_driver")
+    san = ["-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined"] if sanitize else []
+    subprocess.run(["cc", "-std=c11", "-O1", *san, "-D_GNU_SOURCE", f"-I{rt / 'include'}", f"-I{rt / 'src'}",
                     f"-I{config_dir}", "-o", str(exe), str(rt / "tests" / "gen_driver.c"), *srcs,
                     "-lm", "-lpthread", "-ldl"], check=True, capture_output=True, text=True)
     return exe
 
 
-def gen_driver_build(tmp_path_factory) -> Path:  # noqa: ANN001 (pytest.TempPathFactory)
-    """The driver with the host target's rendered config header, in a fresh temp dir."""
+def gen_driver_build(tmp_path_factory, sanitize: bool = False) -> Path:  # noqa: ANN001
+    """The driver with the host target's rendered config header, in a fresh temp dir
+    (tmp_path_factory: pytest.TempPathFactory)."""
     from colibri_kit.profiles import load_profile
     from colibri_kit.render import write_config
 
     out = tmp_path_factory.mktemp("gen-driver")
     write_config(load_profile("host"), out / "include")
-    return build_driver(out, out / "include")
+    return build_driver(out, out / "include", sanitize)
 
 
 def rng_u64(seed: int, counter: int) -> int:
@@ -107,3 +110,7 @@ def c_sample(driver: Path, logits: np.ndarray, draws: int, history: list[int] | 
     out = subprocess.run([str(driver), "sample"], input=spec, capture_output=True, text=True,
                          check=True, timeout=60).stdout
     return [int(x) for x in out.split()]
+
+
+def logits_for_test(vocab: int, seed: int = 0) -> np.ndarray:
+    return (np.random.default_rng(seed).standard_normal(vocab) * 2.0).astype(np.float32)

@@ -125,3 +125,30 @@ def test_contexts_share_one_model(host_colibri: Path, tiny: Path) -> None:
     out = json.loads(run_cli(host_colibri, "bench-contexts", str(tiny), "--contexts", "4",
                              "--gen", "8", "--json").stdout)
     assert out["contexts"] == 4 and out["failed"] is False and out["decode_tok_s_total"] > 0
+
+
+def test_generate_sampler_and_chat_under_sanitizers(tmp_path_factory: pytest.TempPathFactory,
+                                                    tiny: Path, tmp_path: Path) -> None:
+    """The stream, sampler and chat paths (also malformed blobs) under ASan + UBSan."""
+    from chat_templates import TEMPLATES
+    from colibri_kit.model.chat import from_template
+    from gen_support import c_sample, logits_for_test
+
+    asan = gen_driver_build(tmp_path_factory, sanitize=True)
+    chunks, finish, _, _ = stream(asan, tiny, TEXT, [0, 3, 9, 15, 21, 24, 30, len(RAW)], 50, "STOP", "日本")
+    assert finish == "stop" and b"".join(c for _, c in chunks) == RAW[: RAW.index("日本".encode())]
+    stream(asan, tiny, b"\xf0\x9f\x98\xff\xc3", [0, 1, 2, 3, 4, 5], 5)
+    l = logits_for_test(500)
+    assert c_sample(asan, l, 50, [1, 2, 3], temperature=0.9, top_k=20, top_p=0.9, min_p=0.01,
+                    repeat_penalty=1.2, seed=3) == c_sample(asan, l, 50, [1, 2, 3], temperature=0.9,
+                                                           top_k=20, top_p=0.9, min_p=0.01,
+                                                           repeat_penalty=1.2, seed=3)
+    good = from_template(*TEMPLATES["qwen3"]).blob()
+    msgs = "system 6869\nuser 6869\nassistant 6869\nuser 6869\n"
+    for blob in (good, good[:-1], good[:9], good[:8] + b"\xff" * 4 + good[12:], b"CHT1\xff\xff\xff\xff"):
+        f = tmp_path / "blob"
+        f.write_bytes(blob)
+        out = subprocess.run([str(asan), "chat", str(f), "1"], input=msgs, capture_output=True, text=True,
+                             timeout=60)
+        assert out.returncode == 0, out.stderr  # a finding would abort with a report
+        assert (out.stdout.startswith("error")) == (blob != good)

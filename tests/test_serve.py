@@ -370,7 +370,8 @@ def test_api_key_bearer(host_colibri, tiny, tmp_path):
     key = "sk-colibri-test-0123456789"
     kf = tmp_path / "key"
     kf.write_text(key + "\n")
-    srv = Server(host_colibri, tiny, "--api-key-file", str(kf), "--threads", "1").start()
+    # beyond loopback (all addresses), which the key makes allowed
+    srv = Server(host_colibri, tiny, "--host", "0.0.0.0", "--api-key-file", str(kf), "--threads", "1").start()
     try:
         good = openai.OpenAI(base_url=srv.base + "/v1", api_key=key, max_retries=0)
         assert good.completions.create(model=MODEL_ID, prompt=[1, 2], max_tokens=2, temperature=0).choices

@@ -29,7 +29,8 @@
 #define MAX_HEAD 16384          /* request head limit (431 beyond) */
 #define MAX_LISTEN 4            /* listening sockets (a host name may resolve to v4 and v6) */
 #define CONN_SLACK 8            /* connections beyond slots + queue, for /health and /metrics */
-#define CONN_STACK (256 * 1024)
+#define CONN_STACK (1024 * 1024) /* the connection thread runs the forward pass (worker 0) and,
+                                    on the CUDA backend, driver calls: room to spare */
 
 /* ---------------------------------------------------------------- small helpers */
 
@@ -1285,7 +1286,13 @@ static void accept_loop(server *S, int *lfds, int nl, int wake_rd) {
             struct sockaddr_storage ss;
             socklen_t sl = sizeof ss;
             int fd = accept4(lfds[i], (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC);
-            if (fd < 0) continue; /* EAGAIN, ECONNABORTED, EMFILE: try again on the next wake */
+            if (fd < 0) {
+                if (errno == EMFILE || errno == ENFILE) { /* out of descriptors: do not spin */
+                    struct timespec pause = {0, 100 * 1000000L};
+                    nanosleep(&pause, NULL);
+                }
+                continue; /* EAGAIN, ECONNABORTED: try again on the next wake */
+            }
             pthread_mutex_lock(&S->mu);
             int over = S->conns >= S->max_conns;
             if (!over) S->conns++;

@@ -55,7 +55,7 @@ typedef struct {
 static size_t fake_detok(void *user, const int32_t *ids, int n, char *out, size_t cap) {
     const fake_tok *t = user;
     size_t len = t->cuts[n < t->n_cuts ? n : t->n_cuts - 1];
-    memcpy(out, t->text, len < cap ? len : cap);
+    if (out && cap && len) memcpy(out, t->text, len < cap ? len : cap);
     return len;
 }
 
