@@ -27,6 +27,7 @@ import yaml
 
 from colibri_kit import paths
 from colibri_kit.errors import ProfileError
+from colibri_kit.service import ServiceSpec, parse_service, service_dict
 
 ARCHES = ("aarch64", "x86_64")
 ROUTING_MODES = ("softmax_topk", "linear_score")
@@ -122,6 +123,7 @@ class Profile:
     smoke: SmokeSpec
     source_path: Path
     hash: str  # sha256 hex of the canonical resolved profile (see to_dict)
+    service: ServiceSpec | None = None  # the device service (docs/service.md); root joined at deploy
 
     @property
     def zig_triple(self) -> str:
@@ -379,7 +381,7 @@ class _Checker:
 
 
 TOP_KEYS_REQUIRED = ("name", "description", "arch", "glibc", "colibri", "smoke")
-TOP_KEYS_OPTIONAL = ("cpu", "jetpack", "l4t", "device", "cuda", "tune")
+TOP_KEYS_OPTIONAL = ("cpu", "jetpack", "l4t", "device", "cuda", "tune", "service")
 
 
 def _build(data: dict[str, Any], origin: Origin, leaf: Path) -> Profile:
@@ -407,6 +409,7 @@ def _build(data: dict[str, Any], origin: Origin, leaf: Path) -> Profile:
     colibri = _colibri(c, data["colibri"], ("colibri",))
     tune = c.optional(data, "tune", (), lambda v, k: _tune(c, v, k))
     smoke = _smoke(c, data["smoke"], ("smoke",))
+    service = c.optional(data, "service", (), lambda v, k: parse_service(v, k, fail=c.fail))
 
     if name != leaf.stem:
         raise c.fail(("name",), f"{name!r} must equal the file name {leaf.stem!r}")
@@ -414,7 +417,7 @@ def _build(data: dict[str, Any], origin: Origin, leaf: Path) -> Profile:
     fields = dict(name=name, description=description, arch=arch, glibc=glibc,
                   glibc_tuple=glibc_tuple, cpu_mcpu=mcpu, jetpack=jetpack, l4t=l4t,
                   device=device, cuda=cuda, colibri=colibri, tune=tune, smoke=smoke,
-                  source_path=leaf.resolve())
+                  source_path=leaf.resolve(), service=service)
     draft = Profile(**fields, hash="")
     digest = hashlib.sha256(_canonical_json(_resolved_dict(draft)).encode()).hexdigest()
     return Profile(**fields, hash=digest)
@@ -526,6 +529,7 @@ def _resolved_dict(p: Profile) -> dict[str, Any]:
         "smoke": {"max_first_token_ms_p99": p.smoke.max_first_token_ms_p99,
                   "prompt_ids": list(p.smoke.prompt_ids),
                   "greedy_tokens": p.smoke.greedy_tokens},
+        "service": None if p.service is None else service_dict(p.service),
     }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from colibri_kit.fleet import release as rel
+from colibri_kit.fleet import service as svc
 from colibri_kit.fleet.fleet import Fleet
 from colibri_kit.fleet.inventory import Host
 from colibri_kit.fleet.remote import Remote
@@ -22,6 +23,8 @@ class HostStatus:
     uptime: str = "-"
     device: str = "-"
     detail: str = ""
+    service: str = "-"        # colibri.service ActiveState/SubState ("-": none installed)
+    requests: str = "-"       # requests the running service has answered (its /metrics)
 
 
 def _uptime(text: str | None) -> str:
@@ -48,6 +51,12 @@ def host_status(remote: Remote, host: Host) -> HostStatus:
         st.model = (meta.get("model_sha256") or "-")[:12]
     else:
         st.detail = "nothing deployed"
+    if svc.systemd_running(remote):
+        state = svc.service_state(remote, host.name)
+        if state.installed:
+            st.service, st.requests = state.state, state.requests
+            if state.state.startswith("failed") and state.detail:
+                st.detail = state.detail
     return st
 
 
@@ -58,8 +67,9 @@ def status(fleet: Fleet) -> list[HostStatus]:
 
 
 def status_table(rows: list[HostStatus]) -> str:
-    out = [["host", "reachable", "release", "model", "target", "L4T", "uptime", "device / detail"]]
+    out = [["host", "reachable", "release", "model", "target", "L4T", "uptime", "service",
+            "requests", "device / detail"]]
     for r in rows:
         out.append([r.host, "yes" if r.reachable else "NO", r.release, r.model, r.target, r.l4t,
-                     r.uptime, r.detail or r.device])
+                     r.uptime, r.service, r.requests, r.detail or r.device])
     return table(out)

@@ -261,12 +261,22 @@ def load_config(hf_dir: Path) -> dict[str, Any]:
     return cfg
 
 
+def chat_template_blob(hf_dir: Path, override: str | os.PathLike[str] | None) -> bytes | None:
+    """The `chat.template` metadata blob (colibri_kit/model/chat.py), None without a template."""
+    from colibri_kit.model.chat import from_checkpoint
+
+    ct = from_checkpoint(hf_dir, Path(override) if override else None)
+    return ct.blob() if ct else None
+
+
 def convert(hf_dir: str | os.PathLike[str], out: str | os.PathLike[str], dtype: str = "f32",
             target: str = "host", max_seq_len: int | None = None, progress: bool = True,
-            limits: TargetModelLimits | None = None) -> Path:
+            limits: TargetModelLimits | None = None,
+            chat_template: str | os.PathLike[str] | None = None) -> Path:
     """Convert ``hf_dir`` to ``out`` for ``target`` (its embed_pad, max_experts, top_k).
 
-    ``limits`` overrides the profile lookup (tests, or a pad the profiles do not list)."""
+    ``limits`` overrides the profile lookup (tests, or a pad the profiles do not list).
+    ``chat_template``: a Jinja file used instead of the checkpoint's chat template."""
     hf_dir = Path(hf_dir)
     out = Path(out)
     kind = DType.parse(dtype)
@@ -277,7 +287,10 @@ def convert(hf_dir: str | os.PathLike[str], out: str | os.PathLike[str], dtype: 
     metadata = tokenizer_metadata(hf_dir, header.vocab_size)  # tokenizer.* blobs (format v2)
     ck = Checkpoint(hf_dir)
     items = plan_tensors(m, ck)
+    chat = chat_template_blob(hf_dir, chat_template)  # refused here, before anything is written
     bar = Progress(sum(it.nbytes for it in items), progress)
+    if chat is not None:
+        metadata["chat.template"] = chat
     with ModelWriter(out, header, metadata=metadata) as w:
         for it in items:
             try:

@@ -17,15 +17,16 @@ from colibri_kit.tasks._common import user_errors
     "dtype": "weight type of the large matrices: f32, f16, bf16 or int8 (per-row scales)",
     "target": "target profile whose embed_pad / max_experts / top_k the model must fit (default host)",
     "max-seq-len": "KV-cache capacity; capped by the model's max_position_embeddings (default 2048)",
+    "chat-template": "Jinja chat template file to store instead of the checkpoint's (docs/format.md)",
 })
 @user_errors
 def convert_task(c: Context, hf_dir: str, out: str, dtype: str = "f32", target: str = "host",
-                 max_seq_len: int = 0) -> None:
+                 max_seq_len: int = 0, chat_template: str = "") -> None:
     """Convert a Hugging Face MoE checkpoint (mixtral, qwen2_moe, qwen3_moe, olmoe) to .colibri."""
     from colibri_kit.model.convert import convert
 
     path = convert(hf_dir, out, dtype=dtype, target=target, max_seq_len=max_seq_len or None,
-                   progress=True)
+                   progress=True, chat_template=chat_template or None)
     print(path)
 
 

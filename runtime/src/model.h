@@ -81,6 +81,10 @@ struct colibri_model {
     size_t size;
     int mapped;                   /* 1: base came from mmap (unmap on close); 0: caller's buffer */
     colibri_tensor *expert_views; /* backing store of every layer's w1/w3/w2 arrays */
+
+    /* api.c (shared model): the handle plus one reference per context using it; the model is
+     * closed and freed when the last reference goes (atomic, contexts live on other threads). */
+    int refs;
 };
 
 /* Open, mmap and validate `path`. On failure returns a status with `why` naming the field. */

@@ -8,7 +8,7 @@
 #include "tokenizer.h"
 
 static const colibri_tokenizer *tok_of(const colibri_ctx *ctx) {
-    return ctx ? ctx->model.tokenizer : NULL;
+    return ctx ? ctx->model->tokenizer : NULL;
 }
 
 void colibri_get_tokenizer_info(const colibri_ctx *ctx, colibri_tokenizer_info *info) {
@@ -47,7 +47,7 @@ colibri_status colibri_detokenize(const colibri_ctx *ctx, const int32_t *ids, si
     /* ids the tokenizer has no piece for but the model's vocabulary has are skipped (as
      * `tokenizers` does); beyond the model's vocabulary they are an error */
     for (size_t i = 0; i < n; i++)
-        if (ids[i] < 0 || (uint32_t)ids[i] >= ctx->model.vocab_size) return COLIBRI_E_TOKEN_RANGE;
+        if (ids[i] < 0 || (uint32_t)ids[i] >= ctx->model->vocab_size) return COLIBRI_E_TOKEN_RANGE;
     return s;
 }
 
@@ -55,6 +55,6 @@ colibri_status colibri_token_piece(const colibri_ctx *ctx, int32_t id, char *buf
                                    size_t *len) {
     if (!ctx) return COLIBRI_E_INVALID_ARG;
     if (!tok_of(ctx)) return COLIBRI_E_NO_TOKENIZER;
-    if (id < 0 || (uint32_t)id >= ctx->model.vocab_size) return COLIBRI_E_TOKEN_RANGE;
+    if (id < 0 || (uint32_t)id >= ctx->model->vocab_size) return COLIBRI_E_TOKEN_RANGE;
     return colibri_tokenizer_piece(tok_of(ctx), id, buf, cap, len);
 }
