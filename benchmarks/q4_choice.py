@@ -55,8 +55,10 @@ def per_row_int8(a: np.ndarray) -> np.ndarray:
 
 
 def quantised_names(name: str) -> bool:
+    """Weights the converter stores in the model dtype (transformers fuses the experts in memory
+    as [E, out, in] `experts.gate_up_proj` / `experts.down_proj`)."""
     keep_f32 = ("norm", "bias", "mlp.gate.weight", "block_sparse_moe.gate.weight", "shared_expert_gate")
-    return name.endswith("weight") and not any(k in name for k in keep_f32)
+    return (name.endswith("weight") or ".experts." in name) and not any(k in name for k in keep_f32)
 
 
 def main() -> None:
@@ -82,12 +84,13 @@ def main() -> None:
         for label, how in cands:
             with torch.no_grad():
                 for n, p in model.named_parameters():
-                    if not quantised_names(n) or p.dim() != 2:
+                    if not quantised_names(n) or p.dim() < 2:
                         p.copy_(orig[n])
                         continue
                     a = orig[n].numpy()
-                    deq = how(a) if callable(how) else grouped(a, *how[:1], how[1], how[2], how[3])
-                    p.copy_(torch.from_numpy(deq))
+                    a2 = a.reshape(-1, a.shape[-1])  # rows of the stored [out, in] matrices
+                    deq = how(a2) if callable(how) else grouped(a2, *how)
+                    p.copy_(torch.from_numpy(deq.reshape(a.shape)))
             table[label].append(H.rel_err(H.hf_logits(model, H.LOGIT_PROMPT), ref))
         print(f"# {fam} done", file=sys.stderr, flush=True)
     print("| candidate | bits/weight | " + " | ".join(fams) + " | mean |")

@@ -10,6 +10,9 @@
 #include "colibri.h"
 
 enum { COLIBRI_DT_F32 = 0, COLIBRI_DT_F16 = 1, COLIBRI_DT_BF16 = 2, COLIBRI_DT_INT8 = 3 };
+/* Grouped 4-bit (docs/format.md, "q4"): rows of ceil(cols / 32) groups, each 16 bytes of nibbles
+ * (byte j = (q[j] + 8) | (q[j + 16] + 8) << 4) and one f16 scale d; w = q * d. */
+enum { COLIBRI_DT_Q4 = 4, COLIBRI_Q4_GROUP = 32, COLIBRI_Q4_BLOCK = 16 };
 
 enum {
     COLIBRI_FLAG_SHARED_EXPERT = 1u << 0,
@@ -38,7 +41,8 @@ enum {
 #define COLIBRI_NO_INDEX 0xFFFFFFFFu
 
 /* A view of one tensor in the mapping. data == NULL means "absent" (optional tensor).
- * y[r] = scale[r] * sum_c data[r, c] * x[c] for int8; scales is NULL for other dtypes. */
+ * y[r] = scale[r] * sum_c data[r, c] * x[c] for int8; for q4 `scales` points at the f16 group
+ * scales ([rows, groups] uint16_t, read through colibri_q4_scales); NULL for other dtypes. */
 typedef struct {
     const void *data;
     const float *scales;
@@ -83,5 +87,13 @@ colibri_status colibri_model_from_memory(struct colibri_model *m, const void *bu
 void colibri_model_close(struct colibri_model *m);
 
 size_t colibri_dtype_size(uint32_t dtype);
+
+/* q4 geometry: groups per row, bytes of nibbles per row. */
+static inline size_t colibri_q4_groups(uint32_t cols) {
+    return ((size_t)cols + COLIBRI_Q4_GROUP - 1) / COLIBRI_Q4_GROUP;
+}
+static inline const uint16_t *colibri_q4_scales(const colibri_tensor *t) {
+    return (const uint16_t *)(const void *)t->scales;
+}
 
 #endif
