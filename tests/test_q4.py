@@ -6,8 +6,8 @@
   transformers run at f32 with the same rounded weights (quantise -> dequantise the HF weights),
   plus the cost of the rounding against the f32 model per family (a bound, figures printed);
 - bitwise equal across thread counts; colibri_forward allocates nothing with a q4 model;
-- the orin-nx build (NEON kernels) under qemu-aarch64: selftest, and the same logits bit for bit
-  as the x86_64 build (one lane layout on every CPU, kernels_q4.c) and as close to the reference.
+- the orin-nx build (NEON kernels) under qemu-aarch64: selftest (NEON q4 kernel == scalar lane
+  layout, bit for bit), logits against the reference and the x86_64 build, thread invariance.
 """
 
 from __future__ import annotations
@@ -216,7 +216,8 @@ def test_q4_selftest_and_forward_allocates_nothing(host_colibri: Path, tmp_path:
 @pytest.mark.slow
 def test_q4_aarch64_neon_under_qemu(orin_nx_build: Path, host_colibri: Path, tmp_path: Path) -> None:
     """The orin-nx build (NEON q4 kernels, CPU fallback without a GPU) runs a 4-bit model with the
-    logits of the NumPy reference, and bit for bit those of the x86_64 AVX2 build."""
+    logits of the NumPy reference, bitwise equal across thread counts; its q4 kernel gives the
+    bits of the scalar lane layout (as the AVX2 one does on x86_64)."""
     qemu = ["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu", str(orin_nx_build / "bin" / "colibri")]
     proc = subprocess.run([*qemu, "selftest"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -235,4 +236,7 @@ def test_q4_aarch64_neon_under_qemu(orin_nx_build: Path, host_colibri: Path, tmp
     got = np.frombuffer(outs[0], dtype="<f4").reshape(len(ids), -1)
     assert outs[0] == outs[1]
     assert H.rel_err(got, Reference(model).forward(ids)) <= C_VS_REFERENCE
-    assert np.array_equal(got, host)  # x86_64 AVX2 and aarch64 NEON: the same bits
+    # The q4 kernels give the scalar layout's bits on both CPUs (the selftest line above); the
+    # whole model does not (the f32 router and attention use kernels.c's per-ISA lane layouts),
+    # so the two builds agree to rounding.
+    assert H.rel_err(got, host) <= C_VS_REFERENCE
