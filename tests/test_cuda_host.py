@@ -504,6 +504,17 @@ def test_cuda_backend_q4_in_emulation(cuda_host_build, tmp_path: Path):
     gpu = _logits(cuda_host_build, model, "cuda", ids, "q4_cuda")
     err = np.abs(gpu - cpu).max() / np.abs(cpu).max()
     assert err < 1e-4, err
+    # the memory planner's device arena (colibri_kit/model/footprint.py) is what the backend
+    # allocates: weights mapped on an integrated GPU, copied into the arena on a discrete one
+    from colibri_kit.model.footprint import cuda_arena_bytes
+    from colibri_kit.model.format import read_model
+
+    h = read_model(model).header
+    mapped = _emu_info(cuda_host_build, model, STUB_INTEGRATED="1")
+    assert mapped["cuda_device_bytes"] == cuda_arena_bytes(h)
+    copied = _emu_info(cuda_host_build, model)
+    weights = model.stat().st_size - h.data_offset
+    assert copied["cuda_device_bytes"] == cuda_arena_bytes(h, copy_weights=True, weights_bytes=weights)
 
 
 @pytest.mark.slow

@@ -262,17 +262,25 @@ def load_config(hf_dir: Path) -> dict[str, Any]:
 
 def convert(hf_dir: str | os.PathLike[str], out: str | os.PathLike[str], dtype: str = "f32",
             target: str = "host", max_seq_len: int | None = None, progress: bool = True,
-            limits: TargetModelLimits | None = None) -> Path:
-    """Convert ``hf_dir`` to ``out`` for ``target`` (its embed_pad, max_experts, top_k).
+            limits: TargetModelLimits | None = None, slots: int = 1) -> Path:
+    """Convert ``hf_dir`` to ``out`` for ``target`` (its embed_pad, max_experts, top_k, and its
+    memory: a model whose footprint with ``slots`` contexts does not fit is refused before any
+    tensor is written, naming a dtype or context length that fits).
 
-    ``limits`` overrides the profile lookup (tests, or a pad the profiles do not list)."""
+    ``limits`` overrides the profile lookup (tests, or a pad the profiles do not list; then the
+    memory is not checked)."""
     hf_dir = Path(hf_dir)
     out = Path(out)
     kind = DType.parse(dtype)
+    check_memory = limits is None
     if limits is None:
         limits = target_limits(target)
     m = read_config(load_config(hf_dir))
     header = build_header(m, kind, limits, max_seq_len, hf_dir.resolve().name)
+    if check_memory:
+        from colibri_kit.model.footprint import check_fits
+
+        check_fits(header, target, slots=slots)
     ck = Checkpoint(hf_dir)
     items = plan_tensors(m, ck)
     bar = Progress(sum(it.nbytes for it in items), progress)

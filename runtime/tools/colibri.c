@@ -121,8 +121,8 @@ static int open_model(const cli *c, colibri_ctx **ctx) {
 }
 
 static const char *dtype_name(uint32_t d) {
-    static const char *names[] = {"f32", "f16", "bf16", "int8"};
-    return d < 4 ? names[d] : "unknown";
+    static const char *names[] = {"f32", "f16", "bf16", "int8", "q4"};
+    return d < 5 ? names[d] : "unknown";
 }
 static const char *family_name(uint32_t f) {
     static const char *names[] = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe"};
