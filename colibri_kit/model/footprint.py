@@ -52,7 +52,7 @@ def cpu_arena_bytes(h: ModelHeader, threads: int = DEFAULT_THREADS, int8_act: bo
     kvd, E, K = h.n_kv_heads * h.head_dim, h.num_experts, h.top_k
     F, Fs, S, L = h.expert_size, h.shared_expert_size, h.max_seq_len, h.n_layers
     max_cols = max(dp, qd, F, Fs, 16)
-    q8 = int8_act and h.dtype == DType.INT8
+    q8 = int8_act and h.dtype in (DType.INT8, DType.Q4)
     for n in (T * dp, T * dp, T * qd, T * kvd, T * kvd, T * qd, T * dp, T * h.head_dim,
               L * S * kvd, L * S * kvd, T * E, T * K, T * K, E, E + 1, E, T * K,
               T * K * dp, T * K * F, T * K * F, T * K * dp, T * Fs, T * Fs, T * dp):

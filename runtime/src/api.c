@@ -84,7 +84,7 @@ colibri_status colibri_init_ex(colibri_ctx **out, const char *path, const colibr
     }
 
     ctx->simd = colibri_kernels_init();
-    ctx->use_q8 = opt.int8_activations && m->dtype == COLIBRI_DT_INT8;
+    ctx->use_q8 = opt.int8_activations && (m->dtype == COLIBRI_DT_INT8 || m->dtype == COLIBRI_DT_Q4);
     if (!ctx->cuda) {
         int threads = ctx->opt.threads;
         size_t bytes = colibri_arena_plan(m, threads, ctx->use_q8, &ctx->b, NULL);

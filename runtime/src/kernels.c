@@ -566,6 +566,10 @@ void colibri_rows_dot(const colibri_tensor *w, uint32_t r0, uint32_t r1, const f
 
 void colibri_rows_dot_q8(const colibri_tensor *w, uint32_t r0, uint32_t r1, const int8_t *xq,
                          const float *xscale, int n, size_t ldx, float *y, size_t ldy) {
+    if (w->dtype == COLIBRI_DT_Q4) { /* grouped 4-bit: kernels_q4.c */
+        colibri_q4_rows_dot_q8(w, r0, r1, xq, xscale, n, ldx, y, ldy);
+        return;
+    }
     size_t cols = w->cols;
     const int8_t *base = (const int8_t *)w->data;
     if (n == 1 && K.dot4_q8) { /* decode: four streams a quarter block apart, as colibri_rows_dot */

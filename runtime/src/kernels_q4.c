@@ -14,6 +14,8 @@
  * Kept apart from kernels.c (the f32/f16/bf16/int8 kernels) so that each can change alone. */
 #include "kernels_q4.h"
 
+#include "kernels.h"
+
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -34,10 +36,14 @@
 
 typedef float (*q4_dot_fn)(const uint8_t *q, const uint16_t *d, const float *x, size_t cols);
 typedef float (*f32_dot_fn)(const float *w, const float *x, size_t cols);
+typedef void (*f32_dot3_fn)(const float *w, const float *const x[3], size_t cols, float out[3]);
+typedef float (*q4q8_dot_fn)(const uint8_t *q, const uint16_t *d, const int8_t *x, size_t cols);
 
 static struct {
     q4_dot_fn dot;     /* one q4 row . x */
     f32_dot_fn dot_f32; /* one dequantised row . x, same lane layout */
+    f32_dot3_fn dot3_f32; /* one dequantised row . three tokens: each with dot_f32's operations */
+    q4q8_dot_fn dot_q8; /* one q4 row . int8 activations (without the activation scale) */
     const char *name;
 } Q;
 
@@ -111,6 +117,41 @@ static float scalar_f32_dot(const float *w, const float *x, size_t cols) {
     return q4_reduce(L) + f32_tail(w, x, cols);
 }
 
+/* q4 x int8 activations (--int8-act). Integer sums are exact, so the layout is: per full group
+ * b, eight lane sums S[l] = sum of q * x over elements 4l..4l+3 (int32), L[l] = fma(d_b, S[l],
+ * L[l]); then ((L0 + L1) + (L2 + L3)) + ((L4 + L5) + (L6 + L7)) plus d_tail * (the tail's
+ * integer sum). The caller multiplies by the activation scale. */
+static float q4q8_tail(const uint8_t *q, const uint16_t *d, const int8_t *x, size_t cols) {
+    size_t full = cols / 32, i0 = full * 32;
+    if (i0 == cols) return 0.0f;
+    int32_t t = 0;
+    for (size_t i = i0; i < cols; i++) t += q4_nib(q + full * 16, i - i0) * (int32_t)x[i];
+    return q4_half(d[full]) * (float)t;
+}
+
+static float q4q8_reduce(const float L[8]) {
+    return ((L[0] + L[1]) + (L[2] + L[3])) + ((L[4] + L[5]) + (L[6] + L[7]));
+}
+
+static float scalar_q4q8_dot(const uint8_t *q, const uint16_t *d, const int8_t *x, size_t cols) {
+    float L[8] = {0};
+    size_t full = cols / 32;
+    for (size_t b = 0; b < full; b++) {
+        float dd = q4_half(d[b]);
+        for (int l = 0; l < 8; l++) {
+            int32_t s = 0;
+            for (int e = 4 * l; e < 4 * l + 4; e++)
+                s += q4_nib(q + b * 16, (size_t)e) * (int32_t)x[b * 32 + (size_t)e];
+            L[l] = fmaf(dd, (float)s, L[l]);
+        }
+    }
+    return q4q8_reduce(L) + q4q8_tail(q, d, x, cols);
+}
+
+static void scalar_f32_dot3(const float *w, const float *const x[3], size_t cols, float out[3]) {
+    for (int j = 0; j < 3; j++) out[j] = Q.dot_f32(w, x[j], cols);
+}
+
 /* ---- AVX2 + FMA + F16C: four 8-lane accumulators = lanes 0-7, 8-15, 16-23, 24-31 ------------ */
 
 #ifdef Q4_HAVE_AVX2
@@ -157,6 +198,47 @@ static Q4_AVX2 float avx2_f32_dot(const float *w, const float *x, size_t cols) {
         a3 = _mm256_fmadd_ps(_mm256_loadu_ps(wb + 24), _mm256_loadu_ps(xb + 24), a3);
     }
     return avx2_reduce(a0, a1, a2, a3) + f32_tail(w, x, cols);
+}
+
+/* Prefill: the row's weights loaded once for three tokens; 12 accumulators, each (token, lane
+ * group) with exactly avx2_f32_dot's operations, so the bits equal three calls of it. */
+static Q4_AVX2 void avx2_f32_dot3(const float *w, const float *const x[3], size_t cols,
+                                  float out[3]) {
+    __m256 a[3][4];
+    for (int j = 0; j < 3; j++)
+        for (int k = 0; k < 4; k++) a[j][k] = _mm256_setzero_ps();
+    size_t full = cols / 32;
+    for (size_t b = 0; b < full; b++)
+        for (int k = 0; k < 4; k++) {
+            __m256 wv = _mm256_loadu_ps(w + b * 32 + 8 * k);
+            for (int j = 0; j < 3; j++)
+                a[j][k] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x[j] + b * 32 + 8 * k), a[j][k]);
+        }
+    for (int j = 0; j < 3; j++)
+        out[j] = avx2_reduce(a[j][0], a[j][1], a[j][2], a[j][3]) + f32_tail(w, x[j], cols);
+}
+
+/* q4 x int8: the 32 nibbles of a group as signed bytes in element order, then maddubs/madd
+ * (|q| <= 8, |x| <= 127: no int16 saturation) give the eight 4-element lane sums. */
+static Q4_AVX2 float avx2_q4q8_dot(const uint8_t *q, const uint16_t *d, const int8_t *x,
+                                   size_t cols) {
+    __m256 acc = _mm256_setzero_ps();
+    const __m128i m4 = _mm_set1_epi8(0x0f);
+    const __m256i k8 = _mm256_set1_epi8(8), ones = _mm256_set1_epi16(1);
+    size_t full = cols / 32;
+    for (size_t b = 0; b < full; b++) {
+        __builtin_prefetch(q + b * 16 + Q4_PREFETCH_BYTES);
+        __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(q + b * 16));
+        __m256i qv = _mm256_sub_epi8(
+            _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_and_si128(v, m4)), k8);
+        __m256i xv = _mm256_loadu_si256((const __m256i *)(const void *)(x + b * 32));
+        __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(qv), _mm256_sign_epi8(xv, qv));
+        __m256 sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(d[b])), sums, acc);
+    }
+    float t[8];
+    _mm256_storeu_ps(t, acc);
+    return q4q8_reduce(t) + q4q8_tail(q, d, x, cols);
 }
 
 /* CPUID: AVX2, FMA and F16C, and the OS saving the YMM state (the test of kernels.c). */
@@ -211,6 +293,47 @@ static float neon_q4_dot(const uint8_t *q, const uint16_t *d, const float *x, si
     return neon_reduce(A) + q4_tail(q, d, x, cols);
 }
 
+/* Prefill: three tokens per row load; 24 accumulators, each as in neon_f32_dot. */
+static void neon_f32_dot3(const float *w, const float *const x[3], size_t cols, float out[3]) {
+    float32x4_t A[3][8];
+    for (int j = 0; j < 3; j++)
+        for (int k = 0; k < 8; k++) A[j][k] = vdupq_n_f32(0);
+    size_t full = cols / 32;
+    for (size_t b = 0; b < full; b++)
+        for (int k = 0; k < 8; k++) {
+            float32x4_t wv = vld1q_f32(w + b * 32 + 4 * k);
+            for (int j = 0; j < 3; j++)
+                A[j][k] = vfmaq_f32(A[j][k], wv, vld1q_f32(x[j] + b * 32 + 4 * k));
+        }
+    for (int j = 0; j < 3; j++) out[j] = neon_reduce(A[j]) + f32_tail(w, x[j], cols);
+}
+
+/* q4 x int8: products widened to 16 bits, then pairwise adds give the 4-element lane sums. */
+static float neon_q4q8_dot(const uint8_t *q, const uint16_t *d, const int8_t *x, size_t cols) {
+    float32x4_t lo = vdupq_n_f32(0), hi = lo;
+    const uint8x16_t m4 = vdupq_n_u8(0x0f);
+    const int8x16_t k8 = vdupq_n_s8(8);
+    size_t full = cols / 32;
+    for (size_t b = 0; b < full; b++) {
+        __builtin_prefetch(q + b * 16 + Q4_PREFETCH_BYTES);
+        uint8x16_t v = vld1q_u8(q + b * 16);
+        int8x16_t ql = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(v, m4)), k8);
+        int8x16_t qh = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(v, 4)), k8);
+        int8x16_t xl = vld1q_s8(x + b * 32), xh = vld1q_s8(x + b * 32 + 16);
+        int32x4_t s0 = vpaddq_s32(vpaddlq_s16(vmull_s8(vget_low_s8(ql), vget_low_s8(xl))),
+                                  vpaddlq_s16(vmull_s8(vget_high_s8(ql), vget_high_s8(xl))));
+        int32x4_t s1 = vpaddq_s32(vpaddlq_s16(vmull_s8(vget_low_s8(qh), vget_low_s8(xh))),
+                                  vpaddlq_s16(vmull_s8(vget_high_s8(qh), vget_high_s8(xh))));
+        float dd = vgetq_lane_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(d[b]))), 0);
+        lo = vfmaq_n_f32(lo, vcvtq_f32_s32(s0), dd);
+        hi = vfmaq_n_f32(hi, vcvtq_f32_s32(s1), dd);
+    }
+    float t[8];
+    vst1q_f32(t, lo);
+    vst1q_f32(t + 4, hi);
+    return q4q8_reduce(t) + q4q8_tail(q, d, x, cols);
+}
+
 static float neon_f32_dot(const float *w, const float *x, size_t cols) {
     float32x4_t A[8];
     for (int k = 0; k < 8; k++) A[k] = vdupq_n_f32(0);
@@ -229,17 +352,23 @@ static pthread_once_t q4_once = PTHREAD_ONCE_INIT;
 static void q4_pick(void) {
     Q.dot = scalar_q4_dot;
     Q.dot_f32 = scalar_f32_dot;
+    Q.dot3_f32 = scalar_f32_dot3;
+    Q.dot_q8 = scalar_q4q8_dot;
     Q.name = "scalar";
 #ifdef Q4_HAVE_AVX2
     if (q4_cpu_has_avx2()) {
         Q.dot = avx2_q4_dot;
         Q.dot_f32 = avx2_f32_dot;
+        Q.dot3_f32 = avx2_f32_dot3;
+        Q.dot_q8 = avx2_q4q8_dot;
         Q.name = "avx2";
     }
 #endif
 #ifdef Q4_HAVE_NEON
     Q.dot = neon_q4_dot;
     Q.dot_f32 = neon_f32_dot;
+    Q.dot3_f32 = neon_f32_dot3;
+    Q.dot_q8 = neon_q4q8_dot;
     Q.name = "neon";
 #endif
 }
@@ -253,9 +382,10 @@ void colibri_q4_row_f32(const colibri_tensor *w, uint32_t r, float *out) {
     size_t cols = w->cols, ng = colibri_q4_groups(w->cols);
     const uint8_t *q = (const uint8_t *)w->data + (size_t)r * ng * COLIBRI_Q4_BLOCK;
     const uint16_t *d = colibri_q4_scales(w) + (size_t)r * ng;
-    for (size_t i = 0; i < cols; i++) {
-        size_t g = i / 32;
-        out[i] = (float)q4_nib(q + g * 16, i % 32) * q4_half(d[g]);
+    for (size_t g = 0; g * 32 < cols; g++) {
+        float dd = q4_half(d[g]);
+        size_t m = cols - g * 32 < 32 ? cols - g * 32 : 32;
+        for (size_t e = 0; e < m; e++) out[g * 32 + e] = (float)q4_nib(q + g * 16, e) * dd;
     }
 }
 
@@ -270,18 +400,41 @@ void colibri_q4_rows_dot(const colibri_tensor *w, uint32_t r0, uint32_t r1, cons
             y[r] = Q.dot(base + (size_t)r * ng * COLIBRI_Q4_BLOCK, sc + (size_t)r * ng, x, cols);
         return;
     }
-    /* several tokens: dequantise the row once (exact), then the same lane layout per token */
+    /* several tokens: dequantise the row once (exact), then the same lane layout per token,
+     * three tokens per pass over the row */
     for (uint32_t r = r0; r < r1; r++) {
         colibri_q4_row_f32(w, r, scratch);
+        int j = 0;
+        for (; j + 3 <= n; j += 3) {
+            const float *xs[3] = {x + (size_t)j * ldx, x + (size_t)(j + 1) * ldx,
+                                  x + (size_t)(j + 2) * ldx};
+            float o[3];
+            Q.dot3_f32(scratch, xs, cols, o);
+            for (int t = 0; t < 3; t++) y[(size_t)(j + t) * ldy + r] = o[t];
+        }
+        for (; j < n; j++) y[(size_t)j * ldy + r] = Q.dot_f32(scratch, x + (size_t)j * ldx, cols);
+    }
+}
+
+void colibri_q4_rows_dot_q8(const colibri_tensor *w, uint32_t r0, uint32_t r1, const int8_t *xq,
+                            const float *xscale, int n, size_t ldx, float *y, size_t ldy) {
+    colibri_q4_kernels_init();
+    size_t cols = w->cols, ng = colibri_q4_groups(w->cols);
+    const uint8_t *base = (const uint8_t *)w->data;
+    const uint16_t *sc = colibri_q4_scales(w);
+    /* the same per-(row, token) function for one token or many: prefill == decode */
+    for (uint32_t r = r0; r < r1; r++) {
+        const uint8_t *q = base + (size_t)r * ng * COLIBRI_Q4_BLOCK;
         for (int j = 0; j < n; j++)
-            y[(size_t)j * ldy + r] = Q.dot_f32(scratch, x + (size_t)j * ldx, cols);
+            y[(size_t)j * ldy + r] = Q.dot_q8(q, sc + (size_t)r * ng, xq + (size_t)j * ldx, cols) *
+                                     xscale[j];
     }
 }
 
 /* ---- self-test (`colibri selftest`) ---------------------------------------------------------- */
 
 int colibri_q4_selftest(char *msg, size_t len) {
-    enum { COLS = 203, ROWS = 5, N = 3, NG = (COLS + 31) / 32 }; /* 6 full groups + an 11-column tail */
+    enum { COLS = 203, ROWS = 5, N = 4, NG = (COLS + 31) / 32 }; /* 6 full groups + an 11-column tail */
     uint8_t q[ROWS * NG * 16];
     uint16_t d[ROWS * NG];
     float x[N * COLS], y[N * ROWS], y1[N * ROWS], scratch[2 * COLS], row[COLS];
@@ -312,7 +465,32 @@ int colibri_q4_selftest(char *msg, size_t len) {
             layout &= memcmp(&sc, &y[j * ROWS + r], sizeof(float)) == 0;
         }
     }
+    /* int8 activations: exact integer group sums, the scalar layout's bits, decode == prefill */
+    int8_t xq[N * COLS];
+    float xs[N];
+    for (int j = 0; j < N; j++) colibri_quantize_row(x + j * COLS, COLS, xq + j * COLS, &xs[j]);
+    colibri_q4_rows_dot_q8(&t, 0, ROWS, xq, xs, N, COLS, y, ROWS);
+    int q8ok = 1;
+    for (uint32_t r = 0; r < ROWS; r++)
+        for (int j = 0; j < N; j++) {
+            double ref = 0, mag = 0;
+            for (int g = 0; g < NG; g++) {
+                long isum = 0;
+                for (int e = 0; e < 32 && g * 32 + e < COLS; e++)
+                    isum += (long)q4_nib(q + (r * NG + (uint32_t)g) * 16, (size_t)e) *
+                            xq[j * COLS + g * 32 + e];
+                ref += (double)q4_half(d[r * NG + (uint32_t)g]) * (double)isum;
+                mag += fabs((double)q4_half(d[r * NG + (uint32_t)g]) * (double)isum);
+            }
+            ref *= xs[j];
+            mag *= xs[j];
+            float sc = scalar_q4q8_dot(q + r * NG * 16, d + r * NG, xq + j * COLS, COLS) * xs[j];
+            colibri_q4_rows_dot_q8(&t, r, r + 1, xq + j * COLS, &xs[j], 1, COLS, y1 + j * ROWS, ROWS);
+            q8ok &= fabs(y[j * ROWS + r] - ref) <= 1e-5 * (mag + 1e-30) &&
+                    memcmp(&sc, &y[j * ROWS + r], sizeof sc) == 0 &&
+                    memcmp(&y1[j * ROWS + r], &y[j * ROWS + r], sizeof sc) == 0;
+        }
     snprintf(msg, len, "q4 rows_dot (%s) == double reference; decode bits == prefill bits == scalar "
-             "layout bits", name);
-    return bad == 0 && same && layout;
+             "layout bits (f32 and int8 activations)", name);
+    return bad == 0 && same && layout && q8ok;
 }

@@ -15,6 +15,11 @@ const char *colibri_q4_kernels_init(void);
 void colibri_q4_rows_dot(const colibri_tensor *w, uint32_t r0, uint32_t r1, const float *x, int n,
                          size_t ldx, float *y, size_t ldy, float *scratch);
 
+/* Same with int8 activations (--int8-act): xq rows quantised by colibri_quantize_row, one scale
+ * per token; y = (the q4 x int8 layout of kernels_q4.c) * xscale[j]. */
+void colibri_q4_rows_dot_q8(const colibri_tensor *w, uint32_t r0, uint32_t r1, const int8_t *xq,
+                            const float *xscale, int n, size_t ldx, float *y, size_t ldy);
+
 /* Row r of a q4 W dequantised to f32 (exact): the embedding gather. */
 void colibri_q4_row_f32(const colibri_tensor *w, uint32_t r, float *out);
 
