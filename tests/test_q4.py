@@ -240,3 +240,15 @@ def test_q4_aarch64_neon_under_qemu(orin_nx_build: Path, host_colibri: Path, tmp
     # whole model does not (the f32 router and attention use kernels.c's per-ISA lane layouts),
     # so the two builds agree to rounding.
     assert H.rel_err(got, host) <= C_VS_REFERENCE
+    # int8 activations (--int8-act): the NEON q4 x int8 kernel against the AVX2 one
+    out = tmp_path / "arm-q8.bin"
+    proc = subprocess.run([*qemu, "--backend", "cpu", "--int8-act", "forward", str(model), "--ids",
+                           ",".join(map(str, ids)), "--logits-out", str(out)], capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    arm_q8 = np.fromfile(out, dtype="<f4").reshape(len(ids), -1)
+    run(host_colibri, "--backend", "cpu", "--int8-act", "forward", str(model), "--ids",
+        ",".join(map(str, ids)), "--logits-out", str(tmp_path / "host-q8.bin"))
+    host_q8 = np.fromfile(tmp_path / "host-q8.bin", dtype="<f4").reshape(len(ids), -1)
+    assert H.rel_err(arm_q8, host_q8) <= C_VS_REFERENCE
+    assert 0 < H.rel_err(host_q8, host) < 5e-2  # int8 activations: close to, not equal to, f32
