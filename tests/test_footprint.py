@@ -63,8 +63,9 @@ def test_cpu_arena_matches_the_runtime(host_colibri: Path, tmp_path: Path, threa
             got = json.loads(proc.stdout)["backend"]["arena_bytes"]
             h = read_model(model).header
             assert got == cpu_arena_bytes(h, threads, int8_act=bool(extra)), (name, extra)
-        # the converter's size estimate is the writer's layout
-        assert estimate_file_bytes(h) == model.stat().st_size, name
+        # the converter's size estimate is the writer's layout (up to the metadata section)
+        est = estimate_file_bytes(h)
+        assert est <= h.tensor_end < est + 64 and h.tensor_end <= model.stat().st_size, name
 
 
 def test_profiles_memory_smallest_module() -> None:

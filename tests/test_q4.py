@@ -252,3 +252,21 @@ def test_q4_aarch64_neon_under_qemu(orin_nx_build: Path, host_colibri: Path, tmp
     host_q8 = np.fromfile(tmp_path / "host-q8.bin", dtype="<f4").reshape(len(ids), -1)
     assert H.rel_err(arm_q8, host_q8) <= C_VS_REFERENCE
     assert 0 < H.rel_err(host_q8, host) < 5e-2  # int8 activations: close to, not equal to, f32
+
+
+def test_q4_needs_format_version_2(tmp_path: Path, host_colibri: Path) -> None:
+    """q4 is a version-2 dtype: a file that says version 1 with q4 tensors is refused by both
+    readers (a version-1 reader would refuse dtype 4 anyway)."""
+    h = ModelHeader(num_experts=2, expert_size=40, vocab_size=64, max_seq_len=16, embed_dim=40,
+                    n_layers=1, n_heads=2, n_kv_heads=1, head_dim=8, top_k=1, routing=0,
+                    dtype=int(DType.Q4), embed_dim_pad=64, pad_multiple=64, name="q4-v1")
+    path = write_random_model(tmp_path / "q4.colibri", h, seed=2)  # no metadata section
+    assert read_model(path).header.version == 2 and read_model(path).header.meta_count == 0
+    raw = bytearray(path.read_bytes())
+    struct.pack_into("<I", raw, 8, 1)
+    bad = tmp_path / "q4-v1.colibri"
+    bad.write_bytes(bytes(raw))
+    with pytest.raises(ModelError, match="q4.*version 2"):
+        read_model(bad)
+    proc = run(host_colibri, "info", str(bad), check=False)
+    assert proc.returncode == 1 and "needs format version 2" in proc.stderr

@@ -23,6 +23,7 @@ from colibri_kit.model.format import (
     NONE, DType, Flag, Kind, ModelHeader, ModelWriter, padded_dim, tensor_label,
 )
 from colibri_kit.model.safetensors_io import Checkpoint, TensorView
+from colibri_kit.model.tokenizer import tokenizer_metadata
 
 DEFAULT_MAX_SEQ = 2048
 
@@ -277,14 +278,16 @@ def convert(hf_dir: str | os.PathLike[str], out: str | os.PathLike[str], dtype: 
         limits = target_limits(target)
     m = read_config(load_config(hf_dir))
     header = build_header(m, kind, limits, max_seq_len, hf_dir.resolve().name)
-    if check_memory:
-        from colibri_kit.model.footprint import check_fits
+    metadata = tokenizer_metadata(hf_dir, header.vocab_size)  # tokenizer.* blobs (format v2)
+    if check_memory:  # before any tensor is read: the geometry, dtype and metadata decide
+        from colibri_kit.model.footprint import check_fits, estimate_file_bytes
 
-        check_fits(header, target, slots=slots)
+        meta = sum(64 + len(k) + len(v) for k, v in metadata.items())  # table entry + name + blob
+        check_fits(header, target, estimate_file_bytes(header) + meta, slots=slots)
     ck = Checkpoint(hf_dir)
     items = plan_tensors(m, ck)
     bar = Progress(sum(it.nbytes for it in items), progress)
-    with ModelWriter(out, header) as w:
+    with ModelWriter(out, header, metadata=metadata) as w:
         for it in items:
             try:
                 w.add(it.kind, it.layer, it.expert, it.source)

@@ -89,8 +89,9 @@ def kv_cache_bytes(h: ModelHeader) -> int:
 
 
 def estimate_file_bytes(h: ModelHeader, dtype: DType | None = None) -> int:
-    """Size of the `.colibri` file the converter would write for this geometry and dtype (the
-    writer's layout: tensors in table order, 64-byte aligned, 4096 for 64 KiB and larger)."""
+    """Bytes up to the end of the tensor data of the `.colibri` file the converter would write
+    for this geometry and dtype (the writer's layout: tensors in table order, 64-byte aligned,
+    4096 for 64 KiB and larger). A version-2 metadata section (tokenizer blobs) follows it."""
     hh = replace(h, dtype=int(dtype if dtype is not None else h.dtype))
     specs = expected_tensors(hh)
     pos = align_up(HEADER_SIZE + RECORD_SIZE * len(specs), PAGE)

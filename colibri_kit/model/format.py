@@ -22,7 +22,8 @@ import numpy as np
 from colibri_kit.errors import ModelError
 
 MAGIC = b"COLIBRI\0"
-VERSION = 1
+VERSION = 2  # written; readers accept every version in READ_VERSIONS
+READ_VERSIONS = (1, 2)  # version 1 = version 2 without a metadata section
 HEADER_SIZE = 256
 RECORD_SIZE = 64
 ALIGN = 64  # every tensor and scale vector
@@ -114,6 +115,13 @@ MAX_HEAD_DIM = 1024
 MAX_VOCAB = 4_194_304
 MAX_FFN = 262_144
 MAX_SEQ = 1_048_576
+MAX_META = 4096  # metadata entries
+
+# Metadata section (version 2): a table of 64-byte entries, then the blobs (docs/format.md).
+META_ENTRY_SIZE = 64
+META_NAME_SIZE = 48  # NUL-padded, so a name has 1..47 bytes
+_META_ENTRY = struct.Struct("<48sQQ")
+_META_NAME_CHARS = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 
 # q4: each row is split into groups of Q4_GROUP columns (the last one zero-padded); a group is
 # 16 bytes of nibbles (byte j = (q[j] + 8) | (q[j + 16] + 8) << 4, q in -8..7) and one f16 scale d,
@@ -154,7 +162,7 @@ D_ROWS = frozenset({Kind.WO, Kind.EXPERT_W2, Kind.SHARED_W2})
 EXPERT_KINDS = (Kind.EXPERT_W1, Kind.EXPERT_W3, Kind.EXPERT_W2)
 GLOBAL_KINDS = frozenset({Kind.TOK_EMBED, Kind.OUTPUT_NORM, Kind.LM_HEAD})
 
-_HEADER = struct.Struct("<8s" + "I" * 18 + "ff" + "II" + "QQ" + "III" + "68s" + "64s")
+_HEADER = struct.Struct("<8s" + "I" * 18 + "ff" + "II" + "QQ" + "III" + "IQQ" + "48s" + "64s")
 _RECORD = struct.Struct("<IIIIII" + "QQQQ" + "II")
 assert _HEADER.size == HEADER_SIZE and _RECORD.size == RECORD_SIZE
 
@@ -217,7 +225,11 @@ class ModelHeader:
     version: int = VERSION
     header_size: int = HEADER_SIZE
     tensor_table_offset: int = HEADER_SIZE
-    reserved: bytes = field(default=b"\0" * 68, repr=False)
+    # Metadata section (version 2; docs/format.md "Metadata section"): filled in by the writer.
+    meta_count: int = 0
+    meta_offset: int = 0
+    meta_size: int = 0
+    reserved: bytes = field(default=b"\0" * 48, repr=False)
 
     def has(self, flag: Flag) -> bool:
         return bool(self.flags & flag)
@@ -234,7 +246,8 @@ class ModelHeader:
                 self.embed_dim_pad, self.pad_multiple, self.flags, self.shared_expert_size,
                 self.norm_eps, self.rope_theta, self.n_tensors, self.tensor_table_offset,
                 self.data_offset, self.file_size, self.family, self.bos_token_id,
-                self.eos_token_id, self.reserved, name)
+                self.eos_token_id, self.meta_count, self.meta_offset, self.meta_size,
+                self.reserved, name)
         except struct.error as exc:
             raise ModelError(f"header does not fit the format: {exc}") from None
 
@@ -248,7 +261,8 @@ class ModelHeader:
             embed_dim_pad=v[15], pad_multiple=v[16], flags=v[17], shared_expert_size=v[18],
             norm_eps=v[19], rope_theta=v[20], n_tensors=v[21], tensor_table_offset=v[22],
             data_offset=v[23], file_size=v[24], family=v[25], bos_token_id=v[26],
-            eos_token_id=v[27], reserved=v[28], name=_decode_name(v[29]))
+            eos_token_id=v[27], meta_count=v[28], meta_offset=v[29], meta_size=v[30],
+            reserved=v[31], name=_decode_name(v[32]))
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-friendly view (names for enums and flags) for `invoke model-info`."""
@@ -263,8 +277,11 @@ class ModelHeader:
         """Check every field that does not depend on the file (magic, version, limits, flags)."""
         if self.magic != MAGIC:
             raise ModelError(f"header field magic: {self.magic!r}, expected {MAGIC!r} (not a .colibri file)")
-        if self.version != VERSION:
-            raise ModelError(f"header field version: {self.version}, this reader supports {VERSION}")
+        if self.version not in READ_VERSIONS:
+            raise ModelError(f"header field version: {self.version}, this reader supports "
+                             + " and ".join(str(v) for v in READ_VERSIONS))
+        if self.version < 2 and (self.meta_count or self.meta_offset or self.meta_size):
+            raise ModelError("header field reserved: must be zero (a version-1 file has no metadata section)")
         if self.header_size != HEADER_SIZE:
             raise ModelError(f"header field header_size: {self.header_size}, expected {HEADER_SIZE}")
         if self.tensor_table_offset != HEADER_SIZE:
@@ -287,6 +304,8 @@ class ModelHeader:
             raise ModelError(f"header field routing: {self.routing}, allowed 0 (renormalise) or 1 (plain)")
         if self.dtype not in DType._value2member_map_:
             raise ModelError(f"header field dtype: {self.dtype}, allowed 0 f32, 1 f16, 2 bf16, 3 int8, 4 q4")
+        if self.dtype == DType.Q4 and self.version < 2:
+            raise ModelError("header field dtype: 4 (q4) needs format version 2, the file says 1")
         if self.pad_multiple <= 0 or self.pad_multiple % 16 or self.pad_multiple > MAX_EMBED:
             raise ModelError(f"header field pad_multiple: {self.pad_multiple}, must be a positive multiple of 16")
         dp = self.embed_dim_pad
@@ -333,6 +352,27 @@ class ModelHeader:
             raise ModelError(
                 f"header field data_offset: {self.data_offset}, must be 4096-aligned, >= {table_end} "
                 f"(end of the table) and <= file size {actual_size}")
+        if self.meta_count == 0:
+            if self.meta_offset or self.meta_size:
+                raise ModelError(f"header field meta_offset: {self.meta_offset} (meta_size {self.meta_size}), "
+                                 "both must be 0 when meta_count is 0")
+            return
+        if self.meta_count > MAX_META:
+            raise ModelError(f"header field meta_count: {self.meta_count}, allowed 0..{MAX_META}")
+        if (self.meta_offset % ALIGN or self.meta_offset < self.data_offset
+                or self.meta_offset > actual_size or self.meta_size != actual_size - self.meta_offset):
+            raise ModelError(
+                f"header field meta_offset: {self.meta_offset} (meta_size {self.meta_size}), the section "
+                f"must start {ALIGN}-aligned at or after data_offset {self.data_offset} and end at the "
+                f"end of the file ({actual_size} bytes)")
+        if self.meta_count * META_ENTRY_SIZE > self.meta_size:
+            raise ModelError(f"header field meta_count: {self.meta_count} entries do not fit the "
+                             f"{self.meta_size}-byte metadata section")
+
+    @property
+    def tensor_end(self) -> int:
+        """Where tensor data must end: the metadata section (if any) follows it."""
+        return self.meta_offset if self.meta_count else self.file_size
 
 
 def _in_range(name: str, value: int, lo: int, hi: int) -> None:
@@ -583,9 +623,13 @@ class ModelWriter:
     every tensor the geometry requires has been added: a failure leaves nothing half-written.
     """
 
-    def __init__(self, path: str | os.PathLike[str], header: ModelHeader) -> None:
+    def __init__(self, path: str | os.PathLike[str], header: ModelHeader,
+                 metadata: dict[str, bytes] | None = None) -> None:
         self.path = Path(path)
         self.header = header
+        self.metadata: dict[str, bytes] = {}
+        for name, blob in (metadata or {}).items():
+            self.add_metadata(name, blob)
         header.validate_geometry()
         self.specs = expected_tensors(header)
         header.n_tensors = len(self.specs)
@@ -671,6 +715,36 @@ class ModelWriter:
         self.records[key] = rec
         return rec
 
+    def add_metadata(self, name: str, data: bytes) -> None:
+        """Store a named blob in the metadata section (written at close)."""
+        check_meta_name(name)
+        if name in self.metadata:
+            raise ModelError(f"metadata {name!r}: added twice")
+        if len(self.metadata) >= MAX_META:
+            raise ModelError(f"metadata {name!r}: more than {MAX_META} entries")
+        self.metadata[name] = bytes(data)
+
+    def _write_meta(self, at: int) -> int:
+        """Write the metadata section at ``at`` (64-aligned); return its end."""
+        names = sorted(self.metadata, key=lambda n: n.encode("ascii"))
+        table_end = len(names) * META_ENTRY_SIZE
+        pos = table_end
+        entries = []
+        for n in names:
+            pos = align_up(pos, ALIGN)
+            entries.append((n, pos, len(self.metadata[n])))
+            pos += len(self.metadata[n])
+        self._f.seek(at)
+        for n, off, nbytes in entries:
+            self._f.write(_META_ENTRY.pack(n.encode("ascii"), off, nbytes))
+        for n, off, _ in entries:
+            self._f.seek(at + off)
+            self._f.write(self.metadata[n])
+        self.header.meta_count = len(names)
+        self.header.meta_offset = at
+        self.header.meta_size = pos
+        return at + pos
+
     def missing(self) -> list[str]:
         return [tensor_label(*k) for k in self.specs if k not in self.records]
 
@@ -684,6 +758,8 @@ class ModelWriter:
                 more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
                 raise ModelError("model incomplete, missing tensors: " + ", ".join(missing[:5]) + more)
             end = max(self.header.data_offset, self._pos)
+            if self.metadata:
+                end = self._write_meta(align_up(end, ALIGN))
             self._f.truncate(end)
             self.header.file_size = end
             self._f.seek(0)
@@ -720,11 +796,22 @@ class ColibriModel:
     """A validated, memory-mapped `.colibri` file."""
 
     def __init__(self, path: Path, header: ModelHeader, records: dict[tuple[int, int, int], TensorRecord],
-                 data: np.ndarray) -> None:
+                 data: np.ndarray, meta: dict[str, tuple[int, int]] | None = None) -> None:
         self.path = path
         self.header = header
         self.records = records
         self._data = data
+        self._meta = meta or {}
+
+    def metadata(self, name: str) -> bytes | None:
+        """The bytes of metadata blob ``name`` (None when absent; always None for version 1)."""
+        span = self._meta.get(name)
+        if span is None:
+            return None
+        return bytes(self._data[span[0]: span[0] + span[1]])
+
+    def metadata_names(self) -> list[str]:
+        return list(self._meta)
 
     def record(self, kind: Kind, layer: int = NONE, expert: int = NONE) -> TensorRecord:
         key = (int(kind), layer, expert)
@@ -782,9 +869,46 @@ def read_model(path: str | os.PathLike[str]) -> ColibriModel:
     try:
         header.validate(size)
         records = _read_table(header, data, size)
+        meta = _read_meta(header, data)
     except ModelError as exc:
         raise ModelError(f"{path}: {exc}") from None
-    return ColibriModel(path, header, records, data)
+    return ColibriModel(path, header, records, data, meta)
+
+
+def check_meta_name(name: str) -> bytes:
+    """A metadata name as stored: 1..47 ASCII bytes of [A-Za-z0-9._-]."""
+    raw = name.encode("ascii", "replace")
+    if not 1 <= len(raw) < META_NAME_SIZE or any(c not in _META_NAME_CHARS for c in raw):
+        raise ModelError(f"metadata name {name!r}: must be 1..{META_NAME_SIZE - 1} characters of "
+                         "A-Z a-z 0-9 . _ -")
+    return raw
+
+
+def _read_meta(h: ModelHeader, data: np.ndarray) -> dict[str, tuple[int, int]]:
+    """Validate the metadata table (names sorted and unique, blobs in order, inside the section)
+    and return name -> (absolute offset, size)."""
+    out: dict[str, tuple[int, int]] = {}
+    table_end = h.meta_count * META_ENTRY_SIZE
+    prev_name = b""
+    prev_end = table_end
+    for i in range(h.meta_count):
+        at = h.meta_offset + i * META_ENTRY_SIZE
+        raw_name, off, nbytes = _META_ENTRY.unpack(bytes(data[at: at + META_ENTRY_SIZE]))
+        name = raw_name.split(b"\0", 1)[0]
+        where = f"metadata entry {i}"
+        if (not name or raw_name[len(name):] != b"\0" * (META_NAME_SIZE - len(name))
+                or any(c not in _META_NAME_CHARS for c in name)):
+            raise ModelError(f"{where}: field name {raw_name!r} is not 1..{META_NAME_SIZE - 1} "
+                             "NUL-padded characters of A-Z a-z 0-9 . _ -")
+        where = f"metadata entry {i} ({name.decode()})"
+        if name <= prev_name:
+            raise ModelError(f"{where}: names must be unique and sorted (follows {prev_name.decode()!r})")
+        if off % ALIGN or off < prev_end or off > h.meta_size or nbytes > h.meta_size - off:
+            raise ModelError(f"{where}: field offset/size {off}/{nbytes} must be {ALIGN}-aligned, at or "
+                             f"after {prev_end} and inside the {h.meta_size}-byte section")
+        out[name.decode()] = (h.meta_offset + off, nbytes)
+        prev_name, prev_end = name, off + nbytes
+    return out
 
 
 def _read_table(h: ModelHeader, data: np.ndarray, size: int) -> dict[tuple[int, int, int], TensorRecord]:
@@ -804,8 +928,8 @@ def _read_table(h: ModelHeader, data: np.ndarray, size: int) -> dict[tuple[int, 
             raise ModelError(f"{where}: appears twice")
         if r.key != order[i]:
             raise ModelError(f"{where}: table not sorted by layer, kind, expert (expected {tensor_label(*order[i])})")
-        if r.dtype not in DType._value2member_map_:
-            raise ModelError(f"{where}: field dtype {r.dtype}, allowed 0..4")
+        if r.dtype not in DType._value2member_map_ or (r.dtype == DType.Q4 and h.version < 2):
+            raise ModelError(f"{where}: field dtype {r.dtype}, allowed 0..4 (4, q4: version 2 only)")
         if spec.f32_only and r.dtype != DType.F32:
             raise ModelError(f"{where}: field dtype {DType(r.dtype).name.lower()}, this kind must be f32")
         if (r.rows, r.cols) != (spec.rows, spec.cols):
@@ -814,14 +938,14 @@ def _read_table(h: ModelHeader, data: np.ndarray, size: int) -> dict[tuple[int, 
         if r.nbytes != want:
             how = ("rows*groups*16" if r.dtype == DType.Q4 else f"rows*cols*{DType(r.dtype).itemsize}")
             raise ModelError(f"{where}: field nbytes {r.nbytes}, expected {how} = {want}")
-        _check_span(where, "offset", r.offset, r.nbytes, h.data_offset, size)
+        _check_span(where, "offset", r.offset, r.nbytes, h.data_offset, h.tensor_end)
         spans.append((r.offset, r.offset + r.nbytes, where))
         if r.dtype in (DType.INT8, DType.Q4):
             want = scale_bytes(r.dtype, r.rows, r.cols)
             if r.scale_nbytes != want:
                 how = "rows*groups*2" if r.dtype == DType.Q4 else "rows*4"
                 raise ModelError(f"{where}: field scale_nbytes {r.scale_nbytes}, expected {how} = {want}")
-            _check_span(where, "scale_offset", r.scale_offset, r.scale_nbytes, h.data_offset, size)
+            _check_span(where, "scale_offset", r.scale_offset, r.scale_nbytes, h.data_offset, h.tensor_end)
             spans.append((r.scale_offset, r.scale_offset + r.scale_nbytes, where + " scales"))
         elif r.scale_offset or r.scale_nbytes:
             raise ModelError(f"{where}: fields scale_offset/scale_nbytes must be 0 for a tensor without scales (not int8 or q4)")
@@ -841,13 +965,17 @@ def _check_span(where: str, name: str, offset: int, nbytes: int, data_offset: in
     if offset < data_offset:
         raise ModelError(f"{where}: field {name} {offset} lies before data_offset {data_offset}")
     if offset > size or nbytes > size - offset:
-        raise ModelError(f"{where}: field {name} {offset} + {nbytes} bytes runs past the end of the file ({size} bytes)")
+        raise ModelError(f"{where}: field {name} {offset} + {nbytes} bytes runs past the end of the tensor data ({size} bytes)")
 
 
 def header_json(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Validated header of a model file as a dict (for `invoke model-info`)."""
+    from colibri_kit.model.tokenizer import describe_blobs
+
     m = read_model(path)
     d = m.header.to_json()
     d["tensors"] = len(m.records)
+    d["metadata"] = {name: m._meta[name][1] for name in m.metadata_names()}  # name -> bytes
+    d["tokenizer"] = describe_blobs(m.metadata("tokenizer.config"))  # None: no tokenizer (--ids only)
     return d
 

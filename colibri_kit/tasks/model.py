@@ -55,9 +55,9 @@ def tiny_model_task(c: Context, out: str, target: str = "host", dtype: str = "f3
 })
 @user_errors
 def model_info_task(c: Context, file: str, slots: int = 1) -> None:
-    """Validate a .colibri file and print its header as JSON, with its memory footprint on every
-    target ("footprint": weights + slots x arena incl. KV cache, and whether it fits); the same
-    footprint as one line per target on stderr."""
+    """Validate a .colibri file and print its header, metadata blobs and tokenizer as JSON, with
+    its memory footprint on every target ("footprint": weights + slots x arena incl. KV cache, and
+    whether it fits); the same footprint as one line per target on stderr."""
     from colibri_kit.model.footprint import model_footprint
     from colibri_kit.model.format import header_json
     from colibri_kit.profiles import list_profiles

@@ -37,7 +37,10 @@ typedef enum {
     COLIBRI_E_TOKEN_RANGE = 12,    /* a token id < 0 or >= vocab_size */
     COLIBRI_E_SEQ_TOO_LONG = 13,   /* position + n would exceed max_seq_len */
     COLIBRI_E_BACKEND = 14,        /* the requested backend is unavailable or failed */
-    COLIBRI_E_NOT_BUILT = 15       /* feature not compiled in (e.g. routing dump without DEBUG) */
+    COLIBRI_E_NOT_BUILT = 15,      /* feature not compiled in (e.g. routing dump without DEBUG) */
+    COLIBRI_E_NO_TOKENIZER = 16,   /* text call on a model without a tokenizer (re-convert it) */
+    COLIBRI_E_BAD_TOKENIZER = 17,  /* the model's tokenizer section is invalid */
+    COLIBRI_E_BUFFER_TOO_SMALL = 18 /* output buffer too small; the size needed is returned */
 } colibri_status;
 
 typedef enum {
@@ -121,6 +124,36 @@ colibri_status colibri_dump_routing(colibri_ctx *ctx, const char *path);
  * versus token-by-token decode (bitwise equal). Returns the number of failed checks; with
  * verbose, prints one line per check to stdout. */
 int colibri_selftest(int verbose);
+
+/* ---- Text: the model's own tokenizer (format version 2; docs/runtime.md "Tokenizer") --------
+ * Ids are exactly those of the Hugging Face `tokenizers` library for the model's tokenizer.json.
+ * Thread contract: these calls read only the loaded model (never the context's KV state or error
+ * buffer), so any number of threads may call them at once on one context. A model file without a
+ * tokenizer (format version 1) gives COLIBRI_E_NO_TOKENIZER: re-convert it (`invoke convert`). */
+typedef struct {
+    int has_tokenizer;
+    char kind[24];            /* "byte_level_bpe" or "sentencepiece_bpe" */
+    uint32_t vocab;           /* pieces (<= the model's vocab_size) */
+    int add_bos, add_eos;     /* what add_special adds */
+    int32_t bos_id, eos_id, pad_id, unk_id; /* -1 when none */
+    int n_stop;               /* generation stops at these ids (generation_config.json eos ids) */
+    int32_t stop_ids[16];
+} colibri_tokenizer_info;
+
+void colibri_get_tokenizer_info(const colibri_ctx *ctx, colibri_tokenizer_info *info);
+
+/* `len` bytes of text (any bytes: invalid UTF-8 goes through the byte rules, never fails) ->
+ * ids. add_special: add BOS/EOS as the model's tokenizer does by default. Writes at most `cap`
+ * ids; *n_ids is always the number needed (COLIBRI_E_BUFFER_TOO_SMALL when it exceeds cap). */
+colibri_status colibri_tokenize(const colibri_ctx *ctx, const char *text, size_t len,
+                                int add_special, int32_t *ids, size_t cap, size_t *n_ids);
+/* ids -> UTF-8 text (no NUL added), as `tokenizers` decodes; skip_special drops special tokens.
+ * *len is the size needed (COLIBRI_E_BUFFER_TOO_SMALL when it exceeds cap). */
+colibri_status colibri_detokenize(const colibri_ctx *ctx, const int32_t *ids, size_t n,
+                                  int skip_special, char *text, size_t cap, size_t *len);
+/* The raw bytes of one token (for streaming: a piece may end inside a UTF-8 character). */
+colibri_status colibri_token_piece(const colibri_ctx *ctx, int32_t id, char *buf, size_t cap,
+                                   size_t *len);
 
 #ifdef __cplusplus
 }

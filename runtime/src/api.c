@@ -180,6 +180,11 @@ const char *colibri_strerror(colibri_status s) {
     case COLIBRI_E_SEQ_TOO_LONG: return "sequence longer than max_seq_len";
     case COLIBRI_E_BACKEND: return "backend unavailable or failed";
     case COLIBRI_E_NOT_BUILT: return "feature not built into this binary";
+    case COLIBRI_E_NO_TOKENIZER:
+        return "the model file has no tokenizer (format version 1?): re-convert it with `invoke "
+               "convert --hf-dir <checkpoint> --target <target> --out <file>`";
+    case COLIBRI_E_BAD_TOKENIZER: return "the model's tokenizer section is invalid";
+    case COLIBRI_E_BUFFER_TOO_SMALL: return "output buffer too small";
     }
     return "unknown status";
 }

@@ -44,6 +44,8 @@ static int usage(const char *msg) {
             "  generate MODEL --ids 1,2,3 --max-new N\n"
             "  bench MODEL [--prompt-len N] [--gen N] [--runs N] [--json]\n"
             "  dump-routing MODEL --ids 1,2,3 --out FILE\n"
+            "  tokenize MODEL (--text T | --text-file F) [--no-special]\n"
+            "  detokenize MODEL --ids 1,2,3 [--skip-special]\n"
             "  selftest\n");
     return 2;
 }
@@ -446,7 +448,11 @@ static int print_version(void) {
     return 0;
 }
 
+int colibri_cmd_text(int argc, char **argv); /* cmd_text.c */
+
 int main(int argc, char **argv) {
+    int text_rc = colibri_cmd_text(argc, argv); /* tokenize / detokenize */
+    if (text_rc >= 0) return text_rc;
     cli c;
     memset(&c, 0, sizeof c);
     c.backend = COLIBRI_BACKEND_AUTO;
