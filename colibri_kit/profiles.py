@@ -107,6 +107,15 @@ class SmokeSpec:
 
 
 @dataclass(frozen=True)
+class MemorySpec:
+    """Module DRAM for the footprint check (colibri_kit/model/footprint.py, docs/targets.md):
+    the smallest module of the class unless the profile overrides it, minus a reserve for the
+    OS, JetPack services and the CUDA context."""
+    total_mb: int
+    reserve_mb: int
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str
     description: str
@@ -124,6 +133,8 @@ class Profile:
     source_path: Path
     hash: str  # sha256 hex of the canonical resolved profile (see to_dict)
     service: ServiceSpec | None = None  # the device service (docs/service.md); root joined at deploy
+    # Not a build input, so not in the hash (a memory edit does not rebuild the runtime).
+    memory: MemorySpec | None = None
 
     @property
     def zig_triple(self) -> str:
@@ -381,7 +392,7 @@ class _Checker:
 
 
 TOP_KEYS_REQUIRED = ("name", "description", "arch", "glibc", "colibri", "smoke")
-TOP_KEYS_OPTIONAL = ("cpu", "jetpack", "l4t", "device", "cuda", "tune", "service")
+TOP_KEYS_OPTIONAL = ("cpu", "jetpack", "l4t", "device", "cuda", "tune", "service", "memory")
 
 
 def _build(data: dict[str, Any], origin: Origin, leaf: Path) -> Profile:
@@ -420,7 +431,18 @@ def _build(data: dict[str, Any], origin: Origin, leaf: Path) -> Profile:
                   source_path=leaf.resolve(), service=service)
     draft = Profile(**fields, hash="")
     digest = hashlib.sha256(_canonical_json(_resolved_dict(draft)).encode()).hexdigest()
-    return Profile(**fields, hash=digest)
+    memory = c.optional(data, "memory", (), lambda v, k: _memory(c, v, k))
+    return Profile(**fields, hash=digest, memory=memory)
+
+
+def _memory(c: _Checker, v: Any, k: tuple[str, ...]) -> MemorySpec:
+    m = c.mapping(v, k, ("total_mb", "reserve_mb"))
+    total = c.integer(m["total_mb"], (*k, "total_mb"), lo=64, hi=16 * 1024 * 1024)
+    reserve = c.integer(m["reserve_mb"], (*k, "reserve_mb"), lo=0)
+    if reserve >= total:
+        raise c.fail((*k, "reserve_mb"), f"{reserve} is not allowed; must be less than "
+                                         f"memory.total_mb ({total})")
+    return MemorySpec(total_mb=total, reserve_mb=reserve)
 
 
 def _device(c: _Checker, v: Any, k: tuple[str, ...]) -> DeviceSpec:

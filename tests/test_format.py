@@ -136,6 +136,11 @@ def test_round_trip_every_kind(tmp_path: Path, dtype: DType) -> None:
             np.testing.assert_array_equal(got, want.astype(np.float16).astype(np.float32))
         elif dtype == DType.BF16:
             np.testing.assert_allclose(got, want, rtol=2.0 ** -8, atol=0)
+        elif dtype == DType.Q4:  # groups of 32 columns, one f16 scale each (tests/test_q4.py)
+            groups = -(-rec.cols // 32)
+            assert rec.scale_nbytes == rec.rows * groups * 2 and rec.nbytes == rec.rows * groups * 16
+            step = np.max(np.abs(want), axis=1, keepdims=True) / 8
+            assert np.all(np.abs(got - want) <= step * 1.001)
         else:
             assert rec.scale_nbytes == rec.rows * 4 and rec.scale_offset % 64 == 0
             step = np.max(np.abs(want), axis=1, keepdims=True) / 127

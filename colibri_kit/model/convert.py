@@ -271,20 +271,29 @@ def chat_template_blob(hf_dir: Path, override: str | os.PathLike[str] | None) ->
 
 def convert(hf_dir: str | os.PathLike[str], out: str | os.PathLike[str], dtype: str = "f32",
             target: str = "host", max_seq_len: int | None = None, progress: bool = True,
-            limits: TargetModelLimits | None = None,
+            limits: TargetModelLimits | None = None, slots: int = 1,
             chat_template: str | os.PathLike[str] | None = None) -> Path:
-    """Convert ``hf_dir`` to ``out`` for ``target`` (its embed_pad, max_experts, top_k).
+    """Convert ``hf_dir`` to ``out`` for ``target`` (its embed_pad, max_experts, top_k, and its
+    memory: a model whose footprint with ``slots`` contexts does not fit is refused before any
+    tensor is written, naming a dtype or context length that fits).
 
-    ``limits`` overrides the profile lookup (tests, or a pad the profiles do not list).
-    ``chat_template``: a Jinja file used instead of the checkpoint's chat template."""
+    ``limits`` overrides the profile lookup (tests, or a pad the profiles do not list; then the
+    memory is not checked). ``chat_template``: a Jinja file used instead of the checkpoint's chat
+    template."""
     hf_dir = Path(hf_dir)
     out = Path(out)
     kind = DType.parse(dtype)
+    check_memory = limits is None
     if limits is None:
         limits = target_limits(target)
     m = read_config(load_config(hf_dir))
     header = build_header(m, kind, limits, max_seq_len, hf_dir.resolve().name)
     metadata = tokenizer_metadata(hf_dir, header.vocab_size)  # tokenizer.* blobs (format v2)
+    if check_memory:  # before any tensor is read: the geometry, dtype and metadata decide
+        from colibri_kit.model.footprint import check_fits, estimate_file_bytes
+
+        meta = sum(64 + len(k) + len(v) for k, v in metadata.items())  # table entry + name + blob
+        check_fits(header, target, estimate_file_bytes(header) + meta, slots=slots)
     ck = Checkpoint(hf_dir)
     items = plan_tensors(m, ck)
     chat = chat_template_blob(hf_dir, chat_template)  # refused here, before anything is written

@@ -38,10 +38,12 @@ class DType(enum.IntEnum):
     F16 = 1
     BF16 = 2
     INT8 = 3
+    Q4 = 4  # grouped 4-bit: Q4_GROUP weights share one f16 scale (docs/format.md, "q4")
 
     @property
     def itemsize(self) -> int:
-        return {0: 4, 1: 2, 2: 2, 3: 1}[int(self)]
+        """Bytes per element; q4 has none (two weights per byte plus scales): see data_nbytes."""
+        return {0: 4, 1: 2, 2: 2, 3: 1, 4: 0}[int(self)]
 
     @classmethod
     def parse(cls, name: str) -> "DType":
@@ -120,6 +122,33 @@ META_ENTRY_SIZE = 64
 META_NAME_SIZE = 48  # NUL-padded, so a name has 1..47 bytes
 _META_ENTRY = struct.Struct("<48sQQ")
 _META_NAME_CHARS = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+
+# q4: each row is split into groups of Q4_GROUP columns (the last one zero-padded); a group is
+# 16 bytes of nibbles (byte j = (q[j] + 8) | (q[j + 16] + 8) << 4, q in -8..7) and one f16 scale d,
+# so w = q * d. Chosen by measurement (docs/models.md, "4-bit weights").
+Q4_GROUP = 32
+Q4_BLOCK_BYTES = Q4_GROUP // 2
+
+
+def q4_groups(cols: int) -> int:
+    return (cols + Q4_GROUP - 1) // Q4_GROUP
+
+
+def data_nbytes(dtype: int, rows: int, cols: int) -> int:
+    """Bytes of a tensor's data (not its scales) in the file."""
+    if dtype == DType.Q4:
+        return rows * q4_groups(cols) * Q4_BLOCK_BYTES
+    return rows * cols * DType(dtype).itemsize
+
+
+def scale_bytes(dtype: int, rows: int, cols: int) -> int:
+    """Bytes of a tensor's scale vector: f32 per row for int8, f16 per group for q4, else 0."""
+    if dtype == DType.INT8:
+        return rows * 4
+    if dtype == DType.Q4:
+        return rows * q4_groups(cols) * 2
+    return 0
+
 
 # Kinds whose tensors are always f32 (small vectors and the router: routing stays exact).
 F32_KINDS = frozenset({Kind.OUTPUT_NORM, Kind.ATTN_NORM, Kind.BQ, Kind.BK, Kind.BV, Kind.Q_NORM,
@@ -274,7 +303,9 @@ class ModelHeader:
         if self.routing not in (0, 1):
             raise ModelError(f"header field routing: {self.routing}, allowed 0 (renormalise) or 1 (plain)")
         if self.dtype not in DType._value2member_map_:
-            raise ModelError(f"header field dtype: {self.dtype}, allowed 0 f32, 1 f16, 2 bf16, 3 int8")
+            raise ModelError(f"header field dtype: {self.dtype}, allowed 0 f32, 1 f16, 2 bf16, 3 int8, 4 q4")
+        if self.dtype == DType.Q4 and self.version < 2:
+            raise ModelError("header field dtype: 4 (q4) needs format version 2, the file says 1")
         if self.pad_multiple <= 0 or self.pad_multiple % 16 or self.pad_multiple > MAX_EMBED:
             raise ModelError(f"header field pad_multiple: {self.pad_multiple}, must be a positive multiple of 16")
         dp = self.embed_dim_pad
@@ -491,6 +522,41 @@ def quantize_int8(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return q, scale
 
 
+def quantize_q4(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Grouped symmetric 4-bit: f32 [rows, cols] -> (nibbles uint8 [rows, groups * 16], scales
+    f16 [rows, groups]). Per group of Q4_GROUP columns (zero-padded): m = the value of largest
+    magnitude (first one on ties), d = f16(m / -8), q = clip(round-half-even(x / d), -8, 7)
+    (q = 0 for an all-zero group, d = 0); w = q * d is exact in f32."""
+    a = np.asarray(a, dtype=np.float32)
+    rows, cols = a.shape
+    ng = q4_groups(cols)
+    x = np.zeros((rows, ng * Q4_GROUP), np.float32)
+    x[:, :cols] = a
+    x = x.reshape(rows, ng, Q4_GROUP)
+    idx = np.argmax(np.abs(x), axis=2)
+    big = np.take_along_axis(x, idx[..., None], axis=2)[..., 0]
+    with np.errstate(over="ignore"):
+        d = (big / np.float32(-8.0)).astype(np.float16)
+    if not np.all(np.isfinite(d)):
+        raise ModelError("values beyond the q4 scale range (|w| > 8 * 65504); use --dtype int8 or f32")
+    df = d.astype(np.float32)
+    safe = np.where(df == 0, np.float32(1.0), df)
+    q = np.clip(np.rint(x / safe[..., None]), -8, 7).astype(np.int16)
+    q[df == 0] = 0
+    nib = (q + 8).astype(np.uint8).reshape(rows, ng, 2, Q4_BLOCK_BYTES)
+    packed = nib[:, :, 0, :] | (nib[:, :, 1, :] << np.uint8(4))
+    return packed.reshape(rows, ng * Q4_BLOCK_BYTES), d
+
+
+def dequantize_q4(packed: np.ndarray, scales: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    """Inverse of quantize_q4: nibbles uint8 [rows, groups * 16] + f16 scales -> f32 [rows, cols]."""
+    ng = q4_groups(cols)
+    p = np.asarray(packed, dtype=np.uint8).reshape(rows, ng, Q4_BLOCK_BYTES)
+    q = np.concatenate([p & np.uint8(15), p >> np.uint8(4)], axis=2).astype(np.float32) - np.float32(8)
+    d = np.asarray(scales).view("<f2").reshape(rows, ng).astype(np.float32)
+    return (q * d[..., None]).reshape(rows, ng * Q4_GROUP)[:, :cols]
+
+
 def encode(a: np.ndarray, dtype: DType) -> tuple[bytes, bytes]:
     """f32 rows -> (data bytes, scale bytes) in the file's little-endian encoding."""
     if dtype == DType.F32:
@@ -499,6 +565,9 @@ def encode(a: np.ndarray, dtype: DType) -> tuple[bytes, bytes]:
         return np.ascontiguousarray(a.astype("<f2")).tobytes(), b""
     if dtype == DType.BF16:
         return f32_to_bf16_bits(a).astype("<u2").tobytes(), b""
+    if dtype == DType.Q4:
+        packed, d = quantize_q4(a)
+        return packed.tobytes(), d.astype("<f2").tobytes()
     q, scale = quantize_int8(a)
     return q.tobytes(), scale.astype("<f4").tobytes()
 
@@ -511,6 +580,9 @@ def decode(raw: np.ndarray, dtype: int, rows: int, cols: int, scales: np.ndarray
         return raw.view("<f2").reshape(rows, cols).astype(np.float32)
     if dtype == DType.BF16:
         return bf16_bits_to_f32(raw.view("<u2")).reshape(rows, cols)
+    if dtype == DType.Q4:
+        assert scales is not None
+        return dequantize_q4(raw, scales, rows, cols)
     q = raw.view(np.int8).reshape(rows, cols).astype(np.float32)
     assert scales is not None
     return q * scales.view("<f4").astype(np.float32)[:, None]
@@ -608,7 +680,7 @@ class ModelWriter:
                              + (f" (or padded {[spec.rows, spec.cols]})" if dp != d else ""))
         dtype = DType.F32 if spec.f32_only else DType(self.header.dtype)
         rows, cols = spec.rows, spec.cols
-        nbytes = rows * cols * dtype.itemsize
+        nbytes = data_nbytes(dtype, rows, cols)
         offset = self._align(nbytes)
         self._f.seek(offset)
         scales: list[bytes] = []
@@ -632,8 +704,8 @@ class ModelWriter:
             scales.append(scale)
         self._pos = offset + nbytes
         scale_offset = scale_nbytes = 0
-        if dtype == DType.INT8:
-            scale_nbytes = rows * 4
+        if dtype in (DType.INT8, DType.Q4):
+            scale_nbytes = scale_bytes(dtype, rows, cols)
             scale_offset = self._align(scale_nbytes)
             self._f.seek(scale_offset)
             self._f.write(b"".join(scales))
@@ -758,6 +830,8 @@ class ColibriModel:
 
     def scales(self, kind: Kind, layer: int = NONE, expert: int = NONE) -> np.ndarray | None:
         r = self.record(kind, layer, expert)
+        if r.dtype == DType.Q4:
+            return self._data[r.scale_offset: r.scale_offset + r.scale_nbytes].view("<f2").astype(np.float32)
         if r.dtype != DType.INT8:
             return None
         return self._data[r.scale_offset: r.scale_offset + r.scale_nbytes].view("<f4").astype(np.float32)
@@ -766,7 +840,7 @@ class ColibriModel:
         """One tensor as f32 ``[rows, cols]`` (dequantised; padded shape unless ``unpad``)."""
         r = self.record(kind, layer, expert)
         sc = None
-        if r.dtype == DType.INT8:
+        if r.dtype in (DType.INT8, DType.Q4):
             sc = self._data[r.scale_offset: r.scale_offset + r.scale_nbytes]
         out = decode(self._data[r.offset: r.offset + r.nbytes], r.dtype, r.rows, r.cols, sc)
         if unpad:
@@ -854,24 +928,27 @@ def _read_table(h: ModelHeader, data: np.ndarray, size: int) -> dict[tuple[int, 
             raise ModelError(f"{where}: appears twice")
         if r.key != order[i]:
             raise ModelError(f"{where}: table not sorted by layer, kind, expert (expected {tensor_label(*order[i])})")
-        if r.dtype not in DType._value2member_map_:
-            raise ModelError(f"{where}: field dtype {r.dtype}, allowed 0..3")
+        if r.dtype not in DType._value2member_map_ or (r.dtype == DType.Q4 and h.version < 2):
+            raise ModelError(f"{where}: field dtype {r.dtype}, allowed 0..4 (4, q4: version 2 only)")
         if spec.f32_only and r.dtype != DType.F32:
             raise ModelError(f"{where}: field dtype {DType(r.dtype).name.lower()}, this kind must be f32")
         if (r.rows, r.cols) != (spec.rows, spec.cols):
             raise ModelError(f"{where}: field rows/cols [{r.rows}, {r.cols}], the geometry needs [{spec.rows}, {spec.cols}]")
-        itemsize = DType(r.dtype).itemsize
-        if r.nbytes != r.rows * r.cols * itemsize:
-            raise ModelError(f"{where}: field nbytes {r.nbytes}, expected rows*cols*{itemsize} = {r.rows * r.cols * itemsize}")
+        want = data_nbytes(r.dtype, r.rows, r.cols)
+        if r.nbytes != want:
+            how = ("rows*groups*16" if r.dtype == DType.Q4 else f"rows*cols*{DType(r.dtype).itemsize}")
+            raise ModelError(f"{where}: field nbytes {r.nbytes}, expected {how} = {want}")
         _check_span(where, "offset", r.offset, r.nbytes, h.data_offset, h.tensor_end)
         spans.append((r.offset, r.offset + r.nbytes, where))
-        if r.dtype == DType.INT8:
-            if r.scale_nbytes != r.rows * 4:
-                raise ModelError(f"{where}: field scale_nbytes {r.scale_nbytes}, expected rows*4 = {r.rows * 4}")
+        if r.dtype in (DType.INT8, DType.Q4):
+            want = scale_bytes(r.dtype, r.rows, r.cols)
+            if r.scale_nbytes != want:
+                how = "rows*groups*2" if r.dtype == DType.Q4 else "rows*4"
+                raise ModelError(f"{where}: field scale_nbytes {r.scale_nbytes}, expected {how} = {want}")
             _check_span(where, "scale_offset", r.scale_offset, r.scale_nbytes, h.data_offset, h.tensor_end)
             spans.append((r.scale_offset, r.scale_offset + r.scale_nbytes, where + " scales"))
         elif r.scale_offset or r.scale_nbytes:
-            raise ModelError(f"{where}: fields scale_offset/scale_nbytes must be 0 for a non-int8 tensor")
+            raise ModelError(f"{where}: fields scale_offset/scale_nbytes must be 0 for a tensor without scales (not int8 or q4)")
         if any(r.reserved):
             raise ModelError(f"{where}: field reserved must be zero")
         records[r.key] = r

@@ -62,6 +62,7 @@ def main(out: Path) -> None:
     seeds = {
         "f32": micro(DType.F32),
         "int8": micro(DType.INT8),
+        "q4": micro(DType.Q4),
         "f16-shared-gate-bias": micro(DType.F16, int(Flag.SHARED_EXPERT | Flag.SHARED_EXPERT_GATE
                                                      | Flag.QKV_BIAS), shared=4),
         "bf16-qknorm-tied": micro(DType.BF16, int(Flag.QK_NORM_FULL | Flag.TIED_EMBEDDINGS)),

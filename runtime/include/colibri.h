@@ -66,7 +66,7 @@ typedef struct colibri_model colibri_model;
 typedef struct {
     int threads;             /* CPU worker threads including the caller; 0 = online CPUs (max 64) */
     colibri_backend backend;
-    int int8_activations;    /* int8 weights: 1 = quantise activations per token to int8 and use
+    int int8_activations;    /* int8 or q4 weights: 1 = quantise activations per token to int8 and use
                                 integer dot products (faster, see docs/runtime.md for accuracy);
                                 0 = f32 activations (default) */
     char *error;             /* optional: receives the one-line reason when init fails */

@@ -120,7 +120,7 @@ colibri_status colibri_ctx_new(colibri_ctx **out, colibri_model *model,
     }
 
     ctx->simd = colibri_kernels_init();
-    ctx->use_q8 = opt.int8_activations && m->dtype == COLIBRI_DT_INT8;
+    ctx->use_q8 = opt.int8_activations && (m->dtype == COLIBRI_DT_INT8 || m->dtype == COLIBRI_DT_Q4);
     if (!ctx->cuda) {
         int threads = ctx->opt.threads;
         size_t bytes = colibri_arena_plan(m, threads, ctx->use_q8, &ctx->b, NULL);

@@ -67,7 +67,7 @@ static void add_seg(mm_job *job, const colibri_tensor *w, const float *x, size_t
     g->n = n;
     g->y = y;
     g->ldy = ldy;
-    if (ctx->use_q8 && w->dtype == COLIBRI_DT_INT8 && n > 0) {
+    if (ctx->use_q8 && (w->dtype == COLIBRI_DT_INT8 || w->dtype == COLIBRI_DT_Q4) && n > 0) {
         colibri_buffers *b = &ctx->b;
         g->ldq = b->max_cols;
         g->xq = b->xq + qrow * g->ldq;

@@ -285,8 +285,9 @@ static colibri_status parse_header(struct colibri_model *m, const uint8_t *b, ui
     if (m->routing > COLIBRI_WEIGHTS_SOFTMAX)
         return fail(why, len, COLIBRI_E_UNSUPPORTED, "routing = %u is not 0 (renormalise) or 1",
                     m->routing);
-    if (m->dtype > COLIBRI_DT_INT8)
-        return fail(why, len, COLIBRI_E_UNSUPPORTED, "dtype = %u is not one of 0..3", m->dtype);
+    if (m->dtype > COLIBRI_DT_Q4 || (m->dtype == COLIBRI_DT_Q4 && m->version < 2))
+        return fail(why, len, COLIBRI_E_UNSUPPORTED,
+                    "dtype = %u is not one of 0..4 (4, q4, needs format version 2)", m->dtype);
     if (m->flags & ~0x3Fu)
         return fail(why, len, COLIBRI_E_UNSUPPORTED, "flags = 0x%x has unknown bits", m->flags);
     if ((m->flags & COLIBRI_FLAG_QK_NORM_HEAD) && (m->flags & COLIBRI_FLAG_QK_NORM_FULL))
@@ -442,37 +443,48 @@ static colibri_status parse_record(struct colibri_model *m, const uint8_t *r, ui
                     "tensor %s layer %d expert %d has shape [%u, %u], expected [%u, %u]", name,
                     (int)layer, (int)expert, rows, cols, er, ec);
     size_t esz = colibri_dtype_size(dtype);
-    if (esz == 0 || (must_be_f32(kind) && dtype != COLIBRI_DT_F32))
+    if ((esz == 0 && !(dtype == COLIBRI_DT_Q4 && m->version >= 2)) ||
+        (must_be_f32(kind) && dtype != COLIBRI_DT_F32))
         return fail(why, len, COLIBRI_E_BAD_TENSOR, "tensor %s layer %d: dtype %u not allowed", name,
                     (int)layer, dtype);
-    /* rows, cols < 2^32 so rows*cols < 2^64; times esz (<= 4) is checked against the limit. */
+    /* rows, cols < 2^32 so rows*cols < 2^64; times esz (<= 4) is checked against the limit.
+     * q4: rows * groups * 16 <= rows * (cols + 31) / 2, also far below 2^64. */
     uint64_t elems = (uint64_t)rows * cols;
-    if (elems > UINT64_MAX / 4 || nbytes != elems * esz)
+    uint64_t want = dtype == COLIBRI_DT_Q4
+                        ? (uint64_t)rows * colibri_q4_groups(cols) * COLIBRI_Q4_BLOCK
+                        : elems * esz;
+    uint64_t want_s = dtype == COLIBRI_DT_INT8 ? (uint64_t)rows * 4
+                      : dtype == COLIBRI_DT_Q4 ? (uint64_t)rows * colibri_q4_groups(cols) * 2
+                                               : 0;
+    if (elems > UINT64_MAX / 4 || nbytes != want)
         return fail(why, len, COLIBRI_E_BAD_TENSOR, "tensor %s layer %d: nbytes = %llu, expected %llu",
-                    name, (int)layer, (unsigned long long)nbytes, (unsigned long long)(elems * esz));
+                    name, (int)layer, (unsigned long long)nbytes, (unsigned long long)want);
     if (off % 64 != 0 || !range_ok(off, nbytes, m->data_offset, m->tensor_end))
         return fail(why, len, COLIBRI_E_OUT_OF_RANGE,
                     "tensor %s layer %d: data [%llu, +%llu) is unaligned or outside the data "
                     "section [%llu, %llu)",
                     name, (int)layer, (unsigned long long)off, (unsigned long long)nbytes,
                     (unsigned long long)m->data_offset, (unsigned long long)m->tensor_end);
-    if (dtype == COLIBRI_DT_INT8) {
-        if (sbytes != (uint64_t)rows * 4 || soff % 64 != 0 ||
+    if (want_s) {
+        if (sbytes != want_s || soff % 64 != 0 ||
             !range_ok(soff, sbytes, m->data_offset, m->tensor_end))
             return fail(why, len, COLIBRI_E_OUT_OF_RANGE,
-                        "tensor %s layer %d: int8 scales [%llu, +%llu) are unaligned, mis-sized or "
-                        "outside the file",
-                        name, (int)layer, (unsigned long long)soff, (unsigned long long)sbytes);
+                        "tensor %s layer %d: %s scales [%llu, +%llu) are unaligned, mis-sized "
+                        "(expected %llu bytes) or outside the file",
+                        name, (int)layer, dtype == COLIBRI_DT_Q4 ? "q4" : "int8",
+                        (unsigned long long)soff, (unsigned long long)sbytes,
+                        (unsigned long long)want_s);
     } else if (soff != 0 || sbytes != 0) {
-        return fail(why, len, COLIBRI_E_BAD_TENSOR, "tensor %s layer %d: scales on a non-int8 tensor",
-                    name, (int)layer);
+        return fail(why, len, COLIBRI_E_BAD_TENSOR,
+                    "tensor %s layer %d: scales on a tensor without them (not int8 or q4)", name,
+                    (int)layer);
     }
     colibri_tensor *t = slot_for(m, kind, layer, expert);
     if (t->data)
         return fail(why, len, COLIBRI_E_BAD_TENSOR, "tensor %s layer %d expert %d appears twice",
                     name, (int)layer, (int)expert);
     t->data = m->base + off;
-    t->scales = dtype == COLIBRI_DT_INT8 ? (const float *)(const void *)(m->base + soff) : NULL;
+    t->scales = want_s ? (const float *)(const void *)(m->base + soff) : NULL;
     t->dtype = dtype;
     t->rows = rows;
     t->cols = cols;

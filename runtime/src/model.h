@@ -42,7 +42,8 @@ enum {
 #define COLIBRI_META_MAX 4096u
 
 /* A view of one tensor in the mapping. data == NULL means "absent" (optional tensor).
- * y[r] = scale[r] * sum_c data[r, c] * x[c] for int8; scales is NULL for other dtypes. */
+ * y[r] = scale[r] * sum_c data[r, c] * x[c] for int8; for q4 `scales` points at the f16 group
+ * scales ([rows, groups] uint16_t, read through colibri_q4_scales); NULL for other dtypes. */
 typedef struct {
     const void *data;
     const float *scales;
@@ -102,5 +103,13 @@ int colibri_model_meta(const struct colibri_model *m, const char *name, const ui
                        size_t *len);
 
 size_t colibri_dtype_size(uint32_t dtype);
+
+/* q4 geometry: groups per row, bytes of nibbles per row. */
+static inline size_t colibri_q4_groups(uint32_t cols) {
+    return ((size_t)cols + COLIBRI_Q4_GROUP - 1) / COLIBRI_Q4_GROUP;
+}
+static inline const uint16_t *colibri_q4_scales(const colibri_tensor *t) {
+    return (const uint16_t *)(const void *)t->scales;
+}
 
 #endif
