@@ -173,6 +173,8 @@ def checkpoint(name: str, root: Path) -> Path:
     if case.max_shard_size:
         kwargs["max_shard_size"] = case.max_shard_size
     model.save_pretrained(out, **kwargs)
+    # a tokenizer of the family's real configuration, sized to the model's vocabulary
+    train_tokenizer(TOKENIZER_FAMILY[name], int(case.config["vocab_size"]), out)
     (out / ".complete").write_text("ok\n")
     return out
 
@@ -251,6 +253,9 @@ def copy_with(src: Path, dst: Path, tensors: dict[str, np.ndarray] | None = None
     cfg = config if config is not None else json.loads((src / "config.json").read_text())
     (dst / "config.json").write_text(json.dumps(cfg, indent=1))
     write_safetensors(dst / "model.safetensors", tensors if tensors is not None else read_all(src))
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "tokenizer.model"):
+        if (src / name).is_file():  # the tokenizer belongs to the variant too
+            shutil.copyfile(src / name, dst / name)
     return dst
 
 
@@ -390,7 +395,6 @@ def train_tokenizer(family: str, vocab_size: int, out_dir: Path, texts: list[str
         tj["added_tokens"] = [_added(s, base + k) for k, s in enumerate(specials)]
         for k, (content, special, normalized) in enumerate(extra):
             tj["added_tokens"].append(_added(content, base + len(specials) + k, special, normalized))
-        from tokenizers import processors  # noqa: F401  (ByteLevel post-processor, as the originals)
         tj["post_processor"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
                                 "use_regex": False}
         eos = "<|endoftext|>" if family == "olmoe" else "<|im_end|>"
@@ -443,5 +447,7 @@ def train_tokenizer(family: str, vocab_size: int, out_dir: Path, texts: list[str
     Tokenizer.from_str(text)  # the library itself accepts it
     (out_dir / "tokenizer.json").write_text(text, encoding="utf-8")
     (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
-    (out_dir / "generation_config.json").write_text(json.dumps(gen, indent=1))
+    gpath = out_dir / "generation_config.json"  # keep what save_pretrained wrote; ids from here
+    saved = json.loads(gpath.read_text()) if gpath.is_file() else {}
+    gpath.write_text(json.dumps({**saved, **gen}, indent=1))
     return out_dir / "tokenizer.json"

@@ -23,6 +23,7 @@ from colibri_kit.model.format import (
     NONE, DType, Flag, Kind, ModelHeader, ModelWriter, padded_dim, tensor_label,
 )
 from colibri_kit.model.safetensors_io import Checkpoint, TensorView
+from colibri_kit.model.tokenizer import tokenizer_metadata
 
 DEFAULT_MAX_SEQ = 2048
 
@@ -283,18 +284,14 @@ def convert(hf_dir: str | os.PathLike[str], out: str | os.PathLike[str], dtype: 
         limits = target_limits(target)
     m = read_config(load_config(hf_dir))
     header = build_header(m, kind, limits, max_seq_len, hf_dir.resolve().name)
+    metadata = tokenizer_metadata(hf_dir, header.vocab_size)  # tokenizer.* blobs (format v2)
     ck = Checkpoint(hf_dir)
     items = plan_tensors(m, ck)
     chat = chat_template_blob(hf_dir, chat_template)  # refused here, before anything is written
-    from colibri_kit.model.tokenizer import load_tokenizer
-
-    tokenizer = load_tokenizer(hf_dir)  # tokenizer.* blobs; None: `--ids` commands only
     bar = Progress(sum(it.nbytes for it in items), progress)
-    with ModelWriter(out, header) as w:
+    with ModelWriter(out, header, metadata=metadata) as w:
         if chat is not None:
             w.add_metadata("chat.template", chat)
-        for name, blob in (tokenizer.blobs() if tokenizer else {}).items():
-            w.add_metadata(name, blob)
         for it in items:
             try:
                 w.add(it.kind, it.layer, it.expert, it.source)

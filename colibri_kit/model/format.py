@@ -893,8 +893,12 @@ def _check_span(where: str, name: str, offset: int, nbytes: int, data_offset: in
 
 def header_json(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Validated header of a model file as a dict (for `invoke model-info`)."""
+    from colibri_kit.model.tokenizer import describe_blobs
+
     m = read_model(path)
     d = m.header.to_json()
     d["tensors"] = len(m.records)
+    d["metadata"] = {name: m._meta[name][1] for name in m.metadata_names()}  # name -> bytes
+    d["tokenizer"] = describe_blobs(m.metadata("tokenizer.config"))  # None: no tokenizer (--ids only)
     return d
 

@@ -37,7 +37,8 @@ SPLIT_REGEXES = {QWEN2_REGEX: 1, LLAMA3_REGEX: 3}  # -> max digits per number pi
 
 MODEL_BYTE_BPE, MODEL_SP_BPE = 1, 2
 NORM_NONE, NORM_NFC, NORM_SP = 0, 1, 2
-PRETOK_NONE, PRETOK_GPT2, PRETOK_LLAMA3 = 0, 1, 2
+PRETOK_NONE, PRETOK_GPT2, PRETOK_LLAMA3, PRETOK_METASPACE = 0, 1, 2, 3
+META_ALWAYS, META_FIRST, META_NEVER = 1, 2, 3  # Metaspace prepend_scheme (config word 4)
 DEC_BYTE_LEVEL, DEC_SP = 1, 2
 F_BYTE_FALLBACK, F_FUSE_UNK, F_ADD_BOS, F_ADD_EOS, F_IGNORE_MERGES = 1, 2, 4, 8, 16
 A_SPECIAL, A_LSTRIP, A_RSTRIP, A_NORMALIZED, A_SINGLE_WORD = 1, 2, 4, 8, 16
@@ -51,7 +52,8 @@ SP = "\u2581"  # ▁
 NAMES = {
     "model": {MODEL_BYTE_BPE: "byte_level_bpe", MODEL_SP_BPE: "sentencepiece_bpe"},
     "normalizer": {NORM_NONE: "none", NORM_NFC: "nfc", NORM_SP: "prepend_replace_space"},
-    "pre_tokenizer": {PRETOK_NONE: "none", PRETOK_GPT2: "gpt2_regex", PRETOK_LLAMA3: "qwen2_llama3_regex"},
+    "pre_tokenizer": {PRETOK_NONE: "none", PRETOK_GPT2: "gpt2_regex", PRETOK_LLAMA3: "qwen2_llama3_regex",
+                      PRETOK_METASPACE: "metaspace"},
     "decoder": {DEC_BYTE_LEVEL: "byte_level", DEC_SP: "sentencepiece"},
 }
 
@@ -176,12 +178,25 @@ def _byte_level_ok(b: dict[str, Any], key: str, use_regex: bool) -> None:
 
 
 def _parse_pre_tokenizer(p: Any) -> tuple[int, int]:
-    sup = ("null (SentencePiece-style), ByteLevel(use_regex=true, add_prefix_space=false) (GPT-2 regex), or "
-           "Sequence[Split(Regex=<Qwen2 or Llama-3 regex>, behavior=Isolated), ByteLevel(use_regex=false)]")
+    sup = ("null (SentencePiece-style), Metaspace(\"▁\", split=false), ByteLevel(use_regex=true, "
+           "add_prefix_space=false) (GPT-2 regex), or Sequence[Split(Regex=<Qwen2 or Llama-3 regex>, "
+           "behavior=Isolated), ByteLevel(use_regex=false)]")
     if p is None:
         return PRETOK_NONE, 0
     if not isinstance(p, dict):
         raise _bad("pre_tokenizer", p, sup)
+    if p.get("type") == "Metaspace":  # what transformers 5 writes for Llama/Mixtral tokenizers
+        if p.get("replacement") != SP:
+            raise _bad("pre_tokenizer.replacement", p.get("replacement"), '"▁"')
+        if p.get("split", True):
+            raise _bad("pre_tokenizer.split", p.get("split", True), "false")
+        scheme = p.get("prepend_scheme")
+        if scheme is None:  # tokenizers < 0.15 wrote add_prefix_space
+            scheme = "always" if p.get("add_prefix_space", True) else "never"
+        schemes = {"always": META_ALWAYS, "first": META_FIRST, "never": META_NEVER}
+        if scheme not in schemes:
+            raise _bad("pre_tokenizer.prepend_scheme", scheme, "always, first, never")
+        return PRETOK_METASPACE, schemes[scheme]
     if p.get("type") == "ByteLevel":
         _byte_level_ok(p, "pre_tokenizer", True)
         return PRETOK_GPT2, 0
@@ -298,7 +313,7 @@ def spec_from_tokenizer_json(tj: dict[str, Any], tok_config: dict[str, Any] | No
     norm = _parse_normalizer(tj.get("normalizer"))
     pre, digits = _parse_pre_tokenizer(tj.get("pre_tokenizer"))
     dec = _parse_decoder(tj.get("decoder"))
-    if pre != PRETOK_NONE:
+    if pre in (PRETOK_GPT2, PRETOK_LLAMA3):
         model_kind = MODEL_BYTE_BPE
         if norm not in (NORM_NONE, NORM_NFC):
             raise _bad("normalizer", tj.get("normalizer"), "null or NFC with a ByteLevel pre-tokenizer")
@@ -308,9 +323,11 @@ def spec_from_tokenizer_json(tj: dict[str, Any], tok_config: dict[str, Any] | No
             raise _bad("model.byte_fallback", True, "false with a ByteLevel pre-tokenizer")
     else:
         model_kind = MODEL_SP_BPE
-        if norm != NORM_SP:
+        if pre == PRETOK_NONE and norm != NORM_SP:
             raise _bad("normalizer", tj.get("normalizer"),
                        'Sequence[Prepend("▁"), Replace(" " -> "▁")] without a pre-tokenizer')
+        if pre == PRETOK_METASPACE and norm != NORM_NONE:
+            raise _bad("normalizer", tj.get("normalizer"), "null with a Metaspace pre-tokenizer")
         if dec != DEC_SP:
             raise _bad("decoder", tj.get("decoder"), "the SentencePiece decoder sequence")
     vocab_in = m.get("vocab")
@@ -409,13 +426,12 @@ def spec_from_tokenizer_json(tj: dict[str, Any], tok_config: dict[str, Any] | No
     if flags & F_ADD_EOS and eos_id == NO_ID:
         raise ModelError("tokenizer_config.json key add_eos_token: true, but there is no eos_token")
     stops: list[int] = []
-    for key in ("eos_token_id",):
-        v = gc.get(key)
-        for s in (v if isinstance(v, list) else [v] if v is not None else []):
-            if not isinstance(s, int) or not 0 <= s < n:
-                raise ModelError(f"generation_config.json key {key}: {s!r} is not a token id below {n}")
-            if s not in stops:
-                stops.append(s)
+    v = gc.get("eos_token_id")
+    for s in (v if isinstance(v, list) else [v] if v is not None else []):
+        if not isinstance(s, int) or not 0 <= s < n:
+            raise ModelError(f"generation_config.json key eos_token_id: {s!r} is not a token id below {n}")
+        if s not in stops:
+            stops.append(s)
     if not stops and eos_id != NO_ID:
         stops.append(eos_id)
     if gc.get("bos_token_id") is not None and bos_id == NO_ID and isinstance(gc["bos_token_id"], int):
@@ -436,12 +452,11 @@ def tokenizer_json_from_sentencepiece(path: Path) -> dict[str, Any]:
     Merges are every pair of pieces whose concatenation is a piece, ranked by the merged piece's
     score (SentencePiece BPE merges the highest-scoring pair first), as transformers' converter
     does. Only BPE models with the identity normalizer (Llama's) are accepted."""
-    try:
-        import sentencepiece as spm  # noqa: PLC0415 (optional: only this path needs it)
-        from sentencepiece import sentencepiece_model_pb2 as pb  # noqa: PLC0415
+    try:  # optional (the `sentencepiece` extra): only this path needs it
+        from sentencepiece import sentencepiece_model_pb2 as pb
     except ImportError:
-        raise ModelError(f"{path}: reading a SentencePiece tokenizer.model needs the `sentencepiece` "
-                         "package (pip install sentencepiece), or provide tokenizer.json") from None
+        raise ModelError(f"{path}: reading a SentencePiece tokenizer.model needs the `sentencepiece` and "
+                         "`protobuf` packages (pip install '.[sentencepiece]'), or provide tokenizer.json") from None
     proto = pb.ModelProto()
     try:
         proto.ParseFromString(path.read_bytes())
@@ -457,7 +472,6 @@ def tokenizer_json_from_sentencepiece(path: Path) -> dict[str, Any]:
     if not ns.add_dummy_prefix or ns.remove_extra_whitespaces:
         raise ModelError(f"{path}: tokenizer.model keys normalizer_spec.add_dummy_prefix/remove_extra_whitespaces: "
                          f"{ns.add_dummy_prefix}/{ns.remove_extra_whitespaces} are not supported; supported: true/false")
-    del spm
     vocab: dict[str, int] = {}
     scores: dict[str, float] = {}
     added = []
@@ -535,3 +549,15 @@ def describe_blobs(config: bytes | None) -> dict[str, Any] | None:
             "pre_tokenizer": NAMES["pre_tokenizer"].get(w[3], w[3]), "decoder": NAMES["decoder"].get(w[5], w[5]),
             "vocab": w[11], "merges": w[12], "added_tokens": w[13], "add_bos": bool(w[6] & F_ADD_BOS),
             "bos_id": _opt(w[8]), "eos_id": _opt(w[9]), "stop_ids": stops}
+
+
+def tokenizer_metadata(hf_dir: str | Path, vocab_size: int) -> dict[str, bytes]:
+    """The tokenizer.* blobs for a checkpoint whose model has ``vocab_size`` ids ({} when the
+    checkpoint has no tokenizer: the file then runs `--ids` commands only)."""
+    spec = load_tokenizer(hf_dir)
+    if spec is None:
+        return {}
+    if len(spec.vocab) > vocab_size:
+        raise ModelError(f"{hf_dir}: the tokenizer has {len(spec.vocab)} ids but the model's vocab_size is "
+                         f"{vocab_size} (config.json); they must belong together")
+    return spec.blobs()

@@ -49,7 +49,7 @@ def tiny_model_task(c: Context, out: str, target: str = "host", dtype: str = "f3
 @task(name="model-info", help={"file": "a .colibri model file"})
 @user_errors
 def model_info_task(c: Context, file: str) -> None:
-    """Validate a .colibri file and print its header as JSON."""
+    """Validate a .colibri file and print its header, metadata blobs and tokenizer as JSON."""
     from colibri_kit.model.format import header_json
 
     if not file:

@@ -551,13 +551,31 @@ static int find_added(const colibri_tokenizer *t, const uint8_t *s, size_t from,
 typedef struct {
     const colibri_tokenizer *t;
     bpe_scratch sc;
-    bytes_buf norm;
+    bytes_buf norm, meta;
     ids_buf out;
 } enc_state;
 
-static void pretok_and_bpe(enc_state *e, const uint8_t *s, size_t n) {
+static const uint8_t META[3] = {0xE2, 0x96, 0x81}; /* U+2581 "▁" */
+
+/* `first`: the piece starts at offset 0 of the original text (Metaspace prepend_scheme first). */
+static void pretok_and_bpe(enc_state *e, const uint8_t *s, size_t n, int first) {
     const colibri_tokenizer *t = e->t;
+    if (n == 0) return;
     if (t->pretok == COLIBRI_TOK_PRE_NONE) { bpe_word(t, s, n, &e->sc, &e->out); return; }
+    if (t->pretok == COLIBRI_TOK_PRE_METASPACE) { /* spaces -> "▁", maybe one prepended; no split */
+        e->meta.n = 0;
+        int starts = s[0] == ' ' || (n >= 3 && !memcmp(s, META, 3));
+        if (!starts && (t->digits == COLIBRI_TOK_META_ALWAYS ||
+                        (t->digits == COLIBRI_TOK_META_FIRST && first)))
+            bb_put(&e->meta, META, 3);
+        for (size_t i = 0; i < n; i++) {
+            if (s[i] == ' ') bb_put(&e->meta, META, 3);
+            else bb_put(&e->meta, s + i, 1);
+        }
+        if (e->meta.oom) { e->out.oom = 1; return; }
+        bpe_word(t, e->meta.p, e->meta.n, &e->sc, &e->out);
+        return;
+    }
     for (size_t i = 0; i < n && !e->out.oom;) {
         size_t j = t->pretok == COLIBRI_TOK_PRE_GPT2 ? match_gpt2(s, n, i)
                                                      : match_llama3(s, n, i, t->digits);
@@ -569,17 +587,16 @@ static void pretok_and_bpe(enc_state *e, const uint8_t *s, size_t n) {
 
 /* A stretch of text between non-normalized added tokens: normalize, split at normalized added
  * tokens, pre-tokenize and BPE the rest. */
-static void encode_segment(enc_state *e, const uint8_t *s, size_t n) {
+static void encode_segment(enc_state *e, const uint8_t *s, size_t n, int first) {
     const colibri_tokenizer *t = e->t;
     if (n == 0) return;
     e->norm.n = 0;
     if (t->normalizer == COLIBRI_TOK_NORM_NFC) {
         nfc(s, n, &e->norm);
     } else if (t->normalizer == COLIBRI_TOK_NORM_SP) {
-        static const uint8_t meta[3] = {0xE2, 0x96, 0x81}; /* U+2581 */
-        bb_put(&e->norm, meta, 3);
+        bb_put(&e->norm, META, 3);
         for (size_t i = 0; i < n; i++) {
-            if (s[i] == ' ') bb_put(&e->norm, meta, 3);
+            if (s[i] == ' ') bb_put(&e->norm, META, 3);
             else bb_put(&e->norm, s + i, 1);
         }
     } else {
@@ -590,11 +607,11 @@ static void encode_segment(enc_state *e, const uint8_t *s, size_t n) {
     size_t m = e->norm.n, at = 0, a, b;
     int k;
     while ((k = find_added(t, p, at, m, 1, &a, &b)) >= 0) {
-        pretok_and_bpe(e, p + at, a - at);
+        pretok_and_bpe(e, p + at, a - at, first && at == 0);
         ib_put(&e->out, t->added[k].id);
         at = b;
     }
-    pretok_and_bpe(e, p + at, m - at);
+    pretok_and_bpe(e, p + at, m - at, first && at == 0);
 }
 
 colibri_status colibri_tokenizer_encode(const colibri_tokenizer *t, const char *text, size_t len,
@@ -607,11 +624,11 @@ colibri_status colibri_tokenizer_encode(const colibri_tokenizer *t, const char *
     size_t at = 0, a, b;
     int k;
     while (len && (k = find_added(t, s, at, len, 0, &a, &b)) >= 0) {
-        encode_segment(&e, s + at, a - at);
+        encode_segment(&e, s + at, a - at, at == 0);
         ib_put(&e.out, t->added[k].id);
         at = b;
     }
-    if (len) encode_segment(&e, s + at, len - at);
+    if (len) encode_segment(&e, s + at, len - at, at == 0);
     if (add_special && (t->flags & COLIBRI_TOK_F_ADD_EOS)) ib_put(&e.out, t->eos_id);
     colibri_status st = COLIBRI_OK;
     if (e.out.oom) {
@@ -623,6 +640,7 @@ colibri_status colibri_tokenizer_encode(const colibri_tokenizer *t, const char *
     }
     free(e.out.p);
     free(e.norm.p);
+    free(e.meta.p);
     free(e.sc.sym);
     free(e.sc.heap);
     return st;
@@ -820,10 +838,13 @@ colibri_status colibri_tokenizer_load(colibri_tokenizer *t, const struct colibri
     t->n_vocab = w[11]; t->n_merges = w[12]; t->n_added = w[13]; t->n_stop = w[14]; t->strip = w[15];
     int bl = t->model == COLIBRI_TOK_MODEL_BYTE_BPE;
     if ((t->model != COLIBRI_TOK_MODEL_BYTE_BPE && t->model != COLIBRI_TOK_MODEL_SP_BPE) ||
-        t->normalizer > COLIBRI_TOK_NORM_SP || t->pretok > COLIBRI_TOK_PRE_LLAMA3 ||
-        (t->pretok == COLIBRI_TOK_PRE_LLAMA3 && (t->digits < 1 || t->digits > 3)) ||
+        t->normalizer > COLIBRI_TOK_NORM_SP || t->pretok > COLIBRI_TOK_PRE_METASPACE ||
+        ((t->pretok == COLIBRI_TOK_PRE_LLAMA3 || t->pretok == COLIBRI_TOK_PRE_METASPACE) &&
+         (t->digits < 1 || t->digits > 3)) ||
         (t->decoder != COLIBRI_TOK_DEC_BYTE_LEVEL && t->decoder != COLIBRI_TOK_DEC_SP) ||
-        (bl != (t->decoder == COLIBRI_TOK_DEC_BYTE_LEVEL)) || (bl != (t->pretok != 0)) ||
+        (bl != (t->decoder == COLIBRI_TOK_DEC_BYTE_LEVEL)) ||
+        (bl != (t->pretok == COLIBRI_TOK_PRE_GPT2 || t->pretok == COLIBRI_TOK_PRE_LLAMA3)) ||
+        (t->pretok == COLIBRI_TOK_PRE_METASPACE && t->normalizer != COLIBRI_TOK_NORM_NONE) ||
         t->flags > 31 || t->strip > 1)
         return fail(why, wl, COLIBRI_E_BAD_TOKENIZER,
                     "tokenizer.config: unsupported combination model %u, normalizer %u, "
