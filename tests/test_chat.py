@@ -120,9 +120,19 @@ def test_convert_stores_the_template_and_the_runtime_renders_it(
     src = hf_models.checkpoint(name, hf_root)
     hf = tmp_path / "hf"
     shutil.copytree(src, hf)
-    t, bos, eos = TEMPLATES[template]
-    (hf / "tokenizer_config.json").write_text(json.dumps({"chat_template": t, "bos_token": bos,
-                                                          "eos_token": {"content": eos}}))
+    t = TEMPLATES[template][0]
+    cfg_path = hf / "tokenizer_config.json"  # the test checkpoints carry trained tokenizers
+    cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+    cfg["chat_template"] = t
+    if isinstance(cfg.get("eos_token"), str):  # the older {"content": ...} form is read too
+        cfg["eos_token"] = {"content": cfg["eos_token"], "special": True}
+    cfg_path.write_text(json.dumps(cfg))
+
+    def text(v: object) -> str:
+        return (v.get("content", "") if isinstance(v, dict) else v) or ""  # type: ignore[union-attr]
+
+    bos, eos = text(cfg.get("bos_token")), text(cfg.get("eos_token"))
+    assert eos
     out = convert(hf, tmp_path / "m.colibri", limits=TargetModelLimits("host", 64, 64, 8),
                   progress=False)
     assert decode(read_model(out).metadata("chat.template"))["start.user"]
@@ -140,7 +150,8 @@ def test_convert_stores_the_template_and_the_runtime_renders_it(
                 progress=False, chat_template=bad)
     assert not (tmp_path / "n.colibri").exists()
     # without any template: no blob, and the runtime says so
-    (hf / "tokenizer_config.json").unlink()
+    del cfg["chat_template"]
+    cfg_path.write_text(json.dumps(cfg))
     plain = convert(hf, tmp_path / "p.colibri", limits=TargetModelLimits("host", 64, 64, 8), progress=False)
     assert read_model(plain).metadata("chat.template") is None
     msg = subprocess.run([str(driver), "chat-model", str(plain), "1"], input="user 6869\n",

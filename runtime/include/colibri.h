@@ -232,6 +232,13 @@ typedef struct {
 } colibri_generate_result;
 
 void colibri_default_generate_params(colibri_generate_params *p);
+/* The usual text setup for a context whose model has a tokenizer: detok = colibri_detok_ctx
+ * (user = ctx), stop_ids = the tokenizer's generation_config eos ids (colibri_tokenizer_info).
+ * Returns COLIBRI_E_NO_TOKENIZER (p unchanged) when the model has none. */
+colibri_status colibri_generate_params_for_text(colibri_ctx *ctx, colibri_generate_params *p);
+/* A colibri_detok_fn over the context's tokenizer (user must be the colibri_ctx *): the text a
+ * user sees, special tokens skipped, as transformers' decode(skip_special_tokens=True). */
+size_t colibri_detok_ctx(void *ctx, const int32_t *ids, int n, char *out, size_t cap);
 /* out_ids must hold max_new ids. Allocates its working buffers (logits of one prefill chunk,
  * sampler, text) per call and frees them before returning; the forward passes allocate nothing.
  * A prompt longer than max_seq_len fails with COLIBRI_E_SEQ_TOO_LONG naming both numbers. */

@@ -12,6 +12,7 @@
 
 #include "colibri.h"
 #include "context.h"
+#include "tokenizer.h"
 
 static double now_ms(void) {
     struct timespec ts;
@@ -67,6 +68,25 @@ void colibri_default_generate_params(colibri_generate_params *p) {
     memset(p, 0, sizeof *p);
     p->max_new = 16;
     colibri_default_sampling(&p->sampling);
+}
+
+size_t colibri_detok_ctx(void *ctx, const int32_t *ids, int n, char *out, size_t cap) {
+    size_t len = 0;
+    colibri_status s = colibri_detokenize((const colibri_ctx *)ctx, ids, (size_t)n, 1, out, cap, &len);
+    return s == COLIBRI_OK || s == COLIBRI_E_BUFFER_TOO_SMALL ? len : 0;
+}
+
+colibri_status colibri_generate_params_for_text(colibri_ctx *ctx, colibri_generate_params *p) {
+    if (!ctx || !p) return COLIBRI_E_INVALID_ARG;
+    const colibri_tokenizer *t = ctx->model->tokenizer;
+    if (!t) return COLIBRI_E_NO_TOKENIZER;
+    p->detok = colibri_detok_ctx;
+    p->detok_user = ctx;
+    /* the stop ids live in the model (immutable), valid as long as the context; signed and
+     * unsigned variants of one type may alias */
+    p->stop_ids = (const int32_t *)t->stop_ids;
+    p->n_stop_ids = (int)t->n_stop;
+    return COLIBRI_OK;
 }
 
 const char *colibri_finish_name(colibri_finish f) {

@@ -256,13 +256,6 @@ done:
 }
 
 /* argv as main got it; argv[skip] is the word "generate" (global options may precede it). */
-/* colibri_detok_fn over the model's tokenizer: the text a user sees (special tokens dropped). */
-static size_t detok_text(void *user, const int32_t *ids, int n, char *out, size_t cap) {
-    size_t len = 0;
-    colibri_status s = colibri_detokenize((const colibri_ctx *)user, ids, (size_t)n, 1, out, cap, &len);
-    return s == COLIBRI_OK || s == COLIBRI_E_BUFFER_TOO_SMALL ? len : 0;
-}
-
 typedef struct {
     int json;
     char *text;  /* --json: everything emitted */
@@ -364,14 +357,10 @@ static int run_prompt(const gen_cli *c, colibri_ctx *ctx) {
     p.max_new = (int)c->max_new;
     p.sampling = c->sampling;
     p.ignore_eos = c->ignore_eos;
-    if (!c->ignore_eos) { /* generation_config.json's eos ids, besides the header's EOS */
-        p.stop_ids = ti.stop_ids;
-        p.n_stop_ids = ti.n_stop;
-    }
+    colibri_generate_params_for_text(ctx, &p); /* detokenizer + generation_config eos ids */
+    if (c->ignore_eos) p.n_stop_ids = 0;
     p.stop_strings = c->stops;
     p.n_stop_strings = c->n_stops;
-    p.detok = detok_text;
-    p.detok_user = ctx;
     stream_out so = {c->json, NULL, 0, 0, 0};
     p.on_token = on_text;
     p.user = &so;
