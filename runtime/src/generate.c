@@ -155,6 +155,11 @@ static size_t advance_text(gen_state *g, const int32_t *ids, int n, int *found, 
     }
     if (*found >= 0) return best < g->emitted ? g->emitted : best;
     size_t safe = len - colibri_utf8_incomplete_tail(g->text, len);
+    /* The tokenizer decodes bytes that are not (yet) UTF-8 to U+FFFD, and a trailing U+FFFD may
+     * become a character with the next token: the text for more ids need not extend the text for
+     * fewer there. Hold trailing U+FFFD back until text follows them (or the end), so what was
+     * emitted is never taken back. */
+    while (safe >= g->emitted + 3 && !memcmp(g->text + safe - 3, "\xEF\xBF\xBD", 3)) safe -= 3;
     for (int s = 0; s < p->n_stop_strings; s++) {
         size_t k = colibri_stop_prefix_tail(g->text, len, p->stop_strings[s]);
         if (len - k < safe) safe = len - k;
@@ -286,7 +291,7 @@ colibri_status colibri_generate(colibri_ctx *ctx, const colibri_generate_params 
     if (r->finish == COLIBRI_FINISH_NONE) r->finish = COLIBRI_FINISH_LENGTH;
     if (r->n_new == 0 && t1 == 0) t1 = now_ms();
     /* the end: whatever was held back is final now */
-    if (r->finish != COLIBRI_FINISH_CANCELLED) emit(&g, -1, g.emitted, len, &oom);
+    if (r->finish != COLIBRI_FINISH_CANCELLED && len > g.emitted) emit(&g, -1, g.emitted, len, &oom);
     r->prefill_ms = t1 - t0;
     r->decode_ms = now_ms() - t1;
 done:
