@@ -331,7 +331,7 @@ def test_aarch64_neon_build_under_qemu(orin_nx_build: Path, models: dict[str, Pa
     qemu = ["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu", str(orin_nx_build / "bin" / "colibri")]
     proc = subprocess.run([*qemu, "selftest"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "(neon)" in proc.stdout and "passed: 0 check(s) failed" in proc.stdout
+    assert "(neon-dotprod)" in proc.stdout and "passed: 0 check(s) failed" in proc.stdout
     for name in ("tiny-f32", "tiny-int8", "shared-gate-bias-plain-f32"):
         ids = [i % 256 for i in PROMPT]
         want = Reference(models[name]).forward(ids)

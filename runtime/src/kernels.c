@@ -626,6 +626,113 @@ static int32_t neon_dot_q8(const int8_t *w, const int8_t *x, size_t n) {
     for (; i < n; i++) s += (int32_t)w[i] * (int32_t)x[i];
     return s;
 }
+
+/* Four rows (four streams a quarter block apart, as AVX2_DOT4) against one token, each row with
+ * exactly NEON_DOT's lanes and order: 16 accumulators, one x load shared by four rows, software
+ * prefetch per stream. */
+#define NEON_DOT4(NAME, T, LOAD4, CVT)                                                        \
+    static void NAME(const void *const *wv, const float *x, size_t n, float out[4]) {         \
+        const T *w[4] = {(const T *)wv[0], (const T *)wv[1], (const T *)wv[2],                \
+                         (const T *)wv[3]};                                                   \
+        float32x4_t a[4][4];                                                                  \
+        for (int k = 0; k < 4; k++)                                                           \
+            for (int q = 0; q < 4; q++) a[k][q] = vdupq_n_f32(0);                             \
+        size_t i = 0;                                                                         \
+        for (; i + 16 <= n; i += 16) {                                                        \
+            for (int k = 0; k < 4; k++)                                                       \
+                __builtin_prefetch((const char *)(w[k] + i) + PREFETCH_BYTES);                \
+            _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {                             \
+                float32x4_t xv = vld1q_f32(x + i + 4 * q);                                    \
+                a[0][q] = vfmaq_f32(a[0][q], LOAD4(w[0] + i + 4 * q), xv);                    \
+                a[1][q] = vfmaq_f32(a[1][q], LOAD4(w[1] + i + 4 * q), xv);                    \
+                a[2][q] = vfmaq_f32(a[2][q], LOAD4(w[2] + i + 4 * q), xv);                    \
+                a[3][q] = vfmaq_f32(a[3][q], LOAD4(w[3] + i + 4 * q), xv);                    \
+            }                                                                                 \
+        }                                                                                     \
+        for (; i + 4 <= n; i += 4) {                                                          \
+            float32x4_t xv = vld1q_f32(x + i);                                                \
+            for (int k = 0; k < 4; k++) a[k][0] = vfmaq_f32(a[k][0], LOAD4(w[k] + i), xv);    \
+        }                                                                                     \
+        for (int k = 0; k < 4; k++) {                                                         \
+            float32x4_t v = vaddq_f32(vaddq_f32(a[k][0], a[k][1]), vaddq_f32(a[k][2], a[k][3])); \
+            float s = (vgetq_lane_f32(v, 0) + vgetq_lane_f32(v, 1)) +                         \
+                      (vgetq_lane_f32(v, 2) + vgetq_lane_f32(v, 3));                          \
+            for (size_t j = i; j < n; j++) s += CVT(w[k][j]) * x[j];                          \
+            out[k] = s;                                                                       \
+        }                                                                                     \
+    }
+NEON_DOT4(neon_dot4_f32, float, NEON_LOAD_F32, CVT_F32)
+NEON_DOT4(neon_dot4_f16, uint16_t, NEON_LOAD_F16, half_to_float)
+NEON_DOT4(neon_dot4_bf16, uint16_t, NEON_LOAD_BF16, bf16_to_float)
+NEON_DOT4(neon_dot4_i8, int8_t, NEON_LOAD_I8, CVT_I8)
+
+#ifdef __ARM_FEATURE_DOTPROD
+/* int8 x int8 with the Armv8.2 dot-product instruction (SDOT: four products summed into each
+ * int32 lane), present on Orin's Cortex-A78AE and Thor's Neoverse-V3AE and enabled by the
+ * profile's -mcpu. Exact integer sums, so the result equals the vmull/vpadal kernel's. */
+#define NEON_Q8_TILE(NAME, NT)                                                                \
+    static void NAME(const int8_t *const *w, const int8_t *x, size_t ldx, size_t n,           \
+                     int32_t *out) {                                                          \
+        int32x4_t acc[4][NT];                                                                 \
+        for (int r = 0; r < 4; r++)                                                           \
+            for (int t = 0; t < NT; t++) acc[r][t] = vdupq_n_s32(0);                          \
+        size_t i = 0;                                                                         \
+        for (; i + 16 <= n; i += 16) {                                                        \
+            int8x16_t wv[4];                                                                  \
+            for (int r = 0; r < 4; r++) {                                                     \
+                __builtin_prefetch(w[r] + i + PREFETCH_BYTES);                                \
+                wv[r] = vld1q_s8(w[r] + i);                                                   \
+            }                                                                                 \
+            _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) {                            \
+                int8x16_t xv = vld1q_s8(x + (size_t)t * ldx + i);                             \
+                acc[0][t] = vdotq_s32(acc[0][t], wv[0], xv);                                  \
+                acc[1][t] = vdotq_s32(acc[1][t], wv[1], xv);                                  \
+                acc[2][t] = vdotq_s32(acc[2][t], wv[2], xv);                                  \
+                acc[3][t] = vdotq_s32(acc[3][t], wv[3], xv);                                  \
+            }                                                                                 \
+        }                                                                                     \
+        for (int r = 0; r < 4; r++)                                                           \
+            for (int t = 0; t < NT; t++) {                                                    \
+                const int8_t *xt = x + (size_t)t * ldx;                                       \
+                int32_t s = vaddvq_s32(acc[r][t]);                                            \
+                for (size_t k = i; k < n; k++) s += (int32_t)w[r][k] * (int32_t)xt[k];        \
+                out[r * 6 + t] = s;                                                           \
+            }                                                                                 \
+    }
+NEON_Q8_TILE(neon_q8_tile_1, 1)
+NEON_Q8_TILE(neon_q8_tile_2, 2)
+NEON_Q8_TILE(neon_q8_tile_3, 3)
+NEON_Q8_TILE(neon_q8_tile_4, 4)
+NEON_Q8_TILE(neon_q8_tile_5, 5)
+NEON_Q8_TILE(neon_q8_tile_6, 6)
+
+static void neon_q8_tile(const int8_t *const *w, const int8_t *x, size_t ldx, int nt, size_t n,
+                         int32_t out[24]) {
+    switch (nt) {
+    case 1: neon_q8_tile_1(w, x, ldx, n, out); break;
+    case 2: neon_q8_tile_2(w, x, ldx, n, out); break;
+    case 3: neon_q8_tile_3(w, x, ldx, n, out); break;
+    case 4: neon_q8_tile_4(w, x, ldx, n, out); break;
+    case 5: neon_q8_tile_5(w, x, ldx, n, out); break;
+    default: neon_q8_tile_6(w, x, ldx, n, out); break;
+    }
+}
+
+static void neon_dot4_q8(const int8_t *const *w, const int8_t *x, size_t n, int32_t out[4]) {
+    int32_t o[24];
+    neon_q8_tile_1(w, x, 0, n, o);
+    for (int k = 0; k < 4; k++) out[k] = o[k * 6];
+}
+
+static int32_t neon_sdot_q8(const int8_t *w, const int8_t *x, size_t n) {
+    int32x4_t acc = vdupq_n_s32(0);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) acc = vdotq_s32(acc, vld1q_s8(w + i), vld1q_s8(x + i));
+    int32_t s = vaddvq_s32(acc);
+    for (; i < n; i++) s += (int32_t)w[i] * (int32_t)x[i];
+    return s;
+}
+#endif
 #endif
 
 static void generic_tile_2x3(const float *w0, const float *w1, const float *x0, const float *x1,
@@ -713,10 +820,20 @@ static void kernels_pick(void) {
     K.dot[COLIBRI_DT_F16] = neon_dot_f16;
     K.dot[COLIBRI_DT_BF16] = neon_dot_bf16;
     K.dot[COLIBRI_DT_INT8] = neon_dot_i8;
+    K.dot4[COLIBRI_DT_F32] = neon_dot4_f32;
+    K.dot4[COLIBRI_DT_F16] = neon_dot4_f16;
+    K.dot4[COLIBRI_DT_BF16] = neon_dot4_bf16;
+    K.dot4[COLIBRI_DT_INT8] = neon_dot4_i8;
     K.dot_q8 = neon_dot_q8;
     K.convert = neon_convert;
     K.tile_2x3 = neon_tile_2x3;
     K.name = "neon";
+#ifdef __ARM_FEATURE_DOTPROD
+    K.dot_q8 = neon_sdot_q8;
+    K.dot4_q8 = neon_dot4_q8;
+    K.tile_q8 = neon_q8_tile;
+    K.name = "neon-dotprod";
+#endif
 #endif
 }
 
