@@ -444,7 +444,7 @@ def ratio_table(samples: dict[str, list[dict]], models: dict[str, Path], results
     print(f"llama.cpp {first['build']} ({first['cpu_info']}) vs colibri, {args.threads} threads, "
           f"prompt {args.prompt_len}, decode {args.gen}, best of {args.repeat} interleaved repeats")
     print(f"{'colibri':<16}{'llama.cpp':<10}{'decode tok/s c / l':>22}{'ratio':>7}{'goal':>6}"
-          f"{'prefill tok/s c / l':>22}{'ratio':>7}{'goal':>6}{'roofline c / l':>17}")
+          f"{'prefill tok/s c / l':>22}{'ratio':>7}{'goal':>6}{'roofline c / l':>17}{'ft p99/p50':>12}")
     table = []
     for label, gtype, dgoal, pgoal in pairs(args.dtypes.split(",")):
         c, lc = samples[label], samples[f"llama.cpp {gtype}"]
@@ -452,14 +452,16 @@ def ratio_table(samples: dict[str, list[dict]], models: dict[str, Path], results
         cp = max(args.prompt_len * 1e3 / x["prefill_ms_p50"] for x in c)
         ld, lp = max(x["decode_tok_s"] for x in lc), max(x["prefill_tok_s"] for x in lc)
         roof = bw * 1e9 / weight_bytes_per_decode_token(models[label.split()[0]])
+        ft = best(c)["first_token_ms_p99"] / best(c)["first_token_ms_p50"]  # goal <= 1.06
         row = {"colibri": label, "llama_cpp": gtype, "decode": [cd, ld], "decode_ratio": cd / ld,
                "decode_goal": dgoal, "prefill": [cp, lp], "prefill_ratio": cp / lp,
-               "prefill_goal": pgoal, "roofline_tok_s": roof}
+               "prefill_goal": pgoal, "roofline_tok_s": roof, "first_token_p99_over_p50": ft}
         table.append(row)
         mark = lambda ok: " " if ok else "*"  # noqa: E731
         print(f"{label:<16}{gtype:<10}{cd:>12.1f} / {ld:>7.1f}{cd / ld:>7.2f}{dgoal:>5.1f}"
               f"{mark(cd / ld >= dgoal)}{cp:>12.1f} / {lp:>7.1f}{cp / lp:>7.2f}{pgoal:>5.1f}"
-              f"{mark(cp / lp >= pgoal)}{100 * cd / roof:>9.0f}% / {100 * ld / roof:>3.0f}%")
+              f"{mark(cp / lp >= pgoal)}{100 * cd / roof:>9.0f}% / {100 * ld / roof:>3.0f}%{ft:>11.3f}"
+              f"{mark(ft <= 1.06)}")
     print("* = goal not met in this run")
     results["llama_cpp_ratios"] = table
 
