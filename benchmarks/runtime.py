@@ -11,6 +11,12 @@
    program streaming a 1 GiB buffer) and prints the decode roofline: bytes of weights one decode
    token touches / bandwidth, and the share of it the runtime reaches.
 
+With `--llama-cpp DIR` (DIR = a llama.cpp source tree built by scripts/build-llama-cpp.sh) it
+also converts the same checkpoint to GGUF with DIR/convert_hf_to_gguf.py (f32, f16, q8_0; q4_0 by
+DIR/build/bin/llama-quantize when the colibri converter offers a 4-bit dtype), runs
+`llama-bench` on each in the same interleaved repeats, and prints the ratio table: colibri /
+llama.cpp decode and prefill tok/s per weight type, against the goals of the speed issue.
+
 Speed figures are printed, not asserted (they vary +-15-30% on a shared machine).
 """
 
@@ -100,6 +106,98 @@ def hf_checkpoint(work: Path) -> Path:
                 p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5 * (3.0 if ".gate." in name else 1.0))
     model.save_pretrained(out)
     (out / ".complete").write_text("ok\n")
+    return out
+
+
+def hf_tokenizer(hf: Path, vocab: int) -> None:
+    """A Llama-style byte-fallback BPE tokenizer.json of exactly `vocab` entries (made with the
+    `tokenizers` library, nothing downloaded), so llama.cpp's converter accepts the checkpoint.
+    The benchmark feeds token ids, so the pieces only need to be distinct."""
+    if (hf / "tokenizer.json").exists():
+        return
+    from tokenizers import Tokenizer, decoders, models, normalizers
+
+    pieces = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    pieces += [f"\u2581w{i}" for i in range(vocab - len(pieces))]
+    tok = Tokenizer(models.BPE(vocab={p: i for i, p in enumerate(pieces)}, merges=[],
+                               unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"),
+                                           normalizers.Replace(" ", "\u2581")])
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                     decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    tok.save(str(hf / "tokenizer.json"))
+    (hf / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "LlamaTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
+         "unk_token": "<unk>", "add_bos_token": True, "add_eos_token": False}))
+
+
+def llama_cpp_tools(root: Path) -> tuple[Path, Path, Path]:
+    """convert_hf_to_gguf.py, llama-bench and llama-quantize of a build made by
+    scripts/build-llama-cpp.sh (DIR is its llama.cpp source tree)."""
+    conv, bench, quant = (root / "convert_hf_to_gguf.py", root / "build" / "bin" / "llama-bench",
+                          root / "build" / "bin" / "llama-quantize")
+    for path in (conv, bench, quant):
+        if not path.exists():
+            raise SystemExit(f"--llama-cpp {root}: {path} is missing; build it with "
+                             f"scripts/build-llama-cpp.sh (see its header)")
+    return conv, bench, quant
+
+
+def gguf_model(root: Path, hf: Path, work: Path, gtype: str) -> Path:
+    """The checkpoint as GGUF: f32/f16/q8_0 straight from the converter, q4_0 quantised from the
+    f16 GGUF by llama-quantize (how llama.cpp users make it)."""
+    conv, quant = root / "convert_hf_to_gguf.py", root / "build" / "bin" / "llama-quantize"
+    out = work / f"mixtral-{gtype}.gguf"
+    if out.exists():
+        return out
+    hf_tokenizer(hf, GEOMETRY["vocab_size"])
+    log(f"converting to {out.name} ...")
+    tmp = out.with_suffix(".part")
+    if gtype in ("f32", "f16", "q8_0"):
+        env = {**os.environ, "PYTHONPATH": str(root / "gguf-py")}
+        subprocess.run([sys.executable, str(conv), str(hf), "--outtype", gtype, "--outfile", str(tmp)],
+                       check=True, env=env, stdout=subprocess.DEVNULL)
+    else:
+        subprocess.run([str(quant), str(gguf_model(root, hf, work, "f16")), str(tmp), gtype],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    tmp.rename(out)
+    return out
+
+
+def llama_bench(binary: Path, model: Path, threads: int, prompt: int, gen: int, runs: int,
+                extra: list[str]) -> dict:
+    """llama-bench's prompt (pp) and generation (tg) tests as tok/s. Its pp computes the logits of
+    the last prompt token only, colibri's prefill those of every prompt token (the API returns
+    them): the prefill ratio counts that against colibri."""
+    proc = subprocess.run([str(binary), "-m", str(model), "-t", str(threads), "-p", str(prompt),
+                           "-n", str(gen), "-r", str(runs), "-o", "json", *extra],
+                          capture_output=True, text=True, check=True)
+    rows = json.loads(proc.stdout)
+    pp = next(r for r in rows if r["n_prompt"] and not r["n_gen"])
+    tg = next(r for r in rows if r["n_gen"] and not r["n_prompt"])
+    return {"prefill_tok_s": pp["avg_ts"], "decode_tok_s": tg["avg_ts"],
+            "build": f"{rows[0].get('build_commit', '?')}", "cpu_info": rows[0].get("cpu_info", "")}
+
+
+def four_bit_dtypes() -> list[str]:
+    """The 4-bit weight types the colibri converter offers (none before the 4-bit format)."""
+    from colibri_kit.model.format import DType
+
+    return [d.name.lower() for d in DType if "4" in d.name]
+
+
+# colibri dtype (and flags) -> the llama.cpp weight type it is compared with, and the goal ratios
+# (decode, prefill) of the speed issue.
+def pairs(dtypes: list[str]) -> list[tuple[str, str, float, float]]:
+    out = []
+    for d in dtypes:
+        if d in ("f32", "f16"):
+            out.append((d, d, 1.2, 1.0))
+        elif d == "int8":
+            out.append(("int8 int8-act", "q8_0", 1.5, 1.0))
+            out.append(("int8", "q8_0", 1.5, 1.0))
+        elif "4" in d:
+            out.append((d, "q4_0", 1.2, 1.0))
     return out
 
 
@@ -238,7 +336,18 @@ def main() -> None:
     ap.add_argument("--skip-transformers", action="store_true")
     ap.add_argument("--cold-cache", action="store_true",
                     help="evict the .colibri files from the page cache first (see drop_page_cache)")
+    ap.add_argument("--llama-cpp", type=Path, metavar="DIR",
+                    help="llama.cpp tree built by scripts/build-llama-cpp.sh: also run llama-bench "
+                         "on the same checkpoint as GGUF and print the ratio table")
+    ap.add_argument("--llama-bench-args", default="",
+                    help="extra llama-bench arguments (e.g. '--repack 0' where q8_0 hits SIGILL on AMX hosts)")
     args = ap.parse_args()
+    if args.llama_cpp:
+        args.llama_cpp = args.llama_cpp.resolve()
+        llama_cpp_tools(args.llama_cpp)  # fail before the long work
+        extra_dtypes = [d for d in four_bit_dtypes() if d not in args.dtypes.split(",")]
+        if extra_dtypes:
+            args.dtypes = ",".join(args.dtypes.split(",") + extra_dtypes)
     args.work.mkdir(parents=True, exist_ok=True)
 
     from colibri_kit.build import build
@@ -250,6 +359,10 @@ def main() -> None:
         variants.append(("int8", ("--int8-act",)))  # int8 activations + integer dot products
     models = {d: converted(hf, args.work, d) for d in args.dtypes.split(",")}
     hf_model = None if args.skip_transformers else Transformers(hf, args.threads)
+    ggufs: dict[str, Path] = {}
+    if args.llama_cpp:
+        for _, gtype, _, _ in pairs(args.dtypes.split(",")):
+            ggufs[gtype] = gguf_model(args.llama_cpp, hf, args.work, gtype)
     if args.cold_cache:
         for path in models.values():
             drop_page_cache(path)
@@ -274,6 +387,10 @@ def main() -> None:
         if hf_model:
             samples.setdefault("transformers f32", []).append(
                 hf_model.bench(args.prompt_len, args.gen, args.runs))
+        for gtype, path in ggufs.items():
+            samples.setdefault(f"llama.cpp {gtype}", []).append(
+                llama_bench(args.llama_cpp / "build" / "bin" / "llama-bench", path, args.threads,
+                            args.prompt_len, args.gen, args.runs, args.llama_bench_args.split()))
     # The roofline takes the best read bandwidth any of the three layouts reached: what the
     # memory can deliver to a streaming reader on this machine, whatever the page size.
     bw = max(bws + thp_bws + file_bws)
@@ -313,7 +430,40 @@ def main() -> None:
         if c:
             print(f"colibri f32 vs transformers f32: decode x{c['decode_tok_s'] / t['decode_tok_s']:.2f}, "
                   f"prefill x{t['prefill_ms_p50'] / c['prefill_ms_p50']:.2f}")
+    if ggufs:
+        ratio_table(samples, models, results, args, bw)
     print(json.dumps(results))
+
+
+def ratio_table(samples: dict[str, list[dict]], models: dict[str, Path], results: dict,
+                args: argparse.Namespace, bw: float) -> None:
+    """colibri / llama.cpp per weight type: each engine's best decode and best prefill over the
+    interleaved repeats, the goal, and both engines' share of the decode roofline (bytes per
+    token of the colibri model; q8_0 / q4_0 blocks carry 6% / 12% more scale bytes)."""
+    first = samples[next(k for k in samples if k.startswith("llama.cpp"))][0]
+    print(f"llama.cpp {first['build']} ({first['cpu_info']}) vs colibri, {args.threads} threads, "
+          f"prompt {args.prompt_len}, decode {args.gen}, best of {args.repeat} interleaved repeats")
+    print(f"{'colibri':<16}{'llama.cpp':<10}{'decode tok/s c / l':>22}{'ratio':>7}{'goal':>6}"
+          f"{'prefill tok/s c / l':>22}{'ratio':>7}{'goal':>6}{'roofline c / l':>17}{'ft p99/p50':>12}")
+    table = []
+    for label, gtype, dgoal, pgoal in pairs(args.dtypes.split(",")):
+        c, lc = samples[label], samples[f"llama.cpp {gtype}"]
+        cd = max(x["decode_tok_s"] for x in c)
+        cp = max(args.prompt_len * 1e3 / x["prefill_ms_p50"] for x in c)
+        ld, lp = max(x["decode_tok_s"] for x in lc), max(x["prefill_tok_s"] for x in lc)
+        roof = bw * 1e9 / weight_bytes_per_decode_token(models[label.split()[0]])
+        ft = best(c)["first_token_ms_p99"] / best(c)["first_token_ms_p50"]  # goal <= 1.06
+        row = {"colibri": label, "llama_cpp": gtype, "decode": [cd, ld], "decode_ratio": cd / ld,
+               "decode_goal": dgoal, "prefill": [cp, lp], "prefill_ratio": cp / lp,
+               "prefill_goal": pgoal, "roofline_tok_s": roof, "first_token_p99_over_p50": ft}
+        table.append(row)
+        mark = lambda ok: " " if ok else "*"  # noqa: E731
+        print(f"{label:<16}{gtype:<10}{cd:>12.1f} / {ld:>7.1f}{cd / ld:>7.2f}{dgoal:>5.1f}"
+              f"{mark(cd / ld >= dgoal)}{cp:>12.1f} / {lp:>7.1f}{cp / lp:>7.2f}{pgoal:>5.1f}"
+              f"{mark(cp / lp >= pgoal)}{100 * cd / roof:>9.0f}% / {100 * ld / roof:>3.0f}%{ft:>11.3f}"
+              f"{mark(ft <= 1.06)}")
+    print("* = goal not met in this run")
+    results["llama_cpp_ratios"] = table
 
 
 if __name__ == "__main__":

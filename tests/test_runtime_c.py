@@ -216,3 +216,24 @@ def test_clang_build_warning_free(tmp_path_factory: pytest.TempPathFactory, host
     build = make(RUNTIME / "tests", tmp_path_factory.mktemp("rt-clang"), host_config, "CC=clang-14")
     proc = run(build / "bin/test_runtime")
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mcpu", ["cortex-a78ae", "neoverse-v3ae"])
+def test_unit_tests_aarch64_under_qemu(tmp_path_factory: pytest.TempPathFactory, host_config: Path,
+                                       mcpu: str) -> None:
+    """The C unit tests, kernel bit contracts included (tiles == streams == row splits, exact
+    integer dots), cross-compiled by zig for Orin's and Thor's CPUs (NEON + SDOT kernels, chosen
+    by -mcpu) and run under qemu-aarch64."""
+    from colibri_kit.toolchain import install_zig, zig_env, zig_mcpu
+
+    out = tmp_path_factory.mktemp(f"rt-{mcpu}")
+    cc = f"{install_zig()} cc -target aarch64-linux-gnu.2.35 -mcpu={zig_mcpu(mcpu)}"
+    proc = subprocess.run(["make", "-s", "-C", str(RUNTIME / "tests"), f"CONFIG_DIR={host_config}",
+                           f"OUT_DIR={out}", f"CC={cc}", str(out / "bin" / "test_runtime")],
+                          capture_output=True, text=True, timeout=900, env={**os.environ, **zig_env()})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = run("qemu-aarch64", "-L", "/usr/aarch64-linux-gnu", out / "bin" / "test_runtime", timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ok   kernels neon-dotprod dtype 1 cols 1024" in proc.stdout, proc.stdout
+    assert "passed: 0 failure(s)" in proc.stdout

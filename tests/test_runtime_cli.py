@@ -152,6 +152,33 @@ def test_bitwise_identical_across_threads_and_runs(host_colibri: Path, models: d
     assert all(o == outs[0] for o in outs[1:])
 
 
+@pytest.mark.parametrize("name", ["tiny-f32", "tiny-f16", "tiny-bf16", "tiny-int8", "shared-gate-bias-plain-int8"])
+def test_simd_levels_give_the_same_bits(host_colibri: Path, models: dict[str, Path], tmp_path: Path,
+                                        name: str) -> None:
+    """The AVX-512 kernels keep the AVX2 lane layout (docs/runtime.md, "Kernels"): a model gives
+    the same logits bit for bit with the kernels capped at AVX2 (COLIBRI_CPU_SIMD=avx2) as with
+    the best this CPU has, with f32 and with int8 activations; prefill == decode at both levels."""
+    import os
+
+    ids = [i % 256 for i in PROMPT]
+    flags = [[], ["--int8-act"]] if name.endswith("int8") else [[]]
+    for extra in flags:
+        outs = {}
+        for level in ("", "avx2"):
+            env = {**os.environ, "COLIBRI_CPU_SIMD": level}
+            out = tmp_path / f"{level or 'best'}.bin"
+            subprocess.run([str(host_colibri), *extra, "forward", str(models[name]), "--ids",
+                            ",".join(map(str, ids)), "--logits-out", str(out)], check=True, env=env,
+                           timeout=120)
+            outs[level] = out.read_bytes()
+            gen = subprocess.run([str(host_colibri), *extra, "generate", str(models[name]), "--ids",
+                                  ",".join(map(str, ids[:4])), "--max-new", "8"], check=True,
+                                 env=env, timeout=120, capture_output=True, text=True)
+            outs[level + "gen"] = json.loads(gen.stdout)["ids"]
+        assert outs[""] == outs["avx2"], (name, extra)
+        assert outs["gen"] == outs["avx2gen"], (name, extra)
+
+
 # ---- CLI contract -------------------------------------------------------------------------------
 
 def test_version_names_target_and_macros(host_colibri: Path) -> None:
@@ -304,7 +331,7 @@ def test_aarch64_neon_build_under_qemu(orin_nx_build: Path, models: dict[str, Pa
     qemu = ["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu", str(orin_nx_build / "bin" / "colibri")]
     proc = subprocess.run([*qemu, "selftest"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "(neon)" in proc.stdout and "passed: 0 check(s) failed" in proc.stdout
+    assert "(neon-dotprod)" in proc.stdout and "passed: 0 check(s) failed" in proc.stdout
     for name in ("tiny-f32", "tiny-int8", "shared-gate-bias-plain-f32"):
         ids = [i % 256 for i in PROMPT]
         want = Reference(models[name]).forward(ids)

@@ -89,7 +89,7 @@ typedef struct {
 typedef struct {
     char backend[8];          /* "cpu" or "cuda" */
     int threads;
-    char cpu_simd[16];        /* "avx2", "neon" or "scalar" */
+    char cpu_simd[16];        /* "avx512-vnni", "avx512", "avx2", "neon-dotprod", "neon" or "scalar" */
     char fallback_reason[192];/* why CUDA was not used (backend auto), else "" */
     char cuda_device[128];    /* when backend is cuda */
     int cuda_sm, cuda_driver_version;

@@ -1,5 +1,6 @@
 /* C unit tests of the runtime: loader refusals on corrupted in-memory models (every status and
- * the field named in the message), API argument and state errors, and the built-in selftest. */
+ * the field named in the message), API argument and state errors, the kernels' bit-exactness
+ * contracts (prefill tiles == decode streams == any row split), and the built-in selftest. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,6 +9,7 @@
 
 #include "colibri.h"
 #include "colibri_config.h"
+#include "kernels.h"
 #include "model.h"
 #include "route.h"
 #include "selftest_model.h"
@@ -276,6 +278,82 @@ static void test_api(const char *path) {
     colibri_free(ctx);
 }
 
+/* ---- kernels: every multi-token tile and multi-row stream gives the one-token bits --------- */
+
+static uint32_t kseed = 12345;
+static float krand(void) { /* uniform in [-1, 1) */
+    kseed = kseed * 1664525u + 1013904223u;
+    return (float)(kseed >> 8) / 8388608.0f - 1.0f;
+}
+
+/* Rows x cols weights of each dtype against N tokens, with row counts that leave remainders for
+ * the 4-row tiles and streams and token counts that leave remainders for the 6-token tiles:
+ * (a) all tokens at once (prefill), (b) one token at a time over all rows (decode streams),
+ * (c) the rows split in two uneven ranges (another thread count) give identical bits, and the
+ * values are within 1e-5 of a double-precision dot of the converted row. */
+static void test_kernels(void) {
+    const char *simd = colibri_kernels_init();
+    enum { ROWS = 11, N = 14, MAXC = 1030 };
+    static const size_t colsv[] = {1024, 203, 72, 1030};
+    static float wf[ROWS * MAXC], x[N * MAXC], ya[N * ROWS], yb[N * ROWS], yc[N * ROWS];
+    static float scratch[2 * MAXC], row[MAXC];
+    static uint16_t wh[ROWS * MAXC], wb[ROWS * MAXC];
+    static int8_t wq[ROWS * MAXC], xq[N * MAXC];
+    float scales[ROWS], xs[N];
+    for (size_t ci = 0; ci < sizeof colsv / sizeof colsv[0]; ci++) {
+        size_t C = colsv[ci];
+        for (size_t i = 0; i < ROWS * C; i++) {
+            wf[i] = krand();
+            uint32_t u;
+            memcpy(&u, &wf[i], 4);
+            wb[i] = (uint16_t)(u >> 16);                   /* bf16: truncated f32 */
+            wh[i] = (uint16_t)(0x3800 | (u >> 13 & 0x3ff)); /* f16 in [0.5, 1) */
+            wq[i] = (int8_t)(krand() * 127.0f);
+        }
+        for (int r = 0; r < ROWS; r++) scales[r] = 0.01f * (float)(r + 1);
+        for (size_t i = 0; i < N * C; i++) x[i] = krand();
+        const void *data[4] = {wf, wh, wb, wq};
+        for (uint32_t dt = 0; dt < 4; dt++) {
+            colibri_tensor t = {data[dt], dt == 3 ? scales : NULL, dt, ROWS, (uint32_t)C};
+            colibri_rows_dot(&t, 0, ROWS, x, N, C, ya, ROWS, scratch);
+            for (int j = 0; j < N; j++) colibri_rows_dot(&t, 0, ROWS, x + j * C, 1, C, yb + j * ROWS, 1, scratch);
+            colibri_rows_dot(&t, 0, 5, x, N, C, yc, ROWS, scratch);
+            colibri_rows_dot(&t, 5, ROWS, x, N, C, yc, ROWS, scratch);
+            int same = 1, close = 1;
+            for (int r = 0; r < ROWS; r++) {
+                colibri_row_f32(&t, (uint32_t)r, row);
+                for (int j = 0; j < N; j++) {
+                    double ref = 0, mag = 0;
+                    for (size_t c = 0; c < C; c++) {
+                        ref += (double)row[c] * x[j * C + c];
+                        mag += fabs((double)row[c] * x[j * C + c]);
+                    }
+                    float a = ya[j * ROWS + r];
+                    close &= fabs(a - ref) <= 1e-5 * mag;
+                    same &= !memcmp(&a, &yb[j * ROWS + r], 4) && !memcmp(&a, &yc[j * ROWS + r], 4);
+                }
+            }
+            EXPECT(same && close, "kernels %s dtype %u cols %zu: %d tokens at once == one at a time"
+                   " == rows split 5/6, within 1e-5 of double", simd, dt, C, N);
+        }
+        /* int8 x int8: exact integers whatever the tiling */
+        for (int j = 0; j < N; j++) colibri_quantize_row(x + j * C, C, xq + j * C, &xs[j]);
+        colibri_tensor t = {wq, scales, COLIBRI_DT_INT8, ROWS, (uint32_t)C};
+        colibri_rows_dot_q8(&t, 0, ROWS, xq, xs, N, C, ya, ROWS);
+        for (int j = 0; j < N; j++) colibri_rows_dot_q8(&t, 0, ROWS, xq + j * C, xs + j, 1, C, yb + j * ROWS, 1);
+        int exact = 1;
+        for (int r = 0; r < ROWS; r++)
+            for (int j = 0; j < N; j++) {
+                long acc = 0;
+                for (size_t c = 0; c < C; c++) acc += (long)wq[r * C + c] * xq[j * C + c];
+                float want = (float)acc * (scales[r] * xs[j]);
+                exact &= ya[j * ROWS + r] == want && yb[j * ROWS + r] == want;
+            }
+        EXPECT(exact, "kernels %s int8 x int8 cols %zu: %d tokens at once and one at a time exact", simd,
+               C, N);
+    }
+}
+
 int main(void) {
     char path[256];
     snprintf(path, sizeof path, "/tmp/colibri-unit-%ld.colibri", (long)getpid());
@@ -291,6 +369,7 @@ int main(void) {
     test_meta();
     test_topk_nan();
     test_api(path);
+    test_kernels();
     int st = colibri_selftest(0);
     EXPECT(st == 0, "selftest (%d failed)", st);
     unlink(path);
