@@ -11,7 +11,7 @@ import importlib
 from invoke import Collection
 
 # Order is the order `invoke --list` groups them in.
-MODULES = ("profiles", "build", "model", "fleet", "tune", "sim", "gpu", "dev")
+MODULES = ("profiles", "build", "model", "fleet", "tune", "sim", "gpu", "dev", "package")
 
 
 def namespace() -> Collection:
