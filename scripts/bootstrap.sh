@@ -22,6 +22,7 @@ apt_packages=(
   python3-venv
   curl                                # a real HTTP client for `colibri serve` tests
   systemd                             # systemd-analyze verify of colibri.service; PID 1 of emulated devices
+  mender-client mender-artifact       # invoke package --format mender; the real client in tests/fleet/test_mender.py
 )
 missing=()
 for p in "${apt_packages[@]}"; do
