@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
 import tempfile
 import time
@@ -28,6 +29,7 @@ from colibri_kit.fleet import deploy as D
 from colibri_kit.fleet import release as rel
 from colibri_kit.fleet.connect import SSHRemote
 from colibri_kit.fleet.inventory import load_inventory
+from colibri_kit.paths import project_root
 from colibri_kit.profiles import load_profile
 from colibri_kit.service import ServiceSpec
 from colibri_kit.sim.fleet import QEMU_LD_PREFIX
@@ -68,6 +70,16 @@ def mdev(dist_a, tiny_model):
             results = D.deploy(fleet_of(inv, [dev.name]), D.prepare("orin-nx", dist_a, tiny_model),
                                load_profile("orin-nx"), hooks=D.Hooks(), service=SPEC)
             assert results[0].result == "ok", D.results_table(results, ["service"])
+            # the module over SSH, as an operator installs it (settings from the profile's service)
+            proc = invoke("mender-module", "--target", "orin-nx", "--fleet", str(fleet.fleet_file),
+                          "--gate-timeout", "60")
+            assert proc.returncode == 0 and f"{dev.name}: installed" in proc.stdout, proc.stdout + proc.stderr
+            assert dev.run(["cmp", str(module_file()), mender.MODULE_PATH]).returncode == 0
+            profile_spec = load_profile("orin-nx").service
+            assert dev.path(mender.MODULE_CONF).read_text() == mender.module_conf(
+                root=ROOT, unit="colibri.service", health_url=profile_spec.health_url,
+                api_key_file=profile_spec.api_key_file, model_id=profile_spec.model_id, gate_timeout=60)
+            # this device serves beyond its loopback with a key (SPEC): the gate must use it too
             with remote(inv, dev.name) as r:
                 mender.install_module(r, mender.module_conf(
                     root=ROOT, unit="colibri.service", health_url=SPEC.health_url,
@@ -102,6 +114,15 @@ def bad_model(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("bad") / "bad.colibri"
     path.write_bytes(b"this is not a colibri model\n" * 64)
     return path
+
+
+def invoke(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=project_root(),
+                          capture_output=True, text=True, timeout=300)
+
+
+def module_file() -> Path:
+    return project_root() / "colibri_kit" / "data" / "mender" / "colibri"
 
 
 def remote(inv, name) -> SSHRemote:
@@ -140,9 +161,14 @@ def answers(dev) -> list[int]:
 
 
 def test_artifacts_are_reproducible_apart_from_mender_artifacts_own_stamps(tmp_path, dist_a, tiny_model):
-    _, a = package(tmp_path, dist_a, tiny_model)
-    time.sleep(1.1)   # mender-artifact stamps the wall clock (seconds) on its own entries
-    _, b = package(tmp_path, dist_a, tiny_model)
+    a, b = tmp_path / "a.mender", tmp_path / "b.mender"
+    for out in (a, b):
+        proc = invoke("package", "--target", "orin-nx", "--model", str(tiny_model), "--format", "mender",
+                      "--dist", str(dist_a), "--out", str(out))
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        time.sleep(1.1)   # mender-artifact stamps the wall clock (seconds) on its own entries
+    art = D.prepare("orin-nx", dist_a, tiny_model)
+    assert f"release {art.release_id}, model {art.model_sha[:12]}, device type colibri-orin-nx" in proc.stdout
     with tarfile.open(a) as ta, tarfile.open(b) as tb:
         ma, mb = ta.getmembers(), tb.getmembers()
         assert [m.name for m in ma] == [m.name for m in mb] == \
