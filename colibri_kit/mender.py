@@ -127,8 +127,12 @@ def write_artifact(art: Artifact, out: Path, *, device_type: str, sign_key: Path
         res = subprocess.run(argv, capture_output=True, text=True, cwd=work)
         if res.returncode != 0:
             partial.unlink(missing_ok=True)
-            raise FleetError(f"mender-artifact failed (exit {res.returncode}): "
-                             f"{(res.stderr or res.stdout).strip()[-1000:]}")
+            err = (res.stderr or res.stdout).strip()
+            hint = ""
+            if sign_key is not None and "private key" in err:
+                hint = (f"; mender-artifact reads PKCS#1 RSA or EC keys: convert with "
+                        f"openssl rsa -in {sign_key} -out {sign_key}.rsa -traditional")
+            raise FleetError(f"mender-artifact failed (exit {res.returncode}): {err[-1000:]}{hint}")
         partial.replace(out)
     finally:
         shutil.rmtree(work, ignore_errors=True)
