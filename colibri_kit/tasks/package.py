@@ -8,7 +8,6 @@ from pathlib import Path
 from invoke import Context, task
 from invoke.exceptions import Exit
 
-from colibri_kit.errors import FleetError
 from colibri_kit.paths import dist_dir, project_root
 from colibri_kit.tasks._common import user_errors
 from colibri_kit.tasks.fleet import SELECT_HELP, select_fleet
