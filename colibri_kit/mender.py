@@ -140,11 +140,15 @@ def write_artifact(art: Artifact, out: Path, *, device_type: str, sign_key: Path
 
 
 def module_conf(*, root: str, unit: str, health_url: str, api_key_file: str | None,
-                model_id: str | None, gate_timeout: int) -> str:
-    """The update module's settings file (the service spec the SSH deploy uses)."""
+                model_id: str | None, gate_timeout: int, keep: int = 3) -> str:
+    """The update module's settings file (the service spec the SSH deploy uses; ``keep``
+    releases kept after a commit, as deploy's --keep)."""
+    if int(keep) < 1:
+        raise FleetError(f"keep must be at least 1 (got {keep})")
     lines = ["# colibri Mender update module settings (written by invoke mender-module)",
              f"ROOT={root}", f"UNIT={unit}", f"HEALTH_URL={health_url}",
-             f"MODEL_ID={model_id or 'model'}", f"GATE_TIMEOUT={int(gate_timeout)}"]
+             f"MODEL_ID={model_id or 'model'}", f"GATE_TIMEOUT={int(gate_timeout)}",
+             f"KEEP={int(keep)}"]
     if api_key_file:
         lines.append(f"API_KEY_FILE={api_key_file}")
     return "\n".join(lines) + "\n"

@@ -10,7 +10,8 @@ from invoke.exceptions import Exit
 
 from colibri_kit.paths import dist_dir, project_root
 from colibri_kit.tasks._common import user_errors
-from colibri_kit.tasks.fleet import SELECT_HELP, select_fleet
+from colibri_kit.fleet.fleet import DEFAULT_KEEP
+from colibri_kit.tasks.fleet import SELECT_HELP, _cfg, select_fleet
 
 
 @task(help={
@@ -52,11 +53,13 @@ def package(c: Context, target: str, model: str, format: str = "mender", sign_ke
     "target": "profile whose service settings (port, API key file, model id) the module's health "
               "gate uses; also selects hosts whose target is T, or hosts with no target",
     "gate_timeout": "seconds the module's health gate waits after a restart (default 90)",
+    "keep": "releases the module keeps after a commit, besides current and previous (default: "
+            "fleet.keep in invoke.yaml, else 3)",
 })
 @user_errors
 def mender_module(c: Context, target: str, fleet: str = "", hosts: str = "", group: str = "",
                   tags: str = "", parallel: int = 0, accept_new_host_keys: bool = False,
-                  gate_timeout: int = 90) -> None:
+                  gate_timeout: int = 90, keep: int = 0) -> None:
     """Install the `colibri` Mender update module (+ its settings) on devices over SSH."""
     from colibri_kit import mender
     from colibri_kit.profiles import load_profile
@@ -69,7 +72,8 @@ def mender_module(c: Context, target: str, fleet: str = "", hosts: str = "", gro
         spec = (profile.service or ServiceSpec()).with_root(host.root)
         mender.install_module(remote, mender.module_conf(
             root=host.root, unit=UNIT_NAME, health_url=spec.health_url,
-            api_key_file=spec.api_key_file, model_id=spec.model_id, gate_timeout=gate_timeout))
+            api_key_file=spec.api_key_file, model_id=spec.model_id, gate_timeout=gate_timeout,
+            keep=keep or int(_cfg(c, "keep", DEFAULT_KEEP))))
         return "installed"
 
     failed = []

@@ -43,6 +43,7 @@ ROOT = "/opt/colibri"
 API_KEY = "sk-colibri-mender-test-0123456789"
 KEY_FILE = "/etc/colibri/api-key"
 VERIFY_KEY = "/etc/mender/artifact-verify-key.pem"
+KEEP = 1   # releases the module keeps after a commit, besides current and previous
 SPEC = ServiceSpec(port=8080, bind="0.0.0.0", api_key_file=KEY_FILE, model_id="tiny", slots=1,
                    restart_sec=0.5, start_limit_burst=3, drain_timeout_s=5)
 
@@ -80,12 +81,13 @@ def mdev(dist_a, tiny_model):
             profile_spec = load_profile("orin-nx").service
             assert dev.path(mender.MODULE_CONF).read_text() == mender.module_conf(
                 root=ROOT, unit="colibri.service", health_url=profile_spec.health_url,
-                api_key_file=profile_spec.api_key_file, model_id=profile_spec.model_id, gate_timeout=60)
+                api_key_file=profile_spec.api_key_file, model_id=profile_spec.model_id, gate_timeout=60,
+                keep=3)
             # this device serves beyond its loopback with a key (SPEC): the gate must use it too
             with remote(inv, dev.name) as r:
                 mender.install_module(r, mender.module_conf(
                     root=ROOT, unit="colibri.service", health_url=SPEC.health_url,
-                    api_key_file=KEY_FILE, model_id=SPEC.model_id, gate_timeout=60))
+                    api_key_file=KEY_FILE, model_id=SPEC.model_id, gate_timeout=60, keep=KEEP))
             dev.inv = inv
             yield dev
     finally:
@@ -293,3 +295,34 @@ def test_a_release_that_fails_the_modules_checks_is_not_installed(mdev, tmp_path
     err = _refused(mdev, artifact, "binary that does not run")
     assert "bin/colibri does not run on this device" in err, err[-2000:]
     assert mdev.systemctl("is-active", "colibri.service", check=False).stdout.strip() == "active"
+
+
+def test_a_commit_prunes_old_releases_and_unused_models(mdev, tmp_path, dist_a, dist_b, tiny_model,
+                                                       bad_model):
+    """After a healthy commit the module keeps current, previous and the newest KEEP releases, and
+    the models they link to (as deploy's --keep); here the gate-failed release goes."""
+    ls = lambda d: sorted(mdev.run(["ls", f"{ROOT}/{d}"]).stdout.split())  # noqa: E731
+    # a release that will be neither current nor previous nor among the newest
+    _, extra = package(tmp_path, dist_b, bad_model)
+    assert mender_cmd(mdev, "install", push(mdev, extra)).returncode == 0
+    assert mender_cmd(mdev, "rollback").returncode == 0
+    stale = D.prepare("orin-nx", dist_b, bad_model)
+    assert stale.release_id in ls("releases") and f"{stale.model_sha}.colibri" in ls("models")
+    commits = 0
+    for dist in (dist_a, dist_b):   # two commits: the stale one is then older than KEEP newest
+        art, artifact = package(tmp_path, dist, tiny_model)
+        if art.release_id == current(mdev):
+            continue
+        assert mender_cmd(mdev, "install", push(mdev, artifact)).returncode == 0
+        res = mender_cmd(mdev, "commit")
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert f"pruned release {stale.release_id}" in res.stderr or commits == 1, res.stderr[-3000:]
+        commits += 1
+    now, releases = current(mdev), ls("releases")
+    assert commits >= 1 and now == art.release_id
+    assert stale.release_id not in releases and f"{stale.model_sha}.colibri" not in ls("models")
+    assert now in releases and len(releases) <= KEEP + 2, releases
+    linked = {mdev.run(["readlink", f"{ROOT}/releases/{r}/model.colibri"]).stdout.strip().rsplit("/", 1)[1]
+              for r in releases}
+    assert set(ls("models")) == linked
+    assert answers(mdev)
