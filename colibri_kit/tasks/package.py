@@ -18,9 +18,9 @@ from colibri_kit.tasks.fleet import SELECT_HELP, _cfg, select_fleet
     "target": "target profile (dist/<target>/ must be built and verify against its manifest)",
     "model": "the .colibri model the release serves (shipped content-addressed, by sha256)",
     "format": "package format: mender (the only one so far)",
-    "sign_key": "PEM private key (RSA or ECDSA) to sign the artifact with; devices verify it "
-                "with ArtifactVerifyKey in mender.conf",
-    "out": "output file (default dist/<target>-<release id>.mender)",
+    "sign_key": "PEM private key to sign with (PKCS#1 RSA or EC, as mender-artifact reads); devices "
+                "verify it with ArtifactVerifyKey in mender.conf",
+    "out": "output file (default dist/<release id>.mender, e.g. dist/orin-nx-0123456789ab.mender)",
     "device_type": "Mender device_type the artifact is for (default colibri-<target>)",
     "dist": "package this dist directory instead of dist/<target>/",
 })
