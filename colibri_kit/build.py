@@ -21,7 +21,6 @@ import fcntl
 import hashlib
 import json
 import os
-import re
 import shlex
 import shutil
 import subprocess
@@ -32,9 +31,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from colibri_kit import paths, toolchain
+from colibri_kit import paths, profiles, toolchain
 from colibri_kit.errors import BuildError, KitError, ToolchainError
 from colibri_kit.hashing import file_sha256
+from colibri_kit.profiles import CudaSpec, Profile
+from colibri_kit.verify import VerifyReport
 
 Progress = Callable[[str], None]
 
@@ -60,7 +61,7 @@ class BuildResult:
     make_output: str
     seconds: float
     steps: dict[str, float] = field(default_factory=dict)
-    verify_report: object = None   # colibri_kit.verify.VerifyReport (host builds)
+    verify_report: VerifyReport | None = None   # host builds; None when built in docker
 
 
 # ---------------------------------------------------------------------------------------------
@@ -170,22 +171,22 @@ def _rel(path: Path, start: Path) -> str:
 # Kernels
 
 
-def cuda_plan(profile, cuda_archs: Sequence[str] | None,
+def cuda_plan(profile: Profile, cuda_archs: Sequence[str] | None,
               cuda_version: str | None) -> CudaPlan | None:
     """What device code to build: the profile's pins, or --cuda-archs for a profile without CUDA."""
-    cuda = getattr(profile, "cuda", None)
+    cuda = profile.cuda
     if cuda is not None:
         if cuda_archs or (cuda_version and cuda_version != cuda.version):
             raise BuildError(
                 f"target {profile.name} pins CUDA {cuda.version} and "
                 f"{', '.join(cuda.archs)} in its profile; --cuda-archs/--cuda-version only add "
                 "device code to a profile without CUDA (e.g. host). Edit the profile instead.")
-        return CudaPlan(cuda.version, tuple(sorted(toolchain.sm_number(a) for a in cuda.archs)))
+        return CudaPlan(cuda.version, tuple(sorted(cuda.sm_numbers)))
     if not cuda_archs:
         if cuda_version:
             raise BuildError("--cuda-version needs --cuda-archs (e.g. --cuda-archs sm_90)")
         return None
-    sms = tuple(sorted({toolchain.sm_number(a) for a in cuda_archs}))
+    sms = tuple(sorted({profiles.sm_number(a) for a in cuda_archs}))
     return CudaPlan(cuda_version or DEFAULT_HOST_CUDA, sms)
 
 
@@ -312,8 +313,8 @@ def publish(out_dir: Path, config_header: Path, runtime_dir: Path, dist: Path) -
     return sorted(wanted)
 
 
-def _config_header_path(profile) -> Path:
-    from colibri_kit import render   # A1's module
+def _config_header_path(profile: Profile) -> Path:
+    from colibri_kit import render
 
     bdir = paths.build_dir(profile.name) / "include" / "colibri_config.h"
     before = bdir.read_bytes() if bdir.is_file() else None
@@ -325,24 +326,17 @@ def _config_header_path(profile) -> Path:
     return header
 
 
-def _profile_for_verify(profile, plan: CudaPlan | None):
-    """The host profile built with --cuda-archs: verify against the SMs actually requested."""
-    if plan is None or getattr(profile, "cuda", None) is not None:
+def built_profile(profile: Profile, plan: CudaPlan | None) -> Profile:
+    """What was built: the profile, plus the device code --cuda-archs added to one without CUDA
+    (host), so verify checks the SMs actually embedded."""
+    if plan is None or profile.cuda is not None:
         return profile
-    from colibri_kit import profiles
-
-    cuda_cls = getattr(profiles, "CudaSpec", None) or getattr(profiles, "Cuda", None)
-    if cuda_cls is None or not dataclasses.is_dataclass(profile):
-        return profile
-    fields = {f.name for f in dataclasses.fields(cuda_cls)}
-    kwargs = {"version": plan.version, "archs": tuple(f"sm_{s}" for s in plan.sms)}
-    if "igpu" in fields:
-        kwargs["igpu"] = False
-    return dataclasses.replace(profile, cuda=cuda_cls(**kwargs))
+    return dataclasses.replace(profile, cuda=CudaSpec(
+        version=plan.version, archs=tuple(f"sm_{s}" for s in plan.sms), igpu=False))
 
 
-def _verify(profile, dist: Path, progress: Progress):
-    from colibri_kit import verify   # A1's module: raises VerifyError on any mismatch
+def _verify(profile: Profile, dist: Path, progress: Progress) -> VerifyReport:
+    from colibri_kit import verify   # raises VerifyError on any mismatch
 
     report = verify.verify_build(profile, dist)
     for line in report.lines():
@@ -365,11 +359,9 @@ def build(target: str, *, where: str = "auto", debug: bool = False,
     (host). nvcc: a system nvcc to use instead of the CUDA wheels (its version must match).
     kernel_source: another .cu to compile (tests); default runtime/kernels/colibri_kernels.cu.
     """
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", target or ""):
-        raise BuildError(f"invalid target name {target!r} (see `invoke targets`)")
-    from colibri_kit import profiles
-
-    profiles.load_profile(target)   # unknown or broken profile: fail before touching anything
+    # An invalid name, an unknown target or a broken profile fails here, before anything is
+    # touched; the build and its verification use this one Profile.
+    profile = profiles.load_profile(target)
     say = progress or (lambda msg: print(f"[build {target}] {msg}", flush=True))
     chosen = choose_where(where)
     if chosen == "docker":
@@ -377,15 +369,14 @@ def build(target: str, *, where: str = "auto", debug: bool = False,
             raise BuildError("kernel_source cannot be used with --in docker")
         return build_in_docker(target, debug=debug, cuda_archs=cuda_archs,
                                cuda_version=cuda_version, jobs=jobs, progress=say)
-    with _target_lock(target, say):
-        return _build_here(target, debug=debug, cuda_archs=cuda_archs, cuda_version=cuda_version,
+    with _target_lock(profile.name, say):
+        return _build_here(profile, debug=debug, cuda_archs=cuda_archs, cuda_version=cuda_version,
                            nvcc=nvcc, kernel_source=kernel_source, jobs=jobs, progress=say)
 
 
-def _build_here(target: str, *, debug: bool, cuda_archs, cuda_version, nvcc, kernel_source,
+def _build_here(profile: Profile, *, debug: bool, cuda_archs: Sequence[str] | None,
+                cuda_version: str | None, nvcc: str | None, kernel_source: Path | None,
                 jobs: int, progress: Progress) -> BuildResult:
-    from colibri_kit import profiles   # A1's module
-
     t0 = time.monotonic()
     steps: dict[str, float] = {}
 
@@ -396,7 +387,7 @@ def _build_here(target: str, *, debug: bool, cuda_archs, cuda_version, nvcc, ker
 
     root = paths.project_root()
     runtime_dir = paths.runtime_dir()
-    profile = profiles.load_profile(target)
+    target = profile.name
     plan = cuda_plan(profile, cuda_archs, cuda_version)
     bdir = paths.build_dir(target)
     variant = "debug" if debug else "release"
@@ -465,7 +456,7 @@ def _build_here(target: str, *, debug: bool, cuda_archs, cuda_version, nvcc, ker
         "variant": variant,
         "arch": profile.arch,
         "glibc_floor": str(profile.glibc),
-        "profile_hash": getattr(profile, "hash", None),
+        "profile_hash": profile.hash,
         "source_revision": source_revision(root),
         "toolchain": {"host_cc": host_tc.version, **({"cuda": cuda_versions}
                                                       if cuda_versions else {})},
@@ -480,22 +471,10 @@ def _build_here(target: str, *, debug: bool, cuda_archs, cuda_version, nvcc, ker
              "bytes)")
     t = step("publish", t)
 
-    report = _verify(_profile_for_verify(profile, plan), dist, progress)
+    report = _verify(built_profile(profile, plan), dist, progress)
     step("verify", t)
     return BuildResult(profile.name, "host", dist, manifest, kernels_compiled, ran, make_out,
                        round(time.monotonic() - t0, 3), steps, report)
-
-
-def build_all(targets: Sequence[str], *, where: str = "auto", debug: bool = False, jobs: int = 2,
-              progress: Progress | None = None) -> list[tuple[str, BuildResult | KitError]]:
-    """Build each target; collect failures instead of stopping at the first."""
-    results: list[tuple[str, BuildResult | KitError]] = []
-    for t in targets:
-        try:
-            results.append((t, build(t, where=where, debug=debug, jobs=jobs, progress=progress)))
-        except KitError as exc:
-            results.append((t, exc))
-    return results
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,5 +1,12 @@
 """Exceptions the kit raises. Every message should tell the user what to do next."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from colibri_kit.verify import VerifyReport
+
 
 class KitError(Exception):
     """Base class: a failure the user can act on (printed without a traceback)."""
@@ -18,7 +25,11 @@ class BuildError(KitError):
 
 
 class VerifyError(KitError):
-    """A built artifact does not match its target profile."""
+    """A built artifact does not match its target profile; `report` has every check."""
+
+    def __init__(self, message: str, report: VerifyReport | None = None) -> None:
+        super().__init__(message)
+        self.report = report
 
 
 class ModelError(KitError):

@@ -78,7 +78,7 @@ class CudaSpec:
     @property
     def sm_numbers(self) -> tuple[int, ...]:
         """The SMs as integers (``sm_87`` -> 87), the form cubin headers carry."""
-        return tuple(int(a[3:].rstrip("a")) for a in self.archs)
+        return tuple(sm_number(a) for a in self.archs)
 
 
 @dataclass(frozen=True)
@@ -147,6 +147,20 @@ class Profile:
 
 
 # --------------------------------------------------------------------------- public functions
+
+
+_SM_NUMBER_RE = re.compile(r"(?:sm_|compute_)?(\d{2,3})a?")
+
+
+def sm_number(arch: str | int) -> int:
+    """'sm_87' / 'sm_90a' / 'compute_87' / 87 -> 87: the one parser of SM names (profiles,
+    --cuda-archs, cubin checks)."""
+    if isinstance(arch, int):
+        return arch
+    m = _SM_NUMBER_RE.fullmatch(str(arch).strip())
+    if not m:
+        raise ProfileError(f"invalid CUDA architecture {arch!r} (expected e.g. sm_87)")
+    return int(m.group(1))
 
 
 def list_profiles(targets_dir: Path | None = None) -> list[str]:

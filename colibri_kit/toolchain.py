@@ -28,6 +28,7 @@ from typing import Callable, Iterable, Sequence
 
 from colibri_kit import paths
 from colibri_kit.errors import ToolchainError
+from colibri_kit.profiles import Profile
 
 Progress = Callable[[str], None]
 
@@ -212,13 +213,6 @@ class HostToolchain:
         }
 
 
-def zig_mcpu(mcpu: str) -> str:
-    """zig spells CPU models with underscores: cortex-a78ae -> cortex_a78ae."""
-    if not re.fullmatch(r"[A-Za-z0-9_.+-]+", mcpu):
-        raise ToolchainError(f"invalid cpu model {mcpu!r} (expected e.g. cortex-a78ae)")
-    return mcpu.replace("-", "_")
-
-
 def install_zig(progress: Progress | None = None) -> Path:
     d = install_set(f"zig-{ZIG_VERSION}", (f"ziglang=={ZIG_VERSION}",), f"zig {ZIG_VERSION}",
                     progress)
@@ -234,9 +228,9 @@ def zig_env() -> dict[str, str]:
             "ZIG_LOCAL_CACHE_DIR": str(cache / "local")}
 
 
-def host_toolchain(profile, progress: Progress | None = None) -> HostToolchain:
+def host_toolchain(profile: Profile, progress: Progress | None = None) -> HostToolchain:
     """The C toolchain for a profile: zig cc for a Jetson (glibc floor pinned), system cc for host."""
-    mcpu = getattr(profile, "cpu_mcpu", None)
+    mcpu = profile.cpu_mcpu
     if profile.name == "host":
         cc = os.environ.get("CC", "cc")
         flags: tuple[str, ...] = ()
@@ -247,10 +241,9 @@ def host_toolchain(profile, progress: Progress | None = None) -> HostToolchain:
                              {}, version)
     zig = install_zig(progress)
     env = zig_env()
-    triple = getattr(profile, "zig_triple", None) or f"{profile.arch}-linux-gnu.{profile.glibc}"
-    flags = (f"-mcpu={zig_mcpu(mcpu)}",) if mcpu else ()
+    flags = (f"-mcpu={profile.zig_mcpu}",) if profile.zig_mcpu else ()
     version = "zig " + _run_version([str(zig), "version"], {**os.environ, **env})
-    return HostToolchain("zig", (str(zig), "cc", "-target", triple), (str(zig), "ar"),
+    return HostToolchain("zig", (str(zig), "cc", "-target", profile.zig_triple), (str(zig), "ar"),
                          (str(zig), "ranlib"), flags, env, version)
 
 
@@ -421,16 +414,6 @@ def _nvrtc_main(lib: str, source: str, ptx_path: str, options: Sequence[str]) ->
     return 0
 
 
-def sm_number(arch: str | int) -> int:
-    """'sm_87' / 'compute_87' / 87 -> 87."""
-    if isinstance(arch, int):
-        return arch
-    m = re.fullmatch(r"(?:sm_|compute_)?(\d{2,3})", str(arch).strip())
-    if not m:
-        raise ToolchainError(f"invalid CUDA architecture {arch!r} (expected e.g. sm_87)")
-    return int(m.group(1))
-
-
 def supported_sms(tc: CudaToolchain) -> list[int]:
     if tc.nvrtc_lib is not None:
         return Nvrtc(tc.nvrtc_lib).supported_sms()
@@ -512,12 +495,12 @@ def compile_kernels(tc: CudaToolchain, source: Path, include_dirs: Sequence[Path
 # Whole-profile helpers (the `invoke toolchain` task and the Dockerfile use these)
 
 
-def install_for_profile(profile, progress: Progress | None = None,
+def install_for_profile(profile: Profile, progress: Progress | None = None,
                         cuda_version: str | None = None) -> dict[str, str]:
     """Install what `profile` builds with; return the tool versions it will use."""
     host = host_toolchain(profile, progress)
     versions = {"host_cc": host.version}
-    version = cuda_version or (profile.cuda.version if getattr(profile, "cuda", None) else None)
+    version = cuda_version or (profile.cuda.version if profile.cuda else None)
     if version:
         cuda = cuda_toolchain(version, progress=progress)
         versions.update({f"cuda_{k}": v for k, v in cuda.versions().items()})

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from colibri_kit import paths, toolchain, verify
-from colibri_kit.errors import ToolchainError
+from colibri_kit import elf, paths, profiles, toolchain
+from colibri_kit.errors import ProfileError, ToolchainError
 
 KERNEL = r"""
 #include <cuda_fp16.h>
@@ -35,24 +35,26 @@ def _cubin_sms(images: list[toolchain.KernelImage]) -> list[int]:
     found = []
     for img in images:
         if img.kind == "cubin":
-            cubins = verify.find_cubins(b"\0" + img.path.read_bytes())  # skips offset 0
+            cubins = elf.find_cubins(b"\0" + img.path.read_bytes())  # skips offset 0
             assert len(cubins) == 1, img.path
             found.append(cubins[0].sm)
     return found
 
 
-def test_zig_mcpu_spelling():
-    assert toolchain.zig_mcpu("cortex-a78ae") == "cortex_a78ae"
-    assert toolchain.zig_mcpu("neoverse-v3ae") == "neoverse_v3ae"
-    with pytest.raises(ToolchainError, match="invalid cpu model"):
-        toolchain.zig_mcpu("cortex a78; rm -rf /")
+def test_zig_flags_come_from_the_profile():
+    """zig's -target and -mcpu are the Profile's properties (derived once, there)."""
+    orin = profiles.load_profile("orin-nx")
+    tc = toolchain.host_toolchain(orin)
+    assert tc.cc[-2:] == ("-target", orin.zig_triple) and orin.zig_triple.endswith(".2.35")
+    assert tc.arch_cflags == (f"-mcpu={orin.zig_mcpu}",) and orin.zig_mcpu == "cortex_a78ae"
 
 
 def test_sm_number_parsing():
-    assert toolchain.sm_number("sm_87") == 87
-    assert toolchain.sm_number("compute_110") == 110
-    with pytest.raises(ToolchainError, match="invalid CUDA architecture"):
-        toolchain.sm_number("sm87x")
+    assert profiles.sm_number("sm_87") == 87
+    assert profiles.sm_number("sm_90a") == 90
+    assert profiles.sm_number("compute_110") == 110
+    with pytest.raises(ProfileError, match="invalid CUDA architecture"):
+        profiles.sm_number("sm87x")
 
 
 @pytest.mark.slow

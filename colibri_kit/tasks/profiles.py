@@ -60,9 +60,8 @@ def verify_task(c: Context, target: str, dist: str = "", run: bool = True,
     try:
         report = verify_mod.verify_build(profile, where, run=run)
     except VerifyError as exc:
-        report = getattr(exc, "report", None)
-        if json and report is not None:
-            print(jsonlib.dumps(report.to_dict(), indent=2))
+        if json and exc.report is not None:
+            print(jsonlib.dumps(exc.report.to_dict(), indent=2))
         raise
     print(jsonlib.dumps(report.to_dict(), indent=2) if json else report.format())
 

@@ -15,24 +15,23 @@
  * Layouts: a linear layer's weight is W[rows=out, cols=in] row-major, y[t, r] = W[r, :] . x[t, :].
  * Tensors with a D-sized axis are padded to Dp with zeros, so padded lanes stay exactly zero. */
 #include "colibri_config.h"
+#include "colibri_abi.h"
 
 typedef unsigned long long cb_u64;
 typedef unsigned int cb_u32;
 typedef unsigned short cb_u16;
 
-#define CB_DT_F32 0
-#define CB_DT_F16 1
-#define CB_DT_BF16 2
-#define CB_DT_INT8 3
+/* short names for the values colibri_abi.h defines */
+#define CB_DT_F32 COLIBRI_DT_F32
+#define CB_DT_F16 COLIBRI_DT_F16
+#define CB_DT_BF16 COLIBRI_DT_BF16
+#define CB_DT_INT8 COLIBRI_DT_INT8
 
-#define CB_WARP 32
+#define CB_WARP COLIBRI_CU_WARP
 #define CB_FULL_MASK 0xffffffffu
-/* Threads per block of the row kernels (linear, expert up/down): 4 warps, one output row each. */
-#define CB_ROW_WARPS 4
-/* Tokens one warp carries at once in a row kernel: the weight row is read once per tile. */
-#define CB_TOKEN_TILE 4
-/* Router top-k sorts at most this many experts (docs/format.md caps E at 256). */
-#define CB_MAX_SORT 256
+#define CB_ROW_WARPS COLIBRI_CU_ROW_WARPS
+#define CB_TOKEN_TILE COLIBRI_CU_TOKEN_TILE
+#define CB_MAX_SORT COLIBRI_CU_MAX_SORT
 
 #if !defined(COLIBRI_ROUTING_MODE) || !defined(COLIBRI_ROUTING_SOFTMAX_TOPK)
 #error "colibri_config.h must define COLIBRI_ROUTING_MODE and COLIBRI_ROUTING_SOFTMAX_TOPK"
@@ -377,10 +376,14 @@ extern "C" __global__ void cb_attention(float *out, const float *q, const float 
 
 /* ---- routing ------------------------------------------------------------------------------- */
 
-/* Does expert a (logit ka) come before expert b in the routing order? Higher logit first, ties
- * to the lower index. A strict total order, so the sort below has exactly one result. */
+/* Does expert a (logit ka) come before expert b in the routing order? Higher logit first, NaN
+ * after every number, ties to the lower index: a strict total order even with NaN (`>` alone is
+ * not one), so the sort below has exactly one result and padding never reaches the first k. */
 __device__ __forceinline__ int cb_before(float ka, int ia, float kb, int ib) {
-    return ka > kb || (ka == kb && ia < ib);
+    const int na = ka != ka, nb = kb != kb;
+    if (na != nb) return nb;
+    if (!na && ka != kb) return ka > kb;
+    return ia < ib;
 }
 
 /* Route one token (grid (n), block 32 = one warp), mirroring the CPU path (runtime/src/route.c)
@@ -391,7 +394,7 @@ __device__ __forceinline__ int cb_before(float ka, int ia, float kb, int ib) {
  * Ties go to the lower expert index. renorm != 0 (header `routing` 0) makes the k weights sum
  * to 1. Outputs in rank order: idx[t*k + j], wts[t*k + j].
  * The sort is a bitonic network over the next power of two >= E in shared memory, one warp;
- * padding entries (-inf, index >= 2^30) sort last. */
+ * padding entries (NaN, index >= 2^30) sort last. */
 extern "C" __global__ void cb_router_topk(const float *logits, int E, int k, int renorm,
                                           int *idx, float *wts) {
     __shared__ float key[CB_MAX_SORT];
@@ -415,7 +418,7 @@ extern "C" __global__ void cb_router_topk(const float *logits, int E, int k, int
     int npow = 2;
     while (npow < E) npow <<= 1;
     for (int i = lane; i < npow; i += CB_WARP) {
-        float v = -__int_as_float(0x7f800000);
+        float v = __int_as_float(0x7fc00000); /* NaN: padding sorts after every expert */
         if (i < E) {
 #if COLIBRI_ROUTING_MODE == COLIBRI_ROUTING_SOFTMAX_TOPK
             v = (float)(exp((double)lr[i] - mx) / total);

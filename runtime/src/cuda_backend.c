@@ -22,8 +22,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
+#include "../kernels/colibri_abi.h"
 #include "colibri_config.h"
 #include "cuda_driver.h"
 #include "kernel_images.h"
@@ -34,9 +36,11 @@
 #endif
 
 #define CB_ALIGN 256u         /* every arena region starts on this boundary */
-#define CB_ROW_THREADS 128u   /* row kernels: 4 warps, one output row per warp (kernels.cu) */
-#define CB_ROW_WARPS 4u
-#define CB_TOKEN_TILE 4u      /* tokens per warp in a row kernel */
+#define CB_ROW_THREADS ((unsigned)COLIBRI_CU_ROW_THREADS) /* colibri_abi.h: shared with the .cu */
+#define CB_ROW_WARPS ((unsigned)COLIBRI_CU_ROW_WARPS)
+#define CB_TOKEN_TILE ((unsigned)COLIBRI_CU_TOKEN_TILE)
+#define CB_WIDE ((unsigned)COLIBRI_CU_WIDE_THREADS)
+#define CB_HEAD ((unsigned)COLIBRI_CU_HEAD_THREADS)
 #define CB_MAX_CHUNK 32       /* tokens per device pass at most */
 #define CB_SCORES_BUDGET (64u << 20) /* attention score scratch bound, bytes */
 
@@ -91,7 +95,7 @@ int colibri_cuda_plan(const struct colibri_model *m, int copy_weights, colibri_c
     const size_t S = m->max_seq_len, H = m->n_heads, Dh = m->head_dim, Dp = m->embed_dim_pad;
     const size_t E = m->num_experts, k = m->top_k, F = m->expert_size, V = m->vocab_size;
     const size_t Fs = m->shared_expert_size, L = m->n_layers, kvd = (size_t)m->n_kv_heads * Dh;
-    if (S == 0 || H == 0 || E == 0 || k == 0 || k > 16 || E > 256 || m->n_kv_heads == 0 ||
+    if (S == 0 || H == 0 || E == 0 || k == 0 || k > 16 || E > COLIBRI_CU_MAX_SORT || m->n_kv_heads == 0 ||
         H % m->n_kv_heads != 0)
         return -1;
     /* tokens per pass: bounded so the attention scores (chunk x H x S floats) stay small */
@@ -291,7 +295,7 @@ static int cb_rmsnorm(colibri_cuda *cu, CUstream s, CUdeviceptr y, int ys, CUdev
     CUdeviceptr wd = cb_dev(cu, w->data);
     float eps = cu->m->norm_eps;
     void *a[] = {&y, &ys, &x, &xs, &wd, &len, &true_len, &eps};
-    return cb_launch(cu, CB_F_RMSNORM, (unsigned)rows, 1, 256, s, a, why, why_len);
+    return cb_launch(cu, CB_F_RMSNORM, (unsigned)rows, 1, CB_WIDE, s, a, why, why_len);
 }
 
 static int cb_rope(colibri_cuda *cu, CUstream s, CUdeviceptr x, int stride, int n, int nheads,
@@ -299,7 +303,7 @@ static int cb_rope(colibri_cuda *cu, CUstream s, CUdeviceptr x, int stride, int 
     int Dh = (int)cu->m->head_dim;
     float theta = cu->m->rope_theta;
     void *a[] = {&x, &stride, &nheads, &Dh, &pos, &theta};
-    return cb_launch(cu, CB_F_ROPE, (unsigned)n, 1, 128, s, a, why, why_len);
+    return cb_launch(cu, CB_F_ROPE, (unsigned)n, 1, CB_HEAD, s, a, why, why_len);
 }
 
 /* SwiGLU over grouped slots: act = silu(W1 h) * (W3 h), out = W2 act, for `groups` experts whose
@@ -405,7 +409,7 @@ static void cb_drop_host_weights(const struct colibri_model *m) {
 }
 
 static int cb_check_model(const struct colibri_model *m, char *why, size_t why_len) {
-    if (m->top_k > 16 || m->num_experts > 256 || m->num_experts > COLIBRI_MAX_EXPERTS) {
+    if (m->top_k > 16 || m->num_experts > COLIBRI_CU_MAX_SORT || m->num_experts > COLIBRI_MAX_EXPERTS) {
         snprintf(why, why_len, "model routing (E=%u, top_k=%u) exceeds the CUDA kernels' limits "
                  "(E <= %d, top_k <= 16)", m->num_experts, m->top_k, COLIBRI_MAX_EXPERTS);
         return -1;
@@ -589,7 +593,7 @@ static int cb_forward_chunk(colibri_cuda *cu, const int32_t *ids, int n, int pos
         CUdeviceptr sc = cb_dev(cu, m->tok_embed.scales);
         int dt = (int)m->tok_embed.dtype;
         void *a[] = {(void *)&x, (void *)&Dp, &ids_d, &tab, &sc, &dt};
-        if (cb_launch(cu, CB_F_EMBED, (unsigned)n, 1, 256, s0, a, why, why_len)) return -1;
+        if (cb_launch(cu, CB_F_EMBED, (unsigned)n, 1, CB_WIDE, s0, a, why, why_len)) return -1;
     }
     for (int l = 0; l < (int)m->n_layers; l++) {
         const colibri_layer *ly = &m->layers[l];
@@ -623,7 +627,7 @@ static int cb_forward_chunk(colibri_cuda *cu, const int32_t *ids, int n, int pos
             int hh = H, hk = Hkv, dh = Dh, pp = pos, ss = S;
             CUdeviceptr o = att, qq = q, kk = kc_l, vv = vc_l;
             void *a[] = {&o, &qq, &kk, &vv, &sc, &ss, &pp, &hh, &hk, &dh};
-            if (cb_launch(cu, CB_F_ATTENTION, (unsigned)H, (unsigned)n, 128, s0, a, why, why_len))
+            if (cb_launch(cu, CB_F_ATTENTION, (unsigned)H, (unsigned)n, CB_HEAD, s0, a, why, why_len))
                 return -1;
         }
         if (cb_linear(cu, s0, x, Dp, att, HD, n, &ly->wo, 0, 1, why, why_len) ||
@@ -655,11 +659,11 @@ static int cb_forward_chunk(colibri_cuda *cu, const int32_t *ids, int n, int pos
             CUdeviceptr rl = A + p->router, ti = A + p->top_idx, tw = A + p->top_w;
             int e = E, kk = k, renorm = m->routing == COLIBRI_WEIGHTS_RENORM;
             void *a[] = {&rl, &e, &kk, &renorm, &ti, &tw};
-            if (cb_launch(cu, CB_F_TOPK, (unsigned)n, 1, 32, s0, a, why, why_len)) return -1;
+            if (cb_launch(cu, CB_F_TOPK, (unsigned)n, 1, COLIBRI_CU_ROUTER_THREADS, s0, a, why, why_len)) return -1;
             CUdeviceptr off = A + p->offsets, perm = A + p->perm, so = A + p->slot_of;
             int nn = n;
             void *b[] = {&ti, &nn, &kk, &e, &off, &perm, &so};
-            if (cb_launch(cu, CB_F_DISPATCH, 1, 1, 256, s0, b, why, why_len)) return -1;
+            if (cb_launch(cu, CB_F_DISPATCH, 1, 1, CB_WIDE, s0, b, why, why_len)) return -1;
         }
         if (cb_swiglu(cu, s0, A + p->act, (int)m->expert_size, A + p->expert_out, A + p->perm,
                       A + p->offsets, tabs, E, (int)ly->w1[0].dtype, (int)ly->w2[0].dtype, why,
@@ -672,7 +676,7 @@ static int cb_forward_chunk(colibri_cuda *cu, const int32_t *ids, int n, int pos
             CUdeviceptr gate = shared && gated ? A + p->shared_gate : 0;
             int dp = Dp, kk = k;
             void *a[] = {&xx, &dp, &kk, &eo, &so, &tw, &sout, &gate};
-            if (cb_launch(cu, CB_F_COMBINE, (unsigned)n, 1, 256, s0, a, why, why_len)) return -1;
+            if (cb_launch(cu, CB_F_COMBINE, (unsigned)n, 1, CB_WIDE, s0, a, why, why_len)) return -1;
         }
     }
     if (cb_rmsnorm(cu, s0, h, Dp, x, Dp, n, &m->output_norm, Dp, D, why, why_len) ||
@@ -738,4 +742,101 @@ void colibri_cuda_close(colibri_cuda *cu) {
         dlclose(cu->d.lib);
     }
     free(cu);
+}
+
+/* ---- copy-bandwidth probe ---------------------------------------------------------------------- */
+
+static double cb_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Host clock around queued copies and one cuCtxSynchronize: the launch overhead of a few copies
+ * of >= 64 MiB is far below the clock's resolution of the whole. */
+static int cb_probe_run(colibri_cuda *cu, size_t bytes, int iters, colibri_cuda_bandwidth *out,
+                        char *why, size_t why_len) {
+    cuMemcpyDtoD_v2_t dtod = (cuMemcpyDtoD_v2_t)dlsym(cu->d.lib, "cuMemcpyDtoD_v2");
+    cuCtxSynchronize_t sync = (cuCtxSynchronize_t)dlsym(cu->d.lib, "cuCtxSynchronize");
+    if (!dtod || !sync) {
+        snprintf(why, why_len, "the driver lacks cuMemcpyDtoD_v2 or cuCtxSynchronize");
+        return -1;
+    }
+    CUdeviceptr a = 0, b = 0;
+    CUresult r;
+    int rc = -1;
+    if ((r = cu->d.MemAlloc(&a, bytes)) != CUDA_SUCCESS ||
+        (r = cu->d.MemAlloc(&b, bytes)) != CUDA_SUCCESS) {
+        cb_fail(cu, r, "cuMemAlloc (probe buffers)", why, why_len);
+        goto done;
+    }
+    if ((r = dtod(b, a, bytes)) != CUDA_SUCCESS || (r = sync()) != CUDA_SUCCESS) {
+        cb_fail(cu, r, "cuMemcpyDtoD (warm-up)", why, why_len);
+        goto done;
+    }
+    double t0 = cb_now();
+    for (int i = 0; i < iters; i++)
+        if ((r = i % 2 ? dtod(a, b, bytes) : dtod(b, a, bytes)) != CUDA_SUCCESS) {
+            cb_fail(cu, r, "cuMemcpyDtoD", why, why_len);
+            goto done;
+        }
+    if ((r = sync()) != CUDA_SUCCESS) {
+        cb_fail(cu, r, "cuCtxSynchronize", why, why_len);
+        goto done;
+    }
+    out->seconds = cb_now() - t0;
+    out->bytes = bytes;
+    out->iters = iters;
+    out->gbps = out->seconds > 0 ? 2.0 * (double)bytes * iters / out->seconds / 1e9 : 0.0;
+    rc = 0;
+done:
+    if (a) cu->d.MemFree(a);
+    if (b) cu->d.MemFree(b);
+    return rc;
+}
+
+int colibri_cuda_copy_bandwidth(size_t bytes, int iters, colibri_cuda_bandwidth *out, char *why,
+                                size_t why_len) {
+    memset(out, 0, sizeof *out);
+    if (bytes == 0 || iters < 1) {
+        snprintf(why, why_len, "probe size and iterations must be positive");
+        return -1;
+    }
+    colibri_cuda *cu = calloc(1, sizeof *cu);
+    if (!cu) {
+        snprintf(why, why_len, "out of host memory");
+        return -1;
+    }
+    int rc = -1;
+    CUresult r;
+    int major = 0, minor = 0;
+    if (cb_driver_load(&cu->d, why, why_len)) goto done;
+    if ((r = cu->d.Init(0)) != CUDA_SUCCESS) {
+        cb_fail(cu, r, "cuInit", why, why_len);
+        goto done;
+    }
+    if ((r = cu->d.DeviceGet(&cu->dev, 0)) != CUDA_SUCCESS ||
+        (r = cu->d.DeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                                      cu->dev)) != CUDA_SUCCESS ||
+        (r = cu->d.DeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+                                      cu->dev)) != CUDA_SUCCESS ||
+        (r = cu->d.DeviceGetAttribute(&out->integrated, CU_DEVICE_ATTRIBUTE_INTEGRATED,
+                                      cu->dev)) != CUDA_SUCCESS ||
+        (r = cu->d.DeviceGetName(out->device_name, (int)sizeof out->device_name, cu->dev)) !=
+            CUDA_SUCCESS ||
+        (r = cu->d.DriverGetVersion(&out->driver_version)) != CUDA_SUCCESS) {
+        cb_fail(cu, r, "querying CUDA device 0", why, why_len);
+        goto done;
+    }
+    out->sm = major * 10 + minor;
+    if ((r = cu->d.CtxCreate(&cu->ctx, 0, cu->dev)) != CUDA_SUCCESS) {
+        cb_fail(cu, r, "cuCtxCreate", why, why_len);
+        goto done;
+    }
+    rc = cb_probe_run(cu, bytes, iters, out, why, why_len);
+done:
+    if (cu->ctx) cu->d.CtxDestroy(cu->ctx);
+    if (cu->d.lib) dlclose(cu->d.lib);
+    free(cu);
+    return rc;
 }

@@ -40,6 +40,23 @@ void colibri_cuda_reset(colibri_cuda *cu);
 void colibri_cuda_get_info(const colibri_cuda *cu, colibri_cuda_info *info);
 void colibri_cuda_close(colibri_cuda *cu);
 
+/* Device memory bandwidth as a device-to-device copy sees it (`colibri gpuprobe`): one warm-up
+ * copy of `bytes`, then `iters` timed copies between two device buffers, synchronised once.
+ * gbps counts the bytes read plus the bytes written (2 x bytes per copy), the figure a
+ * memory-bound kernel that reads its weights once is measured against. Same driver loading
+ * (dlopen, COLIBRI_LIBCUDA) as the backend. 0 on success, else -1 with `why` set. */
+typedef struct {
+    char device_name[128];
+    int sm, driver_version, integrated;
+    size_t bytes;
+    int iters;
+    double seconds; /* the timed copies together */
+    double gbps;    /* 2 * bytes * iters / seconds / 1e9 */
+} colibri_cuda_bandwidth;
+
+int colibri_cuda_copy_bandwidth(size_t bytes, int iters, colibri_cuda_bandwidth *out, char *why,
+                                size_t why_len);
+
 /* ---- pure helpers (no GPU needed; unit-tested by tests/gpu/host_unit.c) ---- */
 
 /* Which embedded image serves a GPU of compute capability `sm` (e.g. 87): the cubin built for

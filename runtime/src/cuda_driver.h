@@ -80,5 +80,8 @@ typedef CUresult (*cuEventCreate_t)(CUevent *ev, unsigned int flags);
 typedef CUresult (*cuEventDestroy_v2_t)(CUevent ev);
 typedef CUresult (*cuEventRecord_t)(CUevent ev, CUstream stream);
 typedef CUresult (*cuGetErrorString_t)(CUresult err, const char **str);
+/* used only by the copy-bandwidth probe (colibri_cuda_copy_bandwidth) */
+typedef CUresult (*cuMemcpyDtoD_v2_t)(CUdeviceptr dst, CUdeviceptr src, size_t bytes);
+typedef CUresult (*cuCtxSynchronize_t)(void);
 
 #endif

@@ -267,6 +267,15 @@ static colibri_status parse_header(struct colibri_model *m, const uint8_t *b, ui
         return fail(why, len, COLIBRI_E_ABSURD_DIM,
                     "embed_dim_pad = %u is not embed_dim = %u rounded up to pad_multiple = %u",
                     m->embed_dim_pad, m->embed_dim, m->pad_multiple);
+    /* docs/format.md: a token id the embedding has, or 0xFFFFFFFF for "unknown". */
+    if (m->bos_token_id != 0xFFFFFFFFu && m->bos_token_id >= m->vocab_size)
+        return fail(why, len, COLIBRI_E_ABSURD_DIM,
+                    "bos_token_id = %u is not < vocab_size = %u (nor 0xFFFFFFFF)", m->bos_token_id,
+                    m->vocab_size);
+    if (m->eos_token_id != 0xFFFFFFFFu && m->eos_token_id >= m->vocab_size)
+        return fail(why, len, COLIBRI_E_ABSURD_DIM,
+                    "eos_token_id = %u is not < vocab_size = %u (nor 0xFFFFFFFF)", m->eos_token_id,
+                    m->vocab_size);
     if (m->routing > COLIBRI_WEIGHTS_SOFTMAX)
         return fail(why, len, COLIBRI_E_UNSUPPORTED, "routing = %u is not 0 (renormalise) or 1",
                     m->routing);

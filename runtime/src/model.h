@@ -9,7 +9,7 @@
 
 #include "colibri.h"
 
-enum { COLIBRI_DT_F32 = 0, COLIBRI_DT_F16 = 1, COLIBRI_DT_BF16 = 2, COLIBRI_DT_INT8 = 3 };
+#include "../kernels/colibri_abi.h" /* COLIBRI_DT_* weight dtype codes, shared with the kernels */
 
 enum {
     COLIBRI_FLAG_SHARED_EXPERT = 1u << 0,

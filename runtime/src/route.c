@@ -3,9 +3,14 @@
 
 #include <math.h>
 
-/* a before b in the sorted order: larger value first, then lower index. */
+/* a before b in the sorted order: larger value first, NaN after every number, then lower index.
+ * A strict total order even with NaN (a plain `>` is not one, and the network could then leave a
+ * padding lane, index >= n, among the first k). */
 static int before(float va, int32_t ia, float vb, int32_t ib) {
-    return va > vb || (va == vb && ia < ib);
+    int na = isnan(va), nb = isnan(vb);
+    if (na != nb) return nb;
+    if (!na && va != vb) return va > vb;
+    return ia < ib;
 }
 
 void colibri_topk_bitonic(const float *vals, int n, int k, int32_t *idx, float *out) {
@@ -13,7 +18,7 @@ void colibri_topk_bitonic(const float *vals, int n, int k, int32_t *idx, float *
     float v[N];
     int32_t ix[N];
     for (int i = 0; i < N; i++) {
-        v[i] = i < n ? vals[i] : -INFINITY;
+        v[i] = i < n ? vals[i] : NAN; /* padding sorts last: NaN, and a higher index than any */
         ix[i] = i;
     }
     /* Bitonic sort: blocks of `size` alternate direction until the last merge sorts all lanes

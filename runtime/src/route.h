@@ -1,8 +1,8 @@
 /* Route stage: router logits -> top_k experts and their weights, one token at a time.
  *
  * Top-k is a fixed bitonic compare-exchange network over COLIBRI_MAX_EXPERTS lanes (unused
- * lanes hold -inf): the same compare-exchange sequence runs whatever the values, and ties go to
- * the lower expert index. The compile-time COLIBRI_ROUTING_MODE picks the algorithm:
+ * lanes hold NaN): the same compare-exchange sequence runs whatever the values, NaN sorts after
+ * every number, and ties go to the lower expert index, so the first k are always < n. The compile-time COLIBRI_ROUTING_MODE picks the algorithm:
  *   SOFTMAX_TOPK  softmax over all E logits, then top-k on the probabilities;
  *   LINEAR_SCORE  top-k on the raw logits, then weights from the logits.
  * Softmax is monotonic, so both select the same experts (except where two distinct logits round
@@ -22,7 +22,7 @@ _Static_assert(COLIBRI_ROUTING_MODE == COLIBRI_ROUTING_SOFTMAX_TOPK ||
                "COLIBRI_ROUTING_MODE must be COLIBRI_ROUTING_SOFTMAX_TOPK or _LINEAR_SCORE");
 
 /* The k best of vals[0..n) (n <= COLIBRI_MAX_EXPERTS, k <= n): indices and values, best first,
- * ties to the lower index. */
+ * NaN last, ties to the lower index. */
 void colibri_topk_bitonic(const float *vals, int n, int k, int32_t *idx, float *out);
 
 /* Route one token: logits[E] -> idx[k], weight[k]. renorm: weights sum to 1. */

@@ -1,5 +1,6 @@
 /* C unit tests of the runtime: loader refusals on corrupted in-memory models (every status and
  * the field named in the message), API argument and state errors, and the built-in selftest. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,6 +9,7 @@
 #include "colibri.h"
 #include "colibri_config.h"
 #include "model.h"
+#include "route.h"
 #include "selftest_model.h"
 
 static int failures;
@@ -60,6 +62,9 @@ static void m_kind(uint8_t *b) { put32(rec(b, 3), 99); }
 static void m_ntensors(uint8_t *b) { put32(b + 88, 5); }
 static void m_flags(uint8_t *b) { put32(b + 72, 1u << 9); }
 static void m_data_off(uint8_t *b) { put64(b + 96, 0); }
+static void m_bos(uint8_t *b) { put32(b + 116, 0xFFFFFFFEu); }
+static void m_eos(uint8_t *b) { memcpy(b + 120, b + 20, 4); } /* eos = vocab_size: one past */
+static void m_bos_unknown(uint8_t *b) { put32(b + 116, 0xFFFFFFFFu); put32(b + 120, 0xFFFFFFFFu); }
 
 static void test_loader(void) {
     refuse("valid model", orig_len, NULL, COLIBRI_OK, "");
@@ -79,6 +84,43 @@ static void test_loader(void) {
     refuse("missing tensors", orig_len, m_ntensors, COLIBRI_E_BAD_TENSOR, "missing");
     refuse("unknown flag", orig_len, m_flags, COLIBRI_E_UNSUPPORTED, "flags");
     refuse("data_offset 0", orig_len, m_data_off, COLIBRI_E_OUT_OF_RANGE, "data_offset");
+    refuse("bos_token_id past the vocabulary", orig_len, m_bos, COLIBRI_E_ABSURD_DIM, "bos_token_id");
+    refuse("eos_token_id == vocab_size", orig_len, m_eos, COLIBRI_E_ABSURD_DIM, "eos_token_id");
+    refuse("bos/eos unknown (0xFFFFFFFF)", orig_len, m_bos_unknown, COLIBRI_OK, "");
+}
+
+/* Router logits with NaN (a corrupted or overflowing model): the first k of the bitonic top-k are
+ * still experts < n, numbers first (larger first), then the NaN experts in index order. With a
+ * plain `>` the network could leave a padding lane (index >= n) among them for k > 8. */
+static void test_topk_nan(void) {
+    float v[COLIBRI_MAX_EXPERTS], out[COLIBRI_MAX_EXPERTS];
+    int32_t idx[COLIBRI_MAX_EXPERTS];
+    for (int n = 2; n <= COLIBRI_MAX_EXPERTS; n++)
+        for (int pattern = 0; pattern < 4; pattern++) {
+            int nan_count = 0;
+            for (int e = 0; e < n; e++) {
+                int is_nan = pattern == 0 ? 1 : pattern == 1 ? e % 2 == 0 : pattern == 2 ? e % 3 != 1
+                                                                                         : e >= n / 2;
+                v[e] = is_nan ? NAN : (float)((e * 7) % 5) - 2.0f;
+                nan_count += is_nan;
+            }
+            int k = n, bad = 0;
+            colibri_topk_bitonic(v, n, k, idx, out);
+            for (int i = 0; i < k; i++) {
+                if (idx[i] < 0 || idx[i] >= n) bad = 1;
+                else if (i >= k - nan_count && !isnan(v[idx[i]])) bad = 1; /* NaN last */
+                else if (i > 0 && !bad && idx[i - 1] >= 0 && idx[i - 1] < n) {
+                    float a = v[idx[i - 1]], b = v[idx[i]];
+                    int ordered = isnan(a) ? (isnan(b) && idx[i - 1] < idx[i])
+                                           : (isnan(b) || a > b || (a == b && idx[i - 1] < idx[i]));
+                    if (!ordered) bad = 1;
+                }
+            }
+            if (bad)
+                EXPECT(0, "top-k with NaN: n=%d pattern %d gives an index out of 0..%d or out of order",
+                       n, pattern, n - 1);
+        }
+    EXPECT(1, "top-k with NaN router logits: every k <= n selects experts < n in total order");
 }
 
 static void test_api(const char *path) {
@@ -156,6 +198,7 @@ int main(void) {
     if (fread(orig, 1, orig_len, f) != orig_len) return 2;
     fclose(f);
     test_loader();
+    test_topk_nan();
     test_api(path);
     int st = colibri_selftest(0);
     EXPECT(st == 0, "selftest (%d failed)", st);

@@ -19,6 +19,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include "../kernels/colibri_abi.h"
 #include "colibri.h"
 #include "colibri_config.h"
 
@@ -44,7 +45,9 @@ static int usage(const char *msg) {
             "  generate MODEL --ids 1,2,3 --max-new N\n"
             "  bench MODEL [--prompt-len N] [--gen N] [--runs N] [--json]\n"
             "  dump-routing MODEL --ids 1,2,3 --out FILE\n"
-            "  selftest\n");
+            "  selftest\n"
+            "  gpuprobe [--mib N] [--iters N] [--json]      GPU copy bandwidth (gpuprobe --help)\n"
+            "  synth OUT [geometry options]                 random model for speed checks (synth --help)\n");
     return 2;
 }
 
@@ -121,8 +124,8 @@ static int open_model(const cli *c, colibri_ctx **ctx) {
 }
 
 static const char *dtype_name(uint32_t d) {
-    static const char *names[] = {"f32", "f16", "bf16", "int8"};
-    return d < 4 ? names[d] : "unknown";
+    static const char *names[] = COLIBRI_DT_NAMES;
+    return d < COLIBRI_DT_COUNT ? names[d] : "unknown";
 }
 static const char *family_name(uint32_t f) {
     static const char *names[] = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe"};
@@ -446,7 +449,12 @@ static int print_version(void) {
     return 0;
 }
 
+int cmd_gpuprobe(int argc, char **argv); /* tools/cmd_gpuprobe.c */
+int cmd_synth(int argc, char **argv);    /* tools/cmd_synth.c */
+
 int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "gpuprobe")) return cmd_gpuprobe(argc - 1, argv + 1);
+    if (argc > 1 && !strcmp(argv[1], "synth")) return cmd_synth(argc - 1, argv + 1);
     cli c;
     memset(&c, 0, sizeof c);
     c.backend = COLIBRI_BACKEND_AUTO;

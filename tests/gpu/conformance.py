@@ -162,6 +162,29 @@ def check_router_topk(gpu, E, k, renorm):
     assert list(gpu.get(idx, (n, k), np.int32)[1]) == list(range(k))
 
 
+def check_router_topk_nan(gpu, E, k):
+    """NaN router logits (issue 12): the k experts are all < E, numbers first (larger first), then
+    the NaN experts in index order, as route.c and NumPy's stable argsort of -key order them.
+    Only the indices are compared: with NaN the weights are NaN too."""
+    n = 4
+    logits = np.tile((np.arange(E, dtype=np.float32) * 7 % 5) - 2, (n, 1))
+    logits[0, :] = np.nan                   # every expert NaN
+    logits[1, ::2] = np.nan                 # every other one
+    logits[2, E // 2:] = np.nan             # the upper half
+    logits[3, 1::3] = np.nan
+    idx = gpu.zeros((n, k), np.int32)
+    wts = gpu.zeros((n, k))
+    gpu.run("cb_router_topk", "PiiiPP", (n, 1), 32, gpu.put(logits), np.int32(E), np.int32(k),
+            np.int32(1), idx, wts)
+    got = gpu.get(idx, (n, k), np.int32)
+    assert got.min() >= 0 and got.max() < E, got
+    if gpu.routing_mode == ref.LINEAR_SCORE:
+        want = np.argsort(-logits.astype(np.float64), axis=1, kind="stable")[:, :k]
+    else:  # one NaN makes the softmax total NaN, so every probability is NaN: index order
+        want = np.tile(np.arange(k), (n, 1))
+    np.testing.assert_array_equal(got, want)
+
+
 def check_dispatch(gpu, n, k, E):
     rng = np.random.default_rng(n * k * E)
     idx = np.stack([rng.choice(E, k, replace=False) for _ in range(n)]).astype(np.int32)

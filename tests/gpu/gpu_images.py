@@ -1,7 +1,7 @@
 """The kernel images a built `colibri` carries, extracted from the binary itself.
 
 The pycuda suite loads exactly what ships: it scans dist/<target>/bin/colibri with the kit's
-verify scanner (colibri_kit.verify.find_cubins / find_ptx: the build stores each image raw and
+verify scanner (colibri_kit.elf.find_cubins / find_ptx: the build stores each image raw and
 64-byte aligned in .rodata) rather than the build directory's intermediate files. The image is
 chosen with the runtime's rule (cuda_backend.c, colibri_cuda_pick_image): the cubin for exactly
 the GPU's SM, else the highest PTX <= that SM.
@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from colibri_kit import verify
+from colibri_kit import elf
 
 
 @dataclass(frozen=True)
@@ -26,8 +26,8 @@ class Image:
 def binary_images(binary: Path) -> list[Image]:
     data = binary.read_bytes()
     out = [Image("cubin", c.sm, data[c.offset:c.offset + c.size])
-           for c in verify.find_cubins(data)]
-    for p in verify.find_ptx(data):
+           for c in elf.find_cubins(data)]
+    for p in elf.find_ptx(data):
         end = data.index(b"\0", p.offset)
         out.append(Image("ptx", p.sm, data[p.offset:end + 1]))
     return out

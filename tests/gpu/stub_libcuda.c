@@ -11,6 +11,7 @@
  *   STUB_SM          compute capability, e.g. 87 (default 87)
  *   STUB_INTEGRATED  CU_DEVICE_ATTRIBUTE_INTEGRATED (default 0)
  *   STUB_LOAD_RC     cuModuleLoadDataEx's result (default 0)
+ *   STUB_DTOD_RC     cuMemcpyDtoD_v2's result (default 0; colibri gpuprobe)
  *   STUB_LOG         file receiving one line per cuLaunchKernel / memcpy / event call
  * Built with -DSTUB_OMIT_LAUNCH it lacks cuLaunchKernel (a driver missing an entry point).
  * Built with -DSTUB_EMULATE and linked with tests/gpu/emu/cuda_emu.cpp, cuLaunchKernel runs the
@@ -171,6 +172,12 @@ CUresult cuEventRecord(void *e, void *s) {
     logf_("record event %d stream %d", (int)((char *)e - g_event), (int)((char *)s - g_stream));
     return 0;
 }
+/* colibri gpuprobe: device memory is host memory here, so the copy is a memcpy */
+CUresult cuMemcpyDtoD_v2(CUdeviceptr d, CUdeviceptr s, size_t n) {
+    memcpy((void *)(uintptr_t)d, (const void *)(uintptr_t)s, n);
+    return env_int("STUB_DTOD_RC", 0);
+}
+CUresult cuCtxSynchronize(void) { return 0; }
 CUresult cuGetErrorString(CUresult rc, const char **s) {
     *s = rc == 100 ? "no CUDA-capable device is detected"
                    : rc == 218 ? "a PTX JIT compilation failed" : "stub error";

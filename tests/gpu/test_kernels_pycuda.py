@@ -173,6 +173,11 @@ def test_router_topk(gpu, E, k, renorm):
     C.check_router_topk(gpu, E, k, renorm)
 
 
+@pytest.mark.parametrize("E,k", [(16, 12), (60, 16)])
+def test_router_topk_nan_selects_real_experts(gpu, E, k):
+    C.check_router_topk_nan(gpu, E, k)
+
+
 @pytest.mark.parametrize("n,k,E", C.DISPATCH_SHAPES)
 def test_dispatch(gpu, n, k, E):
     C.check_dispatch(gpu, n, k, E)

@@ -1,0 +1,33 @@
+/* Numbers the host C (runtime/src, runtime/tools) and the CUDA kernels (colibri_kernels.cu) must
+ * agree on, defined here once. Plain #defines only and no includes: NVRTC compiles the kernels
+ * without any standard header and finds this file through the kernel source's own directory
+ * (-I runtime/kernels); the C sources include it as "../kernels/colibri_abi.h", and
+ * tests/gpu/emu compiles the .cu with the same -I. */
+#ifndef COLIBRI_ABI_H
+#define COLIBRI_ABI_H
+
+/* Weight dtype codes: the header's `dtype` and each tensor record's (docs/format.md). Python's
+ * single source is colibri_kit.model.format.DType (tests/test_cuda_host.py compares them). */
+#define COLIBRI_DT_F32 0
+#define COLIBRI_DT_F16 1
+#define COLIBRI_DT_BF16 2
+#define COLIBRI_DT_INT8 3
+#define COLIBRI_DT_COUNT 4
+#define COLIBRI_DT_NAMES {"f32", "f16", "bf16", "int8"}
+
+/* Launch geometry (docs/cuda.md, "Kernels"). */
+#define COLIBRI_CU_WARP 32
+/* Row kernels (cb_linear, cb_expert_up/down): one warp per output row, this many warps a block,
+ * each warp carrying COLIBRI_CU_TOKEN_TILE tokens (the weight row is read once per tile). */
+#define COLIBRI_CU_ROW_WARPS 4
+#define COLIBRI_CU_ROW_THREADS (COLIBRI_CU_ROW_WARPS * COLIBRI_CU_WARP)
+#define COLIBRI_CU_TOKEN_TILE 4
+/* cb_router_topk: one warp per token, sorting at most this many experts (format caps E at 256). */
+#define COLIBRI_CU_ROUTER_THREADS COLIBRI_CU_WARP
+#define COLIBRI_CU_MAX_SORT 256
+/* Kernels that loop over blockDim (any multiple of 32): per-element work over Dp (embed,
+ * rmsnorm, combine, dispatch) and per-head work (rope, attention). */
+#define COLIBRI_CU_WIDE_THREADS 256
+#define COLIBRI_CU_HEAD_THREADS 128
+
+#endif

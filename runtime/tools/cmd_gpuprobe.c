@@ -1,0 +1,73 @@
+/* `colibri gpuprobe`: the device's copy bandwidth through the driver API the CUDA backend uses
+ * (dlopen'd libcuda.so.1, COLIBRI_LIBCUDA overrides), so scripts/gpu-check.sh can put a decode
+ * rate next to what the memory can deliver (docs/cuda.md).
+ *
+ *   colibri gpuprobe [--mib N] [--iters N] [--json]
+ *
+ * Exit status: 0 measured, 1 no usable GPU (one line on stderr), 2 usage. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_backend.h"
+
+static int gpuprobe_usage(const char *msg) {
+    if (msg) fprintf(stderr, "colibri gpuprobe: %s\n", msg);
+    fprintf(stderr,
+            "usage: colibri gpuprobe [--mib N] [--iters N] [--json]\n"
+            "  device-to-device copy bandwidth of GPU 0 (bytes read + bytes written per second)\n"
+            "  --mib N     size of each of the two device buffers, MiB (default 512, 1..65536)\n"
+            "  --iters N   timed copies (default 20, 1..10000)\n"
+            "  --json      one JSON object instead of a line of text\n");
+    return 2;
+}
+
+static int gpuprobe_long(const char *s, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long v = s ? strtol(s, &end, 10) : 0;
+    if (!s || errno || end == s || *end || v < lo || v > hi) return -1;
+    *out = v;
+    return 0;
+}
+
+/* argv[0] is "gpuprobe" */
+int cmd_gpuprobe(int argc, char **argv) {
+    long mib = 512, iters = 20;
+    int json = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            gpuprobe_usage(NULL);
+            return 0;
+        } else if (!strcmp(a, "--json")) {
+            json = 1;
+        } else if (!strcmp(a, "--mib")) {
+            if (gpuprobe_long(v, 1, 65536, &mib)) return gpuprobe_usage("--mib must be 1..65536");
+            i++;
+        } else if (!strcmp(a, "--iters")) {
+            if (gpuprobe_long(v, 1, 10000, &iters)) return gpuprobe_usage("--iters must be 1..10000");
+            i++;
+        } else {
+            return gpuprobe_usage("unknown argument");
+        }
+    }
+    colibri_cuda_bandwidth bw;
+    char why[256] = "";
+    if (colibri_cuda_copy_bandwidth((size_t)mib << 20, (int)iters, &bw, why, sizeof why)) {
+        fprintf(stderr, "colibri gpuprobe: %s\n", why);
+        return 1;
+    }
+    for (char *p = bw.device_name; *p; p++)
+        if (*p == '"' || *p == '\\' || (unsigned char)*p < 0x20) *p = '?';
+    if (json)
+        printf("{\"device\": \"%s\", \"sm\": %d, \"driver_version\": %d, \"integrated\": %s, "
+               "\"bytes\": %zu, \"iters\": %d, \"seconds\": %.6f, \"copy_gbps\": %.3f}\n",
+               bw.device_name, bw.sm, bw.driver_version, bw.integrated ? "true" : "false",
+               bw.bytes, bw.iters, bw.seconds, bw.gbps);
+    else
+        printf("%s (sm_%d, driver %d): device copy %.1f GB/s (read + write, %d x %ld MiB)\n",
+               bw.device_name, bw.sm, bw.driver_version, bw.gbps, bw.iters, mib);
+    return 0;
+}
