@@ -272,7 +272,10 @@ def plan_host(remote: Remote, host: Host, art: Artifact, profile: Profile) -> li
         raise FleetError("; ".join(problems))
     root = host.root
     state = rel.installed(remote, root)
-    steps = [f"device {info.model or info.arch}, L4T {info.l4t or '?'}"]
+    steps = [f"device {info.shown}, L4T {info.l4t_version or info.l4t or '?'}"]
+    verdict = rel.driver_verdict(info, profile)
+    if verdict is not None:
+        steps.append(verdict.message)
     have_release = art.release_id in {r.id for r in state.releases}
     steps.append(f"release {art.release_id}: " + ("present" if have_release else
                  f"upload {len(art.files) + 2} files ({art.release_bytes / MiB:.1f} MiB)"))
