@@ -272,7 +272,7 @@ def plan_host(remote: Remote, host: Host, art: Artifact, profile: Profile) -> li
         raise FleetError("; ".join(problems))
     root = host.root
     state = rel.installed(remote, root)
-    steps = [f"device {info.shown}, L4T {info.l4t_version or info.l4t or '?'}"]
+    steps = [f"device {info.shown}, L4T {info.l4t_version or (f'R{info.l4t}' if info.l4t else '?')}"]
     verdict = rel.driver_verdict(info, profile)
     if verdict is not None:
         steps.append(verdict.message)

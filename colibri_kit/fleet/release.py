@@ -149,11 +149,14 @@ def identify(remote: Remote) -> DeviceInfo:
         except jetson.JetsonError as exc:
             info.sku_error = str(exc)
     if info.l4t_version is not None:
-        ls = remote.run(["sh", "-c", "ls -d /usr/local/cuda-*/compat 2>/dev/null || true"],
-                        check=False)
-        info.cuda_compat = tuple(sorted(
-            m.group(1) for m in re.finditer(r"^/usr/local/cuda-(\d+\.\d+)/compat$", ls.stdout,
-                                            re.M)))
+        # NVIDIA's cuda-compat package installs /usr/local/cuda-X.Y/compat/libcuda.so.*
+        ls = remote.run(["ls", "-1", "--", "/usr/local"], check=False)
+        versions = sorted(m.group(1) for m in re.finditer(r"^cuda-(\d+\.\d+)$", ls.stdout, re.M))
+        if versions:
+            found = remote.run(["ls", "-1d", "--", *[f"/usr/local/cuda-{v}/compat/libcuda.so.1"
+                                                      for v in versions]], check=False)
+            info.cuda_compat = tuple(m.group(1) for m in re.finditer(
+                r"/usr/local/cuda-(\d+\.\d+)/compat/libcuda\.so\.1$", found.stdout, re.M))
     return info
 
 

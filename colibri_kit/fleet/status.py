@@ -52,7 +52,8 @@ def _driver_note(info: rel.DeviceInfo, target: str) -> str:
 def host_status(remote: Remote, host: Host) -> HostStatus:
     info = rel.identify(remote)
     st = HostStatus(host=host.name, reachable=True,
-                    l4t=f"R{info.l4t_version or info.l4t}" if info.l4t else "-",
+                    l4t=str(info.l4t_version) if info.l4t_version else
+                    (f"R{info.l4t}" if info.l4t else "-"),
                     device=info.shown,
                     uptime=_uptime(remote.read_text("/proc/uptime")))
     current = rel.current_release(remote, host.root)
@@ -77,6 +78,6 @@ def status_table(rows: list[HostStatus]) -> str:
     out = [["host", "reachable", "release", "model", "target", "L4T", "uptime", "device / detail"]]
     for r in rows:
         out.append([r.host, "yes" if r.reachable else "NO", r.release, r.model, r.target, r.l4t,
-                     r.uptime, jetson.clean("; ".join(x for x in (r.detail or r.device, r.driver)
+                     r.uptime, jetson.clean("; ".join(x for x in (r.device, r.detail, r.driver)
                                                       if x), limit=400)])
     return table(out)
