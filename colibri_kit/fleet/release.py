@@ -209,12 +209,19 @@ def check_device(info: DeviceInfo, profile: Profile, host_name: str) -> list[str
                             f"expects a {device.model_pattern!r} module")
         if info.compatible and info.soc != device.soc:
             problems.append(f"SoC is {info.soc}, target expects {device.soc}")
+    version = info.l4t_version
+    if version is None and info.l4t:
+        try:
+            version = jetson.parse_l4t_release(f"# R{info.l4t.split('.', 1)[0]} (release), "
+                                               f"REVISION: {info.l4t.split('.', 1)[-1]}")
+        except jetson.JetsonError:
+            version = None
     if profile.l4t_range:
-        if info.l4t_version is None:
+        if version is None:
             problems.append("no /etc/nv_tegra_release: cannot tell the L4T release")
         else:
             try:
-                jetson.check_l4t(info.l4t_version, jetson.parse_l4t_range(profile.l4t_range),
+                jetson.check_l4t(version, jetson.parse_l4t_range(profile.l4t_range),
                                  profile.name)
             except jetson.JetsonError as exc:
                 problems.append(str(exc))

@@ -48,7 +48,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -222,8 +221,8 @@ def boot(root: Path) -> None:
     """What L4T's nvpmodel.service does at boot, on the tree outside a namespace."""
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "COLIBRI_SIM_ROOT": str(root),
            "HOME": "/root"}
-    r = subprocess.run([sys.executable, "-I", "-S", str(Path(root) / "usr/sbin/nvpmodel"),
-                        "--sim-boot"], env=env, capture_output=True, text=True, timeout=60,
+    # Run as the device runs it: the script through its own #!/usr/bin/env python3.
+    r = subprocess.run([str(Path(root) / "usr/sbin/nvpmodel"), "--sim-boot"], env=env, capture_output=True, text=True, timeout=60,
                        stdin=subprocess.DEVNULL)
     if r.returncode != 0:
         raise RuntimeError(f"emulated boot of {root} failed: {r.stderr.strip()}")
