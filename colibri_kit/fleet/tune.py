@@ -657,12 +657,24 @@ def restore(remote: Remote, *, allow_reboot: bool = False) -> RestoreReport:
                 f"{tdir}"])
     mode_id = saved.get("mode_id")
     if isinstance(mode_id, int) and st.mode_id != mode_id:
+        full = read_state(remote)
+        needs = full.conf is not None and full.mode_id is not None and \
+            any(m.id == mode_id for m in full.conf.modes) and \
+            jetson.reboot_required(full.conf, full.mode_id, mode_id, full.live_tpc_mask)
+        if needs and allow_reboot:
+            # The device goes down with the switch: remove the record first (the reboot
+            # itself returns every clock and governor to the boot defaults).
+            remote.run(["rm", "-rf", "--", tdir], sudo=True, timeout=CMD_TIMEOUT)
         switch, note = _set_mode(remote, mode_id, allow_reboot)
         if switch is ModeSwitch.NEEDS_REBOOT:
             # Keep the saved state: the next --restore (with --allow-reboot) finishes the job.
             return RestoreReport(remote.name, Restored.INCOMPLETE, [
                 f"{note}; governors and clocks were restored, the saved state is kept"])
         notes += [note] if note else []
+        if switch is ModeSwitch.REBOOTING:
+            notes.append(f"restored governors and clocks, removed {tdir}; rebooting into mode "
+                         f"{saved.get('mode_name')}")
+            return RestoreReport(remote.name, Restored.RESTORED, notes)
     remote.run(["rm", "-rf", "--", tdir], sudo=True, timeout=CMD_TIMEOUT)
     notes.append(f"restored mode {saved.get('mode_name')}, governors and clocks; removed {tdir}")
     return RestoreReport(remote.name, Restored.RESTORED, notes)

@@ -470,6 +470,9 @@ class EmulatedFleet:
         root = dev / "root"
         root.mkdir()
         self.device_files_fn(root, module)
+        # sysfs is volatile: every boot starts from the power-on tree (then nvpmodel's boot
+        # applies the recorded mode); /etc, /var and the disk persist.
+        shutil.copytree(root / "sys", dev / "sys-power-on", symlinks=True)
         layer = self._layer(dev)
         port = _free_port()
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name,
@@ -522,6 +525,9 @@ class EmulatedFleet:
             script.append(shlex.join(["mount", "-t", "overlay", "overlay", "-o", opts, f"/{d}"]))
         script += restore
         if (root / "sys").is_dir():
+            script.append(shlex.join(["rm", "-rf", "--", str(root / "sys")]))
+            script.append(shlex.join(["cp", "-a", "--", str(dev / "sys-power-on"),
+                                      str(root / "sys")]))
             script.append(shlex.join(["mount", "--bind", str(root / "sys"), "/sys"]))
         if (root / "proc/meminfo").is_file():   # as LXCFS does: a file over one procfs file
             script.append(shlex.join(["mount", "--bind", str(root / "proc/meminfo"),
