@@ -477,6 +477,11 @@ def _set_mode(remote: Remote, mode_id: int, allow_reboot: bool) -> tuple[ModeSwi
             return ModeSwitch.REBOOTING, f"power mode {mode_id}: switched, the device is rebooting ({exc})"
         if res.exit_code == 0:
             return ModeSwitch.REBOOTING, f"power mode {mode_id}: switched, the device reboots into it"
+        if "NVPM ERROR" not in res.stdout + res.stderr:
+            # The session went down with the device before its exit status came (exit -1 over
+            # SSH): the answer was taken; whether it really rebooted is what rollout waits for.
+            return ModeSwitch.REBOOTING, (f"power mode {mode_id}: switched, the device went down "
+                                          f"(exit {res.exit_code})")
     raise FleetError(f"{remote.name}: nvpmodel -m {mode_id} failed ({res.exit_code}): "
                      f"{(res.stderr or res.stdout).strip()}")
 
@@ -645,36 +650,39 @@ def restore(remote: Remote, *, allow_reboot: bool = False) -> RestoreReport:
             gpath = f"{DEVFREQ_DIR}/{node}/governor"
             write_governor(remote, [gpath], ggov, {gpath: st.gpu_avail.get(node, [])})
     store = f"{tdir}/l4t_dfs.conf"
-    notes = []
+    notes: list[str] = []
+    failed: list[str] = []
     if remote.read_text(store, sudo=True) is not None:
         res = remote.run(["jetson_clocks", "--restore", store], sudo=True, timeout=CMD_TIMEOUT)
         # The script exits 0 even when a line failed: read its output [S].
         failed = restore_failures(res.stdout + res.stderr)
         if failed:
-            return RestoreReport(remote.name, Restored.INCOMPLETE, [
-                f"jetson_clocks --restore exited {res.exit_code} but failed to restore "
-                f"{', '.join(jetson.clean(p) for p in failed)}; the saved state is kept in "
-                f"{tdir}"])
+            notes.append(f"jetson_clocks --restore exited {res.exit_code} but failed to restore "
+                         f"{', '.join(jetson.clean(p) for p in failed)}")
     mode_id = saved.get("mode_id")
     if isinstance(mode_id, int) and st.mode_id != mode_id:
         full = read_state(remote)
         needs = full.conf is not None and full.mode_id is not None and \
             any(m.id == mode_id for m in full.conf.modes) and \
             jetson.reboot_required(full.conf, full.mode_id, mode_id, full.live_tpc_mask)
-        if needs and allow_reboot:
+        if needs and allow_reboot and not failed:
             # The device goes down with the switch: remove the record first (the reboot
             # itself returns every clock and governor to the boot defaults).
             remote.run(["rm", "-rf", "--", tdir], sudo=True, timeout=CMD_TIMEOUT)
         switch, note = _set_mode(remote, mode_id, allow_reboot)
         if switch is ModeSwitch.NEEDS_REBOOT:
             # Keep the saved state: the next --restore (with --allow-reboot) finishes the job.
-            return RestoreReport(remote.name, Restored.INCOMPLETE, [
+            return RestoreReport(remote.name, Restored.INCOMPLETE, notes + [
                 f"{note}; governors and clocks were restored, the saved state is kept"])
         notes += [note] if note else []
         if switch is ModeSwitch.REBOOTING:
             notes.append(f"restored governors and clocks, removed {tdir}; rebooting into mode "
                          f"{saved.get('mode_name')}")
             return RestoreReport(remote.name, Restored.RESTORED, notes)
+    if failed:
+        return RestoreReport(remote.name, Restored.INCOMPLETE, notes + [
+            f"the rest was restored; the saved state is kept in {tdir} for inspection (remove "
+            f"it as root when done)"])
     remote.run(["rm", "-rf", "--", tdir], sudo=True, timeout=CMD_TIMEOUT)
     notes.append(f"restored mode {saved.get('mode_name')}, governors and clocks; removed {tdir}")
     return RestoreReport(remote.name, Restored.RESTORED, notes)

@@ -82,7 +82,11 @@ GPU_HZ = [306000000, 408000000, 612000000, 714000000, 918000000, 1173000000, 130
 GPU = {"tegra234": ("devices/platform/bus@0/17000000.gpu", ["17000000.gpu"], "gpu"),
        "tegra194": ("devices/17000000.gv11b", ["17000000.gv11b"], "gv11b"),
        "tegra264": ("devices/platform/bus@0/d0b0000000.gpu", ["gpu-gpc-0", "gpu-nvd-0"], "gpu")}
-CPU_GOVERNORS = "conservative ondemand userspace powersave performance schedutil"
+# The kernel lists the governors it was built with (L4T's JetPack 5 kernel for Xavier also has
+# interactive); the list ends with a space, as the kernel prints it.
+CPU_GOVERNORS = {"": "conservative ondemand userspace powersave performance schedutil",
+                 "tegra194": "interactive conservative ondemand userspace powersave performance "
+                             "schedutil"}
 GPU_GOVERNORS = "wmark_active nvhost_podgov userspace performance simple_ondemand"
 
 
@@ -168,7 +172,8 @@ def populate(root: Path, module: str) -> None:
         if c == policy:
             for name, value, mode in (
                     ("scaling_available_frequencies", " ".join(map(str, khz)) + " ", 0o444),
-                    ("scaling_available_governors", CPU_GOVERNORS + " ", 0o444),
+                    ("scaling_available_governors", CPU_GOVERNORS.get(soc, CPU_GOVERNORS[""])
+                     + " ", 0o444),
                     ("scaling_min_freq", khz[0], 0o644), ("scaling_max_freq", khz[-1], 0o644),
                     ("cpuinfo_min_freq", khz[0], 0o444), ("cpuinfo_max_freq", khz[-1], 0o444),
                     ("scaling_governor", "schedutil", 0o644)):

@@ -121,7 +121,8 @@ def tune(c: Context, fleet: str = "", hosts: str = "", group: str = "", target: 
         for i, step in enumerate(steps or ["nothing to do"]):
             rows.append([o.host if i == 0 else "", clean(step)])
     reboots = [o.host for o in plans if o.value is not None and o.value.needs_reboot]
-    print(table(rows))
+    if dry_run:
+        print(table(rows))
     if reboots:
         print(clean(f"\nneeds a reboot for its power mode: {', '.join(reboots)}" +
                     (f" (rolling: one canary, then {max_unavailable} at a time)" if allow_reboot

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -154,7 +155,7 @@ def test_tune_with_reboot_show_verify_restore_round_trip(fleet, tmp_path: Path) 
 
     run = invoke("--fleet", str(ff), "--allow-reboot", "--reboot-timeout", "120")
     assert run.returncode == 0, run.stdout + run.stderr
-    rows = [r for r in run.stdout.splitlines() if r.startswith("jetson-")]
+    rows = [r for r in run.stdout.splitlines() if re.match(r"^jetson-\d+\s", r)]
     assert len(rows) == 12 and all(r.endswith(" ok") for r in rows), run.stdout
     assert "jetson-00: rebooted once into MAXN" in run.stdout
     assert fleet.device("jetson-00").boots == 2 and fleet.device("jetson-01").boots == 1
@@ -175,7 +176,8 @@ def test_tune_with_reboot_show_verify_restore_round_trip(fleet, tmp_path: Path) 
     assert show.returncode == 0, show.stderr
     lines = {l.split()[0]: l for l in show.stdout.splitlines()[2:]}
     assert "MAXN (id 0)" in lines["jetson-00"] and "MODE_20W_6CORE (id 8)" in lines["jetson-01"]
-    assert all(" active " in lines[h] and "255/255" in lines[h] for h in lines)
+    # jetson_clocks leaves the fan alone unless asked (--fan), as NVIDIA's script does.
+    assert all(" active " in lines[h] and "64/255" in lines[h] for h in lines)
     assert {d.name: faked(fleet, d.name) for d in fleet.devices} == tuned  # --show changed nothing
 
     back = invoke("--fleet", str(ff), "--restore", "--allow-reboot")
@@ -338,7 +340,12 @@ def test_hostile_values_never_reach_a_shell(fleet) -> None:
         assert plan.state.gpu_node == "17000000.gpu"
         out = tunelib.apply(remote, plan)
         assert out.ok, out.checks
-        tunelib.restore(remote)
+        # jetson_clocks stored the hostile link too (its of_node says GPU) and cannot write it
+        # back; it exits 0 anyway: the kit reads its output, reports it, restores the rest.
+        back = tunelib.restore(remote)
+        assert back.outcome is tunelib.Restored.INCOMPLETE
+        assert "failed to restore /sys/class/devfreq/17000000.gpu;touch${IFS}x/min_freq" \
+            in back.notes[0]
     assert faked(fleet, host.name) == before
     assert not marker_in_device.exists() and not Path("/tmp/colibri-pwned").exists()
 
