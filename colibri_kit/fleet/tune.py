@@ -806,7 +806,8 @@ def show_lines(st: TuningState) -> list[tuple[str, str]]:
         ("cpu governor", st.cpu_governors()),
         ("cpu MHz cur/max", f"{mhz(max((c for c in cur if c is not None), default=None), 1000)}/"
                             f"{mhz(max((t for t in top if t is not None), default=None), 1000)}"),
-        ("gpu governor", f"{st.gpu_governor} ({st.gpu_node})"),
+        ("gpu governor", ", ".join(f"{st.gpu_governors.get(n)} ({n})" for n in st.gpu_nodes)
+         or "? (no GPU node)"),
         ("gpu MHz cur/max", f"{mhz(st.gpu_cur, 10**6)}/{mhz(st.gpu_max, 10**6)}"),
         ("emc MHz cur/max", f"{mhz(st.emc_cur, 10**6)}/{mhz(st.emc_max, 10**6)}"),
         ("jetson_clocks", "active" if st.jetson_clocks_active else "inactive"),

@@ -93,7 +93,7 @@ def tune(c: Context, fleet: str = "", hosts: str = "", group: str = "", target: 
          tags: str = "", parallel: int = 0, accept_new_host_keys: bool = False,
          dry_run: bool = False, allow_reboot: bool = False, show: bool = False,
          restore: bool = False, json: bool = False, max_unavailable: int = 1,
-         reboot_timeout: float = tunelib.REBOOT_TIMEOUT) -> None:
+         reboot_timeout: int = int(tunelib.REBOOT_TIMEOUT)) -> None:
     """Tune devices per their target profile (nvpmodel, jetson_clocks, governors) and verify."""
     if show and restore:
         raise FleetError("--show and --restore are separate actions: pick one")
