@@ -124,7 +124,8 @@ def tune(c: Context, fleet: str = "", hosts: str = "", group: str = "", target: 
     if dry_run:
         print(table(rows))
     if reboots:
-        print(clean(f"\nneeds a reboot for its power mode: {', '.join(reboots)}" +
+        print()
+        print(clean(f"needs a reboot for its power mode: {', '.join(reboots)}" +
                     (f" (rolling: one canary, then {max_unavailable} at a time)" if allow_reboot
                      else " (not allowed: nothing will be applied there; add --allow-reboot)")))
     if dry_run:
