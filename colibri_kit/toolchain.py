@@ -24,11 +24,13 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from colibri_kit import paths
 from colibri_kit.errors import ToolchainError
-from colibri_kit.profiles import Profile
+
+if TYPE_CHECKING:  # toolchain runs on a bare interpreter (no PyYAML) to install the rest
+    from colibri_kit.profiles import Profile
 
 Progress = Callable[[str], None]
 

@@ -11,6 +11,7 @@ import ctypes.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -98,7 +99,22 @@ def test_kernel_source_uses_no_atomics_and_no_headers():
     src = KERNELS.read_text()
     code = re.sub(r"/\*.*?\*/", "", src, flags=re.S)
     assert not re.search(r"\batomic\w*\s*\(", code)
-    assert re.findall(r'#include\s+[<"]([^>"]+)', code) == ["colibri_config.h"]
+    assert re.findall(r'#include\s+[<"]([^>"]+)', code) == ["colibri_config.h", "colibri_abi.h"]
+    abi = (KERNELS.parent / "colibri_abi.h").read_text()
+    assert "#include" not in re.sub(r"/\*.*?\*/", "", abi, flags=re.S)
+
+
+def test_abi_header_dtype_codes_match_the_python_format():
+    """The C dtype codes (runtime/kernels/colibri_abi.h, used by the loader, CPU kernels, CUDA
+    backend, kernels and CLI) are colibri_kit.model.format.DType's, names included."""
+    from colibri_kit.model.format import DType
+
+    abi = (KERNELS.parent / "colibri_abi.h").read_text()
+    codes = {m[0]: int(m[1]) for m in re.findall(r"#define COLIBRI_DT_([A-Z0-9]+) (\d+)", abi)}
+    count = codes.pop("COUNT")
+    assert codes == {d.name: int(d) for d in DType} and count == len(DType)
+    names = re.search(r"#define COLIBRI_DT_NAMES \{(.*)\}", abi).group(1)
+    assert re.findall(r'"(\w+)"', names) == [d.name.lower() for d in DType]
 
 
 @pytest.mark.slow
@@ -576,3 +592,160 @@ def test_copied_weights_leave_one_copy_resident(cuda_host_build, tmp_path: Path)
     cpu = _logits(cuda_host_build, model, "cpu", ids, "wide_cpu")
     gpu = _logits(cuda_host_build, model, "cuda", ids, "wide_cuda", **env)
     assert np.abs(gpu - cpu).max() / np.abs(cpu).max() < 1e-4
+
+
+# ---------------------------------------------------------------- scripts/gpu-check.sh
+
+
+GPU_CHECK = ROOT / "scripts" / "gpu-check.sh"
+# small enough for the emulation: the large-model step runs end to end on a ~1 MB model
+TINY_SYNTH = ("--dim 64 --layers 1 --experts 4 --top-k 2 --ffn 32 --heads 2 --kv-heads 1 "
+              "--head-dim 32 --vocab 256 --seq 32")
+
+
+def _gpu_check(*args: str | Path, **env: str) -> subprocess.CompletedProcess:
+    full = {k: v for k, v in os.environ.items() if not k.startswith("STUB_")}
+    full.update({"PYTHON": sys.executable, **env})
+    return subprocess.run([str(GPU_CHECK), *map(str, args)], capture_output=True, text=True,
+                          env=full, timeout=1800)
+
+
+@pytest.fixture(scope="module")
+def prepared(cuda_host_build, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """scripts/gpu-check.sh --prepare with the sm_90 build of this module (the script's own build
+    step is `colibri_kit.build.build('host', cuda_archs=['sm_90'])`, as the fixture above does)."""
+    out = tmp_path_factory.mktemp("gpucheck") / "g"
+    proc = _gpu_check("--prepare", out, "--binary", cuda_host_build["binary"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"prepared .*: \d+ models, [\d.]+ MiB \(limit 64 MiB\)", proc.stdout), \
+        proc.stdout
+    return out
+
+
+@pytest.mark.slow
+def test_gpu_check_prepare_is_complete_and_small(prepared: Path):
+    """One directory: the binary with the sm_90 cubin, a model per family x weight type (the
+    dtype list is format.DType), expected logits and greedy ids, under 64 MiB."""
+    from colibri_kit.gpucheck import PREPARED_LIMIT, dir_size, family_shapes
+    from colibri_kit.model.format import DType
+
+    manifest = json.loads((prepared / "manifest.json").read_text())
+    names = {m["name"] for m in manifest["models"]}
+    assert names == {f"{f}-{d.name.lower()}" for f in family_shapes() for d in DType}
+    assert set(family_shapes()) == {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe"}
+    for m in manifest["models"]:
+        n = len(manifest["prompt_ids"])
+        vocab = 256
+        assert (prepared / m["logits"]).stat().st_size == n * vocab * 4
+        assert len(m["greedy_new_ids"]) == manifest["greedy_new"]
+        assert m["tolerance"] == (1e-4 if m["dtype"] == "f32" else 1e-3)
+    from colibri_kit.elf import find_cubins
+
+    assert [c.sm for c in find_cubins((prepared / "bin" / "colibri").read_bytes())] == [90]
+    assert 0 < dir_size(prepared) <= PREPARED_LIMIT
+
+
+@pytest.mark.slow
+def test_gpu_check_run_compares_reports_and_flags_wrong_results(cuda_host_build, tmp_path: Path):
+    """The run mode end to end, through the stand-in driver executing the kernels in the host
+    emulation (slow: OS threads per block, so a small prepared set: 3-token prompt, 1 greedy id,
+    two models). One model as prepared: its CUDA logits and greedy id match. A copy of another
+    with one expected logit moved by 10x the tolerance and an expected id no model can produce:
+    both checks fail, exit status 1. The report carries the device, the copy bandwidth and the
+    large model's (written by colibri synth) decode rate and bandwidth fraction."""
+    small = tmp_path / "g"
+    proc = _gpu_check("--prepare", small, "--binary", cuda_host_build["binary"],
+                      "--prompt-len", "3", "--greedy-new", "1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    manifest = json.loads((small / "manifest.json").read_text())
+    good = next(m for m in manifest["models"] if m["name"] == "qwen2_moe-bf16")
+    bad = dict(next(m for m in manifest["models"] if m["name"] == "olmoe-f32"))
+    logits = np.fromfile(small / bad["logits"], "<f4")
+    logits[7] += 10 * bad["tolerance"] * np.abs(logits).max()
+    bad.update(name="olmoe-f32-wrong", logits="expected/wrong.f32", greedy_new_ids=[100000])
+    logits.tofile(small / bad["logits"])
+    manifest["models"] = [good, bad]
+    (small / "manifest.json").write_text(json.dumps(manifest))
+    proc = _gpu_check(small, "--skip-bench", "--large-args", TINY_SYNTH, "--bench",
+                      "--prompt-len 1 --gen 1 --runs 1", "--probe-mib", "4",
+                      COLIBRI_LIBCUDA=str(cuda_host_build["libcuda"]), STUB_SM="90")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    rep = json.loads((small / "report.json").read_text())
+    got = {m["name"]: (m["logits_ok"], m["greedy_ok"]) for m in rep["models"]}
+    assert got == {"qwen2_moe-bf16": (True, True), "olmoe-f32-wrong": (False, False)}
+    assert rep["models"][0]["logits_rel_err"] <= 1e-3 < rep["models"][1]["logits_rel_err"]
+    assert not rep["passed"] and (rep["checks_passed"], rep["checks_total"]) == (3, 5)
+    assert rep["device"]["ok"] and rep["device"]["cuda_sm"] == 90
+    assert rep["device"]["cuda_image"] == "cubin"
+    assert rep["probe"]["copy_gbps"] > 0 and rep["probe"]["device"] == "Stub GPU"
+    large = rep["large"]
+    assert large["bytes_per_token"] > 0 and large["decode_tok_s"] > 0, large
+    assert isinstance(large["goal_met"], bool) and large["fraction_of_copy_bandwidth"] > 0
+    assert not (small / "work" / "large.colibri").exists()
+    text = (small / "report.txt").read_text()
+    assert text.startswith("gpu-check: FAIL  (3/5 checks)") and "greedy: got" in text
+    assert "device copy bandwidth:" in text and "of copy bandwidth; goal >= 50%" in text
+
+
+def test_gpu_check_bytes_per_token_counts_active_weights(tmp_path: Path):
+    """The run script's bytes per decoded token: every tensor once, one embedding row, top_k/E
+    of the routed experts (+ int8 row scales), from the tensor table."""
+    from colibri_kit.model.format import Kind, read_model
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from gpu_check_run import decode_bytes_per_token
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    model = tmp_path / "m.colibri"
+    _random_model(model, 0b000001, 3, 16)  # shared expert, int8
+    m = read_model(model)
+    h = m.header
+    want = 0
+    for (kind, _layer, _expert), rec in m.records.items():
+        size = rec.nbytes + rec.scale_nbytes
+        if kind == Kind.TOK_EMBED:
+            want += size // rec.rows
+        elif kind in (Kind.EXPERT_W1, Kind.EXPERT_W2, Kind.EXPERT_W3):
+            want += size * h.top_k / h.num_experts
+        else:
+            want += size
+    assert decode_bytes_per_token(model) == int(want)
+
+
+def test_gpu_check_run_refuses_an_unprepared_directory(tmp_path: Path):
+    proc = _gpu_check(tmp_path)
+    assert proc.returncode == 2 and "is not a prepared directory" in proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["f16", "int8"])
+def test_synth_writes_a_valid_deterministic_model(host_colibri: Path, tmp_path: Path, dtype: str):
+    """`colibri synth` (the GPU check's large model, written on the GPU machine): the kit's reader
+    accepts the file, the CPU forward matches the NumPy reference on it, and the same options
+    and seed give the same bytes (another seed does not)."""
+    from colibri_kit.model.format import read_model
+    from colibri_kit.model.reference import Reference
+
+    args = TINY_SYNTH.split() + ["--dtype", dtype]
+    paths_ = [tmp_path / f"{name}.colibri" for name in ("a", "b", "c")]
+    for path, seed in zip(paths_, ("7", "7", "8")):
+        proc = subprocess.run([str(host_colibri), "synth", str(path), *args, "--seed", seed],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["file_bytes"] == path.stat().st_size
+    a, b, c = (p.read_bytes() for p in paths_)
+    assert a == b and a != c
+    from colibri_kit.model.format import DType
+
+    model = read_model(paths_[0])
+    assert model.header.dtype == int(DType.parse(dtype)) and model.header.n_layers == 1
+    ids = [1, 5, 9, 2]
+    out = tmp_path / "l.f32"
+    proc = subprocess.run([str(host_colibri), "--backend", "cpu", "forward", str(paths_[0]),
+                           "--ids", ",".join(map(str, ids)), "--logits-out", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    got = np.fromfile(out, "<f4").reshape(len(ids), -1)
+    want = Reference(paths_[0]).forward(ids)
+    assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()

@@ -18,7 +18,7 @@ static int gpuprobe_usage(const char *msg) {
             "usage: colibri gpuprobe [--mib N] [--iters N] [--json]\n"
             "  device-to-device copy bandwidth of GPU 0 (bytes read + bytes written per second)\n"
             "  --mib N     size of each of the two device buffers, MiB (default 512, 1..65536)\n"
-            "  --iters N   timed copies (default 20, 1..10000)\n"
+            "  --iters N   timed copies (default 50, 1..10000)\n"
             "  --json      one JSON object instead of a line of text\n");
     return 2;
 }
@@ -34,7 +34,7 @@ static int gpuprobe_long(const char *s, long lo, long hi, long *out) {
 
 /* argv[0] is "gpuprobe" */
 int cmd_gpuprobe(int argc, char **argv) {
-    long mib = 512, iters = 20;
+    long mib = 512, iters = 50;
     int json = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
