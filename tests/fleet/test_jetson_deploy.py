@@ -119,3 +119,42 @@ def test_profiles_accept_mode_intents_and_l4t_ranges(tmp_path):
     write("max", '"36.3-36.4"')
     with pytest.raises(ProfileError, match="l4t_range: bad L4T"):
         load_profile("t", tdir)
+
+
+def make_dist(where: Path) -> Path:
+    """A minimal dist tree (deploy verifies it against its manifest)."""
+    import hashlib
+    import json
+    (where / "bin").mkdir(parents=True)
+    (where / "lib").mkdir()
+    (where / "bin/colibri").write_text("#!/bin/sh\necho 'colibri 0.0.0 target=orin-nano'\n")
+    (where / "bin/colibri").chmod(0o755)
+    (where / "lib/libcolibri.a").write_bytes(b"!<arch>\n")
+    files = {r: {"sha256": hashlib.sha256((where / r).read_bytes()).hexdigest()}
+             for r in ("bin/colibri", "lib/libcolibri.a")}
+    (where / "manifest.json").write_text(json.dumps({"target": "orin-nano", "files": files}))
+    return where
+
+
+def test_deploy_refuses_a_model_the_memory_cannot_hold(tmp_path):
+    from colibri_kit.fleet import deploy as D
+    from colibri_kit.model.format import HEADER_SIZE, ModelHeader
+    from colibri_kit.model.tiny import write_tiny_model
+    model = tmp_path / "m.colibri"
+    write_tiny_model(model, pad=64)
+    h = ModelHeader.unpack(model.read_bytes()[:HEADER_SIZE])
+    kv = 2 * h.n_layers * h.max_seq_len * h.n_kv_heads * h.head_dim * 4
+    nano = local_device(tmp_path / "nano", "orin-nano-4gb", name="nano")
+    host = Host(name="nano", address="x", target="orin-nano")
+    art = D.prepare("orin-nano", make_dist(tmp_path / "dist"), model)
+    steps = D.plan_host(nano, host, art, load_profile("orin-nano"))
+    assert any(s.startswith("memory: model needs at least") for s in steps), steps
+    # Something else holds the memory: MemAvailable below weights + KV cache.
+    avail_kb = (model.stat().st_size + kv) // 1024 - 1
+    nano.path("/proc/meminfo").write_text(f"MemTotal: 3800000 kB\nMemAvailable: {avail_kb} kB\n")
+    [res] = D.deploy(Fleet([host], connect=lambda h: nano), art, load_profile("orin-nano"),
+                     hooks=D.Hooks())
+    assert res.result == "failed"
+    assert f"KV cache at {h.max_seq_len} tokens" in res.detail and "MemAvailable is" in res.detail
+    assert not nano.path("/opt/colibri/models").exists() or \
+        not list(nano.path("/opt/colibri/models").iterdir())
