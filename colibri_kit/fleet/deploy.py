@@ -15,6 +15,7 @@ import posixpath
 import secrets
 import shutil
 import stat
+import struct
 import sys
 import tempfile
 import threading
@@ -293,8 +294,8 @@ def check_memory(remote: Remote, host: Host, art: Artifact) -> str | None:
         left = jetson.check_footprint(parts, jetson.parse_meminfo(meminfo), host.name)
     except jetson.JetsonError as exc:
         raise FleetError(str(exc)) from None
-    except (OSError, KitError):
-        return None                 # the model file was checked when prepared; no header here
+    except (OSError, KitError, ValueError, struct.error):
+        return None                 # not a .colibri header the kit can read: nothing to size
     return (f"memory: model needs at least {sum(parts.values()) / MiB:.0f} MiB, "
             f"{left / MiB:.0f} MiB of MemAvailable left")
 
