@@ -158,3 +158,12 @@ def test_deploy_refuses_a_model_the_memory_cannot_hold(tmp_path):
     assert f"KV cache at {h.max_seq_len} tokens" in res.detail and "MemAvailable is" in res.detail
     assert not nano.path("/opt/colibri/models").exists() or \
         not list(nano.path("/opt/colibri/models").iterdir())
+
+
+def test_status_warns_when_the_deployed_target_cannot_run_on_the_driver(tmp_path):
+    xa = local_device(tmp_path / "xa", "xavier-nx", name="xa")
+    note = statuslib._driver_note(rel.identify(xa), "xavier-nx")
+    assert note.startswith("WARNING: CUDA driver 11.4 (stock driver of L4T R35.5.0)")
+    nx = local_device(tmp_path / "nx", "orin-nx", name="nx")
+    assert statuslib._driver_note(rel.identify(nx), "orin-nx") == ""      # 12.6 on 12.6
+    assert statuslib._driver_note(rel.identify(nx), "no-such-target") == ""
