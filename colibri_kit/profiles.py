@@ -27,6 +27,7 @@ import yaml
 
 from colibri_kit import paths
 from colibri_kit.errors import ProfileError
+from colibri_kit.service import ServiceSpec, parse_service, service_dict
 
 ARCHES = ("aarch64", "x86_64")
 ROUTING_MODES = ("softmax_topk", "linear_score")
@@ -108,6 +109,15 @@ class SmokeSpec:
 
 
 @dataclass(frozen=True)
+class MemorySpec:
+    """Module DRAM for the footprint check (colibri_kit/model/footprint.py, docs/targets.md):
+    the smallest module of the class unless the profile overrides it, minus a reserve for the
+    OS, JetPack services and the CUDA context."""
+    total_mb: int
+    reserve_mb: int
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str
     description: str
@@ -124,6 +134,9 @@ class Profile:
     smoke: SmokeSpec
     source_path: Path
     hash: str  # sha256 hex of the canonical resolved profile (see to_dict)
+    service: ServiceSpec | None = None  # the device service (docs/service.md); root joined at deploy
+    # Not a build input, so not in the hash (a memory edit does not rebuild the runtime).
+    memory: MemorySpec | None = None
     # Accepted L4T releases, e.g. "R36.3–R36.4.x" (colibri_kit.jetson.parse_l4t_range); deploy
     # refuses a device outside it. None: the major number of ``l4t`` must match.
     l4t_range: str | None = None
@@ -384,7 +397,8 @@ class _Checker:
 
 
 TOP_KEYS_REQUIRED = ("name", "description", "arch", "glibc", "colibri", "smoke")
-TOP_KEYS_OPTIONAL = ("cpu", "jetpack", "l4t", "device", "cuda", "tune", "l4t_range")
+TOP_KEYS_OPTIONAL = ("cpu", "jetpack", "l4t", "device", "cuda", "tune", "service", "memory",
+                     "l4t_range")
 
 
 def _build(data: dict[str, Any], origin: Origin, leaf: Path) -> Profile:
@@ -413,6 +427,7 @@ def _build(data: dict[str, Any], origin: Origin, leaf: Path) -> Profile:
     colibri = _colibri(c, data["colibri"], ("colibri",))
     tune = c.optional(data, "tune", (), lambda v, k: _tune(c, v, k))
     smoke = _smoke(c, data["smoke"], ("smoke",))
+    service = c.optional(data, "service", (), lambda v, k: parse_service(v, k, fail=c.fail))
 
     if name != leaf.stem:
         raise c.fail(("name",), f"{name!r} must equal the file name {leaf.stem!r}")
@@ -420,10 +435,21 @@ def _build(data: dict[str, Any], origin: Origin, leaf: Path) -> Profile:
     fields = dict(name=name, description=description, arch=arch, glibc=glibc,
                   glibc_tuple=glibc_tuple, cpu_mcpu=mcpu, jetpack=jetpack, l4t=l4t,
                   device=device, cuda=cuda, colibri=colibri, tune=tune, smoke=smoke,
-                  source_path=leaf.resolve(), l4t_range=l4t_range)
+                  source_path=leaf.resolve(), service=service, l4t_range=l4t_range)
     draft = Profile(**fields, hash="")
     digest = hashlib.sha256(_canonical_json(_resolved_dict(draft)).encode()).hexdigest()
-    return Profile(**fields, hash=digest)
+    memory = c.optional(data, "memory", (), lambda v, k: _memory(c, v, k))
+    return Profile(**fields, hash=digest, memory=memory)
+
+
+def _memory(c: _Checker, v: Any, k: tuple[str, ...]) -> MemorySpec:
+    m = c.mapping(v, k, ("total_mb", "reserve_mb"))
+    total = c.integer(m["total_mb"], (*k, "total_mb"), lo=64, hi=16 * 1024 * 1024)
+    reserve = c.integer(m["reserve_mb"], (*k, "reserve_mb"), lo=0)
+    if reserve >= total:
+        raise c.fail((*k, "reserve_mb"), f"{reserve} is not allowed; must be less than "
+                                         f"memory.total_mb ({total})")
+    return MemorySpec(total_mb=total, reserve_mb=reserve)
 
 
 def _device(c: _Checker, v: Any, k: tuple[str, ...]) -> DeviceSpec:
@@ -555,6 +581,7 @@ def _resolved_dict(p: Profile) -> dict[str, Any]:
         "smoke": {"max_first_token_ms_p99": p.smoke.max_first_token_ms_p99,
                   "prompt_ids": list(p.smoke.prompt_ids),
                   "greedy_tokens": p.smoke.greedy_tokens},
+        "service": None if p.service is None else service_dict(p.service),
     }
 
 

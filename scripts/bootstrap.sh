@@ -20,6 +20,8 @@ apt_packages=(
   file binutils make gcc g++ libc6-dev  # host build + inspection; g++ runs the kernels' CPU emulation
   clang-14 libclang-rt-14-dev         # libFuzzer + sanitizers for the runtime's loader
   python3-venv
+  curl                                # a real HTTP client for `colibri serve` tests
+  systemd                             # systemd-analyze verify of colibri.service; PID 1 of emulated devices
 )
 missing=()
 for p in "${apt_packages[@]}"; do

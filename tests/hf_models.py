@@ -173,6 +173,8 @@ def checkpoint(name: str, root: Path) -> Path:
     if case.max_shard_size:
         kwargs["max_shard_size"] = case.max_shard_size
     model.save_pretrained(out, **kwargs)
+    # a tokenizer of the family's real configuration, sized to the model's vocabulary
+    train_tokenizer(TOKENIZER_FAMILY[name], int(case.config["vocab_size"]), out)
     (out / ".complete").write_text("ok\n")
     return out
 
@@ -251,6 +253,9 @@ def copy_with(src: Path, dst: Path, tensors: dict[str, np.ndarray] | None = None
     cfg = config if config is not None else json.loads((src / "config.json").read_text())
     (dst / "config.json").write_text(json.dumps(cfg, indent=1))
     write_safetensors(dst / "model.safetensors", tensors if tensors is not None else read_all(src))
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "tokenizer.model"):
+        if (src / name).is_file():  # the tokenizer belongs to the variant too
+            shutil.copyfile(src / name, dst / name)
     return dst
 
 
@@ -321,3 +326,128 @@ def session_root(tmp_path_factory: Any) -> Path:
 
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+# ----------------------------------------------------------------------------------------------
+# Tokenizers trained here with the real `tokenizers` library, in each family's real configuration
+# (pre_tokenizer / normalizer / decoder / post_processor / added tokens as in the published
+# tokenizer.json files: Qwen/Qwen1.5-MoE-A2.7B and Qwen/Qwen3-30B-A3B (byte-level BPE, NFC, Split
+# with the Qwen2 regex, Isolated), allenai/OLMoE-1B-7B-0924 (GPT-NeoX style: NFC, ByteLevel with
+# use_regex, whitespace-run added tokens with normalized=true), mistralai/Mixtral-8x7B-v0.1
+# (Prepend/Replace normalizer, no pre-tokenizer, byte_fallback + fuse_unk, decoder Replace/
+# ByteFallback/Fuse/Strip, TemplateProcessing "<s> $A"); the regexes are in
+# colibri_kit/model/tokenizer.py). Nothing is downloaded.
+
+TOKENIZER_FAMILY = {"mixtral": "mixtral", "mixtral_tied": "mixtral", "mixtral_bf16_sharded": "mixtral",
+                    "qwen2_moe": "qwen2", "qwen2_moe_norm": "qwen2", "qwen3_moe": "qwen3", "olmoe": "olmoe"}
+TOKENIZER_CORPUS = Path(__file__).resolve().parent / "data" / "tokenizer_corpus.json"
+_PROSE = (
+    "The engineers deploy the model to every device in the fleet. Each device answers a prompt, "
+    "and the answer must match the reference exactly. We measure latency, throughput and memory. "
+    "def main():\n    return 0\n\n"
+)
+
+
+def tokenizer_training_texts() -> list[str]:
+    corpus = json.loads(TOKENIZER_CORPUS.read_text(encoding="utf-8"))
+    return [t for t in corpus if t] + [_PROSE] * 20
+
+
+def _added(content: str, i: int, special: bool = True, normalized: bool = False) -> dict[str, Any]:
+    return {"id": i, "content": content, "single_word": False, "lstrip": False, "rstrip": False,
+            "normalized": normalized, "special": special}
+
+
+def train_tokenizer(family: str, vocab_size: int, out_dir: Path, texts: list[str] | None = None) -> Path:
+    """Write tokenizer.json, tokenizer_config.json and generation_config.json of ``family``
+    ("qwen2", "qwen3", "olmoe" or "mixtral") with at most ``vocab_size`` ids into ``out_dir``."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    from colibri_kit.model.tokenizer import GPT2_REGEX, QWEN2_REGEX
+
+    texts = texts if texts is not None else tokenizer_training_texts()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if family in ("qwen2", "qwen3", "olmoe"):
+        if family == "olmoe":
+            specials = ["<|endoftext|>", "<|padding|>"]
+            extra = [("|||EMAIL_ADDRESS|||", False, True), ("|||PHONE_NUMBER|||", False, True),
+                     ("|||IP_ADDRESS|||", False, True), ("  ", False, True), ("   ", False, True),
+                     ("    ", False, True), ("\t\t", False, True)]
+        else:
+            specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+            extra = [("<think>", False, False), ("</think>", False, False)] if family == "qwen3" else []
+        tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=False, fuse_unk=False))
+        tok.normalizer = normalizers.NFC()
+        if family == "olmoe":
+            tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True, trim_offsets=True)
+            assert GPT2_REGEX  # the regex ByteLevel(use_regex=True) applies
+        else:
+            tok.pre_tokenizer = pre_tokenizers.Sequence([
+                pre_tokenizers.Split(Regex(QWEN2_REGEX), behavior="isolated", invert=False),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False, trim_offsets=False)])
+        tok.decoder = decoders.ByteLevel()
+        n_added = len(specials) + len(extra)
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size - n_added, min_frequency=1, show_progress=False,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=[])
+        tok.train_from_iterator(texts, trainer)
+        tj = json.loads(tok.to_str())
+        base = len(tj["model"]["vocab"])
+        tj["added_tokens"] = [_added(s, base + k) for k, s in enumerate(specials)]
+        for k, (content, special, normalized) in enumerate(extra):
+            tj["added_tokens"].append(_added(content, base + len(specials) + k, special, normalized))
+        tj["post_processor"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
+                                "use_regex": False}
+        eos = "<|endoftext|>" if family == "olmoe" else "<|im_end|>"
+        config = {"add_bos_token": False, "bos_token": None, "eos_token": eos,
+                  "pad_token": "<|padding|>" if family == "olmoe" else "<|endoftext|>",
+                  "model_max_length": 4096, "clean_up_tokenization_spaces": False,
+                  "tokenizer_class": "GPTNeoXTokenizer" if family == "olmoe" else "Qwen2Tokenizer"}
+        ids = {s: base + k for k, s in enumerate(specials)}
+        gen = {"eos_token_id": [ids["<|endoftext|>"]] if family == "olmoe"
+               else [ids["<|im_end|>"], ids["<|endoftext|>"]]}
+    elif family == "mixtral":
+        sp = "\u2581"
+        tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+        tok.normalizer = normalizers.Sequence([normalizers.Prepend(sp), normalizers.Replace(" ", sp)])
+        # train with the words split at "▁" (as SentencePiece does), then store no pre-tokenizer
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=sp, prepend_scheme="never", split=True)
+        budget = vocab_size - 3 - 256
+        trainer = trainers.BpeTrainer(vocab_size=budget, min_frequency=1, show_progress=False,
+                                      limit_alphabet=min(120, budget // 2), special_tokens=[])
+        tok.train_from_iterator(texts, trainer)
+        tj = json.loads(tok.to_str())
+        trained = sorted(tj["model"]["vocab"].items(), key=lambda kv: kv[1])
+        vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+        for b in range(256):
+            vocab[f"<0x{b:02X}>"] = len(vocab)
+        for piece, _ in trained:
+            vocab.setdefault(piece, len(vocab))
+        tj["model"]["vocab"] = vocab
+        tj["model"].update(unk_token="<unk>", byte_fallback=True, fuse_unk=True)
+        tj["pre_tokenizer"] = None
+        tj["added_tokens"] = [_added("<unk>", 0), _added("<s>", 1), _added("</s>", 2)]
+        tj["post_processor"] = {
+            "type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                     {"SpecialToken": {"id": "<s>", "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}}
+        tj["decoder"] = {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": sp}, "content": " "}, {"type": "ByteFallback"},
+            {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
+        config = {"add_bos_token": True, "add_eos_token": False, "bos_token": "<s>", "eos_token": "</s>",
+                  "unk_token": "<unk>", "pad_token": None, "model_max_length": 4096,
+                  "clean_up_tokenization_spaces": False, "legacy": True, "tokenizer_class": "LlamaTokenizer"}
+        gen = {"bos_token_id": 1, "eos_token_id": 2}
+    else:
+        raise ValueError(f"unknown tokenizer family {family!r}")
+    total = 1 + max(list(tj["model"]["vocab"].values()) + [a["id"] for a in tj["added_tokens"]])
+    assert total <= vocab_size, (family, total, vocab_size)
+    text = json.dumps(tj, ensure_ascii=False)
+    Tokenizer.from_str(text)  # the library itself accepts it
+    (out_dir / "tokenizer.json").write_text(text, encoding="utf-8")
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
+    gpath = out_dir / "generation_config.json"  # keep what save_pretrained wrote; ids from here
+    saved = json.loads(gpath.read_text()) if gpath.is_file() else {}
+    gpath.write_text(json.dumps({**saved, **gen}, indent=1))
+    return out_dir / "tokenizer.json"

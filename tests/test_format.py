@@ -19,7 +19,7 @@ from colibri_kit.model.tiny import TINY_NAME, tiny_header, write_random_model, w
 
 # sha256 of tiny-moe-4e2r (pad 64, f32). Pinned: C tests and device smoke tests rely on the same
 # bytes everywhere; a change to tiny.py or the writer must be deliberate.
-TINY_SHA256 = "28dd1388288c14d4d5ba361ebe381a4919ac47795450a1f5d83310f49b0a1cd2"
+TINY_SHA256 = "fbf5fbbab855b571044aefeda416e7003d81b49161060cd173587dce619b8629"
 
 ALL_FEATURES = int(Flag.SHARED_EXPERT | Flag.SHARED_EXPERT_GATE | Flag.QKV_BIAS | Flag.QK_NORM_HEAD
                    | Flag.TIED_EMBEDDINGS)
@@ -54,7 +54,7 @@ def test_header_bytes_at_documented_offsets(tmp_path: Path) -> None:
     raw = path.read_bytes()
     assert raw[:8] == b"COLIBRI\0"
     # seed part: version, num_experts, expert_size, vocab_size, max_seq_len, embed_dim
-    assert struct.unpack_from("<6I", raw, 8) == (1, 4, 64, 256, 128, 48)
+    assert struct.unpack_from("<6I", raw, 8) == (2, 4, 64, 256, 128, 48)
     # header_size, n_layers, n_heads, n_kv_heads, head_dim, top_k, routing, dtype, Dp, pad, flags, Fs
     assert struct.unpack_from("<12I", raw, 32) == (256, 2, 4, 2, 12, 2, 0, 0, 64, 32, 0, 0)
     eps, theta = struct.unpack_from("<ff", raw, 80)
@@ -64,7 +64,14 @@ def test_header_bytes_at_documented_offsets(tmp_path: Path) -> None:
     assert table == 256 and n_tensors == 41 and file_size == len(raw)
     assert data_offset % 4096 == 0 and data_offset >= 256 + 64 * n_tensors
     assert struct.unpack_from("<III", raw, 112) == (255, 1, 2)  # family other, bos, eos
-    assert raw[124:192] == bytes(68)
+    meta_count, meta_offset, meta_size = struct.unpack_from("<IQQ", raw, 124)
+    if meta_count:  # metadata section (version 2): 64-aligned, after the tensors, at the file's end
+        assert meta_offset % 64 == 0 and meta_offset >= data_offset and meta_offset + meta_size == len(raw)
+        name, off, size = struct.unpack_from("<48sQQ", raw, meta_offset)
+        assert name.rstrip(b"\0") and off >= 64 * meta_count and off + size <= meta_size
+    else:
+        assert meta_offset == meta_size == 0
+    assert raw[144:192] == bytes(48)
     assert raw[192:256].rstrip(b"\0") == TINY_NAME.encode()
     # First record: ATTN_NORM of layer 0 (table sorted by layer, kind, expert; globals last).
     kind, layer, expert, dtype, rows, cols = struct.unpack_from("<6I", raw, 256)
@@ -129,6 +136,11 @@ def test_round_trip_every_kind(tmp_path: Path, dtype: DType) -> None:
             np.testing.assert_array_equal(got, want.astype(np.float16).astype(np.float32))
         elif dtype == DType.BF16:
             np.testing.assert_allclose(got, want, rtol=2.0 ** -8, atol=0)
+        elif dtype == DType.Q4:  # groups of 32 columns, one f16 scale each (tests/test_q4.py)
+            groups = -(-rec.cols // 32)
+            assert rec.scale_nbytes == rec.rows * groups * 2 and rec.nbytes == rec.rows * groups * 16
+            step = np.max(np.abs(want), axis=1, keepdims=True) / 8
+            assert np.all(np.abs(got - want) <= step * 1.001)
         else:
             assert rec.scale_nbytes == rec.rows * 4 and rec.scale_offset % 64 == 0
             step = np.max(np.abs(want), axis=1, keepdims=True) / 127
@@ -236,7 +248,8 @@ def _record_offset(raw: bytes, kind: Kind, layer: int = NONE, expert: int = NONE
 
 HEADER_CASES = [
     ("magic", 0, "<8s", b"COLIBRX\0"),
-    ("version", 8, "<I", 2),
+    ("version", 8, "<I", 3),
+    ("version", 8, "<I", 0),
     ("num_experts", 12, "<I", 0),
     ("num_experts", 12, "<I", 100000),
     ("expert_size", 16, "<I", 10**7),
@@ -264,7 +277,8 @@ HEADER_CASES = [
     ("file_size", 104, "<Q", 123),
     ("family", 112, "<I", 9),
     ("bos_token_id", 116, "<I", 256),
-    ("reserved", 130, "<B", 1),
+    ("reserved", 150, "<B", 1),
+    ("meta_offset", 128, "<Q", 4096),
     ("name", 192, "<2s", b"\xff\xfe"),
 ]
 

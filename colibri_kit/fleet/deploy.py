@@ -27,12 +27,14 @@ from typing import Callable
 from colibri_kit import jetson
 from colibri_kit.errors import FleetError, KitError
 from colibri_kit.fleet import release as rel
+from colibri_kit.fleet import service as svc
 from colibri_kit.fleet.fleet import DEFAULT_KEEP, Fleet, Results
 from colibri_kit.fleet.inventory import Host
 from colibri_kit.fleet.remote import Remote
 from colibri_kit.hashing import file_sha256
 from colibri_kit.profiles import Profile
 from colibri_kit.report import table
+from colibri_kit.service import ServiceSpec
 
 SPACE_MARGIN = 1.05  # need 5 % more than the bytes we upload
 MiB = 1 << 20
@@ -108,7 +110,7 @@ class HostResult:
     host: str
     release: str = "-"
     model: str = "-"
-    result: str = "failed"            # ok | unchanged | failed | skipped | planned
+    result: str = "failed"            # ok | unchanged | failed | rolled-back | skipped | planned
     seconds: float = 0.0
     detail: str = ""
     uploaded: int = 0                  # bytes sent
@@ -300,7 +302,8 @@ def check_memory(remote: Remote, host: Host, art: Artifact) -> str | None:
             f"{left / MiB:.0f} MiB of MemAvailable left")
 
 
-def plan_host(remote: Remote, host: Host, art: Artifact, profile: Profile) -> list[str]:
+def plan_host(remote: Remote, host: Host, art: Artifact, profile: Profile,
+              service: ServiceSpec | None = None) -> list[str]:
     """What a deploy would do on this host (no changes)."""
     info = rel.identify(remote)
     problems = rel.check_device(info, profile, host.name)
@@ -327,11 +330,19 @@ def plan_host(remote: Remote, host: Host, art: Artifact, profile: Profile) -> li
                  f"switch current {state.current or '(none)'} -> {art.release_id}")
     if state.partials:
         steps.append(f"remove stale partial uploads: {', '.join(state.partials)}")
+    if service is not None:
+        steps.append("service: install/refresh colibri.service, restart, health gate, roll back "
+                     "on failure" if svc.systemd_running(remote) else
+                     "service: none (device not booted with systemd)")
     return steps
 
 
 def deploy_host(remote: Remote, host: Host, art: Artifact, profile: Profile, *,
-                keep: int = DEFAULT_KEEP, hooks: Hooks | None = None) -> HostResult:
+                keep: int = DEFAULT_KEEP, hooks: Hooks | None = None,
+                service: ServiceSpec | None = None,
+                gate_timeout: float = svc.GATE_TIMEOUT_S) -> HostResult:
+    """Upload, verify, switch ``current``; with ``service`` (the profile's, or None for files
+    only) also install the unit, restart it and roll back when the health gate fails."""
     hooks = hooks or Hooks()
     result = HostResult(host=host.name, release=art.release_id,
                         model=art.model_sha[:12] if art.model_sha else "-")
@@ -368,14 +379,31 @@ def deploy_host(remote: Remote, host: Host, art: Artifact, profile: Profile, *,
         result.uploaded += _upload_release(remote, art, root, hooks)
     if state.current:
         result.extra["previous"] = state.current
-    if state.current != art.release_id:
-        rel.activate(remote, root, art.release_id)
-        result.result = "ok"
+    changed = state.current != art.release_id
+    if service is None:
+        if changed:
+            rel.activate(remote, root, art.release_id)
     else:
-        result.result = "ok" if result.uploaded else "unchanged"
+        out = svc.activate(
+            remote, service.with_root(root), target=profile.name,
+            switch=lambda: rel.activate(remote, root, art.release_id) if changed else None,
+            switch_back=(lambda: rel.rollback(remote, root, to=state.current)[1])
+            if state.current and changed else None,
+            changed=changed, timeout=gate_timeout)
+        result.extra["service"] = out.state
+        result.extra["downtime"] = "-" if out.downtime_s is None else f"{out.downtime_s:.1f}s"
+        if not out.ok:
+            result.result = "rolled-back" if out.state == "rolled-back" else "failed"
+            result.detail = out.detail
+            return result
+        if out.state == "healthy":
+            changed = True   # restarted: not "unchanged" even when the files were
+    result.result = "ok" if changed or result.uploaded else "unchanged"
     removed = prune(remote, root, keep, art.model_sha)
     result.detail = f"uploaded {result.uploaded / MiB:.1f} MiB" + (
         f", removed {len(removed)} old" if removed else "")
+    if service is not None and result.extra["service"] != "unchanged":
+        result.detail += f"; {out.detail}"
     return result
 
 
@@ -398,12 +426,15 @@ def host_results(results: Results[HostResult], release: str = "-") -> list[HostR
 def deploy(fleet: Fleet, art: Artifact, profile: Profile, *, keep: int = DEFAULT_KEEP,
            dry_run: bool = False, canary: int = 0,
            smoke_fn: Callable[[Fleet], list[HostResult]] | None = None,
-           hooks: Hooks | None = None) -> list[HostResult]:
+           hooks: Hooks | None = None, service: ServiceSpec | None = None,
+           gate_timeout: float = svc.GATE_TIMEOUT_S) -> list[HostResult]:
+    """Deploy to every host of the fleet (see deploy_host). ``service``: the unit to install
+    and restart (``profile.service`` from the task unless --no-service); None: files only."""
     if keep < 1:
         raise FleetError(f"--keep must be at least 1 (got {keep})")
     if dry_run:
         def plan(remote: Remote, host: Host) -> HostResult:
-            steps = plan_host(remote, host, art, profile)
+            steps = plan_host(remote, host, art, profile, service)
             return HostResult(host=host.name, release=art.release_id,
                               model=art.model_sha[:12] if art.model_sha else "-",
                               result="planned", detail="; ".join(steps))
@@ -412,7 +443,8 @@ def deploy(fleet: Fleet, art: Artifact, profile: Profile, *, keep: int = DEFAULT
     hooks = hooks or Hooks(progress=_Progress())
 
     def one(remote: Remote, host: Host) -> HostResult:
-        return deploy_host(remote, host, art, profile, keep=keep, hooks=hooks)
+        return deploy_host(remote, host, art, profile, keep=keep, hooks=hooks, service=service,
+                           gate_timeout=gate_timeout)
 
     results: list[HostResult] = []
     rest = fleet.hosts
@@ -426,7 +458,8 @@ def deploy(fleet: Fleet, art: Artifact, profile: Profile, *, keep: int = DEFAULT
             if bad:
                 ok = False
                 # A canary that fails its smoke test goes back to what it ran before.
-                back = {r.host: r for r in host_results(fleet.run(_undo(results), hosts=bad))}
+                back = {r.host: r for r in host_results(fleet.run(_undo(results, service, gate_timeout),
+                                                                   hosts=bad))}
                 for r in results:
                     if r.host in back:
                         r.result = "failed"
@@ -449,7 +482,8 @@ def rollback(fleet: Fleet, to: str | None = None) -> list[HostResult]:
     return host_results(fleet.run(one))
 
 
-def _undo(results: list[HostResult]) -> Callable[[Remote, Host], HostResult]:
+def _undo(results: list[HostResult], service: ServiceSpec | None = None,
+          gate_timeout: float = svc.GATE_TIMEOUT_S) -> Callable[[Remote, Host], HostResult]:
     previous = {r.host: r.extra.get("previous") for r in results}
 
     def one(remote: Remote, host: Host) -> HostResult:
@@ -457,7 +491,14 @@ def _undo(results: list[HostResult]) -> Callable[[Remote, Host], HostResult]:
         if not prev:
             return HostResult(host=host.name, result="failed", detail="no previous release to go back to")
         rel.rollback(remote, host.root, to=prev)
-        return HostResult(host=host.name, release=prev, result="ok", detail=f"rolled back to {prev}")
+        detail = f"rolled back to {prev}"
+        if service is not None and svc.systemd_running(remote):
+            gate, _ = svc.restart_and_gate(remote, service.with_root(host.root), timeout=gate_timeout)
+            detail += f", service {gate.state}"
+            if not gate.ok:
+                return HostResult(host=host.name, release=prev, result="failed",
+                                  detail=f"{detail}: {gate.detail}")
+        return HostResult(host=host.name, release=prev, result="ok", detail=detail)
     return one
 
 

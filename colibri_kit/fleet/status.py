@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from colibri_kit import jetson
 from colibri_kit.errors import KitError
 from colibri_kit.fleet import release as rel
+from colibri_kit.fleet import service as svc
 from colibri_kit.fleet.fleet import Fleet
 from colibri_kit.fleet.inventory import Host
 from colibri_kit.fleet.remote import Remote
@@ -24,6 +25,8 @@ class HostStatus:
     uptime: str = "-"
     device: str = "-"
     detail: str = ""
+    service: str = "-"        # colibri.service ActiveState/SubState ("-": none installed)
+    requests: str = "-"       # requests the running service has answered (its /metrics)
     driver: str = ""     # the CUDA driver check for the deployed target ("" when not known)
 
 
@@ -65,6 +68,12 @@ def host_status(remote: Remote, host: Host) -> HostStatus:
         st.driver = _driver_note(info, st.target)
     else:
         st.detail = "nothing deployed"
+    if svc.systemd_running(remote):
+        state = svc.service_state(remote, host.name)
+        if state.installed:
+            st.service, st.requests = state.state, state.requests
+            if state.state.startswith("failed") and state.detail:
+                st.detail = state.detail
     return st
 
 
@@ -75,9 +84,11 @@ def status(fleet: Fleet) -> list[HostStatus]:
 
 
 def status_table(rows: list[HostStatus]) -> str:
-    out = [["host", "reachable", "release", "model", "target", "L4T", "uptime", "device / detail"]]
+    out = [["host", "reachable", "release", "model", "target", "L4T", "uptime", "service",
+            "requests", "device / detail"]]
     for r in rows:
         out.append([r.host, "yes" if r.reachable else "NO", r.release, r.model, r.target, r.l4t,
-                     r.uptime, jetson.clean("; ".join(x for x in (r.device, r.detail, r.driver)
-                                                      if x), limit=400)])
+                     r.uptime, r.service, r.requests,
+                     jetson.clean("; ".join(x for x in (r.device, r.detail, r.driver) if x),
+                                  limit=400)])
     return table(out)

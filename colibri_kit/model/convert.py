@@ -23,6 +23,7 @@ from colibri_kit.model.format import (
     NONE, DType, Flag, Kind, ModelHeader, ModelWriter, padded_dim, tensor_label,
 )
 from colibri_kit.model.safetensors_io import Checkpoint, TensorView
+from colibri_kit.model.tokenizer import tokenizer_metadata
 
 DEFAULT_MAX_SEQ = 2048
 
@@ -260,23 +261,46 @@ def load_config(hf_dir: Path) -> dict[str, Any]:
     return cfg
 
 
+def chat_template_blob(hf_dir: Path, override: str | os.PathLike[str] | None) -> bytes | None:
+    """The `chat.template` metadata blob (colibri_kit/model/chat.py), None without a template."""
+    from colibri_kit.model.chat import from_checkpoint
+
+    ct = from_checkpoint(hf_dir, Path(override) if override else None)
+    return ct.blob() if ct else None
+
+
 def convert(hf_dir: str | os.PathLike[str], out: str | os.PathLike[str], dtype: str = "f32",
             target: str = "host", max_seq_len: int | None = None, progress: bool = True,
-            limits: TargetModelLimits | None = None) -> Path:
-    """Convert ``hf_dir`` to ``out`` for ``target`` (its embed_pad, max_experts, top_k).
+            limits: TargetModelLimits | None = None, slots: int = 1,
+            chat_template: str | os.PathLike[str] | None = None) -> Path:
+    """Convert ``hf_dir`` to ``out`` for ``target`` (its embed_pad, max_experts, top_k, and its
+    memory: a model whose footprint with ``slots`` contexts does not fit is refused before any
+    tensor is written, naming a dtype or context length that fits).
 
-    ``limits`` overrides the profile lookup (tests, or a pad the profiles do not list)."""
+    ``limits`` overrides the profile lookup (tests, or a pad the profiles do not list; then the
+    memory is not checked). ``chat_template``: a Jinja file used instead of the checkpoint's chat
+    template."""
     hf_dir = Path(hf_dir)
     out = Path(out)
     kind = DType.parse(dtype)
+    check_memory = limits is None
     if limits is None:
         limits = target_limits(target)
     m = read_config(load_config(hf_dir))
     header = build_header(m, kind, limits, max_seq_len, hf_dir.resolve().name)
+    metadata = tokenizer_metadata(hf_dir, header.vocab_size)  # tokenizer.* blobs (format v2)
+    if check_memory:  # before any tensor is read: the geometry, dtype and metadata decide
+        from colibri_kit.model.footprint import check_fits, estimate_file_bytes
+
+        meta = sum(64 + len(k) + len(v) for k, v in metadata.items())  # table entry + name + blob
+        check_fits(header, target, estimate_file_bytes(header) + meta, slots=slots)
     ck = Checkpoint(hf_dir)
     items = plan_tensors(m, ck)
+    chat = chat_template_blob(hf_dir, chat_template)  # refused here, before anything is written
     bar = Progress(sum(it.nbytes for it in items), progress)
-    with ModelWriter(out, header) as w:
+    if chat is not None:
+        metadata["chat.template"] = chat
+    with ModelWriter(out, header, metadata=metadata) as w:
         for it in items:
             try:
                 w.add(it.kind, it.layer, it.expert, it.source)

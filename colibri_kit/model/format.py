@@ -22,7 +22,8 @@ import numpy as np
 from colibri_kit.errors import ModelError
 
 MAGIC = b"COLIBRI\0"
-VERSION = 1
+VERSION = 2  # written; readers accept every version in READ_VERSIONS
+READ_VERSIONS = (1, 2)  # version 1 = version 2 without a metadata section
 HEADER_SIZE = 256
 RECORD_SIZE = 64
 ALIGN = 64  # every tensor and scale vector
@@ -37,10 +38,12 @@ class DType(enum.IntEnum):
     F16 = 1
     BF16 = 2
     INT8 = 3
+    Q4 = 4  # grouped 4-bit: Q4_GROUP weights share one f16 scale (docs/format.md, "q4")
 
     @property
     def itemsize(self) -> int:
-        return {0: 4, 1: 2, 2: 2, 3: 1}[int(self)]
+        """Bytes per element; q4 has none (two weights per byte plus scales): see data_nbytes."""
+        return {0: 4, 1: 2, 2: 2, 3: 1, 4: 0}[int(self)]
 
     @classmethod
     def parse(cls, name: str) -> "DType":
@@ -112,6 +115,40 @@ MAX_HEAD_DIM = 1024
 MAX_VOCAB = 4_194_304
 MAX_FFN = 262_144
 MAX_SEQ = 1_048_576
+MAX_META = 4096  # metadata entries
+
+# Metadata section (version 2): a table of 64-byte entries, then the blobs (docs/format.md).
+META_ENTRY_SIZE = 64
+META_NAME_SIZE = 48  # NUL-padded, so a name has 1..47 bytes
+_META_ENTRY = struct.Struct("<48sQQ")
+_META_NAME_CHARS = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+
+# q4: each row is split into groups of Q4_GROUP columns (the last one zero-padded); a group is
+# 16 bytes of nibbles (byte j = (q[j] + 8) | (q[j + 16] + 8) << 4, q in -8..7) and one f16 scale d,
+# so w = q * d. Chosen by measurement (docs/models.md, "4-bit weights").
+Q4_GROUP = 32
+Q4_BLOCK_BYTES = Q4_GROUP // 2
+
+
+def q4_groups(cols: int) -> int:
+    return (cols + Q4_GROUP - 1) // Q4_GROUP
+
+
+def data_nbytes(dtype: int, rows: int, cols: int) -> int:
+    """Bytes of a tensor's data (not its scales) in the file."""
+    if dtype == DType.Q4:
+        return rows * q4_groups(cols) * Q4_BLOCK_BYTES
+    return rows * cols * DType(dtype).itemsize
+
+
+def scale_bytes(dtype: int, rows: int, cols: int) -> int:
+    """Bytes of a tensor's scale vector: f32 per row for int8, f16 per group for q4, else 0."""
+    if dtype == DType.INT8:
+        return rows * 4
+    if dtype == DType.Q4:
+        return rows * q4_groups(cols) * 2
+    return 0
+
 
 # Kinds whose tensors are always f32 (small vectors and the router: routing stays exact).
 F32_KINDS = frozenset({Kind.OUTPUT_NORM, Kind.ATTN_NORM, Kind.BQ, Kind.BK, Kind.BV, Kind.Q_NORM,
@@ -125,7 +162,7 @@ D_ROWS = frozenset({Kind.WO, Kind.EXPERT_W2, Kind.SHARED_W2})
 EXPERT_KINDS = (Kind.EXPERT_W1, Kind.EXPERT_W3, Kind.EXPERT_W2)
 GLOBAL_KINDS = frozenset({Kind.TOK_EMBED, Kind.OUTPUT_NORM, Kind.LM_HEAD})
 
-_HEADER = struct.Struct("<8s" + "I" * 18 + "ff" + "II" + "QQ" + "III" + "68s" + "64s")
+_HEADER = struct.Struct("<8s" + "I" * 18 + "ff" + "II" + "QQ" + "III" + "IQQ" + "48s" + "64s")
 _RECORD = struct.Struct("<IIIIII" + "QQQQ" + "II")
 assert _HEADER.size == HEADER_SIZE and _RECORD.size == RECORD_SIZE
 
@@ -188,7 +225,11 @@ class ModelHeader:
     version: int = VERSION
     header_size: int = HEADER_SIZE
     tensor_table_offset: int = HEADER_SIZE
-    reserved: bytes = field(default=b"\0" * 68, repr=False)
+    # Metadata section (version 2; docs/format.md "Metadata section"): filled in by the writer.
+    meta_count: int = 0
+    meta_offset: int = 0
+    meta_size: int = 0
+    reserved: bytes = field(default=b"\0" * 48, repr=False)
 
     def has(self, flag: Flag) -> bool:
         return bool(self.flags & flag)
@@ -205,7 +246,8 @@ class ModelHeader:
                 self.embed_dim_pad, self.pad_multiple, self.flags, self.shared_expert_size,
                 self.norm_eps, self.rope_theta, self.n_tensors, self.tensor_table_offset,
                 self.data_offset, self.file_size, self.family, self.bos_token_id,
-                self.eos_token_id, self.reserved, name)
+                self.eos_token_id, self.meta_count, self.meta_offset, self.meta_size,
+                self.reserved, name)
         except struct.error as exc:
             raise ModelError(f"header does not fit the format: {exc}") from None
 
@@ -219,7 +261,8 @@ class ModelHeader:
             embed_dim_pad=v[15], pad_multiple=v[16], flags=v[17], shared_expert_size=v[18],
             norm_eps=v[19], rope_theta=v[20], n_tensors=v[21], tensor_table_offset=v[22],
             data_offset=v[23], file_size=v[24], family=v[25], bos_token_id=v[26],
-            eos_token_id=v[27], reserved=v[28], name=_decode_name(v[29]))
+            eos_token_id=v[27], meta_count=v[28], meta_offset=v[29], meta_size=v[30],
+            reserved=v[31], name=_decode_name(v[32]))
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-friendly view (names for enums and flags) for `invoke model-info`."""
@@ -234,8 +277,11 @@ class ModelHeader:
         """Check every field that does not depend on the file (magic, version, limits, flags)."""
         if self.magic != MAGIC:
             raise ModelError(f"header field magic: {self.magic!r}, expected {MAGIC!r} (not a .colibri file)")
-        if self.version != VERSION:
-            raise ModelError(f"header field version: {self.version}, this reader supports {VERSION}")
+        if self.version not in READ_VERSIONS:
+            raise ModelError(f"header field version: {self.version}, this reader supports "
+                             + " and ".join(str(v) for v in READ_VERSIONS))
+        if self.version < 2 and (self.meta_count or self.meta_offset or self.meta_size):
+            raise ModelError("header field reserved: must be zero (a version-1 file has no metadata section)")
         if self.header_size != HEADER_SIZE:
             raise ModelError(f"header field header_size: {self.header_size}, expected {HEADER_SIZE}")
         if self.tensor_table_offset != HEADER_SIZE:
@@ -257,7 +303,9 @@ class ModelHeader:
         if self.routing not in (0, 1):
             raise ModelError(f"header field routing: {self.routing}, allowed 0 (renormalise) or 1 (plain)")
         if self.dtype not in DType._value2member_map_:
-            raise ModelError(f"header field dtype: {self.dtype}, allowed 0 f32, 1 f16, 2 bf16, 3 int8")
+            raise ModelError(f"header field dtype: {self.dtype}, allowed 0 f32, 1 f16, 2 bf16, 3 int8, 4 q4")
+        if self.dtype == DType.Q4 and self.version < 2:
+            raise ModelError("header field dtype: 4 (q4) needs format version 2, the file says 1")
         if self.pad_multiple <= 0 or self.pad_multiple % 16 or self.pad_multiple > MAX_EMBED:
             raise ModelError(f"header field pad_multiple: {self.pad_multiple}, must be a positive multiple of 16")
         dp = self.embed_dim_pad
@@ -304,6 +352,27 @@ class ModelHeader:
             raise ModelError(
                 f"header field data_offset: {self.data_offset}, must be 4096-aligned, >= {table_end} "
                 f"(end of the table) and <= file size {actual_size}")
+        if self.meta_count == 0:
+            if self.meta_offset or self.meta_size:
+                raise ModelError(f"header field meta_offset: {self.meta_offset} (meta_size {self.meta_size}), "
+                                 "both must be 0 when meta_count is 0")
+            return
+        if self.meta_count > MAX_META:
+            raise ModelError(f"header field meta_count: {self.meta_count}, allowed 0..{MAX_META}")
+        if (self.meta_offset % ALIGN or self.meta_offset < self.data_offset
+                or self.meta_offset > actual_size or self.meta_size != actual_size - self.meta_offset):
+            raise ModelError(
+                f"header field meta_offset: {self.meta_offset} (meta_size {self.meta_size}), the section "
+                f"must start {ALIGN}-aligned at or after data_offset {self.data_offset} and end at the "
+                f"end of the file ({actual_size} bytes)")
+        if self.meta_count * META_ENTRY_SIZE > self.meta_size:
+            raise ModelError(f"header field meta_count: {self.meta_count} entries do not fit the "
+                             f"{self.meta_size}-byte metadata section")
+
+    @property
+    def tensor_end(self) -> int:
+        """Where tensor data must end: the metadata section (if any) follows it."""
+        return self.meta_offset if self.meta_count else self.file_size
 
 
 def _in_range(name: str, value: int, lo: int, hi: int) -> None:
@@ -453,6 +522,41 @@ def quantize_int8(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return q, scale
 
 
+def quantize_q4(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Grouped symmetric 4-bit: f32 [rows, cols] -> (nibbles uint8 [rows, groups * 16], scales
+    f16 [rows, groups]). Per group of Q4_GROUP columns (zero-padded): m = the value of largest
+    magnitude (first one on ties), d = f16(m / -8), q = clip(round-half-even(x / d), -8, 7)
+    (q = 0 for an all-zero group, d = 0); w = q * d is exact in f32."""
+    a = np.asarray(a, dtype=np.float32)
+    rows, cols = a.shape
+    ng = q4_groups(cols)
+    x = np.zeros((rows, ng * Q4_GROUP), np.float32)
+    x[:, :cols] = a
+    x = x.reshape(rows, ng, Q4_GROUP)
+    idx = np.argmax(np.abs(x), axis=2)
+    big = np.take_along_axis(x, idx[..., None], axis=2)[..., 0]
+    with np.errstate(over="ignore"):
+        d = (big / np.float32(-8.0)).astype(np.float16)
+    if not np.all(np.isfinite(d)):
+        raise ModelError("values beyond the q4 scale range (|w| > 8 * 65504); use --dtype int8 or f32")
+    df = d.astype(np.float32)
+    safe = np.where(df == 0, np.float32(1.0), df)
+    q = np.clip(np.rint(x / safe[..., None]), -8, 7).astype(np.int16)
+    q[df == 0] = 0
+    nib = (q + 8).astype(np.uint8).reshape(rows, ng, 2, Q4_BLOCK_BYTES)
+    packed = nib[:, :, 0, :] | (nib[:, :, 1, :] << np.uint8(4))
+    return packed.reshape(rows, ng * Q4_BLOCK_BYTES), d
+
+
+def dequantize_q4(packed: np.ndarray, scales: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    """Inverse of quantize_q4: nibbles uint8 [rows, groups * 16] + f16 scales -> f32 [rows, cols]."""
+    ng = q4_groups(cols)
+    p = np.asarray(packed, dtype=np.uint8).reshape(rows, ng, Q4_BLOCK_BYTES)
+    q = np.concatenate([p & np.uint8(15), p >> np.uint8(4)], axis=2).astype(np.float32) - np.float32(8)
+    d = np.asarray(scales).view("<f2").reshape(rows, ng).astype(np.float32)
+    return (q * d[..., None]).reshape(rows, ng * Q4_GROUP)[:, :cols]
+
+
 def encode(a: np.ndarray, dtype: DType) -> tuple[bytes, bytes]:
     """f32 rows -> (data bytes, scale bytes) in the file's little-endian encoding."""
     if dtype == DType.F32:
@@ -461,6 +565,9 @@ def encode(a: np.ndarray, dtype: DType) -> tuple[bytes, bytes]:
         return np.ascontiguousarray(a.astype("<f2")).tobytes(), b""
     if dtype == DType.BF16:
         return f32_to_bf16_bits(a).astype("<u2").tobytes(), b""
+    if dtype == DType.Q4:
+        packed, d = quantize_q4(a)
+        return packed.tobytes(), d.astype("<f2").tobytes()
     q, scale = quantize_int8(a)
     return q.tobytes(), scale.astype("<f4").tobytes()
 
@@ -473,6 +580,9 @@ def decode(raw: np.ndarray, dtype: int, rows: int, cols: int, scales: np.ndarray
         return raw.view("<f2").reshape(rows, cols).astype(np.float32)
     if dtype == DType.BF16:
         return bf16_bits_to_f32(raw.view("<u2")).reshape(rows, cols)
+    if dtype == DType.Q4:
+        assert scales is not None
+        return dequantize_q4(raw, scales, rows, cols)
     q = raw.view(np.int8).reshape(rows, cols).astype(np.float32)
     assert scales is not None
     return q * scales.view("<f4").astype(np.float32)[:, None]
@@ -513,9 +623,13 @@ class ModelWriter:
     every tensor the geometry requires has been added: a failure leaves nothing half-written.
     """
 
-    def __init__(self, path: str | os.PathLike[str], header: ModelHeader) -> None:
+    def __init__(self, path: str | os.PathLike[str], header: ModelHeader,
+                 metadata: dict[str, bytes] | None = None) -> None:
         self.path = Path(path)
         self.header = header
+        self.metadata: dict[str, bytes] = {}
+        for name, blob in (metadata or {}).items():
+            self.add_metadata(name, blob)
         header.validate_geometry()
         self.specs = expected_tensors(header)
         header.n_tensors = len(self.specs)
@@ -566,7 +680,7 @@ class ModelWriter:
                              + (f" (or padded {[spec.rows, spec.cols]})" if dp != d else ""))
         dtype = DType.F32 if spec.f32_only else DType(self.header.dtype)
         rows, cols = spec.rows, spec.cols
-        nbytes = rows * cols * dtype.itemsize
+        nbytes = data_nbytes(dtype, rows, cols)
         offset = self._align(nbytes)
         self._f.seek(offset)
         scales: list[bytes] = []
@@ -590,8 +704,8 @@ class ModelWriter:
             scales.append(scale)
         self._pos = offset + nbytes
         scale_offset = scale_nbytes = 0
-        if dtype == DType.INT8:
-            scale_nbytes = rows * 4
+        if dtype in (DType.INT8, DType.Q4):
+            scale_nbytes = scale_bytes(dtype, rows, cols)
             scale_offset = self._align(scale_nbytes)
             self._f.seek(scale_offset)
             self._f.write(b"".join(scales))
@@ -600,6 +714,36 @@ class ModelWriter:
                            scale_offset, scale_nbytes)
         self.records[key] = rec
         return rec
+
+    def add_metadata(self, name: str, data: bytes) -> None:
+        """Store a named blob in the metadata section (written at close)."""
+        check_meta_name(name)
+        if name in self.metadata:
+            raise ModelError(f"metadata {name!r}: added twice")
+        if len(self.metadata) >= MAX_META:
+            raise ModelError(f"metadata {name!r}: more than {MAX_META} entries")
+        self.metadata[name] = bytes(data)
+
+    def _write_meta(self, at: int) -> int:
+        """Write the metadata section at ``at`` (64-aligned); return its end."""
+        names = sorted(self.metadata, key=lambda n: n.encode("ascii"))
+        table_end = len(names) * META_ENTRY_SIZE
+        pos = table_end
+        entries = []
+        for n in names:
+            pos = align_up(pos, ALIGN)
+            entries.append((n, pos, len(self.metadata[n])))
+            pos += len(self.metadata[n])
+        self._f.seek(at)
+        for n, off, nbytes in entries:
+            self._f.write(_META_ENTRY.pack(n.encode("ascii"), off, nbytes))
+        for n, off, _ in entries:
+            self._f.seek(at + off)
+            self._f.write(self.metadata[n])
+        self.header.meta_count = len(names)
+        self.header.meta_offset = at
+        self.header.meta_size = pos
+        return at + pos
 
     def missing(self) -> list[str]:
         return [tensor_label(*k) for k in self.specs if k not in self.records]
@@ -614,6 +758,8 @@ class ModelWriter:
                 more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
                 raise ModelError("model incomplete, missing tensors: " + ", ".join(missing[:5]) + more)
             end = max(self.header.data_offset, self._pos)
+            if self.metadata:
+                end = self._write_meta(align_up(end, ALIGN))
             self._f.truncate(end)
             self.header.file_size = end
             self._f.seek(0)
@@ -650,11 +796,22 @@ class ColibriModel:
     """A validated, memory-mapped `.colibri` file."""
 
     def __init__(self, path: Path, header: ModelHeader, records: dict[tuple[int, int, int], TensorRecord],
-                 data: np.ndarray) -> None:
+                 data: np.ndarray, meta: dict[str, tuple[int, int]] | None = None) -> None:
         self.path = path
         self.header = header
         self.records = records
         self._data = data
+        self._meta = meta or {}
+
+    def metadata(self, name: str) -> bytes | None:
+        """The bytes of metadata blob ``name`` (None when absent; always None for version 1)."""
+        span = self._meta.get(name)
+        if span is None:
+            return None
+        return bytes(self._data[span[0]: span[0] + span[1]])
+
+    def metadata_names(self) -> list[str]:
+        return list(self._meta)
 
     def record(self, kind: Kind, layer: int = NONE, expert: int = NONE) -> TensorRecord:
         key = (int(kind), layer, expert)
@@ -673,6 +830,8 @@ class ColibriModel:
 
     def scales(self, kind: Kind, layer: int = NONE, expert: int = NONE) -> np.ndarray | None:
         r = self.record(kind, layer, expert)
+        if r.dtype == DType.Q4:
+            return self._data[r.scale_offset: r.scale_offset + r.scale_nbytes].view("<f2").astype(np.float32)
         if r.dtype != DType.INT8:
             return None
         return self._data[r.scale_offset: r.scale_offset + r.scale_nbytes].view("<f4").astype(np.float32)
@@ -681,7 +840,7 @@ class ColibriModel:
         """One tensor as f32 ``[rows, cols]`` (dequantised; padded shape unless ``unpad``)."""
         r = self.record(kind, layer, expert)
         sc = None
-        if r.dtype == DType.INT8:
+        if r.dtype in (DType.INT8, DType.Q4):
             sc = self._data[r.scale_offset: r.scale_offset + r.scale_nbytes]
         out = decode(self._data[r.offset: r.offset + r.nbytes], r.dtype, r.rows, r.cols, sc)
         if unpad:
@@ -710,9 +869,46 @@ def read_model(path: str | os.PathLike[str]) -> ColibriModel:
     try:
         header.validate(size)
         records = _read_table(header, data, size)
+        meta = _read_meta(header, data)
     except ModelError as exc:
         raise ModelError(f"{path}: {exc}") from None
-    return ColibriModel(path, header, records, data)
+    return ColibriModel(path, header, records, data, meta)
+
+
+def check_meta_name(name: str) -> bytes:
+    """A metadata name as stored: 1..47 ASCII bytes of [A-Za-z0-9._-]."""
+    raw = name.encode("ascii", "replace")
+    if not 1 <= len(raw) < META_NAME_SIZE or any(c not in _META_NAME_CHARS for c in raw):
+        raise ModelError(f"metadata name {name!r}: must be 1..{META_NAME_SIZE - 1} characters of "
+                         "A-Z a-z 0-9 . _ -")
+    return raw
+
+
+def _read_meta(h: ModelHeader, data: np.ndarray) -> dict[str, tuple[int, int]]:
+    """Validate the metadata table (names sorted and unique, blobs in order, inside the section)
+    and return name -> (absolute offset, size)."""
+    out: dict[str, tuple[int, int]] = {}
+    table_end = h.meta_count * META_ENTRY_SIZE
+    prev_name = b""
+    prev_end = table_end
+    for i in range(h.meta_count):
+        at = h.meta_offset + i * META_ENTRY_SIZE
+        raw_name, off, nbytes = _META_ENTRY.unpack(bytes(data[at: at + META_ENTRY_SIZE]))
+        name = raw_name.split(b"\0", 1)[0]
+        where = f"metadata entry {i}"
+        if (not name or raw_name[len(name):] != b"\0" * (META_NAME_SIZE - len(name))
+                or any(c not in _META_NAME_CHARS for c in name)):
+            raise ModelError(f"{where}: field name {raw_name!r} is not 1..{META_NAME_SIZE - 1} "
+                             "NUL-padded characters of A-Z a-z 0-9 . _ -")
+        where = f"metadata entry {i} ({name.decode()})"
+        if name <= prev_name:
+            raise ModelError(f"{where}: names must be unique and sorted (follows {prev_name.decode()!r})")
+        if off % ALIGN or off < prev_end or off > h.meta_size or nbytes > h.meta_size - off:
+            raise ModelError(f"{where}: field offset/size {off}/{nbytes} must be {ALIGN}-aligned, at or "
+                             f"after {prev_end} and inside the {h.meta_size}-byte section")
+        out[name.decode()] = (h.meta_offset + off, nbytes)
+        prev_name, prev_end = name, off + nbytes
+    return out
 
 
 def _read_table(h: ModelHeader, data: np.ndarray, size: int) -> dict[tuple[int, int, int], TensorRecord]:
@@ -732,24 +928,27 @@ def _read_table(h: ModelHeader, data: np.ndarray, size: int) -> dict[tuple[int, 
             raise ModelError(f"{where}: appears twice")
         if r.key != order[i]:
             raise ModelError(f"{where}: table not sorted by layer, kind, expert (expected {tensor_label(*order[i])})")
-        if r.dtype not in DType._value2member_map_:
-            raise ModelError(f"{where}: field dtype {r.dtype}, allowed 0..3")
+        if r.dtype not in DType._value2member_map_ or (r.dtype == DType.Q4 and h.version < 2):
+            raise ModelError(f"{where}: field dtype {r.dtype}, allowed 0..4 (4, q4: version 2 only)")
         if spec.f32_only and r.dtype != DType.F32:
             raise ModelError(f"{where}: field dtype {DType(r.dtype).name.lower()}, this kind must be f32")
         if (r.rows, r.cols) != (spec.rows, spec.cols):
             raise ModelError(f"{where}: field rows/cols [{r.rows}, {r.cols}], the geometry needs [{spec.rows}, {spec.cols}]")
-        itemsize = DType(r.dtype).itemsize
-        if r.nbytes != r.rows * r.cols * itemsize:
-            raise ModelError(f"{where}: field nbytes {r.nbytes}, expected rows*cols*{itemsize} = {r.rows * r.cols * itemsize}")
-        _check_span(where, "offset", r.offset, r.nbytes, h.data_offset, size)
+        want = data_nbytes(r.dtype, r.rows, r.cols)
+        if r.nbytes != want:
+            how = ("rows*groups*16" if r.dtype == DType.Q4 else f"rows*cols*{DType(r.dtype).itemsize}")
+            raise ModelError(f"{where}: field nbytes {r.nbytes}, expected {how} = {want}")
+        _check_span(where, "offset", r.offset, r.nbytes, h.data_offset, h.tensor_end)
         spans.append((r.offset, r.offset + r.nbytes, where))
-        if r.dtype == DType.INT8:
-            if r.scale_nbytes != r.rows * 4:
-                raise ModelError(f"{where}: field scale_nbytes {r.scale_nbytes}, expected rows*4 = {r.rows * 4}")
-            _check_span(where, "scale_offset", r.scale_offset, r.scale_nbytes, h.data_offset, size)
+        if r.dtype in (DType.INT8, DType.Q4):
+            want = scale_bytes(r.dtype, r.rows, r.cols)
+            if r.scale_nbytes != want:
+                how = "rows*groups*2" if r.dtype == DType.Q4 else "rows*4"
+                raise ModelError(f"{where}: field scale_nbytes {r.scale_nbytes}, expected {how} = {want}")
+            _check_span(where, "scale_offset", r.scale_offset, r.scale_nbytes, h.data_offset, h.tensor_end)
             spans.append((r.scale_offset, r.scale_offset + r.scale_nbytes, where + " scales"))
         elif r.scale_offset or r.scale_nbytes:
-            raise ModelError(f"{where}: fields scale_offset/scale_nbytes must be 0 for a non-int8 tensor")
+            raise ModelError(f"{where}: fields scale_offset/scale_nbytes must be 0 for a tensor without scales (not int8 or q4)")
         if any(r.reserved):
             raise ModelError(f"{where}: field reserved must be zero")
         records[r.key] = r
@@ -766,13 +965,17 @@ def _check_span(where: str, name: str, offset: int, nbytes: int, data_offset: in
     if offset < data_offset:
         raise ModelError(f"{where}: field {name} {offset} lies before data_offset {data_offset}")
     if offset > size or nbytes > size - offset:
-        raise ModelError(f"{where}: field {name} {offset} + {nbytes} bytes runs past the end of the file ({size} bytes)")
+        raise ModelError(f"{where}: field {name} {offset} + {nbytes} bytes runs past the end of the tensor data ({size} bytes)")
 
 
 def header_json(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Validated header of a model file as a dict (for `invoke model-info`)."""
+    from colibri_kit.model.tokenizer import describe_blobs
+
     m = read_model(path)
     d = m.header.to_json()
     d["tensors"] = len(m.records)
+    d["metadata"] = {name: m._meta[name][1] for name in m.metadata_names()}  # name -> bytes
+    d["tokenizer"] = describe_blobs(m.metadata("tokenizer.config"))  # None: no tokenizer (--ids only)
     return d
 

@@ -14,25 +14,30 @@ from colibri_kit.tasks._common import user_errors
 @task(name="convert", help={
     "hf-dir": "Hugging Face checkpoint directory (config.json + safetensors, single or sharded)",
     "out": "output .colibri file (written to a temporary file, renamed when complete)",
-    "dtype": "weight type of the large matrices: f32, f16, bf16 or int8 (per-row scales)",
-    "target": "target profile whose embed_pad / max_experts / top_k the model must fit (default host)",
+    "dtype": "weight type of the large matrices: f32, f16, bf16, int8 (per-row scales) or q4 "
+             "(4-bit, one f16 scale per 32 weights)",
+    "target": "target profile whose embed_pad / max_experts / top_k the model must fit, and whose "
+              "memory it must fit (refused before converting, naming a dtype or context that "
+              "fits; default host: no memory limit)",
     "max-seq-len": "KV-cache capacity; capped by the model's max_position_embeddings (default 2048)",
+    "chat-template": "Jinja chat template file to store instead of the checkpoint's (docs/format.md)",
+    "slots": "contexts served at once (colibri serve --slots) for the memory check (default 1)",
 })
 @user_errors
 def convert_task(c: Context, hf_dir: str, out: str, dtype: str = "f32", target: str = "host",
-                 max_seq_len: int = 0) -> None:
+                 max_seq_len: int = 0, chat_template: str = "", slots: int = 1) -> None:
     """Convert a Hugging Face MoE checkpoint (mixtral, qwen2_moe, qwen3_moe, olmoe) to .colibri."""
     from colibri_kit.model.convert import convert
 
     path = convert(hf_dir, out, dtype=dtype, target=target, max_seq_len=max_seq_len or None,
-                   progress=True)
+                   progress=True, chat_template=chat_template or None, slots=slots)
     print(path)
 
 
 @task(name="tiny-model", help={
     "out": "output .colibri file",
     "target": "target profile whose embed_pad is used for padding (default host)",
-    "dtype": "f32 (default), f16, bf16 or int8",
+    "dtype": "f32 (default), f16, bf16, int8 or q4",
 })
 @user_errors
 def tiny_model_task(c: Context, out: str, target: str = "host", dtype: str = "f32") -> None:
@@ -45,16 +50,28 @@ def tiny_model_task(c: Context, out: str, target: str = "host", dtype: str = "f3
     print(write_tiny_model(out, pad=pad, dtype=DType.parse(dtype)))
 
 
-@task(name="model-info", help={"file": "a .colibri model file"})
+@task(name="model-info", help={
+    "file": "a .colibri model file",
+    "slots": "contexts served at once, for the footprint (default 1)",
+})
 @user_errors
-def model_info_task(c: Context, file: str) -> None:
-    """Validate a .colibri file and print its header as JSON."""
+def model_info_task(c: Context, file: str, slots: int = 1) -> None:
+    """Validate a .colibri file and print its header, metadata blobs and tokenizer as JSON, with
+    its memory footprint on every target ("footprint": weights + slots x arena incl. KV cache, and
+    whether it fits); the same footprint as one line per target on stderr."""
+    from colibri_kit.model.footprint import model_footprint
     from colibri_kit.model.format import header_json
+    from colibri_kit.profiles import list_profiles
 
     if not file:
         raise ModelError("give a model file: invoke model-info FILE")
-    json.dump(header_json(file), sys.stdout, indent=2)
+    doc = header_json(file)
+    fps = [model_footprint(file, t, slots) for t in list_profiles()]
+    doc["footprint"] = [fp.to_json() for fp in fps]
+    json.dump(doc, sys.stdout, indent=2)
     print()
+    for fp in fps:
+        print(fp.line(), file=sys.stderr)
 
 
 TASKS = [convert_task, tiny_model_task, model_info_task]

@@ -29,6 +29,18 @@ def stop(fleet: simlib.EmulatedFleet) -> None:
     fleet.down()
 
 
+def start_service_fleet(count: int, target: str, state_dir: Path, name_prefix: str = "svc"):
+    """Start devices that boot a real systemd (sshd as a unit, each its own address;
+    colibri_kit/sim/service_fleet.py) and print them; returns the ServiceFleet (``.down()``)."""
+    from colibri_kit.sim.service_fleet import ServiceFleet
+
+    fleet = ServiceFleet(count, state_dir, target=target, name_prefix=name_prefix).up()
+    rows = [["device", "module", "address", "PID 1"]]
+    rows += [[d.name, fleet.module, f"{d.address}:22", str(d.pid)] for d in fleet.devices]
+    print(table(rows))
+    return fleet
+
+
 @task(help={
     "count": "how many emulated devices to start (default 3)",
     "target": "target profile whose module the devices emulate (default orin-nx)",

@@ -1,5 +1,7 @@
-/* libFuzzer harness for the model loader (runtime/src/model.c): any byte string must either be
- * refused with a status and a message, or yield tensor views that lie wholly inside the buffer.
+/* libFuzzer harness for the model loader (runtime/src/model.c, and the metadata section and the
+ * tokenizer tables it builds, runtime/src/tokenizer.c): any byte string must either be
+ * refused with a status and a message, or yield tensor views that lie wholly inside the buffer
+ * and a tokenizer that encodes and decodes a fixed text using only what it validated.
  * The buffer is copied to a 64-byte aligned allocation of exactly `size` bytes, so AddressSanitizer
  * reports any read past the end; every byte of every accepted view is read. */
 #include <stdint.h>
@@ -7,6 +9,7 @@
 #include <string.h>
 
 #include "model.h"
+#include "tokenizer.h"
 
 static volatile uint32_t sink;
 
@@ -23,6 +26,21 @@ static void touch(const colibri_tensor *t) {
             acc += bits;
         }
     sink = acc;
+}
+
+/* Whatever an accepted tokenizer section holds, using it stays inside its tables. */
+static void use_tokenizer(const colibri_tokenizer *t) {
+    static const char text[] = "<|x|> ab  a\n\n12 <m> [r]  \xc3\xa9\xe4\xbd\xa0\xff <s>x";
+    int32_t ids[256];
+    size_t n = 0;
+    if (colibri_tokenizer_encode(t, text, sizeof text - 1, 1, ids, 256, &n) != COLIBRI_OK) return;
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] < 0 || (uint32_t)ids[i] >= t->n_vocab) abort();
+    char out[4096];
+    size_t len = 0;
+    colibri_tokenizer_decode(t, ids, n, 0, out, sizeof out, &len);
+    for (uint32_t id = 0; id < t->n_vocab && id < 512; id++)
+        colibri_tokenizer_piece(t, (int32_t)id, out, sizeof out, &len);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -49,6 +67,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 touch(&ly->w2[e]);
             }
         }
+        const uint8_t *blob;
+        size_t blen;
+        if (colibri_model_meta(&m, "tokenizer.vocab", &blob, &blen))
+            for (size_t i = 0; i < blen; i++) sink += blob[i];
+        if (m.tokenizer) use_tokenizer(m.tokenizer);
         colibri_model_close(&m);
     } else if (!why[0]) {
         abort(); /* a refusal must always say why */

@@ -7,8 +7,19 @@
  * -> colibri_free. Every call returns a colibri_status; colibri_strerror names it and
  * colibri_last_error(ctx) gives the detailed one-line reason of the last failure.
  *
- * One context per thread: a context is not safe to share between threads without a lock
- * (the runtime's own worker threads live inside the context). */
+ * Thread contract (serving several requests at once):
+ *   - colibri_model (colibri_model_load) is the mmapped, validated file. It is read-only after
+ *     load and may be shared by any number of contexts on any threads. It is reference counted:
+ *     every context holds a reference, so colibri_model_free may be called as soon as the last
+ *     colibri_ctx_new is done; the mapping goes away with the last context.
+ *   - colibri_ctx (colibri_ctx_new) is one sequence: its KV cache, arena, worker threads and
+ *     (CUDA) device state. One context per thread: a context is not safe to use from two threads
+ *     at once without a lock. Different contexts never touch each other's state.
+ *   - colibri_model_load and colibri_ctx_new/colibri_free may run on any thread, concurrently
+ *     with forward calls on other contexts. Creating a context allocates its arena (the KV cache
+ *     is not touched until used) and starts its workers: milliseconds (docs/runtime.md).
+ *   - colibri_init/colibri_init_ex are the one-context form: a private model freed with it.
+ * Functions taking a const colibri_model * only read it and are thread safe. */
 #ifndef COLIBRI_H
 #define COLIBRI_H
 
@@ -37,7 +48,10 @@ typedef enum {
     COLIBRI_E_TOKEN_RANGE = 12,    /* a token id < 0 or >= vocab_size */
     COLIBRI_E_SEQ_TOO_LONG = 13,   /* position + n would exceed max_seq_len */
     COLIBRI_E_BACKEND = 14,        /* the requested backend is unavailable or failed */
-    COLIBRI_E_NOT_BUILT = 15       /* feature not compiled in (e.g. routing dump without DEBUG) */
+    COLIBRI_E_NOT_BUILT = 15,      /* feature not compiled in (e.g. routing dump without DEBUG) */
+    COLIBRI_E_NO_TOKENIZER = 16,   /* text call on a model without a tokenizer (re-convert it) */
+    COLIBRI_E_BAD_TOKENIZER = 17,  /* the model's tokenizer section is invalid */
+    COLIBRI_E_BUFFER_TOO_SMALL = 18 /* output buffer too small; the size needed is returned */
 } colibri_status;
 
 typedef enum {
@@ -47,11 +61,12 @@ typedef enum {
 } colibri_backend;
 
 typedef struct colibri_ctx colibri_ctx;
+typedef struct colibri_model colibri_model;
 
 typedef struct {
     int threads;             /* CPU worker threads including the caller; 0 = online CPUs (max 64) */
     colibri_backend backend;
-    int int8_activations;    /* int8 weights: 1 = quantise activations per token to int8 and use
+    int int8_activations;    /* int8 or q4 weights: 1 = quantise activations per token to int8 and use
                                 integer dot products (faster, see docs/runtime.md for accuracy);
                                 0 = f32 activations (default) */
     char *error;             /* optional: receives the one-line reason when init fails */
@@ -95,6 +110,18 @@ void colibri_default_options(colibri_options *opt);
 colibri_status colibri_init(colibri_ctx **ctx, const char *path);
 colibri_status colibri_init_ex(colibri_ctx **ctx, const char *path, const colibri_options *opt);
 
+/* Shared model: mmap + validate `path` once. Only opt->error/error_len are used (the reason of
+ * a failure); opt may be NULL. On failure *m is NULL. */
+colibri_status colibri_model_load(colibri_model **m, const char *path, const colibri_options *opt);
+/* A new context (sequence) on a loaded model with its own threads/backend options; takes a
+ * reference on m. On failure *ctx is NULL and opt->error holds the reason. */
+colibri_status colibri_ctx_new(colibri_ctx **ctx, colibri_model *m, const colibri_options *opt);
+/* Drop the caller's reference (the model lives on while contexts use it). NULL is a no-op. */
+void colibri_model_free(colibri_model *m);
+/* The model a context runs (no reference taken). */
+colibri_model *colibri_ctx_model(const colibri_ctx *ctx);
+void colibri_model_get_info(const colibri_model *m, colibri_model_info *info);
+
 /* Run n tokens starting at the current KV position; write n x vocab_size logits (row-major,
  * host memory). Allocates nothing. On failure the KV position is unchanged. */
 colibri_status colibri_forward(colibri_ctx *ctx, const int32_t *ids, int n, float *logits);
@@ -121,6 +148,146 @@ colibri_status colibri_dump_routing(colibri_ctx *ctx, const char *path);
  * versus token-by-token decode (bitwise equal). Returns the number of failed checks; with
  * verbose, prints one line per check to stdout. */
 int colibri_selftest(int verbose);
+
+/* ---- Sampling (sampler.c) ------------------------------------------------------------------
+ * Pipeline per token: repetition penalty on the distinct ids of the history window -> greedy
+ * argmax when temperature == 0 -> candidates by logit (ties: lower id) cut to top_k -> weights
+ * exp((l - l_max) / temperature) in double -> top-p prefix -> min-p (w >= min_p * w_max) -> one
+ * uniform draw from a counter-based generator (splitmix64 of seed and draw number). The logits
+ * are bitwise identical on any thread count, so a seed gives the same ids on any thread count. */
+typedef struct {
+    float temperature;    /* 0 = greedy (default); > 0 samples */
+    int top_k;            /* keep the k most likely; 0 = off (default) */
+    float top_p;          /* nucleus: (0, 1], 1 = off (default) */
+    float min_p;          /* drop ids below min_p x the top probability; 0 = off (default) */
+    float repeat_penalty; /* > 0; 1 = off (default); CTRL rule as in transformers */
+    int repeat_last_n;    /* history window for the penalty; 0 = the whole context (default) */
+    uint64_t seed;        /* same seed + same model + same prompt -> same ids */
+} colibri_sampling;
+
+typedef struct colibri_sampler colibri_sampler;
+
+void colibri_default_sampling(colibri_sampling *p);
+/* NULL when p is valid, else a message naming the bad field and its range. */
+const char *colibri_sampling_check(const colibri_sampling *p);
+/* Scratch for `vocab` candidates is allocated here; sampling allocates nothing. A sampler is
+ * one request's state (its draw counter): one per thread, like a context. */
+colibri_status colibri_sampler_new(colibri_sampler **s, uint32_t vocab, const colibri_sampling *p);
+/* Restart the draw counter with a new seed (the other parameters are kept). */
+void colibri_sampler_reset(colibri_sampler *s, uint64_t seed);
+/* Pick one id from logits[vocab] (modified in place by the repetition penalty). history: the
+ * ids so far (prompt + generated), used only by the penalty; may be NULL. */
+int32_t colibri_sampler_sample(colibri_sampler *s, float *logits, const int32_t *history,
+                               int n_history);
+void colibri_sampler_free(colibri_sampler *s);
+
+/* ---- Generation (generate.c) --------------------------------------------------------------
+ * colibri_generate: reset the context, prefill the prompt, then sample up to max_new tokens.
+ * Stops at the model's EOS id, at any of stop_ids, at any stop string (matched in the decoded
+ * text, also across token boundaries; the stop string itself is not emitted), at max_new, when
+ * the KV cache is full, or when the callback returns non-zero (cancel). Text needs a detokenizer
+ * (`detok`); without one, only ids are produced. */
+typedef enum {
+    COLIBRI_FINISH_NONE = 0,
+    COLIBRI_FINISH_STOP = 1,      /* EOS, a stop id or a stop string */
+    COLIBRI_FINISH_LENGTH = 2,    /* max_new tokens produced */
+    COLIBRI_FINISH_CONTEXT = 3,   /* the KV cache (max_seq_len) is full */
+    COLIBRI_FINISH_CANCELLED = 4  /* the callback asked to stop */
+} colibri_finish;
+
+/* Decode ids[0..n) to UTF-8 bytes in out (at most cap bytes written, no NUL needed); return the
+ * full length, which may exceed cap (the caller retries with a larger buffer). */
+typedef size_t (*colibri_detok_fn)(void *user, const int32_t *ids, int n, char *out, size_t cap);
+
+/* Called once per generated token (id >= 0) and once at the end (id == -1) with the text that
+ * became final: never a part of a UTF-8 character, never a part that might still turn out to
+ * be a stop string. The text is valid UTF-8: byte sequences the model made that are not are
+ * replaced by U+FFFD, as `tokenizers`' decode does. Not NUL-terminated; len may be 0. Return
+ * non-zero to cancel (no final call then). */
+typedef int (*colibri_token_fn)(void *user, int32_t id, const char *text, size_t len);
+
+typedef struct {
+    const int32_t *prompt;            /* n_prompt >= 1 ids */
+    int n_prompt;
+    int max_new;                      /* >= 0 */
+    colibri_sampling sampling;
+    const int32_t *stop_ids;          /* besides the model's EOS id; may be NULL */
+    int n_stop_ids;
+    const char *const *stop_strings;  /* NUL-terminated, non-empty; may be NULL */
+    int n_stop_strings;
+    int ignore_eos;                   /* 1: do not stop at the model's EOS id */
+    colibri_detok_fn detok;           /* NULL: no text (callback gets len 0) */
+    void *detok_user;
+    colibri_token_fn on_token;        /* may be NULL */
+    void *user;
+} colibri_generate_params;
+
+typedef struct {
+    int n_new;               /* ids written to out_ids */
+    colibri_finish finish;
+    int32_t stop_id;         /* the EOS/stop id that ended it (not in out_ids), else -1 */
+    int stop_string;         /* index of the stop string that ended it, else -1 */
+    double prefill_ms;       /* prompt forward + first pick */
+    double decode_ms;        /* the rest */
+} colibri_generate_result;
+
+void colibri_default_generate_params(colibri_generate_params *p);
+/* out_ids must hold max_new ids. Allocates its working buffers (logits of one prefill chunk,
+ * sampler, text) per call and frees them before returning; the forward passes allocate nothing.
+ * A prompt longer than max_seq_len fails with COLIBRI_E_SEQ_TOO_LONG naming both numbers. */
+colibri_status colibri_generate(colibri_ctx *ctx, const colibri_generate_params *p,
+                                int32_t *out_ids, colibri_generate_result *r);
+/* "stop", "length", "context", "cancelled" or "none". */
+const char *colibri_finish_name(colibri_finish f);
+
+/* ---- Chat (chat.c) -------------------------------------------------------------------------
+ * The model's chat template, stored at conversion as a table of the text around each message
+ * (colibri_kit/model/chat.py, docs/format.md "chat.template"); the rendering is byte-identical
+ * to transformers' apply_chat_template(tokenize=False) for the conversations it accepts: an
+ * optional system message, then user and assistant alternating, starting with user. The text
+ * already holds the BOS text where the template puts it: tokenize it without adding BOS. */
+typedef struct {
+    const char *role;     /* "system", "user" or "assistant" */
+    const char *content;  /* UTF-8, NUL-terminated */
+} colibri_chat_message;
+
+/* Writes at most cap bytes (NUL-terminated when it fits) and sets *len to the full length;
+ * when *len >= cap call again with a larger buffer. Reads only the model: thread safe.
+ * COLIBRI_E_UNSUPPORTED when the model has no template or the template refuses the
+ * conversation; why receives the reason. */
+colibri_status colibri_chat_render(const colibri_model *m, const colibri_chat_message *msgs, int n,
+                                   int add_generation_prompt, char *out, size_t cap, size_t *len,
+                                   char *why, size_t why_len);
+
+/* ---- Text: the model's own tokenizer (format version 2; docs/runtime.md "Tokenizer") --------
+ * Ids are exactly those of the Hugging Face `tokenizers` library for the model's tokenizer.json.
+ * Thread contract: these calls read only the loaded model (never the context's KV state or error
+ * buffer), so any number of threads may call them at once on one context. A model file without a
+ * tokenizer (format version 1) gives COLIBRI_E_NO_TOKENIZER: re-convert it (`invoke convert`). */
+typedef struct {
+    int has_tokenizer;
+    char kind[24];            /* "byte_level_bpe" or "sentencepiece_bpe" */
+    uint32_t vocab;           /* pieces (<= the model's vocab_size) */
+    int add_bos, add_eos;     /* what add_special adds */
+    int32_t bos_id, eos_id, pad_id, unk_id; /* -1 when none */
+    int n_stop;               /* generation stops at these ids (generation_config.json eos ids) */
+    int32_t stop_ids[16];
+} colibri_tokenizer_info;
+
+void colibri_get_tokenizer_info(const colibri_ctx *ctx, colibri_tokenizer_info *info);
+
+/* `len` bytes of text (any bytes: invalid UTF-8 goes through the byte rules, never fails) ->
+ * ids. add_special: add BOS/EOS as the model's tokenizer does by default. Writes at most `cap`
+ * ids; *n_ids is always the number needed (COLIBRI_E_BUFFER_TOO_SMALL when it exceeds cap). */
+colibri_status colibri_tokenize(const colibri_ctx *ctx, const char *text, size_t len,
+                                int add_special, int32_t *ids, size_t cap, size_t *n_ids);
+/* ids -> UTF-8 text (no NUL added), as `tokenizers` decodes; skip_special drops special tokens.
+ * *len is the size needed (COLIBRI_E_BUFFER_TOO_SMALL when it exceeds cap). */
+colibri_status colibri_detokenize(const colibri_ctx *ctx, const int32_t *ids, size_t n,
+                                  int skip_special, char *text, size_t cap, size_t *len);
+/* The raw bytes of one token (for streaming: a piece may end inside a UTF-8 character). */
+colibri_status colibri_token_piece(const colibri_ctx *ctx, int32_t id, char *buf, size_t cap,
+                                   size_t *len);
 
 #ifdef __cplusplus
 }

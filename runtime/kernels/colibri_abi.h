@@ -12,8 +12,13 @@
 #define COLIBRI_DT_F16 1
 #define COLIBRI_DT_BF16 2
 #define COLIBRI_DT_INT8 3
-#define COLIBRI_DT_COUNT 4
-#define COLIBRI_DT_NAMES {"f32", "f16", "bf16", "int8"}
+/* Grouped 4-bit (docs/format.md, "q4"): rows of ceil(cols / 32) groups, each 16 bytes of nibbles
+ * (byte j = (q[j] + 8) | (q[j + 16] + 8) << 4) and one f16 scale d; w = q * d. */
+#define COLIBRI_DT_Q4 4
+#define COLIBRI_DT_COUNT 5
+#define COLIBRI_DT_NAMES {"f32", "f16", "bf16", "int8", "q4"}
+#define COLIBRI_Q4_GROUP 32
+#define COLIBRI_Q4_BLOCK 16
 
 /* Launch geometry (docs/cuda.md, "Kernels"). */
 #define COLIBRI_CU_WARP 32

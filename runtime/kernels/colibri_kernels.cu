@@ -10,7 +10,8 @@
  * Determinism: no atomics anywhere. Every reduction has a fixed shape (per-lane partial sums in
  * index order, then an xor-butterfly across the warp, then warp partials in warp order), so a
  * kernel gives the same bits run to run and with 1 or 2 streams. Activations are f32; weights are
- * f32, f16, bf16 or int8 with one f32 scale per output row (docs/format.md).
+ * f32, f16, bf16 or int8 with one f32 scale per output row, or grouped 4-bit (q4) with one f16
+ * scale per 32 weights (docs/format.md).
  *
  * Layouts: a linear layer's weight is W[rows=out, cols=in] row-major, y[t, r] = W[r, :] . x[t, :].
  * Tensors with a D-sized axis are padded to Dp with zeros, so padded lanes stay exactly zero. */
@@ -26,6 +27,11 @@ typedef unsigned short cb_u16;
 #define CB_DT_F16 COLIBRI_DT_F16
 #define CB_DT_BF16 COLIBRI_DT_BF16
 #define CB_DT_INT8 COLIBRI_DT_INT8
+/* grouped 4-bit (docs/format.md, "q4"): per row ceil(cols / 32) groups of 16 nibble bytes
+ * (byte j = (q[j] + 8) | (q[j + 16] + 8) << 4) and one f16 scale d each ("scales" points at the
+ * [rows, groups] f16 array); w = q * d, exact in f32 */
+#define CB_DT_Q4 COLIBRI_DT_Q4
+#define CB_Q4_GROUP COLIBRI_Q4_GROUP
 
 #define CB_WARP COLIBRI_CU_WARP
 #define CB_FULL_MASK 0xffffffffu
@@ -113,6 +119,51 @@ __device__ __forceinline__ const void *cb_row_ptr(const void *w, int r, int cols
     if (DT == CB_DT_F32) return (const float *)w + off;
     if (DT == CB_DT_INT8) return (const signed char *)w + off;
     return (const cb_u16 *)w + off;
+}
+
+/* ---- grouped 4-bit rows ---------------------------------------------------------------------- */
+
+__device__ __forceinline__ int cb_q4_groups(int cols) { return (cols + CB_Q4_GROUP - 1) / CB_Q4_GROUP; }
+
+/* Element e (< 32) of a group whose 16 bytes are the words b[0..3], as the signed 4-bit value. */
+__device__ __forceinline__ int cb_q4_nib(const cb_u32 *b, int e) {
+    const cb_u32 byte = (b[(e & 15) >> 2] >> (8 * (e & 3))) & 0xffu;
+    return (int)(e < 16 ? byte & 15u : byte >> 4) - 8;
+}
+
+/* Element c of row r, dequantised (the embedding gather). */
+__device__ __forceinline__ float cb_q4_load1(const void *w, const float *scales, int r, int cols,
+                                             int c) {
+    const cb_u64 g = (cb_u64)r * (cb_u64)cb_q4_groups(cols) + (cb_u64)(c / CB_Q4_GROUP);
+    const unsigned char *blk = (const unsigned char *)w + g * 16u;
+    const int e = c % CB_Q4_GROUP;
+    const cb_u32 byte = blk[e & 15];
+    const int q = (int)(e < 16 ? byte & 15u : byte >> 4) - 8;
+    return (float)q * cb_half_to_float(((const cb_u16 *)scales)[g]);
+}
+
+/* acc[i] (lane partial) += row r . x[i] for a q4 tensor. The lane's share is fixed: groups
+ * lane, lane + 32, ...; each group is one 16-byte load (the tensor and every row of groups are
+ * 16-byte aligned: 64-byte aligned tensors, 16-byte groups), and its elements are added in index
+ * order (the last group stops at cols). */
+__device__ __forceinline__ void cb_row_dot_q4(const void *w, const float *scales, int r, int cols,
+                                              const float *const *x, int nt, float *acc) {
+    const int lane = threadIdx.x & (CB_WARP - 1);
+    const int ng = cb_q4_groups(cols);
+    const uint4 *q = (const uint4 *)w + (cb_u64)r * (cb_u64)ng;
+    const cb_u16 *d = (const cb_u16 *)scales + (cb_u64)r * (cb_u64)ng;
+    for (int g = lane; g < ng; g += CB_WARP) {
+        const uint4 v = q[g];
+        const cb_u32 b[4] = {v.x, v.y, v.z, v.w};
+        const float s = cb_half_to_float(d[g]);
+        const int c0 = g * CB_Q4_GROUP, m = cols - c0 < CB_Q4_GROUP ? cols - c0 : CB_Q4_GROUP;
+        for (int e = 0; e < m; e++) {
+            const float wv = (float)cb_q4_nib(b, e) * s;
+#pragma unroll
+            for (int i = 0; i < CB_TOKEN_TILE; i++)
+                if (i < nt) acc[i] += wv * x[i][c0 + e];
+        }
+    }
 }
 
 /* ---- reductions with a fixed shape ------------------------------------------------------- */
@@ -203,7 +254,8 @@ __device__ void cb_embed_row(float *xo, const void *table, const float *scales, 
     const float s = DT == CB_DT_INT8 ? scales[id] : 1.0f;
     const cb_u64 base = (cb_u64)id * (cb_u64)Dp;
     for (int i = threadIdx.x; i < Dp; i += blockDim.x) {
-        float v = cb_load1<DT>(table, base + (cb_u64)i);
+        float v = DT == CB_DT_Q4 ? cb_q4_load1(table, scales, id, Dp, i)
+                                 : cb_load1<DT>(table, base + (cb_u64)i);
         xo[i] = DT == CB_DT_INT8 ? v * s : v;
     }
 }
@@ -219,6 +271,7 @@ extern "C" __global__ void cb_embed(float *x, int Dp, const int *ids, const void
     case CB_DT_F32: cb_embed_row<CB_DT_F32>(xo, table, scales, id, Dp); break;
     case CB_DT_F16: cb_embed_row<CB_DT_F16>(xo, table, scales, id, Dp); break;
     case CB_DT_BF16: cb_embed_row<CB_DT_BF16>(xo, table, scales, id, Dp); break;
+    case CB_DT_Q4: cb_embed_row<CB_DT_Q4>(xo, table, scales, id, Dp); break;
     default: cb_embed_row<CB_DT_INT8>(xo, table, scales, id, Dp); break;
     }
 }
@@ -257,8 +310,12 @@ __device__ void cb_linear_impl(float *y, int y_stride, const float *x, int x_str
     for (int i = 0; i < CB_TOKEN_TILE; i++)
         xs[i] = x + (cb_u64)(t0 + (i < nt ? i : 0)) * (cb_u64)x_stride;
     float acc[CB_TOKEN_TILE] = {0.0f, 0.0f, 0.0f, 0.0f};
-    const int vec = cb_can_vec(w, DT, cols, x, x_stride);
-    cb_row_dot<DT>(cb_row_ptr<DT>(w, r, cols), cols, xs, nt, vec, acc);
+    if (DT == CB_DT_Q4) {
+        cb_row_dot_q4(w, scales, r, cols, xs, nt, acc);
+    } else {
+        const int vec = cb_can_vec(w, DT, cols, x, x_stride);
+        cb_row_dot<DT>(cb_row_ptr<DT>(w, r, cols), cols, xs, nt, vec, acc);
+    }
     const float s = DT == CB_DT_INT8 ? scales[r] : 1.0f;
     for (int i = 0; i < CB_TOKEN_TILE; i++) {
         float v = cb_warp_sum(acc[i]);
@@ -288,6 +345,10 @@ extern "C" __global__ void cb_linear(float *y, int y_stride, const float *x, int
     case CB_DT_BF16:
         cb_linear_impl<CB_DT_BF16>(y, y_stride, x, x_stride, n, w, scales, rows, cols, bias,
                                    accumulate);
+        break;
+    case CB_DT_Q4:
+        cb_linear_impl<CB_DT_Q4>(y, y_stride, x, x_stride, n, w, scales, rows, cols, bias,
+                                 accumulate);
         break;
     default:
         cb_linear_impl<CB_DT_INT8>(y, y_stride, x, x_stride, n, w, scales, rows, cols, bias,
@@ -529,8 +590,13 @@ __device__ void cb_expert_up_impl(float *act, int F, const float *h, int Dp, con
             xs[i] = h + (cb_u64)perm[s0 + (i < nt ? i : 0)] * (cb_u64)Dp;
         float g[CB_TOKEN_TILE] = {0.0f, 0.0f, 0.0f, 0.0f};
         float u[CB_TOKEN_TILE] = {0.0f, 0.0f, 0.0f, 0.0f};
-        cb_row_dot<DT>(row1, Dp, xs, nt, vec, g);
-        cb_row_dot<DT>(row3, Dp, xs, nt, vec, u);
+        if (DT == CB_DT_Q4) {
+            cb_row_dot_q4(w1, s1, r, Dp, xs, nt, g);
+            cb_row_dot_q4(w3, s3, r, Dp, xs, nt, u);
+        } else {
+            cb_row_dot<DT>(row1, Dp, xs, nt, vec, g);
+            cb_row_dot<DT>(row3, Dp, xs, nt, vec, u);
+        }
         for (int i = 0; i < CB_TOKEN_TILE; i++) {
             const float gv = cb_warp_sum(g[i]) * sc1;
             const float uv = cb_warp_sum(u[i]) * sc3;
@@ -551,7 +617,8 @@ extern "C" __global__ void cb_expert_up(float *act, int F, const float *h, int D
     const int e = blockIdx.y;
     const int begin = offsets[e], end = offsets[e + 1];
     if (begin == end) return;
-    const float *sc1 = dtype == CB_DT_INT8 ? s1[e] : 0, *sc3 = dtype == CB_DT_INT8 ? s3[e] : 0;
+    const int scaled = dtype == CB_DT_INT8 || dtype == CB_DT_Q4;
+    const float *sc1 = scaled ? s1[e] : 0, *sc3 = scaled ? s3[e] : 0;
     switch (dtype) {
     case CB_DT_F32:
         cb_expert_up_impl<CB_DT_F32>(act, F, h, Dp, perm, begin, end, w1[e], w3[e], sc1, sc3);
@@ -561,6 +628,9 @@ extern "C" __global__ void cb_expert_up(float *act, int F, const float *h, int D
         break;
     case CB_DT_BF16:
         cb_expert_up_impl<CB_DT_BF16>(act, F, h, Dp, perm, begin, end, w1[e], w3[e], sc1, sc3);
+        break;
+    case CB_DT_Q4:
+        cb_expert_up_impl<CB_DT_Q4>(act, F, h, Dp, perm, begin, end, w1[e], w3[e], sc1, sc3);
         break;
     default:
         cb_expert_up_impl<CB_DT_INT8>(act, F, h, Dp, perm, begin, end, w1[e], w3[e], sc1, sc3);
@@ -583,7 +653,10 @@ __device__ void cb_expert_down_impl(float *eo, int Dp, const float *act, int F, 
         for (int i = 0; i < CB_TOKEN_TILE; i++)
             xs[i] = act + (cb_u64)(s0 + (i < nt ? i : 0)) * (cb_u64)F;
         float acc[CB_TOKEN_TILE] = {0.0f, 0.0f, 0.0f, 0.0f};
-        cb_row_dot<DT>(row, F, xs, nt, vec, acc);
+        if (DT == CB_DT_Q4)
+            cb_row_dot_q4(w2, s2, r, F, xs, nt, acc);
+        else
+            cb_row_dot<DT>(row, F, xs, nt, vec, acc);
         for (int i = 0; i < CB_TOKEN_TILE; i++) {
             const float v = cb_warp_sum(acc[i]) * sc;
             if (lane == 0 && i < nt) eo[(cb_u64)(s0 + i) * (cb_u64)Dp + r] = v;
@@ -599,13 +672,14 @@ extern "C" __global__ void cb_expert_down(float *eo, int Dp, const float *act, i
     const int e = blockIdx.y;
     const int begin = offsets[e], end = offsets[e + 1];
     if (begin == end) return;
-    const float *sc = dtype == CB_DT_INT8 ? s2[e] : 0;
+    const float *sc = dtype == CB_DT_INT8 || dtype == CB_DT_Q4 ? s2[e] : 0;
     switch (dtype) {
     case CB_DT_F32: cb_expert_down_impl<CB_DT_F32>(eo, Dp, act, F, begin, end, w2[e], sc); break;
     case CB_DT_F16: cb_expert_down_impl<CB_DT_F16>(eo, Dp, act, F, begin, end, w2[e], sc); break;
     case CB_DT_BF16:
         cb_expert_down_impl<CB_DT_BF16>(eo, Dp, act, F, begin, end, w2[e], sc);
         break;
+    case CB_DT_Q4: cb_expert_down_impl<CB_DT_Q4>(eo, Dp, act, F, begin, end, w2[e], sc); break;
     default: cb_expert_down_impl<CB_DT_INT8>(eo, Dp, act, F, begin, end, w2[e], sc); break;
     }
 }

@@ -45,18 +45,56 @@ static int default_threads(void) {
     return n > COLIBRI_MAX_THREADS ? COLIBRI_MAX_THREADS : (int)n;
 }
 
-colibri_status colibri_init_ex(colibri_ctx **out, const char *path, const colibri_options *opt_in) {
+static void report(const colibri_options *opt, const char *fmt, const char *arg) {
+    if (opt && opt->error && opt->error_len) snprintf(opt->error, opt->error_len, fmt, arg);
+}
+
+colibri_status colibri_model_load(colibri_model **out, const char *path,
+                                  const colibri_options *opt) {
+    if (!out) return COLIBRI_E_INVALID_ARG;
+    *out = NULL;
+    if (!path) {
+        report(opt, "%s", "model path is NULL");
+        return COLIBRI_E_INVALID_ARG;
+    }
+    colibri_model *m = calloc(1, sizeof *m);
+    if (!m) return COLIBRI_E_NO_MEMORY;
+    char why[512] = "";
+    colibri_status s = colibri_model_open(m, path, why, sizeof why);
+    if (s) {
+        report(opt, "%s", why);
+        free(m);
+        return s;
+    }
+    m->refs = 1;
+    *out = m;
+    return COLIBRI_OK;
+}
+
+static void model_unref(colibri_model *m) {
+    if (m && __atomic_sub_fetch(&m->refs, 1, __ATOMIC_ACQ_REL) == 0) {
+        colibri_model_close(m);
+        free(m);
+    }
+}
+
+void colibri_model_free(colibri_model *m) { model_unref(m); }
+
+colibri_status colibri_ctx_new(colibri_ctx **out, colibri_model *model,
+                               const colibri_options *opt_in) {
     colibri_options opt;
     if (opt_in) opt = *opt_in;
     else colibri_default_options(&opt);
     if (!out) return COLIBRI_E_INVALID_ARG;
     *out = NULL;
-    if (!path) {
-        if (opt.error && opt.error_len) snprintf(opt.error, opt.error_len, "model path is NULL");
+    if (!model) {
+        report(&opt, "%s", "model is NULL");
         return COLIBRI_E_INVALID_ARG;
     }
     colibri_ctx *ctx = calloc(1, sizeof *ctx);
     if (!ctx) return COLIBRI_E_NO_MEMORY;
+    __atomic_add_fetch(&model->refs, 1, __ATOMIC_ACQ_REL);
+    ctx->model = model;
     ctx->opt = opt;
     if (opt.threads < 0 || opt.threads > COLIBRI_MAX_THREADS ||
         (opt.backend != COLIBRI_BACKEND_AUTO && opt.backend != COLIBRI_BACKEND_CPU &&
@@ -66,12 +104,10 @@ colibri_status colibri_init_ex(colibri_ctx **out, const char *path, const colibr
                                  "threads must be 0..%d and backend auto, cpu or cuda",
                                  COLIBRI_MAX_THREADS));
     if (opt.threads == 0) ctx->opt.threads = default_threads();
+    const struct colibri_model *m = ctx->model;
 
-    colibri_status s = colibri_model_open(&ctx->model, path, ctx->err, sizeof ctx->err);
-    if (s) return init_fail(ctx, &opt, s);
-    const struct colibri_model *m = &ctx->model;
-
-    /* Backend: CUDA when asked for or available; otherwise the CPU with the reason kept. */
+    /* Backend: CUDA when asked for or available; otherwise the CPU with the reason kept. The
+     * CUDA state (device arena, streams, uploaded or mapped weights) is per context. */
     if (opt.backend != COLIBRI_BACKEND_CPU) {
         char why[192] = "";
         if (colibri_cuda_open(&ctx->cuda, m, COLIBRI_STREAM_COUNT, why, sizeof why) != 0) {
@@ -84,7 +120,7 @@ colibri_status colibri_init_ex(colibri_ctx **out, const char *path, const colibr
     }
 
     ctx->simd = colibri_kernels_init();
-    ctx->use_q8 = opt.int8_activations && m->dtype == COLIBRI_DT_INT8;
+    ctx->use_q8 = opt.int8_activations && (m->dtype == COLIBRI_DT_INT8 || m->dtype == COLIBRI_DT_Q4);
     if (!ctx->cuda) {
         int threads = ctx->opt.threads;
         size_t bytes = colibri_arena_plan(m, threads, ctx->use_q8, &ctx->b, NULL);
@@ -114,12 +150,29 @@ colibri_status colibri_init_ex(colibri_ctx **out, const char *path, const colibr
     return COLIBRI_OK;
 }
 
+/* The single-context form: a private model that goes away with the context. */
+colibri_status colibri_init_ex(colibri_ctx **out, const char *path, const colibri_options *opt_in) {
+    colibri_options opt;
+    if (opt_in) opt = *opt_in;
+    else colibri_default_options(&opt);
+    if (!out) return COLIBRI_E_INVALID_ARG;
+    *out = NULL;
+    colibri_model *m;
+    colibri_status s = colibri_model_load(&m, path, &opt);
+    if (s) return s;
+    s = colibri_ctx_new(out, m, &opt);
+    colibri_model_free(m); /* the context holds its own reference */
+    return s;
+}
+
+colibri_model *colibri_ctx_model(const colibri_ctx *ctx) { return ctx ? ctx->model : NULL; }
+
 colibri_status colibri_forward(colibri_ctx *ctx, const int32_t *ids, int n, float *logits) {
     if (!ctx) return COLIBRI_E_INVALID_ARG;
     ctx->err[0] = '\0';
     if (!ids || !logits || n <= 0)
         return set_err(ctx, COLIBRI_E_INVALID_ARG, "forward needs ids, logits and n > 0 (n = %d)", n);
-    const struct colibri_model *m = &ctx->model;
+    const struct colibri_model *m = ctx->model;
     for (int i = 0; i < n; i++)
         if (ids[i] < 0 || (uint32_t)ids[i] >= m->vocab_size)
             return set_err(ctx, COLIBRI_E_TOKEN_RANGE,
@@ -158,7 +211,7 @@ void colibri_free(colibri_ctx *ctx) {
     if (ctx->pool_started) colibri_pool_stop(&ctx->pool);
     if (ctx->cuda) colibri_cuda_close(ctx->cuda);
     free(ctx->arena);
-    colibri_model_close(&ctx->model);
+    model_unref(ctx->model);
     free(ctx);
 }
 
@@ -180,6 +233,11 @@ const char *colibri_strerror(colibri_status s) {
     case COLIBRI_E_SEQ_TOO_LONG: return "sequence longer than max_seq_len";
     case COLIBRI_E_BACKEND: return "backend unavailable or failed";
     case COLIBRI_E_NOT_BUILT: return "feature not built into this binary";
+    case COLIBRI_E_NO_TOKENIZER:
+        return "the model file has no tokenizer (format version 1?): re-convert it with `invoke "
+               "convert --hf-dir <checkpoint> --target <target> --out <file>`";
+    case COLIBRI_E_BAD_TOKENIZER: return "the model's tokenizer section is invalid";
+    case COLIBRI_E_BUFFER_TOO_SMALL: return "output buffer too small";
     }
     return "unknown status";
 }
@@ -187,7 +245,10 @@ const char *colibri_strerror(colibri_status s) {
 const char *colibri_last_error(const colibri_ctx *ctx) { return ctx ? ctx->err : ""; }
 
 void colibri_get_model_info(const colibri_ctx *ctx, colibri_model_info *i) {
-    const struct colibri_model *m = &ctx->model;
+    colibri_model_get_info(ctx->model, i);
+}
+
+void colibri_model_get_info(const colibri_model *m, colibri_model_info *i) {
     memset(i, 0, sizeof *i);
     i->vocab_size = m->vocab_size;
     i->embed_dim = m->embed_dim;
@@ -247,7 +308,7 @@ colibri_status colibri_dump_routing(colibri_ctx *ctx, const char *path) {
         return set_err(ctx, COLIBRI_E_UNSUPPORTED, "routing dump covers the CPU backend only");
     FILE *f = fopen(path, "w");
     if (!f) return set_err(ctx, COLIBRI_E_IO, "cannot write %s: %s", path, strerror(errno));
-    const struct colibri_model *m = &ctx->model;
+    const struct colibri_model *m = ctx->model;
     size_t K = m->top_k, E = m->num_experts, rec = 2 * K + E;
     for (int p = 0; p < ctx->pos; p++)
         for (uint32_t l = 0; l < m->n_layers; l++) {

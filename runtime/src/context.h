@@ -45,7 +45,7 @@ typedef struct {
 } colibri_buffers;
 
 struct colibri_ctx {
-    struct colibri_model model;
+    struct colibri_model *model; /* shared, read-only after load; one reference held */
     colibri_options opt;
     colibri_pool pool;
     int pool_started;

@@ -67,7 +67,7 @@ static void add_seg(mm_job *job, const colibri_tensor *w, const float *x, size_t
     g->n = n;
     g->y = y;
     g->ldy = ldy;
-    if (ctx->use_q8 && w->dtype == COLIBRI_DT_INT8 && n > 0) {
+    if (ctx->use_q8 && (w->dtype == COLIBRI_DT_INT8 || w->dtype == COLIBRI_DT_Q4) && n > 0) {
         colibri_buffers *b = &ctx->b;
         g->ldq = b->max_cols;
         g->xq = b->xq + qrow * g->ldq;
@@ -93,7 +93,7 @@ static void rmsnorm(float *out, const float *x, const float *w, size_t d, size_t
 static float silu(float v) { return v / (1.0f + expf(-v)); }
 
 static void rope_tables(colibri_ctx *ctx, int n) {
-    const struct colibri_model *m = &ctx->model;
+    const struct colibri_model *m = ctx->model;
     int half = (int)m->head_dim / 2;
     for (int j = 0; j < n; j++) {
         float *cs = ctx->b.rope + (size_t)j * m->head_dim;
@@ -138,7 +138,7 @@ typedef struct {
 static void att_task(void *arg, int t, int nt) {
     att_job *job = arg;
     colibri_ctx *ctx = job->ctx;
-    const struct colibri_model *m = &ctx->model;
+    const struct colibri_model *m = ctx->model;
     colibri_buffers *b = &ctx->b;
     size_t dh = m->head_dim, H = m->n_heads, qd = H * dh, kvd = (size_t)m->n_kv_heads * dh;
     size_t S = m->max_seq_len, group = H / m->n_kv_heads;
@@ -174,7 +174,7 @@ static void att_task(void *arg, int t, int nt) {
 }
 
 static void attention_block(colibri_ctx *ctx, int l, int n) {
-    const struct colibri_model *m = &ctx->model;
+    const struct colibri_model *m = ctx->model;
     const colibri_layer *ly = &m->layers[l];
     colibri_buffers *b = &ctx->b;
     size_t dp = m->embed_dim_pad, dh = m->head_dim, H = m->n_heads, Hkv = m->n_kv_heads;
@@ -223,7 +223,7 @@ static void attention_block(colibri_ctx *ctx, int l, int n) {
 
 #ifdef COLIBRI_DEBUG
 static void record_routing(colibri_ctx *ctx, int l, int n) {
-    const struct colibri_model *m = &ctx->model;
+    const struct colibri_model *m = ctx->model;
     size_t K = m->top_k, E = m->num_experts, rec = 2 * K + E;
     for (int j = 0; j < n; j++) {
         size_t p = (size_t)ctx->pos + j;
@@ -239,7 +239,7 @@ static void record_routing(colibri_ctx *ctx, int l, int n) {
 #endif
 
 static void moe_block(colibri_ctx *ctx, int l, int n) {
-    const struct colibri_model *m = &ctx->model;
+    const struct colibri_model *m = ctx->model;
     const colibri_layer *ly = &m->layers[l];
     colibri_buffers *b = &ctx->b;
     size_t dp = m->embed_dim_pad, E = m->num_experts, K = m->top_k, F = m->expert_size;
@@ -325,7 +325,7 @@ static void moe_block(colibri_ctx *ctx, int l, int n) {
 /* ---- the pass ------------------------------------------------------------------------------- */
 
 void colibri_cpu_forward_chunk(colibri_ctx *ctx, const int32_t *ids, int n, float *logits) {
-    const struct colibri_model *m = &ctx->model;
+    const struct colibri_model *m = ctx->model;
     colibri_buffers *b = &ctx->b;
     size_t dp = m->embed_dim_pad, V = m->vocab_size;
 

@@ -2,6 +2,7 @@
  * AVX2+FMA+F16C when the x86_64 CPU has them (compiled with target attributes, so the host build
  * needs no -march flag), NEON on aarch64, portable scalar code otherwise. */
 #include "kernels.h"
+#include "kernels_q4.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -503,6 +504,10 @@ float colibri_dot_f32(const float *a, const float *b, size_t n) {
 
 void colibri_rows_dot(const colibri_tensor *w, uint32_t r0, uint32_t r1, const float *x, int n,
                       size_t ldx, float *y, size_t ldy, float *scratch) {
+    if (w->dtype == COLIBRI_DT_Q4) { /* grouped 4-bit: kernels_q4.c */
+        colibri_q4_rows_dot(w, r0, r1, x, n, ldx, y, ldy, scratch);
+        return;
+    }
     size_t cols = w->cols, rowbytes = cols * colibri_dtype_size(w->dtype);
     const uint8_t *base = (const uint8_t *)w->data;
     if (n == 1) { /* decode: stream the rows once, converting in registers */
@@ -561,6 +566,10 @@ void colibri_rows_dot(const colibri_tensor *w, uint32_t r0, uint32_t r1, const f
 
 void colibri_rows_dot_q8(const colibri_tensor *w, uint32_t r0, uint32_t r1, const int8_t *xq,
                          const float *xscale, int n, size_t ldx, float *y, size_t ldy) {
+    if (w->dtype == COLIBRI_DT_Q4) { /* grouped 4-bit: kernels_q4.c */
+        colibri_q4_rows_dot_q8(w, r0, r1, xq, xscale, n, ldx, y, ldy);
+        return;
+    }
     size_t cols = w->cols;
     const int8_t *base = (const int8_t *)w->data;
     if (n == 1 && K.dot4_q8) { /* decode: four streams a quarter block apart, as colibri_rows_dot */
@@ -599,6 +608,10 @@ void colibri_quantize_row(const float *x, size_t n, int8_t *q, float *scale) {
 }
 
 void colibri_row_f32(const colibri_tensor *w, uint32_t r, float *out) {
+    if (w->dtype == COLIBRI_DT_Q4) { /* grouped 4-bit: kernels_q4.c */
+        colibri_q4_row_f32(w, r, out);
+        return;
+    }
     size_t cols = w->cols;
     convert_row((const uint8_t *)w->data + (size_t)r * cols * colibri_dtype_size(w->dtype), w->dtype,
                 cols, out);

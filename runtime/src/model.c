@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "colibri_config.h"
+#include "tokenizer.h"
 
 _Static_assert(COLIBRI_EMBED_DIM_PAD > 0 && COLIBRI_EMBED_DIM_PAD % 16 == 0,
                "COLIBRI_EMBED_DIM_PAD must be a positive multiple of 16 (docs/format.md)");
@@ -195,9 +196,9 @@ static colibri_status parse_header(struct colibri_model *m, const uint8_t *b, ui
     if (memcmp(b, "COLIBRI\0", 8) != 0)
         return fail(why, len, COLIBRI_E_BAD_MAGIC, "bad magic: not a .colibri file");
     m->version = rd32(b + 8);
-    if (m->version != 1)
+    if (m->version != 1 && m->version != 2)
         return fail(why, len, COLIBRI_E_BAD_VERSION,
-                    "format version %u is not supported (this runtime reads version 1)",
+                    "format version %u is not supported (this runtime reads versions 1 and 2)",
                     m->version);
     m->num_experts = rd32(b + 12);
     m->expert_size = rd32(b + 16);
@@ -227,6 +228,11 @@ static colibri_status parse_header(struct colibri_model *m, const uint8_t *b, ui
     m->eos_token_id = rd32(b + 120);
     memcpy(m->name, b + 192, 64);
     m->name[64] = '\0';
+    if (m->version >= 2) { /* version 1 kept these bytes reserved (zero) */
+        m->meta_count = rd32(b + 124);
+        m->meta_offset = rd64(b + 128);
+        m->meta_size = rd64(b + 136);
+    }
 
     if (header_size != COLIBRI_HEADER_SIZE)
         return fail(why, len, COLIBRI_E_BAD_VERSION, "header_size is %u, expected 256", header_size);
@@ -279,8 +285,9 @@ static colibri_status parse_header(struct colibri_model *m, const uint8_t *b, ui
     if (m->routing > COLIBRI_WEIGHTS_SOFTMAX)
         return fail(why, len, COLIBRI_E_UNSUPPORTED, "routing = %u is not 0 (renormalise) or 1",
                     m->routing);
-    if (m->dtype > COLIBRI_DT_INT8)
-        return fail(why, len, COLIBRI_E_UNSUPPORTED, "dtype = %u is not one of 0..3", m->dtype);
+    if (m->dtype > COLIBRI_DT_Q4 || (m->dtype == COLIBRI_DT_Q4 && m->version < 2))
+        return fail(why, len, COLIBRI_E_UNSUPPORTED,
+                    "dtype = %u is not one of 0..4 (4, q4, needs format version 2)", m->dtype);
     if (m->flags & ~0x3Fu)
         return fail(why, len, COLIBRI_E_UNSUPPORTED, "flags = 0x%x has unknown bits", m->flags);
     if ((m->flags & COLIBRI_FLAG_QK_NORM_HEAD) && (m->flags & COLIBRI_FLAG_QK_NORM_FULL))
@@ -327,7 +334,89 @@ static colibri_status parse_header(struct colibri_model *m, const uint8_t *b, ui
         return fail(why, len, COLIBRI_E_OUT_OF_RANGE,
                     "data_offset = %llu with n_tensors = %u does not fit the file (%llu bytes)",
                     (unsigned long long)m->data_offset, m->n_tensors, (unsigned long long)size);
+    m->tensor_end = m->file_size;
+    if (m->meta_count == 0) {
+        if (m->meta_offset != 0 || m->meta_size != 0)
+            return fail(why, len, COLIBRI_E_OUT_OF_RANGE,
+                        "meta_offset = %llu, meta_size = %llu with meta_count = 0 (must be 0)",
+                        (unsigned long long)m->meta_offset, (unsigned long long)m->meta_size);
+        return COLIBRI_OK;
+    }
+    if (m->meta_count > COLIBRI_META_MAX)
+        return fail(why, len, COLIBRI_E_OUT_OF_RANGE, "meta_count = %u is more than %u",
+                    m->meta_count, COLIBRI_META_MAX);
+    /* the section is the file's tail: [meta_offset, file_size), after the tensor data */
+    if (m->meta_offset % 64 != 0 || m->meta_offset < m->data_offset || m->meta_offset > size ||
+        m->meta_size != size - m->meta_offset ||
+        (uint64_t)m->meta_count * COLIBRI_META_ENTRY_SIZE > m->meta_size)
+        return fail(why, len, COLIBRI_E_OUT_OF_RANGE,
+                    "metadata section meta_offset = %llu, meta_size = %llu, meta_count = %u does not "
+                    "fit between data_offset = %llu and the end of the file (%llu bytes)",
+                    (unsigned long long)m->meta_offset, (unsigned long long)m->meta_size,
+                    m->meta_count, (unsigned long long)m->data_offset, (unsigned long long)size);
+    m->tensor_end = m->meta_offset;
     return COLIBRI_OK;
+}
+
+static int meta_name_char(uint8_t c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           c == '.' || c == '_' || c == '-';
+}
+
+/* Every entry: a NUL-padded name of allowed characters, names strictly increasing (so unique and
+ * binary-searchable), blobs 64-aligned, in entry order, inside the section, not overlapping. */
+static colibri_status parse_meta(const struct colibri_model *m, char *why, size_t len) {
+    const uint8_t *sec = m->base + m->meta_offset;
+    uint64_t prev_end = (uint64_t)m->meta_count * COLIBRI_META_ENTRY_SIZE;
+    for (uint32_t i = 0; i < m->meta_count; i++) {
+        const uint8_t *e = sec + (size_t)i * COLIBRI_META_ENTRY_SIZE;
+        uint32_t n = 0;
+        while (n < COLIBRI_META_NAME_SIZE && e[n]) n++;
+        int ok = n > 0 && n < COLIBRI_META_NAME_SIZE;
+        for (uint32_t k = 0; ok && k < COLIBRI_META_NAME_SIZE; k++)
+            ok = k < n ? meta_name_char(e[k]) : e[k] == 0;
+        if (!ok)
+            return fail(why, len, COLIBRI_E_OUT_OF_RANGE,
+                        "metadata entry %u: name is not 1..47 NUL-padded characters of "
+                        "[A-Za-z0-9._-]", i);
+        if (i > 0 && memcmp(e - COLIBRI_META_ENTRY_SIZE, e, COLIBRI_META_NAME_SIZE) >= 0)
+            return fail(why, len, COLIBRI_E_OUT_OF_RANGE,
+                        "metadata entry %u (%.47s): names are not unique and sorted", i,
+                        (const char *)e);
+        uint64_t off = rd64(e + 48), nb = rd64(e + 56);
+        if (off % 64 != 0 || off < prev_end || !range_ok(off, nb, prev_end, m->meta_size))
+            return fail(why, len, COLIBRI_E_OUT_OF_RANGE,
+                        "metadata entry %u (%.47s): blob [%llu, +%llu) is unaligned, overlaps or "
+                        "lies outside the %llu-byte section", i, (const char *)e,
+                        (unsigned long long)off, (unsigned long long)nb,
+                        (unsigned long long)m->meta_size);
+        prev_end = off + nb;
+    }
+    return COLIBRI_OK;
+}
+
+int colibri_model_meta(const struct colibri_model *m, const char *name, const uint8_t **data,
+                       size_t *len) {
+    if (!m || !name || !m->meta_count) return 0;
+    size_t n = strlen(name);
+    if (n == 0 || n >= COLIBRI_META_NAME_SIZE) return 0;
+    uint8_t key[COLIBRI_META_NAME_SIZE] = {0};
+    memcpy(key, name, n);
+    const uint8_t *sec = m->base + m->meta_offset;
+    uint32_t lo = 0, hi = m->meta_count;
+    while (lo < hi) { /* names are validated strictly increasing */
+        uint32_t mid = lo + (hi - lo) / 2;
+        const uint8_t *e = sec + (size_t)mid * COLIBRI_META_ENTRY_SIZE;
+        int c = memcmp(key, e, COLIBRI_META_NAME_SIZE);
+        if (c == 0) {
+            if (data) *data = sec + rd64(e + 48);
+            if (len) *len = (size_t)rd64(e + 56);
+            return 1;
+        }
+        if (c < 0) hi = mid;
+        else lo = mid + 1;
+    }
+    return 0;
 }
 
 static colibri_status parse_record(struct colibri_model *m, const uint8_t *r, uint32_t idx,
@@ -354,37 +443,48 @@ static colibri_status parse_record(struct colibri_model *m, const uint8_t *r, ui
                     "tensor %s layer %d expert %d has shape [%u, %u], expected [%u, %u]", name,
                     (int)layer, (int)expert, rows, cols, er, ec);
     size_t esz = colibri_dtype_size(dtype);
-    if (esz == 0 || (must_be_f32(kind) && dtype != COLIBRI_DT_F32))
+    if ((esz == 0 && !(dtype == COLIBRI_DT_Q4 && m->version >= 2)) ||
+        (must_be_f32(kind) && dtype != COLIBRI_DT_F32))
         return fail(why, len, COLIBRI_E_BAD_TENSOR, "tensor %s layer %d: dtype %u not allowed", name,
                     (int)layer, dtype);
-    /* rows, cols < 2^32 so rows*cols < 2^64; times esz (<= 4) is checked against the limit. */
+    /* rows, cols < 2^32 so rows*cols < 2^64; times esz (<= 4) is checked against the limit.
+     * q4: rows * groups * 16 <= rows * (cols + 31) / 2, also far below 2^64. */
     uint64_t elems = (uint64_t)rows * cols;
-    if (elems > UINT64_MAX / 4 || nbytes != elems * esz)
+    uint64_t want = dtype == COLIBRI_DT_Q4
+                        ? (uint64_t)rows * colibri_q4_groups(cols) * COLIBRI_Q4_BLOCK
+                        : elems * esz;
+    uint64_t want_s = dtype == COLIBRI_DT_INT8 ? (uint64_t)rows * 4
+                      : dtype == COLIBRI_DT_Q4 ? (uint64_t)rows * colibri_q4_groups(cols) * 2
+                                               : 0;
+    if (elems > UINT64_MAX / 4 || nbytes != want)
         return fail(why, len, COLIBRI_E_BAD_TENSOR, "tensor %s layer %d: nbytes = %llu, expected %llu",
-                    name, (int)layer, (unsigned long long)nbytes, (unsigned long long)(elems * esz));
-    if (off % 64 != 0 || !range_ok(off, nbytes, m->data_offset, m->file_size))
+                    name, (int)layer, (unsigned long long)nbytes, (unsigned long long)want);
+    if (off % 64 != 0 || !range_ok(off, nbytes, m->data_offset, m->tensor_end))
         return fail(why, len, COLIBRI_E_OUT_OF_RANGE,
                     "tensor %s layer %d: data [%llu, +%llu) is unaligned or outside the data "
                     "section [%llu, %llu)",
                     name, (int)layer, (unsigned long long)off, (unsigned long long)nbytes,
-                    (unsigned long long)m->data_offset, (unsigned long long)m->file_size);
-    if (dtype == COLIBRI_DT_INT8) {
-        if (sbytes != (uint64_t)rows * 4 || soff % 64 != 0 ||
-            !range_ok(soff, sbytes, m->data_offset, m->file_size))
+                    (unsigned long long)m->data_offset, (unsigned long long)m->tensor_end);
+    if (want_s) {
+        if (sbytes != want_s || soff % 64 != 0 ||
+            !range_ok(soff, sbytes, m->data_offset, m->tensor_end))
             return fail(why, len, COLIBRI_E_OUT_OF_RANGE,
-                        "tensor %s layer %d: int8 scales [%llu, +%llu) are unaligned, mis-sized or "
-                        "outside the file",
-                        name, (int)layer, (unsigned long long)soff, (unsigned long long)sbytes);
+                        "tensor %s layer %d: %s scales [%llu, +%llu) are unaligned, mis-sized "
+                        "(expected %llu bytes) or outside the file",
+                        name, (int)layer, dtype == COLIBRI_DT_Q4 ? "q4" : "int8",
+                        (unsigned long long)soff, (unsigned long long)sbytes,
+                        (unsigned long long)want_s);
     } else if (soff != 0 || sbytes != 0) {
-        return fail(why, len, COLIBRI_E_BAD_TENSOR, "tensor %s layer %d: scales on a non-int8 tensor",
-                    name, (int)layer);
+        return fail(why, len, COLIBRI_E_BAD_TENSOR,
+                    "tensor %s layer %d: scales on a tensor without them (not int8 or q4)", name,
+                    (int)layer);
     }
     colibri_tensor *t = slot_for(m, kind, layer, expert);
     if (t->data)
         return fail(why, len, COLIBRI_E_BAD_TENSOR, "tensor %s layer %d expert %d appears twice",
                     name, (int)layer, (int)expert);
     t->data = m->base + off;
-    t->scales = dtype == COLIBRI_DT_INT8 ? (const float *)(const void *)(m->base + soff) : NULL;
+    t->scales = want_s ? (const float *)(const void *)(m->base + soff) : NULL;
     t->dtype = dtype;
     t->rows = rows;
     t->cols = cols;
@@ -429,9 +529,28 @@ static colibri_status check_complete(struct colibri_model *m, char *why, size_t 
     return COLIBRI_OK;
 }
 
+/* The tokenizer blobs are validated like every other section: a file whose tokenizer is broken
+ * is refused; a file without one loads (text calls then say to re-convert it). */
+static colibri_status load_tokenizer(struct colibri_model *m, char *why, size_t len) {
+    colibri_tokenizer *t = malloc(sizeof *t);
+    if (!t) return fail(why, len, COLIBRI_E_NO_MEMORY, "out of memory for the tokenizer");
+    colibri_status s = colibri_tokenizer_load(t, m, m->vocab_size, why, len);
+    if (s == COLIBRI_OK) {
+        m->tokenizer = t;
+        return COLIBRI_OK;
+    }
+    free(t);
+    if (s == COLIBRI_E_NO_TOKENIZER) {
+        if (why && len) why[0] = '\0';
+        return COLIBRI_OK;
+    }
+    return s;
+}
+
 static colibri_status validate(struct colibri_model *m, char *why, size_t len) {
     colibri_status s = parse_header(m, m->base, m->size, why, len);
     if (s) return s;
+    if ((s = parse_meta(m, why, len))) return s;
     uint64_t want = (uint64_t)m->n_layers * (16u + 3u * m->num_experts) + 3u;
     if (m->n_tensors > want)
         return fail(why, len, COLIBRI_E_BAD_TENSOR, "n_tensors = %u is more than this geometry has",
@@ -450,7 +569,8 @@ static colibri_status validate(struct colibri_model *m, char *why, size_t len) {
         if ((s = parse_record(m, m->base + COLIBRI_HEADER_SIZE + (size_t)i * COLIBRI_RECORD_SIZE, i,
                               why, len)))
             return s;
-    return check_complete(m, why, len);
+    if ((s = check_complete(m, why, len))) return s;
+    return load_tokenizer(m, why, len);
 }
 
 colibri_status colibri_model_from_memory(struct colibri_model *m, const void *buf, size_t len,
@@ -500,5 +620,7 @@ void colibri_model_close(struct colibri_model *m) {
     if (m->mapped && m->base) munmap((void *)m->base, m->size);
     free(m->layers);
     free(m->expert_views);
+    if (m->tokenizer) colibri_tokenizer_free(m->tokenizer);
+    free(m->tokenizer);
     memset(m, 0, sizeof *m);
 }

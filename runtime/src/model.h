@@ -36,9 +36,14 @@ enum {
 #define COLIBRI_HEADER_SIZE 256u
 #define COLIBRI_RECORD_SIZE 64u
 #define COLIBRI_NO_INDEX 0xFFFFFFFFu
+/* Metadata section (format version 2, docs/format.md): 64-byte entries, then 64-aligned blobs. */
+#define COLIBRI_META_ENTRY_SIZE 64u
+#define COLIBRI_META_NAME_SIZE 48u
+#define COLIBRI_META_MAX 4096u
 
 /* A view of one tensor in the mapping. data == NULL means "absent" (optional tensor).
- * y[r] = scale[r] * sum_c data[r, c] * x[c] for int8; scales is NULL for other dtypes. */
+ * y[r] = scale[r] * sum_c data[r, c] * x[c] for int8; for q4 `scales` points at the f16 group
+ * scales ([rows, groups] uint16_t, read through colibri_q4_scales); NULL for other dtypes. */
 typedef struct {
     const void *data;
     const float *scales;
@@ -63,6 +68,11 @@ struct colibri_model {
     uint32_t n_tensors, family, bos_token_id, eos_token_id;
     uint64_t data_offset, file_size;
     char name[65];
+    /* metadata section (version 2; all 0 for version 1): validated entries start at
+     * base + meta_offset; tensor data must end by tensor_end (= meta_offset, or file_size) */
+    uint32_t meta_count;
+    uint64_t meta_offset, meta_size, tensor_end;
+    struct colibri_tokenizer *tokenizer; /* built from the tokenizer.* blobs; NULL when none */
 
     colibri_tensor tok_embed, output_norm, lm_head; /* lm_head == tok_embed when tied */
     colibri_layer *layers;                          /* n_layers entries */
@@ -72,6 +82,10 @@ struct colibri_model {
     size_t size;
     int mapped;                   /* 1: base came from mmap (unmap on close); 0: caller's buffer */
     colibri_tensor *expert_views; /* backing store of every layer's w1/w3/w2 arrays */
+
+    /* api.c (shared model): the handle plus one reference per context using it; the model is
+     * closed and freed when the last reference goes (atomic, contexts live on other threads). */
+    int refs;
 };
 
 /* Open, mmap and validate `path`. On failure returns a status with `why` naming the field. */
@@ -82,6 +96,20 @@ colibri_status colibri_model_from_memory(struct colibri_model *m, const void *bu
                                          char *why, size_t why_len);
 void colibri_model_close(struct colibri_model *m);
 
+/* Find metadata blob `name` (e.g. "tokenizer.vocab"). Returns 1 and points *data and *len into the
+ * mapping when found, 0 when absent (always 0 for a version-1 file). Reads only validated,
+ * immutable state: safe from any number of threads at once. */
+int colibri_model_meta(const struct colibri_model *m, const char *name, const uint8_t **data,
+                       size_t *len);
+
 size_t colibri_dtype_size(uint32_t dtype);
+
+/* q4 geometry: groups per row, bytes of nibbles per row. */
+static inline size_t colibri_q4_groups(uint32_t cols) {
+    return ((size_t)cols + COLIBRI_Q4_GROUP - 1) / COLIBRI_Q4_GROUP;
+}
+static inline const uint16_t *colibri_q4_scales(const colibri_tensor *t) {
+    return (const uint16_t *)(const void *)t->scales;
+}
 
 #endif

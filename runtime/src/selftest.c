@@ -10,6 +10,7 @@
 #include "colibri.h"
 #include "colibri_config.h"
 #include "kernels.h"
+#include "kernels_q4.h"
 #include "model.h"
 #include "route.h"
 #include "selftest_model.h"
@@ -242,6 +243,7 @@ int colibri_selftest(int verbose) {
     check_topk(&r);
     check_routing(&r);
     check_kernels(&r, simd);
+    { char qmsg[160]; int ok = colibri_q4_selftest(qmsg, sizeof qmsg); check(&r, ok, qmsg); }
     check_model(&r);
     if (verbose) printf("%s: %d check(s) failed\n", r.failed ? "FAILED" : "passed", r.failed);
     return r.failed;

@@ -49,7 +49,7 @@ static void refuse(const char *what, size_t len, void (*mutate)(uint8_t *), coli
 
 static uint8_t *rec(uint8_t *b, int i) { return b + 256 + 64 * i; }
 static void m_magic(uint8_t *b) { b[0] = 'X'; }
-static void m_version(uint8_t *b) { put32(b + 8, 2); }
+static void m_version(uint8_t *b) { put32(b + 8, 3); }
 static void m_experts(uint8_t *b) { put32(b + 12, 100000); }
 static void m_vocab0(uint8_t *b) { put32(b + 20, 0); }
 static void m_heads(uint8_t *b) { put32(b + 40, 5); } /* 5 % 2 kv heads */
@@ -71,7 +71,7 @@ static void test_loader(void) {
     refuse("truncated to 100 bytes", 100, NULL, COLIBRI_E_TRUNCATED, "256-byte header");
     refuse("truncated by one byte", orig_len - 1, NULL, COLIBRI_E_TRUNCATED, "truncated");
     refuse("wrong magic", orig_len, m_magic, COLIBRI_E_BAD_MAGIC, "magic");
-    refuse("wrong version", orig_len, m_version, COLIBRI_E_BAD_VERSION, "version 2");
+    refuse("wrong version", orig_len, m_version, COLIBRI_E_BAD_VERSION, "version 3");
     refuse("absurd num_experts", orig_len, m_experts, COLIBRI_E_ABSURD_DIM, "num_experts");
     refuse("zero vocab", orig_len, m_vocab0, COLIBRI_E_ABSURD_DIM, "vocab_size");
     refuse("heads not a multiple of kv heads", orig_len, m_heads, COLIBRI_E_ABSURD_DIM, "n_kv_heads");
@@ -121,6 +121,96 @@ static void test_topk_nan(void) {
                        n, pattern, n - 1);
         }
     EXPECT(1, "top-k with NaN router logits: every k <= n selects experts < n in total order");
+}
+
+/* Format version 2: the selftest model (version 1) plus a metadata section of two blobs
+ * ("a.x" = 5 bytes, "b" = 3 bytes) appended at `orig_len` (a multiple of 64). */
+static size_t with_meta(uint8_t *buf) {
+    size_t at = orig_len, sec = 64 * 2 + 64 + 64;
+    memcpy(buf, orig, orig_len);
+    memset(buf + at, 0, sec);
+    put32(buf + 8, 2);
+    put32(buf + 124, 2);
+    put64(buf + 128, at);
+    put64(buf + 136, sec);
+    put64(buf + 104, at + sec);
+    memcpy(buf + at, "a.x", 3);
+    put64(buf + at + 48, 128);
+    put64(buf + at + 56, 5);
+    memcpy(buf + at + 64, "b", 1);
+    put64(buf + at + 64 + 48, 192);
+    put64(buf + at + 64 + 56, 3);
+    memcpy(buf + at + 128, "hello", 5);
+    memcpy(buf + at + 192, "abc", 3);
+    return at + sec;
+}
+
+static void meta_case(const char *what, void (*mutate)(uint8_t *, size_t), colibri_status want,
+                      const char *needle) {
+    uint8_t *buf = aligned_alloc(4096, (orig_len + 256 + 4095) / 4096 * 4096);
+    size_t len = with_meta(buf);
+    if (mutate) mutate(buf, orig_len);
+    struct colibri_model m;
+    char why[512] = "";
+    colibri_status s = colibri_model_from_memory(&m, buf, len, why, sizeof why);
+    EXPECT(s == want && strstr(why, needle) != NULL, "metadata: %s -> %d: %s", what, (int)s, why);
+    if (s == COLIBRI_OK) {
+        const uint8_t *d = NULL;
+        size_t n = 0;
+        EXPECT(colibri_model_meta(&m, "a.x", &d, &n) == 1 && n == 5 && !memcmp(d, "hello", 5),
+               "metadata: a.x found");
+        EXPECT(colibri_model_meta(&m, "b", &d, &n) == 1 && n == 3 && !memcmp(d, "abc", 3),
+               "metadata: b found");
+        EXPECT(colibri_model_meta(&m, "a", &d, &n) == 0 && colibri_model_meta(&m, "c", &d, &n) == 0
+                   && colibri_model_meta(&m, "", &d, &n) == 0,
+               "metadata: absent names are not found");
+        colibri_model_close(&m);
+    }
+    free(buf);
+}
+
+static void mm_name_order(uint8_t *b, size_t at) { b[at + 64] = 'a'; b[at + 65] = '.'; b[at + 66] = 'w'; }
+static void mm_name_char(uint8_t *b, size_t at) { b[at + 1] = '/'; }
+static void mm_name_pad(uint8_t *b, size_t at) { b[at + 40] = 'z'; }
+static void mm_blob_past(uint8_t *b, size_t at) { put64(b + at + 64 + 56, 100); }
+static void mm_blob_wrap(uint8_t *b, size_t at) { put64(b + at + 64 + 48, UINT64_MAX - 63); }
+static void mm_blob_overlap(uint8_t *b, size_t at) { put64(b + at + 56, 70); }
+static void mm_blob_table(uint8_t *b, size_t at) { put64(b + at + 48, 64); }
+static void mm_count(uint8_t *b, size_t at) { put32(b + 124, 5); }
+static void mm_offset(uint8_t *b, size_t at) { put64(b + 128, at - 64); }
+static void mm_v1(uint8_t *b, size_t at) { put32(b + 8, 1); }
+static void mm_tensor_in_meta(uint8_t *b, size_t at) { put64(rec(b, 1) + 24, at); }
+
+static void test_meta(void) {
+    meta_case("valid section", NULL, COLIBRI_OK, "");
+    meta_case("names out of order", mm_name_order, COLIBRI_E_OUT_OF_RANGE, "sorted");
+    meta_case("bad name character", mm_name_char, COLIBRI_E_OUT_OF_RANGE, "name");
+    meta_case("garbage after the name", mm_name_pad, COLIBRI_E_OUT_OF_RANGE, "name");
+    meta_case("blob past the section", mm_blob_past, COLIBRI_E_OUT_OF_RANGE, "outside");
+    meta_case("blob offset wraps", mm_blob_wrap, COLIBRI_E_OUT_OF_RANGE, "outside");
+    meta_case("blobs overlap", mm_blob_overlap, COLIBRI_E_OUT_OF_RANGE, "overlaps");
+    meta_case("blob inside the entry table", mm_blob_table, COLIBRI_E_OUT_OF_RANGE, "entry 0");
+    meta_case("meta_count too large", mm_count, COLIBRI_E_OUT_OF_RANGE, "meta_count");
+    meta_case("section not at the file's end", mm_offset, COLIBRI_E_OUT_OF_RANGE, "metadata section");
+    meta_case("tensor data inside the metadata section", mm_tensor_in_meta, COLIBRI_E_OUT_OF_RANGE,
+              "outside the data section");
+    struct colibri_model m;
+    char why[256] = "";
+    uint8_t *v1 = aligned_alloc(4096, (orig_len + 4095) / 4096 * 4096);
+    memcpy(v1, orig, orig_len);
+    EXPECT(colibri_model_from_memory(&m, v1, orig_len, why, sizeof why) == COLIBRI_OK &&
+               m.version == 1 && colibri_model_meta(&m, "a.x", NULL, NULL) == 0,
+           "version 1 file loads and has no metadata: %s", why);
+    colibri_model_close(&m);
+    /* a version-1 header's bytes 124..143 are reserved: a section there is not read */
+    size_t len = with_meta(v1);
+    mm_v1(v1, orig_len);
+    put64(v1 + 104, orig_len);
+    EXPECT(colibri_model_from_memory(&m, v1, orig_len, why, sizeof why) == COLIBRI_OK &&
+               colibri_model_meta(&m, "a.x", NULL, NULL) == 0 && len > orig_len,
+           "version 1 ignores the metadata fields: %s", why);
+    colibri_model_close(&m);
+    free(v1);
 }
 
 static void test_api(const char *path) {
@@ -198,6 +288,7 @@ int main(void) {
     if (fread(orig, 1, orig_len, f) != orig_len) return 2;
     fclose(f);
     test_loader();
+    test_meta();
     test_topk_nan();
     test_api(path);
     int st = colibri_selftest(0);

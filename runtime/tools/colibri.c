@@ -4,7 +4,8 @@
  *   colibri [--backend cpu|cuda|auto] [--threads N] [--int8-act] COMMAND ...
  *     info MODEL                                   JSON: geometry, dtype, padding, backend
  *     forward MODEL --ids 1,2,3 [--logits-out F]   raw little-endian f32 [n, V] or a JSON summary
- *     generate MODEL --ids 1,2 --max-new N         greedy; JSON {"ids", "new_ids", ...}
+ *     generate MODEL --ids 1,2 --max-new N         greedy or sampled; JSON {"ids", "new_ids", ...}
+ *                                                  (tools/cmd_generate.c; `generate --help`)
  *     bench MODEL [--prompt-len N] [--gen N] [--runs N] [--json]
  *     selftest                                     built-in checks, no model needed
  *     dump-routing MODEL --ids ... --out F         routing decisions (builds with COLIBRI_DEBUG)
@@ -22,6 +23,9 @@
 #include "../kernels/colibri_abi.h"
 #include "colibri.h"
 #include "colibri_config.h"
+
+int colibri_cmd_generate(int argc, char **argv, int skip); /* cmd_generate.c */
+int colibri_cmd_bench_contexts(int argc, char **argv, int skip); /* cmd_bench_contexts.c */
 
 #define STR2(x) #x
 #define STR(x) STR2(x)
@@ -42,10 +46,14 @@ static int usage(const char *msg) {
             "       colibri [--backend cpu|cuda|auto] [--threads N] [--int8-act] COMMAND ...\n"
             "  info MODEL\n"
             "  forward MODEL --ids 1,2,3 [--logits-out FILE]\n"
-            "  generate MODEL --ids 1,2,3 --max-new N\n"
+            "  generate MODEL (--ids 1,2,3 --max-new N | --prompt T) [sampling...]  (generate --help)\n"
             "  bench MODEL [--prompt-len N] [--gen N] [--runs N] [--json]\n"
             "  dump-routing MODEL --ids 1,2,3 --out FILE\n"
+            "  bench-contexts MODEL [--contexts N] [--gen N] [--threads T] [--json]\n"
+            "  tokenize MODEL (--text T | --text-file F) [--no-special]\n"
+            "  detokenize MODEL --ids 1,2,3 [--skip-special]\n"
             "  selftest\n"
+            "  serve MODEL [--host H] [--port P] [--slots N] [--max-queue Q] [--api-key-file F] (serve --help)\n"
             "  gpuprobe [--mib N] [--iters N] [--json]      GPU copy bandwidth (gpuprobe --help)\n"
             "  synth OUT [geometry options]                 random model for speed checks (synth --help)\n");
     return 2;
@@ -248,48 +256,6 @@ done:
     return rc;
 }
 
-static int cmd_generate(const cli *c) {
-    if (c->max_new < 0) return usage("--max-new N is required");
-    colibri_ctx *ctx = NULL;
-    int32_t *ids = NULL;
-    float *logits = NULL;
-    int n = 0, rc = run_ids(c, &ctx, &ids, &n, &logits);
-    if (rc) goto done;
-    colibri_model_info m;
-    colibri_get_model_info(ctx, &m);
-    int32_t *out = malloc(((size_t)c->max_new + 1) * sizeof *out);
-    if (!out) { rc = 1; goto done; }
-    int32_t next = argmax(logits + (size_t)(n - 1) * m.vocab_size, m.vocab_size);
-    long made = 0;
-    double t0 = now_ms();
-    while (made < c->max_new) {
-        out[made++] = next;
-        if (made == c->max_new) break;
-        colibri_status s = colibri_forward(ctx, &next, 1, logits);
-        if (s) {
-            fprintf(stderr, "colibri: %s: %s\n", colibri_strerror(s), colibri_last_error(ctx));
-            free(out);
-            rc = 1;
-            goto done;
-        }
-        next = argmax(logits, m.vocab_size);
-    }
-    double ms = now_ms() - t0;
-    note_fallback(ctx);
-    printf("{\"ids\": [");
-    for (int i = 0; i < n; i++) printf("%s%d", i ? ", " : "", (int)ids[i]);
-    for (long i = 0; i < made; i++) printf("%s%d", n + i ? ", " : "", (int)out[i]);
-    printf("], \"new_ids\": [");
-    for (long i = 0; i < made; i++) printf("%s%d", i ? ", " : "", (int)out[i]);
-    printf("], \"prompt_len\": %d, \"max_new\": %ld, \"decode_ms\": %.3f}\n", n, c->max_new, ms);
-    free(out);
-done:
-    free(logits);
-    free(ids);
-    colibri_free(ctx);
-    return rc;
-}
-
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
@@ -449,12 +415,18 @@ static int print_version(void) {
     return 0;
 }
 
-int cmd_gpuprobe(int argc, char **argv); /* tools/cmd_gpuprobe.c */
-int cmd_synth(int argc, char **argv);    /* tools/cmd_synth.c */
+int cmd_serve_wanted(int argc, char **argv); /* tools/cmd_serve.c */
+int cmd_serve(int argc, char **argv);
+int colibri_cmd_text(int argc, char **argv); /* cmd_text.c */
+int cmd_gpuprobe(int argc, char **argv);     /* tools/cmd_gpuprobe.c */
+int cmd_synth(int argc, char **argv);        /* tools/cmd_synth.c */
 
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "gpuprobe")) return cmd_gpuprobe(argc - 1, argv + 1);
     if (argc > 1 && !strcmp(argv[1], "synth")) return cmd_synth(argc - 1, argv + 1);
+    if (cmd_serve_wanted(argc, argv)) return cmd_serve(argc, argv);
+    int text_rc = colibri_cmd_text(argc, argv); /* tokenize / detokenize */
+    if (text_rc >= 0) return text_rc;
     cli c;
     memset(&c, 0, sizeof c);
     c.backend = COLIBRI_BACKEND_AUTO;
@@ -502,6 +474,9 @@ int main(int argc, char **argv) {
             fprintf(stderr, "colibri: unknown option %s\n", a);
             return usage(NULL);
         } else {
+            if (npos == 0 && !strcmp(a, "generate")) return colibri_cmd_generate(argc, argv, i);
+            if (npos == 0 && !strcmp(a, "bench-contexts"))
+                return colibri_cmd_bench_contexts(argc, argv, i);
             if (npos == 2) return usage("too many arguments");
             pos[npos++] = a;
         }
@@ -517,7 +492,6 @@ int main(int argc, char **argv) {
     c.model = pos[1];
     if (!strcmp(c.cmd, "info")) return cmd_info(&c);
     if (!strcmp(c.cmd, "forward")) return cmd_forward(&c);
-    if (!strcmp(c.cmd, "generate")) return cmd_generate(&c);
     if (!strcmp(c.cmd, "bench")) return cmd_bench(&c);
     if (!strcmp(c.cmd, "dump-routing")) return cmd_dump_routing(&c);
     fprintf(stderr, "colibri: unknown command %s\n", c.cmd);

@@ -16,7 +16,7 @@ import numpy as np
 import kernel_reference as ref
 from colibri_kit.model.format import DType
 
-DTYPES = [DType.F32, DType.F16, DType.BF16, DType.INT8]
+DTYPES = [DType.F32, DType.F16, DType.BF16, DType.INT8, DType.Q4]
 EPS32 = 2.0 ** -23
 
 EMBED_SHAPES = [(37, 16, 5), (1000, 48, 33), (3, 4096, 1)]                       # V, Dp, n
@@ -40,7 +40,12 @@ def dot_bound(absdot: np.ndarray, cols: int) -> np.ndarray:
 
 def weight_args(gpu, w: ref.Weight) -> tuple[int, int]:
     raw = gpu.put(w.raw)
-    sc = gpu.put(w.scales.astype(np.float32)) if w.scales is not None else 0
+    if w.scales is None:
+        sc = 0
+    elif w.dtype == DType.Q4:  # f16 group scales, as in the file
+        sc = gpu.put(np.ascontiguousarray(w.scales.astype(np.float16)))
+    else:
+        sc = gpu.put(w.scales.astype(np.float32))
     return raw, sc
 
 

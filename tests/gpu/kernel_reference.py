@@ -26,9 +26,10 @@ LINEAR_SCORE = 2   # COLIBRI_ROUTING_LINEAR_SCORE
 
 @dataclass
 class Weight:
-    raw: np.ndarray               # [rows, cols] in the stored dtype
+    raw: np.ndarray               # [rows, cols] in the stored dtype (q4: [rows, groups * 16] bytes)
     dtype: int
     scales: np.ndarray | None = None
+    q4_cols: int = 0              # q4 only: the true column count
 
     @property
     def rows(self) -> int:
@@ -36,12 +37,17 @@ class Weight:
 
     @property
     def cols(self) -> int:
-        return self.raw.shape[1]
+        return self.q4_cols if self.dtype == DType.Q4 else self.raw.shape[1]
 
     def f32(self) -> np.ndarray:
-        """Element values without the int8 row scale (the kernels apply it after the dot)."""
+        """Element values without the int8 row scale (the kernels apply it after the dot); q4
+        values are dequantised with their group scales (exact in f32)."""
         if self.dtype == DType.BF16:
             return bf16_bits_to_f32(self.raw)
+        if self.dtype == DType.Q4:
+            from colibri_kit.model.format import dequantize_q4
+
+            return dequantize_q4(self.raw, self.scales, self.rows, self.q4_cols)
         return self.raw.astype(np.float32)
 
     def scale(self) -> np.ndarray:
@@ -62,6 +68,11 @@ def make_weight(a: np.ndarray, dtype: int) -> Weight:
         return Weight(a.astype(np.float16), dtype)
     if dtype == DType.BF16:
         return Weight(f32_to_bf16_bits(a), dtype)
+    if dtype == DType.Q4:
+        from colibri_kit.model.format import quantize_q4
+
+        packed, d = quantize_q4(a)
+        return Weight(packed, dtype, d, q4_cols=a.shape[1])
     q, s = quantize_int8(a)
     return Weight(q, dtype, s)
 
@@ -225,6 +236,9 @@ def cb_moe_combine(x: np.ndarray, eo: np.ndarray, slot_of: np.ndarray, wts: np.n
 def _weight(model, kind: Kind, layer: int = NONE, expert: int = NONE) -> Weight:
     r = model.record(kind, layer, expert)
     raw = model.raw(kind, layer, expert)
+    if r.dtype == DType.Q4:
+        sc = model.scales(kind, layer, expert).astype(np.float16)  # exact: stored as f16
+        return Weight(raw.reshape(r.rows, -1), r.dtype, sc, q4_cols=r.cols)
     view = {DType.F32: "<f4", DType.F16: "<f2", DType.BF16: "<u2", DType.INT8: "i1"}[DType(r.dtype)]
     return Weight(raw.view(view).reshape(r.rows, r.cols), r.dtype, model.scales(kind, layer, expert))
 

@@ -1,0 +1,214 @@
+"""Device memory footprint of a model on a target, and the fit check (docs/models.md, "Memory").
+
+    footprint = weights (the mapped file) + slots x (working arena + KV cache)
+
+- weights: the `.colibri` file, memory-mapped; on a Jetson the CUDA backend registers the same
+  pages with the GPU (integrated GPU: one copy in DRAM);
+- arena: what the runtime allocates per context, computed with the runtime's own plan: the CPU
+  arena of runtime/src/arena.c (colibri_arena_plan) on CPU-only targets, the device arena of
+  runtime/src/cuda_backend.c (colibri_cuda_plan, weights not copied) on CUDA targets. Both hold
+  the KV cache for the model's max_seq_len (the context length, chosen at convert time), which
+  is reported apart;
+- slots: contexts served at once (`colibri serve --slots`), each with its own arena.
+
+The target's usable memory is its profile's `memory.total_mb - memory.reserve_mb` (the OS,
+JetPack services and the CUDA context live in the reserve). `check_fits` refuses a model that
+does not fit with the numbers and what would fit (another dtype, a shorter context).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from colibri_kit.errors import ModelError
+from colibri_kit.model.format import (
+    ALIGN, HEADER_SIZE, LARGE_TENSOR, PAGE, RECORD_SIZE, DType, Flag, ModelHeader, align_up,
+    data_nbytes, expected_tensors, read_model, scale_bytes,
+)
+
+MIB = 1 << 20
+# runtime/src/context.h COLIBRI_CHUNK: tokens per CPU pass.
+CPU_CHUNK = 64
+# runtime/src/cuda_backend.c: CB_ALIGN, CB_MAX_CHUNK, CB_SCORES_BUDGET.
+CUDA_ALIGN = 256
+CUDA_MAX_CHUNK = 32
+CUDA_SCORES_BUDGET = 64 << 20
+DEFAULT_THREADS = 8  # CPU arena scratch is per thread (a few KiB each); Jetsons have 6..14 cores
+
+
+def cpu_arena_bytes(h: ModelHeader, threads: int = DEFAULT_THREADS, int8_act: bool = False) -> int:
+    """runtime/src/arena.c colibri_arena_plan, byte for byte (release build)."""
+    used = 0
+
+    def take(n: int, size: int = 4) -> None:
+        nonlocal used
+        used = align_up(used, 64) + n * size
+
+    T = min(h.max_seq_len, CPU_CHUNK)
+    dp, qd = h.embed_dim_pad, h.n_heads * h.head_dim
+    kvd, E, K = h.n_kv_heads * h.head_dim, h.num_experts, h.top_k
+    F, Fs, S, L = h.expert_size, h.shared_expert_size, h.max_seq_len, h.n_layers
+    max_cols = max(dp, qd, F, Fs, 16)
+    q8 = int8_act and h.dtype in (DType.INT8, DType.Q4)
+    for n in (T * dp, T * dp, T * qd, T * kvd, T * kvd, T * qd, T * dp, T * h.head_dim,
+              L * S * kvd, L * S * kvd, T * E, T * K, T * K, E, E + 1, E, T * K,
+              T * K * dp, T * K * F, T * K * F, T * K * dp, T * Fs, T * Fs, T * dp):
+        take(n)
+    take(T * (K + 1) * max_cols if q8 else 0, 1)
+    take(T * (K + 1) if q8 else 0)
+    take(threads * 2 * max_cols)
+    take(threads * S)
+    return align_up(used, 64)
+
+
+def cuda_arena_bytes(h: ModelHeader, copy_weights: bool = False, weights_bytes: int = 0) -> int:
+    """runtime/src/cuda_backend.c colibri_cuda_plan: the device arena (weights mapped, not copied,
+    on an integrated GPU unless copy_weights)."""
+    S, H, Dh, Dp = h.max_seq_len, h.n_heads, h.head_dim, h.embed_dim_pad
+    E, k, F, V = h.num_experts, h.top_k, h.expert_size, h.vocab_size
+    Fs, L, kvd = h.shared_expert_size, h.n_layers, h.n_kv_heads * h.head_dim
+    c = min(CUDA_MAX_CHUNK, S)
+    while c > 1 and c * H * S * 4 > CUDA_SCORES_BUDGET:
+        c //= 2
+    sizes = [c * Dp * 4, c * Dp * 4, c * H * Dh * 4, c * H * Dh * 4, c * H * S * 4, c * E * 4,
+             c * k * 4, c * k * 4, (E + 1) * 4, c * k * 4, c * k * 4, c * k * F * 4, c * k * Dp * 4]
+    if h.has(Flag.SHARED_EXPERT):
+        sizes += [c * Fs * 4, c * Dp * 4, c * 4]
+    sizes += [2 * 4, c * V * 4, c * 4, c * 4, L * S * kvd * 4, L * S * kvd * 4, L * (6 * E + 6) * 8]
+    if copy_weights:
+        sizes.append(weights_bytes)
+    return sum(align_up(n, CUDA_ALIGN) for n in sizes)
+
+
+def kv_cache_bytes(h: ModelHeader) -> int:
+    """K and V caches for max_seq_len positions (f32), inside either arena."""
+    return 2 * h.n_layers * h.max_seq_len * h.n_kv_heads * h.head_dim * 4
+
+
+def estimate_file_bytes(h: ModelHeader, dtype: DType | None = None) -> int:
+    """Bytes up to the end of the tensor data of the `.colibri` file the converter would write
+    for this geometry and dtype (the writer's layout: tensors in table order, 64-byte aligned,
+    4096 for 64 KiB and larger). A version-2 metadata section (tokenizer blobs) follows it."""
+    hh = replace(h, dtype=int(dtype if dtype is not None else h.dtype))
+    specs = expected_tensors(hh)
+    pos = align_up(HEADER_SIZE + RECORD_SIZE * len(specs), PAGE)
+    for s in specs.values():
+        dt = DType.F32 if s.f32_only else DType(hh.dtype)
+        for n in (data_nbytes(dt, s.rows, s.cols), scale_bytes(dt, s.rows, s.cols)):
+            if n:
+                pos = align_up(pos, PAGE if n >= LARGE_TENSOR else ALIGN) + n
+    return pos
+
+
+@dataclass(frozen=True)
+class Footprint:
+    target: str
+    backend: str        # "cuda" (device arena) or "cpu" (CPU arena)
+    weights: int        # bytes of the mapped model file
+    arena: int          # per slot, KV cache included
+    kv_cache: int       # per slot, part of arena
+    slots: int
+    available: int | None  # target memory minus its reserve; None: the profile sets no memory
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.slots * self.arena
+
+    @property
+    def fits(self) -> bool:
+        return self.available is None or self.total <= self.available
+
+    def to_json(self) -> dict[str, Any]:
+        return {"target": self.target, "backend": self.backend, "weights_bytes": self.weights,
+                "arena_bytes": self.arena, "kv_cache_bytes": self.kv_cache, "slots": self.slots,
+                "total_bytes": self.total, "available_bytes": self.available, "fits": self.fits}
+
+    def line(self) -> str:
+        avail = "no memory limit in the profile" if self.available is None else \
+            f"available {self.available / MIB:,.0f} MiB -> {'fits' if self.fits else 'DOES NOT FIT'}"
+        return (f"{self.target}: {self.total / MIB:,.1f} MiB = weights {self.weights / MIB:,.1f} + "
+                f"{self.slots} x arena {self.arena / MIB:,.1f} (KV cache {self.kv_cache / MIB:,.1f}) "
+                f"[{self.backend}]; {avail}")
+
+
+def _target_memory(target: str) -> tuple[str, int | None]:
+    from colibri_kit.profiles import load_profile
+
+    p = load_profile(target)
+    backend = "cuda" if p.cuda is not None else "cpu"
+    mem = getattr(p, "memory", None)
+    avail = None if mem is None else (mem.total_mb - mem.reserve_mb) * MIB
+    return backend, avail
+
+
+def footprint(h: ModelHeader, target: str, weights_bytes: int | None = None, slots: int = 1,
+              threads: int = DEFAULT_THREADS) -> Footprint:
+    """The footprint of a model with header ``h`` on ``target`` (weights: the file size, or the
+    converter's estimate for this header when not given)."""
+    if slots < 1:
+        raise ModelError(f"slots must be >= 1, got {slots}")
+    backend, avail = _target_memory(target)
+    weights = estimate_file_bytes(h) if weights_bytes is None else weights_bytes
+    arena = cuda_arena_bytes(h) if backend == "cuda" else cpu_arena_bytes(h, threads)
+    return Footprint(target, backend, weights, arena, kv_cache_bytes(h), slots, avail)
+
+
+def model_footprint(path: str | os.PathLike[str], target: str, slots: int = 1) -> Footprint:
+    """The footprint of the model file at ``path`` on ``target``."""
+    m = read_model(path)
+    return footprint(m.header, target, Path(path).stat().st_size, slots)
+
+
+def suggestions(h: ModelHeader, target: str, slots: int = 1) -> list[str]:
+    """What would fit ``target``: other dtypes at this context length, and the longest context
+    at this dtype (a whole number of 256 positions)."""
+    out = []
+    for dt in (DType.Q4, DType.INT8, DType.F16, DType.F32):
+        if dt == h.dtype:
+            continue
+        fp = footprint(replace(h, dtype=int(dt)), target, slots=slots)
+        if fp.fits:
+            out.append(f"--dtype {dt.name.lower()} ({fp.total / MIB:,.0f} MiB)")
+    lo, hi = 0, (h.max_seq_len - 1) // 256  # shorter contexts, in whole 256-position steps
+    while lo < hi:  # the arena grows with max_seq_len: the longest that fits
+        mid = (lo + hi + 1) // 2
+        if footprint(replace(h, max_seq_len=mid * 256), target, slots=slots).fits:
+            lo = mid
+        else:
+            hi = mid - 1
+    if lo > 0:
+        fp = footprint(replace(h, max_seq_len=lo * 256), target, slots=slots)
+        out.append(f"--max-seq-len {lo * 256} ({fp.total / MIB:,.0f} MiB)")
+    return out
+
+
+def check_fits(h: ModelHeader, target: str, weights_bytes: int | None = None,
+               slots: int = 1) -> Footprint:
+    """Raise ModelError when the model does not fit ``target``'s memory, with the numbers and
+    what would fit. Returns the footprint when it fits (or the profile sets no memory)."""
+    fp = footprint(h, target, weights_bytes, slots)
+    if fp.fits:
+        return fp
+    assert fp.available is not None
+    what = suggestions(h, target, slots)
+    hint = ("would fit: " + ", ".join(what)) if what else \
+        "no dtype or context length fits this target; choose a smaller model or a larger target"
+    raise ModelError(
+        f"model does not fit target {target!r}: needs {fp.total / MIB:,.0f} MiB (weights "
+        f"{fp.weights / MIB:,.0f} MiB as {DType(h.dtype).name.lower()} + {slots} slot(s) x arena "
+        f"{fp.arena / MIB:,.0f} MiB incl. KV cache {fp.kv_cache / MIB:,.0f} MiB at max_seq_len "
+        f"{h.max_seq_len}), the target has {fp.available / MIB:,.0f} MiB available "
+        f"(memory.total_mb - memory.reserve_mb of its profile); {hint}")
+
+
+def check_model_fits(path: str | os.PathLike[str], target: str, slots: int = 1) -> Footprint:
+    """The deploy check: the model file at ``path`` on ``target`` with ``slots`` contexts.
+    Raises ModelError (numbers, and a dtype or context that would fit) when it does not fit."""
+    m = read_model(path)
+    try:
+        return check_fits(m.header, target, Path(path).stat().st_size, slots)
+    except ModelError as exc:
+        raise ModelError(f"{path}: {exc}") from None

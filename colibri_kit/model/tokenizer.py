@@ -1,0 +1,563 @@
+"""The checkpoint's tokenizer -> the `tokenizer.*` blobs of a `.colibri` file (docs/format.md).
+
+Reads ``tokenizer.json`` (the `tokenizers` library's serialisation), or, where only a
+SentencePiece ``tokenizer.model`` exists, that (through the `sentencepiece` library), plus
+``tokenizer_config.json`` and ``generation_config.json``. Only the configurations the supported
+families really use are accepted; anything else fails naming the key and the supported values:
+
+- byte-level BPE (Qwen2-MoE / Qwen3-MoE: NFC + Split(Qwen2 regex, Isolated) + ByteLevel;
+  OLMoE, GPT-NeoX style: NFC + ByteLevel(use_regex) with the GPT-2 regex), decoder ByteLevel;
+- SentencePiece-style BPE (Mixtral / Llama): normalizer Prepend("▁") + Replace(" ", "▁"), no
+  pre-tokenizer, byte_fallback, fuse_unk, decoder Replace("▁", " ") + ByteFallback + Fuse +
+  Strip(" ", 1, 0).
+
+The C tokenizer (runtime/src/tokenizer.c) reproduces the `tokenizers` library's ids exactly on
+these configurations (tests/test_tokenizer.py).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from colibri_kit.errors import ModelError
+
+# The two pre-tokenizer regexes the families use, as they appear in tokenizer.json.
+# Qwen2 / Qwen3-MoE (Qwen/Qwen1.5-MoE-A2.7B, Qwen/Qwen3-30B-A3B tokenizer.json,
+# pre_tokenizer.pretokenizers[0].pattern.Regex); Llama-3 style differs only in \p{N}{1,3}.
+QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+LLAMA3_REGEX = QWEN2_REGEX.replace(r"|\p{N}|", r"|\p{N}{1,3}|")
+# GPT-2's regex, which ByteLevel(use_regex=true) applies (OLMoE's GPT-NeoX-derived tokenizer).
+GPT2_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+SPLIT_REGEXES = {QWEN2_REGEX: 1, LLAMA3_REGEX: 3}  # -> max digits per number piece
+
+MODEL_BYTE_BPE, MODEL_SP_BPE = 1, 2
+NORM_NONE, NORM_NFC, NORM_SP = 0, 1, 2
+PRETOK_NONE, PRETOK_GPT2, PRETOK_LLAMA3, PRETOK_METASPACE = 0, 1, 2, 3
+META_ALWAYS, META_FIRST, META_NEVER = 1, 2, 3  # Metaspace prepend_scheme (config word 4)
+DEC_BYTE_LEVEL, DEC_SP = 1, 2
+F_BYTE_FALLBACK, F_FUSE_UNK, F_ADD_BOS, F_ADD_EOS, F_IGNORE_MERGES = 1, 2, 4, 8, 16
+A_SPECIAL, A_LSTRIP, A_RSTRIP, A_NORMALIZED, A_SINGLE_WORD = 1, 2, 4, 8, 16
+V_IN_MODEL, V_BYTE, V_ADDED, V_SPECIAL = 1, 2, 4, 8
+NO_ID = 0xFFFFFFFF
+CONFIG_VERSION = 1
+CONFIG_WORDS = 24  # fixed part of tokenizer.config, then n_stop stop ids
+MAX_TOKEN_BYTES = 1024  # longest vocabulary entry / added token accepted (C checks the same)
+SP = "\u2581"  # ▁
+
+NAMES = {
+    "model": {MODEL_BYTE_BPE: "byte_level_bpe", MODEL_SP_BPE: "sentencepiece_bpe"},
+    "normalizer": {NORM_NONE: "none", NORM_NFC: "nfc", NORM_SP: "prepend_replace_space"},
+    "pre_tokenizer": {PRETOK_NONE: "none", PRETOK_GPT2: "gpt2_regex", PRETOK_LLAMA3: "qwen2_llama3_regex",
+                      PRETOK_METASPACE: "metaspace"},
+    "decoder": {DEC_BYTE_LEVEL: "byte_level", DEC_SP: "sentencepiece"},
+}
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character map (the ByteLevel pre-tokenizer's alphabet)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+_B2U = bytes_to_unicode()
+_U2B = {c: b for b, c in _B2U.items()}
+
+
+@dataclass
+class AddedToken:
+    id: int
+    content: str
+    flags: int
+
+
+@dataclass
+class TokenizerSpec:
+    """Everything the runtime needs, in the form the blobs store it."""
+
+    model: int
+    normalizer: int
+    pre_tokenizer: int
+    digits: int  # max digits per number piece (pre_tokenizer qwen2_llama3_regex)
+    decoder: int
+    flags: int
+    unk_id: int
+    bos_id: int
+    eos_id: int
+    pad_id: int
+    vocab: list[bytes]  # per id: the bytes the piece stands for (byte-level: un-mapped)
+    vocab_flags: list[int]
+    merges: list[tuple[int, int, int]]  # (left, right, merged), in rank order
+    added: list[AddedToken]
+    stop_ids: list[int] = field(default_factory=list)
+    strip: int = 0  # decoder Strip: leading spaces removed
+
+    def blobs(self) -> dict[str, bytes]:
+        cfg = [CONFIG_VERSION, self.model, self.normalizer, self.pre_tokenizer, self.digits, self.decoder,
+               self.flags, self.unk_id, self.bos_id, self.eos_id, self.pad_id, len(self.vocab),
+               len(self.merges), len(self.added), len(self.stop_ids), self.strip]
+        cfg += [0] * (CONFIG_WORDS - len(cfg))
+        config = struct.pack(f"<{CONFIG_WORDS}I", *cfg) + struct.pack(f"<{len(self.stop_ids)}I", *self.stop_ids)
+        offs = [0]
+        for v in self.vocab:
+            offs.append(offs[-1] + len(v))
+        vocab = (struct.pack("<I", len(self.vocab)) + struct.pack(f"<{len(offs)}I", *offs)
+                 + bytes(self.vocab_flags) + b"".join(self.vocab))
+        merges = b"".join(struct.pack("<3I", *m) for m in self.merges)
+        table, text, at = [], [], 0
+        for a in self.added:
+            raw = a.content.encode("utf-8")
+            table.append(struct.pack("<4I", a.id, a.flags, at, len(raw)))
+            text.append(raw)
+            at += len(raw)
+        added = b"".join(table) + b"".join(text)
+        return {"tokenizer.config": config, "tokenizer.vocab": vocab, "tokenizer.merges": merges,
+                "tokenizer.added": added}
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "model": NAMES["model"][self.model], "normalizer": NAMES["normalizer"][self.normalizer],
+            "pre_tokenizer": NAMES["pre_tokenizer"][self.pre_tokenizer], "decoder": NAMES["decoder"][self.decoder],
+            "vocab": len(self.vocab), "merges": len(self.merges), "added_tokens": len(self.added),
+            "special_tokens": [a.content for a in self.added if a.flags & A_SPECIAL][:8],
+            "byte_fallback": bool(self.flags & F_BYTE_FALLBACK), "add_bos": bool(self.flags & F_ADD_BOS),
+            "add_eos": bool(self.flags & F_ADD_EOS),
+            "bos_id": _opt(self.bos_id), "eos_id": _opt(self.eos_id), "unk_id": _opt(self.unk_id),
+            "stop_ids": self.stop_ids,
+        }
+
+
+def _opt(v: int) -> int | None:
+    return None if v == NO_ID else v
+
+
+# ----------------------------------------------------------------------------------------------
+# tokenizer.json
+
+
+def _bad(key: str, value: Any, supported: str) -> ModelError:
+    return ModelError(f"tokenizer.json key {key}: {json.dumps(value)[:120]} is not supported; supported: {supported}")
+
+
+def _parse_normalizer(n: Any) -> int:
+    sup = 'null, {"type": "NFC"}, or Sequence[Prepend("▁"), Replace(" " -> "▁")]'
+    if n is None:
+        return NORM_NONE
+    if not isinstance(n, dict):
+        raise _bad("normalizer", n, sup)
+    if n.get("type") == "NFC":
+        return NORM_NFC
+    if n.get("type") == "Sequence":
+        steps = n.get("normalizers")
+        if isinstance(steps, list) and len(steps) == 1:
+            return _parse_normalizer(steps[0])
+        if (isinstance(steps, list) and len(steps) == 2 and steps[0] == {"type": "Prepend", "prepend": SP}
+                and steps[1].get("type") == "Replace" and steps[1].get("pattern") == {"String": " "}
+                and steps[1].get("content") == SP):
+            return NORM_SP
+        raise _bad("normalizer.normalizers", steps, sup)
+    raise _bad("normalizer.type", n.get("type"), sup)
+
+
+def _byte_level_ok(b: dict[str, Any], key: str, use_regex: bool) -> None:
+    if b.get("add_prefix_space", False):
+        raise _bad(f"{key}.add_prefix_space", True, "false")
+    if bool(b.get("use_regex", True)) != use_regex:
+        raise _bad(f"{key}.use_regex", b.get("use_regex", True), str(use_regex).lower() + " here")
+
+
+def _parse_pre_tokenizer(p: Any) -> tuple[int, int]:
+    sup = ("null (SentencePiece-style), Metaspace(\"▁\", split=false), ByteLevel(use_regex=true, "
+           "add_prefix_space=false) (GPT-2 regex), or Sequence[Split(Regex=<Qwen2 or Llama-3 regex>, "
+           "behavior=Isolated), ByteLevel(use_regex=false)]")
+    if p is None:
+        return PRETOK_NONE, 0
+    if not isinstance(p, dict):
+        raise _bad("pre_tokenizer", p, sup)
+    if p.get("type") == "Metaspace":  # what transformers 5 writes for Llama/Mixtral tokenizers
+        if p.get("replacement") != SP:
+            raise _bad("pre_tokenizer.replacement", p.get("replacement"), '"▁"')
+        if p.get("split", True):
+            raise _bad("pre_tokenizer.split", p.get("split", True), "false")
+        scheme = p.get("prepend_scheme")
+        if scheme is None:  # tokenizers < 0.15 wrote add_prefix_space
+            scheme = "always" if p.get("add_prefix_space", True) else "never"
+        schemes = {"always": META_ALWAYS, "first": META_FIRST, "never": META_NEVER}
+        if scheme not in schemes:
+            raise _bad("pre_tokenizer.prepend_scheme", scheme, "always, first, never")
+        return PRETOK_METASPACE, schemes[scheme]
+    if p.get("type") == "ByteLevel":
+        _byte_level_ok(p, "pre_tokenizer", True)
+        return PRETOK_GPT2, 0
+    if p.get("type") == "Sequence":
+        steps = p.get("pretokenizers")
+        if not (isinstance(steps, list) and len(steps) == 2 and isinstance(steps[0], dict)
+                and isinstance(steps[1], dict)):
+            raise _bad("pre_tokenizer.pretokenizers", steps, sup)
+        split, bl = steps
+        if split.get("type") != "Split":
+            raise _bad("pre_tokenizer.pretokenizers[0].type", split.get("type"), "Split")
+        regex = (split.get("pattern") or {}).get("Regex")
+        if regex not in SPLIT_REGEXES:
+            raise _bad("pre_tokenizer.pretokenizers[0].pattern", split.get("pattern"),
+                       "the Qwen2 regex or the Llama-3 regex (colibri_kit/model/tokenizer.py)")
+        if split.get("behavior") != "Isolated" or split.get("invert", False):
+            raise _bad("pre_tokenizer.pretokenizers[0].behavior", split.get("behavior"), "Isolated, invert false")
+        if bl.get("type") != "ByteLevel":
+            raise _bad("pre_tokenizer.pretokenizers[1].type", bl.get("type"), "ByteLevel")
+        _byte_level_ok(bl, "pre_tokenizer.pretokenizers[1]", False)
+        return PRETOK_LLAMA3, SPLIT_REGEXES[regex]
+    raise _bad("pre_tokenizer.type", p.get("type"), sup)
+
+
+SP_DECODER = [{"type": "Replace", "pattern": {"String": SP}, "content": " "}, {"type": "ByteFallback"},
+              {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]
+
+
+def _parse_decoder(d: Any) -> int:
+    sup = "ByteLevel, or Sequence[Replace(\"▁\" -> \" \"), ByteFallback, Fuse, Strip(\" \", 1, 0)]"
+    if isinstance(d, dict) and d.get("type") == "ByteLevel":
+        return DEC_BYTE_LEVEL
+    if isinstance(d, dict) and d.get("type") == "Sequence":
+        if d.get("decoders") == SP_DECODER:
+            return DEC_SP
+        raise _bad("decoder.decoders", d.get("decoders"), sup)
+    raise _bad("decoder" if not isinstance(d, dict) else "decoder.type",
+               d if not isinstance(d, dict) else d.get("type"), sup)
+
+
+def _parse_post(p: Any, vocab_of: dict[str, int]) -> tuple[int, int, int]:
+    """-> (flags F_ADD_BOS/F_ADD_EOS, bos id, eos id) from the post-processor."""
+    sup = "null, ByteLevel, TemplateProcessing(single = [special?] $A [special?]), or a Sequence of them"
+    if p is None or (isinstance(p, dict) and p.get("type") == "ByteLevel"):
+        return 0, NO_ID, NO_ID
+    if not isinstance(p, dict):
+        raise _bad("post_processor", p, sup)
+    if p.get("type") == "Sequence":
+        flags, bos, eos = 0, NO_ID, NO_ID
+        for sub in p.get("processors") or []:
+            f, b, e = _parse_post(sub, vocab_of)
+            flags |= f
+            bos = b if b != NO_ID else bos
+            eos = e if e != NO_ID else eos
+        return flags, bos, eos
+    if p.get("type") != "TemplateProcessing":
+        raise _bad("post_processor.type", p.get("type"), sup)
+    single = p.get("single") or []
+    kinds = ["A" if "Sequence" in s else "S" for s in single]
+    if kinds not in (["A"], ["S", "A"], ["A", "S"], ["S", "A", "S"]):
+        raise _bad("post_processor.single", single, sup)
+    flags, bos, eos = 0, NO_ID, NO_ID
+    specials = p.get("special_tokens") or {}
+
+    def sid(item: dict[str, Any]) -> int:
+        name = item["SpecialToken"]["id"]
+        ids = (specials.get(name) or {}).get("ids") or []
+        if len(ids) != 1:
+            if name in vocab_of:
+                return vocab_of[name]
+            raise _bad("post_processor.special_tokens", name, "one id per special token")
+        return int(ids[0])
+
+    if kinds[0] == "S":
+        flags |= F_ADD_BOS
+        bos = sid(single[0])
+    if kinds[-1] == "S":
+        flags |= F_ADD_EOS
+        eos = sid(single[-1])
+    return flags, bos, eos
+
+
+def _piece_bytes(s: str, byte_level: bool) -> bytes:
+    if byte_level and all(c in _U2B for c in s):
+        return bytes(_U2B[c] for c in s)
+    return s.encode("utf-8")
+
+
+def _is_byte_token(s: str) -> bool:
+    if len(s) != 6 or not s.startswith("<0x") or not s.endswith(">"):
+        return False
+    try:
+        int(s[3:5], 16)
+    except ValueError:
+        return False
+    return True
+
+
+def spec_from_tokenizer_json(tj: dict[str, Any], tok_config: dict[str, Any] | None = None,
+                             gen_config: dict[str, Any] | None = None) -> TokenizerSpec:
+    """Validate a parsed tokenizer.json and build the spec; ModelError names the first bad key."""
+    if not isinstance(tj, dict):
+        raise ModelError("tokenizer.json: not a JSON object")
+    m = tj.get("model")
+    if not isinstance(m, dict):
+        raise _bad("model", m, "an object with type BPE")
+    if m.get("type", "BPE") != "BPE":
+        raise _bad("model.type", m.get("type"), "BPE")
+    if m.get("dropout") not in (None, 0, 0.0):
+        raise _bad("model.dropout", m.get("dropout"), "null")
+    for key in ("continuing_subword_prefix", "end_of_word_suffix"):
+        if m.get(key) not in (None, ""):
+            raise _bad(f"model.{key}", m.get(key), 'null or ""')
+    norm = _parse_normalizer(tj.get("normalizer"))
+    pre, digits = _parse_pre_tokenizer(tj.get("pre_tokenizer"))
+    dec = _parse_decoder(tj.get("decoder"))
+    if pre in (PRETOK_GPT2, PRETOK_LLAMA3):
+        model_kind = MODEL_BYTE_BPE
+        if norm not in (NORM_NONE, NORM_NFC):
+            raise _bad("normalizer", tj.get("normalizer"), "null or NFC with a ByteLevel pre-tokenizer")
+        if dec != DEC_BYTE_LEVEL:
+            raise _bad("decoder", tj.get("decoder"), "ByteLevel with a ByteLevel pre-tokenizer")
+        if m.get("byte_fallback"):
+            raise _bad("model.byte_fallback", True, "false with a ByteLevel pre-tokenizer")
+    else:
+        model_kind = MODEL_SP_BPE
+        if pre == PRETOK_NONE and norm != NORM_SP:
+            raise _bad("normalizer", tj.get("normalizer"),
+                       'Sequence[Prepend("▁"), Replace(" " -> "▁")] without a pre-tokenizer')
+        if pre == PRETOK_METASPACE and norm != NORM_NONE:
+            raise _bad("normalizer", tj.get("normalizer"), "null with a Metaspace pre-tokenizer")
+        if dec != DEC_SP:
+            raise _bad("decoder", tj.get("decoder"), "the SentencePiece decoder sequence")
+    vocab_in = m.get("vocab")
+    if not isinstance(vocab_in, dict) or not vocab_in:
+        raise _bad("model.vocab", type(vocab_in).__name__, "a non-empty object piece -> id")
+    byte_level = model_kind == MODEL_BYTE_BPE
+    added_in = tj.get("added_tokens") or []
+    if not isinstance(added_in, list):
+        raise _bad("added_tokens", added_in, "a list")
+    n = 1 + max([int(i) for i in vocab_in.values()] + [int(a.get("id", -1)) for a in added_in if isinstance(a, dict)])
+    vocab: list[bytes] = [b""] * n
+    vflags = [0] * n
+    names: list[str | None] = [None] * n
+    for piece, i in vocab_in.items():
+        if not isinstance(i, int) or i < 0 or not isinstance(piece, str):
+            raise _bad("model.vocab", {piece: i}, "string -> non-negative integer")
+        if names[i] is not None:
+            raise _bad("model.vocab", {piece: i}, "one piece per id")
+        names[i] = piece
+        vocab[i] = _piece_bytes(piece, byte_level)
+        vflags[i] = V_IN_MODEL | (V_BYTE if (not byte_level and _is_byte_token(piece)) else 0)
+    added: list[AddedToken] = []
+    for k, a in enumerate(added_in):
+        if not isinstance(a, dict) or not isinstance(a.get("id"), int) or not isinstance(a.get("content"), str) or not a["content"]:
+            raise _bad(f"added_tokens[{k}]", a, "objects with an integer id and a non-empty content")
+        if a.get("single_word"):
+            raise _bad(f"added_tokens[{k}].single_word", True, "false (no supported family uses it)")
+        i, content = a["id"], a["content"]
+        if names[i] is not None and names[i] != content:
+            raise _bad(f"added_tokens[{k}]", a, "an id that is free or holds the same piece")
+        flags = ((A_SPECIAL if a.get("special") else 0) | (A_LSTRIP if a.get("lstrip") else 0)
+                 | (A_RSTRIP if a.get("rstrip") else 0) | (A_NORMALIZED if a.get("normalized", not a.get("special")) else 0))
+        added.append(AddedToken(i, content, flags))
+        if names[i] is None:
+            names[i] = content
+            vocab[i] = _piece_bytes(content, byte_level)
+        vflags[i] |= V_ADDED | (V_SPECIAL if a.get("special") else 0)
+    for i, v in enumerate(vocab):
+        if len(v) > MAX_TOKEN_BYTES:
+            raise _bad("model.vocab", names[i], f"pieces of at most {MAX_TOKEN_BYTES} bytes")
+    vocab_of = {s: i for i, s in enumerate(names) if s is not None}
+    merges: list[tuple[int, int, int]] = []
+    for k, mg in enumerate(m.get("merges") or []):
+        if isinstance(mg, str):
+            parts = mg.split(" ")
+        elif isinstance(mg, list):
+            parts = mg
+        else:
+            parts = []
+        if len(parts) != 2 or any(not isinstance(p, str) for p in parts):
+            raise _bad(f"model.merges[{k}]", mg, '"left right" or ["left", "right"]')
+        left, right = parts
+        try:
+            ids = (vocab_in[left], vocab_in[right], vocab_in[left + right])
+        except KeyError as exc:
+            raise _bad(f"model.merges[{k}]", mg, f"pieces that are in model.vocab (missing {exc})") from None
+        merges.append(ids)
+    flags = 0
+    if m.get("byte_fallback"):
+        flags |= F_BYTE_FALLBACK
+    if m.get("fuse_unk"):
+        flags |= F_FUSE_UNK
+    if m.get("ignore_merges"):
+        flags |= F_IGNORE_MERGES
+    unk = m.get("unk_token")
+    unk_id = NO_ID
+    if unk is not None:
+        if unk not in vocab_in:
+            raise _bad("model.unk_token", unk, "a piece of model.vocab")
+        unk_id = vocab_in[unk]
+    pflags, bos_id, eos_id = _parse_post(tj.get("post_processor"), vocab_of)
+    flags |= pflags
+    tc = tok_config or {}
+    gc = gen_config or {}
+
+    def token_id(value: Any, key: str) -> int:
+        if isinstance(value, dict):
+            value = value.get("content")
+        if value is None:
+            return NO_ID
+        if value not in vocab_of:
+            raise ModelError(f"tokenizer_config.json key {key}: {value!r} is not a token of tokenizer.json")
+        return vocab_of[value]
+
+    if bos_id == NO_ID:
+        bos_id = token_id(tc.get("bos_token"), "bos_token")
+    if eos_id == NO_ID:
+        eos_id = token_id(tc.get("eos_token"), "eos_token")
+    pad_id = token_id(tc.get("pad_token"), "pad_token")
+    # transformers lets tokenizer_config.json switch BOS/EOS on or off over the post-processor
+    for key, bit in (("add_bos_token", F_ADD_BOS), ("add_eos_token", F_ADD_EOS)):
+        if key in tc and tc[key] is not None:
+            flags = (flags | bit) if tc[key] else (flags & ~bit)
+    if flags & F_ADD_BOS and bos_id == NO_ID:
+        raise ModelError("tokenizer_config.json key add_bos_token: true, but there is no bos_token")
+    if flags & F_ADD_EOS and eos_id == NO_ID:
+        raise ModelError("tokenizer_config.json key add_eos_token: true, but there is no eos_token")
+    stops: list[int] = []
+    v = gc.get("eos_token_id")
+    for s in (v if isinstance(v, list) else [v] if v is not None else []):
+        if not isinstance(s, int) or not 0 <= s < n:
+            raise ModelError(f"generation_config.json key eos_token_id: {s!r} is not a token id below {n}")
+        if s not in stops:
+            stops.append(s)
+    if not stops and eos_id != NO_ID:
+        stops.append(eos_id)
+    if gc.get("bos_token_id") is not None and bos_id == NO_ID and isinstance(gc["bos_token_id"], int):
+        bos_id = gc["bos_token_id"]
+    return TokenizerSpec(model=model_kind, normalizer=norm, pre_tokenizer=pre, digits=digits, decoder=dec,
+                         flags=flags, unk_id=unk_id, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, vocab=vocab,
+                         vocab_flags=vflags, merges=merges, added=added, stop_ids=stops,
+                         strip=1 if dec == DEC_SP else 0)
+
+
+# ----------------------------------------------------------------------------------------------
+# SentencePiece tokenizer.model (only where no tokenizer.json exists)
+
+
+def tokenizer_json_from_sentencepiece(path: Path) -> dict[str, Any]:
+    """The tokenizer.json a SentencePiece BPE model stands for (Llama/Mixtral layout).
+
+    Merges are every pair of pieces whose concatenation is a piece, ranked by the merged piece's
+    score (SentencePiece BPE merges the highest-scoring pair first), as transformers' converter
+    does. Only BPE models with the identity normalizer (Llama's) are accepted."""
+    try:  # optional (the `sentencepiece` extra): only this path needs it
+        from sentencepiece import sentencepiece_model_pb2 as pb
+    except ImportError:
+        raise ModelError(f"{path}: reading a SentencePiece tokenizer.model needs the `sentencepiece` and "
+                         "`protobuf` packages (pip install '.[sentencepiece]'), or provide tokenizer.json") from None
+    proto = pb.ModelProto()
+    try:
+        proto.ParseFromString(path.read_bytes())
+    except Exception as exc:  # noqa: BLE001 (protobuf raises its own DecodeError)
+        raise ModelError(f"{path}: not a SentencePiece model ({exc})") from None
+    ts, ns = proto.trainer_spec, proto.normalizer_spec
+    if ts.model_type != pb.TrainerSpec.BPE:
+        raise ModelError(f"{path}: tokenizer.model key trainer_spec.model_type: "
+                         f"{pb.TrainerSpec.ModelType.Name(ts.model_type)} is not supported; supported: BPE")
+    if ns.precompiled_charsmap or (ns.name not in ("identity", "")):
+        raise ModelError(f"{path}: tokenizer.model key normalizer_spec.name: {ns.name!r} is not supported; "
+                         "supported: identity (Llama/Mixtral)")
+    if not ns.add_dummy_prefix or ns.remove_extra_whitespaces:
+        raise ModelError(f"{path}: tokenizer.model keys normalizer_spec.add_dummy_prefix/remove_extra_whitespaces: "
+                         f"{ns.add_dummy_prefix}/{ns.remove_extra_whitespaces} are not supported; supported: true/false")
+    vocab: dict[str, int] = {}
+    scores: dict[str, float] = {}
+    added = []
+    unk = None
+    for i, p in enumerate(proto.pieces):
+        vocab[p.piece] = i
+        scores[p.piece] = p.score
+        if p.type == pb.ModelProto.SentencePiece.UNKNOWN:
+            unk = p.piece
+        if p.type in (pb.ModelProto.SentencePiece.CONTROL, pb.ModelProto.SentencePiece.UNKNOWN,
+                      pb.ModelProto.SentencePiece.USER_DEFINED):
+            added.append({"id": i, "content": p.piece, "single_word": False, "lstrip": False, "rstrip": False,
+                          "normalized": False, "special": p.type != pb.ModelProto.SentencePiece.USER_DEFINED})
+    normal = {p.piece for p in proto.pieces if p.type == pb.ModelProto.SentencePiece.NORMAL}
+    merges = []
+    for merged in normal:
+        for k in range(1, len(merged)):
+            a, b = merged[:k], merged[k:]
+            if a in vocab and b in vocab:
+                merges.append((vocab[merged], vocab[a], vocab[b], a, b))
+    merges.sort()
+    bos = proto.pieces[ts.bos_id].piece if 0 <= ts.bos_id < len(proto.pieces) else None
+    post = None
+    if bos is not None:
+        post = {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": bos, "type_id": 0}},
+                                                         {"Sequence": {"id": "A", "type_id": 0}}],
+                "pair": [], "special_tokens": {bos: {"id": bos, "ids": [vocab[bos]], "tokens": [bos]}}}
+    return {
+        "version": "1.0", "added_tokens": added,
+        "normalizer": {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": SP},
+                                                           {"type": "Replace", "pattern": {"String": " "}, "content": SP}]},
+        "pre_tokenizer": None, "post_processor": post, "decoder": {"type": "Sequence", "decoders": SP_DECODER},
+        "model": {"type": "BPE", "dropout": None, "unk_token": unk, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": bool(ts.byte_fallback),
+                  "vocab": vocab, "merges": [[a, b] for _, _, _, a, b in merges]},
+    }
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ModelError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ModelError(f"{path}: expected a JSON object")
+    return data
+
+
+def load_tokenizer(hf_dir: str | Path) -> TokenizerSpec | None:
+    """The spec of the checkpoint's tokenizer, or None when it has neither tokenizer.json nor
+    tokenizer.model (the model is then converted without one: `--ids` commands only)."""
+    d = Path(hf_dir)
+    tok_config = _read_json(d / "tokenizer_config.json")
+    gen_config = _read_json(d / "generation_config.json")
+    tj = _read_json(d / "tokenizer.json")
+    if tj is None:
+        if not (d / "tokenizer.model").is_file():
+            return None
+        tj = tokenizer_json_from_sentencepiece(d / "tokenizer.model")
+    try:
+        return spec_from_tokenizer_json(tj, tok_config, gen_config)
+    except ModelError as exc:
+        raise ModelError(f"{d}: {exc}") from None
+
+
+def describe_blobs(config: bytes | None) -> dict[str, Any] | None:
+    """A short description of a stored tokenizer (for `invoke model-info`)."""
+    if config is None or len(config) < 4 * CONFIG_WORDS:
+        return None
+    w = struct.unpack_from(f"<{CONFIG_WORDS}I", config)
+    stops = list(struct.unpack_from(f"<{w[14]}I", config, 4 * CONFIG_WORDS)) if len(config) >= 4 * (CONFIG_WORDS + w[14]) else []
+    return {"model": NAMES["model"].get(w[1], w[1]), "normalizer": NAMES["normalizer"].get(w[2], w[2]),
+            "pre_tokenizer": NAMES["pre_tokenizer"].get(w[3], w[3]), "decoder": NAMES["decoder"].get(w[5], w[5]),
+            "vocab": w[11], "merges": w[12], "added_tokens": w[13], "add_bos": bool(w[6] & F_ADD_BOS),
+            "bos_id": _opt(w[8]), "eos_id": _opt(w[9]), "stop_ids": stops}
+
+
+def tokenizer_metadata(hf_dir: str | Path, vocab_size: int) -> dict[str, bytes]:
+    """The tokenizer.* blobs for a checkpoint whose model has ``vocab_size`` ids ({} when the
+    checkpoint has no tokenizer: the file then runs `--ids` commands only)."""
+    spec = load_tokenizer(hf_dir)
+    if spec is None:
+        return {}
+    if len(spec.vocab) > vocab_size:
+        raise ModelError(f"{hf_dir}: the tokenizer has {len(spec.vocab)} ids but the model's vocab_size is "
+                         f"{vocab_size} (config.json); they must belong together")
+    return spec.blobs()

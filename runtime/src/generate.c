@@ -1,0 +1,279 @@
+/* The generation loop shared by `colibri generate` and the HTTP server: prefill, sample, stop,
+ * stream. Text is produced by decoding all generated ids so far and emitting what became final
+ * since the last token, so tokenizers whose pieces merge (byte fallback, multi-byte characters
+ * split across tokens) stream correctly; held back are an incomplete trailing UTF-8 character
+ * and any tail that could still become a stop string. */
+#include "generate.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "colibri.h"
+#include "context.h"
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+size_t colibri_utf8_incomplete_tail(const char *text, size_t len) {
+    /* walk back over at most 3 continuation bytes to the lead byte */
+    for (size_t back = 1; back <= 4 && back <= len; back++) {
+        unsigned char c = (unsigned char)text[len - back];
+        if ((c & 0xC0) == 0x80) continue; /* continuation byte */
+        size_t need = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3
+                    : (c & 0xF8) == 0xF0 ? 4 : 1; /* an invalid lead byte stands alone */
+        return need > back ? back : 0;
+    }
+    return 0; /* only continuation bytes: invalid, emitted as they are */
+}
+
+size_t colibri_utf8_sanitize(const char *in, size_t n, char *out) {
+    const unsigned char *s = (const unsigned char *)in;
+    size_t o = 0;
+    for (size_t i = 0; i < n;) {
+        unsigned c = s[i];
+        size_t need = 0;
+        unsigned lo = 0x80, hi = 0xBF; /* allowed range of the first continuation byte */
+        if (c < 0x80) { out[o++] = (char)c; i++; continue; }
+        if (c >= 0xC2 && c <= 0xDF) need = 1;
+        else if (c >= 0xE0 && c <= 0xEF) { need = 2; lo = c == 0xE0 ? 0xA0 : 0x80; hi = c == 0xED ? 0x9F : 0xBF; }
+        else if (c >= 0xF0 && c <= 0xF4) { need = 3; lo = c == 0xF0 ? 0x90 : 0x80; hi = c == 0xF4 ? 0x8F : 0xBF; }
+        size_t k = 1;
+        while (need && k <= need && i + k < n) {
+            unsigned d = s[i + k];
+            if (d < (k == 1 ? lo : 0x80) || d > (k == 1 ? hi : 0xBF)) break;
+            k++;
+        }
+        if (need && k == need + 1) { memcpy(out + o, in + i, k); o += k; i += k; continue; }
+        memcpy(out + o, "\xEF\xBF\xBD", 3); /* U+FFFD for the maximal subpart s[i..i+k) */
+        o += 3;
+        i += k;
+    }
+    return o;
+}
+
+size_t colibri_stop_prefix_tail(const char *text, size_t len, const char *stop) {
+    size_t n = strlen(stop);
+    for (size_t k = n > 0 ? n - 1 : 0; k > 0; k--)
+        if (k <= len && memcmp(text + len - k, stop, k) == 0) return k;
+    return 0;
+}
+
+void colibri_default_generate_params(colibri_generate_params *p) {
+    memset(p, 0, sizeof *p);
+    p->max_new = 16;
+    colibri_default_sampling(&p->sampling);
+}
+
+const char *colibri_finish_name(colibri_finish f) {
+    switch (f) {
+    case COLIBRI_FINISH_STOP: return "stop";
+    case COLIBRI_FINISH_LENGTH: return "length";
+    case COLIBRI_FINISH_CONTEXT: return "context";
+    case COLIBRI_FINISH_CANCELLED: return "cancelled";
+    default: return "none";
+    }
+}
+
+/* The per-call working state. */
+typedef struct {
+    const colibri_generate_params *p;
+    char *text;
+    size_t cap, emitted;
+    int32_t *hist; /* prompt + generated ids */
+    char *clean;   /* the emitted piece with invalid UTF-8 replaced (3 x its size) */
+    size_t clean_cap;
+} gen_state;
+
+/* Hand text[from..to) to the callback as valid UTF-8. */
+static int emit(gen_state *g, int32_t id, size_t from, size_t to, int *oom) {
+    const colibri_generate_params *p = g->p;
+    if (!p->on_token) return 0;
+    size_t n = to - from;
+    if (3 * n > g->clean_cap) {
+        char *c = realloc(g->clean, 3 * n);
+        if (!c) { *oom = 1; return 1; }
+        g->clean = c;
+        g->clean_cap = 3 * n;
+    }
+    size_t m = n ? colibri_utf8_sanitize(g->text + from, n, g->clean) : 0;
+    return p->on_token(p->user, id, m ? g->clean : "", m);
+}
+
+/* Decode the generated ids; *found = index of a stop string that appeared (else -1). Returns
+ * the end of the text that is final now (>= emitted), or (size_t)-1 when out of memory. */
+static size_t advance_text(gen_state *g, const int32_t *ids, int n, int *found, size_t *len_out) {
+    const colibri_generate_params *p = g->p;
+    *found = -1;
+    size_t len = p->detok(p->detok_user, ids, n, g->text, g->cap);
+    if (len > g->cap) {
+        size_t cap = len + len / 2 + 64;
+        char *t = realloc(g->text, cap);
+        if (!t) return (size_t)-1;
+        g->text = t;
+        g->cap = cap;
+        len = p->detok(p->detok_user, ids, n, g->text, g->cap);
+        if (len > g->cap) len = g->cap;
+    }
+    *len_out = len;
+    /* earliest stop string, searched from where a new match could begin */
+    size_t best = len;
+    for (int s = 0; s < p->n_stop_strings; s++) {
+        size_t sl = strlen(p->stop_strings[s]);
+        size_t from = g->emitted >= sl ? g->emitted - sl + 1 : 0;
+        if (sl > len) continue;
+        for (size_t i = from; i + sl <= len && i < best; i++)
+            if (memcmp(g->text + i, p->stop_strings[s], sl) == 0) {
+                best = i;
+                *found = s;
+                break;
+            }
+    }
+    if (*found >= 0) return best < g->emitted ? g->emitted : best;
+    size_t safe = len - colibri_utf8_incomplete_tail(g->text, len);
+    for (int s = 0; s < p->n_stop_strings; s++) {
+        size_t k = colibri_stop_prefix_tail(g->text, len, p->stop_strings[s]);
+        if (len - k < safe) safe = len - k;
+    }
+    return safe < g->emitted ? g->emitted : safe;
+}
+
+static colibri_status check_params(colibri_ctx *ctx, const colibri_generate_params *p,
+                                   int32_t *out, char *why, size_t why_len) {
+    const struct colibri_model *m = ctx->model;
+    const char *bad = colibri_sampling_check(&p->sampling);
+    if (bad) return snprintf(why, why_len, "%s", bad), COLIBRI_E_INVALID_ARG;
+    if (!p->prompt || p->n_prompt < 1)
+        return snprintf(why, why_len, "generate needs a prompt of at least one token"),
+               COLIBRI_E_INVALID_ARG;
+    if (p->max_new < 0 || (p->max_new > 0 && !out))
+        return snprintf(why, why_len, "max_new must be >= 0 with an output buffer"),
+               COLIBRI_E_INVALID_ARG;
+    if (p->n_stop_ids < 0 || (p->n_stop_ids > 0 && !p->stop_ids) || p->n_stop_strings < 0 ||
+        (p->n_stop_strings > 0 && !p->stop_strings))
+        return snprintf(why, why_len, "stop ids/strings: count without an array"),
+               COLIBRI_E_INVALID_ARG;
+    for (int s = 0; s < p->n_stop_strings; s++)
+        if (!p->stop_strings[s] || !p->stop_strings[s][0])
+            return snprintf(why, why_len, "stop string %d is empty", s), COLIBRI_E_INVALID_ARG;
+    if (p->n_stop_strings > 0 && !p->detok)
+        return snprintf(why, why_len, "stop strings need a detokenizer (the model's tokenizer)"),
+               COLIBRI_E_INVALID_ARG;
+    for (int i = 0; i < p->n_prompt; i++)
+        if (p->prompt[i] < 0 || (uint32_t)p->prompt[i] >= m->vocab_size)
+            return snprintf(why, why_len,
+                            "token id %d at index %d is outside the vocabulary (0..%u)",
+                            (int)p->prompt[i], i, m->vocab_size - 1),
+                   COLIBRI_E_TOKEN_RANGE;
+    if ((uint32_t)p->n_prompt > m->max_seq_len)
+        return snprintf(why, why_len,
+                        "the prompt has %d tokens, more than the context holds (max_seq_len %u)",
+                        p->n_prompt, m->max_seq_len),
+               COLIBRI_E_SEQ_TOO_LONG;
+    return COLIBRI_OK;
+}
+
+static int is_stop(const colibri_generate_params *p, const struct colibri_model *m, int32_t id) {
+    if (!p->ignore_eos && m->eos_token_id != COLIBRI_NO_INDEX && (uint32_t)id == m->eos_token_id)
+        return 1;
+    for (int i = 0; i < p->n_stop_ids; i++)
+        if (p->stop_ids[i] == id) return 1;
+    return 0;
+}
+
+colibri_status colibri_generate(colibri_ctx *ctx, const colibri_generate_params *p,
+                                int32_t *out, colibri_generate_result *r) {
+    if (!ctx || !p || !r) return COLIBRI_E_INVALID_ARG;
+    memset(r, 0, sizeof *r);
+    r->stop_id = -1;
+    r->stop_string = -1;
+    ctx->err[0] = '\0';
+    colibri_status s = check_params(ctx, p, out, ctx->err, sizeof ctx->err);
+    if (s) return s;
+    const struct colibri_model *m = ctx->model;
+    uint32_t V = m->vocab_size;
+    int chunk = p->n_prompt < COLIBRI_CHUNK ? p->n_prompt : COLIBRI_CHUNK;
+    gen_state g = {p, NULL, 0, 0, NULL, NULL, 0};
+    int oom = 0;
+    float *logits = malloc((size_t)chunk * V * sizeof *logits);
+    g.hist = malloc(((size_t)p->n_prompt + (size_t)p->max_new) * sizeof *g.hist);
+    colibri_sampler *smp = NULL;
+    if (!logits || !g.hist || colibri_sampler_new(&smp, V, &p->sampling) != COLIBRI_OK) {
+        s = COLIBRI_E_NO_MEMORY;
+        snprintf(ctx->err, sizeof ctx->err, "cannot allocate generation buffers (vocab %u)", V);
+        goto done;
+    }
+    memcpy(g.hist, p->prompt, (size_t)p->n_prompt * sizeof *g.hist);
+    int nh = p->n_prompt;
+
+    double t0 = now_ms();
+    colibri_reset(ctx);
+    const float *last = NULL;
+    for (int done = 0; done < p->n_prompt;) {
+        int c = p->n_prompt - done < chunk ? p->n_prompt - done : chunk;
+        s = colibri_forward(ctx, p->prompt + done, c, logits);
+        if (s) goto done;
+        last = logits + (size_t)(c - 1) * V;
+        done += c;
+    }
+    float *row = (float *)last;
+    double t1 = 0;
+    size_t len = 0;
+    while (r->n_new < p->max_new) {
+        int32_t id = colibri_sampler_sample(smp, row, g.hist, nh);
+        if (r->n_new == 0) t1 = now_ms();
+        if (is_stop(p, m, id)) {
+            r->finish = COLIBRI_FINISH_STOP;
+            r->stop_id = id;
+            break;
+        }
+        out[r->n_new++] = id;
+        g.hist[nh++] = id;
+        size_t safe = g.emitted;
+        int found = -1;
+        if (p->detok) {
+            safe = advance_text(&g, g.hist + p->n_prompt, r->n_new, &found, &len);
+            if (safe == (size_t)-1) {
+                s = COLIBRI_E_NO_MEMORY;
+                snprintf(ctx->err, sizeof ctx->err, "cannot grow the generated text buffer");
+                goto done;
+            }
+        }
+        int cancel = emit(&g, id, g.emitted, safe, &oom);
+        if (oom) {
+            s = COLIBRI_E_NO_MEMORY;
+            snprintf(ctx->err, sizeof ctx->err, "cannot grow the generated text buffer");
+            goto done;
+        }
+        g.emitted = safe;
+        if (found >= 0) {
+            r->finish = COLIBRI_FINISH_STOP;
+            r->stop_string = found;
+            len = safe; /* the stop string and what follows it are dropped */
+            break;
+        }
+        if (cancel) { r->finish = COLIBRI_FINISH_CANCELLED; break; }
+        if (r->n_new == p->max_new) break;
+        if ((uint32_t)ctx->pos >= m->max_seq_len) { r->finish = COLIBRI_FINISH_CONTEXT; break; }
+        s = colibri_forward(ctx, &id, 1, logits);
+        if (s) goto done;
+        row = logits;
+    }
+    if (r->finish == COLIBRI_FINISH_NONE) r->finish = COLIBRI_FINISH_LENGTH;
+    if (r->n_new == 0 && t1 == 0) t1 = now_ms();
+    /* the end: whatever was held back is final now */
+    if (r->finish != COLIBRI_FINISH_CANCELLED) emit(&g, -1, g.emitted, len, &oom);
+    r->prefill_ms = t1 - t0;
+    r->decode_ms = now_ms() - t1;
+done:
+    free(logits);
+    free(g.hist);
+    free(g.text);
+    free(g.clean);
+    colibri_sampler_free(smp);
+    return s;
+}

@@ -1,0 +1,428 @@
+/* `colibri generate`: ids or text in, sampled ids or streamed text out (colibri_generate).
+ *
+ *   colibri [--backend B] [--threads N] generate MODEL (--ids 1,2,3 | --prompt T [--chat]
+ *       [--system S]) [--max-new N] [--temperature X] [--top-k K] [--top-p P] [--min-p P]
+ *       [--repeat-penalty R] [--repeat-last-n N] [--seed S] [--stop STR]... [--ignore-eos] [--json]
+ *
+ * --ids keeps the original contract: greedy unless sampling options are given, EOS does not
+ * stop it, and stdout is one JSON object {"ids", "new_ids", "prompt_len", "max_new",
+ * "decode_ms", ...}. */
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "colibri.h"
+
+#define MAX_STOPS 16
+
+typedef struct {
+    colibri_backend backend;
+    int threads, int8_act, json, ignore_eos, chat;
+    const char *model, *ids, *prompt, *system;
+    long max_new;
+    colibri_sampling sampling;
+    const char *stops[MAX_STOPS];
+    int n_stops;
+} gen_cli;
+
+static int gen_usage(const char *msg) {
+    if (msg) fprintf(stderr, "colibri: %s\n", msg);
+    fprintf(stderr,
+            "usage: colibri [--backend cpu|cuda|auto] [--threads N] [--int8-act] generate MODEL\n"
+            "         (--ids 1,2,3 | --prompt TEXT [--chat] [--system TEXT])\n"
+            "         [--max-new N] [--temperature X] [--top-k K] [--top-p P] [--min-p P]\n"
+            "         [--repeat-penalty R] [--repeat-last-n N] [--seed S] [--stop STR]...\n"
+            "         [--ignore-eos] [--json]\n"
+            "  temperature 0 (default) is greedy; the other sampling options apply when > 0.\n"
+            "  --ids prints JSON ids (EOS does not stop it); --prompt streams text to stdout,\n"
+            "  --json prints ids, text, finish reason and timings instead.\n");
+    return 2;
+}
+
+static int num_long(const char *s, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return -1;
+    *out = v;
+    return 0;
+}
+
+static int num_float(const char *s, float *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v)) return -1;
+    *out = (float)v;
+    return 0;
+}
+
+static int num_u64(const char *s, uint64_t *out) {
+    char *end;
+    errno = 0;
+    if (s[0] == '-') return -1;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || *end) return -1;
+    *out = (uint64_t)v;
+    return 0;
+}
+
+static int split_ids(const char *s, int32_t **out) {
+    int n = 1;
+    for (const char *p = s; *p; p++) n += *p == ',';
+    int32_t *ids = malloc((size_t)n * sizeof *ids);
+    if (!ids) return -1;
+    const char *p = s;
+    for (int i = 0; i < n; i++) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (errno || end == p || (*end != ',' && *end != '\0') || v < INT32_MIN || v > INT32_MAX) {
+            free(ids);
+            return -1;
+        }
+        ids[i] = (int32_t)v;
+        p = end + 1;
+    }
+    *out = ids;
+    return n;
+}
+
+static void put_json_string(FILE *f, const char *s, size_t n) {
+    fputc('"', f);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+        else if (c < 0x20) fprintf(f, "\\u%04x", c);
+        else fputc(c, f);
+    }
+    fputc('"', f);
+}
+
+static int parse(gen_cli *c, int argc, char **argv, int skip) {
+    int npos = 0;
+    int sampling_given = 0;
+    for (int i = 1; i < argc; i++) {
+        if (i == skip) continue;
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        long num;
+#define VALUE() do { if (!v) return gen_usage("missing value after an option"); i++; } while (0)
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { gen_usage(NULL); return -1; }
+        else if (!strcmp(a, "--backend")) {
+            VALUE();
+            if (!strcmp(v, "cpu")) c->backend = COLIBRI_BACKEND_CPU;
+            else if (!strcmp(v, "cuda")) c->backend = COLIBRI_BACKEND_CUDA;
+            else if (!strcmp(v, "auto")) c->backend = COLIBRI_BACKEND_AUTO;
+            else return gen_usage("--backend must be cpu, cuda or auto");
+        } else if (!strcmp(a, "--threads")) {
+            VALUE();
+            if (num_long(v, 1, 64, &num)) return gen_usage("--threads must be 1..64");
+            c->threads = (int)num;
+        } else if (!strcmp(a, "--int8-act")) c->int8_act = 1;
+        else if (!strcmp(a, "--json")) c->json = 1;
+        else if (!strcmp(a, "--chat")) c->chat = 1;
+        else if (!strcmp(a, "--ignore-eos")) c->ignore_eos = 1;
+        else if (!strcmp(a, "--ids")) { VALUE(); c->ids = v; }
+        else if (!strcmp(a, "--prompt")) { VALUE(); c->prompt = v; }
+        else if (!strcmp(a, "--system")) { VALUE(); c->system = v; }
+        else if (!strcmp(a, "--max-new")) {
+            VALUE();
+            if (num_long(v, 0, 1048576, &c->max_new)) return gen_usage("--max-new must be 0..1048576");
+        } else if (!strcmp(a, "--temperature")) {
+            VALUE();
+            if (num_float(v, &c->sampling.temperature) || c->sampling.temperature < 0)
+                return gen_usage("--temperature must be a number >= 0");
+            sampling_given = 1;
+        } else if (!strcmp(a, "--top-k")) {
+            VALUE();
+            if (num_long(v, 0, INT_MAX, &num)) return gen_usage("--top-k must be >= 0 (0 = off)");
+            c->sampling.top_k = (int)num;
+        } else if (!strcmp(a, "--top-p")) {
+            VALUE();
+            if (num_float(v, &c->sampling.top_p)) return gen_usage("--top-p must be a number in (0, 1]");
+        } else if (!strcmp(a, "--min-p")) {
+            VALUE();
+            if (num_float(v, &c->sampling.min_p)) return gen_usage("--min-p must be a number in [0, 1]");
+        } else if (!strcmp(a, "--repeat-penalty")) {
+            VALUE();
+            if (num_float(v, &c->sampling.repeat_penalty))
+                return gen_usage("--repeat-penalty must be a number > 0");
+        } else if (!strcmp(a, "--repeat-last-n")) {
+            VALUE();
+            if (num_long(v, 0, INT_MAX, &num)) return gen_usage("--repeat-last-n must be >= 0");
+            c->sampling.repeat_last_n = (int)num;
+        } else if (!strcmp(a, "--seed")) {
+            VALUE();
+            if (num_u64(v, &c->sampling.seed)) return gen_usage("--seed must be an integer >= 0");
+        } else if (!strcmp(a, "--stop")) {
+            VALUE();
+            if (!v[0]) return gen_usage("--stop needs a non-empty string");
+            if (c->n_stops == MAX_STOPS) return gen_usage("at most 16 --stop strings");
+            c->stops[c->n_stops++] = v;
+        } else if (a[0] == '-' && a[1]) {
+            fprintf(stderr, "colibri: unknown option %s\n", a);
+            return gen_usage(NULL);
+        } else {
+            if (npos == 1) return gen_usage("too many arguments");
+            c->model = a;
+            npos++;
+        }
+#undef VALUE
+    }
+    (void)sampling_given;
+    if (!c->model) return gen_usage("MODEL is required");
+    if (!c->ids == !c->prompt) return gen_usage("give exactly one of --ids and --prompt");
+    if (c->ids && c->max_new < 0) return gen_usage("--max-new N is required");
+    if (c->max_new < 0) c->max_new = 128;
+    const char *bad = colibri_sampling_check(&c->sampling);
+    if (bad) return gen_usage(bad);
+    if (c->ids && (c->chat || c->system)) return gen_usage("--chat and --system need --prompt");
+    if (c->ids && c->n_stops) return gen_usage("--stop needs --prompt (text)");
+    if (c->system && !c->chat) return gen_usage("--system needs --chat");
+    return 0;
+}
+
+static int open_ctx(const gen_cli *c, colibri_ctx **ctx) {
+    colibri_options opt;
+    char err[512] = "";
+    colibri_default_options(&opt);
+    opt.backend = c->backend;
+    opt.threads = c->threads;
+    opt.int8_activations = c->int8_act;
+    opt.error = err;
+    opt.error_len = sizeof err;
+    colibri_status s = colibri_init_ex(ctx, c->model, &opt);
+    if (s) {
+        fprintf(stderr, "colibri: %s: %s: %s\n", c->model, colibri_strerror(s), err);
+        return 1;
+    }
+    return 0;
+}
+
+static void fallback_note(colibri_ctx *ctx) {
+    colibri_runtime_info r;
+    colibri_get_runtime_info(ctx, &r);
+    if (r.fallback_reason[0])
+        fprintf(stderr, "colibri: CUDA unavailable (%s); running on CPU\n", r.fallback_reason);
+}
+
+/* --ids: the JSON contract of the original greedy command, plus the finish reason. */
+static int run_ids(const gen_cli *c, colibri_ctx *ctx) {
+    int32_t *ids = NULL, *out = NULL;
+    int n = split_ids(c->ids, &ids);
+    if (n < 0) return gen_usage("--ids must be comma-separated integers, e.g. 1,2,3");
+    colibri_model_info m;
+    colibri_get_model_info(ctx, &m);
+    int rc = 1;
+    /* the tokens to run: the prompt plus every new token but the last */
+    if (c->max_new > 0 && (long)n + c->max_new - 1 > (long)m.max_seq_len) {
+        fprintf(stderr, "colibri: sequence longer than max_seq_len: %d prompt + %ld new tokens "
+                        "need %ld positions > max_seq_len %u\n",
+                n, c->max_new, (long)n + c->max_new - 1, m.max_seq_len);
+        goto done;
+    }
+    out = malloc(((size_t)c->max_new + 1) * sizeof *out);
+    if (!out) goto done;
+    colibri_generate_params p;
+    colibri_default_generate_params(&p);
+    p.prompt = ids;
+    p.n_prompt = n;
+    p.max_new = (int)c->max_new;
+    p.sampling = c->sampling;
+    p.ignore_eos = 1; /* raw ids: the caller decides where the text ends */
+    colibri_generate_result r;
+    colibri_status s = colibri_generate(ctx, &p, out, &r);
+    if (s) {
+        fprintf(stderr, "colibri: %s: %s\n", colibri_strerror(s), colibri_last_error(ctx));
+        goto done;
+    }
+    fallback_note(ctx);
+    printf("{\"ids\": [");
+    for (int i = 0; i < n; i++) printf("%s%d", i ? ", " : "", (int)ids[i]);
+    for (int i = 0; i < r.n_new; i++) printf(", %d", (int)out[i]);
+    printf("], \"new_ids\": [");
+    for (int i = 0; i < r.n_new; i++) printf("%s%d", i ? ", " : "", (int)out[i]);
+    printf("], \"prompt_len\": %d, \"max_new\": %ld, \"finish_reason\": \"%s\", "
+           "\"prefill_ms\": %.3f, \"decode_ms\": %.3f}\n",
+           n, c->max_new, colibri_finish_name(r.finish), r.prefill_ms, r.decode_ms);
+    rc = 0;
+done:
+    free(ids);
+    free(out);
+    return rc;
+}
+
+/* argv as main got it; argv[skip] is the word "generate" (global options may precede it). */
+/* colibri_detok_fn over the model's tokenizer: the text a user sees (special tokens dropped). */
+static size_t detok_text(void *user, const int32_t *ids, int n, char *out, size_t cap) {
+    size_t len = 0;
+    colibri_status s = colibri_detokenize((const colibri_ctx *)user, ids, (size_t)n, 1, out, cap, &len);
+    return s == COLIBRI_OK || s == COLIBRI_E_BUFFER_TOO_SMALL ? len : 0;
+}
+
+typedef struct {
+    int json;
+    char *text;  /* --json: everything emitted */
+    size_t len, cap;
+    int failed;
+} stream_out;
+
+static int on_text(void *user, int32_t id, const char *text, size_t len) {
+    stream_out *o = user;
+    if (!o->json) {
+        if (len && fwrite(text, 1, len, stdout) != len) return 1; /* stdout gone: cancel */
+        fflush(stdout);
+        return 0;
+    }
+    if (o->len + len + 1 > o->cap) {
+        size_t cap = (o->len + len + 1) * 2;
+        char *t = realloc(o->text, cap);
+        if (!t) { o->failed = 1; return 1; }
+        o->text = t;
+        o->cap = cap;
+    }
+    memcpy(o->text + o->len, text, len);
+    o->len += len;
+    return 0;
+}
+
+/* The prompt's ids: the chat template's text (which carries its own BOS) or the plain text with
+ * the tokenizer's special tokens added, as transformers' tokenizer(prompt) does. */
+static int prompt_ids(const gen_cli *c, colibri_ctx *ctx, int32_t **ids, size_t *n) {
+    char why[512] = "";
+    char *rendered = NULL;
+    const char *text = c->prompt;
+    size_t text_len = strlen(c->prompt);
+    int add_special = 1;
+    if (c->chat) {
+        colibri_chat_message msgs[2];
+        int nm = 0;
+        if (c->system) msgs[nm++] = (colibri_chat_message){"system", c->system};
+        msgs[nm++] = (colibri_chat_message){"user", c->prompt};
+        size_t need = 0;
+        colibri_status s = colibri_chat_render(colibri_ctx_model(ctx), msgs, nm, 1, NULL, 0, &need,
+                                               why, sizeof why);
+        if (!s) {
+            rendered = malloc(need + 1);
+            if (!rendered) return 1;
+            s = colibri_chat_render(colibri_ctx_model(ctx), msgs, nm, 1, rendered, need + 1, &need,
+                                    why, sizeof why);
+        }
+        if (s) {
+            fprintf(stderr, "colibri: --chat: %s\n", why);
+            free(rendered);
+            return 1;
+        }
+        text = rendered;
+        text_len = need;
+        add_special = 0;
+    }
+    size_t need = 0;
+    colibri_status s = colibri_tokenize(ctx, text, text_len, add_special, NULL, 0, &need);
+    if (s == COLIBRI_OK || s == COLIBRI_E_BUFFER_TOO_SMALL) {
+        *ids = malloc((need ? need : 1) * sizeof **ids);
+        s = *ids ? colibri_tokenize(ctx, text, text_len, add_special, *ids, need, n)
+                 : COLIBRI_E_NO_MEMORY;
+    }
+    free(rendered);
+    if (s) {
+        fprintf(stderr, "colibri: %s: %s\n", c->model, colibri_strerror(s));
+        return 1;
+    }
+    if (*n == 0) {
+        fprintf(stderr, "colibri: the prompt tokenizes to no ids: give some text\n");
+        return 1;
+    }
+    return 0;
+}
+
+static void put_ids(const int32_t *ids, size_t n) {
+    for (size_t i = 0; i < n; i++) printf("%s%d", i ? ", " : "", (int)ids[i]);
+}
+
+/* --prompt: text in, streamed text out (or one JSON object with --json). */
+static int run_prompt(const gen_cli *c, colibri_ctx *ctx) {
+    colibri_tokenizer_info ti;
+    colibri_get_tokenizer_info(ctx, &ti);
+    if (!ti.has_tokenizer) {
+        fprintf(stderr, "colibri: %s: %s\n", c->model, colibri_strerror(COLIBRI_E_NO_TOKENIZER));
+        return 1;
+    }
+    int32_t *ids = NULL, *out = NULL;
+    size_t n = 0;
+    if (prompt_ids(c, ctx, &ids, &n)) { free(ids); return 1; }
+    int rc = 1;
+    out = malloc(((size_t)c->max_new + 1) * sizeof *out);
+    if (!out || n > (size_t)INT32_MAX) goto done;
+    colibri_generate_params p;
+    colibri_default_generate_params(&p);
+    p.prompt = ids;
+    p.n_prompt = (int)n;
+    p.max_new = (int)c->max_new;
+    p.sampling = c->sampling;
+    p.ignore_eos = c->ignore_eos;
+    if (!c->ignore_eos) { /* generation_config.json's eos ids, besides the header's EOS */
+        p.stop_ids = ti.stop_ids;
+        p.n_stop_ids = ti.n_stop;
+    }
+    p.stop_strings = c->stops;
+    p.n_stop_strings = c->n_stops;
+    p.detok = detok_text;
+    p.detok_user = ctx;
+    stream_out so = {c->json, NULL, 0, 0, 0};
+    p.on_token = on_text;
+    p.user = &so;
+    colibri_generate_result r;
+    colibri_status s = colibri_generate(ctx, &p, out, &r);
+    if (s) {
+        if (!c->json) fputc('\n', stdout);
+        fprintf(stderr, "colibri: %s: %s\n", colibri_strerror(s), colibri_last_error(ctx));
+        free(so.text);
+        goto done;
+    }
+    if (so.failed) {
+        fprintf(stderr, "colibri: out of memory for the generated text\n");
+        free(so.text);
+        goto done;
+    }
+    fallback_note(ctx);
+    if (c->json) {
+        printf("{\"prompt_ids\": [");
+        put_ids(ids, n);
+        printf("], \"ids\": [");
+        put_ids(out, (size_t)r.n_new);
+        printf("], \"text\": ");
+        put_json_string(stdout, so.text ? so.text : "", so.len);
+        printf(", \"finish_reason\": \"%s\", \"prompt_tokens\": %zu, \"new_tokens\": %d, "
+               "\"prefill_ms\": %.3f, \"decode_ms\": %.3f, \"decode_tok_s\": %.3f}\n",
+               colibri_finish_name(r.finish), n, r.n_new, r.prefill_ms, r.decode_ms,
+               r.n_new > 1 && r.decode_ms > 0 ? (r.n_new - 1) / (r.decode_ms / 1e3) : 0.0);
+    } else {
+        fputc('\n', stdout);
+    }
+    free(so.text);
+    rc = 0;
+done:
+    free(ids);
+    free(out);
+    return rc;
+}
+
+/* argv as main got it; argv[skip] is the word "generate" (global options may precede it). */
+int colibri_cmd_generate(int argc, char **argv, int skip) {
+    gen_cli c;
+    memset(&c, 0, sizeof c);
+    c.backend = COLIBRI_BACKEND_AUTO;
+    c.max_new = -1;
+    colibri_default_sampling(&c.sampling);
+    int rc = parse(&c, argc, argv, skip);
+    if (rc) return rc < 0 ? 0 : rc; /* -1: --help */
+    colibri_ctx *ctx;
+    if (open_ctx(&c, &ctx)) return 1;
+    rc = c.prompt ? run_prompt(&c, ctx) : run_ids(&c, ctx);
+    colibri_free(ctx);
+    return rc;
+}

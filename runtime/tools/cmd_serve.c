@@ -1,0 +1,106 @@
+/* `colibri serve`: the OpenAI-compatible HTTP service (runtime/src/server.c, docs/serve.md).
+ *
+ *   colibri [--backend B] [--threads T] [--int8-act] serve MODEL [--host 127.0.0.1] [--port 8080]
+ *           [--slots N] [--threads T] [--max-queue Q] [--api-key-file F] [--model-id NAME]
+ *           [--max-body BYTES] [--read-timeout MS] [--write-timeout MS] [--drain-timeout MS]
+ *
+ * Exit status: 0 after SIGTERM/SIGINT and the drain, 1 when the service cannot start (model,
+ * key file, address), 2 usage. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "colibri.h"
+#include "server.h"
+
+static int serve_usage(const char *msg) {
+    if (msg) fprintf(stderr, "colibri serve: %s\n", msg);
+    fprintf(stderr,
+            "usage: colibri [--backend cpu|cuda|auto] [--int8-act] serve MODEL [options]\n"
+            "  --host ADDR          address to listen on (default 127.0.0.1; beyond loopback needs --api-key-file)\n"
+            "  --port N             TCP port (default 8080; 0 picks a free one, printed in the ready line)\n"
+            "  --slots N            concurrent generations, one context each over the shared model (default 1)\n"
+            "  --threads T          compute threads per slot (default: online CPUs / slots)\n"
+            "  --max-queue Q        requests that may wait for a slot; beyond: 503 + Retry-After (default 16)\n"
+            "  --api-key-file F     first line is the key; clients send 'Authorization: Bearer KEY'\n"
+            "  --model-id NAME      model name in the API (default: the file name without .colibri)\n"
+            "  --max-body BYTES     request body limit (default 1048576)\n"
+            "  --read-timeout MS    deadline for a request's head and body (default 10000)\n"
+            "  --write-timeout MS   drop a client that stops reading for this long (default 30000)\n"
+            "  --drain-timeout MS   on SIGTERM, wait this long for in-flight requests (default 30000)\n"
+            "Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,\n"
+            "GET /metrics. One JSON log line per request on stderr. Exit 0 after SIGTERM.\n");
+    return 2;
+}
+
+static int num(const char *s, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return -1;
+    *out = v;
+    return 0;
+}
+
+/* Is this command line a `serve` command? The first argument that is neither an option nor the
+ * value of a global option (--backend, --threads) names the command. */
+int cmd_serve_wanted(int argc, char **argv) {
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--backend") || !strcmp(argv[i], "--threads")) { i++; continue; }
+        if (argv[i][0] == '-') continue;
+        return !strcmp(argv[i], "serve");
+    }
+    return 0;
+}
+
+int cmd_serve(int argc, char **argv) {
+    server_options o;
+    server_default_options(&o);
+    int seen_cmd = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        long n;
+#define VALUE() do { if (!v) return serve_usage("missing value after an option"); i++; } while (0)
+#define RANGE(lo, hi, field, what) do { VALUE(); if (num(v, lo, hi, &n)) return serve_usage(what); field = n; } while (0)
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { serve_usage(NULL); return 0; }
+        else if (!strcmp(a, "--backend")) {
+            VALUE();
+            if (!strcmp(v, "cpu")) o.backend = COLIBRI_BACKEND_CPU;
+            else if (!strcmp(v, "cuda")) o.backend = COLIBRI_BACKEND_CUDA;
+            else if (!strcmp(v, "auto")) o.backend = COLIBRI_BACKEND_AUTO;
+            else return serve_usage("--backend must be cpu, cuda or auto");
+        } else if (!strcmp(a, "--int8-act")) o.int8_activations = 1;
+        else if (!strcmp(a, "--threads")) RANGE(1, 64, o.threads, "--threads must be 1..64");
+        else if (!strcmp(a, "--host")) { VALUE(); o.host = v; }
+        else if (!strcmp(a, "--port")) RANGE(0, 65535, o.port, "--port must be 0..65535");
+        else if (!strcmp(a, "--slots")) RANGE(1, 64, o.slots, "--slots must be 1..64");
+        else if (!strcmp(a, "--max-queue")) RANGE(0, 4096, o.max_queue, "--max-queue must be 0..4096");
+        else if (!strcmp(a, "--api-key-file")) { VALUE(); o.api_key_file = v; }
+        else if (!strcmp(a, "--model-id")) {
+            VALUE();
+            if (!*v || strlen(v) > 100) return serve_usage("--model-id must be 1..100 characters");
+            o.model_id = v;
+        } else if (!strcmp(a, "--max-body")) RANGE(1024, 1L << 30, o.max_body, "--max-body must be 1024..1073741824");
+        else if (!strcmp(a, "--read-timeout")) RANGE(10, 3600000, o.read_timeout_ms, "--read-timeout must be 10..3600000 ms");
+        else if (!strcmp(a, "--write-timeout")) RANGE(10, 3600000, o.write_timeout_ms, "--write-timeout must be 10..3600000 ms");
+        else if (!strcmp(a, "--drain-timeout")) RANGE(0, 3600000, o.drain_timeout_ms, "--drain-timeout must be 0..3600000 ms");
+        else if (a[0] == '-') {
+            fprintf(stderr, "colibri serve: unknown option %s\n", a);
+            return serve_usage(NULL);
+        } else if (!seen_cmd) seen_cmd = 1; /* "serve" itself */
+        else if (!o.model_path) o.model_path = a;
+        else return serve_usage("too many arguments");
+#undef RANGE
+#undef VALUE
+    }
+    if (!o.model_path) return serve_usage("MODEL is required");
+    if (o.threads == 0) {
+        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        o.threads = cpus > o.slots ? (int)(cpus / o.slots) : 1;
+        if (o.threads > 64) o.threads = 64;
+    }
+    return server_run(&o);
+}

@@ -1,0 +1,182 @@
+/* `colibri tokenize MODEL (--text T | --text-file F) [--no-special]` -> {"ids": [...]}
+ * `colibri detokenize MODEL --ids 1,2,3 [--skip-special]` -> the text, byte for byte (no newline)
+ * Both use the public text API (colibri.h) on a CPU context; docs/runtime.md "Tokenizer". */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "colibri.h"
+
+int colibri_cmd_text(int argc, char **argv);
+
+static int text_usage(const char *msg) {
+    if (msg) fprintf(stderr, "colibri: %s\n", msg);
+    fprintf(stderr,
+            "usage: colibri tokenize MODEL (--text T | --text-file F) [--no-special]\n"
+            "         prints {\"ids\": [...]}; BOS/EOS are added as the model's tokenizer does\n"
+            "         unless --no-special; any bytes are accepted (invalid UTF-8: byte rules)\n"
+            "       colibri detokenize MODEL --ids 1,2,3 [--skip-special]\n"
+            "         prints the text exactly (no newline added); --skip-special drops special tokens\n");
+    return 2;
+}
+
+static char *read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "colibri: cannot open %s: %s\n", path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        size_t got = fread(buf + n, 1, cap - n, f);
+        n += got;
+        if (n < cap) break;
+        char *p = realloc(buf, cap * 2);
+        if (!p) { free(buf); buf = NULL; break; }
+        buf = p;
+        cap *= 2;
+    }
+    int err = ferror(f);
+    fclose(f);
+    if (!buf || err) {
+        fprintf(stderr, "colibri: cannot read %s\n", path);
+        free(buf);
+        return NULL;
+    }
+    *len = n;
+    return buf;
+}
+
+static int parse_id_list(const char *s, int32_t **out, size_t *n_out) {
+    size_t n = 1;
+    for (const char *p = s; *p; p++) n += *p == ',';
+    int32_t *ids = malloc(n * sizeof *ids);
+    if (!ids) return -1;
+    const char *p = s;
+    for (size_t i = 0; i < n; i++) {
+        char *end;
+        errno = 0;
+        long long v = strtoll(p, &end, 10);
+        if (errno || end == p || (*end != ',' && *end != '\0') || v < INT32_MIN || v > INT32_MAX) {
+            free(ids);
+            return -1;
+        }
+        ids[i] = (int32_t)v;
+        p = end + 1;
+    }
+    *out = ids;
+    *n_out = n;
+    return 0;
+}
+
+static int open_cpu(const char *model, colibri_ctx **ctx) {
+    colibri_options opt;
+    char err[512] = "";
+    colibri_default_options(&opt);
+    opt.backend = COLIBRI_BACKEND_CPU; /* text needs no GPU */
+    opt.threads = 1;
+    opt.error = err;
+    opt.error_len = sizeof err;
+    colibri_status s = colibri_init_ex(ctx, model, &opt);
+    if (s) fprintf(stderr, "colibri: %s: %s: %s\n", model, colibri_strerror(s), err);
+    return s ? 1 : 0;
+}
+
+static int fail_status(const char *model, colibri_status s) {
+    fprintf(stderr, "colibri: %s: %s\n", model, colibri_strerror(s));
+    return 1;
+}
+
+static int do_tokenize(const char *model, const char *text, size_t len, int special) {
+    colibri_ctx *ctx;
+    if (open_cpu(model, &ctx)) return 1;
+    size_t n = 0;
+    colibri_status s = colibri_tokenize(ctx, text, len, special, NULL, 0, &n);
+    int32_t *ids = NULL;
+    if (s == COLIBRI_E_BUFFER_TOO_SMALL) {
+        ids = malloc((n ? n : 1) * sizeof *ids);
+        s = ids ? colibri_tokenize(ctx, text, len, special, ids, n, &n) : COLIBRI_E_NO_MEMORY;
+    }
+    if (s) {
+        free(ids);
+        colibri_free(ctx);
+        return fail_status(model, s);
+    }
+    fputs("{\"ids\": [", stdout);
+    for (size_t i = 0; i < n; i++) printf(i ? ", %d" : "%d", ids[i]);
+    fputs("]}\n", stdout);
+    free(ids);
+    colibri_free(ctx);
+    return 0;
+}
+
+static int do_detokenize(const char *model, const char *list, int skip) {
+    int32_t *ids;
+    size_t n;
+    if (parse_id_list(list, &ids, &n)) return text_usage("--ids must be comma-separated integers");
+    colibri_ctx *ctx;
+    if (open_cpu(model, &ctx)) { free(ids); return 1; }
+    size_t len = 0;
+    colibri_status s = colibri_detokenize(ctx, ids, n, skip, NULL, 0, &len);
+    char *text = NULL;
+    if (s == COLIBRI_E_BUFFER_TOO_SMALL) {
+        text = malloc(len ? len : 1);
+        s = text ? colibri_detokenize(ctx, ids, n, skip, text, len, &len) : COLIBRI_E_NO_MEMORY;
+    }
+    if (s == COLIBRI_E_TOKEN_RANGE) {
+        colibri_model_info mi;
+        colibri_get_model_info(ctx, &mi);
+        fprintf(stderr, "colibri: %s: token id out of range: ids must be 0..%u\n", model,
+                mi.vocab_size - 1);
+    } else if (s) {
+        fail_status(model, s);
+    } else if (len) {
+        fwrite(text, 1, len, stdout);
+    }
+    free(text);
+    free(ids);
+    colibri_free(ctx);
+    return s ? 1 : 0;
+}
+
+/* Returns -1 when argv is not a text command (the caller goes on), else the exit status. */
+int colibri_cmd_text(int argc, char **argv) {
+    const char *pos[2] = {0}, *text = NULL, *file = NULL, *ids = NULL;
+    int npos = 0, special = 1, skip = 0;
+    int cmd_at = 0;
+    for (int i = 1; i < argc && !cmd_at; i++) {
+        if (!strcmp(argv[i], "--backend") || !strcmp(argv[i], "--threads")) i++;
+        else if (argv[i][0] != '-') cmd_at = i;
+    }
+    if (!cmd_at || (strcmp(argv[cmd_at], "tokenize") && strcmp(argv[cmd_at], "detokenize")))
+        return -1;
+    int tokenize = !strcmp(argv[cmd_at], "tokenize");
+    for (int i = cmd_at + 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { text_usage(NULL); return 0; }
+        if (tokenize && !strcmp(a, "--text")) { if (!v) return text_usage("--text needs a value"); text = v; i++; }
+        else if (tokenize && !strcmp(a, "--text-file")) { if (!v) return text_usage("--text-file needs a path"); file = v; i++; }
+        else if (tokenize && !strcmp(a, "--no-special")) special = 0;
+        else if (!tokenize && !strcmp(a, "--ids")) { if (!v) return text_usage("--ids needs a value"); ids = v; i++; }
+        else if (!tokenize && !strcmp(a, "--skip-special")) skip = 1;
+        else if (a[0] == '-' && a[1]) { fprintf(stderr, "colibri: unknown option %s\n", a); return text_usage(NULL); }
+        else if (npos < 1) pos[npos++] = a;
+        else return text_usage("too many arguments");
+    }
+    if (npos != 1) return text_usage("MODEL is required");
+    if (!tokenize) {
+        if (!ids) return text_usage("detokenize needs --ids");
+        return do_detokenize(pos[0], ids, skip);
+    }
+    if (!text == !file) return text_usage("tokenize needs exactly one of --text and --text-file");
+    if (text) return do_tokenize(pos[0], text, strlen(text), special);
+    size_t len = 0;
+    char *buf = read_file(file, &len);
+    if (!buf) return 1;
+    int r = do_tokenize(pos[0], buf, len, special);
+    free(buf);
+    return r;
+}

@@ -1,0 +1,122 @@
+"""A running `colibri serve` for the service tests (tests/test_serve*.py): start on a free port
+(--port 0, read from the ready line), talk to it, stop it with a signal and read its log."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from colibri_kit.model.format import DType, Family, ModelHeader, Routing, padded_dim
+from colibri_kit.model.tiny import write_random_model
+
+
+class Server:
+    """One `colibri serve` process. `prefix` runs it through another program (qemu-aarch64)."""
+
+    def __init__(self, binary: Path, model: Path, *args: str, prefix: tuple[str, ...] = ()) -> None:
+        self.argv = [*prefix, str(binary), "serve", str(model), "--port", "0", *args]
+        self.proc: subprocess.Popen[str] | None = None
+        self.lines: list[str] = []
+        self.port = 0
+        self._ready = threading.Event()
+
+    def start(self, timeout: float = 60.0) -> "Server":
+        self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     text=True)
+        threading.Thread(target=self._read, daemon=True).start()
+        if not self._ready.wait(timeout) or not self.port:
+            self.proc.kill()
+            raise AssertionError(f"colibri serve did not become ready: {self.lines}")
+        return self
+
+    def _read(self) -> None:
+        assert self.proc and self.proc.stderr
+        for line in self.proc.stderr:
+            self.lines.append(line.rstrip("\n"))
+            if '"event": "ready"' in line:
+                self.port = json.loads(line)["port"]
+                self._ready.set()
+        self._ready.set()  # exited before ready
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
+        assert self.proc
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+
+    def request_log(self) -> list[dict]:
+        """The per-request JSON log lines so far."""
+        out = []
+        for line in list(self.lines):
+            if line.startswith("{") and '"path"' in line:
+                out.append(json.loads(line))
+        return out
+
+    def wait_log(self, pred, timeout: float = 10.0) -> dict:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            for entry in self.request_log():
+                if pred(entry):
+                    return entry
+            time.sleep(0.05)
+        raise AssertionError(f"no matching log line in {self.request_log()[-5:]}")
+
+    def call(self, method: str, path: str, body: object = None, headers: dict | None = None,
+             timeout: float = 60.0) -> tuple[int, dict[str, str], bytes]:
+        """One request with http.client; body: dict (sent as JSON), bytes or None."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        data = json.dumps(body).encode() if isinstance(body, (dict, list)) else body
+        hdrs = {"Content-Type": "application/json", **(headers or {})}
+        conn.request(method, path, body=data, headers=hdrs)
+        resp = conn.getresponse()
+        out = resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+        conn.close()
+        return out
+
+    def metrics(self) -> dict[str, float]:
+        """GET /metrics parsed into {'name{labels}': value}."""
+        status, _, body = self.call("GET", "/metrics")
+        assert status == 200
+        values = {}
+        for line in body.decode().splitlines():
+            if line and not line.startswith("#"):
+                name, value = line.rsplit(" ", 1)
+                values[name] = float(value)
+        return values
+
+
+def generate_ids(binary: Path, model: Path, prompt: list[int], max_new: int, eos: int | None) -> list[int]:
+    """`colibri generate` (greedy), cut at the first end-of-sequence id as the service stops there."""
+    proc = subprocess.run([str(binary), "--threads", "1", "generate", str(model), "--ids",
+                           ",".join(map(str, prompt)), "--max-new", str(max_new)],
+                          capture_output=True, text=True, timeout=120, check=True)
+    ids = json.loads(proc.stdout)["new_ids"]
+    if eos is not None and eos in ids:
+        ids = ids[: ids.index(eos)]
+    return ids
+
+
+def write_load_model(path: Path, pad: int = 64) -> Path:
+    """A random f32 model big enough that a request takes a noticeable time on one thread
+    (hidden 256, 4 layers, 8 experts top-2, vocab 2000, context 512; ~30 MB), and no end-of-
+    sequence id, so every generation runs to max_tokens."""
+    d = 256
+    h = ModelHeader(num_experts=8, expert_size=384, vocab_size=2000, max_seq_len=512, embed_dim=d,
+                    n_layers=4, n_heads=8, n_kv_heads=4, head_dim=32, top_k=2,
+                    routing=Routing.RENORMALISE, dtype=int(DType.F32),
+                    embed_dim_pad=padded_dim(d, pad), pad_multiple=pad, flags=0, norm_eps=1e-6,
+                    rope_theta=10000.0, family=Family.OTHER, name="serve-load")
+    return write_random_model(path, h, seed=7)
