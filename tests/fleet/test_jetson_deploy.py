@@ -100,12 +100,12 @@ def test_profiles_accept_mode_intents_and_l4t_ranges(tmp_path):
     tdir = tmp_path / "targets"
     tdir.mkdir()
     base = Path(load_profile("orin-nx").source_path).parent
-    for name in ("_jetson.yaml", "_orin.yaml"):
+    for name in ("_jetson.yaml", "_orin.yaml", "orin-nx.yaml"):
         (tdir / name).write_text((base / name).read_text())
 
     def write(mode: str, rng: str = '"R36.3–R36.4.x"') -> None:
-        (tdir / "t.yaml").write_text(f"name: t\ndescription: x\nextends: _orin\nl4t_range: {rng}\n"
-                                     f"tune: {{nvpmodel_mode: {mode}}}\n")
+        (tdir / "t.yaml").write_text(f"name: t\ndescription: x\nextends: orin-nx\n"
+                                     f"l4t_range: {rng}\ntune: {{nvpmodel_mode: {mode}}}\n")
 
     write("[MAXN_SUPER, MAXN]")
     assert load_profile("t", tdir).tune.nvpmodel_mode == ("MAXN_SUPER", "MAXN")
