@@ -277,6 +277,7 @@ def model_footprint(model: Path, size: int) -> dict[str, int]:
     from colibri_kit.model.format import HEADER_SIZE, ModelHeader
     with open(model, "rb") as fh:
         h = ModelHeader.unpack(fh.read(HEADER_SIZE))
+    h.validate_geometry()       # not a .colibri header (ModelError, a KitError): nothing to size
     kv = 2 * h.n_layers * h.max_seq_len * h.n_kv_heads * h.head_dim * 4
     return {"weights": size, f"KV cache at {h.max_seq_len} tokens": kv}
 
