@@ -198,7 +198,7 @@ def smoke_host(remote: Remote, host: Host, profile: Profile, refs: ReferenceCach
             res.extra["note"] = str(exc)
 
     res.result = "failed" if problems else "ok"
-    res.detail = "; ".join(problems) if problems else f"device {info.model or info.arch}, L4T {info.l4t or '?'}"
+    res.detail = "; ".join(problems) if problems else f"device {info.shown}, L4T {info.l4t_version or '?'}"
     return res
 
 

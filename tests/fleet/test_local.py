@@ -96,7 +96,7 @@ def test_deploy_then_noop(device, fleet, profile, tmp_path, model) -> None:
     [again] = D.deploy(fleet, art, profile, hooks=D.Hooks())
     assert (again.result, again.uploaded) == ("unchanged", 0)
     [row] = statuslib.status(fleet)
-    assert (row.reachable, row.release, row.l4t, row.target) == (True, art.release_id, "R36.4.3",
+    assert (row.reachable, row.release, row.l4t, row.target) == (True, art.release_id, "R36.4.0",
                                                                   "orin-nx")
 
 
@@ -265,10 +265,11 @@ def test_tune_plan_reads_the_device_and_changes_nothing(device) -> None:
     before = {p: p.read_bytes() for p in device.path("/sys").rglob("*") if p.is_file()}
     plan = tunelib.plan(device, load_profile("orin-nx").tune)
     assert plan.steps == [
-        "nvpmodel -m 0 (15W -> MAXN)",
+        "power mode 15W -> MAXN (id 0; MAXN is mode 0 (MAXN_SUPER not on this device)); "
+        "needs a reboot (TPC_PG_MASK differs)",
         "jetson_clocks (after --store of the current clocks, once)",
-        "cpu governor performance on cpu0,1,2,3",
-        "gpu governor nvhost_podgov -> performance"]
+        "cpu governor performance on the online cpus",
+        "gpu governor performance on 17000000.gpu"]
     assert {p: p.read_bytes() for p in device.path("/sys").rglob("*") if p.is_file()} == before
     odd = load_profile("orin-nx").tune
     import dataclasses
