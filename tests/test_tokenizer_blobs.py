@@ -93,3 +93,47 @@ def test_broken_blobs_name_the_blob() -> None:
         T.tokenizer_json_from_blobs({**blobs, "tokenizer.config": bytes(cfg)})
     with pytest.raises(ModelError, match="tokenizer.vocab: does not hold"):
         T.tokenizer_json_from_blobs({**blobs, "tokenizer.vocab": blobs["tokenizer.vocab"][:100]})
+
+
+def test_model_info_shows_tokenizer_and_chat_template(trained: dict[str, Path], tmp_path: Path) -> None:
+    """`invoke model-info` on a file with a Qwen2 tokenizer and the ChatML template, and on one
+    with neither."""
+    import hashlib
+    import os
+    import sys
+
+    from chat_templates import TEMPLATES
+    from colibri_kit.model import chat
+    from colibri_kit.model.tiny import tiny_header, write_random_model, write_text_model
+    from colibri_kit.paths import project_root
+
+    template, bos, eos = TEMPLATES["qwen2"]
+    spec = T.load_tokenizer(trained["qwen2"])
+    assert spec is not None
+    model = write_text_model(tmp_path / "chat.colibri", {
+        **spec.blobs(), "chat.template": chat.from_template(template, bos, eos).blob()}, 2048)
+    bare = write_random_model(tmp_path / "bare.colibri", tiny_header(64))
+
+    def info(path: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "invoke", "model-info", str(path)], cwd=project_root(),
+                              env={**os.environ, "PYTHONPATH": str(project_root())},
+                              capture_output=True, text=True, timeout=120)
+    r = info(model)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["tokenizer"]["model"] == "byte_level_bpe" and doc["tokenizer"]["vocab"] == len(spec.vocab)
+    tpl = doc["chat_template"]
+    sha = hashlib.sha256(template.encode()).hexdigest()
+    assert tpl["source_sha256"] == sha and tpl["roles"] == ["system", "user", "assistant"]
+    assert "start.system" in tpl["keys"] and "gen.user" in tpl["keys"] and "source.sha256" not in tpl["keys"]
+    assert tpl["system_message"] and tpl["generation_prompt"]
+    # the example is what jinja2 renders for [user "Hello"] with the generation prompt
+    assert tpl["example"] == chat.Renderer(template, bos, eos).render(
+        [{"role": "user", "content": "Hello"}], True)
+    assert f"tokenizer: byte_level_bpe, {len(spec.vocab)} pieces" in r.stderr
+    assert f"chat template: system, user, assistant (sha256 {sha[:12]})" in r.stderr
+    r = info(bare)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["tokenizer"] is None and doc["chat_template"] is None
+    assert "tokenizer: none (--ids commands only); chat template: none" in r.stderr
