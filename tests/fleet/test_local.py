@@ -449,3 +449,26 @@ def test_text_check_names_what_differs() -> None:
     assert "tokenizes to [1, 3] on the device, [1, 2] with `tokenizers`" in p
     assert smokelib.check_text({"prompt_ids": [1, 2], "ids": [5, 7], "text": "ac"}, want) == [
         "text generation ids [5, 7], reference [5, 6]", "generated text 'ac', reference 'ab'"]
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3"])
+def test_smoke_text_check_with_a_family_tokenizer(device, fleet, profile, tmp_path, runtime_binary,
+                                                  family) -> None:
+    """A tokenizer trained with the real `tokenizers` in the family's configuration (BOS added,
+    byte fallback, SentencePiece decoder for mixtral; Qwen2 regex, NFC, special tokens and two
+    stop ids for qwen3) stored in a small random-weight model: smoke's text check passes."""
+    import hf_models as H
+    from colibri_kit.model.tokenizer import load_tokenizer
+    from colibri_kit.model.tiny import write_text_model
+
+    with_tmp(device)
+    spec = load_tokenizer(H.train_tokenizer(family, 2000, tmp_path / "tok").parent)
+    assert spec is not None
+    model = write_text_model(tmp_path / f"{family}.colibri", spec.blobs(), 2048)
+    art = D.prepare("orin-nx", real_dist(tmp_path / "dist", runtime_binary), model)
+    D.deploy(fleet, art, profile, hooks=D.Hooks())
+    [r] = smokelib.smoke(fleet, profile, model=model, bench_runs=1)
+    assert r.result == "ok", r.detail
+    assert (r.extra["greedy"], r.extra["text"]) == ("same", "same")
+    want = smokelib.reference_text(model, smokelib.TEXT_PROMPT, smokelib.TEXT_TOKENS)
+    assert want is not None and (want.prompt_ids[0] == 1) == (family == "mixtral")  # <s> added
