@@ -2,7 +2,7 @@
 the whole session, the real orin-nx build, and the built-in tiny model.
 
 Devices (all orin-nx unless said): jetson-00..02 the healthy fleet the main flow runs on,
-jetson-03 a Xavier NX (wrong kind), jetson-04 an 8 MiB disk (disk full: two releases of the orin-nx build fit, a third does not), jetson-05 for injected
+jetson-03 a Xavier NX (wrong kind), jetson-04 an 8 MiB disk (disk full), jetson-05 for injected
 faults (dropped connection, corruption)."""
 
 from __future__ import annotations
