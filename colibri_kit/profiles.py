@@ -93,7 +93,9 @@ class ColibriSpec:
 
 @dataclass(frozen=True)
 class TuneSpec:
-    nvpmodel_mode: str   # by name, e.g. MAXN
+    # A mode NAME ("MAXN"), acceptable names in order of preference (("MAXN_SUPER", "MAXN")), or
+    # "max"/"min" (the device conf's highest/lowest power mode): colibri_kit.jetson.resolve_mode.
+    nvpmodel_mode: str | tuple[str, ...]
     jetson_clocks: bool
     cpu_governor: str
     gpu_governor: str
@@ -135,6 +137,9 @@ class Profile:
     service: ServiceSpec | None = None  # the device service (docs/service.md); root joined at deploy
     # Not a build input, so not in the hash (a memory edit does not rebuild the runtime).
     memory: MemorySpec | None = None
+    # Accepted L4T releases, e.g. "R36.3–R36.4.x" (colibri_kit.jetson.parse_l4t_range); deploy
+    # refuses a device outside it. None: the major number of ``l4t`` must match.
+    l4t_range: str | None = None
 
     @property
     def zig_triple(self) -> str:
@@ -392,7 +397,8 @@ class _Checker:
 
 
 TOP_KEYS_REQUIRED = ("name", "description", "arch", "glibc", "colibri", "smoke")
-TOP_KEYS_OPTIONAL = ("cpu", "jetpack", "l4t", "device", "cuda", "tune", "service", "memory")
+TOP_KEYS_OPTIONAL = ("cpu", "jetpack", "l4t", "device", "cuda", "tune", "service", "memory",
+                     "l4t_range")
 
 
 def _build(data: dict[str, Any], origin: Origin, leaf: Path) -> Profile:
@@ -415,6 +421,7 @@ def _build(data: dict[str, Any], origin: Origin, leaf: Path) -> Profile:
         v, k, _RELEASE_RE, 'a release number such as "6.1"'))
     l4t = c.optional(data, "l4t", (), lambda v, k: c.string(
         v, k, _RELEASE_RE, 'a release number such as "36.4"'))
+    l4t_range = c.optional(data, "l4t_range", (), lambda v, k: _l4t_range(c, v, k))
     device = c.optional(data, "device", (), lambda v, k: _device(c, v, k))
     cuda = c.optional(data, "cuda", (), lambda v, k: _cuda(c, v, k))
     colibri = _colibri(c, data["colibri"], ("colibri",))
@@ -428,7 +435,7 @@ def _build(data: dict[str, Any], origin: Origin, leaf: Path) -> Profile:
     fields = dict(name=name, description=description, arch=arch, glibc=glibc,
                   glibc_tuple=glibc_tuple, cpu_mcpu=mcpu, jetpack=jetpack, l4t=l4t,
                   device=device, cuda=cuda, colibri=colibri, tune=tune, smoke=smoke,
-                  source_path=leaf.resolve(), service=service)
+                  source_path=leaf.resolve(), service=service, l4t_range=l4t_range)
     draft = Profile(**fields, hash="")
     digest = hashlib.sha256(_canonical_json(_resolved_dict(draft)).encode()).hexdigest()
     memory = c.optional(data, "memory", (), lambda v, k: _memory(c, v, k))
@@ -499,14 +506,35 @@ def _colibri(c: _Checker, v: Any, k: tuple[str, ...]) -> ColibriSpec:
 def _tune(c: _Checker, v: Any, k: tuple[str, ...]) -> TuneSpec:
     m = c.mapping(v, k, ("nvpmodel_mode", "jetson_clocks", "cpu_governor", "gpu_governor"))
     return TuneSpec(
-        nvpmodel_mode=c.string(m["nvpmodel_mode"], (*k, "nvpmodel_mode"), _NVPMODEL_RE,
-                               "an nvpmodel mode name such as MAXN or 15W ([A-Za-z0-9_]+)"),
+        nvpmodel_mode=_nvpmodel_mode(c, m["nvpmodel_mode"], (*k, "nvpmodel_mode")),
         jetson_clocks=c.typed(m["jetson_clocks"], (*k, "jetson_clocks"), bool, "true or false"),
         cpu_governor=c.string(m["cpu_governor"], (*k, "cpu_governor"), _GOVERNOR_RE,
                               "a governor name such as performance ([a-z0-9_]+)"),
         gpu_governor=c.string(m["gpu_governor"], (*k, "gpu_governor"), _GOVERNOR_RE,
                               "a governor name such as performance ([a-z0-9_]+)"),
     )
+
+
+_MODE_HELP = ("a mode name such as MAXN or 15W ([A-Za-z0-9_]+), a list of names in order of "
+              "preference such as [MAXN_SUPER, MAXN], or max / min")
+
+
+def _nvpmodel_mode(c: _Checker, v: Any, k: tuple[str, ...]) -> str | tuple[str, ...]:
+    if isinstance(v, list):
+        if not v:
+            raise c.fail(k, f"an empty list; expected {_MODE_HELP}")
+        return tuple(c.string(x, (*k, str(i)), _NVPMODEL_RE, _MODE_HELP) for i, x in enumerate(v))
+    return c.string(v, k, _NVPMODEL_RE, _MODE_HELP)
+
+
+def _l4t_range(c: _Checker, v: Any, k: tuple[str, ...]) -> str:
+    from colibri_kit.jetson import JetsonError, parse_l4t_range
+    text = c.string(v, k, None, 'an L4T range such as "R36.3–R36.4.x" or "R35.x"')
+    try:
+        parse_l4t_range(text)
+    except JetsonError as exc:
+        raise c.fail(k, str(exc)) from None
+    return text
 
 
 def _smoke(c: _Checker, v: Any, k: tuple[str, ...]) -> SmokeSpec:
@@ -538,6 +566,7 @@ def _resolved_dict(p: Profile) -> dict[str, Any]:
         "cpu": {"mcpu": p.cpu_mcpu},
         "jetpack": p.jetpack,
         "l4t": p.l4t,
+        **({"l4t_range": p.l4t_range} if p.l4t_range else {}),
         "device": None if p.device is None else
         {"soc": p.device.soc, "model_pattern": p.device.model_pattern},
         "cuda": None if p.cuda is None else
@@ -546,7 +575,8 @@ def _resolved_dict(p: Profile) -> dict[str, Any]:
                     "routing_mode": p.colibri.routing_mode, "top_k": p.colibri.top_k,
                     "max_experts": p.colibri.max_experts},
         "tune": None if p.tune is None else
-        {"nvpmodel_mode": p.tune.nvpmodel_mode, "jetson_clocks": p.tune.jetson_clocks,
+        {"nvpmodel_mode": (p.tune.nvpmodel_mode if isinstance(p.tune.nvpmodel_mode, str)
+                           else list(p.tune.nvpmodel_mode)), "jetson_clocks": p.tune.jetson_clocks,
          "cpu_governor": p.tune.cpu_governor, "gpu_governor": p.tune.gpu_governor},
         "smoke": {"max_first_token_ms_p99": p.smoke.max_first_token_ms_p99,
                   "prompt_ids": list(p.smoke.prompt_ids),

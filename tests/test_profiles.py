@@ -93,8 +93,8 @@ def test_jetson_profiles_match_the_hardware_table(name, arch, glibc, cuda, sms, 
 
 
 def test_orin_modules_use_their_own_nvpmodel_mode_names():
-    assert load_profile("orin-nx").tune.nvpmodel_mode == "MAXN"
-    assert load_profile("orin-nano").tune.nvpmodel_mode == "15W"   # the Nano has no MAXN on JP6.1
+    assert load_profile("orin-nx").tune.nvpmodel_mode == ("MAXN_SUPER", "MAXN")
+    assert load_profile("orin-nano").tune.nvpmodel_mode == "max"   # 15W on JP6.1, MAXN_SUPER on 6.2
     assert load_profile("agx-orin").tune.nvpmodel_mode == "MAXN"
     assert load_profile("xavier-nx").tune.nvpmodel_mode == "MODE_20W_6CORE"
     assert load_profile("orin-nano").l4t == "36.4"

@@ -15,6 +15,7 @@ import posixpath
 import secrets
 import shutil
 import stat
+import struct
 import sys
 import tempfile
 import threading
@@ -23,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from colibri_kit.errors import FleetError
+from colibri_kit import jetson
+from colibri_kit.errors import FleetError, KitError
 from colibri_kit.fleet import release as rel
 from colibri_kit.fleet import service as svc
 from colibri_kit.fleet.fleet import DEFAULT_KEEP, Fleet, Results
@@ -266,6 +268,41 @@ def prune(remote: Remote, root: str, keep: int, keep_model: str | None) -> list[
     return doomed + state.partials + [posixpath.basename(m) for m in gone_models]
 
 
+def model_footprint(model: Path, size: int) -> dict[str, int]:
+    """The memory a model needs on the device, by part: its weights (the file, mmapped) and the
+    KV cache at its full context length as the runtime lays it out (runtime/src/arena.c: a key
+    and a value cache of n_layers x max_seq_len x n_kv_heads x head_dim float32 each). The
+    arena's activation buffers, bounded by the prefill chunk, are not counted: a lower bound,
+    so a refusal is never wrong."""
+    from colibri_kit.model.format import HEADER_SIZE, ModelHeader
+    with open(model, "rb") as fh:
+        h = ModelHeader.unpack(fh.read(HEADER_SIZE))
+    h.validate_geometry()       # not a .colibri header (ModelError, a KitError): nothing to size
+    kv = 2 * h.n_layers * h.max_seq_len * h.n_kv_heads * h.head_dim * 4
+    return {"weights": size, f"KV cache at {h.max_seq_len} tokens": kv}
+
+
+def check_memory(remote: Remote, host: Host, art: Artifact) -> str | None:
+    """Refuse a model that cannot fit the device's memory (the GPU shares DRAM with the CPU:
+    ``jetson.check_footprint`` against MemAvailable). Only for a model not yet on the device:
+    one already running holds memory MemAvailable does not count. Returns a plan line."""
+    if art.model is None or rel.remote_size(remote, rel.model_path(host.root, art.model_sha)) \
+            == art.model_size:
+        return None
+    meminfo = remote.read_text("/proc/meminfo")
+    if not meminfo:
+        return None
+    try:
+        parts = model_footprint(art.model, art.model_size)
+        left = jetson.check_footprint(parts, jetson.parse_meminfo(meminfo), host.name)
+    except jetson.JetsonError as exc:
+        raise FleetError(str(exc)) from None
+    except (OSError, KitError, ValueError, struct.error):
+        return None                 # not a .colibri header the kit can read: nothing to size
+    return (f"memory: model needs at least {sum(parts.values()) / MiB:.0f} MiB, "
+            f"{left / MiB:.0f} MiB of MemAvailable left")
+
+
 def plan_host(remote: Remote, host: Host, art: Artifact, profile: Profile,
               service: ServiceSpec | None = None) -> list[str]:
     """What a deploy would do on this host (no changes)."""
@@ -275,7 +312,13 @@ def plan_host(remote: Remote, host: Host, art: Artifact, profile: Profile,
         raise FleetError("; ".join(problems))
     root = host.root
     state = rel.installed(remote, root)
-    steps = [f"device {info.model or info.arch}, L4T {info.l4t or '?'}"]
+    steps = [f"device {info.shown}, L4T {info.l4t_version or (f'R{info.l4t}' if info.l4t else '?')}"]
+    verdict = rel.driver_verdict(info, profile)
+    if verdict is not None:
+        steps.append(verdict.message)
+    memory = check_memory(remote, host, art)
+    if memory:
+        steps.append(memory)
     have_release = art.release_id in {r.id for r in state.releases}
     steps.append(f"release {art.release_id}: " + ("present" if have_release else
                  f"upload {len(art.files) + 2} files ({art.release_bytes / MiB:.1f} MiB)"))
@@ -308,6 +351,7 @@ def deploy_host(remote: Remote, host: Host, art: Artifact, profile: Profile, *,
     problems = rel.check_device(info, profile, host.name)
     if problems:
         raise FleetError("; ".join(problems))
+    check_memory(remote, host, art)
     root = host.root
     made = remote.run(["mkdir", "-p", "--", rel.releases_dir(root), posixpath.join(root, "models")],
                       check=False)

@@ -20,6 +20,7 @@ import posixpath
 import re
 from dataclasses import dataclass, field
 
+from colibri_kit import jetson
 from colibri_kit.errors import FleetError
 from colibri_kit.fleet.remote import Remote
 from colibri_kit.profiles import Profile
@@ -62,8 +63,36 @@ def current_link(root: str) -> str:
 class DeviceInfo:
     arch: str
     l4t: str | None = None          # "36.4.3"
-    model: str | None = None        # devicetree model string
+    model: str | None = None        # devicetree model string (raw: print it through clean())
     compatible: tuple[str, ...] = ()
+    l4t_version: jetson.L4TVersion | None = None
+    memtotal_kb: int | None = None
+    cpus: int | None = None
+    sku: jetson.Sku | None = None
+    sku_error: str | None = None
+    cuda_compat: tuple[str, ...] = ()   # CUDA versions whose cuda-compat driver is installed
+
+    @property
+    def shown(self) -> str:
+        """What the device is, for tables: SKU and model string, cleaned."""
+        if self.sku is not None:
+            return f"{self.sku.key} ({self.sku.model})"
+        return jetson.clean(self.model or self.arch)
+
+    def cuda_driver(self) -> tuple[jetson.CudaVersion, str] | None:
+        """The CUDA driver the device's kernels would meet, and where that figure comes from:
+        the newest cuda-compat driver installed, else the stock driver of the L4T release (the
+        driver is part of the BSP [docs/jetson-facts.md])."""
+        if self.l4t_version is None:
+            return None
+        stock = jetson.stock_driver_for(self.l4t_version)
+        compat = [jetson.CudaVersion.parse(v) for v in self.cuda_compat]
+        best = max(compat) if compat else None
+        if best is not None and (stock is None or best > stock):
+            return best, f"cuda-compat {best} in /usr/local/cuda-{best}/compat"
+        if stock is None:
+            return None
+        return stock, f"stock driver of L4T {self.l4t_version}"
 
     @property
     def soc(self) -> str | None:
@@ -90,6 +119,10 @@ def identify(remote: Remote) -> DeviceInfo:
         m = L4T_RE.search(release)
         if m:
             info.l4t = f"{m.group(1)}.{m.group(2)}"
+        try:
+            info.l4t_version = jetson.parse_l4t_release(release)
+        except jetson.JetsonError:
+            info.l4t_version = None
     model = _read_nul_text(remote, ["/proc/device-tree/model", "/sys/firmware/devicetree/base/model"])
     if model is not None:
         info.model = model.replace("\0", "").strip()
@@ -97,7 +130,63 @@ def identify(remote: Remote) -> DeviceInfo:
                                      "/sys/firmware/devicetree/base/compatible"])
     if compat is not None:
         info.compatible = tuple(c for c in compat.split("\0") if c)
+    meminfo = remote.read_text("/proc/meminfo")
+    if meminfo:
+        try:
+            info.memtotal_kb = jetson.parse_meminfo_kb(meminfo)
+        except jetson.JetsonError:
+            pass
+    present = remote.read_text("/sys/devices/system/cpu/present")
+    if present:
+        try:
+            info.cpus = jetson.parse_cpu_list(present)
+        except jetson.JetsonError:
+            pass
+    if info.model is not None and info.compatible and info.memtotal_kb and info.cpus:
+        try:
+            info.sku = jetson.identify_sku(info.model, "\0".join(info.compatible),
+                                           info.memtotal_kb, info.cpus)
+        except jetson.JetsonError as exc:
+            info.sku_error = str(exc)
+    if info.l4t_version is not None:
+        # NVIDIA's cuda-compat package installs /usr/local/cuda-X.Y/compat/libcuda.so.*
+        ls = remote.run(["ls", "-1", "--", "/usr/local"], check=False)
+        versions = sorted(m.group(1) for m in re.finditer(r"^cuda-(\d+\.\d+)$", ls.stdout, re.M))
+        if versions:
+            found = remote.run(["ls", "-1d", "--", *[f"/usr/local/cuda-{v}/compat/libcuda.so.1"
+                                                      for v in versions]], check=False)
+            info.cuda_compat = tuple(m.group(1) for m in re.finditer(
+                r"/usr/local/cuda-(\d+\.\d+)/compat/libcuda\.so\.1$", found.stdout, re.M))
     return info
+
+
+# The GPU's SM per SoC (Xavier sm_72, Orin sm_87, Thor sm_110), for the driver check.
+SOC_SM = {"tegra194": "sm_72", "tegra234": "sm_87", "tegra264": "sm_110"}
+
+
+def build_ptx_isa(cuda: jetson.CudaVersion) -> str | None:
+    """The PTX ISA a build with this CUDA embeds: the newest ISA that CUDA emits."""
+    best = None
+    for isa, first in jetson.PTX_ISA_FIRST_CUDA.items():
+        if first <= cuda and (best is None or first >= jetson.PTX_ISA_FIRST_CUDA[best]):
+            best = isa
+    return best
+
+
+def driver_verdict(info: DeviceInfo, profile: Profile) -> jetson.DriverVerdict | None:
+    """Whether the device's CUDA driver runs ``profile``'s build (docs/jetson-facts.md: a cubin
+    when the build's CUDA is not newer than the driver, else PTX the driver's ISA covers)."""
+    if profile.cuda is None or info.l4t_version is None:
+        return None
+    found = info.cuda_driver()
+    if found is None:
+        return None
+    driver, source = found
+    build = jetson.CudaVersion.parse(profile.cuda.version)
+    sm = SOC_SM.get(info.soc or "", profile.sms[0] if profile.sms else "")
+    v = jetson.check_cuda_driver(driver, build, sm, profile.sms, build_ptx_isa(build))
+    return jetson.DriverVerdict(v.runs, v.how, f"CUDA driver {driver} ({source}): {v.message}",
+                                v.notes)
 
 
 def check_device(info: DeviceInfo, profile: Profile, host_name: str) -> list[str]:
@@ -108,20 +197,46 @@ def check_device(info: DeviceInfo, profile: Profile, host_name: str) -> list[str
         problems.append(f"architecture is {info.arch}, target {profile.name} needs {arch}")
     device = profile.device
     if device is not None:
+        # A third-party carrier reports its own model string: the module family identified from
+        # SoC + compatible (+ MemTotal, CPU count) counts as well as the model string.
+        family = info.sku.family.replace("-", " ") if info.sku else ""
         if info.model is None:
             problems.append("no devicetree model (/proc/device-tree/model): not a Jetson")
-        elif device.model_pattern not in info.model:
-            problems.append(f"device is {info.model!r}, target {profile.name} expects "
-                            f"a {device.model_pattern!r} module")
+        elif device.model_pattern not in info.model and \
+                device.model_pattern.lower() not in family:
+            problems.append(f"device is {jetson.clean(info.model)!r}"
+                            f"{f' ({info.sku.key})' if info.sku else ''}, target {profile.name} "
+                            f"expects a {device.model_pattern!r} module")
         if info.compatible and info.soc != device.soc:
             problems.append(f"SoC is {info.soc}, target expects {device.soc}")
-    if profile.l4t:
+    version = info.l4t_version
+    if version is None and info.l4t:
+        try:
+            version = jetson.parse_l4t_release(f"# R{info.l4t.split('.', 1)[0]} (release), "
+                                               f"REVISION: {info.l4t.split('.', 1)[-1]}")
+        except jetson.JetsonError:
+            version = None
+    if profile.l4t_range:
+        if version is None:
+            problems.append("no /etc/nv_tegra_release: cannot tell the L4T release")
+        else:
+            try:
+                jetson.check_l4t(version, jetson.parse_l4t_range(profile.l4t_range),
+                                 profile.name)
+            except jetson.JetsonError as exc:
+                problems.append(str(exc))
+    elif profile.l4t:
         if info.l4t is None:
             problems.append("no /etc/nv_tegra_release: cannot tell the L4T release")
         elif info.l4t.split(".")[0] != str(profile.l4t).split(".")[0]:
             problems.append(f"L4T is R{info.l4t}, target {profile.name} is built for "
                             f"R{profile.l4t} (JetPack {profile.jetpack or '?'})")
-    return [f"{host_name}: wrong device kind: {p}" for p in problems]
+    out = [f"{host_name}: wrong device kind: {p}" for p in problems]
+    if not problems and device is not None:
+        verdict = driver_verdict(info, profile)
+        if verdict is not None and not verdict.runs:
+            out.append(f"{host_name}: {verdict.message}")
+    return out
 
 
 # -- releases -------------------------------------------------------------------------------------

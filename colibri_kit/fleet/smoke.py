@@ -3,7 +3,11 @@
 Per host: the device is the kind the target profile describes; the deployed ``current/bin/colibri``
 run on the deployed ``current/model.colibri`` with the profile's fixed prompt gives logits that
 match the NumPy reference computed here from the same model file (same sha256) within the dtype's
-tolerance, the same top-k tokens, and the same greedy continuation; ``colibri bench --json``
+tolerance, the same top-k tokens, and the same greedy continuation; where the model carries a
+tokenizer, ``colibri generate --prompt TEXT_PROMPT --json`` gives the prompt ids, new ids and text
+that the `tokenizers` library (rebuilt from the file's ``tokenizer.*`` blobs) and the reference's
+greedy generation give here (column ``text``: ``same``, ``DIFFERENT`` or ``no tokenizer``);
+``colibri bench --json``
 reports a first-token p99 under the profile's threshold (or an explicit override, e.g. for
 emulated devices running under qemu). Extra per-host columns (the tuning state) come from
 ``extra_fields`` callables so other concerns can add to the table without changing this module.
@@ -35,8 +39,13 @@ from colibri_kit.profiles import Profile
 # Max |device - reference| relative to max |reference logit|, by the model's weight dtype. The
 # reference dequantises exactly as the runtime does; what is left is f32 summation order and, for
 # narrower types, the runtime's fused dequantise-multiply paths.
-TOLERANCE = {"f32": 1e-4, "f16": 1e-3, "bf16": 1e-3, "int8": 1e-2}
+TOLERANCE = {"f32": 1e-4, "f16": 1e-3, "bf16": 1e-3, "int8": 1e-2, "q4": 1e-2}
 TOP_K = 5
+# The text check: a fixed prompt (letters, punctuation, a digit run, non-ASCII) and a few new
+# tokens, to keep the added device time small. Stop ids end the text early, as on the device.
+TEXT_PROMPT = "Colibri says: héllo, 世界 42!"
+TEXT_TOKENS = 4
+TOKENIZER_BLOBS = ("tokenizer.config", "tokenizer.vocab", "tokenizer.merges", "tokenizer.added")
 FETCH_MIN_S = 60.0                 # a model fetch gets this long plus 1 s per MiB
 FETCH_MIN_BYTES_PER_S = 1 << 20
 
@@ -52,6 +61,16 @@ class Expected:
     dtype: str
 
 
+@dataclass
+class ExpectedText:
+    """What the workstation says for the text prompt: `tokenizers` ids, reference greedy ids
+    (cut at the first stop id, which the device does not return), and their decoded text."""
+
+    prompt_ids: list[int]
+    ids: list[int]
+    text: str
+
+
 class ReferenceCache:
     """Local model copies (content addressed) and their reference outputs, shared by threads."""
 
@@ -61,6 +80,7 @@ class ReferenceCache:
         self.store = store or (cache_dir() / "models")
         self.lock = threading.Lock()
         self.expected: dict[tuple[str, tuple[int, ...], int], Expected] = {}
+        self.texts: dict[tuple[str, str, int], ExpectedText | None] = {}
 
     def model_file(self, remote: Remote, remote_path: str, sha: str, size: int) -> Path:
         if self.local_sha == sha and self.local_model is not None:
@@ -100,6 +120,49 @@ class ReferenceCache:
                 dtype = _dtype_name(ref)
                 self.expected[key] = Expected(logits, greedy, dtype)
             return self.expected[key]
+
+
+    def expect_text(self, model: Path, sha: str, prompt: str, new_tokens: int) -> ExpectedText | None:
+        """None when the model file carries no tokenizer (version 1, or converted without one)."""
+        key = (sha, prompt, new_tokens)
+        with self.lock:
+            if key not in self.texts:
+                self.texts[key] = reference_text(model, prompt, new_tokens)
+            return self.texts[key]
+
+
+def reference_text(model: Path, prompt: str, new_tokens: int) -> ExpectedText | None:
+    """Tokenize ``prompt`` with `tokenizers` (as transformers' tokenizer(prompt): special tokens
+    added), generate greedily with the NumPy reference, decode the new ids skipping special
+    tokens (what `colibri generate --prompt --json` prints as text)."""
+    from colibri_kit.model.format import read_model
+    from colibri_kit.model.reference import Reference
+    from colibri_kit.model.tokenizer import reference_tokenizer, spec_from_blobs
+
+    m = read_model(model)
+    blobs = {name: m.metadata(name) for name in TOKENIZER_BLOBS}
+    if blobs["tokenizer.config"] is None:
+        return None
+    blobs = {k: v for k, v in blobs.items() if v is not None}
+    stops = set(spec_from_blobs(blobs).stop_ids)
+    tok = reference_tokenizer(blobs)
+    prompt_ids = list(tok.encode(prompt).ids)
+    ids = [int(t) for t in Reference(m).generate(prompt_ids, new_tokens)]
+    ids = ids[:next((i for i, t in enumerate(ids) if t in stops), len(ids))]
+    return ExpectedText(prompt_ids, ids, tok.decode(ids, skip_special_tokens=True))
+
+
+def check_text(got: dict[str, Any], want: ExpectedText) -> list[str]:
+    """Problems (empty when the device's `generate --prompt --json` output matches)."""
+    problems = []
+    if [int(t) for t in got.get("prompt_ids", [])] != want.prompt_ids:
+        problems.append(f"prompt {TEXT_PROMPT!r} tokenizes to {got.get('prompt_ids')} on the device, "
+                        f"{want.prompt_ids} with `tokenizers`")
+    elif [int(t) for t in got.get("ids", [])] != want.ids:
+        problems.append(f"text generation ids {got.get('ids')}, reference {want.ids}")
+    if got.get("text") != want.text:
+        problems.append(f"generated text {got.get('text')!r}, reference {want.text!r}")
+    return problems
 
 
 def _dtype_name(ref: Any) -> str:
@@ -181,6 +244,16 @@ def smoke_host(remote: Remote, host: Host, profile: Profile, refs: ReferenceCach
     if new_ids != want.greedy:
         problems.append(f"greedy continuation {new_ids}, reference {want.greedy}")
 
+    want_text = refs.expect_text(local_model, sha, TEXT_PROMPT, TEXT_TOKENS)
+    if want_text is None:
+        res.extra["text"] = "no tokenizer"
+    else:
+        got_text = json.loads(remote.run([binary, "generate", model_remote, "--prompt", TEXT_PROMPT,
+                                          "--max-new", str(TEXT_TOKENS), "--json"], timeout=300).stdout)
+        text_problems = check_text(got_text, want_text)
+        res.extra["text"] = "DIFFERENT" if text_problems else "same"
+        problems += text_problems
+
     bench = json.loads(remote.run([binary, "bench", model_remote, "--runs", str(bench_runs), "--json"],
                                   timeout=600).stdout)
     p99 = float(bench.get("first_token_ms_p99", float("nan")))
@@ -198,7 +271,9 @@ def smoke_host(remote: Remote, host: Host, profile: Profile, refs: ReferenceCach
             res.extra["note"] = str(exc)
 
     res.result = "failed" if problems else "ok"
-    res.detail = "; ".join(problems) if problems else f"device {info.model or info.arch}, L4T {info.l4t or '?'}"
+    res.detail = "; ".join(problems) if problems else f"device {info.shown}, L4T {info.l4t_version or '?'}"
+    if want_text is None:
+        res.detail += "; text not checked: the model file has no tokenizer"
     return res
 
 
@@ -213,4 +288,4 @@ def smoke(fleet: Fleet, profile: Profile, *, model: Path | None = None,
     return host_results(fleet.run(one))
 
 
-SMOKE_COLUMNS = ["logits", "greedy", "p99_ms", "backend"]
+SMOKE_COLUMNS = ["logits", "greedy", "text", "p99_ms", "backend"]

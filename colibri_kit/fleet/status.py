@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from colibri_kit import jetson
+from colibri_kit.errors import KitError
 from colibri_kit.fleet import release as rel
 from colibri_kit.fleet import service as svc
 from colibri_kit.fleet.fleet import Fleet
@@ -25,6 +27,7 @@ class HostStatus:
     detail: str = ""
     service: str = "-"        # colibri.service ActiveState/SubState ("-": none installed)
     requests: str = "-"       # requests the running service has answered (its /metrics)
+    driver: str = ""     # the CUDA driver check for the deployed target ("" when not known)
 
 
 def _uptime(text: str | None) -> str:
@@ -38,17 +41,31 @@ def _uptime(text: str | None) -> str:
     return f"{d}d {h}h{m:02d}m" if d else f"{h}h{m:02d}m"
 
 
+def _driver_note(info: rel.DeviceInfo, target: str) -> str:
+    """The deployed target's CUDA driver verdict on this device: "" when fine or unknown, else
+    a warning naming the driver, where its version comes from, and the fixes."""
+    from colibri_kit.profiles import load_profile
+    try:
+        verdict = rel.driver_verdict(info, load_profile(target))
+    except KitError:
+        return ""
+    return "" if verdict is None or verdict.runs else f"WARNING: {verdict.message}"
+
+
 def host_status(remote: Remote, host: Host) -> HostStatus:
     info = rel.identify(remote)
-    st = HostStatus(host=host.name, reachable=True, l4t=f"R{info.l4t}" if info.l4t else "-",
-                    device=info.model or info.arch,
+    st = HostStatus(host=host.name, reachable=True,
+                    l4t=str(info.l4t_version) if info.l4t_version else
+                    (f"R{info.l4t}" if info.l4t else "-"),
+                    device=info.shown,
                     uptime=_uptime(remote.read_text("/proc/uptime")))
     current = rel.current_release(remote, host.root)
     if current:
         st.release = current
         meta = rel.release_meta(remote, host.root, current) or {}
-        st.target = meta.get("target", "-")
-        st.model = (meta.get("model_sha256") or "-")[:12]
+        st.target = jetson.clean(str(meta.get("target", "-")))
+        st.model = jetson.clean(str(meta.get("model_sha256") or "-"))[:12]
+        st.driver = _driver_note(info, st.target)
     else:
         st.detail = "nothing deployed"
     if svc.systemd_running(remote):
@@ -71,5 +88,7 @@ def status_table(rows: list[HostStatus]) -> str:
             "requests", "device / detail"]]
     for r in rows:
         out.append([r.host, "yes" if r.reachable else "NO", r.release, r.model, r.target, r.l4t,
-                     r.uptime, r.service, r.requests, r.detail or r.device])
+                     r.uptime, r.service, r.requests,
+                     jetson.clean("; ".join(x for x in (r.device, r.detail, r.driver) if x),
+                                  limit=400)])
     return table(out)

@@ -262,3 +262,21 @@ def from_checkpoint(hf_dir: Path, override: Path | None = None) -> ChatTemplate 
     if not isinstance(template, str):
         raise TemplateError(f"{cfg_path}: chat_template must be a string")
     return from_template(template, _token_text(cfg.get("bos_token")), _token_text(cfg.get("eos_token")))
+
+
+def describe(blob: bytes | None) -> dict[str, Any] | None:
+    """A short description of a stored `chat.template` (for `invoke model-info`): the roles and
+    keys present, the source template's sha256, and a one-message example rendering; None when
+    the file has no template."""
+    if blob is None:
+        return None
+    table = decode(blob)
+    sha = table.pop("source.sha256", None)
+    roles = sorted({part for key in table for part in key.split(".")[1:] if part in ROLES}, key=ROLES.index)
+    try:
+        example: str | None = render_table(table, [{"role": "user", "content": "Hello"}], True)
+    except TemplateError:
+        example = None  # e.g. a template that refuses a lone user message
+    return {"roles": roles, "keys": sorted(table), "source_sha256": sha,
+            "system_message": "start.system" in table,
+            "generation_prompt": any(k.startswith("gen.") for k in table), "example": example}

@@ -561,3 +561,170 @@ def tokenizer_metadata(hf_dir: str | Path, vocab_size: int) -> dict[str, bytes]:
         raise ModelError(f"{hf_dir}: the tokenizer has {len(spec.vocab)} ids but the model's vocab_size is "
                          f"{vocab_size} (config.json); they must belong together")
     return spec.blobs()
+
+
+# ----------------------------------------------------------------------------------------------
+# Back from the blobs to a tokenizer.json (the `tokenizers` library as the workstation's reference)
+
+
+def spec_from_blobs(blobs: dict[str, bytes]) -> TokenizerSpec:
+    """Parse the ``tokenizer.*`` blobs back into a spec (ModelError naming the blob when one is
+    missing, truncated or inconsistent)."""
+    def blob(name: str) -> bytes:
+        data = blobs.get(name)
+        if data is None:
+            raise ModelError(f"the model file has no {name} blob (no tokenizer: re-convert with one)")
+        return data
+
+    def bad(name: str, why: str) -> ModelError:
+        return ModelError(f"{name}: {why}")
+
+    cfg = blob("tokenizer.config")
+    if len(cfg) < 4 * CONFIG_WORDS:
+        raise bad("tokenizer.config", f"{len(cfg)} bytes, need at least {4 * CONFIG_WORDS}")
+    w = struct.unpack_from(f"<{CONFIG_WORDS}I", cfg)
+    if w[0] != CONFIG_VERSION:
+        raise bad("tokenizer.config", f"version {w[0]}, this kit reads {CONFIG_VERSION}")
+    n_vocab, n_merges, n_added, n_stop = w[11], w[12], w[13], w[14]
+    if len(cfg) != 4 * (CONFIG_WORDS + n_stop):
+        raise bad("tokenizer.config", f"{len(cfg)} bytes for {n_stop} stop ids")
+    stops = list(struct.unpack_from(f"<{n_stop}I", cfg, 4 * CONFIG_WORDS))
+    voc = blob("tokenizer.vocab")
+    head = 4 + 4 * (n_vocab + 1) + n_vocab
+    if len(voc) < head or struct.unpack_from("<I", voc)[0] != n_vocab:
+        raise bad("tokenizer.vocab", f"does not hold the {n_vocab} pieces tokenizer.config names")
+    offs = struct.unpack_from(f"<{n_vocab + 1}I", voc, 4)
+    vflags = list(voc[4 + 4 * (n_vocab + 1):head])
+    text = voc[head:]
+    if offs[0] != 0 or offs[-1] != len(text) or any(a > b for a, b in zip(offs, offs[1:])):
+        raise bad("tokenizer.vocab", "offsets are not 0..size, non-decreasing")
+    vocab = [text[offs[i]:offs[i + 1]] for i in range(n_vocab)]
+    mg = blob("tokenizer.merges")
+    if len(mg) != 12 * n_merges:
+        raise bad("tokenizer.merges", f"{len(mg)} bytes for {n_merges} merges")
+    merges = [struct.unpack_from("<3I", mg, 12 * k) for k in range(n_merges)]
+    if any(i >= n_vocab for m in merges for i in m):
+        raise bad("tokenizer.merges", f"an id is not below n_vocab {n_vocab}")
+    ad = blob("tokenizer.added")
+    if len(ad) < 16 * n_added:
+        raise bad("tokenizer.added", f"{len(ad)} bytes for {n_added} added tokens")
+    contents = ad[16 * n_added:]
+    added = []
+    for k in range(n_added):
+        i, flags, at, ln = struct.unpack_from("<4I", ad, 16 * k)
+        if i >= n_vocab or at + ln > len(contents) or not 1 <= ln <= MAX_TOKEN_BYTES:
+            raise bad("tokenizer.added", f"entry {k} (id {i}, {at}+{ln}) is out of range")
+        try:
+            added.append(AddedToken(i, contents[at:at + ln].decode("utf-8"), flags))
+        except UnicodeDecodeError:
+            raise bad("tokenizer.added", f"entry {k} is not UTF-8") from None
+    return TokenizerSpec(model=w[1], normalizer=w[2], pre_tokenizer=w[3], digits=w[4], decoder=w[5],
+                         flags=w[6], unk_id=w[7], bos_id=w[8], eos_id=w[9], pad_id=w[10], vocab=vocab,
+                         vocab_flags=vflags, merges=[tuple(m) for m in merges], added=added,
+                         stop_ids=stops, strip=w[15])
+
+
+def tokenizer_json_from_blobs(blobs: dict[str, bytes]) -> dict[str, Any]:
+    """The tokenizer.json (for ``tokenizers.Tokenizer.from_str``) that the stored blobs stand for.
+
+    The inverse of :func:`spec_from_tokenizer_json` for the configurations it accepts: the
+    library built from this encodes and decodes as the checkpoint's own tokenizer.json did, so
+    the workstation can tokenize a prompt for a model file alone (``invoke smoke``). Pieces come
+    back from bytes (byte-level: GPT-2's byte-to-character map again; SentencePiece: UTF-8)."""
+    s = spec_from_blobs(blobs)
+    byte_level = s.model == MODEL_BYTE_BPE
+    if s.model not in (MODEL_BYTE_BPE, MODEL_SP_BPE):
+        raise ModelError(f"tokenizer.config: model {s.model} is not one this kit knows")
+
+    def piece(b: bytes) -> str:
+        if byte_level:
+            return "".join(_B2U[x] for x in b)
+        try:
+            return b.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ModelError("tokenizer.vocab: a SentencePiece piece is not UTF-8") from None
+
+    names = {i: piece(v) for i, v in enumerate(s.vocab) if s.vocab_flags[i] & V_IN_MODEL}
+    added_of = {a.id: a.content for a in s.added}
+
+    def name(i: int) -> str:
+        if i in added_of:
+            return added_of[i]
+        if i in names:
+            return names[i]
+        raise ModelError(f"tokenizer.config: id {i} is not a stored token")
+
+    if s.normalizer == NORM_NFC:
+        normalizer: Any = {"type": "NFC"}
+    elif s.normalizer == NORM_SP:
+        normalizer = {"type": "Sequence", "normalizers": [
+            {"type": "Prepend", "prepend": SP}, {"type": "Replace", "pattern": {"String": " "}, "content": SP}]}
+    elif s.normalizer == NORM_NONE:
+        normalizer = None
+    else:
+        raise ModelError(f"tokenizer.config: normalizer {s.normalizer} is not one this kit knows")
+    byte_pre = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    if s.pre_tokenizer == PRETOK_GPT2:
+        pre: Any = byte_pre
+    elif s.pre_tokenizer == PRETOK_LLAMA3:
+        regex = {1: QWEN2_REGEX, 3: LLAMA3_REGEX}.get(s.digits)
+        if regex is None:
+            raise ModelError(f"tokenizer.config: digits {s.digits} is not 1 (Qwen2) or 3 (Llama-3)")
+        pre = {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": False},
+            {**byte_pre, "trim_offsets": False, "use_regex": False}]}
+    elif s.pre_tokenizer == PRETOK_METASPACE:
+        scheme = {META_ALWAYS: "always", META_FIRST: "first", META_NEVER: "never"}.get(s.digits)
+        if scheme is None:
+            raise ModelError(f"tokenizer.config: Metaspace prepend scheme {s.digits} is not 1, 2 or 3")
+        pre = {"type": "Metaspace", "replacement": SP, "prepend_scheme": scheme, "split": False}
+    elif s.pre_tokenizer == PRETOK_NONE:
+        pre = None
+    else:
+        raise ModelError(f"tokenizer.config: pre_tokenizer {s.pre_tokenizer} is not one this kit knows")
+    decoder = ({"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
+               if s.decoder == DEC_BYTE_LEVEL else {"type": "Sequence", "decoders": SP_DECODER})
+    post: Any = ({"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
+                 if byte_level else None)
+    if s.flags & (F_ADD_BOS | F_ADD_EOS):
+        bos = [name(s.bos_id)] if s.flags & F_ADD_BOS else []
+        eos = [name(s.eos_id)] if s.flags & F_ADD_EOS else []
+
+        def template(seq: str, type_id: int) -> list[Any]:
+            return ([{"SpecialToken": {"id": t, "type_id": type_id}} for t in bos]
+                    + [{"Sequence": {"id": seq, "type_id": type_id}}]
+                    + [{"SpecialToken": {"id": t, "type_id": type_id}} for t in eos])
+        ids = {name(i): i for i in (s.bos_id, s.eos_id) if i != NO_ID}
+        post = {"type": "TemplateProcessing", "single": template("A", 0),
+                "pair": template("A", 0) + template("B", 1),
+                "special_tokens": {t: {"id": t, "ids": [ids[t]], "tokens": [t]} for t in bos + eos}}
+    added = [{"id": a.id, "content": a.content, "single_word": False, "lstrip": bool(a.flags & A_LSTRIP),
+              "rstrip": bool(a.flags & A_RSTRIP), "normalized": bool(a.flags & A_NORMALIZED),
+              "special": bool(a.flags & A_SPECIAL)} for a in s.added]
+    return {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+        "normalizer": normalizer, "pre_tokenizer": pre, "post_processor": post, "decoder": decoder,
+        "model": {"type": "BPE", "dropout": None, "unk_token": None if s.unk_id == NO_ID else name(s.unk_id),
+                  "continuing_subword_prefix": None, "end_of_word_suffix": None,
+                  "fuse_unk": bool(s.flags & F_FUSE_UNK), "byte_fallback": bool(s.flags & F_BYTE_FALLBACK),
+                  "ignore_merges": bool(s.flags & F_IGNORE_MERGES),
+                  "vocab": {names[i]: i for i in sorted(names)},
+                  "merges": [[name_in(names, a), name_in(names, b)] for a, b, _ in s.merges]},
+    }
+
+
+def name_in(names: dict[int, str], i: int) -> str:
+    """The model-vocabulary piece of id ``i`` (ModelError when a merge names another id)."""
+    if i not in names:
+        raise ModelError(f"tokenizer.merges: id {i} is not in the BPE model's vocabulary")
+    return names[i]
+
+
+def reference_tokenizer(blobs: dict[str, bytes]) -> Any:
+    """A ``tokenizers.Tokenizer`` equivalent to the stored tokenizer (needs the `tokenizers`
+    package, a dependency of the kit)."""
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise ModelError("the text check needs the `tokenizers` package (pip install tokenizers)") from None
+    return Tokenizer.from_str(json.dumps(tokenizer_json_from_blobs(blobs), ensure_ascii=False))

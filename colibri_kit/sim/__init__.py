@@ -3,9 +3,10 @@
 Not part of the product: nothing under ``colibri_kit/`` imports this package except
 ``colibri_kit/tasks/sim.py`` (the sim tasks, which the demo calls).
 
-``modules``       per-module data in one place (identity, CPUs, clocks, power-mode tables)
-``device_files``  the faked Jetson files of one module (``populate``) and the stand-in tools
-``_devlib``, ``nvpmodel``, ``jetson_clocks``  the stand-ins, run on the device by python3
+``data/``         real-format nvpmodel confs per SKU and the SKU identity table (skus.json)
+``tools/``        the stand-ins for nvpmodel and jetson_clocks (standalone python3 programs)
+``device_files``  the faked Jetson files of one SKU (``populate``) with those tools installed
+``power``         an sshd device's emulated hardware: its disk and its power button (reboots)
 ``enter``         run one command with a faked tree mounted at the real paths
 ``fleet``         ``Device`` (start/stop/reboot: a real sshd in its own mount namespace) and
                   ``EmulatedFleet`` (N devices, their keys, fleet.yaml and known_hosts)

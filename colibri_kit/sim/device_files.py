@@ -1,63 +1,58 @@
-"""Faked Jetson device files for the emulated fleet.
+"""Faked Jetson device files for the emulated fleet, built from real-format data.
 
 ``populate(root, module)`` writes, under ``root``, every file the kit and the Jetson tools read or
-write on a real device, at its real path relative to ``/``:
+write on a real device, at its real path relative to ``/``, for one SKU of ``data/skus.json``
+(identity as real devices report it) with that SKU's real-format nvpmodel conf
+(``data/nvpmodel/<sku>.conf``, each naming its sources and what is unchecked):
 
-====================================================  =============================================
-``etc/nv_tegra_release``                              L4T release line (``# R36 (release), ...``)
-``etc/nvpmodel.conf``                                 power models of the module (ID, NAME, caps)
-``var/lib/nvpmodel/status``                           nvpmodel's current mode (``pmode:0002``)
-``sys/firmware/devicetree/base/{model,compatible}``   NUL-terminated, as ``/proc/device-tree/*``
-``sys/devices/system/cpu/{present,possible,online}``  CPU lists; ``cpuN/online``,
-                                                      ``cpuN/cpufreq/{scaling_governor,
-                                                      scaling_available_governors, scaling_*_freq,
-                                                      cpuinfo_{min,max}_freq, ...}``
-``sys/class/devfreq/<gpu>`` -> ``sys/devices/...``    GPU devfreq node (JP6 ``17000000.gpu``; JP5
-                                                      Xavier ``17000000.gv11b`` under
-                                                      ``sys/devices/17000000.gv11b/devfreq/``), plus
-                                                      a non-GPU node (``15340000.vic``)
-``sys/kernel/debug/bpmp/debug/clk/emc/*``             EMC clock (``rate``, ``min_rate``,
-                                                      ``max_rate``, ``mrq_rate_locked``)
-``sys/kernel/nvpmodel_emc_cap/emc_iso_cap``           the EMC cap nvpmodel sets
-``sys/devices/platform/pwm-fan/hwmon/hwmon0/pwm1``    fan PWM (0-255)
-``usr/sbin/nvpmodel``, ``usr/bin/jetson_clocks``      the stand-in tools (python3 scripts)
-====================================================  =============================================
+==========================================================  =======================================
+``etc/nv_tegra_release``                                    the SKU's L4T release line
+``etc/nvpmodel.conf``                                       the SKU's conf (PARAM, POWER_MODEL,
+                                                            PM_CONFIG DEFAULT)
+``var/lib/nvpmodel/status``                                 written by nvpmodel at boot
+``proc/meminfo``                                            MemTotal/MemAvailable of the SKU
+                                                            (bound over /proc/meminfo on a device,
+                                                            as LXCFS does)
+``sys/firmware/devicetree/base/{model,compatible}``         NUL-terminated, as /proc/device-tree
+``sys/devices/system/cpu/...``                              CPUs, cpuidle states, cpufreq policies
+                                                            per cluster (cpuN/cpufreq links to its
+                                                            policy, as on a real kernel)
+``sys/devices/.../devfreq/<node>``, ``sys/class/devfreq``   GPU domain(s) with ``device/of_node/
+                                                            name`` (Thor: gpu-gpc-0, gpu-nvd-0), a
+                                                            VIC node that is not a GPU
+``sys/devices/platform/gpu.0/{tpc_pg_mask,railgate_enable}``  the GPU's live TPC mask (set at boot)
+``sys/kernel/debug/bpmp/debug/clk/emc/*``, EMC cap, fan PWM
+``usr/sbin/nvpmodel``, ``usr/bin/jetson_clocks``            ``tools/nvpmodel_v2.py`` and
+                                                            ``tools/jetson_clocks_v2.py``
+``usr/sbin/reboot``                                         asks the emulated hardware to reboot
+==========================================================  =======================================
 
-How an emulated device sees them. Inside the device's own mount namespace (never the host's),
-these real paths must show the tree:
+There is no kernel: a clock's current frequency (``scaling_cur_freq``, devfreq ``cur_freq``) is a
+link to its floor (``scaling_min_freq``, ``min_freq``), so it reads the maximum exactly when the
+clocks are pinned (jetson_clocks sets floor = ceiling), as on a device.
 
-* ``/sys``                        <- ``root/sys`` (bind the whole tree: the class links point
-  into ``/sys/devices``, and ``/sys/class/devfreq`` does not exist on a PC to mount onto);
-* ``/etc/nv_tegra_release``, ``/etc/nvpmodel.conf`` <- ``root/etc/...``;
-* ``/usr/sbin/nvpmodel``, ``/usr/bin/jetson_clocks`` <- ``root/usr/...``;
-* ``/var/lib/nvpmodel/`` (writable) <- ``root/var/lib/nvpmodel``.
+Boot = ``nvpmodel --sim-boot`` (what L4T's nvpmodel.service does): it applies the status file's
+mode, or PM_CONFIG DEFAULT, including the GPU's TPC mask. ``populate`` boots once; an sshd device
+(``colibri_kit.sim.fleet``) boots at every start. Outside a device, ``COLIBRI_SIM_ROOT=root``
+makes the tools use ``root/<real path>``.
 
-The files do not exist on the host, so file binds have nothing to mount onto: overlays provide
-the paths. ``colibri_kit.sim.fleet`` layers ``root/etc``, ``root/usr``, ``root/var`` as writable
-upper layers over ``/etc``, ``/usr``, ``/var``. ``enter`` (``python3 -m
-colibri_kit.sim.enter ROOT -- CMD`` under ``unshare -m --propagation private``) does
-it for one command (``MOUNTS``): a writable bind of ``root/sys``, read-only overlays of
-``root/etc``, ``root/usr/bin``, ``root/usr/sbin``, ``root/var/lib``, then a writable bind of
-``root/var/lib/nvpmodel`` (mounts that were under a covered directory, e.g. ``/etc/hosts`` in a
-container, are put back on top).
-
-The stand-ins then work on the real paths. Outside a namespace, set ``COLIBRI_SIM_ROOT=root`` and
-they use ``root/<real path>`` instead (the tests do that).
+How an emulated device sees the tree: ``colibri_kit.sim.fleet`` binds ``root/sys`` on ``/sys``,
+``root/proc/meminfo`` on ``/proc/meminfo`` and layers ``root/etc``, ``root/usr``, ``root/var``
+as writable overlays on ``/etc``, ``/usr``, ``/var``; ``enter`` (``python3 -m
+colibri_kit.sim.enter ROOT -- CMD`` under ``unshare -m --propagation private``) does the same for
+one command (``MOUNTS``).
 """
 
 from __future__ import annotations
 
+import json
 import os
-import threading
-from contextlib import contextmanager
+import subprocess
 from pathlib import Path
-from typing import Iterator
-
-from colibri_kit.sim import _devlib
-from colibri_kit.sim.modules import Module, module as get_module
 
 HERE = Path(__file__).resolve().parent
-_ROOT_LOCK = threading.Lock()
+DATA = HERE / "data"
+TOOLS_DIR = HERE / "tools"
 
 # (path relative to the device root, what it is): what ``enter`` puts in place, in order.
 MOUNTS: tuple[tuple[str, str], ...] = (
@@ -69,130 +64,173 @@ MOUNTS: tuple[tuple[str, str], ...] = (
     ("var/lib/nvpmodel", "bind"),
 )
 
-TOOLS = {"usr/sbin/nvpmodel": "nvpmodel.py", "usr/bin/jetson_clocks": "jetson_clocks.py"}
+TOOLS = {"usr/sbin/nvpmodel": "nvpmodel_v2.py", "usr/bin/jetson_clocks": "jetson_clocks_v2.py"}
 VIC_NODE = "15340000.vic"
+
+# Short names the fleet and the tests use for the SKU a factory device of that kind is.
+ALIASES = {"orin-nx": "orin-nx-16gb", "orin-nano": "orin-nano-8gb", "agx-orin": "agx-orin-64gb"}
+
+# Cluster size per SoC (cpuN/cpufreq links to the policy of its cluster, as on a real kernel).
+CLUSTER = {"tegra234": 4, "tegra194": 2, "tegra264": 14}
+# CPU frequency tables (kHz) and GPU table (Hz): plausible steps, not read from a device; the kit
+# only relies on them being tables with a floor and a ceiling.
+CPU_KHZ = {"tegra234": [115200, 729600, 1190400, 1497600, 1984000, 2201600],
+           "tegra194": [115200, 1190400, 1420800, 1907200],
+           "tegra264": [972000, 1620000, 2268000, 2601000]}
+GPU_HZ = [306000000, 408000000, 612000000, 714000000, 918000000, 1173000000, 1300500000]
+# GPU device directory under /sys, its devfreq nodes, its of_node name [FACTS.md, jtop].
+GPU = {"tegra234": ("devices/platform/bus@0/17000000.gpu", ["17000000.gpu"], "gpu"),
+       "tegra194": ("devices/17000000.gv11b", ["17000000.gv11b"], "gv11b"),
+       "tegra264": ("devices/platform/bus@0/d0b0000000.gpu", ["gpu-gpc-0", "gpu-nvd-0"], "gpu")}
+# The kernel lists the governors it was built with (L4T's JetPack 5 kernel for Xavier also has
+# interactive); the list ends with a space, as the kernel prints it.
+CPU_GOVERNORS = {"": "conservative ondemand userspace powersave performance schedutil",
+                 "tegra194": "interactive conservative ondemand userspace powersave performance "
+                             "schedutil"}
+GPU_GOVERNORS = "wmark_active nvhost_podgov userspace performance simple_ondemand"
+
+
+def skus() -> dict[str, dict]:
+    return {k: v for k, v in json.loads((DATA / "skus.json").read_text()).items()
+            if not k.startswith("_")}
+
+
+def sku_key(module: str) -> str:
+    key = ALIASES.get(module, module)
+    known = skus()
+    if key not in known:
+        raise ValueError(f"unknown emulated module {module!r} (known: "
+                         f"{', '.join(sorted([*known, *ALIASES]))})")
+    return key
 
 
 def tool_script(source_name: str) -> str:
-    """A stand-in as installed on a device: _devlib inlined, nothing imported from the kit."""
-    lib = (HERE / "_devlib.py").read_text()
-    tool = (HERE / source_name).read_text()
-    body = "\n".join(line for line in tool.splitlines()
-                     if not line.startswith("from colibri_kit.sim._devlib import"))
-    return "#!/usr/bin/env python3\n" + lib + "\n" + body + "\n"
+    """A stand-in as installed on a device (the file as it is: standard library only)."""
+    return (TOOLS_DIR / source_name).read_text()
 
 
-def nvpmodel_conf(mod: Module) -> str:
-    out = [f"# nvpmodel.conf for the emulated {mod.model} ({mod.key}, colibri-kit simulator)",
-           "# Power models as on the module: the id differs between modules, the name is stable.",
-           ""]
-    for m in mod.modes:
-        out.append(f"< POWER_MODEL ID={m.id} NAME={m.name} >")
-        out += [f"CPU_ONLINE CORE_{c} {1 if c < m.cores else 0}" for c in range(mod.cpus)]
-        out.append(f"CPU MAX_FREQ {m.cpu_max_khz}")
-        out.append(f"GPU MAX_FREQ {m.gpu_max_hz}")
-        out.append(f"EMC MAX_FREQ {m.emc_max_hz}")
-        out.append(f"TPC_POWER_GATING TPC_PG_MASK {m.tpc_mask}")
-        out.append("")
-    out.append(f"< PM_CONFIG DEFAULT={mod.default_mode} >")
-    return "\n".join(out) + "\n"
-
-
-def _write(path: Path, text: str | bytes, mode: int = 0o644) -> None:
+def _put(path: Path, text: str | bytes, mode: int = 0o644) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_symlink():
+        path.unlink()
     if isinstance(text, bytes):
         path.write_bytes(text)
     else:
         path.write_text(text)
-    # Root writes the kernel's read-only files (the stand-ins do, as the kernel would); a tree
-    # made by another user for in-process tests (LocalRemote) keeps them writable by its owner.
+    # Root writes the kernel's read-only files (the tools do, as the kernel would); a tree made by
+    # another user for in-process tests (LocalRemote) keeps them writable by its owner.
     os.chmod(path, mode if os.geteuid() == 0 else mode | 0o200)
 
 
-@contextmanager
-def _sim_root(root: Path) -> Iterator[None]:
-    """Point the shared tool core at ``root`` for the duration (one populate at a time)."""
-    with _ROOT_LOCK:
-        saved = _devlib.SIM_ROOT
-        _devlib.SIM_ROOT = str(root)
-        try:
-            yield
-        finally:
-            _devlib.SIM_ROOT = saved
+def _link(path: Path, target: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_symlink() or path.exists():
+        path.unlink()
+    path.symlink_to(target)
+
+
+REBOOT = """#!/bin/sh
+# Emulated Jetson: reboot power-cycles the device through its emulated hardware
+# (colibri_kit/sim/power.py watches the file named in /etc/colibri-sim/power-request). Outside a
+# device (COLIBRI_SIM_ROOT set: the in-process tests) there is nothing to stop: the boot runs at once.
+if [ -n "$COLIBRI_SIM_ROOT" ]; then
+    exec "$COLIBRI_SIM_ROOT/usr/sbin/nvpmodel" --sim-boot
+fi
+req=$(cat /etc/colibri-sim/power-request 2>/dev/null) || {
+    echo "reboot: this emulated device has no power button" >&2; exit 1; }
+echo reboot > "$req"
+"""
 
 
 def populate(root: Path, module: str) -> None:
-    """Write the faked files of one emulated ``module`` ("orin-nx", "orin-nano", "agx-orin",
-    "xavier-nx", "agx-thor") under ``root``, in the state the module boots in (default power
-    mode applied by nvpmodel, default governors, fan idle)."""
-    mod = get_module(module)
+    """Write the faked files of one emulated SKU (a key of ``data/skus.json``, or ``orin-nx``,
+    ``orin-nano``, ``agx-orin`` for the factory 16GB / 8GB / 64GB modules) under ``root``, and
+    boot it once (nvpmodel applies the default mode)."""
+    s = skus()[sku_key(module)]
     root = Path(root)
-    _write(root / "etc/nv_tegra_release",
-           f"# {mod.release} (release), REVISION: {mod.revision}, GCID: 38968081, BOARD: generic, "
-           f"EABI: aarch64, DATE: Tue Jan  7 17:11:37 UTC 2025\n"
-           f"# KERNEL_VARIANT: oot\nTARGET_USERSPACE_LIB_DIR=nvidia\n"
-           f"TARGET_USERSPACE_LIB_DIR_PATH=usr/lib/aarch64-linux-gnu/nvidia\n")
-    _write(root / "etc/nvpmodel.conf", nvpmodel_conf(mod))
-    _write(root / "var/lib/nvpmodel/status", f"pmode:{mod.default_mode:04d}\n")
+    soc = s["soc"]
+    _put(root / "etc/nvpmodel.conf", (DATA / "nvpmodel" / s["conf"]).read_text())
+    _put(root / "etc/nv_tegra_release", s["nv_tegra_release"] + "\n")
+    kb = int(s["memtotal_kb"])
+    _put(root / "proc/meminfo", f"MemTotal:       {kb:>8} kB\nMemFree:        {kb * 9 // 10:>8} kB\n"
+                                f"MemAvailable:   {kb * 17 // 20:>8} kB\n", 0o444)
     dt = root / "sys/firmware/devicetree/base"
-    _write(dt / "model", (mod.model + "\0").encode())
-    _write(dt / "compatible", "".join(c + "\0" for c in mod.compatible).encode())
-
-    cpu_dir = root / "sys/devices/system/cpu"
-    every = f"0-{mod.cpus - 1}"
+    _put(dt / "model", (s["model"] + "\0").encode(), 0o444)
+    _put(dt / "compatible", "".join(c + "\0" for c in s["compatible"]).encode(), 0o444)
+    cpu = root / "sys/devices/system/cpu"
+    n = int(s["cpus"])
     for name in ("present", "possible", "online"):
-        _write(cpu_dir / name, every + "\n")
-    for c in range(mod.cpus):
-        _write(cpu_dir / f"cpu{c}/online", "1\n")
-        fq = cpu_dir / f"cpu{c}/cpufreq"
-        # The kernel prints the governor list with a trailing space; keep that quirk.
-        _write(fq / "scaling_available_governors", " ".join(mod.cpu_governors) + " \n", 0o444)
-        _write(fq / "scaling_available_frequencies",
-               " ".join(str(f) for f in mod.cpu_khz) + " \n", 0o444)
-        _write(fq / "scaling_governor", mod.cpu_default_governor + "\n")
-        _write(fq / "scaling_driver", "tegra194\n" if mod.soc == "tegra194" else "cppc_cpufreq\n",
-               0o444)
-        _write(fq / "cpuinfo_max_freq", f"{mod.cpu_khz[-1]}\n", 0o444)
-        _write(fq / "cpuinfo_min_freq", f"{mod.cpu_khz[0]}\n", 0o444)
-        for name in ("scaling_max_freq", "scaling_min_freq"):
-            _write(fq / name, f"{mod.cpu_khz[0]}\n")
-        _write(fq / "scaling_cur_freq", f"{mod.cpu_khz[0]}\n", 0o444)
-
-    gpu = root / "sys" / mod.gpu_dir
-    _write(gpu / "available_governors", " ".join(mod.gpu_governors) + "\n", 0o444)
-    _write(gpu / "available_frequencies", " ".join(str(f) for f in mod.gpu_hz) + "\n", 0o444)
-    _write(gpu / "governor", mod.gpu_default_governor + "\n")
-    for name in ("max_freq", "min_freq", "cur_freq"):
-        _write(gpu / name, f"{mod.gpu_hz[0]}\n", 0o444 if name == "cur_freq" else 0o644)
-    vic = root / "sys/devices/platform/bus@0" / VIC_NODE / "devfreq" / VIC_NODE
-    _write(vic / "governor", "nvhost_podgov\n")
-    _write(vic / "available_governors", " ".join(mod.gpu_governors) + "\n", 0o444)
-    _write(vic / "cur_freq", "115200000\n", 0o444)
+        _put(cpu / name, f"0-{n - 1}\n")
+    khz = CPU_KHZ[soc]
+    for c in range(n):
+        _put(cpu / f"cpu{c}/online", "1\n")
+        for st, name in ((0, "C1"), (1, "c7")):
+            _put(cpu / f"cpu{c}/cpuidle/state{st}/name", name + "\n", 0o444)
+            _put(cpu / f"cpu{c}/cpuidle/state{st}/disable", "0\n")
+        policy = c - c % CLUSTER[soc]
+        pol = cpu / f"cpufreq/policy{policy}"
+        if c == policy:
+            for name, value, mode in (
+                    ("scaling_available_frequencies", " ".join(map(str, khz)) + " ", 0o444),
+                    ("scaling_available_governors", CPU_GOVERNORS.get(soc, CPU_GOVERNORS[""])
+                     + " ", 0o444),
+                    ("scaling_min_freq", khz[0], 0o644), ("scaling_max_freq", khz[-1], 0o644),
+                    ("cpuinfo_min_freq", khz[0], 0o444), ("cpuinfo_max_freq", khz[-1], 0o444),
+                    ("scaling_governor", "schedutil", 0o644)):
+                _put(pol / name, f"{value}\n", mode)
+            _link(pol / "scaling_cur_freq", "scaling_min_freq")
+        _link(cpu / f"cpu{c}/cpufreq", f"../cpufreq/policy{policy}")
+    gdir, nodes, of_name = GPU[soc]
+    dev = root / "sys" / gdir
+    _put(dev / "of_node/name", of_name + "\0", 0o444)
     cls = root / "sys/class/devfreq"
-    cls.mkdir(parents=True, exist_ok=True)
-    for node, target in ((mod.gpu_node, gpu), (VIC_NODE, vic)):
-        link = cls / node
-        if link.is_symlink():
-            link.unlink()
-        link.symlink_to(os.path.relpath(target, cls))
-
+    for node in nodes:
+        d = dev / "devfreq" / node
+        _put(d / "available_frequencies", " ".join(map(str, GPU_HZ)) + "\n", 0o444)
+        _put(d / "available_governors", GPU_GOVERNORS + "\n", 0o444)
+        _put(d / "min_freq", f"{GPU_HZ[0]}\n")
+        _put(d / "max_freq", f"{GPU_HZ[-1]}\n")
+        _put(d / "governor", "nvhost_podgov\n")
+        _link(d / "cur_freq", "min_freq")
+        _link(d / "device", "../..")
+        _link(cls / node, os.path.relpath(d, cls))
+    vic = root / "sys/devices/platform/15340000.vic/devfreq" / VIC_NODE    # not a GPU
+    _put(vic / "min_freq", "115200000\n")
+    _put(vic / "max_freq", "115200000\n")
+    _put(vic / "governor", "nvhost_podgov\n")
+    _put(vic / "available_governors", GPU_GOVERNORS + "\n", 0o444)
+    _put(vic.parent.parent / "of_node/name", "vic\0", 0o444)
+    _link(vic / "device", "../..")
+    _link(cls / VIC_NODE, os.path.relpath(vic, cls))
+    gpu0 = root / "sys/devices/platform/gpu.0"
+    _put(gpu0 / "tpc_pg_mask", "0\n")
+    _put(gpu0 / "railgate_enable", "1\n")
+    _put(gpu0 / "power/control", "auto\n")
     emc = root / "sys/kernel/debug/bpmp/debug/clk/emc"
-    _write(emc / "min_rate", f"{mod.emc_hz[0]}\n")
-    _write(emc / "max_rate", f"{mod.emc_hz[1]}\n")
-    _write(emc / "rate", f"{mod.emc_hz[0]}\n")
-    _write(emc / "mrq_rate_locked", "0\n")
-    _write(root / "sys/kernel/nvpmodel_emc_cap/emc_iso_cap", "0\n")
+    for name, value in (("min_rate", 204000000), ("max_rate", 3199000000), ("rate", 204000000),
+                        ("mrq_rate_locked", 0)):
+        _put(emc / name, f"{value}\n")
+    _put(root / "sys/kernel/nvpmodel_emc_cap/emc_iso_cap", "0\n")
     fan = root / "sys/devices/platform/pwm-fan/hwmon/hwmon0"
-    _write(fan / "name", "pwmfan\n", 0o444)
-    _write(fan / "pwm1", "64\n")
-
+    _put(fan / "name", "pwmfan\n", 0o444)
+    _put(fan / "pwm1", "64\n")
+    (root / "var/lib/nvpmodel").mkdir(parents=True, exist_ok=True)
+    (root / "root").mkdir(exist_ok=True)
     for rel, source in TOOLS.items():
-        _write(root / rel, tool_script(source), 0o755)
+        _put(root / rel, tool_script(source), 0o755)
+    _put(root / "usr/sbin/reboot", REBOOT, 0o755)
+    boot(root)
 
-    # Boot: nvpmodel applies the default mode (online CPUs, caps), the kernel settles clocks.
-    with _sim_root(root):
-        modes, default = _devlib.load_conf()
-        _devlib.apply_mode(default, modes[default])
+
+def boot(root: Path) -> None:
+    """What L4T's nvpmodel.service does at boot, on the tree outside a namespace."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "COLIBRI_SIM_ROOT": str(root),
+           "HOME": "/root"}
+    # Run as the device runs it: the script through its own #!/usr/bin/env python3.
+    r = subprocess.run([str(Path(root) / "usr/sbin/nvpmodel"), "--sim-boot"], env=env, capture_output=True, text=True, timeout=60,
+                       stdin=subprocess.DEVNULL)
+    if r.returncode != 0:
+        raise RuntimeError(f"emulated boot of {root} failed: {r.stderr.strip()}")
 
 
 def mount_plan(root: Path) -> list[tuple[str, Path, str]]:

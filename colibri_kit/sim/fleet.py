@@ -36,6 +36,7 @@ import signal
 import socket
 import stat
 import subprocess
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -45,6 +46,7 @@ from colibri_kit.errors import FleetError
 from colibri_kit.fleet.inventory import Host, write_inventory
 from colibri_kit.sim.device_files import populate
 
+POWER = Path(__file__).resolve().parent / "power.py"
 STATE_DIR = Path("/run/colibri-sim")  # root's own /run: no other user can create it first
 SIM_USER = "colibri"
 SIM_UID = 4242
@@ -83,10 +85,10 @@ def private_dir(path: Path) -> Path:
 
 @dataclass
 class Device:
-    """One emulated Jetson: its files under ``dir`` (``root/`` the faked tree, ``start.sh`` the
-    mounts and sshd), and the process whose mount namespace is the running device. ``start``,
-    ``stop`` and ``reboot`` are its power button; the files, host key and port survive a reboot,
-    the ``/opt/colibri`` tmpfs (mounted inside the namespace) starts empty again."""
+    """One emulated Jetson: its files under ``dir`` (``root/`` the faked tree, ``os.sh`` the
+    mounts and sshd), and the process whose mount namespace is the running device's hardware
+    (``power.py``). ``start``, ``stop`` and ``reboot`` are its power button; the files, host key,
+    port and the disk (``/opt/colibri``) survive a reboot; a power-off loses the disk."""
 
     name: str
     module: str
@@ -94,6 +96,7 @@ class Device:
     dir: str
     pid: int = 0
     ns: str = ""        # mount namespace of pid when started: guards against a reused pid
+    disk_mb: int = 512  # size of the device's disk (its /opt/colibri)
 
     @property
     def faked_root(self) -> Path:
@@ -104,43 +107,96 @@ class Device:
         return bool(self.pid) and _ns_of(self.pid) == self.ns and self.ns != _ns_of(os.getpid())
 
     def start(self) -> None:
-        """Boot: a fresh mount namespace runs ``start.sh`` (mounts, then sshd on ``port``)."""
+        """Power on: the emulated hardware (``power.py``, its own mount namespace holding the
+        disk) boots the OS (``os.sh``: mounts, nvpmodel's boot, sshd on ``port``)."""
         dev = Path(self.dir)
         log = dev / "sshd.log"
         env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "QEMU_LD_PREFIX": QEMU_LD_PREFIX}
-        with open(log, "wb") as fh:
+        for stale in ("os.ns", "os.pid", "boots", "power-request"):
+            (dev / stale).unlink(missing_ok=True)
+        with open(log, "ab") as fh:
             proc = subprocess.Popen(
-                ["unshare", "-m", "--propagation", "private", "/bin/sh", str(dev / "start.sh")],
+                ["unshare", "-m", "--propagation", "private", sys.executable, "-I", "-S",
+                 str(POWER), str(dev), str(self.disk_mb), self.name],
                 stdin=subprocess.DEVNULL, stdout=fh, stderr=fh, env=env, start_new_session=True)
         _wait_port(self.port, proc, log)
         self.pid, self.ns = proc.pid, _ns_of(proc.pid) or ""
 
+    @property
+    def boots(self) -> int:
+        """How many times the OS has booted since ``start``."""
+        try:
+            return int((Path(self.dir) / "boots").read_text())
+        except (OSError, ValueError):
+            return 0
+
+    @property
+    def os_pid(self) -> int:
+        """The running OS's first process (its sshd), whose root shows the device's mounts."""
+        try:
+            return int((Path(self.dir) / "os.pid").read_text())
+        except (OSError, ValueError):
+            return 0
+
+    def _os_ns(self) -> str | None:
+        try:
+            return (Path(self.dir) / "os.ns").read_text().strip() or None
+        except OSError:
+            return None
+
     def stop(self) -> None:
-        """Power off: kill every process in the device's mount namespace; the namespace and its
-        mounts go with the last one (they were never visible outside it)."""
+        """Power off: the hardware stops every process of the OS and exits; whatever is left in
+        either namespace is killed. The namespaces and their mounts (the disk too) go with the
+        last process (they were never visible outside them)."""
         if self.running:
-            for sig in (signal.SIGTERM, signal.SIGKILL):
-                pids = _pids_in_ns(self.ns)
-                if not pids:
-                    break
-                for pid in pids:
-                    try:
-                        os.kill(pid, sig)
-                    except ProcessLookupError:
-                        pass
-                for _ in range(50):
-                    if not _pids_in_ns(self.ns):
-                        break
-                    time.sleep(0.02)
+            os_ns = self._os_ns()
+            try:
+                os.kill(self.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            for ns in (self.ns, os_ns):
+                if ns and ns != _ns_of(os.getpid()):
+                    _kill_ns(ns)
             try:
                 os.waitpid(self.pid, os.WNOHANG)
             except ChildProcessError:
                 pass
         self.pid, self.ns = 0, ""
 
-    def reboot(self) -> None:
-        self.stop()
-        self.start()
+    def reboot(self, timeout: float = 30.0) -> None:
+        """Press reset: the OS goes down (sshd and every process it started) and boots again on
+        the same disk, in the mode nvpmodel recorded."""
+        if not self.running:
+            self.start()
+            return
+        before = self.boots
+        (Path(self.dir) / "power-request").write_text("reboot\n")
+        deadline = time.monotonic() + timeout
+        while self.boots == before:
+            if time.monotonic() > deadline:
+                raise FleetError(f"{self.name} did not reboot within {timeout:g}s")
+            time.sleep(0.05)
+        _wait_port(self.port, None, Path(self.dir) / "sshd.log", timeout)
+
+    def never_boot_again(self) -> None:
+        """Fault: after its next power-off (a reboot) the device stays down."""
+        (Path(self.dir) / "no-boot").write_text("1\n")
+
+
+def _kill_ns(ns: str) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        pids = _pids_in_ns(ns)
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        for _ in range(50):
+            if not _pids_in_ns(ns):
+                break
+            time.sleep(0.02)
 
 
 def require_root(action: str) -> None:
@@ -178,10 +234,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_port(port: int, proc: subprocess.Popen[bytes], log: Path, timeout: float = 15.0) -> None:
+def _wait_port(port: int, proc: subprocess.Popen[bytes] | None, log: Path,
+               timeout: float = 15.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
+        if proc is not None and proc.poll() is not None:
             raise FleetError(f"emulated device on port {port} exited: {log.read_text()[-2000:]}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
@@ -283,7 +340,7 @@ class EmulatedFleet:
 
     def path_in(self, name: str, path: str) -> Path:
         """A path as the device sees it, reachable from the host through /proc/<pid>/root."""
-        return Path(f"/proc/{self.device(name).pid}/root") / path.lstrip("/")
+        return Path(f"/proc/{self.device(name).os_pid}/root") / path.lstrip("/")
 
     # -- lifecycle --------------------------------------------------------------------------------
     def __enter__(self) -> "EmulatedFleet":
@@ -323,17 +380,17 @@ class EmulatedFleet:
             (self.state_dir / "state.json").unlink()
 
     def reboot(self, name: str) -> None:
-        """Reboot one device (see ``Device.reboot``) and record its new pid for ``sim.down``."""
+        """Reboot one device (see ``Device.reboot``) and record its pid for ``sim.down``."""
         self.device(name).reboot()
         self._save()
 
     def kill_sessions(self, name: str) -> int:
         """Kill every SSH session on the device but keep it listening (a dropped connection)."""
         d = self.device(name)
-        ns = _ns_of(d.pid)
+        ns = d._os_ns() if d.running else None
         killed = 0
-        for pid in _pids_in_ns(ns) if ns and ns == d.ns else []:
-            if pid != d.pid:
+        for pid in _pids_in_ns(ns) if ns else []:
+            if pid != d.os_pid:
                 try:
                     os.kill(pid, signal.SIGKILL)
                     killed += 1
@@ -384,6 +441,9 @@ class EmulatedFleet:
         (layer / "home" / SIM_USER).mkdir(parents=True, exist_ok=True)
         os.chown(layer / "home" / SIM_USER, SIM_UID, SIM_UID)
         (layer / "opt/colibri").mkdir(parents=True, exist_ok=True)
+        # The device's reboot writes its request where the emulated hardware watches (power.py).
+        (etc / "colibri-sim").mkdir(exist_ok=True)
+        (etc / "colibri-sim/power-request").write_text(f"{dev / 'power-request'}\n")
         # The host's root dotfiles (e.g. a slow pyenv init in .bashrc, which bash reads for every
         # ssh command) are not the device's: shadow them with a stock-like, quiet pair.
         (layer / "root").mkdir(exist_ok=True)
@@ -410,6 +470,9 @@ class EmulatedFleet:
         root = dev / "root"
         root.mkdir()
         self.device_files_fn(root, module)
+        # sysfs is volatile: every boot starts from the power-on tree (then nvpmodel's boot
+        # applies the recorded mode); /etc, /var and the disk persist.
+        shutil.copytree(root / "sys", dev / "sys-power-on", symlinks=True)
         layer = self._layer(dev)
         port = _free_port()
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name,
@@ -434,7 +497,8 @@ class EmulatedFleet:
             "",
         ]))
         script = ["set -e"]
-        top_dirs = sorted({p.name for p in root.iterdir() if p.is_dir() and p.name != "sys"}
+        top_dirs = sorted({p.name for p in root.iterdir()
+                           if p.is_dir() and p.name not in ("sys", "proc")}
                           | {p.name for p in layer.iterdir() if p.is_dir()})
         # Mounts under a directory we overlay (in a container: /etc/hosts, /etc/resolv.conf) would
         # be hidden by the overlay: park them in a stash first and put them back on top after.
@@ -461,13 +525,21 @@ class EmulatedFleet:
             script.append(shlex.join(["mount", "-t", "overlay", "overlay", "-o", opts, f"/{d}"]))
         script += restore
         if (root / "sys").is_dir():
+            script.append(shlex.join(["rm", "-rf", "--", str(root / "sys")]))
+            script.append(shlex.join(["cp", "-a", "--", str(dev / "sys-power-on"),
+                                      str(root / "sys")]))
             script.append(shlex.join(["mount", "--bind", str(root / "sys"), "/sys"]))
-        size = self.disk_mb[i]
-        script.append(shlex.join(["mount", "-t", "tmpfs", "-o", f"size={size}m,mode=0755",
-                                  f"colibri-{name}", "/opt/colibri"]))
+        if (root / "proc/meminfo").is_file():   # as LXCFS does: a file over one procfs file
+            script.append(shlex.join(["mount", "--bind", str(root / "proc/meminfo"),
+                                      "/proc/meminfo"]))
+        script.append(shlex.join(["mount", "--bind", str(dev / "disk"), "/opt/colibri"]))
+        # What L4T's nvpmodel.service does at every boot: apply the recorded mode, masks too.
+        script.append("/usr/sbin/nvpmodel --sim-boot || echo 'nvpmodel boot failed' >&2")
+        script.append('echo $$ > ' + shlex.quote(str(dev / "os.pid")))
         script.append(shlex.join(["exec", "/usr/sbin/sshd", "-D", "-e", "-f", str(config)]))
-        (dev / "start.sh").write_text("\n".join(script) + "\n")
-        device = Device(name=name, module=module, port=port, dir=str(dev))
+        (dev / "os.sh").write_text("\n".join(script) + "\n")
+        device = Device(name=name, module=module, port=port, dir=str(dev),
+                        disk_mb=self.disk_mb[i])
         device.start()
         return device
 

@@ -63,7 +63,8 @@ def demo(c: Context, target: str = "orin-nx", count: int = 1, keep_running: bool
               f"  invoke status --fleet {DEMO_STATE_DIR}/fleet.yaml\n"
               f"  invoke smoke --fleet {DEMO_STATE_DIR}/fleet.yaml --target {target} "
               f"--max-first-token-ms {max_first_token_ms:g}\n"
-              f"  invoke tune --fleet {DEMO_STATE_DIR}/fleet.yaml; invoke tune --restore ...\n"
+              f"  invoke tune --fleet {DEMO_STATE_DIR}/fleet.yaml --allow-reboot; "
+              f"invoke tune --restore --allow-reboot ...\n"
               "Against real devices, write a fleet.yaml (docs/fleet.md) and run the same commands.")
         return
 
@@ -76,9 +77,11 @@ def demo(c: Context, target: str = "orin-nx", count: int = 1, keep_running: bool
         status(c, fleet=fleet_file)
         _step("5/7 smoke (deployed binary vs the NumPy reference; bench p99 vs the threshold)")
         smoke(c, target=target, fleet=fleet_file, max_first_token_ms=max_first_token_ms)
-        _step("6/7 tune (power mode by name, jetson_clocks, governors; verified), then restore")
-        tune(c, fleet=fleet_file)
-        tune(c, fleet=fleet_file, restore=True)
+        _step("6/7 tune (power mode by intent; a factory Orin NX needs a reboot for MAXN: the device "
+              "really goes down and comes back, canary first; jetson_clocks, governors; verified), "
+              "then restore (a reboot back)")
+        tune(c, fleet=fleet_file, allow_reboot=True)
+        tune(c, fleet=fleet_file, restore=True, allow_reboot=True)
         _step("7/7 the service: a device that boots a real systemd, deploy installs colibri.service, "
               "health gate, a chat answer over HTTP")
         _service_demo(target, model.parent)

@@ -169,7 +169,8 @@ def _tuning_column(remote: Remote, host: Host) -> dict[str, str]:
 def smoke(c: Context, target: str, fleet: str = "", hosts: str = "", group: str = "", tags: str = "",
           parallel: int = 0, model: str = "", max_first_token_ms: float = -1.0, bench_runs: int = 5,
           accept_new_host_keys: bool = False, http: bool = False, json: bool = False) -> None:
-    """Run the deployed colibri on each device: logits/top-k/greedy vs the NumPy reference, latency."""
+    """Run the deployed colibri on each device: logits/top-k/greedy vs the NumPy reference, the
+    generated text vs `tokenizers` + the reference (models with a tokenizer), latency."""
     from colibri_kit.fleet import smoke as smokelib
     from colibri_kit.profiles import load_profile
 

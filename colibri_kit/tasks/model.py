@@ -56,20 +56,29 @@ def tiny_model_task(c: Context, out: str, target: str = "host", dtype: str = "f3
 })
 @user_errors
 def model_info_task(c: Context, file: str, slots: int = 1) -> None:
-    """Validate a .colibri file and print its header, metadata blobs and tokenizer as JSON, with
-    its memory footprint on every target ("footprint": weights + slots x arena incl. KV cache, and
-    whether it fits); the same footprint as one line per target on stderr."""
+    """Validate a .colibri file and print its header, metadata blobs, tokenizer and chat template
+    ("chat_template": roles and keys present, the source template's sha256, an example rendering;
+    null when none) as JSON, with its memory footprint on every target ("footprint": weights +
+    slots x arena incl. KV cache, and whether it fits); the same footprint as one line per target
+    on stderr, after a line naming the tokenizer and template."""
+    from colibri_kit.model import chat
     from colibri_kit.model.footprint import model_footprint
-    from colibri_kit.model.format import header_json
+    from colibri_kit.model.format import header_json, read_model
     from colibri_kit.profiles import list_profiles
 
     if not file:
         raise ModelError("give a model file: invoke model-info FILE")
     doc = header_json(file)
+    doc["chat_template"] = chat.describe(read_model(file).metadata("chat.template"))
     fps = [model_footprint(file, t, slots) for t in list_profiles()]
     doc["footprint"] = [fp.to_json() for fp in fps]
     json.dump(doc, sys.stdout, indent=2)
     print()
+    tok, tpl = doc.get("tokenizer"), doc["chat_template"]
+    print("tokenizer: " + (f"{tok['model']}, {tok['vocab']} pieces, {tok['merges']} merges" if tok else
+                           "none (--ids commands only)")
+          + "; chat template: " + (f"{', '.join(tpl['roles'])} (sha256 {str(tpl['source_sha256'])[:12]})"
+                                   if tpl else "none"), file=sys.stderr)
     for fp in fps:
         print(fp.line(), file=sys.stderr)
 

@@ -51,10 +51,14 @@ def _restore_table(results) -> None:
         raise Exit(f"restore incomplete on {len(bad)} host(s): {', '.join(bad)}", code=1)
 
 
-def _apply_table(results) -> None:
+def _apply_table(results, stopped: str | None = None) -> None:
     rows = [["host", "setting", "wanted", "actual", "ok"]]
     notes = []
     for o in results:
+        if o.skipped:
+            rows.append([o.host, "-", "-", f"not started: the rollout stopped after {stopped}",
+                         "SKIPPED"])
+            continue
         if o.error:
             rows.append([o.host, "-", "-", f"error: {o.error}", "FAIL"])
             continue
@@ -64,6 +68,9 @@ def _apply_table(results) -> None:
     print(table(rows))
     for n in notes:
         print(clean(n))
+    if stopped:
+        print(clean(f"rollout stopped after {stopped}: it failed or did not come back; hosts "
+                    f"not started were left as they were"))
     bad = [o.host for o in results if not o.ok or not o.value.ok]
     if bad:
         raise Exit(f"tuning not verified on {len(bad)} host(s): {', '.join(bad)}", code=1)
@@ -72,7 +79,11 @@ def _apply_table(results) -> None:
 @task(help={
     **SELECT_HELP,
     "dry_run": "check the profile against each device and print the steps, change nothing",
-    "allow_reboot": "let nvpmodel reboot a device when its power-mode switch needs it",
+    "allow_reboot": "let nvpmodel reboot a device when its power-mode switch needs it (without "
+                    "it such a host is reported and nothing is applied there)",
+    "max_unavailable": "with --allow-reboot: devices rebooting at once (after one canary); 1",
+    "reboot_timeout": "with --allow-reboot: seconds a device has to come back over SSH in its "
+                      "new mode (600); one that does not stops the rollout",
     "show": "print each device's mode, governors, clocks, jetson_clocks and fan; change nothing",
     "restore": "put back the state saved by the first tune (clocks, governors, mode), remove it",
     "json": "with --show: print the state as JSON",
@@ -81,7 +92,8 @@ def _apply_table(results) -> None:
 def tune(c: Context, fleet: str = "", hosts: str = "", group: str = "", target: str = "",
          tags: str = "", parallel: int = 0, accept_new_host_keys: bool = False,
          dry_run: bool = False, allow_reboot: bool = False, show: bool = False,
-         restore: bool = False, json: bool = False) -> None:
+         restore: bool = False, json: bool = False, max_unavailable: int = 1,
+         reboot_timeout: int = int(tunelib.REBOOT_TIMEOUT)) -> None:
     """Tune devices per their target profile (nvpmodel, jetson_clocks, governors) and verify."""
     if show and restore:
         raise FleetError("--show and --restore are separate actions: pick one")
@@ -107,17 +119,25 @@ def tune(c: Context, fleet: str = "", hosts: str = "", group: str = "", target: 
     for o in plans:
         steps = o.value.steps if o.value else ["profile has no tune section: skipped"]
         for i, step in enumerate(steps or ["nothing to do"]):
-            rows.append([o.host if i == 0 else "", step])
+            rows.append([o.host if i == 0 else "", clean(step)])
+    reboots = [o.host for o in plans if o.value is not None and o.value.needs_reboot]
     if dry_run:
         print(table(rows))
+    if reboots:
+        print()
+        print(clean(f"needs a reboot for its power mode: {', '.join(reboots)}" +
+                    (f" (rolling: one canary, then {max_unavailable} at a time)" if allow_reboot
+                     else " (not allowed: nothing will be applied there; add --allow-reboot)")))
+    if dry_run:
         print("\ndry run: nothing was changed")
         return
 
     # Phase 2: apply and verify.
     by_host = {o.host: o.value for o in plans}
-    todo = [h for h in f.hosts if by_host.get(h.name) is not None]
-    _apply_table(f.run(lambda r, h: tunelib.apply(r, by_host[h.name], allow_reboot=allow_reboot),
-                       hosts=todo))
+    results, stopped = tunelib.rollout(f, by_host, allow_reboot=allow_reboot,
+                                       max_unavailable=max_unavailable,
+                                       reboot_timeout=reboot_timeout)
+    _apply_table(results, stopped)
 
 
 TASKS = [tune]

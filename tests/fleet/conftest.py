@@ -2,7 +2,7 @@
 the whole session, the real orin-nx build, and the built-in tiny model.
 
 Devices (all orin-nx unless said): jetson-00..02 the healthy fleet the main flow runs on,
-jetson-03 a Xavier NX (wrong kind), jetson-04 a 4 MiB disk (disk full), jetson-05 for injected
+jetson-03 a Xavier NX (wrong kind), jetson-04 an 8 MiB disk (disk full), jetson-05 for injected
 faults (dropped connection, corruption)."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def sim_fleet(tmp_path_factory: pytest.TempPathFactory):
     state = Path(tempfile.mkdtemp(prefix="colibri-fleet-test-"))
     fleet = EmulatedFleet(6, "orin-nx", state,
                           modules=["orin-nx", "orin-nx", "orin-nx", "xavier-nx", "orin-nx", "orin-nx"],
-                          disk_mb=[256, 256, 256, 256, 4, 256])
+                          disk_mb=[256, 256, 256, 256, 8, 256])
     try:
         with fleet:
             yield fleet

@@ -73,7 +73,7 @@ def test_status_reports_release_model_and_device(inventory, profile, dist_a, tin
     rows = status(fleet_of(inventory, MAIN + [XAVIER]))
     for row in rows[:3]:
         assert row.reachable and row.release == art.release_id and row.model == art.model_sha[:12]
-        assert (row.target, row.l4t) == ("orin-nx", "R36.4.3")
+        assert (row.target, row.l4t) == ("orin-nx", "R36.4.0")   # JetPack 6.1 factory image
         assert "Orin NX" in row.device and row.uptime != "-"
     assert rows[3].reachable and rows[3].release == "-" and rows[3].l4t == "R35.5.0"
 

@@ -96,7 +96,7 @@ def test_deploy_then_noop(device, fleet, profile, tmp_path, model) -> None:
     [again] = D.deploy(fleet, art, profile, hooks=D.Hooks())
     assert (again.result, again.uploaded) == ("unchanged", 0)
     [row] = statuslib.status(fleet)
-    assert (row.reachable, row.release, row.l4t, row.target) == (True, art.release_id, "R36.4.3",
+    assert (row.reachable, row.release, row.l4t, row.target) == (True, art.release_id, "R36.4.0",
                                                                   "orin-nx")
 
 
@@ -265,10 +265,11 @@ def test_tune_plan_reads_the_device_and_changes_nothing(device) -> None:
     before = {p: p.read_bytes() for p in device.path("/sys").rglob("*") if p.is_file()}
     plan = tunelib.plan(device, load_profile("orin-nx").tune)
     assert plan.steps == [
-        "nvpmodel -m 0 (15W -> MAXN)",
+        "power mode 15W -> MAXN (id 0; MAXN is mode 0 (MAXN_SUPER not on this device)); "
+        "needs a reboot (TPC_PG_MASK differs)",
         "jetson_clocks (after --store of the current clocks, once)",
-        "cpu governor performance on cpu0,1,2,3",
-        "gpu governor nvhost_podgov -> performance"]
+        "cpu governor performance on the online cpus",
+        "gpu governor performance on 17000000.gpu"]
     assert {p: p.read_bytes() for p in device.path("/sys").rglob("*") if p.is_file()} == before
     odd = load_profile("orin-nx").tune
     import dataclasses
@@ -297,15 +298,18 @@ def test_tables_strip_terminal_control_characters() -> None:
     assert "NVIDIA Jetson" in out and "red" in out
 
 
-def test_runs_without_root(tmp_path: Path) -> None:
-    """This module passes as an unprivileged user (run under ``setpriv`` when the suite is root)."""
+def test_runs_without_root(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """This module passes as an unprivileged user (run under ``setpriv`` when the suite is root).
+    The host build is made here, as root; the unprivileged run only executes it."""
     if os.geteuid() != 0:
         assert os.access("/etc/shadow", os.R_OK) is False  # really unprivileged
         return
+    host_colibri = request.getfixturevalue("host_colibri")
     base = Path(tempfile.mkdtemp(prefix="colibri-local-nonroot-"))
     os.chown(base, 65534, 65534)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-    env.update(HOME=str(base), XDG_CACHE_HOME=str(base / "cache"), PYTHONDONTWRITEBYTECODE="1")
+    env.update(HOME=str(base), XDG_CACHE_HOME=str(base / "cache"), PYTHONDONTWRITEBYTECODE="1",
+               COLIBRI_TEST_HOST_BINARY=str(host_colibri))
     proc = subprocess.run(
         ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--",
          sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--basetemp={base}/t",
@@ -368,3 +372,104 @@ def test_device_checks_without_a_device_tree() -> None:
                         compatible=("nvidia,p3767-0000", "nvidia,tegra234"))
     assert rel.check_device(ok, load_profile("orin-nx"), "cab") == []
     assert rel.check_device(ok, load_profile("orin-nano"), "cab")  # an NX is not a Nano
+
+
+# ----------------------------------------------------------------------------------------------
+# Smoke with the real runtime: the host build (x86_64, system cc) stands in for the aarch64 one,
+# since a LocalRemote runs commands on this machine; the aarch64 binary under qemu is the sshd
+# tests' (tests/fleet/test_smoke.py).
+
+
+@pytest.fixture
+def runtime_binary(request: pytest.FixtureRequest) -> Path:
+    """dist/host/bin/colibri (built by the host_colibri fixture; the unprivileged rerun of this
+    module gets the root run's build through COLIBRI_TEST_HOST_BINARY, as it may not write dist/)."""
+    given = os.environ.get("COLIBRI_TEST_HOST_BINARY")
+    return Path(given) if given else request.getfixturevalue("host_colibri")
+
+
+def with_tmp(device: LocalRemote) -> LocalRemote:
+    """A real device has /tmp (smoke writes the logits there); the faked file tree has not."""
+    device.path("/tmp").mkdir(exist_ok=True)
+    return device
+
+
+def real_dist(where: Path, binary: Path) -> Path:
+    """A dist/ for orin-nx whose bin/colibri is the real runtime built for this machine."""
+    where.mkdir(parents=True)
+    dist = make_dist(where / "d", "host-build")
+    (dist / "bin/colibri").write_bytes(binary.read_bytes())
+    manifest = json.loads((dist / "manifest.json").read_text())
+    manifest["files"]["bin/colibri"]["sha256"] = hashlib.sha256(binary.read_bytes()).hexdigest()
+    (dist / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    return dist
+
+
+@pytest.mark.parametrize("dtype", ["f32", "q4"])
+def test_smoke_checks_logits_greedy_and_text(device, fleet, profile, tmp_path, runtime_binary,
+                                             dtype) -> None:
+    """The tiny model (with its byte-level tokenizer) deployed with the real runtime passes smoke,
+    4-bit included: logits within the dtype's tolerance, greedy ids, and the text generated from
+    TEXT_PROMPT equal to `tokenizers` + the NumPy reference."""
+    from colibri_kit.model.format import DType
+    from colibri_kit.model.tiny import write_tiny_model
+
+    with_tmp(device)
+    model = write_tiny_model(tmp_path / f"tiny-{dtype}.colibri", dtype=DType.parse(dtype))
+    art = D.prepare("orin-nx", real_dist(tmp_path / "dist", runtime_binary), model)
+    [dep] = D.deploy(fleet, art, profile, hooks=D.Hooks())
+    assert dep.result == "ok", dep.detail
+    [r] = smokelib.smoke(fleet, profile, model=model, bench_runs=1)
+    assert r.result == "ok", r.detail
+    assert (r.extra["greedy"], r.extra["text"], r.extra["backend"]) == ("same", "same", "cpu")
+    assert float(r.extra["logits"]) <= smokelib.TOLERANCE[dtype]
+    want = smokelib.reference_text(model, smokelib.TEXT_PROMPT, smokelib.TEXT_TOKENS)
+    assert want is not None and len(want.ids) == smokelib.TEXT_TOKENS  # no stop ids: full length
+    assert want.prompt_ids == list(smokelib.TEXT_PROMPT.encode())  # the tiny tokenizer: id = byte
+    assert "text" in smokelib.SMOKE_COLUMNS and "text not checked" not in r.detail
+
+
+def test_smoke_without_tokenizer_says_text_was_not_checked(device, fleet, profile, tmp_path,
+                                                            runtime_binary) -> None:
+    from colibri_kit.model.tiny import tiny_header, write_random_model
+
+    with_tmp(device)
+    model = write_random_model(tmp_path / "ids-only.colibri", tiny_header(64))  # no tokenizer.*
+    art = D.prepare("orin-nx", real_dist(tmp_path / "dist", runtime_binary), model)
+    D.deploy(fleet, art, profile, hooks=D.Hooks())
+    [r] = smokelib.smoke(fleet, profile, model=model, bench_runs=1)
+    assert r.result == "ok", r.detail
+    assert r.extra["greedy"] == "same" and r.extra["text"] == "no tokenizer"
+    assert "text not checked: the model file has no tokenizer" in r.detail
+
+
+def test_text_check_names_what_differs() -> None:
+    want = smokelib.ExpectedText([1, 2], [5, 6], "ab")
+    assert smokelib.check_text({"prompt_ids": [1, 2], "ids": [5, 6], "text": "ab"}, want) == []
+    [p] = smokelib.check_text({"prompt_ids": [1, 3], "ids": [5, 6], "text": "ab"}, want)
+    assert "tokenizes to [1, 3] on the device, [1, 2] with `tokenizers`" in p
+    assert smokelib.check_text({"prompt_ids": [1, 2], "ids": [5, 7], "text": "ac"}, want) == [
+        "text generation ids [5, 7], reference [5, 6]", "generated text 'ac', reference 'ab'"]
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3"])
+def test_smoke_text_check_with_a_family_tokenizer(device, fleet, profile, tmp_path, runtime_binary,
+                                                  family) -> None:
+    """A tokenizer trained with the real `tokenizers` in the family's configuration (BOS added,
+    byte fallback, SentencePiece decoder for mixtral; Qwen2 regex, NFC, special tokens and two
+    stop ids for qwen3) stored in a small random-weight model: smoke's text check passes."""
+    import hf_models as H
+    from colibri_kit.model.tokenizer import load_tokenizer
+    from colibri_kit.model.tiny import write_text_model
+
+    with_tmp(device)
+    spec = load_tokenizer(H.train_tokenizer(family, 2000, tmp_path / "tok").parent)
+    assert spec is not None
+    model = write_text_model(tmp_path / f"{family}.colibri", spec.blobs(), 2048)
+    art = D.prepare("orin-nx", real_dist(tmp_path / "dist", runtime_binary), model)
+    D.deploy(fleet, art, profile, hooks=D.Hooks())
+    [r] = smokelib.smoke(fleet, profile, model=model, bench_runs=1)
+    assert r.result == "ok", r.detail
+    assert (r.extra["greedy"], r.extra["text"]) == ("same", "same")
+    want = smokelib.reference_text(model, smokelib.TEXT_PROMPT, smokelib.TEXT_TOKENS)
+    assert want is not None and (want.prompt_ids[0] == 1) == (family == "mixtral")  # <s> added

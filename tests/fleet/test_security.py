@@ -16,6 +16,11 @@ import pytest
 
 from colibri_kit.errors import FleetError
 from colibri_kit.fleet import tune as tunelib
+from colibri_kit.profiles import TuneSpec
+
+# A live mode on the factory Orin NX (15W -> 10W keeps the TPC mask): no reboot in these tests.
+LIVE = TuneSpec(nvpmodel_mode="min", jetson_clocks=True, cpu_governor="performance",
+                gpu_governor="performance")
 from colibri_kit.fleet.connect import SUDO_PASSWORD_ENV, SSHRemote
 from colibri_kit.fleet.inventory import write_inventory
 from colibri_kit.profiles import load_profile
@@ -82,7 +87,7 @@ def test_tune_as_a_login_user_never_lets_it_write_as_root(fleet, monkeypatch) ->
     name = fleet.devices[0].name
     os.chown(fleet.path_in(name, "/opt/colibri"), SIM_UID, SIM_UID)
     monkeypatch.setenv(SUDO_PASSWORD_ENV, fleet.sudo_password)
-    spec = load_profile("orin-nx").tune
+    spec = LIVE
     with _remote(fleet, 0, SIM_USER) as login, _remote(fleet, 0, SIM_USER) as attacker:
         attacker.run(["mkdir", "-p", "/opt/colibri/tune/values"])
         racing = Racing(login, lambda: attacker.run(["sh", "-c", ATTACK], timeout=30))
@@ -109,7 +114,7 @@ def test_tune_refuses_a_state_directory_it_does_not_own(fleet, monkeypatch) -> N
     os.chown(planted, SIM_UID, SIM_UID)
     with _remote(fleet, 1, "root") as r:
         with pytest.raises(FleetError, match="not a root-only directory"):
-            tunelib.apply(r, tunelib.plan(r, load_profile("orin-nx").tune))
+            tunelib.apply(r, tunelib.plan(r, LIVE))
 
 
 def test_a_device_serving_endless_files_fails_alone(fleet, tmp_path: Path) -> None:

@@ -100,20 +100,32 @@ def test_without_root_it_says_what_it_would_do(monkeypatch: pytest.MonkeyPatch) 
         simlib.EmulatedFleet(1).up()
 
 
-def test_device_reboot_keeps_its_files_port_and_host_key(inventory, sim_fleet) -> None:
-    """A device's power button: stop ends every process in it, start boots it again from its
-    files (what the device wrote to its faked tree survives; its /opt/colibri tmpfs does not)."""
+def test_device_reboot_keeps_its_files_disk_port_and_host_key(inventory, sim_fleet) -> None:
+    """A device's reset button: every process of its OS stops (sshd and the sessions), its mounts
+    go, a fresh OS boots on the same disk: /etc, /var and /opt/colibri survive, sysfs starts
+    from power-on and nvpmodel's boot applies the recorded mode."""
     device = sim_fleet.device(FAULTY)
     with remote(inventory, FAULTY) as r:
-        r.write_bytes("/var/lib/nvpmodel/status", b"pmode:0000\n")
-        r.write_bytes("/opt/colibri/marker", b"gone after a reboot\n")
-    old_pid = device.pid
+        r.write_bytes("/var/lib/nvpmodel/status", b"pmode:0001\n")      # 10W, live mask 252
+        r.write_bytes("/opt/colibri/marker", b"kept across a reboot\n")
+        sleeper = int(r.run(["sh", "-c", "sleep 300 </dev/null >/dev/null 2>&1 & echo $!"])
+                      .stdout.strip())
+        assert Path(f"/proc/{sleeper}").exists()
+        r.write_bytes("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor", b"powersave\n")
+    boots = device.boots
     sim_fleet.reboot(FAULTY)
-    assert device.running and device.pid != old_pid
-    assert not simlib.Device(**{**device.__dict__, "pid": old_pid}).running
+    assert device.running and device.boots == boots + 1
+    # Every process of the old OS is gone (host pids: there is no pid namespace).
+    assert not Path(f"/proc/{sleeper}").exists() or \
+        b"sleep" not in Path(f"/proc/{sleeper}/cmdline").read_bytes()
     with remote(inventory, FAULTY) as r:  # same port, and the known host key still matches
-        assert r.read_text("/var/lib/nvpmodel/status") == "pmode:0000\n"
-        assert r.read_text("/opt/colibri/marker") is None
+        assert r.read_text("/opt/colibri/marker") == "kept across a reboot\n"
+        assert r.read_text("/var/lib/nvpmodel/status").startswith("pmode:0001")
+        assert r.read_text("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor") == \
+            "schedutil\n"                            # sysfs is volatile
+        assert r.read_text("/sys/devices/system/cpu/online").strip() == "0-3"   # 10W applied
+        r.run(["rm", "-f", "/opt/colibri/marker"])
         r.write_bytes("/var/lib/nvpmodel/status", b"pmode:0002\n")
+    sim_fleet.reboot(FAULTY)
     saved = json.loads((sim_fleet.state_dir / "state.json").read_text())["devices"]
     assert [d["pid"] for d in saved if d["name"] == FAULTY] == [device.pid]  # sim.down finds it

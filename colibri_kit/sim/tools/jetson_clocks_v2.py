@@ -54,6 +54,9 @@ GPU_NODE_RE = re.compile(r"^(?:[0-9a-f]+\.(?:gpu|gv11b|ga10b|gp10b|gb10b)|gpu-(?
 
 
 def sim(path):
+    # A path already under the root (a caller that maps paths itself, e.g. LocalRemote) stays.
+    if SIM_ROOT and (path == SIM_ROOT or path.startswith(SIM_ROOT + "/")):
+        return path
     return SIM_ROOT + path if path.startswith("/") else path
 
 

@@ -51,6 +51,9 @@ _ATTR_RE = re.compile(r"(\w+)\s*=\s*([^\s>]+)")
 
 
 def sim(path):
+    # A path already under the root (a caller that maps paths itself, e.g. LocalRemote) stays.
+    if SIM_ROOT and (path == SIM_ROOT or path.startswith(SIM_ROOT + "/")):
+        return path
     return SIM_ROOT + path if path.startswith("/") else path
 
 
