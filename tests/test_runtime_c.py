@@ -219,16 +219,18 @@ def test_clang_build_warning_free(tmp_path_factory: pytest.TempPathFactory, host
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mcpu", ["cortex-a78ae", "neoverse-v3ae"])
+@pytest.mark.parametrize("target", ["orin-nx", "agx-thor"])
 def test_unit_tests_aarch64_under_qemu(tmp_path_factory: pytest.TempPathFactory, host_config: Path,
-                                       mcpu: str) -> None:
+                                       target: str) -> None:
     """The C unit tests, kernel bit contracts included (tiles == streams == row splits, exact
-    integer dots), cross-compiled by zig for Orin's and Thor's CPUs (NEON + SDOT kernels, chosen
-    by -mcpu) and run under qemu-aarch64."""
-    from colibri_kit.toolchain import install_zig, zig_env, zig_mcpu
+    integer dots), cross-compiled by zig for Orin's and Thor's CPUs (cortex-a78ae, neoverse-v3ae:
+    NEON + SDOT kernels, chosen by -mcpu) and run under qemu-aarch64."""
+    from colibri_kit.profiles import load_profile
+    from colibri_kit.toolchain import install_zig, zig_env
 
-    out = tmp_path_factory.mktemp(f"rt-{mcpu}")
-    cc = f"{install_zig()} cc -target aarch64-linux-gnu.2.35 -mcpu={zig_mcpu(mcpu)}"
+    p = load_profile(target)
+    out = tmp_path_factory.mktemp(f"rt-{target}")
+    cc = f"{install_zig()} cc -target {p.zig_triple} -mcpu={p.zig_mcpu}"
     proc = subprocess.run(["make", "-s", "-C", str(RUNTIME / "tests"), f"CONFIG_DIR={host_config}",
                            f"OUT_DIR={out}", f"CC={cc}", str(out / "bin" / "test_runtime")],
                           capture_output=True, text=True, timeout=900, env={**os.environ, **zig_env()})

@@ -291,7 +291,8 @@ colibri_status colibri_generate(colibri_ctx *ctx, const colibri_generate_params 
     if (r->finish == COLIBRI_FINISH_NONE) r->finish = COLIBRI_FINISH_LENGTH;
     if (r->n_new == 0 && t1 == 0) t1 = now_ms();
     /* the end: whatever was held back is final now */
-    if (r->finish != COLIBRI_FINISH_CANCELLED && len > g.emitted) emit(&g, -1, g.emitted, len, &oom);
+    if (r->finish != COLIBRI_FINISH_CANCELLED)
+        emit(&g, -1, g.emitted, len > g.emitted ? len : g.emitted, &oom);
     r->prefill_ms = t1 - t0;
     r->decode_ms = now_ms() - t1;
 done:
