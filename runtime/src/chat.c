@@ -8,41 +8,27 @@
  * length is checked against the blob before use; nothing is allocated. */
 #include "chat.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "model.h"
-
-static colibri_status chat_fail(char *why, size_t why_len, colibri_status s, const char *fmt, ...) {
-    if (why && why_len) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(why, why_len, fmt, ap);
-        va_end(ap);
-    }
-    return s;
-}
-
-static uint32_t get32(const uint8_t *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
+#include "le.h"
 
 /* Walk the blob; with key != NULL find it (1 found, 0 absent), else only validate. -1: bad. */
 static int blob_find(const uint8_t *b, size_t n, const char *key, const uint8_t **val,
                      size_t *val_len) {
     if (n < 8 || memcmp(b, "CHT1", 4) != 0) return -1;
-    uint32_t count = get32(b + 4);
+    uint32_t count = rd32(b + 4);
     size_t pos = 8, klen = key ? strlen(key) : 0;
     for (uint32_t i = 0; i < count; i++) {
         if (n - pos < 4) return -1;
-        size_t kl = get32(b + pos);
+        size_t kl = rd32(b + pos);
         pos += 4;
         if (kl > n - pos) return -1;
         const uint8_t *k = b + pos;
         pos += kl;
         if (n - pos < 4) return -1;
-        size_t vl = get32(b + pos);
+        size_t vl = rd32(b + pos);
         pos += 4;
         if (vl > n - pos) return -1;
         if (key && kl == klen && memcmp(k, key, kl) == 0) {
@@ -74,23 +60,23 @@ colibri_status colibri_chat_render_blob(const uint8_t *blob, size_t blob_len,
                                         size_t *len, char *why, size_t why_len) {
     static const char *names[] = {"system", "user", "assistant"};
     if (!blob || !len || (cap && !out) || n < 1 || !msgs)
-        return chat_fail(why, why_len, COLIBRI_E_INVALID_ARG,
-                         "chat render needs a template, at least one message and an output");
+        return fail(why, why_len, COLIBRI_E_INVALID_ARG,
+                    "chat render needs a template, at least one message and an output");
     if (blob_find(blob, blob_len, NULL, NULL, NULL) < 0)
-        return chat_fail(why, why_len, COLIBRI_E_BAD_TENSOR, "chat.template blob is malformed");
+        return fail(why, why_len, COLIBRI_E_BAD_TENSOR, "chat.template blob is malformed");
     /* the shape: [system] user assistant user ... */
     int first_user = 0;
     for (int i = 0; i < n; i++) {
         int r = role_index(msgs[i].role);
         if (r < 0 || !msgs[i].content)
-            return chat_fail(why, why_len, COLIBRI_E_INVALID_ARG,
-                             "message %d: role must be system, user or assistant, with content", i);
+            return fail(why, why_len, COLIBRI_E_INVALID_ARG,
+                        "message %d: role must be system, user or assistant, with content", i);
         if (i == 0 && r == 0) { first_user = 1; continue; }
         int want = (i - first_user) % 2 == 0 ? 1 : 2;
         if (r != want)
-            return chat_fail(why, why_len, COLIBRI_E_INVALID_ARG,
-                             "message %d is %s: expected an optional system message, then user and "
-                             "assistant alternating, starting with user", i, names[r]);
+            return fail(why, why_len, COLIBRI_E_INVALID_ARG,
+                        "message %d is %s: expected an optional system message, then user and "
+                        "assistant alternating, starting with user", i, names[r]);
     }
     size_t at = 0;
     char key[48];
@@ -106,8 +92,8 @@ colibri_status colibri_chat_render_blob(const uint8_t *blob, size_t blob_len,
         const uint8_t *v;
         size_t vl;
         if (blob_find(blob, blob_len, key, &v, &vl) != 1)
-            return chat_fail(why, why_len, COLIBRI_E_UNSUPPORTED,
-                             "the model's chat template does not allow this conversation (%s)", key);
+            return fail(why, why_len, COLIBRI_E_UNSUPPORTED,
+                        "the model's chat template does not allow this conversation (%s)", key);
         put(out, cap, &at, v, vl);
         if (i < n) put(out, cap, &at, msgs[i].content, strlen(msgs[i].content));
     }
@@ -121,11 +107,11 @@ colibri_status colibri_chat_render(const colibri_model *m, const colibri_chat_me
                                    char *why, size_t why_len) {
     const uint8_t *blob;
     size_t blob_len;
-    if (!m) return chat_fail(why, why_len, COLIBRI_E_INVALID_ARG, "model is NULL");
+    if (!m) return fail(why, why_len, COLIBRI_E_INVALID_ARG, "model is NULL");
     if (!colibri_model_meta(m, "chat.template", &blob, &blob_len))
-        return chat_fail(why, why_len, COLIBRI_E_UNSUPPORTED,
-                         "the model has no chat template: convert it again from a checkpoint whose "
-                         "tokenizer_config.json has a chat_template (or pass --chat-template FILE)");
+        return fail(why, why_len, COLIBRI_E_UNSUPPORTED,
+                    "the model has no chat template: convert it again from a checkpoint whose "
+                    "tokenizer_config.json has a chat_template (or pass --chat-template FILE)");
     return colibri_chat_render_blob(blob, blob_len, msgs, n, add_generation_prompt, out, cap, len,
                                     why, why_len);
 }

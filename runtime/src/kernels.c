@@ -3,6 +3,7 @@
  * needs no -march flag), NEON on aarch64, portable scalar code otherwise. */
 #include "kernels.h"
 #include "kernels_q4.h"
+#include "half.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -53,26 +54,6 @@ static struct {
 } K;
 
 /* ---- conversions ---------------------------------------------------------------------------- */
-
-static float half_to_float(uint16_t h) {
-    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
-    if (exp == 0) {
-        if (man == 0) {
-            u = sign;
-        } else { /* subnormal: renormalise */
-            exp = 127 - 15 + 1;
-            while (!(man & 0x400)) { man <<= 1; exp--; }
-            u = sign | exp << 23 | (man & 0x3ff) << 13;
-        }
-    } else if (exp == 31) {
-        u = sign | 0x7f800000u | man << 13;
-    } else {
-        u = sign | (exp - 15 + 127) << 23 | man << 13;
-    }
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
 
 static float bf16_to_float(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;

@@ -15,6 +15,7 @@
 #include "kernels_q4.h"
 
 #include "kernels.h"
+#include "half.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -47,26 +48,6 @@ static struct {
     const char *name;
 } Q;
 
-static float q4_half(uint16_t h) {
-    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
-    if (exp == 0) {
-        if (man == 0) {
-            u = sign;
-        } else { /* subnormal: renormalise */
-            exp = 127 - 15 + 1;
-            while (!(man & 0x400)) { man <<= 1; exp--; }
-            u = sign | exp << 23 | (man & 0x3ff) << 13;
-        }
-    } else if (exp == 31) {
-        u = sign | 0x7f800000u | man << 13;
-    } else {
-        u = sign | (exp - 15 + 127) << 23 | man << 13;
-    }
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
 /* Element i (< 32) of a group's 16 nibble bytes, as the signed 4-bit value. */
 static int q4_nib(const uint8_t *blk, size_t i) {
     return i < 16 ? (blk[i] & 15) - 8 : (blk[i - 16] >> 4) - 8;
@@ -84,7 +65,7 @@ static float q4_tail(const uint8_t *q, const uint16_t *d, const float *x, size_t
     size_t full = cols / 32, i0 = full * 32;
     float t = 0.0f;
     if (i0 == cols) return 0.0f;
-    float dd = q4_half(d[full]);
+    float dd = half_to_float(d[full]);
     for (size_t i = i0; i < cols; i++)
         t = fmaf((float)q4_nib(q + full * 16, i - i0) * dd, x[i], t);
     return t;
@@ -102,7 +83,7 @@ static float scalar_q4_dot(const uint8_t *q, const uint16_t *d, const float *x, 
     float L[32] = {0};
     size_t full = cols / 32;
     for (size_t b = 0; b < full; b++) {
-        float dd = q4_half(d[b]);
+        float dd = half_to_float(d[b]);
         for (int l = 0; l < 32; l++)
             L[l] = fmaf((float)q4_nib(q + b * 16, (size_t)l) * dd, x[b * 32 + (size_t)l], L[l]);
     }
@@ -126,7 +107,7 @@ static float q4q8_tail(const uint8_t *q, const uint16_t *d, const int8_t *x, siz
     if (i0 == cols) return 0.0f;
     int32_t t = 0;
     for (size_t i = i0; i < cols; i++) t += q4_nib(q + full * 16, i - i0) * (int32_t)x[i];
-    return q4_half(d[full]) * (float)t;
+    return half_to_float(d[full]) * (float)t;
 }
 
 static float q4q8_reduce(const float L[8]) {
@@ -137,7 +118,7 @@ static float scalar_q4q8_dot(const uint8_t *q, const uint16_t *d, const int8_t *
     float L[8] = {0};
     size_t full = cols / 32;
     for (size_t b = 0; b < full; b++) {
-        float dd = q4_half(d[b]);
+        float dd = half_to_float(d[b]);
         for (int l = 0; l < 8; l++) {
             int32_t s = 0;
             for (int e = 4 * l; e < 4 * l + 4; e++)
@@ -268,17 +249,21 @@ static float neon_reduce(const float32x4_t A[8]) {
             (vgetq_lane_f32(uh, 2) + vgetq_lane_f32(uh, 3)));
 }
 
+/* A group's 16 nibble bytes as signed 4-bit values: lo = elements 0..15, hi = 16..31. */
+static inline void neon_q4_unpack(const uint8_t *blk, int8x16_t *lo, int8x16_t *hi) {
+    const uint8x16_t v = vld1q_u8(blk);
+    *lo = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(0x0f))), vdupq_n_s8(8));
+    *hi = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(v, 4)), vdupq_n_s8(8));
+}
+
 static float neon_q4_dot(const uint8_t *q, const uint16_t *d, const float *x, size_t cols) {
     float32x4_t A[8];
     for (int k = 0; k < 8; k++) A[k] = vdupq_n_f32(0);
-    const uint8x16_t m4 = vdupq_n_u8(0x0f);
-    const int8x16_t k8 = vdupq_n_s8(8);
     size_t full = cols / 32;
     for (size_t b = 0; b < full; b++) {
         __builtin_prefetch(q + b * 16 + Q4_PREFETCH_BYTES);
-        uint8x16_t v = vld1q_u8(q + b * 16);
-        int8x16_t lo = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(v, m4)), k8);
-        int8x16_t hi = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(v, 4)), k8);
+        int8x16_t lo, hi;
+        neon_q4_unpack(q + b * 16, &lo, &hi);
         float dd = vgetq_lane_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(d[b]))), 0);
         int16x8_t h[4] = {vmovl_s8(vget_low_s8(lo)), vmovl_s8(vget_high_s8(lo)),
                           vmovl_s8(vget_low_s8(hi)), vmovl_s8(vget_high_s8(hi))};
@@ -311,14 +296,11 @@ static void neon_f32_dot3(const float *w, const float *const x[3], size_t cols, 
 /* q4 x int8: products widened to 16 bits, then pairwise adds give the 4-element lane sums. */
 static float neon_q4q8_dot(const uint8_t *q, const uint16_t *d, const int8_t *x, size_t cols) {
     float32x4_t lo = vdupq_n_f32(0), hi = lo;
-    const uint8x16_t m4 = vdupq_n_u8(0x0f);
-    const int8x16_t k8 = vdupq_n_s8(8);
     size_t full = cols / 32;
     for (size_t b = 0; b < full; b++) {
         __builtin_prefetch(q + b * 16 + Q4_PREFETCH_BYTES);
-        uint8x16_t v = vld1q_u8(q + b * 16);
-        int8x16_t ql = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(v, m4)), k8);
-        int8x16_t qh = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(v, 4)), k8);
+        int8x16_t ql, qh;
+        neon_q4_unpack(q + b * 16, &ql, &qh);
         int8x16_t xl = vld1q_s8(x + b * 32), xh = vld1q_s8(x + b * 32 + 16);
         int32x4_t s0 = vpaddq_s32(vpaddlq_s16(vmull_s8(vget_low_s8(ql), vget_low_s8(xl))),
                                   vpaddlq_s16(vmull_s8(vget_high_s8(ql), vget_high_s8(xl))));
@@ -383,7 +365,7 @@ void colibri_q4_row_f32(const colibri_tensor *w, uint32_t r, float *out) {
     const uint8_t *q = (const uint8_t *)w->data + (size_t)r * ng * COLIBRI_Q4_BLOCK;
     const uint16_t *d = colibri_q4_scales(w) + (size_t)r * ng;
     for (size_t g = 0; g * 32 < cols; g++) {
-        float dd = q4_half(d[g]);
+        float dd = half_to_float(d[g]);
         size_t m = cols - g * 32 < 32 ? cols - g * 32 : 32;
         for (size_t e = 0; e < m; e++) out[g * 32 + e] = (float)q4_nib(q + g * 16, e) * dd;
     }
@@ -479,8 +461,8 @@ int colibri_q4_selftest(char *msg, size_t len) {
                 for (int e = 0; e < 32 && g * 32 + e < COLS; e++)
                     isum += (long)q4_nib(q + (r * NG + (uint32_t)g) * 16, (size_t)e) *
                             xq[j * COLS + g * 32 + e];
-                ref += (double)q4_half(d[r * NG + (uint32_t)g]) * (double)isum;
-                mag += fabs((double)q4_half(d[r * NG + (uint32_t)g]) * (double)isum);
+                ref += (double)half_to_float(d[r * NG + (uint32_t)g]) * (double)isum;
+                mag += fabs((double)half_to_float(d[r * NG + (uint32_t)g]) * (double)isum);
             }
             ref *= xs[j];
             mag *= xs[j];

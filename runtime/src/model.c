@@ -6,7 +6,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +14,7 @@
 #include <unistd.h>
 
 #include "colibri_config.h"
+#include "le.h"
 #include "tokenizer.h"
 
 _Static_assert(COLIBRI_EMBED_DIM_PAD > 0 && COLIBRI_EMBED_DIM_PAD % 16 == 0,
@@ -34,20 +34,6 @@ _Static_assert(COLIBRI_MAX_EXPERTS >= 1 && COLIBRI_MAX_EXPERTS <= 256,
 #define LIM_F 262144u
 #define LIM_SEQ 1048576u
 
-static colibri_status fail(char *why, size_t len, colibri_status s, const char *fmt, ...) {
-    if (why && len) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(why, len, fmt, ap);
-        va_end(ap);
-    }
-    return s;
-}
-
-static uint32_t rd32(const uint8_t *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static uint64_t rd64(const uint8_t *p) { return (uint64_t)rd32(p) | (uint64_t)rd32(p + 4) << 32; }
 static float rdf32(const uint8_t *p) {
     uint32_t u = rd32(p);
     float f;

@@ -7,42 +7,13 @@
 #include <string.h>
 
 #include "colibri_config.h"
+#include "le_write.h"
 #include "model.h"
 
 typedef struct {
     uint32_t kind, layer, expert, rows, cols, dtype;
     uint64_t off, nbytes, soff;
 } spec;
-
-static void put32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *p, uint64_t v) {
-    put32(p, (uint32_t)v);
-    put32(p + 4, (uint32_t)(v >> 32));
-}
-static void putf(uint8_t *p, float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    put32(p, u);
-}
-
-static uint16_t to_half(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    uint32_t sign = (u >> 16) & 0x8000, man = u & 0x7fffff;
-    int e = (int)((u >> 23) & 0xff) - 127 + 15;
-    if (e <= 0) return (uint16_t)sign; /* tiny values flush to zero (test data only) */
-    uint32_t h = sign | (uint32_t)e << 10 | man >> 13, rest = man & 0x1fff;
-    if (rest > 0x1000 || (rest == 0x1000 && (h & 1))) h++;
-    return (uint16_t)h;
-}
-static uint16_t to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    u += 0x7fff + ((u >> 16) & 1);
-    return (uint16_t)(u >> 16);
-}
 
 int colibri_selftest_write_model(const char *path, uint32_t dtype, uint32_t pad) {
     enum { D = 40, E = 4, L = 2, H = 4, HKV = 2, DH = 8, F = 24, FS = 16, S = 32 };
@@ -96,16 +67,16 @@ int colibri_selftest_write_model(const char *path, uint32_t dtype, uint32_t pad)
     if (!buf) return -1;
     memcpy(buf, "COLIBRI\0", 8);
     uint32_t hv[] = {1, NE, F, V, S, D, 256, L, H, HKV, DH, K, 0, dtype, DP, pad, flags, FS};
-    for (size_t i = 0; i < sizeof hv / sizeof hv[0]; i++) put32(buf + 8 + 4 * i, hv[i]);
-    putf(buf + 80, 1e-5f);
-    putf(buf + 84, 10000.0f);
-    put32(buf + 88, (uint32_t)n);
-    put32(buf + 92, 256);
-    put64(buf + 96, data_offset);
-    put64(buf + 104, size);
-    put32(buf + 112, 255);
-    put32(buf + 116, 1);
-    put32(buf + 120, 2);
+    for (size_t i = 0; i < sizeof hv / sizeof hv[0]; i++) le_put32(buf + 8 + 4 * i, hv[i]);
+    le_putf(buf + 80, 1e-5f);
+    le_putf(buf + 84, 10000.0f);
+    le_put32(buf + 88, (uint32_t)n);
+    le_put32(buf + 92, 256);
+    le_put64(buf + 96, data_offset);
+    le_put64(buf + 104, size);
+    le_put32(buf + 112, 255);
+    le_put32(buf + 116, 1);
+    le_put32(buf + 120, 2);
     memcpy(buf + 192, "colibri-selftest", 16);
 
     uint32_t seed = 2463534242u;
@@ -114,10 +85,10 @@ int colibri_selftest_write_model(const char *path, uint32_t dtype, uint32_t pad)
     for (int i = 0; i < n; i++) {
         spec *t = &sp[i];
         uint8_t *rec = buf + 256 + 64 * (size_t)i;
-        put32(rec, t->kind); put32(rec + 4, t->layer); put32(rec + 8, t->expert);
-        put32(rec + 12, t->dtype); put32(rec + 16, t->rows); put32(rec + 20, t->cols);
-        put64(rec + 24, t->off); put64(rec + 32, t->nbytes);
-        if (t->dtype == COLIBRI_DT_INT8) { put64(rec + 40, t->soff); put64(rec + 48, t->rows * 4ull); }
+        le_put32(rec, t->kind); le_put32(rec + 4, t->layer); le_put32(rec + 8, t->expert);
+        le_put32(rec + 12, t->dtype); le_put32(rec + 16, t->rows); le_put32(rec + 20, t->cols);
+        le_put64(rec + 24, t->off); le_put64(rec + 32, t->nbytes);
+        if (t->dtype == COLIBRI_DT_INT8) { le_put64(rec + 40, t->soff); le_put64(rec + 48, t->rows * 4ull); }
         int vec = t->rows == 1, out_padded = t->rows == DP && t->kind != COLIBRI_K_TOK_EMBED;
         int in_padded = t->cols == DP;
         float gain = t->kind == COLIBRI_K_ROUTER ? 3.0f : 1.0f;
@@ -134,10 +105,10 @@ int colibri_selftest_write_model(const char *path, uint32_t dtype, uint32_t pad)
             }
             uint8_t *dst = buf + t->off + (uint64_t)r * t->cols * colibri_dtype_size(t->dtype);
             if (t->dtype == COLIBRI_DT_F32) {
-                for (uint32_t c = 0; c < t->cols; c++) putf(dst + 4 * c, row[c]);
+                for (uint32_t c = 0; c < t->cols; c++) le_putf(dst + 4 * c, row[c]);
             } else if (t->dtype == COLIBRI_DT_F16 || t->dtype == COLIBRI_DT_BF16) {
                 for (uint32_t c = 0; c < t->cols; c++) {
-                    uint16_t h = t->dtype == COLIBRI_DT_F16 ? to_half(row[c]) : to_bf16(row[c]);
+                    uint16_t h = t->dtype == COLIBRI_DT_F16 ? le_half(row[c], 0) : le_bf16(row[c]);
                     dst[2 * c] = (uint8_t)h;
                     dst[2 * c + 1] = (uint8_t)(h >> 8);
                 }
@@ -146,7 +117,7 @@ int colibri_selftest_write_model(const char *path, uint32_t dtype, uint32_t pad)
                 for (uint32_t c = 0; c < t->cols; c++) amax = fmaxf(amax, fabsf(row[c]));
                 float sc = amax > 0 ? amax / 127.0f : 1.0f;
                 for (uint32_t c = 0; c < t->cols; c++) dst[c] = (uint8_t)(int8_t)lrintf(row[c] / sc);
-                putf(buf + t->soff + 4ull * r, sc);
+                le_putf(buf + t->soff + 4ull * r, sc);
             }
         }
     }

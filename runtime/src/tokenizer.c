@@ -5,29 +5,15 @@
  * memory, so concurrent calls on one model are safe. */
 #include "tokenizer.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "model.h"
+#include "le.h"
 
 enum { C_OTHER = 0, C_LETTER = 1, C_NUMBER = 2, C_SPACE = 3, C_NFC_MAYBE = 4 };
 #define BAD_CP 0x110000u /* an invalid UTF-8 byte b is the unit BAD_CP + b */
-
-static colibri_status fail(char *why, size_t len, colibri_status s, const char *fmt, ...) {
-    if (why && len) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(why, len, fmt, ap);
-        va_end(ap);
-    }
-    return s;
-}
-
-static uint32_t rd32(const uint8_t *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
 
 /* ---- growable buffers (scratch of one call) -------------------------------------------------- */
 

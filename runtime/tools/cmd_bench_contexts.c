@@ -3,13 +3,12 @@
  * timed), then N threads each prefilling its own prompt and decoding --gen greedy tokens at the
  * same time. Prints load ms, context creation ms (each), and aggregate / per-context decode
  * tok/s. --threads is per context (default 1, so N contexts use N cores). */
-#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "cli.h"
 #include "colibri.h"
 
 #define MAX_CTX 64
@@ -21,12 +20,6 @@ typedef struct {
     double decode_ms;
     int failed;
 } bench_job;
-
-static double ms_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 static void *bench_thread(void *arg) {
     bench_job *j = arg;
@@ -48,15 +41,6 @@ static void *bench_thread(void *arg) {
     return NULL;
 }
 
-static int arg_long(const char *s, long lo, long hi, long *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return -1;
-    *out = v;
-    return 0;
-}
-
 static int bc_usage(const char *msg) {
     if (msg) fprintf(stderr, "colibri: %s\n", msg);
     fprintf(stderr, "usage: colibri bench-contexts MODEL [--contexts N] [--gen N] [--prompt-len N]"
@@ -76,7 +60,7 @@ int colibri_cmd_bench_contexts(int argc, char **argv, int skip) {
         long *dst = !strcmp(a, "--contexts") ? &n : !strcmp(a, "--gen") ? &gen
                   : !strcmp(a, "--prompt-len") ? &plen : !strcmp(a, "--threads") ? &threads : NULL;
         if (dst) {
-            if (!v || arg_long(v, 1, dst == &n ? MAX_CTX : 1048576, dst))
+            if (!v || cli_long(v, 1, dst == &n ? MAX_CTX : 1048576, dst))
                 return bc_usage("--contexts 1..64, --gen/--prompt-len/--threads >= 1");
             i++;
         } else if (!strcmp(a, "--json")) json = 1;
@@ -97,14 +81,14 @@ int colibri_cmd_bench_contexts(int argc, char **argv, int skip) {
     opt.threads = (int)threads;
     opt.error = err;
     opt.error_len = sizeof err;
-    double t0 = ms_now();
+    double t0 = cli_now_ms();
     colibri_model *m;
     colibri_status s = colibri_model_load(&m, model, &opt);
     if (s) {
         fprintf(stderr, "colibri: %s: %s: %s\n", model, colibri_strerror(s), err);
         return 1;
     }
-    double load_ms = ms_now() - t0;
+    double load_ms = cli_now_ms() - t0;
     colibri_model_info info;
     colibri_model_get_info(m, &info);
     if (plen + gen > (long)info.max_seq_len) {
@@ -118,9 +102,9 @@ int colibri_cmd_bench_contexts(int argc, char **argv, int skip) {
     memset(jobs, 0, sizeof jobs);
     int rc = 0, made = 0;
     for (; made < n; made++) {
-        double a = ms_now();
+        double a = cli_now_ms();
         s = colibri_ctx_new(&jobs[made].ctx, m, &opt);
-        create_ms[made] = ms_now() - a;
+        create_ms[made] = cli_now_ms() - a;
         if (s) {
             fprintf(stderr, "colibri: context %d: %s: %s\n", made, colibri_strerror(s), err);
             rc = 1;
@@ -136,10 +120,10 @@ int colibri_cmd_bench_contexts(int argc, char **argv, int skip) {
         bench_job warm = jobs[0];
         bench_thread(&warm);
         pthread_t th[MAX_CTX];
-        double a = ms_now();
+        double a = cli_now_ms();
         for (int i = 0; i < n; i++) pthread_create(&th[i], NULL, bench_thread, &jobs[i]);
         for (int i = 0; i < n; i++) pthread_join(th[i], NULL);
-        double wall = ms_now() - a;
+        double wall = cli_now_ms() - a;
         double worst = 0, sum_create = 0, max_create = 0;
         for (int i = 0; i < n; i++) {
             if (jobs[i].failed) rc = 1;

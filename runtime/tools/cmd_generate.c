@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli.h"
 #include "colibri.h"
 
 #define MAX_STOPS 16
@@ -42,15 +43,6 @@ static int gen_usage(const char *msg) {
     return 2;
 }
 
-static int num_long(const char *s, long lo, long hi, long *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return -1;
-    *out = v;
-    return 0;
-}
-
 static int num_float(const char *s, float *out) {
     char *end;
     errno = 0;
@@ -70,38 +62,6 @@ static int num_u64(const char *s, uint64_t *out) {
     return 0;
 }
 
-static int split_ids(const char *s, int32_t **out) {
-    int n = 1;
-    for (const char *p = s; *p; p++) n += *p == ',';
-    int32_t *ids = malloc((size_t)n * sizeof *ids);
-    if (!ids) return -1;
-    const char *p = s;
-    for (int i = 0; i < n; i++) {
-        char *end;
-        errno = 0;
-        long v = strtol(p, &end, 10);
-        if (errno || end == p || (*end != ',' && *end != '\0') || v < INT32_MIN || v > INT32_MAX) {
-            free(ids);
-            return -1;
-        }
-        ids[i] = (int32_t)v;
-        p = end + 1;
-    }
-    *out = ids;
-    return n;
-}
-
-static void put_json_string(FILE *f, const char *s, size_t n) {
-    fputc('"', f);
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
-        else if (c < 0x20) fprintf(f, "\\u%04x", c);
-        else fputc(c, f);
-    }
-    fputc('"', f);
-}
-
 static int parse(gen_cli *c, int argc, char **argv, int skip) {
     int npos = 0;
     int sampling_given = 0;
@@ -119,7 +79,7 @@ static int parse(gen_cli *c, int argc, char **argv, int skip) {
             else return gen_usage("--backend must be cpu, cuda or auto");
         } else if (!strcmp(a, "--threads")) {
             VALUE();
-            if (num_long(v, 1, 64, &num)) return gen_usage("--threads must be 1..64");
+            if (cli_long(v, 1, 64, &num)) return gen_usage("--threads must be 1..64");
             c->threads = (int)num;
         } else if (!strcmp(a, "--int8-act")) c->int8_act = 1;
         else if (!strcmp(a, "--json")) c->json = 1;
@@ -130,7 +90,7 @@ static int parse(gen_cli *c, int argc, char **argv, int skip) {
         else if (!strcmp(a, "--system")) { VALUE(); c->system = v; }
         else if (!strcmp(a, "--max-new")) {
             VALUE();
-            if (num_long(v, 0, 1048576, &c->max_new)) return gen_usage("--max-new must be 0..1048576");
+            if (cli_long(v, 0, 1048576, &c->max_new)) return gen_usage("--max-new must be 0..1048576");
         } else if (!strcmp(a, "--temperature")) {
             VALUE();
             if (num_float(v, &c->sampling.temperature) || c->sampling.temperature < 0)
@@ -138,7 +98,7 @@ static int parse(gen_cli *c, int argc, char **argv, int skip) {
             sampling_given = 1;
         } else if (!strcmp(a, "--top-k")) {
             VALUE();
-            if (num_long(v, 0, INT_MAX, &num)) return gen_usage("--top-k must be >= 0 (0 = off)");
+            if (cli_long(v, 0, INT_MAX, &num)) return gen_usage("--top-k must be >= 0 (0 = off)");
             c->sampling.top_k = (int)num;
         } else if (!strcmp(a, "--top-p")) {
             VALUE();
@@ -152,7 +112,7 @@ static int parse(gen_cli *c, int argc, char **argv, int skip) {
                 return gen_usage("--repeat-penalty must be a number > 0");
         } else if (!strcmp(a, "--repeat-last-n")) {
             VALUE();
-            if (num_long(v, 0, INT_MAX, &num)) return gen_usage("--repeat-last-n must be >= 0");
+            if (cli_long(v, 0, INT_MAX, &num)) return gen_usage("--repeat-last-n must be >= 0");
             c->sampling.repeat_last_n = (int)num;
         } else if (!strcmp(a, "--seed")) {
             VALUE();
@@ -185,23 +145,6 @@ static int parse(gen_cli *c, int argc, char **argv, int skip) {
     return 0;
 }
 
-static int open_ctx(const gen_cli *c, colibri_ctx **ctx) {
-    colibri_options opt;
-    char err[512] = "";
-    colibri_default_options(&opt);
-    opt.backend = c->backend;
-    opt.threads = c->threads;
-    opt.int8_activations = c->int8_act;
-    opt.error = err;
-    opt.error_len = sizeof err;
-    colibri_status s = colibri_init_ex(ctx, c->model, &opt);
-    if (s) {
-        fprintf(stderr, "colibri: %s: %s: %s\n", c->model, colibri_strerror(s), err);
-        return 1;
-    }
-    return 0;
-}
-
 static void fallback_note(colibri_ctx *ctx) {
     colibri_runtime_info r;
     colibri_get_runtime_info(ctx, &r);
@@ -212,8 +155,9 @@ static void fallback_note(colibri_ctx *ctx) {
 /* --ids: the JSON contract of the original greedy command, plus the finish reason. */
 static int run_ids(const gen_cli *c, colibri_ctx *ctx) {
     int32_t *ids = NULL, *out = NULL;
-    int n = split_ids(c->ids, &ids);
-    if (n < 0) return gen_usage("--ids must be comma-separated integers, e.g. 1,2,3");
+    size_t count;
+    if (cli_ids(c->ids, &ids, &count)) return gen_usage("--ids must be comma-separated integers, e.g. 1,2,3");
+    int n = (int)count;
     colibri_model_info m;
     colibri_get_model_info(ctx, &m);
     int rc = 1;
@@ -384,7 +328,7 @@ static int run_prompt(const gen_cli *c, colibri_ctx *ctx) {
         printf("], \"ids\": [");
         put_ids(out, (size_t)r.n_new);
         printf("], \"text\": ");
-        put_json_string(stdout, so.text ? so.text : "", so.len);
+        cli_json_string(stdout, so.text ? so.text : "", so.len);
         printf(", \"finish_reason\": \"%s\", \"prompt_tokens\": %zu, \"new_tokens\": %d, "
                "\"prefill_ms\": %.3f, \"decode_ms\": %.3f, \"decode_tok_s\": %.3f}\n",
                colibri_finish_name(r.finish), n, r.n_new, r.prefill_ms, r.decode_ms,
@@ -410,7 +354,7 @@ int colibri_cmd_generate(int argc, char **argv, int skip) {
     int rc = parse(&c, argc, argv, skip);
     if (rc) return rc < 0 ? 0 : rc; /* -1: --help */
     colibri_ctx *ctx;
-    if (open_ctx(&c, &ctx)) return 1;
+    if (cli_open(c.model, c.backend, c.threads, c.int8_act, &ctx)) return 1;
     rc = c.prompt ? run_prompt(&c, ctx) : run_ids(&c, ctx);
     colibri_free(ctx);
     return rc;

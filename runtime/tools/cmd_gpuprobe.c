@@ -5,11 +5,11 @@
  *   colibri gpuprobe [--mib N] [--iters N] [--json]
  *
  * Exit status: 0 measured, 1 no usable GPU (one line on stderr), 2 usage. */
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli.h"
 #include "cuda_backend.h"
 
 static int gpuprobe_usage(const char *msg) {
@@ -21,15 +21,6 @@ static int gpuprobe_usage(const char *msg) {
             "  --iters N   timed copies (default 50, 1..10000)\n"
             "  --json      one JSON object instead of a line of text\n");
     return 2;
-}
-
-static int gpuprobe_long(const char *s, long lo, long hi, long *out) {
-    char *end;
-    errno = 0;
-    long v = s ? strtol(s, &end, 10) : 0;
-    if (!s || errno || end == s || *end || v < lo || v > hi) return -1;
-    *out = v;
-    return 0;
 }
 
 /* argv[0] is "gpuprobe" */
@@ -44,10 +35,10 @@ int cmd_gpuprobe(int argc, char **argv) {
         } else if (!strcmp(a, "--json")) {
             json = 1;
         } else if (!strcmp(a, "--mib")) {
-            if (gpuprobe_long(v, 1, 65536, &mib)) return gpuprobe_usage("--mib must be 1..65536");
+            if (cli_long(v, 1, 65536, &mib)) return gpuprobe_usage("--mib must be 1..65536");
             i++;
         } else if (!strcmp(a, "--iters")) {
-            if (gpuprobe_long(v, 1, 10000, &iters)) return gpuprobe_usage("--iters must be 1..10000");
+            if (cli_long(v, 1, 10000, &iters)) return gpuprobe_usage("--iters must be 1..10000");
             i++;
         } else {
             return gpuprobe_usage("unknown argument");

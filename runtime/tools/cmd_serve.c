@@ -6,12 +6,12 @@
  *
  * Exit status: 0 after SIGTERM/SIGINT and the drain, 1 when the service cannot start (model,
  * key file, address), 2 usage. */
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "cli.h"
 #include "colibri.h"
 #include "server.h"
 
@@ -35,15 +35,6 @@ static int serve_usage(const char *msg) {
     return 2;
 }
 
-static int num(const char *s, long lo, long hi, long *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return -1;
-    *out = v;
-    return 0;
-}
-
 /* Is this command line a `serve` command? The first argument that is neither an option nor the
  * value of a global option (--backend, --threads) names the command. */
 int cmd_serve_wanted(int argc, char **argv) {
@@ -64,7 +55,7 @@ int cmd_serve(int argc, char **argv) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         long n;
 #define VALUE() do { if (!v) return serve_usage("missing value after an option"); i++; } while (0)
-#define RANGE(lo, hi, field, what) do { VALUE(); if (num(v, lo, hi, &n)) return serve_usage(what); field = n; } while (0)
+#define RANGE(lo, hi, field, what) do { VALUE(); if (cli_long(v, lo, hi, &n)) return serve_usage(what); field = n; } while (0)
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { serve_usage(NULL); return 0; }
         else if (!strcmp(a, "--backend")) {
             VALUE();

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "colibri_config.h"
+#include "le_write.h"
 #include "model.h"
 
 typedef struct {
@@ -29,39 +30,6 @@ typedef struct {
     uint32_t D, L, E, K, F, H, HKV, DH, V, S, pad, dtype;
     uint64_t seed;
 } synth_geom;
-
-static void synth_put32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static void synth_put64(uint8_t *p, uint64_t v) {
-    synth_put32(p, (uint32_t)v);
-    synth_put32(p + 4, (uint32_t)(v >> 32));
-}
-static void synth_putf(uint8_t *p, float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    synth_put32(p, u);
-}
-
-/* f32 -> f16 bits, round to nearest even, subnormals included (|f| < 1 here: no overflow). */
-static uint16_t synth_half(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    const uint32_t sign = (u >> 16) & 0x8000u;
-    const float a = fabsf(f);
-    if (a < 6.103515625e-05f) return (uint16_t)(sign | (uint32_t)lrintf(a * 16777216.0f));
-    uint32_t h = ((((u >> 23) & 0xffu) - 112u) << 10) | ((u & 0x7fffffu) >> 13);
-    const uint32_t rest = u & 0x1fffu;
-    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) h++;
-    return (uint16_t)(sign | h);
-}
-
-static uint16_t synth_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
 
 static float synth_uniform(uint64_t *s) { /* xorshift64*: [-1, 1) */
     *s ^= *s >> 12;
@@ -116,9 +84,9 @@ static int synth_tensor_data(FILE *f, const synth_geom *g, const synth_tensor *t
         }
         for (uint32_t c = 0; c < t->cols; c++) {
             if (t->dtype == COLIBRI_DT_F32) {
-                synth_putf(bytes + 4 * c, row[c]);
+                le_putf(bytes + 4 * c, row[c]);
             } else if (t->dtype == COLIBRI_DT_F16 || t->dtype == COLIBRI_DT_BF16) {
-                uint16_t h = t->dtype == COLIBRI_DT_F16 ? synth_half(row[c]) : synth_bf16(row[c]);
+                uint16_t h = t->dtype == COLIBRI_DT_F16 ? le_half(row[c], 1) : le_bf16(row[c]);
                 bytes[2 * c] = (uint8_t)h;
                 bytes[2 * c + 1] = (uint8_t)(h >> 8);
             } else {
@@ -134,7 +102,7 @@ static int synth_tensor_data(FILE *f, const synth_geom *g, const synth_tensor *t
         uint8_t b[4];
         rc = fseeko(f, (off_t)t->soff, SEEK_SET) ? -1 : 0;
         for (uint32_t r = 0; r < t->rows && rc == 0; r++) {
-            synth_putf(b, scales[r]);
+            le_putf(b, scales[r]);
             if (fwrite(b, 1, 4, f) != 4) rc = -1;
         }
         free(scales);
@@ -169,26 +137,26 @@ static int synth_write(const char *path, const synth_geom *g) {
         memcpy(head, "COLIBRI\0", 8);
         const uint32_t hv[] = {1, g->E, g->F, g->V, g->S, g->D, 256, g->L, g->H, g->HKV, g->DH,
                                g->K, 0, g->dtype, DP, g->pad, 0, 0};
-        for (size_t i = 0; i < sizeof hv / sizeof hv[0]; i++) synth_put32(head + 8 + 4 * i, hv[i]);
-        synth_putf(head + 80, 1e-5f);
-        synth_putf(head + 84, 10000.0f);
-        synth_put32(head + 88, (uint32_t)n);
-        synth_put32(head + 92, 256);
-        synth_put64(head + 96, data_offset);
-        synth_put64(head + 104, at);
-        synth_put32(head + 112, 255); /* family: other */
-        synth_put32(head + 116, 0xFFFFFFFFu);
-        synth_put32(head + 120, 0xFFFFFFFFu);
+        for (size_t i = 0; i < sizeof hv / sizeof hv[0]; i++) le_put32(head + 8 + 4 * i, hv[i]);
+        le_putf(head + 80, 1e-5f);
+        le_putf(head + 84, 10000.0f);
+        le_put32(head + 88, (uint32_t)n);
+        le_put32(head + 92, 256);
+        le_put64(head + 96, data_offset);
+        le_put64(head + 104, at);
+        le_put32(head + 112, 255); /* family: other */
+        le_put32(head + 116, 0xFFFFFFFFu);
+        le_put32(head + 120, 0xFFFFFFFFu);
         snprintf((char *)head + 192, 64, "colibri-synth-seed-%llu", (unsigned long long)g->seed);
         for (int i = 0; i < n; i++) {
             uint8_t *rec = head + 256 + 64 * (size_t)i;
-            synth_put32(rec, t[i].kind); synth_put32(rec + 4, t[i].layer);
-            synth_put32(rec + 8, t[i].expert); synth_put32(rec + 12, t[i].dtype);
-            synth_put32(rec + 16, t[i].rows); synth_put32(rec + 20, t[i].cols);
-            synth_put64(rec + 24, t[i].off); synth_put64(rec + 32, t[i].nbytes);
+            le_put32(rec, t[i].kind); le_put32(rec + 4, t[i].layer);
+            le_put32(rec + 8, t[i].expert); le_put32(rec + 12, t[i].dtype);
+            le_put32(rec + 16, t[i].rows); le_put32(rec + 20, t[i].cols);
+            le_put64(rec + 24, t[i].off); le_put64(rec + 32, t[i].nbytes);
             if (t[i].dtype == COLIBRI_DT_INT8) {
-                synth_put64(rec + 40, t[i].soff);
-                synth_put64(rec + 48, t[i].rows * 4ull);
+                le_put64(rec + 40, t[i].soff);
+                le_put64(rec + 48, t[i].rows * 4ull);
             }
         }
         if (fwrite(head, 1, data_offset, f) != data_offset) rc = -1;

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli.h"
 #include "colibri.h"
 
 int colibri_cmd_text(int argc, char **argv);
@@ -50,41 +51,6 @@ static char *read_file(const char *path, size_t *len) {
     return buf;
 }
 
-static int parse_id_list(const char *s, int32_t **out, size_t *n_out) {
-    size_t n = 1;
-    for (const char *p = s; *p; p++) n += *p == ',';
-    int32_t *ids = malloc(n * sizeof *ids);
-    if (!ids) return -1;
-    const char *p = s;
-    for (size_t i = 0; i < n; i++) {
-        char *end;
-        errno = 0;
-        long long v = strtoll(p, &end, 10);
-        if (errno || end == p || (*end != ',' && *end != '\0') || v < INT32_MIN || v > INT32_MAX) {
-            free(ids);
-            return -1;
-        }
-        ids[i] = (int32_t)v;
-        p = end + 1;
-    }
-    *out = ids;
-    *n_out = n;
-    return 0;
-}
-
-static int open_cpu(const char *model, colibri_ctx **ctx) {
-    colibri_options opt;
-    char err[512] = "";
-    colibri_default_options(&opt);
-    opt.backend = COLIBRI_BACKEND_CPU; /* text needs no GPU */
-    opt.threads = 1;
-    opt.error = err;
-    opt.error_len = sizeof err;
-    colibri_status s = colibri_init_ex(ctx, model, &opt);
-    if (s) fprintf(stderr, "colibri: %s: %s: %s\n", model, colibri_strerror(s), err);
-    return s ? 1 : 0;
-}
-
 static int fail_status(const char *model, colibri_status s) {
     fprintf(stderr, "colibri: %s: %s\n", model, colibri_strerror(s));
     return 1;
@@ -92,7 +58,7 @@ static int fail_status(const char *model, colibri_status s) {
 
 static int do_tokenize(const char *model, const char *text, size_t len, int special) {
     colibri_ctx *ctx;
-    if (open_cpu(model, &ctx)) return 1;
+    if (cli_open(model, COLIBRI_BACKEND_CPU, 1, 0, &ctx)) return 1;
     size_t n = 0;
     colibri_status s = colibri_tokenize(ctx, text, len, special, NULL, 0, &n);
     int32_t *ids = NULL;
@@ -116,9 +82,9 @@ static int do_tokenize(const char *model, const char *text, size_t len, int spec
 static int do_detokenize(const char *model, const char *list, int skip) {
     int32_t *ids;
     size_t n;
-    if (parse_id_list(list, &ids, &n)) return text_usage("--ids must be comma-separated integers");
+    if (cli_ids(list, &ids, &n)) return text_usage("--ids must be comma-separated integers");
     colibri_ctx *ctx;
-    if (open_cpu(model, &ctx)) { free(ids); return 1; }
+    if (cli_open(model, COLIBRI_BACKEND_CPU, 1, 0, &ctx)) { free(ids); return 1; }
     size_t len = 0;
     colibri_status s = colibri_detokenize(ctx, ids, n, skip, NULL, 0, &len);
     char *text = NULL;

@@ -18,9 +18,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <time.h>
 
 #include "../kernels/colibri_abi.h"
+#include "cli.h"
 #include "colibri.h"
 #include "colibri_config.h"
 
@@ -59,76 +59,12 @@ static int usage(const char *msg) {
     return 2;
 }
 
-static int parse_long(const char *s, long lo, long hi, long *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return -1;
-    *out = v;
-    return 0;
-}
-
 /* "1,2,3" -> ids (malloc'd). Returns count, or -1 with a message. */
-static int parse_ids(const char *s, int32_t **out) {
-    int n = 1;
-    for (const char *p = s; *p; p++) n += *p == ',';
-    int32_t *ids = malloc((size_t)n * sizeof *ids);
-    if (!ids) return -1;
-    const char *p = s;
-    for (int i = 0; i < n; i++) {
-        char *end;
-        errno = 0;
-        long v = strtol(p, &end, 10);
-        if (errno || end == p || (*end != ',' && *end != '\0') || v < INT32_MIN || v > INT32_MAX) {
-            free(ids);
-            return -1;
-        }
-        ids[i] = (int32_t)v;
-        p = end + 1;
-    }
-    *out = ids;
-    return n;
-}
-
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
 static int argmax(const float *v, uint32_t n) {
     uint32_t best = 0;
     for (uint32_t i = 1; i < n; i++)
         if (v[i] > v[best]) best = i; /* ties: the lower id */
     return (int)best;
-}
-
-static void json_string(FILE *f, const char *s) {
-    fputc('"', f);
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
-        else if (c < 0x20) fprintf(f, "\\u%04x", c);
-        else fputc(c, f);
-    }
-    fputc('"', f);
-}
-
-static int open_model(const cli *c, colibri_ctx **ctx) {
-    colibri_options opt;
-    char err[512] = "";
-    colibri_default_options(&opt);
-    opt.backend = c->backend;
-    opt.threads = c->threads;
-    opt.int8_activations = c->int8_act;
-    opt.error = err;
-    opt.error_len = sizeof err;
-    colibri_status s = colibri_init_ex(ctx, c->model, &opt);
-    if (s) {
-        fprintf(stderr, "colibri: %s: %s: %s\n", c->model, colibri_strerror(s), err);
-        return 1;
-    }
-    return 0;
 }
 
 static const char *dtype_name(uint32_t d) {
@@ -146,9 +82,9 @@ static void print_backend_json(FILE *f, colibri_ctx *ctx) {
     fprintf(f, "{\"name\": \"%s\", \"threads\": %d, \"cpu_simd\": \"%s\", \"arena_bytes\": %zu, ",
             r.backend, r.threads, r.cpu_simd, r.arena_bytes);
     fprintf(f, "\"fallback_reason\": ");
-    json_string(f, r.fallback_reason);
+    cli_json_string(f, r.fallback_reason, strlen(r.fallback_reason));
     fprintf(f, ", \"cuda_device\": ");
-    json_string(f, r.cuda_device);
+    cli_json_string(f, r.cuda_device, strlen(r.cuda_device));
     fprintf(f, ", \"cuda_sm\": %d, \"cuda_driver_version\": %d, \"cuda_image\": \"%s\", "
             "\"cuda_weights\": \"%s\", \"cuda_integrated\": %s, \"cuda_device_bytes\": %zu}",
             r.cuda_sm, r.cuda_driver_version, r.cuda_image, r.cuda_weights,
@@ -167,11 +103,11 @@ static void note_fallback(colibri_ctx *ctx) {
 
 static int cmd_info(const cli *c) {
     colibri_ctx *ctx;
-    if (open_model(c, &ctx)) return 1;
+    if (cli_open(c->model, c->backend, c->threads, c->int8_act, &ctx)) return 1;
     colibri_model_info m;
     colibri_get_model_info(ctx, &m);
     printf("{\"name\": ");
-    json_string(stdout, m.name);
+    cli_json_string(stdout, m.name, strlen(m.name));
     printf(", \"family\": \"%s\", \"dtype\": \"%s\", \"vocab_size\": %u, \"embed_dim\": %u, "
            "\"embed_dim_pad\": %u, \"pad_multiple\": %u, \"n_layers\": %u, \"n_heads\": %u, "
            "\"n_kv_heads\": %u, \"head_dim\": %u, \"num_experts\": %u, \"top_k\": %u, "
@@ -196,9 +132,10 @@ static int cmd_info(const cli *c) {
 /* Load the model and the ids; run them; logits (n x V) malloc'd for the caller. */
 static int run_ids(const cli *c, colibri_ctx **ctx, int32_t **ids, int *n, float **logits) {
     if (!c->ids) return usage("--ids is required");
-    *n = parse_ids(c->ids, ids);
-    if (*n < 0) return usage("--ids must be comma-separated integers, e.g. 1,2,3");
-    if (open_model(c, ctx)) return 1; /* the caller frees *ids */
+    size_t count;
+    if (cli_ids(c->ids, ids, &count)) return usage("--ids must be comma-separated integers, e.g. 1,2,3");
+    *n = (int)count;
+    if (cli_open(c->model, c->backend, c->threads, c->int8_act, ctx)) return 1; /* the caller frees *ids */
     colibri_model_info m;
     colibri_get_model_info(*ctx, &m);
     *logits = malloc((size_t)*n * m.vocab_size * sizeof(float));
@@ -232,7 +169,7 @@ static int cmd_forward(const cli *c) {
             goto done;
         }
         printf("{\"n\": %d, \"vocab_size\": %u, \"logits_out\": ", n, m.vocab_size);
-        json_string(stdout, c->logits_out);
+        cli_json_string(stdout, c->logits_out, strlen(c->logits_out));
         printf("}\n");
     } else {
         printf("{\"n\": %d, \"vocab_size\": %u, \"positions\": [", n, m.vocab_size);
@@ -292,10 +229,10 @@ static double peak_rss_mb(void) {
 }
 
 static int cmd_bench(const cli *c) {
-    double t0 = now_ms();
+    double t0 = cli_now_ms();
     colibri_ctx *ctx;
-    if (open_model(c, &ctx)) return 1;
-    double load_ms = now_ms() - t0;
+    if (cli_open(c->model, c->backend, c->threads, c->int8_act, &ctx)) return 1;
+    double load_ms = cli_now_ms() - t0;
     colibri_model_info m;
     colibri_get_model_info(ctx, &m);
     long plen = c->prompt_len, gen = c->gen, runs = c->runs;
@@ -318,11 +255,11 @@ static int cmd_bench(const cli *c) {
     /* one untimed warm-up run pages the weights in; run -1 is it */
     for (long r = -1; r < runs && !rc; r++) {
         colibri_reset(ctx);
-        double a = now_ms();
+        double a = cli_now_ms();
         colibri_status s = colibri_forward(ctx, ids, (int)plen, logits);
-        double b = now_ms();
+        double b = cli_now_ms();
         int32_t next = argmax(logits + (size_t)(plen - 1) * m.vocab_size, m.vocab_size);
-        double cdone = now_ms();
+        double cdone = cli_now_ms();
         for (long g = 0; g < gen && !s; g++) {
             s = colibri_forward(ctx, &next, 1, logits);
             next = argmax(logits, m.vocab_size);
@@ -330,7 +267,7 @@ static int cmd_bench(const cli *c) {
         if (r >= 0) {
             prefill[r] = b - a;
             first[r] = cdone - a; /* time to the first new token: prefill + pick */
-            decode[r] = now_ms() - cdone;
+            decode[r] = cli_now_ms() - cdone;
         }
         if (s) {
             fprintf(stderr, "colibri: %s: %s\n", colibri_strerror(s), colibri_last_error(ctx));
@@ -352,7 +289,7 @@ static int cmd_bench(const cli *c) {
         double rss_mb = fmax(peak_rss_mb(), rss_now_mb);
         if (c->json) {
             printf("{\"model\": ");
-            json_string(stdout, m.name);
+            cli_json_string(stdout, m.name, strlen(m.name));
             printf(", \"dtype\": \"%s\", \"prompt_len\": %ld, \"gen\": %ld, \"runs\": %ld, "
                    "\"load_ms\": %.3f, \"prefill_ms_p50\": %.3f, \"prefill_ms_p99\": %.3f, "
                    "\"first_token_ms_p50\": %.3f, \"first_token_ms_p99\": %.3f, "
@@ -451,7 +388,7 @@ int main(int argc, char **argv) {
             else return usage("--backend must be cpu, cuda or auto");
         } else if (!strcmp(a, "--threads")) {
             NEED_VALUE();
-            if (parse_long(v, 1, 64, &num)) return usage("--threads must be 1..64");
+            if (cli_long(v, 1, 64, &num)) return usage("--threads must be 1..64");
             c.threads = (int)num;
         } else if (!strcmp(a, "--int8-act")) c.int8_act = 1;
         else if (!strcmp(a, "--json")) c.json = 1;
@@ -460,16 +397,16 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--out")) { NEED_VALUE(); c.out = v; }
         else if (!strcmp(a, "--max-new")) {
             NEED_VALUE();
-            if (parse_long(v, 0, 1048576, &c.max_new)) return usage("--max-new must be 0..1048576");
+            if (cli_long(v, 0, 1048576, &c.max_new)) return usage("--max-new must be 0..1048576");
         } else if (!strcmp(a, "--prompt-len")) {
             NEED_VALUE();
-            if (parse_long(v, 1, 1048576, &c.prompt_len)) return usage("--prompt-len must be >= 1");
+            if (cli_long(v, 1, 1048576, &c.prompt_len)) return usage("--prompt-len must be >= 1");
         } else if (!strcmp(a, "--gen")) {
             NEED_VALUE();
-            if (parse_long(v, 0, 1048576, &c.gen)) return usage("--gen must be >= 0");
+            if (cli_long(v, 0, 1048576, &c.gen)) return usage("--gen must be >= 0");
         } else if (!strcmp(a, "--runs")) {
             NEED_VALUE();
-            if (parse_long(v, 1, 100000, &c.runs)) return usage("--runs must be >= 1");
+            if (cli_long(v, 1, 100000, &c.runs)) return usage("--runs must be >= 1");
         } else if (a[0] == '-' && a[1]) {
             fprintf(stderr, "colibri: unknown option %s\n", a);
             return usage(NULL);
