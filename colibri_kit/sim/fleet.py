@@ -278,7 +278,25 @@ def _pids_in_ns(ns: str) -> list[int]:
     return pids
 
 
-class EmulatedFleet:
+class FleetFiles:
+    """The files an emulated fleet writes for the kit to read, in its private state directory."""
+
+    state_dir: Path
+
+    @property
+    def fleet_file(self) -> Path:
+        return self.state_dir / "fleet.yaml"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.state_dir / "known_hosts"
+
+    @property
+    def identity_file(self) -> Path:
+        return self.state_dir / "id_ed25519"
+
+
+class EmulatedFleet(FleetFiles):
     """``count`` emulated Jetsons of ``target``'s module; a context manager for tests.
 
     ``modules`` overrides the module per device (e.g. a Xavier among Orins); ``disk_mb`` sizes
@@ -312,17 +330,6 @@ class EmulatedFleet:
         self.devices: list[Device] = []
 
     # -- files the kit reads ----------------------------------------------------------------------
-    @property
-    def fleet_file(self) -> Path:
-        return self.state_dir / "fleet.yaml"
-
-    @property
-    def known_hosts(self) -> Path:
-        return self.state_dir / "known_hosts"
-
-    @property
-    def identity_file(self) -> Path:
-        return self.state_dir / "id_ed25519"
 
     @property
     def sudo_password(self) -> str:

@@ -26,14 +26,14 @@ from pathlib import Path
 from colibri_kit.errors import FleetError
 from colibri_kit.fleet.inventory import Host, write_inventory
 from colibri_kit.sim.device_files import populate
-from colibri_kit.sim.fleet import QEMU_LD_PREFIX, ensure_binfmt, private_dir, require_root
+from colibri_kit.sim.fleet import QEMU_LD_PREFIX, FleetFiles, ensure_binfmt, private_dir, require_root
 from colibri_kit.sim.systemd import SystemdDevice, free_addresses, require_tools, sshd_unit
 
 SSHD_UNIT = "sim-sshd.service"
 SIM_ETC = "/etc/colibri-sim"
 
 
-class ServiceFleet:
+class ServiceFleet(FleetFiles):
     """``count`` systemd-booted emulated devices of ``module``; a context manager for tests."""
 
     def __init__(self, count: int, state_dir: Path | str, *, target: str = "orin-nx",
@@ -46,18 +46,6 @@ class ServiceFleet:
         self.state_dir = Path(state_dir).absolute()
         self.name_prefix = name_prefix
         self.devices: list[SystemdDevice] = []
-
-    @property
-    def fleet_file(self) -> Path:
-        return self.state_dir / "fleet.yaml"
-
-    @property
-    def known_hosts(self) -> Path:
-        return self.state_dir / "known_hosts"
-
-    @property
-    def identity_file(self) -> Path:
-        return self.state_dir / "id_ed25519"
 
     def device(self, name: str) -> SystemdDevice:
         for d in self.devices:
