@@ -47,6 +47,75 @@ def wait_idle(srv: Server, timeout: float = 20.0) -> dict:
     raise AssertionError(f"service not idle: {h}")
 
 
+def test_client_disconnect_cancels_generation(server):
+    before = server.metrics()
+    s = stream_request(server.port, 450)
+    assert b'"token_ids": [' in read_until(s, b"token_ids")
+    s.close()  # gone after the first token
+    entry = server.wait_log(lambda e: e.get("stream") and e.get("finish_reason") == "cancelled")
+    assert entry["completion_tokens"] < 450
+    # the same for a non-streaming request whose client leaves while it generates
+    body = json.dumps({"model": MODEL_ID, "prompt": PROMPTS[1], "max_tokens": 450, "temperature": 0})
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
+    time.sleep(0.3)
+    conn.sock.shutdown(socket.SHUT_RDWR)
+    conn.close()
+    entry = server.wait_log(lambda e: e["status"] == 499 and e.get("finish_reason") == "cancelled")
+    assert entry["completion_tokens"] < 450
+    wait_idle(server)  # both slots came back
+    after = server.metrics()
+    assert after["colibri_requests_cancelled_total"] - before["colibri_requests_cancelled_total"] == 2
+
+
+def test_sigterm_finishes_in_flight_requests_and_exits_0(host_colibri, load_model):
+    srv = Server(host_colibri, load_model, "--slots", "2", "--threads", "1", "--max-queue", "2").start()
+    try:
+        streams = [stream_request(srv.port, 60, p) for p in PROMPTS]  # 2 generating, 2 queued
+        firsts = [read_until(s, b"token_ids") for s in streams[:2]]
+        end = time.monotonic() + 30  # the queued requests reach the queue late on a loaded machine
+        while True:  # both slots busy and the queue full: /health says so, a 5th request is refused
+            status, headers, body = srv.call("GET", "/health")
+            if json.loads(body)["status"] == "full" or time.monotonic() > end:
+                break
+        assert status == 503 and headers["retry-after"] == "1", body
+        status, _, body = srv.call("POST", "/v1/completions", {"model": MODEL_ID, "prompt": [1], "max_tokens": 1})
+        assert status == 503 and json.loads(body)["error"]["code"] == "queue_full"
+        srv.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", srv.port), timeout=5).close()
+        outs = [f + read_all(s) for f, s in zip(firsts, streams[:2])] + [read_all(s) for s in streams[2:]]
+        for s in streams:
+            s.close()
+        assert srv.proc.wait(60) == 0
+    finally:
+        srv.stop()
+    for out in outs:
+        events = out.split(b"\r\n\r\n", 1)[1].split(b"\n\n")
+        assert events[-2] == b"data: [DONE]"
+        ids = [json.loads(e[6:])["choices"][0]["token_ids"] for e in events[:-2] if json.loads(e[6:])["choices"]]
+        assert sum(len(i) for i in ids) == 60
+    assert any('"event": "stopped", "unfinished": 0' in line for line in srv.lines)
+
+
+def test_sigterm_past_the_drain_deadline_ends_streams_with_an_error(host_colibri, load_model):
+    srv = Server(host_colibri, load_model, "--slots", "1", "--threads", "1", "--drain-timeout", "300").start()
+    try:
+        s = stream_request(srv.port, 450)
+        first = read_until(s, b"token_ids")
+        srv.proc.send_signal(signal.SIGTERM)
+        out = first + read_all(s)
+        s.close()
+        assert srv.proc.wait(60) == 0
+    finally:
+        srv.stop()
+    events = out.split(b"\r\n\r\n", 1)[1].split(b"\n\n")
+    assert b"[DONE]" not in out
+    last = json.loads(events[-2][6:])
+    assert last["error"]["code"] == "shutting_down"
+
+
 def test_16_clients_against_4_slots(server, host_colibri, load_model):
     want = [generate_ids(host_colibri, load_model, p, MAX_TOKENS, None) for p in PROMPTS]
     before = server.metrics()
@@ -125,72 +194,3 @@ def read_all(s: socket.socket) -> bytes:
     while chunk := s.recv(65536):
         out += chunk
     return out
-
-
-def test_client_disconnect_cancels_generation(server):
-    before = server.metrics()
-    s = stream_request(server.port, 450)
-    assert b'"token_ids": [' in read_until(s, b"token_ids")
-    s.close()  # gone after the first token
-    entry = server.wait_log(lambda e: e.get("stream") and e.get("finish_reason") == "cancelled")
-    assert entry["completion_tokens"] < 450
-    # the same for a non-streaming request whose client leaves while it generates
-    body = json.dumps({"model": MODEL_ID, "prompt": PROMPTS[1], "max_tokens": 450, "temperature": 0})
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
-    conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
-    time.sleep(0.3)
-    conn.sock.shutdown(socket.SHUT_RDWR)
-    conn.close()
-    entry = server.wait_log(lambda e: e["status"] == 499 and e.get("finish_reason") == "cancelled")
-    assert entry["completion_tokens"] < 450
-    wait_idle(server)  # both slots came back
-    after = server.metrics()
-    assert after["colibri_requests_cancelled_total"] - before["colibri_requests_cancelled_total"] == 2
-
-
-def test_sigterm_finishes_in_flight_requests_and_exits_0(host_colibri, load_model):
-    srv = Server(host_colibri, load_model, "--slots", "2", "--threads", "1", "--max-queue", "2").start()
-    try:
-        streams = [stream_request(srv.port, 60, p) for p in PROMPTS]  # 2 generating, 2 queued
-        firsts = [read_until(s, b"token_ids") for s in streams[:2]]
-        end = time.monotonic() + 30  # the queued requests reach the queue late on a loaded machine
-        while True:  # both slots busy and the queue full: /health says so, a 5th request is refused
-            status, headers, body = srv.call("GET", "/health")
-            if json.loads(body)["status"] == "full" or time.monotonic() > end:
-                break
-        assert status == 503 and headers["retry-after"] == "1", body
-        status, _, body = srv.call("POST", "/v1/completions", {"model": MODEL_ID, "prompt": [1], "max_tokens": 1})
-        assert status == 503 and json.loads(body)["error"]["code"] == "queue_full"
-        srv.proc.send_signal(signal.SIGTERM)
-        time.sleep(0.5)
-        with pytest.raises(ConnectionRefusedError):
-            socket.create_connection(("127.0.0.1", srv.port), timeout=5).close()
-        outs = [f + read_all(s) for f, s in zip(firsts, streams[:2])] + [read_all(s) for s in streams[2:]]
-        for s in streams:
-            s.close()
-        assert srv.proc.wait(60) == 0
-    finally:
-        srv.stop()
-    for out in outs:
-        events = out.split(b"\r\n\r\n", 1)[1].split(b"\n\n")
-        assert events[-2] == b"data: [DONE]"
-        ids = [json.loads(e[6:])["choices"][0]["token_ids"] for e in events[:-2] if json.loads(e[6:])["choices"]]
-        assert sum(len(i) for i in ids) == 60
-    assert any('"event": "stopped", "unfinished": 0' in line for line in srv.lines)
-
-
-def test_sigterm_past_the_drain_deadline_ends_streams_with_an_error(host_colibri, load_model):
-    srv = Server(host_colibri, load_model, "--slots", "1", "--threads", "1", "--drain-timeout", "300").start()
-    try:
-        s = stream_request(srv.port, 450)
-        first = read_until(s, b"token_ids")
-        srv.proc.send_signal(signal.SIGTERM)
-        out = first + read_all(s)
-        s.close()
-        assert srv.proc.wait(60) == 0
-    finally:
-        srv.stop()
-    events = out.split(b"\r\n\r\n", 1)[1].split(b"\n\n")
-    assert b"[DONE]" not in out
-    last = json.loads(events[-2][6:])
-    assert last["error"]["code"] == "shutting_down"
