@@ -1,5 +1,6 @@
-"""`colibri serve` under load and at its edges, on a random model slow enough (~5 ms a token on
-one thread) that requests overlap: 16 `openai` clients against 4 slots and a queue of 4 (every
+"""`colibri serve` under load and at its edges, on a random model (~1 ms a token on one quiet
+thread, ~5 ms on a loaded one). Nothing here depends on that speed: requests that must overlap
+are long (hundreds of tokens) and the tests wait on /health, never on a sleep: 16 `openai` clients against 4 slots and a queue of 4 (every
 200 answer equals `colibri generate`, the rest are 503 with Retry-After, the service stays up),
 a client that disconnects mid-generation frees its slot, and SIGTERM drains in-flight requests
 (or, past the drain deadline, ends them with an error event) and exits 0; /health is 503
@@ -21,7 +22,7 @@ from serve_support import Server, generate_ids, write_load_model
 
 MODEL_ID = "load"
 PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 8], [11, 22, 33], [100, 200, 300, 400, 500], [1999, 0, 1999]]
-MAX_TOKENS = 32
+MAX_TOKENS = 200  # long enough that all 16 clients arrive while the first 4 still generate
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +48,14 @@ def wait_idle(srv: Server, timeout: float = 20.0) -> dict:
     raise AssertionError(f"service not idle: {h}")
 
 
+def wait_busy(srv: Server, timeout: float = 20.0) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if json.loads(srv.call("GET", "/health")[2])["slots_busy"] > 0:
+            return
+    raise AssertionError("the request never took a slot")
+
+
 def test_client_disconnect_cancels_generation(server):
     before = server.metrics()
     s = stream_request(server.port, 450)
@@ -58,7 +67,7 @@ def test_client_disconnect_cancels_generation(server):
     body = json.dumps({"model": MODEL_ID, "prompt": PROMPTS[1], "max_tokens": 450, "temperature": 0})
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
     conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
-    time.sleep(0.3)
+    wait_busy(server)
     conn.sock.shutdown(socket.SHUT_RDWR)
     conn.close()
     entry = server.wait_log(lambda e: e["status"] == 499 and e.get("finish_reason") == "cancelled")
@@ -69,10 +78,16 @@ def test_client_disconnect_cancels_generation(server):
 
 
 def test_sigterm_finishes_in_flight_requests_and_exits_0(host_colibri, load_model):
+    # the two generating requests are long (450 tokens, context 512) so that the queue is still
+    # full when SIGTERM arrives on any machine; the two queued ones are short
+    lengths = [450, 450, 60, 60]
     srv = Server(host_colibri, load_model, "--slots", "2", "--threads", "1", "--max-queue", "2").start()
     try:
-        streams = [stream_request(srv.port, 60, p) for p in PROMPTS]  # 2 generating, 2 queued
-        firsts = [read_until(s, b"token_ids") for s in streams[:2]]
+        # the long ones first, and holding their slots, before the short ones queue: sent
+        # together, the server may admit any two of the four first
+        streams = [stream_request(srv.port, n, p) for n, p in zip(lengths[:2], PROMPTS)]
+        firsts = [read_until(s, b"token_ids") for s in streams]
+        streams += [stream_request(srv.port, n, p) for n, p in zip(lengths[2:], PROMPTS[2:])]
         end = time.monotonic() + 30  # the queued requests reach the queue late on a loaded machine
         while True:  # both slots busy and the queue full: /health says so, a 5th request is refused
             status, headers, body = srv.call("GET", "/health")
@@ -91,16 +106,18 @@ def test_sigterm_finishes_in_flight_requests_and_exits_0(host_colibri, load_mode
         assert srv.proc.wait(60) == 0
     finally:
         srv.stop()
-    for out in outs:
+    for out, n in zip(outs, lengths):
         events = out.split(b"\r\n\r\n", 1)[1].split(b"\n\n")
         assert events[-2] == b"data: [DONE]"
         ids = [json.loads(e[6:])["choices"][0]["token_ids"] for e in events[:-2] if json.loads(e[6:])["choices"]]
-        assert sum(len(i) for i in ids) == 60
+        assert sum(len(i) for i in ids) == n
+    draining = [json.loads(line) for line in srv.lines if '"event": "draining"' in line]
+    assert draining and draining[0]["in_flight"] >= 4, srv.lines  # SIGTERM came while all four were open
     assert any('"event": "stopped", "unfinished": 0' in line for line in srv.lines)
 
 
 def test_sigterm_past_the_drain_deadline_ends_streams_with_an_error(host_colibri, load_model):
-    srv = Server(host_colibri, load_model, "--slots", "1", "--threads", "1", "--drain-timeout", "300").start()
+    srv = Server(host_colibri, load_model, "--slots", "1", "--threads", "1", "--drain-timeout", "100").start()
     try:
         s = stream_request(srv.port, 450)
         first = read_until(s, b"token_ids")
