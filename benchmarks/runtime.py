@@ -197,6 +197,7 @@ def pairs(dtypes: list[str]) -> list[tuple[str, str, float, float]]:
             out.append(("int8 int8-act", "q8_0", 1.5, 1.0))
             out.append(("int8", "q8_0", 1.5, 1.0))
         elif "4" in d:
+            out.append((d + " int8-act", "q4_0", 1.2, 1.0))  # llama.cpp's q4_0 quantises activations too
             out.append((d, "q4_0", 1.2, 1.0))
     return out
 
@@ -355,8 +356,9 @@ def main() -> None:
     binary = build("host", where="host", progress=lambda m: None).dist_dir / "bin" / "colibri"
     hf = hf_checkpoint(args.work)
     variants = [(d, ()) for d in args.dtypes.split(",")]
-    if "int8" in args.dtypes.split(","):
-        variants.append(("int8", ("--int8-act",)))  # int8 activations + integer dot products
+    for d in args.dtypes.split(","):  # int8 activations + integer dot products
+        if d == "int8" or "4" in d:
+            variants.append((d, ("--int8-act",)))
     models = {d: converted(hf, args.work, d) for d in args.dtypes.split(",")}
     hf_model = None if args.skip_transformers else Transformers(hf, args.threads)
     ggufs: dict[str, Path] = {}

@@ -45,6 +45,14 @@ static struct {
     f32_dot_fn dot_f32; /* one dequantised row . x, same lane layout */
     f32_dot3_fn dot3_f32; /* one dequantised row . three tokens: each with dot_f32's operations */
     q4q8_dot_fn dot_q8; /* one q4 row . int8 activations (without the activation scale) */
+    /* Optional faster shapes (NULL: the loops use the functions above); each gives, per output,
+     * the bits of the one-row function it replaces. */
+    void (*row_full_groups)(const uint8_t *q, const uint16_t *d, size_t full, float *out);
+    void (*f32_tile_2x4)(const float *const w[2], const float *const x[4], size_t cols, float out[8]);
+    void (*q4q8_4x1)(const uint8_t *const q[4], const uint16_t *const d[4], const int8_t *const x[1],
+                     size_t cols, float out[4]);
+    void (*q4q8_2x3)(const uint8_t *const q[2], const uint16_t *const d[2], const int8_t *const x[3],
+                     size_t cols, float out[6]);
     const char *name;
 } Q;
 
@@ -137,6 +145,11 @@ static void scalar_f32_dot3(const float *w, const float *const x[3], size_t cols
 
 #ifdef Q4_HAVE_AVX2
 #define Q4_AVX2 __attribute__((target("avx2,fma,f16c")))
+/* Every AVX2 function clears the upper register halves (vzeroupper) before it calls or returns
+ * to code compiled without AVX (the tails, the row loops): the compiler does not insert it
+ * here, and the first SSE instruction after 256-bit work with dirty upper halves stalled for
+ * the whole function's worth of time (perf: 22% of an int8-act q4 run in q4q8_tail's first
+ * instruction, 27% on avx2_q4q8_dot's ret). */
 
 static inline Q4_AVX2 float avx2_reduce(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
     __m256 u = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
@@ -165,7 +178,9 @@ static Q4_AVX2 float avx2_q4_dot(const uint8_t *q, const uint16_t *d, const floa
         a2 = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xb + 16), a2);
         a3 = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xb + 24), a3);
     }
-    return avx2_reduce(a0, a1, a2, a3) + q4_tail(q, d, x, cols);
+    float s = avx2_reduce(a0, a1, a2, a3);
+    _mm256_zeroupper();
+    return s + q4_tail(q, d, x, cols);
 }
 
 static Q4_AVX2 float avx2_f32_dot(const float *w, const float *x, size_t cols) {
@@ -178,7 +193,9 @@ static Q4_AVX2 float avx2_f32_dot(const float *w, const float *x, size_t cols) {
         a2 = _mm256_fmadd_ps(_mm256_loadu_ps(wb + 16), _mm256_loadu_ps(xb + 16), a2);
         a3 = _mm256_fmadd_ps(_mm256_loadu_ps(wb + 24), _mm256_loadu_ps(xb + 24), a3);
     }
-    return avx2_reduce(a0, a1, a2, a3) + f32_tail(w, x, cols);
+    float s = avx2_reduce(a0, a1, a2, a3);
+    _mm256_zeroupper();
+    return s + f32_tail(w, x, cols);
 }
 
 /* Prefill: the row's weights loaded once for three tokens; 12 accumulators, each (token, lane
@@ -195,8 +212,9 @@ static Q4_AVX2 void avx2_f32_dot3(const float *w, const float *const x[3], size_
             for (int j = 0; j < 3; j++)
                 a[j][k] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x[j] + b * 32 + 8 * k), a[j][k]);
         }
-    for (int j = 0; j < 3; j++)
-        out[j] = avx2_reduce(a[j][0], a[j][1], a[j][2], a[j][3]) + f32_tail(w, x[j], cols);
+    for (int j = 0; j < 3; j++) out[j] = avx2_reduce(a[j][0], a[j][1], a[j][2], a[j][3]);
+    _mm256_zeroupper();
+    for (int j = 0; j < 3; j++) out[j] += f32_tail(w, x[j], cols);
 }
 
 /* q4 x int8: the 32 nibbles of a group as signed bytes in element order, then maddubs/madd
@@ -219,7 +237,154 @@ static Q4_AVX2 float avx2_q4q8_dot(const uint8_t *q, const uint16_t *d, const in
     }
     float t[8];
     _mm256_storeu_ps(t, acc);
+    _mm256_zeroupper();
     return q4q8_reduce(t) + q4q8_tail(q, d, x, cols);
+}
+
+/* A row dequantised to f32 (exact, the same values as the scalar q4_nib * d): the prefill's
+ * scratch row. The tail past the last full group is left to colibri_q4_row_f32's scalar loop. */
+static Q4_AVX2 void avx2_q4_row_full_groups(const uint8_t *q, const uint16_t *d, size_t full,
+                                            float *out) {
+    const __m128i m4 = _mm_set1_epi8(0x0f), k8 = _mm_set1_epi8(8);
+    for (size_t b = 0; b < full; b++) {
+        __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(q + b * 16));
+        __m128i lo = _mm_sub_epi8(_mm_and_si128(v, m4), k8);
+        __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(v, 4), m4), k8);
+        __m256 vd = _mm256_set1_ps(_cvtsh_ss(d[b]));
+        float *o = out + b * 32;
+        _mm256_storeu_ps(o, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), vd));
+        _mm256_storeu_ps(o + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), vd));
+        _mm256_storeu_ps(o + 16, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), vd));
+        _mm256_storeu_ps(o + 24, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), vd));
+    }
+    _mm256_zeroupper();
+}
+
+/* Prefill: two dequantised rows against four tokens. The layout's lane group k (lanes 8k..8k+7)
+ * accumulates independently of the others, so the loop runs one lane group at a time over all
+ * blocks: 8 accumulators live instead of 32, two weight and four token loads per eight fused
+ * multiply-adds. Each (row, token, lane) sees exactly avx2_f32_dot's operations in its order, so
+ * out[r * 4 + j] has the bits of avx2_f32_dot(w[r], x[j]) (and so of decode's avx2_q4_dot). */
+static Q4_AVX2 void avx2_f32_tile_2x4(const float *const w[2], const float *const x[4],
+                                      size_t cols, float out[8]) {
+    __m256 part[2][4][4];
+    size_t full = cols / 32;
+    for (int k = 0; k < 4; k++) {
+        __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;
+        __m256 a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+        const float *w0 = w[0] + 8 * k, *w1 = w[1] + 8 * k;
+        const float *x0 = x[0] + 8 * k, *x1 = x[1] + 8 * k, *x2 = x[2] + 8 * k, *x3 = x[3] + 8 * k;
+        for (size_t b = 0; b < full; b++) {
+            size_t o = b * 32;
+            __m256 v0 = _mm256_loadu_ps(w0 + o), v1 = _mm256_loadu_ps(w1 + o);
+            __m256 t = _mm256_loadu_ps(x0 + o);
+            a00 = _mm256_fmadd_ps(v0, t, a00);
+            a10 = _mm256_fmadd_ps(v1, t, a10);
+            t = _mm256_loadu_ps(x1 + o);
+            a01 = _mm256_fmadd_ps(v0, t, a01);
+            a11 = _mm256_fmadd_ps(v1, t, a11);
+            t = _mm256_loadu_ps(x2 + o);
+            a02 = _mm256_fmadd_ps(v0, t, a02);
+            a12 = _mm256_fmadd_ps(v1, t, a12);
+            t = _mm256_loadu_ps(x3 + o);
+            a03 = _mm256_fmadd_ps(v0, t, a03);
+            a13 = _mm256_fmadd_ps(v1, t, a13);
+        }
+        part[0][0][k] = a00, part[0][1][k] = a01, part[0][2][k] = a02, part[0][3][k] = a03;
+        part[1][0][k] = a10, part[1][1][k] = a11, part[1][2][k] = a12, part[1][3][k] = a13;
+    }
+    for (int r = 0; r < 2; r++)
+        for (int j = 0; j < 4; j++)
+            out[r * 4 + j] = avx2_reduce(part[r][j][0], part[r][j][1], part[r][j][2], part[r][j][3]);
+    _mm256_zeroupper();
+    for (int r = 0; r < 2; r++)
+        for (int j = 0; j < 4; j++) out[r * 4 + j] += f32_tail(w[r], x[j], cols);
+}
+
+/* q4 x int8, several rows and tokens at once. Per group the nibbles are used unsigned (0..15)
+ * by maddubs, and 8 * (the token's 4-element lane sums), computed once per token and group, is
+ * subtracted: the same exact int32 lane sums as avx2_q4q8_dot's signed form, then the same
+ * fma(d_b, S, L) chain per (row, token), so every output has avx2_q4q8_dot's bits. Several rows
+ * give several independent chains (one row alone waits on the FMA latency every group) and
+ * share the token loads; several tokens share the row's unpacking. Written out with named
+ * accumulators: with arrays and loops GCC kept them in memory (a store and a reload in every
+ * chain step). */
+#define Q4Q8_INLINE static inline __attribute__((always_inline, target("avx2,fma,f16c")))
+
+Q4Q8_INLINE __m256i q4q8_unpack(const uint8_t *blk) { /* 32 nibbles 0..15, element order */
+    const __m128i m4 = _mm_set1_epi8(0x0f);
+    __m128i v = _mm_loadu_si128((const __m128i *)(const void *)blk);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_and_si128(v, m4));
+}
+
+Q4Q8_INLINE __m256i q4q8_lane_sums(__m256i u, __m256i x) { /* int32 sums of u * x, 4 bytes each */
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1));
+}
+
+Q4Q8_INLINE __m256 q4q8_step(__m256i w, __m256i x, __m256i x8, __m256 vd, __m256 acc) {
+    return _mm256_fmadd_ps(vd, _mm256_cvtepi32_ps(_mm256_sub_epi32(q4q8_lane_sums(w, x), x8)), acc);
+}
+
+Q4Q8_INLINE __m256 q4q8_scale(const uint16_t *d, size_t b) {
+    return _mm256_set1_ps(_cvtsh_ss(d[b]));
+}
+
+static Q4_AVX2 void avx2_q4q8_tile_4x1(const uint8_t *const q[4], const uint16_t *const d[4],
+                                       const int8_t *const x[1], size_t cols, float out[4]) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    const __m256i eight = _mm256_set1_epi8(8);
+    const uint8_t *q0 = q[0], *q1 = q[1], *q2 = q[2], *q3 = q[3];
+    size_t full = cols / 32;
+    for (size_t b = 0; b < full; b++) {
+        __m256i xv = _mm256_loadu_si256((const __m256i *)(const void *)(x[0] + b * 32));
+        __m256i x8 = q4q8_lane_sums(eight, xv);
+        __builtin_prefetch(q0 + b * 16 + Q4_PREFETCH_BYTES);
+        __builtin_prefetch(q2 + b * 16 + Q4_PREFETCH_BYTES);
+        a0 = q4q8_step(q4q8_unpack(q0 + b * 16), xv, x8, q4q8_scale(d[0], b), a0);
+        a1 = q4q8_step(q4q8_unpack(q1 + b * 16), xv, x8, q4q8_scale(d[1], b), a1);
+        a2 = q4q8_step(q4q8_unpack(q2 + b * 16), xv, x8, q4q8_scale(d[2], b), a2);
+        a3 = q4q8_step(q4q8_unpack(q3 + b * 16), xv, x8, q4q8_scale(d[3], b), a3);
+    }
+    float t[4][8];
+    _mm256_storeu_ps(t[0], a0);
+    _mm256_storeu_ps(t[1], a1);
+    _mm256_storeu_ps(t[2], a2);
+    _mm256_storeu_ps(t[3], a3);
+    _mm256_zeroupper();
+    for (int r = 0; r < 4; r++) out[r] = q4q8_reduce(t[r]) + q4q8_tail(q[r], d[r], x[0], cols);
+}
+
+static Q4_AVX2 void avx2_q4q8_tile_2x3(const uint8_t *const q[2], const uint16_t *const d[2],
+                                       const int8_t *const x[3], size_t cols, float out[6]) {
+    __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a10 = a00, a11 = a00, a12 = a00;
+    const __m256i eight = _mm256_set1_epi8(8);
+    size_t full = cols / 32;
+    for (size_t b = 0; b < full; b++) {
+        __m256i x0 = _mm256_loadu_si256((const __m256i *)(const void *)(x[0] + b * 32));
+        __m256i x1 = _mm256_loadu_si256((const __m256i *)(const void *)(x[1] + b * 32));
+        __m256i x2 = _mm256_loadu_si256((const __m256i *)(const void *)(x[2] + b * 32));
+        __m256i s0 = q4q8_lane_sums(eight, x0), s1 = q4q8_lane_sums(eight, x1),
+                s2 = q4q8_lane_sums(eight, x2);
+        __m256i w = q4q8_unpack(q[0] + b * 16);
+        __m256 vd = q4q8_scale(d[0], b);
+        a00 = q4q8_step(w, x0, s0, vd, a00);
+        a01 = q4q8_step(w, x1, s1, vd, a01);
+        a02 = q4q8_step(w, x2, s2, vd, a02);
+        w = q4q8_unpack(q[1] + b * 16);
+        vd = q4q8_scale(d[1], b);
+        a10 = q4q8_step(w, x0, s0, vd, a10);
+        a11 = q4q8_step(w, x1, s1, vd, a11);
+        a12 = q4q8_step(w, x2, s2, vd, a12);
+    }
+    float t[6][8];
+    _mm256_storeu_ps(t[0], a00);
+    _mm256_storeu_ps(t[1], a01);
+    _mm256_storeu_ps(t[2], a02);
+    _mm256_storeu_ps(t[3], a10);
+    _mm256_storeu_ps(t[4], a11);
+    _mm256_storeu_ps(t[5], a12);
+    _mm256_zeroupper();
+    for (int k = 0; k < 6; k++) out[k] = q4q8_reduce(t[k]) + q4q8_tail(q[k / 3], d[k / 3], x[k % 3], cols);
 }
 
 /* CPUID: AVX2, FMA and F16C, and the OS saving the YMM state (the test of kernels.c). */
@@ -343,6 +508,10 @@ static void q4_pick(void) {
         Q.dot_f32 = avx2_f32_dot;
         Q.dot3_f32 = avx2_f32_dot3;
         Q.dot_q8 = avx2_q4q8_dot;
+        Q.row_full_groups = avx2_q4_row_full_groups;
+        Q.f32_tile_2x4 = avx2_f32_tile_2x4;
+        Q.q4q8_4x1 = avx2_q4q8_tile_4x1;
+        Q.q4q8_2x3 = avx2_q4q8_tile_2x3;
         Q.name = "avx2";
     }
 #endif
@@ -361,10 +530,15 @@ const char *colibri_q4_kernels_init(void) {
 }
 
 void colibri_q4_row_f32(const colibri_tensor *w, uint32_t r, float *out) {
-    size_t cols = w->cols, ng = colibri_q4_groups(w->cols);
+    colibri_q4_kernels_init();
+    size_t cols = w->cols, ng = colibri_q4_groups(w->cols), g0 = 0;
     const uint8_t *q = (const uint8_t *)w->data + (size_t)r * ng * COLIBRI_Q4_BLOCK;
     const uint16_t *d = colibri_q4_scales(w) + (size_t)r * ng;
-    for (size_t g = 0; g * 32 < cols; g++) {
+    if (Q.row_full_groups) {
+        g0 = cols / 32;
+        Q.row_full_groups(q, d, g0, out);
+    }
+    for (size_t g = g0; g * 32 < cols; g++) {
         float dd = half_to_float(d[g]);
         size_t m = cols - g * 32 < 32 ? cols - g * 32 : 32;
         for (size_t e = 0; e < m; e++) out[g * 32 + e] = (float)q4_nib(q + g * 16, e) * dd;
@@ -380,6 +554,25 @@ void colibri_q4_rows_dot(const colibri_tensor *w, uint32_t r0, uint32_t r1, cons
     if (n == 1) { /* decode: stream each row once, dequantising in registers */
         for (uint32_t r = r0; r < r1; r++)
             y[r] = Q.dot(base + (size_t)r * ng * COLIBRI_Q4_BLOCK, sc + (size_t)r * ng, x, cols);
+        return;
+    }
+    if (Q.f32_tile_2x4) { /* two rows dequantised once (exact), then 2-row x 4-token tiles */
+        for (uint32_t r = r0; r < r1; r += 2) {
+            uint32_t rows = r1 - r < 2 ? r1 - r : 2;
+            const float *wr[2] = {scratch, scratch + cols};
+            colibri_q4_row_f32(w, r, scratch);
+            if (rows == 2) colibri_q4_row_f32(w, r + 1, scratch + cols);
+            else wr[1] = scratch; /* row r again, result unused */
+            for (int j = 0; j < n; j += 4) {
+                int nt = n - j < 4 ? n - j : 4;
+                const float *xs[4];
+                for (int t = 0; t < 4; t++) xs[t] = x + (size_t)(j + (t < nt ? t : 0)) * ldx;
+                float o[8];
+                Q.f32_tile_2x4(wr, xs, cols, o);
+                for (uint32_t k = 0; k < rows; k++)
+                    for (int t = 0; t < nt; t++) y[(size_t)(j + t) * ldy + r + k] = o[k * 4 + t];
+            }
+        }
         return;
     }
     /* several tokens: dequantise the row once (exact), then the same lane layout per token,
@@ -404,9 +597,46 @@ void colibri_q4_rows_dot_q8(const colibri_tensor *w, uint32_t r0, uint32_t r1, c
     size_t cols = w->cols, ng = colibri_q4_groups(w->cols);
     const uint8_t *base = (const uint8_t *)w->data;
     const uint16_t *sc = colibri_q4_scales(w);
-    /* the same per-(row, token) function for one token or many: prefill == decode */
+    size_t rowbytes = ng * COLIBRI_Q4_BLOCK;
+    /* the same per-(row, token) operations for one token or many: prefill == decode */
+    if (n == 1 && Q.q4q8_4x1) { /* decode: four rows at once */
+        for (; r0 + 4 <= r1; r0 += 4) {
+            const uint8_t *q[4];
+            const uint16_t *d[4];
+            for (int k = 0; k < 4; k++) {
+                q[k] = base + (size_t)(r0 + k) * rowbytes;
+                d[k] = sc + (size_t)(r0 + k) * ng;
+            }
+            float o[4];
+            Q.q4q8_4x1(q, d, &xq, cols, o);
+            for (int k = 0; k < 4; k++) y[r0 + k] = o[k] * xscale[0];
+        }
+    }
+    if (n > 1 && Q.q4q8_2x3) { /* several tokens: 2-row x 3-token tiles */
+        for (uint32_t r = r0; r < r1; r += 2) {
+            uint32_t rows = r1 - r < 2 ? r1 - r : 2;
+            const uint8_t *q[2];
+            const uint16_t *d[2];
+            for (uint32_t k = 0; k < 2; k++) { /* past the end: row r again, result unused */
+                uint32_t rr = r + (k < rows ? k : 0);
+                q[k] = base + (size_t)rr * rowbytes;
+                d[k] = sc + (size_t)rr * ng;
+            }
+            for (int j = 0; j < n; j += 3) {
+                int nt = n - j < 3 ? n - j : 3;
+                const int8_t *xs[3];
+                for (int t = 0; t < 3; t++) xs[t] = xq + (size_t)(j + (t < nt ? t : 0)) * ldx;
+                float o[6];
+                Q.q4q8_2x3(q, d, xs, cols, o);
+                for (uint32_t k = 0; k < rows; k++)
+                    for (int t = 0; t < nt; t++)
+                        y[(size_t)(j + t) * ldy + r + k] = o[k * 3 + t] * xscale[j + t];
+            }
+        }
+        return;
+    }
     for (uint32_t r = r0; r < r1; r++) {
-        const uint8_t *q = base + (size_t)r * ng * COLIBRI_Q4_BLOCK;
+        const uint8_t *q = base + (size_t)r * rowbytes;
         for (int j = 0; j < n; j++)
             y[(size_t)j * ldy + r] = Q.dot_q8(q, sc + (size_t)r * ng, xq + (size_t)j * ldx, cols) *
                                      xscale[j];
@@ -430,6 +660,8 @@ int colibri_q4_selftest(char *msg, size_t len) {
     const char *name = colibri_q4_kernels_init();
     colibri_q4_rows_dot(&t, 0, ROWS, x, N, COLS, y, ROWS, scratch);
     int bad = 0, same = 1, layout = 1;
+    for (int j = 0; j < N; j++) /* decode: one token over all rows (4-row tiles + the rest) */
+        colibri_q4_rows_dot(&t, 0, ROWS, x + j * COLS, 1, COLS, y1 + j * ROWS, ROWS, scratch);
     for (uint32_t r = 0; r < ROWS; r++) {
         colibri_q4_row_f32(&t, r, row);
         for (int j = 0; j < N; j++) {
@@ -440,7 +672,6 @@ int colibri_q4_selftest(char *msg, size_t len) {
             }
             if (fabs(y[j * ROWS + r] - ref) > 1e-5 * (mag + 1e-30)) bad++;
             /* decode (one token) gives the bits of prefill (n tokens) */
-            colibri_q4_rows_dot(&t, r, r + 1, x + j * COLS, 1, COLS, y1 + j * ROWS, ROWS, scratch);
             same &= memcmp(&y1[j * ROWS + r], &y[j * ROWS + r], sizeof(float)) == 0;
             /* and the SIMD kernel gives the bits of the scalar one: one layout on every CPU */
             float sc = scalar_q4_dot(q + r * NG * 16, d + r * NG, x + j * COLS, COLS);
@@ -452,6 +683,8 @@ int colibri_q4_selftest(char *msg, size_t len) {
     float xs[N];
     for (int j = 0; j < N; j++) colibri_quantize_row(x + j * COLS, COLS, xq + j * COLS, &xs[j]);
     colibri_q4_rows_dot_q8(&t, 0, ROWS, xq, xs, N, COLS, y, ROWS);
+    for (int j = 0; j < N; j++)
+        colibri_q4_rows_dot_q8(&t, 0, ROWS, xq + j * COLS, &xs[j], 1, COLS, y1 + j * ROWS, ROWS);
     int q8ok = 1;
     for (uint32_t r = 0; r < ROWS; r++)
         for (int j = 0; j < N; j++) {
@@ -467,7 +700,6 @@ int colibri_q4_selftest(char *msg, size_t len) {
             ref *= xs[j];
             mag *= xs[j];
             float sc = scalar_q4q8_dot(q + r * NG * 16, d + r * NG, xq + j * COLS, COLS) * xs[j];
-            colibri_q4_rows_dot_q8(&t, r, r + 1, xq + j * COLS, &xs[j], 1, COLS, y1 + j * ROWS, ROWS);
             q8ok &= fabs(y[j * ROWS + r] - ref) <= 1e-5 * (mag + 1e-30) &&
                     memcmp(&sc, &y[j * ROWS + r], sizeof sc) == 0 &&
                     memcmp(&y1[j * ROWS + r], &y[j * ROWS + r], sizeof sc) == 0;
