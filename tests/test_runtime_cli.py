@@ -137,6 +137,14 @@ def test_prefill_in_chunks_equals_one_call(host_colibri: Path, tmp_path: Path) -
     want = Reference(model).forward(ids)
     got = c_logits(host_colibri, model, ids, tmp_path / "l.bin")
     assert rel_err(got, want) < F32_TOL
+    # colibri_forward_last (what generate and bench run for a prompt): the LM head for the last
+    # token only, three chunks, any thread count: the bits of the full forward's last row
+    for threads in ("1", "3"):
+        out = tmp_path / f"last{threads}.bin"
+        run(host_colibri, "--threads", threads, "forward", str(model), "--ids", ",".join(map(str, ids)),
+            "--last", "--logits-out", str(out))
+        last = np.fromfile(out, dtype="<f4")
+        assert last.shape == (300,) and last.tobytes() == got[-1].tobytes()
 
 
 # ---- determinism --------------------------------------------------------------------------------

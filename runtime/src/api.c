@@ -121,7 +121,13 @@ colibri_status colibri_ctx_new(colibri_ctx **out, colibri_model *model,
 
     ctx->simd = colibri_kernels_init();
     ctx->use_q8 = opt.int8_activations && (m->dtype == COLIBRI_DT_INT8 || m->dtype == COLIBRI_DT_Q4);
-    if (!ctx->cuda) {
+    if (ctx->cuda) {
+        ctx->cuda_logits = malloc((size_t)COLIBRI_CHUNK * m->vocab_size * sizeof(float));
+        if (!ctx->cuda_logits)
+            return init_fail(ctx, &opt, set_err(ctx, COLIBRI_E_NO_MEMORY,
+                                                "cannot allocate the logits buffer (vocab %u)",
+                                                m->vocab_size));
+    } else {
         int threads = ctx->opt.threads;
         size_t bytes = colibri_arena_plan(m, threads, ctx->use_q8, &ctx->b, NULL);
         if (posix_memalign(&ctx->arena, 4096, bytes) != 0) {
@@ -167,7 +173,7 @@ colibri_status colibri_init_ex(colibri_ctx **out, const char *path, const colibr
 
 colibri_model *colibri_ctx_model(const colibri_ctx *ctx) { return ctx ? ctx->model : NULL; }
 
-colibri_status colibri_forward(colibri_ctx *ctx, const int32_t *ids, int n, float *logits) {
+static colibri_status check_forward(colibri_ctx *ctx, const int32_t *ids, int n, const float *logits) {
     if (!ctx) return COLIBRI_E_INVALID_ARG;
     ctx->err[0] = '\0';
     if (!ids || !logits || n <= 0)
@@ -182,6 +188,13 @@ colibri_status colibri_forward(colibri_ctx *ctx, const int32_t *ids, int n, floa
         return set_err(ctx, COLIBRI_E_SEQ_TOO_LONG,
                        "sequence too long: %d cached + %d new tokens > max_seq_len %u", ctx->pos, n,
                        m->max_seq_len);
+    return COLIBRI_OK;
+}
+
+colibri_status colibri_forward(colibri_ctx *ctx, const int32_t *ids, int n, float *logits) {
+    colibri_status st = check_forward(ctx, ids, n, logits);
+    if (st) return st;
+    const struct colibri_model *m = ctx->model;
     if (ctx->cuda) {
         char why[192] = "";
         if (colibri_cuda_forward(ctx->cuda, ids, n, ctx->pos, logits, why, sizeof why) != 0)
@@ -190,7 +203,34 @@ colibri_status colibri_forward(colibri_ctx *ctx, const int32_t *ids, int n, floa
     } else {
         for (int done = 0; done < n;) {
             int c = n - done < ctx->b.chunk ? n - done : ctx->b.chunk;
-            colibri_cpu_forward_chunk(ctx, ids + done, c, logits + (size_t)done * m->vocab_size);
+            colibri_cpu_forward_chunk(ctx, ids + done, c, logits + (size_t)done * m->vocab_size, 1);
+            done += c;
+        }
+    }
+    ctx->calls++;
+    return COLIBRI_OK;
+}
+
+colibri_status colibri_forward_last(colibri_ctx *ctx, const int32_t *ids, int n, float *logits) {
+    colibri_status st = check_forward(ctx, ids, n, logits);
+    if (st) return st;
+    const struct colibri_model *m = ctx->model;
+    size_t V = m->vocab_size;
+    if (ctx->cuda) { /* the backend writes every row: chunks through the context's buffer */
+        int pos = ctx->pos, c = 0;
+        for (int done = 0; done < n; done += c) {
+            c = n - done < COLIBRI_CHUNK ? n - done : COLIBRI_CHUNK;
+            char why[192] = "";
+            if (colibri_cuda_forward(ctx->cuda, ids + done, c, pos + done, ctx->cuda_logits, why,
+                                     sizeof why) != 0)
+                return set_err(ctx, COLIBRI_E_BACKEND, "CUDA forward failed: %s", why);
+        }
+        memcpy(logits, ctx->cuda_logits + (size_t)(c - 1) * V, V * sizeof *logits);
+        ctx->pos = pos + n;
+    } else {
+        for (int done = 0; done < n;) {
+            int c = n - done < ctx->b.chunk ? n - done : ctx->b.chunk;
+            colibri_cpu_forward_chunk(ctx, ids + done, c, done + c == n ? logits : NULL, 0);
             done += c;
         }
     }
@@ -210,6 +250,7 @@ void colibri_free(colibri_ctx *ctx) {
     if (!ctx) return;
     if (ctx->pool_started) colibri_pool_stop(&ctx->pool);
     if (ctx->cuda) colibri_cuda_close(ctx->cuda);
+    free(ctx->cuda_logits);
     free(ctx->arena);
     model_unref(ctx->model);
     free(ctx);

@@ -57,6 +57,7 @@ struct colibri_ctx {
     int use_q8;               /* int8 activations for int8 weights */
     const char *simd;
     colibri_cuda *cuda;       /* non-NULL when the CUDA backend runs this context */
+    float *cuda_logits;       /* CUDA: [COLIBRI_CHUNK, vocab] for colibri_forward_last */
     char fallback[192];
     char err[512];
 };
@@ -65,7 +66,9 @@ struct colibri_ctx {
 size_t colibri_arena_plan(const struct colibri_model *m, int threads, int q8, colibri_buffers *b,
                           uint8_t *base);
 
-/* forward.c: the CPU forward pass of n tokens (n <= chunk) at ctx->pos. */
-void colibri_cpu_forward_chunk(colibri_ctx *ctx, const int32_t *ids, int n, float *logits);
+/* forward.c: the CPU forward pass of n tokens (n <= chunk) at ctx->pos. all_logits: write the
+ * n x vocab logits; else only the last token's (vocab floats), or none when logits is NULL. */
+void colibri_cpu_forward_chunk(colibri_ctx *ctx, const int32_t *ids, int n, float *logits,
+                               int all_logits);
 
 #endif

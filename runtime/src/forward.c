@@ -324,7 +324,8 @@ static void moe_block(colibri_ctx *ctx, int l, int n) {
 
 /* ---- the pass ------------------------------------------------------------------------------- */
 
-void colibri_cpu_forward_chunk(colibri_ctx *ctx, const int32_t *ids, int n, float *logits) {
+void colibri_cpu_forward_chunk(colibri_ctx *ctx, const int32_t *ids, int n, float *logits,
+                               int all_logits) {
     const struct colibri_model *m = ctx->model;
     colibri_buffers *b = &ctx->b;
     size_t dp = m->embed_dim_pad, V = m->vocab_size;
@@ -335,10 +336,15 @@ void colibri_cpu_forward_chunk(colibri_ctx *ctx, const int32_t *ids, int n, floa
         attention_block(ctx, l, n);
         moe_block(ctx, l, n);
     }
-    for (int j = 0; j < n; j++)
-        rmsnorm(b->h + j * dp, b->x + j * dp, m->output_norm.data, m->embed_dim, dp, m->norm_eps);
-    mm_job head = {.ctx = ctx};
-    add_seg(&head, &m->lm_head, b->h, dp, n, logits, V, 0);
-    run_job(&head);
+    /* The LM head for every token, or for the last one only (a prompt before sampling): one
+     * token's row has the same bits either way (prefill == decode). */
+    int j0 = all_logits ? 0 : n - 1;
+    if (logits) {
+        for (int j = j0; j < n; j++)
+            rmsnorm(b->h + j * dp, b->x + j * dp, m->output_norm.data, m->embed_dim, dp, m->norm_eps);
+        mm_job head = {.ctx = ctx};
+        add_seg(&head, &m->lm_head, b->h + (size_t)j0 * dp, dp, n - j0, logits, V, 0);
+        run_job(&head);
+    }
     ctx->pos += n;
 }

@@ -221,10 +221,9 @@ colibri_status colibri_generate(colibri_ctx *ctx, const colibri_generate_params 
     if (s) return s;
     const struct colibri_model *m = ctx->model;
     uint32_t V = m->vocab_size;
-    int chunk = p->n_prompt < COLIBRI_CHUNK ? p->n_prompt : COLIBRI_CHUNK;
     gen_state g = {p, NULL, 0, 0, NULL, NULL, 0};
     int oom = 0;
-    float *logits = malloc((size_t)chunk * V * sizeof *logits);
+    float *logits = malloc((size_t)V * sizeof *logits); /* the last token's row only */
     g.hist = malloc(((size_t)p->n_prompt + (size_t)p->max_new) * sizeof *g.hist);
     colibri_sampler *smp = NULL;
     if (!logits || !g.hist || colibri_sampler_new(&smp, V, &p->sampling) != COLIBRI_OK) {
@@ -237,15 +236,9 @@ colibri_status colibri_generate(colibri_ctx *ctx, const colibri_generate_params 
 
     double t0 = now_ms();
     colibri_reset(ctx);
-    const float *last = NULL;
-    for (int done = 0; done < p->n_prompt;) {
-        int c = p->n_prompt - done < chunk ? p->n_prompt - done : chunk;
-        s = colibri_forward(ctx, p->prompt + done, c, logits);
-        if (s) goto done;
-        last = logits + (size_t)(c - 1) * V;
-        done += c;
-    }
-    float *row = (float *)last;
+    s = colibri_forward_last(ctx, p->prompt, p->n_prompt, logits);
+    if (s) goto done;
+    float *row = logits;
     double t1 = 0;
     size_t len = 0;
     while (r->n_new < p->max_new) {

@@ -3,7 +3,8 @@
  *   colibri --version
  *   colibri [--backend cpu|cuda|auto] [--threads N] [--int8-act] COMMAND ...
  *     info MODEL                                   JSON: geometry, dtype, padding, backend
- *     forward MODEL --ids 1,2,3 [--logits-out F]   raw little-endian f32 [n, V] or a JSON summary
+ *     forward MODEL --ids 1,2,3 [--last] [--logits-out F]   raw little-endian f32 [n, V] (--last:
+ *                                  [1, V], colibri_forward_last) or a JSON summary
  *     generate MODEL --ids 1,2 --max-new N         greedy or sampled; JSON {"ids", "new_ids", ...}
  *                                                  (tools/cmd_generate.c; `generate --help`)
  *     bench MODEL [--prompt-len N] [--gen N] [--runs N] [--json]
@@ -37,6 +38,7 @@ typedef struct {
     const char *cmd, *model, *ids, *logits_out, *out;
     long max_new, prompt_len, gen, runs;
     int json;
+    int last; /* forward --last: only the last token's logits (colibri_forward_last) */
 } cli;
 
 static int usage(const char *msg) {
@@ -45,7 +47,7 @@ static int usage(const char *msg) {
             "usage: colibri --version\n"
             "       colibri [--backend cpu|cuda|auto] [--threads N] [--int8-act] COMMAND ...\n"
             "  info MODEL\n"
-            "  forward MODEL --ids 1,2,3 [--logits-out FILE]\n"
+            "  forward MODEL --ids 1,2,3 [--last] [--logits-out FILE]\n"
             "  generate MODEL (--ids 1,2,3 --max-new N | --prompt T) [sampling...]  (generate --help)\n"
             "  bench MODEL [--prompt-len N] [--gen N] [--runs N] [--json]\n"
             "  dump-routing MODEL --ids 1,2,3 --out FILE\n"
@@ -138,12 +140,13 @@ static int run_ids(const cli *c, colibri_ctx **ctx, int32_t **ids, int *n, float
     if (cli_open(c->model, c->backend, c->threads, c->int8_act, ctx)) return 1; /* the caller frees *ids */
     colibri_model_info m;
     colibri_get_model_info(*ctx, &m);
-    *logits = malloc((size_t)*n * m.vocab_size * sizeof(float));
+    *logits = malloc((size_t)(c->last ? 1 : *n) * m.vocab_size * sizeof(float));
     if (!*logits) {
         fprintf(stderr, "colibri: out of memory for %d x %u logits\n", *n, m.vocab_size);
         return 1;
     }
-    colibri_status s = colibri_forward(*ctx, *ids, *n, *logits);
+    colibri_status s = c->last ? colibri_forward_last(*ctx, *ids, *n, *logits)
+                               : colibri_forward(*ctx, *ids, *n, *logits);
     if (s) {
         fprintf(stderr, "colibri: %s: %s\n", colibri_strerror(s), colibri_last_error(*ctx));
         return 1;
@@ -159,6 +162,8 @@ static int cmd_forward(const cli *c) {
     if (rc) goto done;
     colibri_model_info m;
     colibri_get_model_info(ctx, &m);
+    int p0 = c->last ? n - 1 : 0; /* the position of the first row written */
+    n -= p0;
     size_t total = (size_t)n * m.vocab_size;
     if (c->logits_out) {
         FILE *f = fopen(c->logits_out, "wb");
@@ -175,7 +180,7 @@ static int cmd_forward(const cli *c) {
         printf("{\"n\": %d, \"vocab_size\": %u, \"positions\": [", n, m.vocab_size);
         for (int j = 0; j < n; j++) {
             float *row = logits + (size_t)j * m.vocab_size;
-            printf("%s{\"pos\": %d, \"top5\": [", j ? ", " : "", j);
+            printf("%s{\"pos\": %d, \"top5\": [", j ? ", " : "", p0 + j);
             for (int r = 0; r < 5 && r < (int)m.vocab_size; r++) {
                 int best = argmax(row, m.vocab_size);
                 printf("%s[%d, %.6g]", r ? ", " : "", best, (double)row[best]);
@@ -256,9 +261,10 @@ static int cmd_bench(const cli *c) {
     for (long r = -1; r < runs && !rc; r++) {
         colibri_reset(ctx);
         double a = cli_now_ms();
-        colibri_status s = colibri_forward(ctx, ids, (int)plen, logits);
+        /* the prompt as colibri_generate runs it: the last token's logits only */
+        colibri_status s = colibri_forward_last(ctx, ids, (int)plen, logits);
         double b = cli_now_ms();
-        int32_t next = argmax(logits + (size_t)(plen - 1) * m.vocab_size, m.vocab_size);
+        int32_t next = argmax(logits, m.vocab_size);
         double cdone = cli_now_ms();
         for (long g = 0; g < gen && !s; g++) {
             s = colibri_forward(ctx, &next, 1, logits);
@@ -392,6 +398,7 @@ int main(int argc, char **argv) {
             c.threads = (int)num;
         } else if (!strcmp(a, "--int8-act")) c.int8_act = 1;
         else if (!strcmp(a, "--json")) c.json = 1;
+        else if (!strcmp(a, "--last")) c.last = 1;
         else if (!strcmp(a, "--ids")) { NEED_VALUE(); c.ids = v; }
         else if (!strcmp(a, "--logits-out")) { NEED_VALUE(); c.logits_out = v; }
         else if (!strcmp(a, "--out")) { NEED_VALUE(); c.out = v; }
