@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -274,6 +274,41 @@ def time_table(cfg: dict[str, Any], context: int, fraction: float, graph: bool) 
     return table(rows)
 
 
+# gpu-check's small models (scripts/gpu-check.sh --prepare: hidden 128, 2 layers, 8 experts
+# top-2, vocab 512, one per family): their weights are tiny, so decode is launch-bound and
+# ms/token / driver calls per token measures the per-call cost.
+SMALL_FAMILIES: dict[str, int] = {
+    "mixtral": 0,
+    "qwen2_moe": int(Flag.SHARED_EXPERT | Flag.SHARED_EXPERT_GATE | Flag.QKV_BIAS),
+    "qwen3_moe": int(Flag.QK_NORM_HEAD),
+    "olmoe": int(Flag.QK_NORM_FULL),
+}
+
+
+def first_run(fraction: float) -> str:
+    """What the first `scripts/gpu-check.sh` run on an H200 is judged against."""
+    h200 = next(d for d in DEVICES if d.name.startswith("H200"))
+    h = header_for(GPUCHECK_LARGE, DType.F16)
+    total = sum(bytes_per_token(h, 80).values())    # --bench "--prompt-len 16 --gen 64"
+    n = launches_per_token(h)
+    lines = ["First GPU run (scripts/gpu-check.sh on an H200):"]
+    for fam, flags in SMALL_FAMILIES.items():
+        per_layer = launches_per_token(replace(h, n_layers=2, flags=flags)).per_layer
+        calls = 1 + 2 * per_layer + 2 + n.copies
+        lines.append(f"- small {fam}: {calls} driver calls per token -> "
+                     f"{calls * LAUNCH_US / 1e3:.3g} ms/token at {LAUNCH_US:g} us per call; "
+                     "measured ms/token / calls = the per-call cost")
+    for graph in (False, True):
+        us, bound = expected_us(h, h200, 80, fraction, graph)
+        lines.append(f"- gpucheck-large f16 ({total / 1e9:.2f} GB per token), "
+                     f"{'one graph' if graph else 'today'}: {us / 1e3:.3g} ms/token ({bound}-bound)"
+                     f" = {total / us / 1e3:.0f} GB/s, {total / us / 1e3 / h200.bandwidth_gbs:.0%} "
+                     "of the datasheet bandwidth")
+    even = bandwidth_bound_us(total, h200, fraction) / (n.kernels + n.copies)
+    lines.append(f"- without a graph, launches stop being the bound below {even:.2g} us per call")
+    return "\n".join(lines)
+
+
 def report(context: int, fraction: float) -> str:
     out = [f"Decode performance model (docs/cuda.md): KV cache at context {context}, "
            f"{fraction:.0%} of datasheet bandwidth achievable (assumption), "
@@ -284,6 +319,7 @@ def report(context: int, fraction: float) -> str:
         out += [describe(name, h), "", bytes_table(cfg, context), ""]
         out += ["today (one cuLaunchKernel per kernel):", time_table(cfg, context, fraction, False),
                 "", "one CUDA graph per token:", time_table(cfg, context, fraction, True), ""]
+    out += [first_run(fraction), ""]
     out.append("Sources:")
     out += [f"- {d.name}: {d.source}" for d in DEVICES]
     return "\n".join(out)

@@ -537,9 +537,10 @@ def resources_table(images: Sequence[KernelImage]) -> str:
                              f"{f.spill_store_bytes}/{f.spill_load_bytes}", str(f.stack_bytes),
                              str(f.shared_bytes)])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.rjust(w) if i >= 2 else c.ljust(w)
-                               for i, (c, w) in enumerate(zip(r, widths))).rstrip()
-                     for r in rows)
+    lines = ["  ".join(c.rjust(w) if i >= 2 else c.ljust(w)
+                       for i, (c, w) in enumerate(zip(r, widths))).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
 
 
 def spill_warnings(images: Sequence[KernelImage]) -> list[str]:
