@@ -1,6 +1,6 @@
 """Decode performance model of the CUDA backend: what one decoded token costs, before any GPU ran.
 
-    python benchmarks/gpu_model.py                  # the three models below, every weight dtype
+    python benchmarks/gpu_model.py                  # the four models below, every weight dtype
     python benchmarks/gpu_model.py --context 4096   # KV cache read at another context length
     python benchmarks/gpu_model.py --fraction 0.8   # another achievable share of peak bandwidth
 
@@ -138,7 +138,8 @@ def f32(n: int) -> int:
 def bytes_per_token(h: ModelHeader, context: int) -> dict[str, int]:
     """DRAM bytes one decoded token reads, by kind (weights once; KV cache at `context`)."""
     dt, dp, L = DType(h.dtype), h.embed_dim_pad, h.n_layers
-    hq, kvd, F, Fs = h.n_heads * h.head_dim, h.n_kv_heads * h.head_dim, h.expert_size, h.shared_expert_size
+    hq, kvd = h.n_heads * h.head_dim, h.n_kv_heads * h.head_dim
+    F, Fs = h.expert_size, h.shared_expert_size
     attn = tensor_bytes(dt, hq, dp) + 2 * tensor_bytes(dt, kvd, dp) + tensor_bytes(dt, dp, hq)
     if h.has(Flag.QKV_BIAS):
         attn += f32(hq + 2 * kvd)

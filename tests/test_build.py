@@ -74,7 +74,8 @@ def test_orin_nx_dist_matches_contract(orin_nx_build: Path):
     (cubin,) = elf.find_cubins(data)
     regs = elf.cubin_register_counts(data[cubin.offset:cubin.offset + cubin.size])
     kernels = {k["name"]: k for k in manifest["kernels"]["sm_87"] if k["entry"]}
-    assert kernels and {n: k["registers"] for n, k in kernels.items()} == {n: regs[n] for n in kernels}
+    assert kernels
+    assert {n: k["registers"] for n, k in kernels.items()} == {n: regs[n] for n in kernels}
     assert set(regs) <= {k["name"] for k in manifest["kernels"]["sm_87"]}
     assert all(k["spill_store_bytes"] >= 0 and k["shared_bytes"] >= 0 for k in kernels.values())
 
