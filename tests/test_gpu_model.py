@@ -94,12 +94,14 @@ def test_kv_cache_read_at_full_context_is_the_whole_cache():
     assert gm.bytes_per_token(h, 7)["KV cache"] * h.max_seq_len == 7 * kv_cache_bytes(h)
 
 
-@pytest.mark.parametrize("dtype", [DType.F16, DType.INT8], ids=["f16", "int8"])
-def test_total_agrees_with_gpu_checks_bandwidth_figure(tmp_path: Path, dtype: DType):
+@pytest.mark.parametrize("flags", ["shared-gate-bias", "qknorm-head-tied"])
+@pytest.mark.parametrize("dtype", [DType.F16, DType.INT8, DType.Q4], ids=["f16", "int8", "q4"])
+def test_total_agrees_with_gpu_checks_bandwidth_figure(tmp_path: Path, dtype: DType, flags: str):
     """scripts/gpu_check_run.py turns decode tok/s into GB/s with its own count of the bytes a
-    token reads (from the file's table): the model's total is the same number."""
+    token reads (from the file's table): the model's total is the same number, tied embeddings
+    (the LM head reads the whole embedding) included."""
     run = _load("scripts/gpu_check_run.py", "gpu_check_run")
-    h = small_header(dtype, FLAG_CASES["shared-gate-bias"])
+    h = small_header(dtype, FLAG_CASES[flags])
     path = write_random_model(tmp_path / "m.colibri", h)
     assert run.decode_bytes_per_token(path) == sum(gm.bytes_per_token(h, 0).values())
 
