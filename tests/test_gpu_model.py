@@ -28,6 +28,10 @@ def _load(rel: str, name: str):
 
 gm = _load("benchmarks/gpu_model.py", "gpu_model")
 
+# The backend's host C built with sanitizers, and the stand-in libcuda.so.1 that logs every
+# cuLaunchKernel (tests/gpu/stub_libcuda.c), as tests/test_cuda_host.py builds them.
+from test_cuda_host import host_unit, run_unit, stub_driver  # noqa: E402,F401
+
 # Which record kinds each of the model's kinds is made of (docs/format.md tensor kinds).
 KINDS = {
     "attention weights": {Kind.WQ, Kind.WK, Kind.WV, Kind.WO, Kind.BQ, Kind.BK, Kind.BV,
@@ -104,6 +108,26 @@ def test_total_agrees_with_gpu_checks_bandwidth_figure(tmp_path: Path, dtype: DT
     h = small_header(dtype, FLAG_CASES[flags])
     path = write_random_model(tmp_path / "m.colibri", h)
     assert run.decode_bytes_per_token(path) == sum(gm.bytes_per_token(h, 0).values())
+
+
+@pytest.mark.parametrize("streams", [1, 2])
+def test_kernels_per_token_are_the_backends_launches(host_unit: Path, stub_driver, tmp_path: Path,
+                                                     streams: int):
+    """The model's kernels per decoded token = the cuLaunchKernel calls the real cuda_backend.c
+    makes for one token, on tests/gpu/host_unit.c's model (2 layers, shared expert + gate,
+    per-head q/k norm, qkv bias, tied embeddings), logged by the stand-in driver."""
+    log = tmp_path / "launches.log"
+    proc = run_unit(host_unit, "open", str(streams), "1",
+                    env={"COLIBRI_LIBCUDA": str(stub_driver["full"]), "STUB_LOG": str(log)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    launches = [ln for ln in log.read_text().splitlines() if ln.startswith("launch ")]
+    flags = int(Flag.SHARED_EXPERT | Flag.SHARED_EXPERT_GATE | Flag.QK_NORM_HEAD | Flag.QKV_BIAS
+                | Flag.TIED_EMBEDDINGS)
+    h = ModelHeader(num_experts=8, expert_size=20, vocab_size=50, max_seq_len=64, embed_dim=24,
+                    n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, top_k=2, routing=0,
+                    dtype=int(DType.F32), embed_dim_pad=32, pad_multiple=32, flags=flags,
+                    shared_expert_size=12)
+    assert len(launches) == gm.launches_per_token(h).kernels
 
 
 def test_headers_are_the_converters():
