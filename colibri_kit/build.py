@@ -215,15 +215,20 @@ def compile_kernels_cached(plan: CudaPlan, kernel_src: Path, config_dir: Path, o
     digest = _kernel_inputs_digest(kernel_src, config_dir / "colibri_config.h", plan,
                                    tc.versions(), options)
     stamp = out_dir / "stamp.json"
-    expected = [toolchain.KernelImage("cubin", s, out_dir / f"{kernel_src.stem}.sm_{s}.cubin")
-                for s in plan.sms]
-    expected.append(toolchain.KernelImage(
-        "ptx", plan.sms[0], out_dir / f"{kernel_src.stem}.compute_{plan.sms[0]}.ptx"))
     try:
-        if (json.loads(stamp.read_text()).get("inputs") == digest
-                and all(i.path.is_file() for i in expected)):
-            return expected, False, tc
-    except (OSError, ValueError):
+        # The stamp also keeps ptxas -v's report of each cubin, so an up-to-date build prints
+        # and records the same resources without running ptxas again.
+        saved = json.loads(stamp.read_text())
+        if saved.get("inputs") == digest and "resources" in saved:
+            expected = [toolchain.KernelImage(
+                "cubin", s, out_dir / f"{kernel_src.stem}.sm_{s}.cubin",
+                tuple(toolchain.FunctionResources.from_json(f)
+                      for f in saved["resources"][f"sm_{s}"])) for s in plan.sms]
+            expected.append(toolchain.KernelImage(
+                "ptx", plan.sms[0], out_dir / f"{kernel_src.stem}.compute_{plan.sms[0]}.ptx"))
+            if all(i.path.is_file() for i in expected):
+                return expected, False, tc
+    except (OSError, ValueError, KeyError, TypeError):
         pass
     progress(f"compiling kernels with CUDA {plan.version} ({tc.source}): PTX compute_{plan.sms[0]}"
              f" + cubin {' '.join(f'sm_{s}' for s in plan.sms)}")
@@ -231,8 +236,28 @@ def compile_kernels_cached(plan: CudaPlan, kernel_src: Path, config_dir: Path, o
     for old in [*out_dir.glob("*.cubin"), *out_dir.glob("*.ptx")]:
         old.unlink()
     images = toolchain.compile_kernels(tc, kernel_src, [config_dir], plan.sms, out_dir)
-    stamp.write_text(json.dumps({"inputs": digest}, indent=2) + "\n")
+    stamp.write_text(json.dumps({"inputs": digest, "resources": kernels_section(images)},
+                                indent=2) + "\n")
     return images, True, tc
+
+
+def kernels_section(images: Sequence[toolchain.KernelImage]) -> dict[str, list[dict]]:
+    """The manifest's `kernels`: per cubin SM, every function ptxas reported, in its order."""
+    return {f"sm_{i.sm}": [f.to_json() for f in i.resources] for i in images if i.kind == "cubin"}
+
+
+def report_kernel_resources(images: Sequence[toolchain.KernelImage], spills: str,
+                            progress: Progress) -> None:
+    """Print the per-SM register/spill table; a spill is a warning line naming the kernel, or
+    the build's failure when the profile says `cuda.spills: error`."""
+    for line in toolchain.resources_table(images).splitlines():
+        progress(f"kernels  {line}")
+    warnings = toolchain.spill_warnings(images)
+    if warnings and spills == "error":
+        raise BuildError("kernels spill registers to local memory (profile cuda.spills: error):\n"
+                         + "\n".join(warnings))
+    for w in warnings:
+        progress(f"warning: {w}")
 
 
 def embed_sources(images: Sequence[toolchain.KernelImage], embed_dir: Path,
@@ -416,6 +441,8 @@ def _build_here(profile: Profile, *, debug: bool, cuda_archs: Sequence[str] | No
         if not kernels_compiled:
             progress("kernels up to date")
         cuda_versions = cuda_tc.versions()
+        report_kernel_resources(images, profile.cuda.spills if profile.cuda else "warn",
+                                progress)
         embed = embed_sources(images, embed_dir, runtime_dir)
     else:
         images = []
@@ -462,6 +489,8 @@ def _build_here(profile: Profile, *, debug: bool, cuda_archs: Sequence[str] | No
                                                       if cuda_versions else {})},
         "cuda": ({"version": plan.version, "sms": list(plan.sms),
                   "images": [{"kind": i.kind, "sm": i.sm} for i in images]} if plan else None),
+        # ptxas -v per cubin: registers, stack, spill stores/loads, static shared memory
+        "kernels": kernels_section(images) if plan else None,
         "files": {rel: {"sha256": file_sha256(dist / rel), "size": (dist / rel).stat().st_size}
                   for rel in files},
     }

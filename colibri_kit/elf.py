@@ -324,6 +324,51 @@ def find_ptx(data: bytes) -> list[PtxInfo]:
             for m in _PTX_RE.finditer(data)]
 
 
+# CUDA ELF ".nv.info*" sections hold attribute records: u8 format, u8 attribute, u16 (a value,
+# or for format EIFMT_SVAL the size of the payload that follows). EIATTR_REGCOUNT (0x2f, SVAL)
+# carries (u32 symbol index, u32 registers per thread). Layout as nvdisasm lists it, e.g. the
+# disassembled cubins in mikex86/LibreCuda tests/kernel_struct_param/read_from_struct.asm
+# ("nvinfo : EIATTR_REGCOUNT ... .byte 0x04, 0x2f / .short 8 / .word index@(fn) / .word 8").
+EIFMT_SVAL = 0x04
+EIATTR_REGCOUNT = 0x2F
+SHT_SYMTAB = 2
+
+
+def cubin_register_counts(cubin: bytes) -> dict[str, int]:
+    """Function name -> registers per thread, as the driver reads them from the cubin itself
+    (independent of ptxas' console report). 64-bit cubins only."""
+    h = parse_header(cubin)
+    if h.machine != EM_CUDA or h.elf_class != 64:
+        raise ElfFormatError("not a 64-bit CUDA ELF image")
+    shfmt = "<IIQQQQIIQQ"
+    secs = [_unpack(shfmt, cubin, h.shoff + i * h.shentsize) for i in range(h.shnum)]
+    names_off = secs[h.shstrndx][4]
+    symtab = next((s for s in secs if s[1] == SHT_SYMTAB), None)
+    if symtab is None:
+        raise ElfFormatError("cubin has no symbol table")
+    strtab = secs[symtab[6]][4]
+
+    def symbol(index: int) -> str:
+        st_name = _unpack("<I", cubin, symtab[4] + index * 24)[0]
+        return _cstr(cubin, strtab + st_name)
+
+    out: dict[str, int] = {}
+    for sh in secs:
+        if not _cstr(cubin, names_off + sh[0]).startswith(".nv.info"):
+            continue
+        pos, end = sh[4], sh[4] + sh[5]
+        while pos + 4 <= end:
+            fmt, attr, value = _unpack("<BBH", cubin, pos)
+            pos += 4
+            if fmt != EIFMT_SVAL:
+                continue
+            if attr == EIATTR_REGCOUNT and value >= 8:
+                index, regs = _unpack("<II", cubin, pos)
+                out[symbol(index)] = regs
+            pos += value
+    return out
+
+
 # --------------------------------------------------------------------------- static archives
 
 

@@ -48,6 +48,7 @@ CUDA_SMS: dict[str, tuple[str, ...]] = {
              "sm_121", "sm_121a"),
 }
 CUDA_VERSIONS = tuple(CUDA_SMS)
+SPILL_POLICIES = ("warn", "error")   # cuda.spills: what a kernel spilling registers does
 
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 _BASE_NAME_RE = re.compile(r"^_[a-z0-9][a-z0-9_-]*$")
@@ -75,6 +76,7 @@ class CudaSpec:
     version: str              # "11.8" | "12.6" | "13.0"
     archs: tuple[str, ...]    # ("sm_87",): one cubin each, plus PTX
     igpu: bool                # integrated GPU sharing DRAM with the CPU (every Jetson)
+    spills: str = "warn"      # a kernel spilling registers: "warn" (build output) or "error"
 
     @property
     def sm_numbers(self) -> tuple[int, ...]:
@@ -462,7 +464,7 @@ def _device(c: _Checker, v: Any, k: tuple[str, ...]) -> DeviceSpec:
 
 
 def _cuda(c: _Checker, v: Any, k: tuple[str, ...]) -> CudaSpec:
-    m = c.mapping(v, k, ("version", "archs"), ("igpu",))
+    m = c.mapping(v, k, ("version", "archs"), ("igpu", "spills"))
     version = c.string(m["version"], (*k, "version"))
     c.enum(version, (*k, "version"), CUDA_VERSIONS)
     archs = c.typed(m["archs"], (*k, "archs"), list, "a list of SMs such as [sm_87]")
@@ -478,7 +480,8 @@ def _cuda(c: _Checker, v: Any, k: tuple[str, ...]) -> CudaSpec:
     if len(set(archs)) != len(archs):
         raise c.fail((*k, "archs"), f"duplicate SMs in {archs}")
     igpu = c.typed(m.get("igpu", False), (*k, "igpu"), bool, "true or false")
-    return CudaSpec(version=version, archs=tuple(archs), igpu=igpu)
+    spills = c.enum(m.get("spills", "warn"), (*k, "spills"), SPILL_POLICIES)
+    return CudaSpec(version=version, archs=tuple(archs), igpu=igpu, spills=spills)
 
 
 def _colibri(c: _Checker, v: Any, k: tuple[str, ...]) -> ColibriSpec:
@@ -570,7 +573,9 @@ def _resolved_dict(p: Profile) -> dict[str, Any]:
         "device": None if p.device is None else
         {"soc": p.device.soc, "model_pattern": p.device.model_pattern},
         "cuda": None if p.cuda is None else
-        {"version": p.cuda.version, "archs": list(p.cuda.archs), "igpu": p.cuda.igpu},
+        {"version": p.cuda.version, "archs": list(p.cuda.archs), "igpu": p.cuda.igpu,
+         # only when set: the default keeps every existing profile's hash
+         **({"spills": p.cuda.spills} if p.cuda.spills != "warn" else {})},
         "colibri": {"embed_pad": p.colibri.embed_pad, "stream_count": p.colibri.stream_count,
                     "routing_mode": p.colibri.routing_mode, "top_k": p.colibri.top_k,
                     "max_experts": p.colibri.max_experts},

@@ -424,10 +424,130 @@ def supported_sms(tc: CudaToolchain) -> list[int]:
 
 
 @dataclass(frozen=True)
+class FunctionResources:
+    """What ptxas -v reports for one function of one cubin (registers per thread, bytes)."""
+
+    name: str
+    entry: bool                # a __global__ kernel ("Compiling entry function"), else a
+                               # non-inlined device function (properties only, no registers)
+    registers: int = 0
+    stack_bytes: int = 0       # per-thread stack frame
+    spill_store_bytes: int = 0
+    spill_load_bytes: int = 0
+    shared_bytes: int = 0      # static shared memory (smem)
+    barriers: int = 0          # "used N barriers" (CUDA 12.x+ prints it)
+
+    @property
+    def spills(self) -> bool:
+        return self.spill_store_bytes > 0 or self.spill_load_bytes > 0
+
+    def to_json(self) -> dict[str, int | str | bool]:
+        return {"name": self.name, "entry": self.entry, "registers": self.registers,
+                "stack_bytes": self.stack_bytes, "spill_store_bytes": self.spill_store_bytes,
+                "spill_load_bytes": self.spill_load_bytes, "shared_bytes": self.shared_bytes,
+                "barriers": self.barriers}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "FunctionResources":
+        return cls(**d)
+
+
+@dataclass(frozen=True)
 class KernelImage:
     kind: str      # "cubin" or "ptx"
     sm: int
     path: Path
+    # cubins: ptxas -v's report of every function, in ptxas' order; () for PTX
+    resources: tuple[FunctionResources, ...] = ()
+
+
+# ptxas -v (--verbose) output, one cubin. Its format is not specified by NVIDIA; these patterns
+# follow real logs: the NVIDIA forum thread "-Xptxas -v : analysing" (sm_20: "Used 40 registers,
+# 128 bytes cmem[0], ..."), ccminer PR tpruvot/ccminer#36 (sm_52: "Used 45 registers, 11688
+# bytes cumulative stack size, 64 bytes smem, 328 bytes cmem[0]"), GaloisGPU issue #1 (device
+# functions' "Function properties" without a "Used" line, "0 bytes gmem"), and the pinned
+# ptxas 11.8 / 12.6 / 13.0 themselves (tests/test_toolchain.py parses their output). A line this
+# parser does not know is returned as is: the build treats it like a warning.
+_PTXAS_INFO = re.compile(r"^ptxas info\s*:\s*(.*)$")
+_PTXAS_ENTRY = re.compile(r"^Compiling entry function '([^']+)' for '(sm_\d+[af]?)'$")
+_PTXAS_PROPS = re.compile(r"^Function properties for (.+)$")
+_PTXAS_FRAME = re.compile(r"^(\d+) bytes stack frame, (\d+) bytes spill stores, "
+                          r"(\d+) bytes spill loads$")
+_PTXAS_USED = re.compile(r"^Used (\d+) registers\b(.*)$")
+_PTXAS_QUIET = re.compile(r"^(\d+ bytes gmem.*|Compile time = .*)$")
+
+
+def parse_ptxas_resources(log: str) -> tuple[list[FunctionResources], list[str]]:
+    """ptxas -v output -> (functions in report order, lines that are not resource info)."""
+    found: dict[str, dict] = {}
+    order: list[str] = []
+    other: list[str] = []
+    entry: str | None = None      # the kernel the next "Used N registers" line belongs to
+    props: str | None = None      # the function the next "N bytes stack frame" line belongs to
+
+    def rec(name: str) -> dict:
+        if name not in found:
+            found[name] = {"name": name, "entry": False}
+            order.append(name)
+        return found[name]
+
+    for raw in log.splitlines():
+        line = raw.strip()
+        if not line:
+            continue
+        m = _PTXAS_INFO.match(line)
+        if m is None:
+            f = _PTXAS_FRAME.match(line)
+            if f and props is not None:
+                r = rec(props)
+                r["stack_bytes"], r["spill_store_bytes"], r["spill_load_bytes"] = map(int,
+                                                                                      f.groups())
+                props = None
+            else:
+                other.append(raw)
+            continue
+        info = m.group(1).strip()
+        if (e := _PTXAS_ENTRY.match(info)):
+            entry = e.group(1)
+            rec(entry)["entry"] = True
+        elif (p := _PTXAS_PROPS.match(info)):
+            props = p.group(1)
+            rec(props)
+        elif (u := _PTXAS_USED.match(info)) and entry is not None:
+            r = rec(entry)
+            r["registers"] = int(u.group(1))
+            rest = u.group(2)
+            if (b := re.search(r"used (\d+) barriers", rest)):
+                r["barriers"] = int(b.group(1))
+            if (s := re.search(r"(\d+) bytes smem", rest)):
+                r["shared_bytes"] = int(s.group(1))
+            entry = None
+        elif not _PTXAS_QUIET.match(info):
+            other.append(raw)
+    return [FunctionResources(**found[n]) for n in order], other
+
+
+def resources_table(images: Sequence[KernelImage]) -> str:
+    """One compact table of every cubin's kernels: the build prints it."""
+    rows = [["sm", "kernel", "regs", "spill st/ld B", "stack B", "smem B"]]
+    for img in images:
+        for f in img.resources:
+            if f.entry:
+                rows.append([f"sm_{img.sm}", f.name, str(f.registers),
+                             f"{f.spill_store_bytes}/{f.spill_load_bytes}", str(f.stack_bytes),
+                             str(f.shared_bytes)])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.rjust(w) if i >= 2 else c.ljust(w)
+                       for i, (c, w) in enumerate(zip(r, widths))).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def spill_warnings(images: Sequence[KernelImage]) -> list[str]:
+    """One line per function that spills registers to local memory, naming it and the SM."""
+    return [f"sm_{img.sm}: {f.name} spills registers ({f.spill_store_bytes} bytes stored, "
+            f"{f.spill_load_bytes} bytes loaded per thread; {f.registers} registers)"
+            for img in images for f in img.resources if f.spills]
 
 
 def kernel_options(tc: CudaToolchain, ptx_sm: int, include_dirs: Iterable[Path]) -> list[str]:
@@ -479,15 +599,18 @@ def compile_kernels(tc: CudaToolchain, source: Path, include_dirs: Sequence[Path
     images = []
     for sm in sms:
         cubin = out_dir / f"{source.stem}.sm_{sm}.cubin"
-        argv = [str(tc.ptxas), f"-arch=sm_{sm}", "-O3", "--warning-as-error", "-o", str(cubin),
-                str(ptx_path)]
+        # -v reports registers, stack, spills and shared memory per function; it changes no
+        # byte of the cubin. Anything else ptxas prints is a warning, and warnings are errors.
+        argv = [str(tc.ptxas), f"-arch=sm_{sm}", "-O3", "--warning-as-error", "-v", "-o",
+                str(cubin), str(ptx_path)]
         proc = subprocess.run(argv, capture_output=True, text=True)
         log = (proc.stdout + proc.stderr).strip()
-        if proc.returncode != 0 or log:
+        resources, other = parse_ptxas_resources(log)
+        if proc.returncode != 0 or other:
             cubin.unlink(missing_ok=True)
             raise ToolchainError(f"ptxas -arch=sm_{sm} failed on {ptx_path.name} "
-                                 f"(warnings are errors):\n{log}")
-        images.append(KernelImage("cubin", sm, cubin))
+                                 f"(warnings are errors):\n" + "\n".join(other or [log]))
+        images.append(KernelImage("cubin", sm, cubin, tuple(resources)))
     images.append(KernelImage("ptx", ptx_sm, ptx_path))
     return images
 

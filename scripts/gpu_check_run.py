@@ -31,29 +31,36 @@ from pathlib import Path
 GOAL_FRACTION = 0.5
 # docs/format.md tensor kinds: token embedding (one row read per token) and the routed experts
 TOK_EMBED = 1
+LM_HEAD = 3
 EXPERT_KINDS = (30, 31, 32)
 
 
 def decode_bytes_per_token(model: Path) -> int:
-    """Weight bytes one decoded token reads: every tensor once (+ int8 scales), but one row of
-    the token embedding and top_k / num_experts of the routed experts (docs/cuda.md)."""
+    """Weight bytes one decoded token reads: every tensor once (+ int8/q4 scales), but one row
+    of the token embedding (plus all of it as the LM head when embeddings are tied) and
+    top_k / num_experts of the routed experts (docs/cuda.md)."""
     with open(model, "rb") as f:
         head = f.read(256)
         num_experts, top_k = struct.unpack_from("<I", head, 12)[0], struct.unpack_from("<I", head, 52)[0]
         n_tensors, table = struct.unpack_from("<II", head, 88)
         f.seek(table)
         recs = f.read(64 * n_tensors)
-    total = experts = 0
+    total = experts = embed = 0
+    lm_head = False
     for i in range(n_tensors):
         kind, _layer, _expert, _dtype, rows, _cols, _off, nbytes, _soff, sbytes = \
             struct.unpack_from("<6I4Q", recs, 64 * i)
         size = nbytes + sbytes
         if kind == TOK_EMBED:
+            embed = size
             total += size // max(rows, 1)
         elif kind in EXPERT_KINDS:
             experts += size
         else:
+            lm_head = lm_head or kind == LM_HEAD
             total += size
+    if not lm_head:   # tied embeddings: the LM head is the whole embedding, read every token
+        total += embed
     return total + experts * top_k // max(num_experts, 1)
 
 

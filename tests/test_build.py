@@ -68,6 +68,16 @@ def test_orin_nx_dist_matches_contract(orin_nx_build: Path):
     # Every file in dist is listed (the manifest itself aside).
     listed = set(manifest["files"]) | {"manifest.json"}
     assert set(_tree_bytes(dist)) == listed
+    # ptxas -v per cubin: every kernel of the embedded sm_87 cubin, with the register count the
+    # cubin itself carries, and the spill/stack/shared figures
+    data = (dist / "bin" / "colibri").read_bytes()
+    (cubin,) = elf.find_cubins(data)
+    regs = elf.cubin_register_counts(data[cubin.offset:cubin.offset + cubin.size])
+    kernels = {k["name"]: k for k in manifest["kernels"]["sm_87"] if k["entry"]}
+    assert kernels
+    assert {n: k["registers"] for n, k in kernels.items()} == {n: regs[n] for n in kernels}
+    assert set(regs) <= {k["name"] for k in manifest["kernels"]["sm_87"]}
+    assert all(k["spill_store_bytes"] >= 0 and k["shared_bytes"] >= 0 for k in kernels.values())
 
 
 def test_orin_nx_binary_is_aarch64_glibc_235_with_sm87(orin_nx_build: Path):
@@ -158,6 +168,7 @@ def test_noop_rebuild_compiles_nothing(project_copy: Path):
     before_build, before_dist = _mtimes(out_dir), _mtimes(first.dist_dir)
     second = kb.build("orin-nx", where="host", progress=_quiet)
     assert not second.kernels_compiled
+    assert second.manifest["kernels"] == first.manifest["kernels"]   # kept in the kernel stamp
     assert not second.make_ran_commands
     assert "Nothing to be done for 'all'" in second.make_output
     assert _mtimes(first.dist_dir) == before_dist

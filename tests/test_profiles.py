@@ -209,6 +209,20 @@ def test_to_dict_round_trips_through_yaml(tmp_path):
     assert shown["hash"] == p.hash and shown["cuda"]["archs"] == ["sm_87"]
 
 
+def test_cuda_spills_policy_defaults_to_warn_and_keeps_the_hash(tmp_path):
+    """`cuda.spills: error` makes a kernel's register spill fail the build (colibri_kit.build);
+    the default `warn` is the same profile, hash included, as one that does not say it."""
+    write(tmp_path / "a", "dev", VALID)
+    write(tmp_path / "b", "dev", set_path(VALID, "cuda.spills", "warn"))
+    write(tmp_path / "c", "dev", set_path(VALID, "cuda.spills", "error"))
+    plain = load_profile("dev", tmp_path / "a")
+    assert plain.cuda.spills == "warn"
+    assert load_profile("dev", tmp_path / "b").hash == plain.hash
+    p = load_profile("dev", tmp_path / "c")
+    assert p.cuda.spills == "error" and p.hash != plain.hash
+    assert p.to_dict()["cuda"]["spills"] == "error"
+
+
 def test_profile_is_frozen():
     p = load_profile("orin-nx")
     with pytest.raises(Exception):
@@ -247,6 +261,7 @@ BROKEN = [
     ("cuda.archs", "sm_87", ["cuda.archs", "expected a list"]),
     ("cuda.archs", ["sm_87", "sm_87"], ["cuda.archs", "duplicate"]),
     ("cuda", "12.6", ["cuda", "expected a mapping"]),
+    ("cuda.spills", "ignore", ["cuda.spills", "'ignore'", "warn, error"]),
     ("tune.cpu_governor", "performance; reboot", ["tune.cpu_governor", "[a-z0-9_]+"]),
     ("tune.gpu_governor", "../../x", ["tune.gpu_governor", "'../../x'", "[a-z0-9_]+"]),
     ("tune.nvpmodel_mode", "MAXN && rm", ["tune.nvpmodel_mode", "[A-Za-z0-9_]+"]),

@@ -73,6 +73,17 @@ def test_nvrtc_ptxas_compile_one_cubin_per_sm(kernel_dir: Path, version: str, sm
     assert f".target sm_{min(sms)}" in text and "scale_half" in text
     # No source paths or line info in what gets embedded (reproducible, location-free).
     assert str(kernel_dir) not in text and ".loc" not in text
+    # ptxas -v of this CUDA version, parsed: the kernel with the register count the cubin itself
+    # carries (EIATTR_REGCOUNT, read apart from ptxas' report), no spills; the non-inlined
+    # device function appears with its frame but is no kernel.
+    for img in images[:-1]:
+        funcs = {f.name: f for f in img.resources}
+        kernel = funcs["scale_half"]
+        assert kernel.entry and not kernel.spills and kernel.registers > 0
+        assert elf.cubin_register_counts(img.path.read_bytes())["scale_half"] == kernel.registers
+        helper = [f for f in img.resources if "times_top_k" in f.name]
+        assert len(helper) == 1 and not helper[0].entry
+    assert ptx[0].resources == ()
 
 
 def test_compile_is_deterministic(kernel_dir: Path):
@@ -84,6 +95,81 @@ def test_compile_is_deterministic(kernel_dir: Path):
     b = toolchain.compile_kernels(tc, kernel_dir / "k.cu", [kernel_dir / "include"], [87],
                                   kernel_dir / "b")
     assert [x.path.read_bytes() for x in a] == [y.path.read_bytes() for y in b]
+
+
+# A kernel that must spill on sm_87: 48 values live across a loop, but __launch_bounds__(512, 3)
+# leaves 65536 / 1536 threads = at most 40 registers per thread.
+SPILLING = r"""
+extern "C" __global__ void __launch_bounds__(512, 3) many_live(const float *x, float *y, int n) {
+    float v[48];
+#pragma unroll
+    for (int i = 0; i < 48; i++) v[i] = x[threadIdx.x + i * n];
+    for (int r = 0; r < n; r++) {
+#pragma unroll
+        for (int i = 0; i < 48; i++) v[i] = v[i] * v[(i + 1) % 48] + 1.0f;
+    }
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 48; i++) s += v[i];
+    y[threadIdx.x] = s;
+}
+"""
+
+
+def test_spills_are_reported_per_kernel_and_fail_only_when_the_profile_asks(kernel_dir: Path):
+    from colibri_kit import build
+    from colibri_kit.errors import BuildError
+
+    src = kernel_dir / "spill.cu"
+    src.write_text(SPILLING)
+    images = toolchain.compile_kernels(toolchain.cuda_toolchain("12.6"), src, [], [87],
+                                       kernel_dir / "out")
+    (f,) = images[0].resources
+    assert f.name == "many_live" and f.entry and f.spills and f.registers <= 40
+    assert f.registers == elf.cubin_register_counts(images[0].path.read_bytes())["many_live"]
+    said: list[str] = []
+    build.report_kernel_resources(images, "warn", said.append)
+    table = [s for s in said if s.startswith("kernels ")]
+    assert "regs" in table[0] and any("many_live" in s for s in table[2:])
+    (warning,) = [s for s in said if s.startswith("warning: ")]
+    assert f"sm_87: many_live spills registers ({f.spill_store_bytes} bytes stored" in warning
+    with pytest.raises(BuildError, match=r"(?s)cuda.spills: error.*many_live spills"):
+        build.report_kernel_resources(images, "error", said.append)
+
+
+# ptxas -v lines as other toolchains print them (the pinned ones are parsed by the compile tests
+# above): sm_20 from the NVIDIA forum thread "-Xptxas -v : analysing" (several cmem banks);
+# sm_52 from tpruvot/ccminer#36 (a device function that spills, "cumulative stack size", smem).
+PUBLIC_PTXAS_LOG = """\
+ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function '_Z6solverPfS_' for 'sm_20'
+ptxas info    : Function properties for _Z6solverPfS_
+    8 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 40 registers, 128 bytes cmem[0], 128 bytes cmem[14], 56 bytes cmem[16]
+ptxas info    : Function properties for _ZN50_INTERNAL_28_cuda_equi9atomicAddEPjj
+    8 bytes stack frame, 8 bytes spill stores, 8 bytes spill loads
+ptxas info    : Compiling entry function '_Z7digit_6P4equi' for 'sm_52'
+ptxas info    : Function properties for _Z7digit_6P4equi
+    208 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 69 registers, 216 bytes cumulative stack size, 31372 bytes smem, 324 bytes cmem[0], 4 bytes cmem[2]
+ptxas warning : Value of threads per SM for entry _Z7digit_6P4equi is out of range
+"""
+
+
+def test_ptxas_report_parser_on_other_toolchains_output():
+    funcs, other = toolchain.parse_ptxas_resources(PUBLIC_PTXAS_LOG)
+    by = {f.name: f for f in funcs}
+    assert [f.name for f in funcs] == ["_Z6solverPfS_", "_ZN50_INTERNAL_28_cuda_equi9atomicAddEPjj",
+                                       "_Z7digit_6P4equi"]
+    assert by["_Z6solverPfS_"] == toolchain.FunctionResources(
+        "_Z6solverPfS_", True, registers=40, stack_bytes=8)
+    helper = by["_ZN50_INTERNAL_28_cuda_equi9atomicAddEPjj"]
+    assert not helper.entry and helper.spills and helper.spill_load_bytes == 8
+    assert by["_Z7digit_6P4equi"] == toolchain.FunctionResources(
+        "_Z7digit_6P4equi", True, registers=69, stack_bytes=208, shared_bytes=31372)
+    # what is not resource info is handed back: the build treats it as a warning (an error)
+    assert other == ["ptxas warning : Value of threads per SM for entry _Z7digit_6P4equi is out "
+                     "of range"]
 
 
 def test_cuda13_refuses_sm72(kernel_dir: Path):
