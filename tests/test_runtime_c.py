@@ -218,24 +218,48 @@ def test_clang_build_warning_free(tmp_path_factory: pytest.TempPathFactory, host
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+# qemu 7.2's CPU models stand in for the Jetsons' (docs/runtime.md "Kernels"): neoverse-n1 is
+# Armv8.2 with dotprod and no i8mm, as Orin's Cortex-A78AE; max has i8mm (and bf16, SVE2), as
+# Thor's Neoverse-V3AE; cortex-a53 has neither. Each build runs on each CPU listed, with the
+# kernel level it must pick (COLIBRI_CPU_SIMD caps it): the Orin build takes SMMLA on an i8mm CPU,
+# and a build for no CPU in particular ("generic": Orin's triple, -mcpu=generic) takes SDOT and
+# SMMLA from the target attributes alone, plain NEON where the CPU has neither.
+AARCH64_RUNS = {
+    "orin-nx": [("neoverse-n1", None, "neon-dotprod"), ("max", None, "neon-i8mm"),
+                ("max", "neon-dotprod", "neon-dotprod")],
+    "agx-thor": [("max", None, "neon-i8mm")],
+    "generic": [("cortex-a53", None, "neon"), ("neoverse-n1", None, "neon-dotprod"),
+                ("max", None, "neon-i8mm")],
+}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("target", ["orin-nx", "agx-thor"])
+@pytest.mark.parametrize("target", sorted(AARCH64_RUNS))
 def test_unit_tests_aarch64_under_qemu(tmp_path_factory: pytest.TempPathFactory, host_config: Path,
                                        target: str) -> None:
     """The C unit tests, kernel bit contracts included (tiles == streams == row splits, exact
-    integer dots), cross-compiled by zig for Orin's and Thor's CPUs (cortex-a78ae, neoverse-v3ae:
-    NEON + SDOT kernels, chosen by -mcpu) and run under qemu-aarch64."""
+    integer dots), cross-compiled by zig for Orin's and Thor's CPUs (cortex-a78ae, neoverse-v3ae)
+    and for a generic aarch64, run under qemu-aarch64 on CPUs with and without i8mm and dotprod:
+    the SMMLA prefill path where the CPU has it, SDOT where not, the same exact integers."""
     from colibri_kit.profiles import load_profile
     from colibri_kit.toolchain import install_zig, zig_env
 
-    p = load_profile(target)
+    p = load_profile("orin-nx" if target == "generic" else target)
     out = tmp_path_factory.mktemp(f"rt-{target}")
-    cc = f"{install_zig()} cc -target {p.zig_triple} -mcpu={p.zig_mcpu}"
+    mcpu = "generic" if target == "generic" else p.zig_mcpu
+    cc = f"{install_zig()} cc -target {p.zig_triple} -mcpu={mcpu}"
     proc = subprocess.run(["make", "-s", "-C", str(RUNTIME / "tests"), f"CONFIG_DIR={host_config}",
                            f"OUT_DIR={out}", f"CC={cc}", str(out / "bin" / "test_runtime")],
                           capture_output=True, text=True, timeout=900, env={**os.environ, **zig_env()})
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    proc = run("qemu-aarch64", "-L", "/usr/aarch64-linux-gnu", out / "bin" / "test_runtime", timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "ok   kernels neon-dotprod dtype 1 cols 1024" in proc.stdout, proc.stdout
-    assert "passed: 0 failure(s)" in proc.stdout
+    for cpu, cap, simd in AARCH64_RUNS[target]:
+        env = {"COLIBRI_CPU_SIMD": cap} if cap else {}
+        proc = run("qemu-aarch64", "-cpu", cpu, "-L", "/usr/aarch64-linux-gnu",
+                   out / "bin" / "test_runtime", env=env, timeout=600)
+        assert proc.returncode == 0, (cpu, proc.stdout + proc.stderr)
+        assert "passed: 0 failure(s)" in proc.stdout, (cpu, proc.stdout)
+        for line in (f"ok   kernels {simd} dtype 1 cols 1024",
+                     f"ok   kernels {simd} int8 x int8 cols 1030: 14 tokens",
+                     f"ok   kernels {simd} int8 x int8 cols 10100: 2 and 13 tokens",
+                     f"ok   kernels {simd} int8 x int8 cols 22000: 2 and 13 tokens"):
+            assert line in proc.stdout, (cpu, cap, line, proc.stdout)

@@ -335,8 +335,11 @@ def test_backend_cuda_without_gpu_is_a_clean_error(host_colibri: Path, models: d
 @pytest.mark.slow
 def test_aarch64_neon_build_under_qemu(orin_nx_build: Path, models: dict[str, Path], tmp_path: Path) -> None:
     """The cross-compiled runtime (NEON kernels, CPU fallback without a GPU): selftest passes and
-    logits match the reference, bitwise equal across thread counts."""
-    qemu = ["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu", str(orin_nx_build / "bin" / "colibri")]
+    logits match the reference, bitwise equal across thread counts. qemu's neoverse-n1 stands in
+    for Orin's Cortex-A78AE (dotprod, no i8mm: qemu's default `max` would pick the SMMLA path);
+    with --int8-act, `max` (i8mm, as Thor) gives the same logit bytes on 1 and 2 threads."""
+    qemu = ["qemu-aarch64", "-cpu", "neoverse-n1", "-L", "/usr/aarch64-linux-gnu",
+            str(orin_nx_build / "bin" / "colibri")]
     proc = subprocess.run([*qemu, "selftest"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "(neon-dotprod)" in proc.stdout and "passed: 0 check(s) failed" in proc.stdout
@@ -354,3 +357,16 @@ def test_aarch64_neon_build_under_qemu(orin_nx_build: Path, models: dict[str, Pa
             outs.append(out.read_bytes())
         got = np.frombuffer(outs[0], dtype="<f4").reshape(len(ids), -1)
         assert rel_err(got, want) < F32_TOL and outs[0] == outs[1], name
+    # --int8-act prefill: the SMMLA tiles (qemu max: i8mm) give the SDOT tiles' bytes (neoverse-n1)
+    qmax = [qemu[0], "-cpu", "max", *qemu[3:]]
+    for name in ("tiny-int8", "shared-gate-bias-plain-int8"):
+        ids = ",".join(str(i % 256) for i in PROMPT)
+        outs = []
+        for q, threads in ((qemu, "1"), (qmax, "1"), (qmax, "2")):
+            out = tmp_path / f"{name}-q8-{q[2]}-{threads}.bin"
+            proc = subprocess.run([*q, "--backend", "cpu", "--threads", threads, "--int8-act",
+                                   "forward", str(models[name]), "--ids", ids, "--logits-out",
+                                   str(out)], capture_output=True, text=True, timeout=600)
+            assert proc.returncode == 0, proc.stderr
+            outs.append(out.read_bytes())
+        assert outs[0] == outs[1] == outs[2], name

@@ -18,6 +18,15 @@
 #if defined(__aarch64__)
 #define COLIBRI_HAVE_NEON 1
 #include <arm_neon.h>
+#if defined(__linux__)
+#include <sys/auxv.h>
+#endif
+#if defined(__ARM_FEATURE_DOTPROD) || defined(COLIBRI_ARM_TARGET_ATTR)
+#define COLIBRI_HAVE_SDOT 1
+#endif
+#if defined(__ARM_FEATURE_MATMUL_INT8) || defined(COLIBRI_ARM_TARGET_ATTR)
+#define COLIBRI_HAVE_I8MM 1
+#endif
 #endif
 
 /* Decode streams each weight row once: ask for the bytes 2 KiB ahead, which also carries the
@@ -50,6 +59,10 @@ static struct {
     /* the int8 x int8 counterpart (integer sums: exact, so any layout gives the same result) */
     void (*tile_q8)(const int8_t *const *w, const int8_t *x, size_t ldx, int nt, size_t n,
                     int32_t out[24]);
+    /* colibri_rows_dot_q8 for n > 1 (SMMLA): returns 0 for a shape it leaves to tile_q8;
+     * NULL: not provided */
+    int (*rows_q8)(const colibri_tensor *w, uint32_t r0, uint32_t r1, const int8_t *xq,
+                   const float *xscale, int n, size_t ldx, float *y, size_t ldy);
     const char *name;
 } K;
 
@@ -637,13 +650,13 @@ NEON_DOT4(neon_dot4_f16, uint16_t, NEON_LOAD_F16, half_to_float)
 NEON_DOT4(neon_dot4_bf16, uint16_t, NEON_LOAD_BF16, bf16_to_float)
 NEON_DOT4(neon_dot4_i8, int8_t, NEON_LOAD_I8, CVT_I8)
 
-#ifdef __ARM_FEATURE_DOTPROD
+#ifdef COLIBRI_HAVE_SDOT
 /* int8 x int8 with the Armv8.2 dot-product instruction (SDOT: four products summed into each
- * int32 lane), present on Orin's Cortex-A78AE and Thor's Neoverse-V3AE and enabled by the
- * profile's -mcpu. Exact integer sums, so the result equals the vmull/vpadal kernel's. */
+ * int32 lane), present on Orin's Cortex-A78AE and Thor's Neoverse-V3AE (HWCAP_ASIMDDP). Exact
+ * integer sums, so the result equals the vmull/vpadal kernel's. */
 #define NEON_Q8_TILE(NAME, NT)                                                                \
-    static void NAME(const int8_t *const *w, const int8_t *x, size_t ldx, size_t n,           \
-                     int32_t *out) {                                                          \
+    SDOT_FN static void NAME(const int8_t *const *w, const int8_t *x, size_t ldx, size_t n,   \
+                             int32_t *out) {                                                  \
         int32x4_t acc[4][NT];                                                                 \
         for (int r = 0; r < 4; r++)                                                           \
             for (int t = 0; t < NT; t++) acc[r][t] = vdupq_n_s32(0);                          \
@@ -677,8 +690,8 @@ NEON_Q8_TILE(neon_q8_tile_4, 4)
 NEON_Q8_TILE(neon_q8_tile_5, 5)
 NEON_Q8_TILE(neon_q8_tile_6, 6)
 
-static void neon_q8_tile(const int8_t *const *w, const int8_t *x, size_t ldx, int nt, size_t n,
-                         int32_t out[24]) {
+SDOT_FN static void neon_q8_tile(const int8_t *const *w, const int8_t *x, size_t ldx, int nt,
+                                 size_t n, int32_t out[24]) {
     switch (nt) {
     case 1: neon_q8_tile_1(w, x, ldx, n, out); break;
     case 2: neon_q8_tile_2(w, x, ldx, n, out); break;
@@ -689,19 +702,139 @@ static void neon_q8_tile(const int8_t *const *w, const int8_t *x, size_t ldx, in
     }
 }
 
-static void neon_dot4_q8(const int8_t *const *w, const int8_t *x, size_t n, int32_t out[4]) {
+SDOT_FN static void neon_dot4_q8(const int8_t *const *w, const int8_t *x, size_t n,
+                                 int32_t out[4]) {
     int32_t o[24];
     neon_q8_tile_1(w, x, 0, n, o);
     for (int k = 0; k < 4; k++) out[k] = o[k * 6];
 }
 
-static int32_t neon_sdot_q8(const int8_t *w, const int8_t *x, size_t n) {
+SDOT_FN static int32_t neon_sdot_q8(const int8_t *w, const int8_t *x, size_t n) {
     int32x4_t acc = vdupq_n_s32(0);
     size_t i = 0;
     for (; i + 16 <= n; i += 16) acc = vdotq_s32(acc, vld1q_s8(w + i), vld1q_s8(x + i));
     int32_t s = vaddvq_s32(acc);
     for (; i < n; i++) s += (int32_t)w[i] * (int32_t)x[i];
     return s;
+}
+#endif
+
+#ifdef COLIBRI_HAVE_I8MM
+/* int8 x int8 prefill with the Armv8.6 matrix multiply-accumulate (SMMLA, FEAT_I8MM: Thor's
+ * Neoverse-V3AE, HWCAP2_I8MM). One SMMLA multiplies a 2x8 block of int8 (two weight rows, eight
+ * columns) by an 8x2 block (eight columns of two tokens) into the 2x2 int32 sums: 32 products
+ * per instruction where SDOT does 16. Lane 2i + j of the accumulator is row i . token j.
+ *
+ * Bits: integer sums are exact (|sum| < 2^31 for rows up to 2^17 columns), so a (row, token) sum is the same integer whatever the grouping: SMMLA's 8-column pairs, SDOT's
+ * 4-column lanes or the scalar loop. The float step is colibri_rows_dot_q8's one expression,
+ * (float)acc * (scale[r] * xscale[t]), so the output bits equal the SDOT and scalar paths', for
+ * one token (decode, which keeps the SDOT streams) or many (prefill).
+ *
+ * SMMLA wants each operand as two 8-byte rows side by side. The tokens are interleaved once per
+ * call into a stack buffer (pairs of tokens, 8 columns of each in turn), so every 4-row block
+ * reuses them; the weight rows are paired in registers (ZIP1/ZIP2 on 64-bit lanes). Per 16
+ * columns of 4 rows x 6 tokens: 4 zips + 12 SMMLA, where the SDOT tile runs 24 SDOT. */
+/* Interleaved tokens on the stack: a 64-token chunk of 2048-column rows in one block (the weights
+ * then stream once), 6 tokens up to 21845 columns. More tokens than fit: blocks that each stream
+ * the rows again (from cache when the thread's rows fit in it). */
+#define I8MM_PACK_BYTES 131072
+
+/* Tokens x[0..nt) (ldx apart) as pairs: pair p at pk + p * 2 * c16, 16-byte block k of it =
+ * token 2p's columns 8k'..8k'+7 then token 2p+1's (k' = k), zeros for a missing odd token. Only
+ * the full blocks of 16 columns (c16); the tail is summed from x directly. */
+static void i8mm_pack(const int8_t *x, size_t ldx, int nt, size_t c16, int8_t *pk) {
+    for (int p = 0; 2 * p < nt; p++) {
+        const int8_t *x0 = x + (size_t)(2 * p) * ldx, *x1 = x0 + ldx;
+        int8_t *d = pk + (size_t)p * 2 * c16;
+        for (size_t i = 0; i < c16; i += 16) {
+            int64x2_t a = vreinterpretq_s64_s8(vld1q_s8(x0 + i));
+            int64x2_t b = 2 * p + 1 < nt ? vreinterpretq_s64_s8(vld1q_s8(x1 + i)) : vdupq_n_s64(0);
+            vst1q_s8(d + 2 * i, vreinterpretq_s8_s64(vzip1q_s64(a, b)));
+            vst1q_s8(d + 2 * i + 16, vreinterpretq_s8_s64(vzip2q_s64(a, b)));
+        }
+    }
+}
+
+/* Four rows against NP token pairs (packed); out[r * 6 + t] for t < nt (tokens x, ldx apart,
+ * for the tail columns past c16). */
+#define I8MM_TILE(NAME, NP)                                                                   \
+    I8MM_FN static void NAME(const int8_t *const *w, const int8_t *pk, size_t c16,            \
+                             const int8_t *x, size_t ldx, int nt, size_t n, int32_t *out) {   \
+        int32x4_t acc[2][NP];                                                                 \
+        for (int h = 0; h < 2; h++)                                                           \
+            for (int p = 0; p < NP; p++) acc[h][p] = vdupq_n_s32(0);                          \
+        for (size_t i = 0; i < c16; i += 16) {                                                \
+            int8x16_t lo[2], hi[2]; /* rows 2h, 2h+1: columns i..i+7 and i+8..i+15 */         \
+            for (int h = 0; h < 2; h++) {                                                     \
+                __builtin_prefetch(w[2 * h] + i + PREFETCH_BYTES);                            \
+                __builtin_prefetch(w[2 * h + 1] + i + PREFETCH_BYTES);                        \
+                int64x2_t a = vreinterpretq_s64_s8(vld1q_s8(w[2 * h] + i));                   \
+                int64x2_t b = vreinterpretq_s64_s8(vld1q_s8(w[2 * h + 1] + i));               \
+                lo[h] = vreinterpretq_s8_s64(vzip1q_s64(a, b));                               \
+                hi[h] = vreinterpretq_s8_s64(vzip2q_s64(a, b));                               \
+            }                                                                                 \
+            _Pragma("GCC unroll 4") for (int p = 0; p < NP; p++) {                            \
+                const int8_t *q = pk + (size_t)p * 2 * c16 + 2 * i;                           \
+                int8x16_t xl = vld1q_s8(q), xh = vld1q_s8(q + 16);                            \
+                acc[0][p] = vmmlaq_s32(acc[0][p], lo[0], xl);                                 \
+                acc[1][p] = vmmlaq_s32(acc[1][p], lo[1], xl);                                 \
+                acc[0][p] = vmmlaq_s32(acc[0][p], hi[0], xh);                                 \
+                acc[1][p] = vmmlaq_s32(acc[1][p], hi[1], xh);                                 \
+            }                                                                                 \
+        }                                                                                     \
+        for (int h = 0; h < 2; h++)                                                           \
+            for (int p = 0; p < NP; p++) {                                                    \
+                int32_t v[4];                                                                 \
+                vst1q_s32(v, acc[h][p]);                                                      \
+                for (int e = 0; e < 4; e++) {                                                 \
+                    int r = 2 * h + e / 2, t = 2 * p + e % 2;                                 \
+                    if (t >= nt) continue; /* the zero token of an odd count */               \
+                    const int8_t *xt = x + (size_t)t * ldx;                                   \
+                    int32_t s = v[e];                                                         \
+                    for (size_t k = c16; k < n; k++) s += (int32_t)w[r][k] * (int32_t)xt[k];  \
+                    out[r * 6 + t] = s;                                                       \
+                }                                                                             \
+            }                                                                                 \
+    }
+I8MM_TILE(i8mm_tile_1, 1)
+I8MM_TILE(i8mm_tile_2, 2)
+I8MM_TILE(i8mm_tile_3, 3)
+
+/* colibri_rows_dot_q8 for n > 1 tokens: blocks of tb tokens (all n when they fit the buffer,
+ * else a multiple of 6) interleaved once, then 4-row x 6-token tiles over them. Returns 0
+ * (nothing done) when even 6 tokens do not fit: the caller runs the SDOT tiles. */
+static int i8mm_rows_dot_q8(const colibri_tensor *w, uint32_t r0, uint32_t r1, const int8_t *xq,
+                            const float *xscale, int n, size_t ldx, float *y, size_t ldy) {
+    _Alignas(16) int8_t pk[I8MM_PACK_BYTES];
+    size_t cols = w->cols, c16 = cols / 16 * 16;
+    size_t fit = c16 ? I8MM_PACK_BYTES / c16 : (size_t)n; /* tokens the buffer holds */
+    if (fit < 6 && fit < (size_t)n) return 0;
+    int tb = fit >= (size_t)n ? n : (int)(fit / 6 * 6);
+    const int8_t *base = (const int8_t *)w->data;
+    for (int j0 = 0; j0 < n; j0 += tb) {
+        int nb = n - j0 < tb ? n - j0 : tb;
+        i8mm_pack(xq + (size_t)j0 * ldx, ldx, nb, c16, pk);
+        for (uint32_t r = r0; r < r1; r += 4) {
+            uint32_t rows = r1 - r < 4 ? r1 - r : 4;
+            const int8_t *wr[4];
+            for (uint32_t k = 0; k < 4; k++) wr[k] = base + (size_t)(r + (k < rows ? k : 0)) * cols;
+            for (int j = 0; j < nb; j += 6) {
+                int nt = nb - j < 6 ? nb - j : 6;
+                const int8_t *pj = pk + (size_t)j * c16, *xj = xq + (size_t)(j0 + j) * ldx;
+                int32_t acc[24];
+                switch ((nt + 1) / 2) {
+                case 1: i8mm_tile_1(wr, pj, c16, xj, ldx, nt, cols, acc); break;
+                case 2: i8mm_tile_2(wr, pj, c16, xj, ldx, nt, cols, acc); break;
+                default: i8mm_tile_3(wr, pj, c16, xj, ldx, nt, cols, acc); break;
+                }
+                for (uint32_t k = 0; k < rows; k++)
+                    for (int t = 0; t < nt; t++)
+                        y[(size_t)(j0 + j + t) * ldy + r + k] =
+                            (float)acc[k * 6 + t] * (w->scales[r + k] * xscale[j0 + j + t]);
+            }
+        }
+    }
+    return 1;
 }
 #endif
 #endif
@@ -733,10 +866,15 @@ static int cpu_has_avx2_fma_f16c(void) {
 
 static pthread_once_t kernels_once = PTHREAD_ONCE_INIT;
 
-/* COLIBRI_CPU_SIMD=scalar|avx2 caps the x86_64 kernel level below what the CPU offers (to compare
- * kernels on one machine, or to match an older fleet's CPUs); unset or unknown: no cap. */
+/* COLIBRI_CPU_SIMD caps the kernel level below what the CPU offers (to compare kernels on one
+ * machine, or to match an older fleet's CPUs): scalar|avx2 on x86_64, neon|neon-dotprod on
+ * aarch64; unset or unknown: no cap. */
 __attribute__((unused)) static int simd_allowed(const char *level) {
+#ifdef COLIBRI_HAVE_NEON
+    static const char *const order[] = {"neon", "neon-dotprod", "neon-i8mm"};
+#else
     static const char *const order[] = {"scalar", "avx2", "avx512"};
+#endif
     const char *cap = getenv("COLIBRI_CPU_SIMD");
     int c = -1, l = -1;
     for (int i = 0; i < 3; i++) {
@@ -745,6 +883,30 @@ __attribute__((unused)) static int simd_allowed(const char *level) {
     }
     return c < 0 || l <= c;
 }
+
+#ifdef COLIBRI_HAVE_NEON
+/* The aarch64 features the kernels use beyond base NEON, less those COLIBRI_CPU_SIMD caps away.
+ * Linux reports the CPU's ID registers as HWCAP bits (qemu-user: the emulated CPU's); elsewhere,
+ * what -mcpu promised. bf16 (BFDOT/BFMMLA) is not used: see docs/runtime.md "Kernels". */
+int colibri_arm_features(void) {
+    int f = 0;
+#if defined(__linux__)
+    unsigned long h = getauxval(AT_HWCAP), h2 = getauxval(AT_HWCAP2);
+    if (h & (1UL << 20)) f |= COLIBRI_ARM_DOTPROD; /* HWCAP_ASIMDDP */
+    if (h2 & (1UL << 13)) f |= COLIBRI_ARM_I8MM;   /* HWCAP2_I8MM */
+#else
+#ifdef __ARM_FEATURE_DOTPROD
+    f |= COLIBRI_ARM_DOTPROD;
+#endif
+#ifdef __ARM_FEATURE_MATMUL_INT8
+    f |= COLIBRI_ARM_I8MM;
+#endif
+#endif
+    if (!simd_allowed("neon-i8mm")) f &= ~COLIBRI_ARM_I8MM;
+    if (!simd_allowed("neon-dotprod")) f = 0;
+    return f;
+}
+#endif
 
 static void kernels_pick(void) {
     K.dot[COLIBRI_DT_F32] = scalar_dot_f32;
@@ -797,12 +959,24 @@ static void kernels_pick(void) {
     K.convert = neon_convert;
     K.tile_2x3 = neon_tile_2x3;
     K.name = "neon";
-#ifdef __ARM_FEATURE_DOTPROD
-    K.dot_q8 = neon_sdot_q8;
-    K.dot4_q8 = neon_dot4_q8;
-    K.tile_q8 = neon_q8_tile;
-    K.name = "neon-dotprod";
+    int feat = colibri_arm_features();
+#ifdef COLIBRI_HAVE_SDOT
+    if (feat & COLIBRI_ARM_DOTPROD) {
+        K.dot_q8 = neon_sdot_q8;
+        K.dot4_q8 = neon_dot4_q8;
+        K.tile_q8 = neon_q8_tile;
+        K.name = "neon-dotprod";
+#ifdef COLIBRI_HAVE_I8MM
+        if (feat & COLIBRI_ARM_I8MM) {
+            /* prefill only: for one token half of each SMMLA's products would be thrown away,
+             * so decode keeps the SDOT streams */
+            K.rows_q8 = i8mm_rows_dot_q8;
+            K.name = "neon-i8mm";
+        }
 #endif
+    }
+#endif
+    (void)feat;
 #endif
 }
 
@@ -919,6 +1093,7 @@ void colibri_rows_dot_q8(const colibri_tensor *w, uint32_t r0, uint32_t r1, cons
         }
         r0 += 4 * q; /* up to 3 rows left */
     }
+    if (n > 1 && K.rows_q8 && K.rows_q8(w, r0, r1, xq, xscale, n, ldx, y, ldy)) return;
     if (n > 1 && K.tile_q8) { /* several tokens: 4-row x 6-token integer tiles */
         for (uint32_t r = r0; r < r1; r += 4) {
             uint32_t rows = r1 - r < 4 ? r1 - r : 4;

@@ -484,6 +484,32 @@ static float neon_q4q8_dot(const uint8_t *q, const uint16_t *d, const int8_t *x,
     return q4q8_reduce(t) + q4q8_tail(q, d, x, cols);
 }
 
+#if defined(__ARM_FEATURE_DOTPROD) || defined(COLIBRI_ARM_TARGET_ATTR)
+#define Q4_HAVE_SDOT 1
+/* The same with SDOT (chosen at run time, as in kernels.c): lane l of vdotq_s32 is the sum of
+ * products 4l..4l+3, exactly the layout's integer lane sums S[l] (exact: the same integers as
+ * the vmull/vpaddl route), so the bits equal neon_q4q8_dot's and the scalar layout's. */
+SDOT_FN static float neon_sdot_q4q8_dot(const uint8_t *q, const uint16_t *d, const int8_t *x,
+                                        size_t cols) {
+    float32x4_t lo = vdupq_n_f32(0), hi = lo;
+    size_t full = cols / 32;
+    for (size_t b = 0; b < full; b++) {
+        __builtin_prefetch(q + b * 16 + Q4_PREFETCH_BYTES);
+        int8x16_t ql, qh;
+        neon_q4_unpack(q + b * 16, &ql, &qh);
+        int32x4_t s0 = vdotq_s32(vdupq_n_s32(0), ql, vld1q_s8(x + b * 32));
+        int32x4_t s1 = vdotq_s32(vdupq_n_s32(0), qh, vld1q_s8(x + b * 32 + 16));
+        float dd = vgetq_lane_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(d[b]))), 0);
+        lo = vfmaq_n_f32(lo, vcvtq_f32_s32(s0), dd);
+        hi = vfmaq_n_f32(hi, vcvtq_f32_s32(s1), dd);
+    }
+    float t[8];
+    vst1q_f32(t, lo);
+    vst1q_f32(t + 4, hi);
+    return q4q8_reduce(t) + q4q8_tail(q, d, x, cols);
+}
+#endif
+
 static float neon_f32_dot(const float *w, const float *x, size_t cols) {
     float32x4_t A[8];
     for (int k = 0; k < 8; k++) A[k] = vdupq_n_f32(0);
@@ -524,6 +550,12 @@ static void q4_pick(void) {
     Q.dot3_f32 = neon_f32_dot3;
     Q.dot_q8 = neon_q4q8_dot;
     Q.name = "neon";
+#ifdef Q4_HAVE_SDOT
+    if (colibri_arm_features() & COLIBRI_ARM_DOTPROD) {
+        Q.dot_q8 = neon_sdot_q4q8_dot;
+        Q.name = "neon-dotprod";
+    }
+#endif
 #endif
 }
 

@@ -156,19 +156,27 @@ static void check_kernels(report *r, const char *simd) {
                  names[dt], simd);
         check(r, bad == 0 && same, msg);
     }
-    /* int8 x int8 integer dot: exact against the quantised values */
-    int8_t xq[COLS];
-    float xs;
-    colibri_quantize_row(x, COLS, xq, &xs);
+    /* int8 x int8 integer dot: exact against the quantised values, for the N tokens at once
+     * (prefill: the SDOT/SMMLA/VNNI tiles) and one at a time (decode streams) */
+    int8_t xq[N * COLS];
+    float xs[N];
+    for (int j = 0; j < N; j++) colibri_quantize_row(x + j * COLS, COLS, xq + j * COLS, &xs[j]);
     colibri_tensor t = {wq, scales, COLIBRI_DT_INT8, ROWS, COLS};
-    colibri_rows_dot_q8(&t, 0, ROWS, xq, &xs, 1, COLS, y, ROWS);
+    colibri_rows_dot_q8(&t, 0, ROWS, xq, xs, N, COLS, y, ROWS);
+    for (int j = 0; j < N; j++)
+        colibri_rows_dot_q8(&t, 0, ROWS, xq + j * COLS, &xs[j], 1, COLS, y1 + j * ROWS, ROWS);
     int bad = 0;
-    for (int rr = 0; rr < ROWS; rr++) {
-        long acc = 0;
-        for (int c = 0; c < COLS; c++) acc += (long)wq[rr * COLS + c] * xq[c];
-        if (y[rr] != (float)acc * (scales[rr] * xs)) bad++;
-    }
-    check(r, bad == 0, "int8 x int8 integer dot products are exact");
+    for (int rr = 0; rr < ROWS; rr++)
+        for (int j = 0; j < N; j++) {
+            long acc = 0;
+            for (int c = 0; c < COLS; c++) acc += (long)wq[rr * COLS + c] * xq[j * COLS + c];
+            float want = (float)acc * (scales[rr] * xs[j]);
+            if (y[j * ROWS + rr] != want || y1[j * ROWS + rr] != want) bad++;
+        }
+    char qmsg[160];
+    snprintf(qmsg, sizeof qmsg, "int8 x int8 (%s) integer dot products are exact, %d tokens at "
+             "once and one at a time", simd, N);
+    check(r, bad == 0, qmsg);
     float hv[4] = {1.0f, -2.5f, 0.333251953125f, 65504.0f};
     int hok = 1;
     for (int i = 0; i < 4; i++) {

@@ -354,6 +354,46 @@ static void test_kernels(void) {
     }
 }
 
+/* int8 x int8 shapes at the edges of the prefill paths (SMMLA on neon-i8mm: token pairs packed
+ * on the stack in blocks that fit 128 KiB, else the SDOT tiles): odd token counts (a zero
+ * partner token), rows split unevenly, rows with no full block of 16 (8, 15), a 1-column tail
+ * (33), rows whose 13 tokens need two packed blocks (10100: 12 + 1) and rows too long to pack 6
+ * tokens (22000). Every value must equal the exact integer sum times the same scale product. */
+static void test_kernels_q8_shapes(void) {
+    const char *simd = colibri_kernels_init();
+    enum { ROWS = 11, N = 13, MAXC = 22000 };
+    static const size_t colsv[] = {8, 15, 33, 10100, 22000};
+    static int8_t wq[ROWS * MAXC], xq[N * MAXC];
+    static float x[MAXC], ya[N * ROWS], yb[N * ROWS];
+    float scales[ROWS], xs[N];
+    for (int r = 0; r < ROWS; r++) scales[r] = 0.01f * (float)(r + 1);
+    for (size_t ci = 0; ci < sizeof colsv / sizeof colsv[0]; ci++) {
+        size_t C = colsv[ci];
+        for (size_t i = 0; i < ROWS * C; i++) wq[i] = (int8_t)(krand() * 127.0f);
+        for (int j = 0; j < N; j++) {
+            for (size_t c = 0; c < C; c++) x[c] = krand();
+            colibri_quantize_row(x, C, xq + j * C, &xs[j]);
+        }
+        colibri_tensor t = {wq, scales, COLIBRI_DT_INT8, ROWS, (uint32_t)C};
+        int ok = 1;
+        for (int n = 2; n <= N; n += N - 2) { /* 2 tokens (one pair), 13 (odd: a zero partner) */
+            colibri_rows_dot_q8(&t, 0, 5, xq, xs, n, C, ya, ROWS);
+            colibri_rows_dot_q8(&t, 5, ROWS, xq, xs, n, C, ya, ROWS);
+            for (int j = 0; j < n; j++)
+                colibri_rows_dot_q8(&t, 0, ROWS, xq + j * C, xs + j, 1, C, yb + j * ROWS, 1);
+            for (int r = 0; r < ROWS; r++)
+                for (int j = 0; j < n; j++) {
+                    long acc = 0;
+                    for (size_t c = 0; c < C; c++) acc += (long)wq[r * C + c] * xq[j * C + c];
+                    float want = (float)acc * (scales[r] * xs[j]);
+                    ok &= ya[j * ROWS + r] == want && yb[j * ROWS + r] == want;
+                }
+        }
+        EXPECT(ok, "kernels %s int8 x int8 cols %zu: 2 and %d tokens, rows split 5/6, exact", simd, C,
+               N);
+    }
+}
+
 int main(void) {
     char path[256];
     snprintf(path, sizeof path, "/tmp/colibri-unit-%ld.colibri", (long)getpid());
@@ -370,6 +410,7 @@ int main(void) {
     test_topk_nan();
     test_api(path);
     test_kernels();
+    test_kernels_q8_shapes();
     int st = colibri_selftest(0);
     EXPECT(st == 0, "selftest (%d failed)", st);
     unlink(path);
