@@ -74,7 +74,8 @@ def cuda_arena_bytes(h: ModelHeader, copy_weights: bool = False, weights_bytes: 
     while c > 1 and c * H * S * 4 > CUDA_SCORES_BUDGET:
         c //= 2
     sizes = [c * Dp * 4, c * Dp * 4, c * H * Dh * 4, c * H * Dh * 4, c * H * S * 4, c * E * 4,
-             c * k * 4, c * k * 4, (E + 1) * 4, c * k * 4, c * k * 4, c * k * F * 4, c * k * Dp * 4]
+             c * k * 4, c * k * 4, (E + 1) * 4, E * 4, c * k * 4, c * k * 4, c * k * F * 4,
+             c * k * Dp * 4]
     if h.has(Flag.SHARED_EXPERT):
         sizes += [c * Fs * 4, c * Dp * 4, c * 4]
     sizes += [2 * 4, c * V * 4, c * 4, c * 4, L * S * kvd * 4, L * S * kvd * 4, L * (6 * E + 6) * 8]

@@ -538,10 +538,14 @@ extern "C" __global__ void cb_router_topk(const float *logits, int E, int k, int
 
 /* Group the n*k (token, rank) assignments by expert, deterministically and without atomics:
  * offsets[e] .. offsets[e+1] are expert e's slots (offsets has E+1 entries), filled in
- * assignment order (token, then rank); perm[slot] = token; slot_of[t*k + j] = slot.
+ * assignment order (token, then rank); perm[slot] = token; slot_of[t*k + j] = slot;
+ * active[g] = the g-th expert with at least one slot, in index order, and -1 for g past the
+ * last one (active has E entries). The expert kernels are launched over min(E, n*k) groups and
+ * block g serves active[g]: a decode step (n = 1, k distinct experts) launches exactly k groups,
+ * so no block exists for an unselected expert.
  * grid (1), block 256: thread e counts and places expert e's assignments by itself. */
 extern "C" __global__ void cb_dispatch(const int *idx, int n, int k, int E, int *offsets,
-                                       int *perm, int *slot_of) {
+                                       int *perm, int *slot_of, int *active) {
     __shared__ int base[CB_MAX_SORT + 1];
     const int total = n * k;
     for (int e = threadIdx.x; e < E; e += blockDim.x) {
@@ -552,7 +556,12 @@ extern "C" __global__ void cb_dispatch(const int *idx, int n, int k, int E, int 
     __syncthreads();
     if (threadIdx.x == 0) {
         base[0] = 0;
-        for (int e = 0; e < E; e++) base[e + 1] += base[e];
+        int g = 0;
+        for (int e = 0; e < E; e++) {
+            if (base[e + 1] > 0) active[g++] = e; /* base[e + 1] is still expert e's count */
+            base[e + 1] += base[e];
+        }
+        for (; g < E; g++) active[g] = -1;
     }
     __syncthreads();
     for (int e = threadIdx.x; e <= E; e += blockDim.x) offsets[e] = base[e];
@@ -605,16 +614,26 @@ __device__ void cb_expert_up_impl(float *act, int F, const float *h, int Dp, con
     }
 }
 
+/* The expert a block of the grouped kernels serves: active[blockIdx.y] (cb_dispatch's list of
+ * experts with slots; -1: none, the block returns), or blockIdx.y itself when active is NULL
+ * (the shared expert: one group). */
+__device__ __forceinline__ int cb_group_expert(const int *active) {
+    return active ? active[blockIdx.y] : (int)blockIdx.y;
+}
+
 /* act[slot, r] = silu(W1_e[r] . h[perm[slot]]) * (W3_e[r] . h[perm[slot]]) for every slot of
- * expert e = blockIdx.y (offsets[e] .. offsets[e+1]). w1/w3/s1/s3 are device arrays of per-expert
- * pointers (s* unused unless int8). grid (ceil(F / 4), E), block 128. An expert with no tokens
- * returns at once, so decode (one token, k experts) reads only the chosen experts' weights.
- * The shared expert is the same kernel with E = 1 and perm = 0..n-1. */
+ * expert e = cb_group_expert(active) (offsets[e] .. offsets[e+1]). w1/w3/s1/s3 are device arrays
+ * of per-expert pointers (s* unused unless int8/q4). grid (ceil(F / 4), min(E, n*k)), block 128:
+ * only experts with tokens get blocks, so decode (one token, k experts) launches k groups and
+ * reads only the chosen experts' weights. The shared expert is the same kernel with one group,
+ * active NULL and perm = 0..n-1. */
 extern "C" __global__ void cb_expert_up(float *act, int F, const float *h, int Dp, const int *perm,
-                                        const int *offsets, const void *const *w1,
-                                        const void *const *w3, const float *const *s1,
-                                        const float *const *s3, int dtype) {
-    const int e = blockIdx.y;
+                                        const int *offsets, const int *active,
+                                        const void *const *w1, const void *const *w3,
+                                        const float *const *s1, const float *const *s3,
+                                        int dtype) {
+    const int e = cb_group_expert(active);
+    if (e < 0) return;
     const int begin = offsets[e], end = offsets[e + 1];
     if (begin == end) return;
     const int scaled = dtype == CB_DT_INT8 || dtype == CB_DT_Q4;
@@ -664,12 +683,14 @@ __device__ void cb_expert_down_impl(float *eo, int Dp, const float *act, int F, 
     }
 }
 
-/* eo[slot, r] = W2_e[r] . act[slot, :] for expert e = blockIdx.y's slots.
- * grid (ceil(Dp / 4), E), block 128. */
+/* eo[slot, r] = W2_e[r] . act[slot, :] for the slots of expert e = cb_group_expert(active).
+ * grid (ceil(Dp / 4), min(E, n*k)), block 128. */
 extern "C" __global__ void cb_expert_down(float *eo, int Dp, const float *act, int F,
-                                          const int *offsets, const void *const *w2,
-                                          const float *const *s2, int dtype) {
-    const int e = blockIdx.y;
+                                          const int *offsets, const int *active,
+                                          const void *const *w2, const float *const *s2,
+                                          int dtype) {
+    const int e = cb_group_expert(active);
+    if (e < 0) return;
     const int begin = offsets[e], end = offsets[e + 1];
     if (begin == end) return;
     const float *sc = dtype == CB_DT_INT8 || dtype == CB_DT_Q4 ? s2[e] : 0;

@@ -112,6 +112,7 @@ int colibri_cuda_plan(const struct colibri_model *m, int copy_weights, colibri_c
     p->top_idx = cb_take(&at, c * k * 4);
     p->top_w = cb_take(&at, c * k * 4);
     p->offsets = cb_take(&at, (E + 1) * 4);
+    p->active = cb_take(&at, E * 4);
     p->perm = cb_take(&at, c * k * 4);
     p->slot_of = cb_take(&at, c * k * 4);
     p->act = cb_take(&at, c * k * F * 4);
@@ -306,22 +307,24 @@ static int cb_rope(colibri_cuda *cu, CUstream s, CUdeviceptr x, int stride, int 
     return cb_launch(cu, CB_F_ROPE, (unsigned)n, 1, CB_HEAD, s, a, why, why_len);
 }
 
-/* SwiGLU over grouped slots: act = silu(W1 h) * (W3 h), out = W2 act, for `groups` experts whose
- * pointer tables start at `tab` (w1[g], w3[g], w2[g], s1[g], s3[g], s2[g]). */
+/* SwiGLU over grouped slots: act = silu(W1 h) * (W3 h), out = W2 act, for `experts` experts whose
+ * pointer tables start at `tab` (w1[e], w3[e], w2[e], s1[e], s3[e], s2[e]). The grid has `groups`
+ * rows of blocks; block row g serves expert active[g] (cb_dispatch's list of experts with slots),
+ * or expert g when active is 0 (the shared expert). */
 static int cb_swiglu(colibri_cuda *cu, CUstream s, CUdeviceptr act, int F, CUdeviceptr out,
-                     CUdeviceptr perm, CUdeviceptr offsets, CUdeviceptr tab, int groups,
-                     int dt_up, int dt_down, char *why, size_t why_len) {
+                     CUdeviceptr perm, CUdeviceptr offsets, CUdeviceptr active, CUdeviceptr tab,
+                     int experts, int groups, int dt_up, int dt_down, char *why, size_t why_len) {
     const struct colibri_model *m = cu->m;
     int Dp = (int)m->embed_dim_pad;
     CUdeviceptr h = cu->arena + cu->plan.h;
-    const CUdeviceptr step = (CUdeviceptr)groups * sizeof(CUdeviceptr);
+    const CUdeviceptr step = (CUdeviceptr)experts * sizeof(CUdeviceptr);
     CUdeviceptr w1 = tab, w3 = tab + step, w2 = tab + 2 * step;
     CUdeviceptr s1 = tab + 3 * step, s3 = tab + 4 * step, s2 = tab + 5 * step;
-    void *up[] = {&act, &F, &h, &Dp, &perm, &offsets, &w1, &w3, &s1, &s3, &dt_up};
+    void *up[] = {&act, &F, &h, &Dp, &perm, &offsets, &active, &w1, &w3, &s1, &s3, &dt_up};
     if (cb_launch(cu, CB_F_UP, colibri_cuda_ceil_div((unsigned)F, CB_ROW_WARPS), (unsigned)groups,
                   CB_ROW_THREADS, s, up, why, why_len))
         return -1;
-    void *down[] = {&out, &Dp, &act, &F, &offsets, &w2, &s2, &dt_down};
+    void *down[] = {&out, &Dp, &act, &F, &offsets, &active, &w2, &s2, &dt_down};
     return cb_launch(cu, CB_F_DOWN, colibri_cuda_ceil_div((unsigned)Dp, CB_ROW_WARPS),
                      (unsigned)groups, CB_ROW_THREADS, s, down, why, why_len);
 }
@@ -643,8 +646,9 @@ static int cb_forward_chunk(colibri_cuda *cu, const int32_t *ids, int n, int pos
             }
             const int Fs = (int)m->shared_expert_size;
             if (cb_swiglu(cu, s1, A + p->shared_act, Fs, A + p->shared_out, A + p->iota,
-                          A + p->shared_offsets, tabs + (CUdeviceptr)6 * E * sizeof(CUdeviceptr),
-                          1, (int)ly->shared_w1.dtype, (int)ly->shared_w2.dtype, why, why_len))
+                          A + p->shared_offsets, 0,
+                          tabs + (CUdeviceptr)6 * E * sizeof(CUdeviceptr), 1, 1,
+                          (int)ly->shared_w1.dtype, (int)ly->shared_w2.dtype, why, why_len))
                 return -1;
             if (gated && cb_linear(cu, s1, A + p->shared_gate, 1, h, Dp, n, &ly->shared_gate, 0, 0,
                                    why, why_len))
@@ -661,12 +665,15 @@ static int cb_forward_chunk(colibri_cuda *cu, const int32_t *ids, int n, int pos
             void *a[] = {&rl, &e, &kk, &renorm, &ti, &tw};
             if (cb_launch(cu, CB_F_TOPK, (unsigned)n, 1, COLIBRI_CU_ROUTER_THREADS, s0, a, why, why_len)) return -1;
             CUdeviceptr off = A + p->offsets, perm = A + p->perm, so = A + p->slot_of;
+            CUdeviceptr act = A + p->active;
             int nn = n;
-            void *b[] = {&ti, &nn, &kk, &e, &off, &perm, &so};
+            void *b[] = {&ti, &nn, &kk, &e, &off, &perm, &so, &act};
             if (cb_launch(cu, CB_F_DISPATCH, 1, 1, CB_WIDE, s0, b, why, why_len)) return -1;
         }
+        /* min(E, n*k) groups: at most that many experts have slots (decode: exactly k) */
+        const int groups = n * k < E ? n * k : E;
         if (cb_swiglu(cu, s0, A + p->act, (int)m->expert_size, A + p->expert_out, A + p->perm,
-                      A + p->offsets, tabs, E, (int)ly->w1[0].dtype, (int)ly->w2[0].dtype, why,
+                      A + p->offsets, A + p->active, tabs, E, groups, (int)ly->w1[0].dtype, (int)ly->w2[0].dtype, why,
                       why_len))
             return -1;
         if (shared && s1 != s0) CB_CHECK(cu->d.StreamWaitEvent(s0, cu->ev_shared, 0), "wait");

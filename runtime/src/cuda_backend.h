@@ -72,7 +72,8 @@ void colibri_cuda_rows_launch(int rows, int n, unsigned grid[3], unsigned block[
 /* The device arena: byte offsets of every buffer (256-byte aligned) and the total. */
 typedef struct {
     int chunk;                 /* tokens per device pass */
-    size_t x, h, q, att, scores, router, top_idx, top_w, offsets, perm, slot_of, act, expert_out;
+    size_t x, h, q, att, scores, router, top_idx, top_w, offsets, active, perm, slot_of, act,
+        expert_out;
     size_t shared_act, shared_out, shared_gate, shared_offsets, logits, ids, iota;
     size_t kcache, vcache, tables, weights, weights_bytes;
     size_t total;

@@ -195,10 +195,16 @@ def check_dispatch(gpu, n, k, E):
     idx = np.stack([rng.choice(E, k, replace=False) for _ in range(n)]).astype(np.int32)
     off, perm, slot = gpu.zeros(E + 1, np.int32), gpu.zeros(n * k, np.int32), gpu.zeros(
         n * k, np.int32)
-    gpu.run("cb_dispatch", "PiiiPPP", (1, 1), 256, gpu.put(idx), np.int32(n), np.int32(k),
-            np.int32(E), off, perm, slot)
+    active = gpu.put(np.full(E, 12345, np.int32))  # every entry must be written
+    gpu.run("cb_dispatch", "PiiiPPPP", (1, 1), 256, gpu.put(idx), np.int32(n), np.int32(k),
+            np.int32(E), off, perm, slot, active)
     w_off, w_perm, w_slot = ref.cb_dispatch(idx, E)
     np.testing.assert_array_equal(gpu.get(off, E + 1, np.int32), w_off)
+    got_active = gpu.get(active, E, np.int32)
+    np.testing.assert_array_equal(got_active, ref.active_experts(w_off))
+    # the expert kernels' grid: min(E, n*k) groups cover every expert with slots
+    groups = min(E, n * k)
+    assert set(got_active[:groups]) - {-1} == set(idx.reshape(-1).tolist())
     np.testing.assert_array_equal(gpu.get(perm, n * k, np.int32), w_perm)
     np.testing.assert_array_equal(gpu.get(slot, n * k, np.int32), w_slot)
 
@@ -226,8 +232,10 @@ def check_grouped_experts(gpu, dtype, n, k, E, F, Dp):
         tabs["s" + name[1]] = _pointer_table(gpu, [s for _, s in pairs])
     act = gpu.zeros((n * k, F))
     hd, offd, permd = gpu.put(h), gpu.put(offsets), gpu.put(perm)
-    gpu.run("cb_expert_up", "PiPiPPPPPPi", ((F + 3) // 4, E), 128, act, np.int32(F), hd,
-            np.int32(Dp), permd, offd, tabs["w1"], tabs["w3"], tabs["s1"], tabs["s3"],
+    # routed experts only: min(E, n*k) groups, group g serves active[g] (cb_dispatch)
+    actd, groups = gpu.put(ref.active_experts(offsets)), min(E, n * k)
+    gpu.run("cb_expert_up", "PiPiPPPPPPPi", ((F + 3) // 4, groups), 128, act, np.int32(F), hd,
+            np.int32(Dp), permd, offd, actd, tabs["w1"], tabs["w3"], tabs["s1"], tabs["s3"],
             np.int32(dtype))
     got_act = gpu.get(act, (n * k, F))
     want_act = ref.cb_expert_up(h, perm, offsets, w1, w3, F)
@@ -248,8 +256,8 @@ def check_grouped_experts(gpu, dtype, n, k, E, F, Dp):
     assert np.all(np.abs(got_act - want_act) <= bound + 1e-30), np.abs(got_act - want_act).max()
     eo = gpu.zeros((n * k, Dp))
     act_in = gpu.put(want_act)  # isolate the down projection from the up one's rounding
-    gpu.run("cb_expert_down", "PiPiPPPi", ((Dp + 3) // 4, E), 128, eo, np.int32(Dp), act_in,
-            np.int32(F), offd, tabs["w2"], tabs["s2"], np.int32(dtype))
+    gpu.run("cb_expert_down", "PiPiPPPPi", ((Dp + 3) // 4, groups), 128, eo, np.int32(Dp),
+            act_in, np.int32(F), offd, actd, tabs["w2"], tabs["s2"], np.int32(dtype))
     got_eo = gpu.get(eo, (n * k, Dp))
     want_eo = ref.cb_expert_down(want_act, offsets, w2, Dp)
     absdot = np.zeros_like(want_eo, dtype=np.float64)

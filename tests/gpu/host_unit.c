@@ -170,11 +170,11 @@ static int test_plan(void) {
     CHECK(p.chunk == 32, "chunk %d", p.chunk);
     /* the buffers in layout order: each aligned, each at or after the end of the previous one */
     const size_t at[] = {p.x, p.h, p.q, p.att, p.scores, p.router, p.top_idx, p.top_w, p.offsets,
-                         p.perm, p.slot_of, p.act, p.expert_out, p.shared_act, p.shared_out,
-                         p.shared_gate, p.shared_offsets, p.logits, p.ids, p.iota, p.kcache,
+                         p.active, p.perm, p.slot_of, p.act, p.expert_out, p.shared_act,
+                         p.shared_out, p.shared_gate, p.shared_offsets, p.logits, p.ids, p.iota, p.kcache,
                          p.vcache, p.tables, p.weights};
     const size_t need[] = {32 * 32 * 4, 32 * 32 * 4, 32 * 32 * 4, 32 * 32 * 4, 32 * 4 * 64 * 4,
-                           32 * 8 * 4, 32 * 2 * 4, 32 * 2 * 4, 9 * 4, 32 * 2 * 4, 32 * 2 * 4,
+                           32 * 8 * 4, 32 * 2 * 4, 32 * 2 * 4, 9 * 4, 8 * 4, 32 * 2 * 4, 32 * 2 * 4,
                            32 * 2 * 20 * 4, 32 * 2 * 32 * 4, 32 * 12 * 4, 32 * 32 * 4, 32 * 4, 8,
                            32 * 50 * 4, 32 * 4, 32 * 4, 2 * 64 * 16 * 4, 2 * 64 * 16 * 4,
                            2 * (6 * 8 + 6) * 8, f.m.file_size - f.m.data_offset};
