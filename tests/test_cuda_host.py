@@ -41,7 +41,7 @@ def backend_kernel_names() -> list[str]:
     block = re.search(r"cb_kernel_names\[CB_F_COUNT\] = \{(.*?)\};", text, re.S)
     assert block, "cb_kernel_names table not found in cuda_backend.c"
     names = re.findall(r'"(cb_\w+)"', block.group(1))
-    assert len(names) == 10
+    assert len(names) == 11
     return names
 
 
@@ -146,7 +146,7 @@ def host_unit(tmp_path_factory: pytest.TempPathFactory) -> Path:
                     "-Wno-unused-parameter", "-D_GNU_SOURCE", "-fsanitize=address,undefined",
                     "-fno-sanitize-recover=undefined",
                     f"-I{ROOT / 'runtime' / 'include'}", f"-I{ROOT / 'runtime' / 'src'}",
-                    f"-I{include}", str(GPU_TESTS / "host_unit.c"), str(BACKEND), "-ldl",
+                    f"-I{include}", str(GPU_TESTS / "host_unit.c"), str(BACKEND), "-ldl", "-lm",
                     "-o", str(exe)], check=True)
     return exe
 
@@ -178,6 +178,25 @@ def test_host_unit(host_unit: Path, which: str):
     proc = run_unit(host_unit, which)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stdout + proc.stderr
     assert "FAIL" not in proc.stdout
+
+
+@pytest.mark.parametrize("theta,dh,positions", [(10000.0, 64, 300), (1e6, 10, 50), (500000.0, 128, 4)])
+def test_rope_table_is_the_references_angles(host_unit: Path, theta: float, dh: int, positions: int):
+    """The host-computed RoPE table cb_rope reads (colibri_cuda_rope_table) holds the reference's
+    cos/sin bit for bit (kernel_reference.rope_cos_sin: f32 angle, double cos/sin)."""
+    sys.path.insert(0, str(GPU_TESTS))
+    try:
+        from kernel_reference import rope_cos_sin
+    finally:
+        sys.path.remove(str(GPU_TESTS))
+    proc = run_unit(host_unit, "rope", repr(theta), str(dh), str(positions))
+    assert proc.returncode == 0, proc.stderr
+    bits = np.array([[int(v, 16) for v in ln.split()] for ln in proc.stdout.splitlines()],
+                    np.uint32)
+    got = bits.view(np.float32).reshape(positions, dh // 2, 2)
+    c, s = rope_cos_sin(np.arange(positions), dh, theta)
+    np.testing.assert_array_equal(got[..., 0], c)
+    np.testing.assert_array_equal(got[..., 1], s)
 
 
 def test_open_without_driver_gives_the_reason(host_unit: Path):
@@ -271,6 +290,33 @@ def test_decode_launches_only_the_routed_experts(host_unit, stub_driver, tmp_pat
     _, lines = launch_log(host_unit, lib, tmp_path, 1, "prefill")
     ys = {int(ln.split()[4]) for ln in lines if ln.startswith("launch cb_expert_up")}
     assert ys == {1, E}
+
+
+def test_launches_per_decoded_token(host_unit, stub_driver, tmp_path: Path):
+    """Kernel launches for one decoded token (stub log: one line per cuLaunchKernel), kernel by
+    kernel, for host_unit.c's fake model: 2 layers with q/k bias, per-head q/k norm and a gated
+    shared expert, short context (one KV range: no merge). Per layer: attention norm, Q/K/V,
+    q/k norm, RoPE on q and k, attention, WO, FFN norm, shared up/down + gate, router, top-k,
+    dispatch, routed up/down, combine = 20; plus the embedding, output norm and LM head. A plain
+    Mixtral-like layer is the same less q/k norm and shared expert: 15 (8 layers: 123 a token).
+    No CUDA graph yet, so every launch is a host call."""
+    lib = stub_driver["full"]
+    log = tmp_path / "decode.log"
+    proc = run_unit(host_unit, "open", "1", "1", "1",
+                    env={"COLIBRI_LIBCUDA": str(lib), "STUB_LOG": str(log)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    names = [ln.split()[1] for ln in log.read_text().splitlines() if ln.startswith("launch ")]
+    layers = 2
+    per_layer = {"cb_rmsnorm": 2 + 2, "cb_linear": 3 + 1 + 1 + 1, "cb_rope": 2, "cb_attention": 1,
+                 "cb_router_topk": 1, "cb_dispatch": 1, "cb_expert_up": 2, "cb_expert_down": 2,
+                 "cb_moe_combine": 1}
+    want = {k: v * layers for k, v in per_layer.items()}
+    want["cb_embed"] = 1
+    want["cb_rmsnorm"] += 1  # output norm
+    want["cb_linear"] += 1   # LM head
+    got = {k: names.count(k) for k in set(names)}
+    assert got == want, got
+    assert len(names) == 3 + 20 * layers
 
 
 def test_integrated_gpu_maps_the_weights(host_unit, stub_driver, tmp_path: Path):

@@ -420,22 +420,20 @@ extern "C" __global__ void cb_linear(float *y, int y_stride, const float *x, int
 /* ---- RoPE ---------------------------------------------------------------------------------- */
 
 /* Rotate-half RoPE in place on x[t, head*Dh + ...] for t < n at position pos0 + t: pair i with
- * i + Dh/2, inverse frequency theta^(-2i/Dh). The angle is formed in f32 like the reference
- * (transformers: inv_freq f32, position * inv_freq in f32) and its cos/sin are taken in double,
- * so they are the correctly rounded f32 values, not a fast approximation.
+ * i + Dh/2. cs is the host's table (cuda_backend.c, cb_rope_table): cs[(p * Dh/2 + i) * 2] and
+ * [.. + 1] are cos and sin of the angle p * inv_freq_i formed in f32 like the reference
+ * (transformers: inv_freq f32, position * inv_freq in f32), taken in double and rounded to f32,
+ * so they are the correctly rounded values and no thread runs double-precision math.
  * grid (n), block any; threads loop over heads*Dh/2 pairs. */
 extern "C" __global__ void cb_rope(float *x, int row_stride, int nheads, int Dh, int pos0,
-                                   float theta) {
+                                   const float *cs) {
     const int t = blockIdx.x;
     const int half = Dh / 2;
-    const float pos = (float)(pos0 + t);
+    const float *cp = cs + (cb_u64)(pos0 + t) * (cb_u64)half * 2u;
     float *xr = x + (cb_u64)t * (cb_u64)row_stride;
     for (int k = threadIdx.x; k < nheads * half; k += blockDim.x) {
         const int head = k / half, i = k % half;
-        const float e = (float)(2 * i) / (float)Dh;
-        const float inv_freq = (float)(1.0 / pow((double)theta, (double)e));
-        const float ang = pos * inv_freq;
-        const float c = (float)cos((double)ang), s = (float)sin((double)ang);
+        const float c = cp[2 * i], s = cp[2 * i + 1];
         float *p = xr + head * Dh;
         const float a = p[i], b = p[i + half];
         p[i] = a * c - b * s;
@@ -445,27 +443,40 @@ extern "C" __global__ void cb_rope(float *x, int row_stride, int nheads, int Dh,
 
 /* ---- attention over the KV cache ---------------------------------------------------------- */
 
-/* Causal grouped-query attention for token t (position pos0 + t) and query head h:
- * out[t, h, :] = sum_{j <= pos} softmax_j(q . k_j / sqrt(Dh)) v_j, with k/v rows of the cache
- * (row stride kv_stride = Hkv*Dh floats) and kv head h / (H / Hkv).
- * scores: scratch of score_stride (>= pos0 + n) floats per (t, h).
- * grid (H, n), block 128 (4 warps). Prefill (n > 1) and decode (n == 1) are the same kernel. */
-extern "C" __global__ void cb_attention(float *out, const float *q, const float *kc,
-                                        const float *vc, float *scores, int score_stride,
-                                        int pos0, int H, int Hkv, int Dh) {
+#define CB_KV_SPLIT COLIBRI_CU_KV_SPLIT
+
+/* Causal grouped-query attention, split over the KV range (flash-decoding style, no atomics).
+ * Token t is at position last = pos0 + t and attends to positions 0..last with kv head
+ * h / (H / Hkv) (cache rows of kv_stride = Hkv*Dh floats). Its positions are split into ranges of
+ * CB_KV_SPLIT, range s = [s*CB_KV_SPLIT, min((s+1)*CB_KV_SPLIT, last+1)); block (h, s) of token t
+ * computes over its range, in position order:
+ *   m_s = max_j q.k_j / sqrt(Dh),  l_s = sum_j e_j,  acc_s = sum_j e_j v_j,  e_j = exp(score - m_s)
+ * A token with one range (last < CB_KV_SPLIT) writes out = acc / l at once; otherwise the block
+ * writes (m_s, l_s, acc_s[Dh]) to part[((t*H + h)*nsplit + s)*(Dh+2) ..] and cb_attention_merge
+ * combines the ranges in order. The scores stay in shared memory.
+ * grid (H * nsplit, n) with nsplit >= the chunk's largest range count (blocks past a token's last
+ * range return), block 128 (4 warps). Prefill (n > 1) and decode (n == 1) are the same kernel. */
+extern "C" __global__ void cb_attention(float *out, float *part, const float *q, const float *kc,
+                                        const float *vc, int nsplit, int pos0, int H, int Hkv,
+                                        int Dh) {
+    __shared__ float sc[CB_KV_SPLIT];
     __shared__ float scratch[CB_WARP];
-    const int h = blockIdx.x, t = blockIdx.y;
+    const int h = blockIdx.x / nsplit, split = blockIdx.x % nsplit, t = blockIdx.y;
     const int lane = threadIdx.x & (CB_WARP - 1), warp = threadIdx.x / CB_WARP;
     const int nwarps = blockDim.x / CB_WARP;
-    const int last = pos0 + t; /* attend to positions 0..last */
+    const int last = pos0 + t;
+    const int j0 = split * CB_KV_SPLIT;
+    if (j0 > last) return; /* the whole block leaves: no barrier is left half */
+    const int len = last + 1 - j0 < CB_KV_SPLIT ? last + 1 - j0 : CB_KV_SPLIT;
     const int kvh = h / (H / Hkv);
     const int kv_stride = Hkv * Dh;
     const float *qh = q + ((cb_u64)t * (cb_u64)H + (cb_u64)h) * (cb_u64)Dh;
-    float *sc = scores + ((cb_u64)t * (cb_u64)H + (cb_u64)h) * (cb_u64)score_stride;
+    const float *kbase = kc + (cb_u64)j0 * (cb_u64)kv_stride + (cb_u64)kvh * (cb_u64)Dh;
+    const float *vbase = vc + (cb_u64)j0 * (cb_u64)kv_stride + (cb_u64)kvh * (cb_u64)Dh;
     const float scale = 1.0f / sqrtf((float)Dh);
 
-    for (int j = warp; j <= last; j += nwarps) {
-        const float *kj = kc + (cb_u64)j * (cb_u64)kv_stride + (cb_u64)kvh * (cb_u64)Dh;
+    for (int j = warp; j < len; j += nwarps) {
+        const float *kj = kbase + (cb_u64)j * (cb_u64)kv_stride;
         float d = 0.0f;
         for (int c = lane; c < Dh; c += CB_WARP) d += qh[c] * kj[c];
         d = cb_warp_sum(d);
@@ -474,24 +485,55 @@ extern "C" __global__ void cb_attention(float *out, const float *q, const float 
     __syncthreads();
 
     float m = -__int_as_float(0x7f800000);
-    for (int j = threadIdx.x; j <= last; j += blockDim.x) m = fmaxf(m, sc[j]);
+    for (int j = threadIdx.x; j < len; j += blockDim.x) m = fmaxf(m, sc[j]);
     m = cb_block_max(m, scratch);
     float sum = 0.0f;
-    for (int j = threadIdx.x; j <= last; j += blockDim.x) {
+    for (int j = threadIdx.x; j < len; j += blockDim.x) {
         const float e = expf(sc[j] - m);
         sc[j] = e; /* this thread owns j: no other thread touches sc[j] until the barrier */
         sum += e;
     }
     sum = cb_block_sum(sum, scratch); /* its barriers come after every sc[j] write */
     __syncthreads();
-    const float inv = 1.0f / sum;
 
-    float *oh = out + ((cb_u64)t * (cb_u64)H + (cb_u64)h) * (cb_u64)Dh;
+    const int ranges = last / CB_KV_SPLIT + 1;
+    const cb_u64 th = (cb_u64)t * (cb_u64)H + (cb_u64)h;
+    float *oh = out + th * (cb_u64)Dh;
+    float *ph = part + (th * (cb_u64)nsplit + (cb_u64)split) * (cb_u64)(Dh + 2);
     for (int c = threadIdx.x; c < Dh; c += blockDim.x) {
-        const float *vcol = vc + (cb_u64)kvh * (cb_u64)Dh + (cb_u64)c;
+        const float *vcol = vbase + c;
         float acc = 0.0f;
-        for (int j = 0; j <= last; j++) acc += (sc[j] * inv) * vcol[(cb_u64)j * (cb_u64)kv_stride];
-        oh[c] = acc;
+        for (int j = 0; j < len; j++) acc += sc[j] * vcol[(cb_u64)j * (cb_u64)kv_stride];
+        if (ranges == 1) oh[c] = acc / sum;
+        else ph[2 + c] = acc;
+    }
+    if (ranges > 1 && threadIdx.x == 0) {
+        ph[0] = m;
+        ph[1] = sum;
+    }
+}
+
+/* out[t, h, :] from the partials of token t's ranges s = 0 .. ranges-1, in that order:
+ *   M = max_s m_s,  w_s = exp(m_s - M),  out = (sum_s w_s acc_s) / (sum_s w_s l_s).
+ * Tokens with one range were written by cb_attention itself. grid (H, n), any block size. */
+extern "C" __global__ void cb_attention_merge(float *out, const float *part, int nsplit, int pos0,
+                                              int H, int Dh) {
+    const int h = blockIdx.x, t = blockIdx.y;
+    const int ranges = (pos0 + t) / CB_KV_SPLIT + 1;
+    if (ranges == 1) return;
+    const cb_u64 th = (cb_u64)t * (cb_u64)H + (cb_u64)h, pstride = (cb_u64)(Dh + 2);
+    const float *ph = part + th * (cb_u64)nsplit * pstride;
+    float M = ph[0];
+    for (int s = 1; s < ranges; s++) M = fmaxf(M, ph[(cb_u64)s * pstride]);
+    float den = 0.0f;
+    for (int s = 0; s < ranges; s++)
+        den += expf(ph[(cb_u64)s * pstride] - M) * ph[(cb_u64)s * pstride + 1];
+    float *oh = out + th * (cb_u64)Dh;
+    for (int c = threadIdx.x; c < Dh; c += blockDim.x) {
+        float num = 0.0f;
+        for (int s = 0; s < ranges; s++)
+            num += expf(ph[(cb_u64)s * pstride] - M) * ph[(cb_u64)s * pstride + 2 + (cb_u64)c];
+        oh[c] = num / den;
     }
 }
 

@@ -18,6 +18,7 @@
 #include "cuda_backend.h"
 
 #include <dlfcn.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,7 +43,8 @@
 #define CB_WIDE ((unsigned)COLIBRI_CU_WIDE_THREADS)
 #define CB_HEAD ((unsigned)COLIBRI_CU_HEAD_THREADS)
 #define CB_MAX_CHUNK 32       /* tokens per device pass at most */
-#define CB_SCORES_BUDGET (64u << 20) /* attention score scratch bound, bytes */
+#define CB_PART_BUDGET (64u << 20) /* split-attention partials bound, bytes */
+#define CB_KV_SPLIT ((size_t)COLIBRI_CU_KV_SPLIT)
 
 /* ---- pure helpers (unit-tested without a GPU: tests/gpu/host_unit.c) ----------------------- */
 
@@ -98,16 +100,18 @@ int colibri_cuda_plan(const struct colibri_model *m, int copy_weights, colibri_c
     if (S == 0 || H == 0 || E == 0 || k == 0 || k > 16 || E > COLIBRI_CU_MAX_SORT || m->n_kv_heads == 0 ||
         H % m->n_kv_heads != 0)
         return -1;
-    /* tokens per pass: bounded so the attention scores (chunk x H x S floats) stay small */
+    /* tokens per pass: bounded so the split attention's partials (chunk x H x ranges x (Dh + 2)
+     * floats, a range being COLIBRI_CU_KV_SPLIT positions) stay small */
+    const size_t ranges = (S + CB_KV_SPLIT - 1) / CB_KV_SPLIT;
     size_t c = CB_MAX_CHUNK < S ? CB_MAX_CHUNK : S;
-    while (c > 1 && c * H * S * sizeof(float) > CB_SCORES_BUDGET) c /= 2;
+    while (c > 1 && c * H * ranges * (Dh + 2) * sizeof(float) > CB_PART_BUDGET) c /= 2;
     p->chunk = (int)c;
     size_t at = 0;
     p->x = cb_take(&at, c * Dp * 4);
     p->h = cb_take(&at, c * Dp * 4);
     p->q = cb_take(&at, c * H * Dh * 4);
     p->att = cb_take(&at, c * H * Dh * 4);
-    p->scores = cb_take(&at, c * H * S * 4);
+    p->part = cb_take(&at, c * H * ranges * (Dh + 2) * 4);
     p->router = cb_take(&at, c * E * 4);
     p->top_idx = cb_take(&at, c * k * 4);
     p->top_w = cb_take(&at, c * k * 4);
@@ -126,6 +130,7 @@ int colibri_cuda_plan(const struct colibri_model *m, int copy_weights, colibri_c
     p->logits = cb_take(&at, c * V * 4);
     p->ids = cb_take(&at, c * 4);
     p->iota = cb_take(&at, c * 4);
+    p->rope = cb_take(&at, S * (Dh / 2) * 2 * 4);
     p->kcache = cb_take(&at, L * S * kvd * 4);
     p->vcache = cb_take(&at, L * S * kvd * 4);
     p->tables = cb_take(&at, L * (6 * E + 6) * sizeof(CUdeviceptr));
@@ -226,12 +231,12 @@ static int cb_driver_load(cb_driver *d, char *why, size_t why_len) {
 
 /* ---- the backend ----------------------------------------------------------------------------- */
 
-enum { CB_F_EMBED, CB_F_RMSNORM, CB_F_LINEAR, CB_F_ROPE, CB_F_ATTENTION, CB_F_TOPK, CB_F_DISPATCH,
-       CB_F_UP, CB_F_DOWN, CB_F_COMBINE, CB_F_COUNT };
+enum { CB_F_EMBED, CB_F_RMSNORM, CB_F_LINEAR, CB_F_ROPE, CB_F_ATTENTION, CB_F_MERGE, CB_F_TOPK,
+       CB_F_DISPATCH, CB_F_UP, CB_F_DOWN, CB_F_COMBINE, CB_F_COUNT };
 
 static const char *const cb_kernel_names[CB_F_COUNT] = {
-    "cb_embed", "cb_rmsnorm", "cb_linear", "cb_rope", "cb_attention", "cb_router_topk",
-    "cb_dispatch", "cb_expert_up", "cb_expert_down", "cb_moe_combine"};
+    "cb_embed", "cb_rmsnorm", "cb_linear", "cb_rope", "cb_attention", "cb_attention_merge",
+    "cb_router_topk", "cb_dispatch", "cb_expert_up", "cb_expert_down", "cb_moe_combine"};
 
 struct colibri_cuda {
     cb_driver d;
@@ -302,8 +307,8 @@ static int cb_rmsnorm(colibri_cuda *cu, CUstream s, CUdeviceptr y, int ys, CUdev
 static int cb_rope(colibri_cuda *cu, CUstream s, CUdeviceptr x, int stride, int n, int nheads,
                    int pos, char *why, size_t why_len) {
     int Dh = (int)cu->m->head_dim;
-    float theta = cu->m->rope_theta;
-    void *a[] = {&x, &stride, &nheads, &Dh, &pos, &theta};
+    CUdeviceptr table = cu->arena + cu->plan.rope;
+    void *a[] = {&x, &stride, &nheads, &Dh, &pos, &table};
     return cb_launch(cu, CB_F_ROPE, (unsigned)n, 1, CB_HEAD, s, a, why, why_len);
 }
 
@@ -327,6 +332,20 @@ static int cb_swiglu(colibri_cuda *cu, CUstream s, CUdeviceptr act, int F, CUdev
     void *down[] = {&out, &Dp, &act, &F, &offsets, &active, &w2, &s2, &dt_down};
     return cb_launch(cu, CB_F_DOWN, colibri_cuda_ceil_div((unsigned)Dp, CB_ROW_WARPS),
                      (unsigned)groups, CB_ROW_THREADS, s, down, why, why_len);
+}
+
+void colibri_cuda_rope_table(float theta, int Dh, int positions, float *cs) {
+    const int half = Dh / 2;
+    for (int i = 0; i < half; i++) {
+        /* the reference's inv_freq: exponent 2i/Dh in f32, theta^-e in double rounded to f32 */
+        const float e = (float)(2 * i) / (float)Dh;
+        const float inv_freq = (float)(1.0 / pow((double)theta, (double)e));
+        for (int p = 0; p < positions; p++) {
+            const float ang = (float)p * inv_freq; /* f32 product, as transformers forms it */
+            cs[((size_t)p * half + i) * 2] = (float)cos((double)ang);
+            cs[((size_t)p * half + i) * 2 + 1] = (float)sin((double)ang);
+        }
+    }
 }
 
 /* One weight dtype per grouped launch: every expert of a kind must share it. */
@@ -551,6 +570,21 @@ int colibri_cuda_open(colibri_cuda **out, const struct colibri_model *m, int str
     (void)COLIBRI_IGPU; /* the profile's expectation; the device attribute decides */
 
     if (cb_upload_tables(cu, why, why_len)) goto fail;
+    {
+        const size_t count = (size_t)m->max_seq_len * (m->head_dim / 2) * 2;
+        float *cs = malloc(count * sizeof *cs + 1);
+        if (!cs) {
+            snprintf(why, why_len, "out of host memory for the RoPE table");
+            goto fail;
+        }
+        colibri_cuda_rope_table(m->rope_theta, (int)m->head_dim, (int)m->max_seq_len, cs);
+        r = cu->d.MemcpyHtoD(cu->arena + cu->plan.rope, cs, count * sizeof *cs);
+        free(cs);
+        if (r != CUDA_SUCCESS) {
+            cb_fail(cu, r, "cuMemcpyHtoD(RoPE table)", why, why_len);
+            goto fail;
+        }
+    }
     int *iota = malloc((size_t)cu->plan.chunk * sizeof *iota);
     if (!iota) {
         snprintf(why, why_len, "out of host memory");
@@ -626,11 +660,19 @@ static int cb_forward_chunk(colibri_cuda *cu, const int32_t *ids, int n, int pos
             cb_rope(cu, s0, kc, kvd, n, Hkv, pos, why, why_len))
             return -1;
         {
-            CUdeviceptr sc = A + p->scores;
-            int hh = H, hk = Hkv, dh = Dh, pp = pos, ss = S;
+            /* KV ranges of the chunk's last token; earlier tokens' blocks past their own last
+             * range return at once. Partials are merged only when some token has two ranges. */
+            CUdeviceptr pt = A + p->part;
+            int hh = H, hk = Hkv, dh = Dh, pp = pos;
+            int ns = (int)(((size_t)pos + (size_t)n + CB_KV_SPLIT - 1) / CB_KV_SPLIT);
             CUdeviceptr o = att, qq = q, kk = kc_l, vv = vc_l;
-            void *a[] = {&o, &qq, &kk, &vv, &sc, &ss, &pp, &hh, &hk, &dh};
-            if (cb_launch(cu, CB_F_ATTENTION, (unsigned)H, (unsigned)n, CB_HEAD, s0, a, why, why_len))
+            void *a[] = {&o, &pt, &qq, &kk, &vv, &ns, &pp, &hh, &hk, &dh};
+            if (cb_launch(cu, CB_F_ATTENTION, (unsigned)(H * ns), (unsigned)n, CB_HEAD, s0, a, why,
+                          why_len))
+                return -1;
+            void *b[] = {&o, &pt, &ns, &pp, &hh, &dh};
+            if (ns > 1 &&
+                cb_launch(cu, CB_F_MERGE, (unsigned)H, (unsigned)n, CB_HEAD, s0, b, why, why_len))
                 return -1;
         }
         if (cb_linear(cu, s0, x, Dp, att, HD, n, &ly->wo, 0, 1, why, why_len) ||

@@ -142,7 +142,10 @@ def test_rope(gpu, n, nheads, dh, pos0, stride_extra):
     C.check_rope(gpu, n, nheads, dh, pos0, stride_extra)
 
 
-@pytest.mark.parametrize("n,pos0,H,Hkv,dh", [s for s in C.ATTENTION_SHAPES if s[1] < 100])
+# the emulation runs a block's threads as OS threads: the shapes with few (token, head) pairs,
+# which still cover one to three KV ranges per token
+@pytest.mark.parametrize("n,pos0,H,Hkv,dh", [s for s in C.ATTENTION_SHAPES
+                                           if s[1] < 100 or s[0] * s[2] <= 8])
 def test_attention(gpu, n, pos0, H, Hkv, dh):
     C.check_attention(gpu, n, pos0, H, Hkv, dh)
 

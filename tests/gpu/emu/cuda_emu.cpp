@@ -109,7 +109,8 @@ static void launch(void (*k)(A...), unsigned gx, unsigned gy, unsigned bx, void 
 // Like cuLaunchKernel: args[i] points at the i-th parameter's value. 0 on success.
 extern "C" int emu_launch(const char *name, unsigned gx, unsigned gy, unsigned bx, void **args) {
 #define K(fn) if (std::strcmp(name, #fn) == 0) { launch(fn, gx, gy, bx, args); return 0; }
-    K(cb_embed) K(cb_rmsnorm) K(cb_linear) K(cb_rope) K(cb_attention) K(cb_router_topk)
+    K(cb_embed) K(cb_rmsnorm) K(cb_linear) K(cb_rope) K(cb_attention) K(cb_attention_merge)
+    K(cb_router_topk)
     K(cb_dispatch) K(cb_expert_up) K(cb_expert_down) K(cb_moe_combine)
 #undef K
     return -1;
