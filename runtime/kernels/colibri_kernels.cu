@@ -160,9 +160,10 @@ __device__ __forceinline__ void cb_rows_dot_q4(const void *const *w, const float
         float s[NR];
 #pragma unroll
         for (int m = 0; m < NR; m++) {
-            const uint4 v = ((const uint4 *)w[m])[(cb_u64)r * (cb_u64)ng + (cb_u64)g];
+            const cb_u64 at = (cb_u64)r * (cb_u64)ng + (cb_u64)g;
+            const uint4 v = ((const uint4 *)w[m])[at];
             b[m][0] = v.x; b[m][1] = v.y; b[m][2] = v.z; b[m][3] = v.w;
-            s[m] = cb_half_to_float(((const cb_u16 *)scales[m])[(cb_u64)r * (cb_u64)ng + (cb_u64)g]);
+            s[m] = cb_half_to_float(((const cb_u16 *)scales[m])[at]);
         }
         const int c0 = g * CB_Q4_GROUP, len = cols - c0 < CB_Q4_GROUP ? cols - c0 : CB_Q4_GROUP;
 #pragma unroll

@@ -715,8 +715,8 @@ static int cb_forward_chunk(colibri_cuda *cu, const int32_t *ids, int n, int pos
         /* min(E, n*k) groups: at most that many experts have slots (decode: exactly k) */
         const int groups = n * k < E ? n * k : E;
         if (cb_swiglu(cu, s0, A + p->act, (int)m->expert_size, A + p->expert_out, A + p->perm,
-                      A + p->offsets, A + p->active, tabs, E, groups, (int)ly->w1[0].dtype, (int)ly->w2[0].dtype, why,
-                      why_len))
+                      A + p->offsets, A + p->active, tabs, E, groups, (int)ly->w1[0].dtype,
+                      (int)ly->w2[0].dtype, why, why_len))
             return -1;
         if (shared && s1 != s0) CB_CHECK(cu->d.StreamWaitEvent(s0, cu->ev_shared, 0), "wait");
         {
