@@ -378,13 +378,18 @@ __device__ void cb_linear_impl(float *y, int y_stride, const float *x, int x_str
         cb_rows_dot<DT, 1>(&row, cols, xs, nt, vec, acc);
     }
     const float s = DT == CB_DT_INT8 ? scales[r] : 1.0f;
+    /* only the tile's nt tokens are reduced: nt is the same for the whole warp, so every lane
+     * takes the same shuffles, and a decode step does one butterfly per row instead of four */
+#pragma unroll
     for (int i = 0; i < CB_TOKEN_TILE; i++) {
-        float v = cb_warp_sum(acc[0][i]);
-        if (lane == 0 && i < nt) {
-            if (DT == CB_DT_INT8) v *= s;
-            if (bias) v += bias[r];
-            float *yp = y + (cb_u64)(t0 + i) * (cb_u64)y_stride + r;
-            *yp = accumulate ? *yp + v : v;
+        if (i < nt) {
+            float v = cb_warp_sum(acc[0][i]);
+            if (lane == 0) {
+                if (DT == CB_DT_INT8) v *= s;
+                if (bias) v += bias[r];
+                float *yp = y + (cb_u64)(t0 + i) * (cb_u64)y_stride + r;
+                *yp = accumulate ? *yp + v : v;
+            }
         }
     }
 }
@@ -708,10 +713,13 @@ __device__ void cb_expert_up_impl(float *act, int F, const float *h, int Dp, con
             cb_rows_dot_q4<2>(q4w, q4s, r, Dp, xs, nt, acc);
         else
             cb_rows_dot<DT, 2>(rows, Dp, xs, nt, vec, acc);
+#pragma unroll
         for (int i = 0; i < CB_TOKEN_TILE; i++) {
-            const float gv = cb_warp_sum(acc[0][i]) * sc1;
-            const float uv = cb_warp_sum(acc[1][i]) * sc3;
-            if (lane == 0 && i < nt) act[(cb_u64)(s0 + i) * (cb_u64)F + r] = cb_silu(gv) * uv;
+            if (i < nt) { /* warp-uniform, as in cb_linear_impl */
+                const float gv = cb_warp_sum(acc[0][i]) * sc1;
+                const float uv = cb_warp_sum(acc[1][i]) * sc3;
+                if (lane == 0) act[(cb_u64)(s0 + i) * (cb_u64)F + r] = cb_silu(gv) * uv;
+            }
         }
     }
 }
@@ -778,9 +786,12 @@ __device__ void cb_expert_down_impl(float *eo, int Dp, const float *act, int F, 
             cb_rows_dot_q4<1>(&w2, &s2, r, F, xs, nt, acc);
         else
             cb_rows_dot<DT, 1>(&row, F, xs, nt, vec, acc);
+#pragma unroll
         for (int i = 0; i < CB_TOKEN_TILE; i++) {
-            const float v = cb_warp_sum(acc[0][i]) * sc;
-            if (lane == 0 && i < nt) eo[(cb_u64)(s0 + i) * (cb_u64)Dp + r] = v;
+            if (i < nt) { /* warp-uniform, as in cb_linear_impl */
+                const float v = cb_warp_sum(acc[0][i]) * sc;
+                if (lane == 0) eo[(cb_u64)(s0 + i) * (cb_u64)Dp + r] = v;
+            }
         }
     }
 }
