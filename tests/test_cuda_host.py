@@ -41,7 +41,7 @@ def backend_kernel_names() -> list[str]:
     block = re.search(r"cb_kernel_names\[CB_F_COUNT\] = \{(.*?)\};", text, re.S)
     assert block, "cb_kernel_names table not found in cuda_backend.c"
     names = re.findall(r'"(cb_\w+)"', block.group(1))
-    assert len(names) == 10
+    assert len(names) == 11
     return names
 
 
@@ -148,7 +148,7 @@ def host_unit(tmp_path_factory: pytest.TempPathFactory) -> Path:
                     "-Wno-unused-parameter", "-D_GNU_SOURCE", "-fsanitize=address,undefined",
                     "-fno-sanitize-recover=undefined",
                     f"-I{ROOT / 'runtime' / 'include'}", f"-I{ROOT / 'runtime' / 'src'}",
-                    f"-I{include}", str(GPU_TESTS / "host_unit.c"), str(BACKEND), "-ldl",
+                    f"-I{include}", str(GPU_TESTS / "host_unit.c"), str(BACKEND), "-ldl", "-lm",
                     "-o", str(exe)], check=True)
     return exe
 
@@ -180,6 +180,25 @@ def test_host_unit(host_unit: Path, which: str):
     proc = run_unit(host_unit, which)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stdout + proc.stderr
     assert "FAIL" not in proc.stdout
+
+
+@pytest.mark.parametrize("theta,dh,positions", [(10000.0, 64, 300), (1e6, 10, 50), (500000.0, 128, 4)])
+def test_rope_table_is_the_references_angles(host_unit: Path, theta: float, dh: int, positions: int):
+    """The host-computed RoPE table cb_rope reads (colibri_cuda_rope_table) holds the reference's
+    cos/sin bit for bit (kernel_reference.rope_cos_sin: f32 angle, double cos/sin)."""
+    sys.path.insert(0, str(GPU_TESTS))
+    try:
+        from kernel_reference import rope_cos_sin
+    finally:
+        sys.path.remove(str(GPU_TESTS))
+    proc = run_unit(host_unit, "rope", repr(theta), str(dh), str(positions))
+    assert proc.returncode == 0, proc.stderr
+    bits = np.array([[int(v, 16) for v in ln.split()] for ln in proc.stdout.splitlines()],
+                    np.uint32)
+    got = bits.view(np.float32).reshape(positions, dh // 2, 2)
+    c, s = rope_cos_sin(np.arange(positions), dh, theta)
+    np.testing.assert_array_equal(got[..., 0], c)
+    np.testing.assert_array_equal(got[..., 1], s)
 
 
 def test_open_without_driver_gives_the_reason(host_unit: Path):
@@ -253,6 +272,53 @@ def test_launch_sequence_is_deterministic_and_stream_independent(host_unit, stub
     combines = [i for i, ln in enumerate(two) if ln.startswith("launch cb_moe_combine")]
     for i in combines:
         assert two[i - 1].startswith("wait stream 0 event 1")
+
+
+def test_decode_launches_only_the_routed_experts(host_unit, stub_driver, tmp_path: Path):
+    """One token (decode): the grouped expert kernels get min(E, n*k) = k rows of blocks, one per
+    routed expert from cb_dispatch's active list, none for the E - k unselected experts; the
+    shared expert keeps its single group. Prefill (40 tokens, 8 experts) gets min(E, n*k) = E."""
+    lib = stub_driver["full"]
+    log = tmp_path / "decode.log"
+    proc = run_unit(host_unit, "open", "1", "1", "1",
+                    env={"COLIBRI_LIBCUDA": str(lib), "STUB_LOG": str(log)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    grids = [ln.split() for ln in log.read_text().splitlines()
+             if ln.startswith(("launch cb_expert_up", "launch cb_expert_down"))]
+    k, E, layers = 2, 8, 2  # host_unit.c's fake model: top-2 of 8 experts, shared expert, 2 layers
+    routed = [g for g in grids if int(g[4]) != 1]
+    assert len(grids) == 2 * 2 * layers and len(routed) == 2 * layers
+    assert all(int(g[4]) == k for g in routed), routed
+    _, lines = launch_log(host_unit, lib, tmp_path, 1, "prefill")
+    ys = {int(ln.split()[4]) for ln in lines if ln.startswith("launch cb_expert_up")}
+    assert ys == {1, E}
+
+
+def test_launches_per_decoded_token(host_unit, stub_driver, tmp_path: Path):
+    """Kernel launches for one decoded token (stub log: one line per cuLaunchKernel), kernel by
+    kernel, for host_unit.c's fake model: 2 layers with q/k bias, per-head q/k norm and a gated
+    shared expert, short context (one KV range: no merge). Per layer: attention norm, Q/K/V,
+    q/k norm, RoPE on q and k, attention, WO, FFN norm, shared up/down + gate, router, top-k,
+    dispatch, routed up/down, combine = 20; plus the embedding, output norm and LM head. A plain
+    Mixtral-like layer is the same less q/k norm and shared expert: 15 (8 layers: 123 a token).
+    No CUDA graph yet, so every launch is a host call."""
+    lib = stub_driver["full"]
+    log = tmp_path / "decode.log"
+    proc = run_unit(host_unit, "open", "1", "1", "1",
+                    env={"COLIBRI_LIBCUDA": str(lib), "STUB_LOG": str(log)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    names = [ln.split()[1] for ln in log.read_text().splitlines() if ln.startswith("launch ")]
+    layers = 2
+    per_layer = {"cb_rmsnorm": 2 + 2, "cb_linear": 3 + 1 + 1 + 1, "cb_rope": 2, "cb_attention": 1,
+                 "cb_router_topk": 1, "cb_dispatch": 1, "cb_expert_up": 2, "cb_expert_down": 2,
+                 "cb_moe_combine": 1}
+    want = {k: v * layers for k, v in per_layer.items()}
+    want["cb_embed"] = 1
+    want["cb_rmsnorm"] += 1  # output norm
+    want["cb_linear"] += 1   # LM head
+    got = {k: names.count(k) for k in set(names)}
+    assert got == want, got
+    assert len(names) == 3 + 20 * layers
 
 
 def test_integrated_gpu_maps_the_weights(host_unit, stub_driver, tmp_path: Path):
@@ -601,15 +667,20 @@ def test_copied_weights_leave_one_copy_resident(cuda_host_build, tmp_path: Path)
     from colibri_kit.model.format import DType, Family, ModelHeader, Routing, padded_dim
     from colibri_kit.model.tiny import write_random_model
 
-    d, pad = 128, 64  # the host profile's embed_pad
+    # The weights are mostly routed experts (64 x 3 x 192 x 192 f32 = 27 MiB), which the host
+    # uploads and then drops in full, while a token computes only its top-1 (routed-experts-only
+    # launches): the emulation runs ~190 blocks per token instead of the 8000 a 32000-row LM
+    # head took, and the resident-memory check sees about as many MiB of weights as before.
+    d, pad, vocab = 192, 64, 64  # the host profile's embed_pad
     header = ModelHeader(
-        num_experts=4, expert_size=32, vocab_size=32000, max_seq_len=8, embed_dim=d, n_layers=1,
-        n_heads=4, n_kv_heads=2, head_dim=32, top_k=2, routing=Routing.RENORMALISE,
+        num_experts=64, expert_size=192, vocab_size=vocab, max_seq_len=8, embed_dim=d, n_layers=1,
+        n_heads=2, n_kv_heads=1, head_dim=32, top_k=1, routing=Routing.RENORMALISE,
         dtype=int(DType.F32), embed_dim_pad=padded_dim(d, pad), pad_multiple=pad, flags=0,
         shared_expert_size=0, norm_eps=1e-5, rope_theta=10000.0, family=Family.OTHER,
         name="rss-check")
     model = write_random_model(tmp_path / "wide_vocab.colibri", header, seed=3)
-    weights_mb = model.stat().st_size / 2**20  # ~31 MiB: embedding + LM head of 32000 x 128 f32
+    weights_mb = model.stat().st_size / 2**20  # ~27 MiB, almost all of it expert weights
+    assert weights_mb > 25
     env = {"STUB_INTEGRATED": "1", "COLIBRI_CUDA_WEIGHTS": "copy"}
     proc = _emu_cli(cuda_host_build, "--backend", "cuda", "bench", str(model), "--prompt-len", "1",
                     "--gen", "1", "--runs", "1", "--json", **env)
@@ -617,7 +688,7 @@ def test_copied_weights_leave_one_copy_resident(cuda_host_build, tmp_path: Path)
     bench = json.loads(proc.stdout)
     assert bench["backend"]["cuda_weights"] == "copied"
     assert bench["peak_rss_mb"] - bench["rss_mb"] > 0.8 * weights_mb, bench
-    ids = [5, 31999, 7]
+    ids = [5, vocab - 1]
     cpu = _logits(cuda_host_build, model, "cpu", ids, "wide_cpu")
     gpu = _logits(cuda_host_build, model, "cuda", ids, "wide_cuda", **env)
     assert np.abs(gpu - cpu).max() / np.abs(cpu).max() < 1e-4

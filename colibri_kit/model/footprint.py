@@ -32,10 +32,11 @@ from colibri_kit.model.format import (
 MIB = 1 << 20
 # runtime/src/context.h COLIBRI_CHUNK: tokens per CPU pass.
 CPU_CHUNK = 64
-# runtime/src/cuda_backend.c: CB_ALIGN, CB_MAX_CHUNK, CB_SCORES_BUDGET.
+# runtime/src/cuda_backend.c: CB_ALIGN, CB_MAX_CHUNK, CB_PART_BUDGET; colibri_abi.h: KV split.
 CUDA_ALIGN = 256
 CUDA_MAX_CHUNK = 32
-CUDA_SCORES_BUDGET = 64 << 20
+CUDA_PART_BUDGET = 64 << 20   # cuda_backend.c CB_PART_BUDGET
+CUDA_KV_SPLIT = 256           # runtime/kernels/colibri_abi.h COLIBRI_CU_KV_SPLIT
 DEFAULT_THREADS = 8  # CPU arena scratch is per thread (a few KiB each); Jetsons have 6..14 cores
 
 
@@ -70,14 +71,17 @@ def cuda_arena_bytes(h: ModelHeader, copy_weights: bool = False, weights_bytes: 
     S, H, Dh, Dp = h.max_seq_len, h.n_heads, h.head_dim, h.embed_dim_pad
     E, k, F, V = h.num_experts, h.top_k, h.expert_size, h.vocab_size
     Fs, L, kvd = h.shared_expert_size, h.n_layers, h.n_kv_heads * h.head_dim
+    ranges = -(-S // CUDA_KV_SPLIT)  # split attention: partials per (token, head) and range
     c = min(CUDA_MAX_CHUNK, S)
-    while c > 1 and c * H * S * 4 > CUDA_SCORES_BUDGET:
+    while c > 1 and c * H * ranges * (Dh + 2) * 4 > CUDA_PART_BUDGET:
         c //= 2
-    sizes = [c * Dp * 4, c * Dp * 4, c * H * Dh * 4, c * H * Dh * 4, c * H * S * 4, c * E * 4,
-             c * k * 4, c * k * 4, (E + 1) * 4, c * k * 4, c * k * 4, c * k * F * 4, c * k * Dp * 4]
+    sizes = [c * Dp * 4, c * Dp * 4, c * H * Dh * 4, c * H * Dh * 4, c * H * ranges * (Dh + 2) * 4,
+             c * E * 4,
+             c * k * 4, c * k * 4, (E + 1) * 4, E * 4, c * k * 4, c * k * 4, c * k * F * 4,
+             c * k * Dp * 4]
     if h.has(Flag.SHARED_EXPERT):
         sizes += [c * Fs * 4, c * Dp * 4, c * 4]
-    sizes += [2 * 4, c * V * 4, c * 4, c * 4, L * S * kvd * 4, L * S * kvd * 4, L * (6 * E + 6) * 8]
+    sizes += [2 * 4, c * V * 4, c * 4, c * 4, S * (Dh // 2) * 2 * 4, L * S * kvd * 4, L * S * kvd * 4, L * (6 * E + 6) * 8]
     if copy_weights:
         sizes.append(weights_bytes)
     return sum(align_up(n, CUDA_ALIGN) for n in sizes)

@@ -34,5 +34,10 @@
  * rmsnorm, combine, dispatch) and per-head work (rope, attention). */
 #define COLIBRI_CU_WIDE_THREADS 256
 #define COLIBRI_CU_HEAD_THREADS 128
+/* cb_attention: the KV positions of one (token, head) are split into ranges of this many, one
+ * block each (scores in shared memory); cb_attention_merge combines the ranges' partial
+ * (max, sum, acc) in range order. A token's split depends only on its own position, so its bits
+ * do not depend on how the tokens were chunked. */
+#define COLIBRI_CU_KV_SPLIT 256
 
 #endif

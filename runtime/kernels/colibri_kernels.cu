@@ -2,8 +2,9 @@
  *
  * The build compiles this file with NVRTC to PTX for the profile's lowest SM, then ptxas makes one
  * cubin per SM; the runtime loads them through the driver API (runtime/src/cuda_backend.c). So:
- *   - no standard or CUDA headers (NVRTC ships none; f16/bf16 are decoded by hand below) and no
- *     inline PTX, so tests/gpu/emu can also compile this file as plain C++ and run it on a CPU;
+ *   - no standard or CUDA headers (NVRTC ships none) and one line of inline PTX (cvt.f32.f16,
+ *     the hardware f16 conversion) behind __CUDA_ARCH__, so tests/gpu/emu can also compile this
+ *     file as plain C++ and run it on a CPU (it supplies that conversion);
  *   - every kernel is extern "C" so its name in the cubin is the name the backend looks up;
  *   - nothing newer than sm_72 (Xavier) is used, one PTX serves every target.
  *
@@ -48,19 +49,20 @@ typedef unsigned short cb_u16;
 
 /* ---- element decoding -------------------------------------------------------------------- */
 
-/* f16 bits -> f32, exactly, with integer operations only (no inline PTX, so the same source also
- * runs in the host emulation of tests/gpu/emu). Subnormals are man * 2^-24 (an exact product);
- * inf/nan keep their payload. The GEMVs are memory-bound: these few ALU ops cost nothing. */
+/* f16 bits -> f32 (exact), by the hardware: one cvt.f32.f16 per element instead of ~16 integer
+ * ops and branches. This is the file's only inline PTX, so it is compiled for the GPU only
+ * (__CUDA_ARCH__: NVRTC's device pass); the host emulation (tests/gpu/emu/cuda_emu.cpp) runs the
+ * same kernels as plain C++ and provides cb_emu_half_to_float, an independent exact conversion
+ * (float rescaling, not this file's former integer decode). */
+#ifdef __CUDA_ARCH__
 __device__ __forceinline__ float cb_half_to_float(cb_u16 h) {
-    const cb_u32 sign = ((cb_u32)h & 0x8000u) << 16;
-    const cb_u32 ex = ((cb_u32)h >> 10) & 0x1fu, man = (cb_u32)h & 0x3ffu;
-    if (ex == 0) {
-        const float f = (float)man * 5.9604644775390625e-8f;
-        return sign ? -f : f;
-    }
-    if (ex == 31) return __uint_as_float(sign | 0x7f800000u | (man << 13));
-    return __uint_as_float(sign | ((ex + 112u) << 23) | (man << 13));
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
 }
+#else
+#define cb_half_to_float cb_emu_half_to_float
+#endif
 
 __device__ __forceinline__ float cb_bf16_to_float(cb_u16 h) {
     return __uint_as_float(((cb_u32)h) << 16);
@@ -75,42 +77,41 @@ __device__ __forceinline__ float cb_load1(const void *w, cb_u64 i) {
     return (float)((const signed char *)w)[i];
 }
 
-__device__ __forceinline__ void cb_unpack_halves(cb_u32 v, float *a, float *b, int bf16) {
-    if (bf16) {
-        *a = cb_bf16_to_float((cb_u16)(v & 0xffffu));
-        *b = cb_bf16_to_float((cb_u16)(v >> 16));
-    } else {
-        *a = cb_half_to_float((cb_u16)(v & 0xffffu));
-        *b = cb_half_to_float((cb_u16)(v >> 16));
-    }
-}
+/* A lane's chunk of a weight row for the vector path, raw: CB_CW(DT) consecutive elements, 8 for
+ * f32 (32 bytes, two 128-bit loads), f16/bf16 (16 bytes) and 16 for int8 (16 bytes): every load
+ * is 128 bits. Decoded element by element where it is used, so few registers hold decoded
+ * weights. */
+#define CB_CW(DT) ((DT) == CB_DT_INT8 ? 16 : 8)
+struct cb_chunk {
+    uint4 a, b; /* b: f32 only */
+};
 
-__device__ __forceinline__ float cb_sbyte(cb_u32 v, int k) {
-    return (float)(signed char)((v >> (8 * k)) & 0xffu);
-}
-
-/* Eight consecutive elements starting at element c of a row (16-byte aligned for f16/bf16,
- * 8-byte for int8, 32-byte for f32: the caller checks alignment before taking this path). */
 template <int DT>
-__device__ __forceinline__ void cb_load8(const void *row, int c, float *w) {
+__device__ __forceinline__ void cb_chunk_load(const void *row, int c, cb_chunk &k) {
     if (DT == CB_DT_F32) {
-        const float4 *p = (const float4 *)((const float *)row + c);
-        float4 a = p[0], b = p[1];
-        w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w;
-        w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
-    } else if (DT == CB_DT_F16 || DT == CB_DT_BF16) {
-        uint4 v = *(const uint4 *)((const cb_u16 *)row + c);
-        const int bf = DT == CB_DT_BF16;
-        cb_unpack_halves(v.x, &w[0], &w[1], bf);
-        cb_unpack_halves(v.y, &w[2], &w[3], bf);
-        cb_unpack_halves(v.z, &w[4], &w[5], bf);
-        cb_unpack_halves(v.w, &w[6], &w[7], bf);
+        const uint4 *p = (const uint4 *)((const float *)row + c);
+        k.a = p[0];
+        k.b = p[1];
+    } else if (DT == CB_DT_INT8) {
+        k.a = *(const uint4 *)((const signed char *)row + c);
     } else {
-        uint2 v = *(const uint2 *)((const signed char *)row + c);
-        w[0] = cb_sbyte(v.x, 0); w[1] = cb_sbyte(v.x, 1); w[2] = cb_sbyte(v.x, 2);
-        w[3] = cb_sbyte(v.x, 3); w[4] = cb_sbyte(v.y, 0); w[5] = cb_sbyte(v.y, 1);
-        w[6] = cb_sbyte(v.y, 2); w[7] = cb_sbyte(v.y, 3);
+        k.a = *(const uint4 *)((const cb_u16 *)row + c);
     }
+}
+
+__device__ __forceinline__ cb_u32 cb_word(const uint4 &v, int i) {
+    return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
+}
+
+/* Element e (a constant after unrolling) of a chunk as f32. */
+template <int DT>
+__device__ __forceinline__ float cb_chunk_elem(const cb_chunk &k, int e) {
+    if (DT == CB_DT_F32) return __uint_as_float(e < 4 ? cb_word(k.a, e) : cb_word(k.b, e - 4));
+    if (DT == CB_DT_INT8)
+        return (float)(signed char)((cb_word(k.a, e >> 2) >> (8 * (e & 3))) & 0xffu);
+    const cb_u32 w = cb_word(k.a, e >> 1);
+    if (DT == CB_DT_BF16) return __uint_as_float((e & 1) ? (w & 0xffff0000u) : (w << 16));
+    return cb_half_to_float((cb_u16)((e & 1) ? (w >> 16) : (w & 0xffffu)));
 }
 
 template <int DT>
@@ -142,26 +143,40 @@ __device__ __forceinline__ float cb_q4_load1(const void *w, const float *scales,
     return (float)q * cb_half_to_float(((const cb_u16 *)scales)[g]);
 }
 
-/* acc[i] (lane partial) += row r . x[i] for a q4 tensor. The lane's share is fixed: groups
- * lane, lane + 32, ...; each group is one 16-byte load (the tensor and every row of groups are
- * 16-byte aligned: 64-byte aligned tensors, 16-byte groups), and its elements are added in index
- * order (the last group stops at cols). */
-__device__ __forceinline__ void cb_row_dot_q4(const void *w, const float *scales, int r, int cols,
-                                              const float *const *x, int nt, float *acc) {
+/* acc[m][i] (lane partial) += row r of tensor m . x[i], for NR q4 tensors of the same shape
+ * (W1 and W3 of an expert in one pass). The lane's share is fixed: groups lane, lane + 32, ...;
+ * each group of each tensor is one 16-byte load (the tensor and every row of groups are 16-byte
+ * aligned: 64-byte aligned tensors, 16-byte groups), and its elements are added in index order
+ * (the last group stops at cols). Unrolled over the 32 elements so the nibbles stay in
+ * registers. */
+template <int NR>
+__device__ __forceinline__ void cb_rows_dot_q4(const void *const *w, const float *const *scales,
+                                               int r, int cols, const float *const *x, int nt,
+                                               float (*acc)[CB_TOKEN_TILE]) {
     const int lane = threadIdx.x & (CB_WARP - 1);
     const int ng = cb_q4_groups(cols);
-    const uint4 *q = (const uint4 *)w + (cb_u64)r * (cb_u64)ng;
-    const cb_u16 *d = (const cb_u16 *)scales + (cb_u64)r * (cb_u64)ng;
     for (int g = lane; g < ng; g += CB_WARP) {
-        const uint4 v = q[g];
-        const cb_u32 b[4] = {v.x, v.y, v.z, v.w};
-        const float s = cb_half_to_float(d[g]);
-        const int c0 = g * CB_Q4_GROUP, m = cols - c0 < CB_Q4_GROUP ? cols - c0 : CB_Q4_GROUP;
-        for (int e = 0; e < m; e++) {
-            const float wv = (float)cb_q4_nib(b, e) * s;
+        cb_u32 b[NR][4];
+        float s[NR];
 #pragma unroll
-            for (int i = 0; i < CB_TOKEN_TILE; i++)
-                if (i < nt) acc[i] += wv * x[i][c0 + e];
+        for (int m = 0; m < NR; m++) {
+            const cb_u64 at = (cb_u64)r * (cb_u64)ng + (cb_u64)g;
+            const uint4 v = ((const uint4 *)w[m])[at];
+            b[m][0] = v.x; b[m][1] = v.y; b[m][2] = v.z; b[m][3] = v.w;
+            s[m] = cb_half_to_float(((const cb_u16 *)scales[m])[at]);
+        }
+        const int c0 = g * CB_Q4_GROUP, len = cols - c0 < CB_Q4_GROUP ? cols - c0 : CB_Q4_GROUP;
+#pragma unroll
+        for (int e = 0; e < CB_Q4_GROUP; e++) {
+            if (e < len) {
+#pragma unroll
+                for (int m = 0; m < NR; m++) {
+                    const float wv = (float)cb_q4_nib(b[m], e) * s[m];
+#pragma unroll
+                    for (int i = 0; i < CB_TOKEN_TILE; i++)
+                        if (i < nt) acc[m][i] += wv * x[i][c0 + e];
+                }
+            }
         }
     }
 }
@@ -204,46 +219,91 @@ __device__ float cb_block_max(float v, float *scratch) {
     return v;
 }
 
-/* ---- dot products of one weight row with up to CB_TOKEN_TILE activation rows -------------- */
+/* ---- dot products of weight rows with up to CB_TOKEN_TILE activation rows ---------------- */
 
-/* acc[i] (lane partial) += row . x[i] over the lane's share of columns. The share is fixed:
- * vector path: lane takes columns [8*lane + 256*j, +8); scalar path: columns lane + 32*j. */
-template <int DT>
-__device__ __forceinline__ void cb_row_dot(const void *row, int cols, const float *const *x, int nt,
-                                           int vec, float *acc) {
-    const int lane = threadIdx.x & (CB_WARP - 1);
-    if (vec) {
-        for (int c = lane * 8; c < cols; c += CB_WARP * 8) {
-            float w[8];
-            cb_load8<DT>(row, c, w);
+/* acc[m][i] (lane partial) += chunk k[m] . x[i][c .. c + CW), elements in index order. */
+template <int DT, int NR>
+__device__ __forceinline__ void cb_chunk_fma(const cb_chunk *k, int c, const float *const *x,
+                                             int nt, float (*acc)[CB_TOKEN_TILE]) {
+    const int CW = CB_CW(DT);
 #pragma unroll
-            for (int i = 0; i < CB_TOKEN_TILE; i++) {
-                if (i < nt) {
-                    const float4 *xp = (const float4 *)(x[i] + c);
-                    float4 a = xp[0], b = xp[1];
-                    float s = acc[i];
-                    s += w[0] * a.x; s += w[1] * a.y; s += w[2] * a.z; s += w[3] * a.w;
-                    s += w[4] * b.x; s += w[5] * b.y; s += w[6] * b.z; s += w[7] * b.w;
-                    acc[i] = s;
-                }
+    for (int i = 0; i < CB_TOKEN_TILE; i++) {
+        if (i < nt) {
+            float xv[CB_CW(DT)];
+            const float4 *xp = (const float4 *)(x[i] + c);
+#pragma unroll
+            for (int q = 0; q < CW / 4; q++) {
+                const float4 v = xp[q];
+                xv[4 * q] = v.x; xv[4 * q + 1] = v.y; xv[4 * q + 2] = v.z; xv[4 * q + 3] = v.w;
             }
-        }
-    } else {
-        for (int c = lane; c < cols; c += CB_WARP) {
-            float w = cb_load1<DT>(row, (cb_u64)c);
 #pragma unroll
-            for (int i = 0; i < CB_TOKEN_TILE; i++)
-                if (i < nt) acc[i] += w * x[i][c];
+            for (int m = 0; m < NR; m++) {
+                float s = acc[m][i];
+#pragma unroll
+                for (int e = 0; e < CW; e++) s += cb_chunk_elem<DT>(k[m], e) * xv[e];
+                acc[m][i] = s;
+            }
         }
     }
 }
 
-/* May the 8-wide vector loads be used? Needs 8 | cols and aligned bases (checked per launch:
- * every row then starts aligned because cols is a multiple of 8). */
+/* acc[m][i] (lane partial) += rows[m] . x[i] over the lane's share of columns, for NR rows of
+ * the same length read in one pass (W1 and W3 of an expert: NR = 2). The share is fixed:
+ * vector path: lane takes columns [CW*lane + 32*CW*j, +CW) for j = 0, 1, ... in order
+ * (CW = 8, or 16 for int8); scalar path: columns lane + 32*j. The vector path keeps two chunks
+ * per row in flight (f32: one chunk, already two 128-bit loads): both are loaded before the
+ * first is used; the sums still run chunk by chunk in column order. */
+template <int DT, int NR>
+__device__ __forceinline__ void cb_rows_dot(const void *const *rows, int cols,
+                                            const float *const *x, int nt, int vec,
+                                            float (*acc)[CB_TOKEN_TILE]) {
+    const int lane = threadIdx.x & (CB_WARP - 1);
+    if (vec) {
+        const int step = CB_WARP * CB_CW(DT);
+        if (DT == CB_DT_F32) {
+            for (int c = lane * CB_CW(DT); c < cols; c += step) {
+                cb_chunk k[NR];
+#pragma unroll
+                for (int m = 0; m < NR; m++) cb_chunk_load<DT>(rows[m], c, k[m]);
+                cb_chunk_fma<DT, NR>(k, c, x, nt, acc);
+            }
+        } else {
+            for (int c = lane * CB_CW(DT); c < cols; c += 2 * step) {
+                const int c1 = c + step;
+                const int cl = c1 < cols ? c1 : c; /* past the row: reload c (cached, unused) */
+                cb_chunk k0[NR], k1[NR];
+#pragma unroll
+                for (int m = 0; m < NR; m++) {
+                    cb_chunk_load<DT>(rows[m], c, k0[m]);
+                    cb_chunk_load<DT>(rows[m], cl, k1[m]);
+                }
+                cb_chunk_fma<DT, NR>(k0, c, x, nt, acc);
+                if (c1 < cols) cb_chunk_fma<DT, NR>(k1, c1, x, nt, acc);
+            }
+        }
+    } else {
+        for (int c = lane; c < cols; c += CB_WARP) {
+            float w[NR];
+#pragma unroll
+            for (int m = 0; m < NR; m++) w[m] = cb_load1<DT>(rows[m], (cb_u64)c);
+#pragma unroll
+            for (int i = 0; i < CB_TOKEN_TILE; i++) {
+                if (i < nt) {
+                    const float xv = x[i][c];
+#pragma unroll
+                    for (int m = 0; m < NR; m++) acc[m][i] += w[m] * xv;
+                }
+            }
+        }
+    }
+}
+
+/* May the vector path be used? Needs CW | cols and 16-byte aligned bases (checked per launch:
+ * every row then starts aligned because cols is a multiple of CW). */
 __device__ __forceinline__ int cb_can_vec(const void *w, int dtype, int cols, const float *x,
                                           int x_stride) {
-    const cb_u64 wa = dtype == CB_DT_F32 ? 16 : (dtype == CB_DT_INT8 ? 8 : 16);
-    return (cols % 8) == 0 && (x_stride % 4) == 0 && ((cb_u64)w % wa) == 0 &&
+    const int cw = dtype == CB_DT_INT8 ? 16 : 8;
+    return (cols % cw) == 0 && (x_stride % 4) == 0 && ((cb_u64)w % 16) == 0 &&
            ((cb_u64)x % 16) == 0;
 }
 
@@ -309,21 +369,27 @@ __device__ void cb_linear_impl(float *y, int y_stride, const float *x, int x_str
     const float *xs[CB_TOKEN_TILE];
     for (int i = 0; i < CB_TOKEN_TILE; i++)
         xs[i] = x + (cb_u64)(t0 + (i < nt ? i : 0)) * (cb_u64)x_stride;
-    float acc[CB_TOKEN_TILE] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float acc[1][CB_TOKEN_TILE] = {{0.0f, 0.0f, 0.0f, 0.0f}};
     if (DT == CB_DT_Q4) {
-        cb_row_dot_q4(w, scales, r, cols, xs, nt, acc);
+        cb_rows_dot_q4<1>(&w, &scales, r, cols, xs, nt, acc);
     } else {
         const int vec = cb_can_vec(w, DT, cols, x, x_stride);
-        cb_row_dot<DT>(cb_row_ptr<DT>(w, r, cols), cols, xs, nt, vec, acc);
+        const void *row = cb_row_ptr<DT>(w, r, cols);
+        cb_rows_dot<DT, 1>(&row, cols, xs, nt, vec, acc);
     }
     const float s = DT == CB_DT_INT8 ? scales[r] : 1.0f;
+    /* only the tile's nt tokens are reduced: nt is the same for the whole warp, so every lane
+     * takes the same shuffles, and a decode step does one butterfly per row instead of four */
+#pragma unroll
     for (int i = 0; i < CB_TOKEN_TILE; i++) {
-        float v = cb_warp_sum(acc[i]);
-        if (lane == 0 && i < nt) {
-            if (DT == CB_DT_INT8) v *= s;
-            if (bias) v += bias[r];
-            float *yp = y + (cb_u64)(t0 + i) * (cb_u64)y_stride + r;
-            *yp = accumulate ? *yp + v : v;
+        if (i < nt) {
+            float v = cb_warp_sum(acc[0][i]);
+            if (lane == 0) {
+                if (DT == CB_DT_INT8) v *= s;
+                if (bias) v += bias[r];
+                float *yp = y + (cb_u64)(t0 + i) * (cb_u64)y_stride + r;
+                *yp = accumulate ? *yp + v : v;
+            }
         }
     }
 }
@@ -360,22 +426,20 @@ extern "C" __global__ void cb_linear(float *y, int y_stride, const float *x, int
 /* ---- RoPE ---------------------------------------------------------------------------------- */
 
 /* Rotate-half RoPE in place on x[t, head*Dh + ...] for t < n at position pos0 + t: pair i with
- * i + Dh/2, inverse frequency theta^(-2i/Dh). The angle is formed in f32 like the reference
- * (transformers: inv_freq f32, position * inv_freq in f32) and its cos/sin are taken in double,
- * so they are the correctly rounded f32 values, not a fast approximation.
+ * i + Dh/2. cs is the host's table (cuda_backend.c, cb_rope_table): cs[(p * Dh/2 + i) * 2] and
+ * [.. + 1] are cos and sin of the angle p * inv_freq_i formed in f32 like the reference
+ * (transformers: inv_freq f32, position * inv_freq in f32), taken in double and rounded to f32,
+ * so they are the correctly rounded values and no thread runs double-precision math.
  * grid (n), block any; threads loop over heads*Dh/2 pairs. */
 extern "C" __global__ void cb_rope(float *x, int row_stride, int nheads, int Dh, int pos0,
-                                   float theta) {
+                                   const float *cs) {
     const int t = blockIdx.x;
     const int half = Dh / 2;
-    const float pos = (float)(pos0 + t);
+    const float *cp = cs + (cb_u64)(pos0 + t) * (cb_u64)half * 2u;
     float *xr = x + (cb_u64)t * (cb_u64)row_stride;
     for (int k = threadIdx.x; k < nheads * half; k += blockDim.x) {
         const int head = k / half, i = k % half;
-        const float e = (float)(2 * i) / (float)Dh;
-        const float inv_freq = (float)(1.0 / pow((double)theta, (double)e));
-        const float ang = pos * inv_freq;
-        const float c = (float)cos((double)ang), s = (float)sin((double)ang);
+        const float c = cp[2 * i], s = cp[2 * i + 1];
         float *p = xr + head * Dh;
         const float a = p[i], b = p[i + half];
         p[i] = a * c - b * s;
@@ -385,27 +449,40 @@ extern "C" __global__ void cb_rope(float *x, int row_stride, int nheads, int Dh,
 
 /* ---- attention over the KV cache ---------------------------------------------------------- */
 
-/* Causal grouped-query attention for token t (position pos0 + t) and query head h:
- * out[t, h, :] = sum_{j <= pos} softmax_j(q . k_j / sqrt(Dh)) v_j, with k/v rows of the cache
- * (row stride kv_stride = Hkv*Dh floats) and kv head h / (H / Hkv).
- * scores: scratch of score_stride (>= pos0 + n) floats per (t, h).
- * grid (H, n), block 128 (4 warps). Prefill (n > 1) and decode (n == 1) are the same kernel. */
-extern "C" __global__ void cb_attention(float *out, const float *q, const float *kc,
-                                        const float *vc, float *scores, int score_stride,
-                                        int pos0, int H, int Hkv, int Dh) {
+#define CB_KV_SPLIT COLIBRI_CU_KV_SPLIT
+
+/* Causal grouped-query attention, split over the KV range (flash-decoding style, no atomics).
+ * Token t is at position last = pos0 + t and attends to positions 0..last with kv head
+ * h / (H / Hkv) (cache rows of kv_stride = Hkv*Dh floats). Its positions are split into ranges of
+ * CB_KV_SPLIT, range s = [s*CB_KV_SPLIT, min((s+1)*CB_KV_SPLIT, last+1)); block (h, s) of token t
+ * computes over its range, in position order:
+ *   m_s = max_j q.k_j / sqrt(Dh),  l_s = sum_j e_j,  acc_s = sum_j e_j v_j,  e_j = exp(score - m_s)
+ * A token with one range (last < CB_KV_SPLIT) writes out = acc / l at once; otherwise the block
+ * writes (m_s, l_s, acc_s[Dh]) to part[((t*H + h)*nsplit + s)*(Dh+2) ..] and cb_attention_merge
+ * combines the ranges in order. The scores stay in shared memory.
+ * grid (H * nsplit, n) with nsplit >= the chunk's largest range count (blocks past a token's last
+ * range return), block 128 (4 warps). Prefill (n > 1) and decode (n == 1) are the same kernel. */
+extern "C" __global__ void cb_attention(float *out, float *part, const float *q, const float *kc,
+                                        const float *vc, int nsplit, int pos0, int H, int Hkv,
+                                        int Dh) {
+    __shared__ float sc[CB_KV_SPLIT];
     __shared__ float scratch[CB_WARP];
-    const int h = blockIdx.x, t = blockIdx.y;
+    const int h = blockIdx.x / nsplit, split = blockIdx.x % nsplit, t = blockIdx.y;
     const int lane = threadIdx.x & (CB_WARP - 1), warp = threadIdx.x / CB_WARP;
     const int nwarps = blockDim.x / CB_WARP;
-    const int last = pos0 + t; /* attend to positions 0..last */
+    const int last = pos0 + t;
+    const int j0 = split * CB_KV_SPLIT;
+    if (j0 > last) return; /* the whole block leaves: no barrier is left half */
+    const int len = last + 1 - j0 < CB_KV_SPLIT ? last + 1 - j0 : CB_KV_SPLIT;
     const int kvh = h / (H / Hkv);
     const int kv_stride = Hkv * Dh;
     const float *qh = q + ((cb_u64)t * (cb_u64)H + (cb_u64)h) * (cb_u64)Dh;
-    float *sc = scores + ((cb_u64)t * (cb_u64)H + (cb_u64)h) * (cb_u64)score_stride;
+    const float *kbase = kc + (cb_u64)j0 * (cb_u64)kv_stride + (cb_u64)kvh * (cb_u64)Dh;
+    const float *vbase = vc + (cb_u64)j0 * (cb_u64)kv_stride + (cb_u64)kvh * (cb_u64)Dh;
     const float scale = 1.0f / sqrtf((float)Dh);
 
-    for (int j = warp; j <= last; j += nwarps) {
-        const float *kj = kc + (cb_u64)j * (cb_u64)kv_stride + (cb_u64)kvh * (cb_u64)Dh;
+    for (int j = warp; j < len; j += nwarps) {
+        const float *kj = kbase + (cb_u64)j * (cb_u64)kv_stride;
         float d = 0.0f;
         for (int c = lane; c < Dh; c += CB_WARP) d += qh[c] * kj[c];
         d = cb_warp_sum(d);
@@ -414,24 +491,55 @@ extern "C" __global__ void cb_attention(float *out, const float *q, const float 
     __syncthreads();
 
     float m = -__int_as_float(0x7f800000);
-    for (int j = threadIdx.x; j <= last; j += blockDim.x) m = fmaxf(m, sc[j]);
+    for (int j = threadIdx.x; j < len; j += blockDim.x) m = fmaxf(m, sc[j]);
     m = cb_block_max(m, scratch);
     float sum = 0.0f;
-    for (int j = threadIdx.x; j <= last; j += blockDim.x) {
+    for (int j = threadIdx.x; j < len; j += blockDim.x) {
         const float e = expf(sc[j] - m);
         sc[j] = e; /* this thread owns j: no other thread touches sc[j] until the barrier */
         sum += e;
     }
     sum = cb_block_sum(sum, scratch); /* its barriers come after every sc[j] write */
     __syncthreads();
-    const float inv = 1.0f / sum;
 
-    float *oh = out + ((cb_u64)t * (cb_u64)H + (cb_u64)h) * (cb_u64)Dh;
+    const int ranges = last / CB_KV_SPLIT + 1;
+    const cb_u64 th = (cb_u64)t * (cb_u64)H + (cb_u64)h;
+    float *oh = out + th * (cb_u64)Dh;
+    float *ph = part + (th * (cb_u64)nsplit + (cb_u64)split) * (cb_u64)(Dh + 2);
     for (int c = threadIdx.x; c < Dh; c += blockDim.x) {
-        const float *vcol = vc + (cb_u64)kvh * (cb_u64)Dh + (cb_u64)c;
+        const float *vcol = vbase + c;
         float acc = 0.0f;
-        for (int j = 0; j <= last; j++) acc += (sc[j] * inv) * vcol[(cb_u64)j * (cb_u64)kv_stride];
-        oh[c] = acc;
+        for (int j = 0; j < len; j++) acc += sc[j] * vcol[(cb_u64)j * (cb_u64)kv_stride];
+        if (ranges == 1) oh[c] = acc / sum;
+        else ph[2 + c] = acc;
+    }
+    if (ranges > 1 && threadIdx.x == 0) {
+        ph[0] = m;
+        ph[1] = sum;
+    }
+}
+
+/* out[t, h, :] from the partials of token t's ranges s = 0 .. ranges-1, in that order:
+ *   M = max_s m_s,  w_s = exp(m_s - M),  out = (sum_s w_s acc_s) / (sum_s w_s l_s).
+ * Tokens with one range were written by cb_attention itself. grid (H, n), any block size. */
+extern "C" __global__ void cb_attention_merge(float *out, const float *part, int nsplit, int pos0,
+                                              int H, int Dh) {
+    const int h = blockIdx.x, t = blockIdx.y;
+    const int ranges = (pos0 + t) / CB_KV_SPLIT + 1;
+    if (ranges == 1) return;
+    const cb_u64 th = (cb_u64)t * (cb_u64)H + (cb_u64)h, pstride = (cb_u64)(Dh + 2);
+    const float *ph = part + th * (cb_u64)nsplit * pstride;
+    float M = ph[0];
+    for (int s = 1; s < ranges; s++) M = fmaxf(M, ph[(cb_u64)s * pstride]);
+    float den = 0.0f;
+    for (int s = 0; s < ranges; s++)
+        den += expf(ph[(cb_u64)s * pstride] - M) * ph[(cb_u64)s * pstride + 1];
+    float *oh = out + th * (cb_u64)Dh;
+    for (int c = threadIdx.x; c < Dh; c += blockDim.x) {
+        float num = 0.0f;
+        for (int s = 0; s < ranges; s++)
+            num += expf(ph[(cb_u64)s * pstride] - M) * ph[(cb_u64)s * pstride + 2 + (cb_u64)c];
+        oh[c] = num / den;
     }
 }
 
@@ -538,10 +646,14 @@ extern "C" __global__ void cb_router_topk(const float *logits, int E, int k, int
 
 /* Group the n*k (token, rank) assignments by expert, deterministically and without atomics:
  * offsets[e] .. offsets[e+1] are expert e's slots (offsets has E+1 entries), filled in
- * assignment order (token, then rank); perm[slot] = token; slot_of[t*k + j] = slot.
+ * assignment order (token, then rank); perm[slot] = token; slot_of[t*k + j] = slot;
+ * active[g] = the g-th expert with at least one slot, in index order, and -1 for g past the
+ * last one (active has E entries). The expert kernels are launched over min(E, n*k) groups and
+ * block g serves active[g]: a decode step (n = 1, k distinct experts) launches exactly k groups,
+ * so no block exists for an unselected expert.
  * grid (1), block 256: thread e counts and places expert e's assignments by itself. */
 extern "C" __global__ void cb_dispatch(const int *idx, int n, int k, int E, int *offsets,
-                                       int *perm, int *slot_of) {
+                                       int *perm, int *slot_of, int *active) {
     __shared__ int base[CB_MAX_SORT + 1];
     const int total = n * k;
     for (int e = threadIdx.x; e < E; e += blockDim.x) {
@@ -552,7 +664,12 @@ extern "C" __global__ void cb_dispatch(const int *idx, int n, int k, int E, int 
     __syncthreads();
     if (threadIdx.x == 0) {
         base[0] = 0;
-        for (int e = 0; e < E; e++) base[e + 1] += base[e];
+        int g = 0;
+        for (int e = 0; e < E; e++) {
+            if (base[e + 1] > 0) active[g++] = e; /* base[e + 1] is still expert e's count */
+            base[e + 1] += base[e];
+        }
+        for (; g < E; g++) active[g] = -1;
     }
     __syncthreads();
     for (int e = threadIdx.x; e <= E; e += blockDim.x) offsets[e] = base[e];
@@ -580,41 +697,53 @@ __device__ void cb_expert_up_impl(float *act, int F, const float *h, int Dp, con
     const int r = blockIdx.x * CB_ROW_WARPS + threadIdx.x / CB_WARP;
     if (r >= F) return;
     const int vec = cb_can_vec(w1, DT, Dp, h, Dp) && cb_can_vec(w3, DT, Dp, h, Dp);
-    const void *row1 = cb_row_ptr<DT>(w1, r, Dp);
-    const void *row3 = cb_row_ptr<DT>(w3, r, Dp);
+    const void *rows[2] = {cb_row_ptr<DT>(w1, r, Dp), cb_row_ptr<DT>(w3, r, Dp)};
+    const void *q4w[2] = {w1, w3};
+    const float *q4s[2] = {s1, s3};
     const float sc1 = DT == CB_DT_INT8 ? s1[r] : 1.0f, sc3 = DT == CB_DT_INT8 ? s3[r] : 1.0f;
     for (int s0 = begin; s0 < end; s0 += CB_TOKEN_TILE) {
         const int nt = end - s0 < CB_TOKEN_TILE ? end - s0 : CB_TOKEN_TILE;
         const float *xs[CB_TOKEN_TILE];
         for (int i = 0; i < CB_TOKEN_TILE; i++)
             xs[i] = h + (cb_u64)perm[s0 + (i < nt ? i : 0)] * (cb_u64)Dp;
-        float g[CB_TOKEN_TILE] = {0.0f, 0.0f, 0.0f, 0.0f};
-        float u[CB_TOKEN_TILE] = {0.0f, 0.0f, 0.0f, 0.0f};
-        if (DT == CB_DT_Q4) {
-            cb_row_dot_q4(w1, s1, r, Dp, xs, nt, g);
-            cb_row_dot_q4(w3, s3, r, Dp, xs, nt, u);
-        } else {
-            cb_row_dot<DT>(row1, Dp, xs, nt, vec, g);
-            cb_row_dot<DT>(row3, Dp, xs, nt, vec, u);
-        }
+        /* W1 (gate, acc[0]) and W3 (up, acc[1]) rows in one pass over h: each sum in the same
+         * order as a pass of its own */
+        float acc[2][CB_TOKEN_TILE] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+        if (DT == CB_DT_Q4)
+            cb_rows_dot_q4<2>(q4w, q4s, r, Dp, xs, nt, acc);
+        else
+            cb_rows_dot<DT, 2>(rows, Dp, xs, nt, vec, acc);
+#pragma unroll
         for (int i = 0; i < CB_TOKEN_TILE; i++) {
-            const float gv = cb_warp_sum(g[i]) * sc1;
-            const float uv = cb_warp_sum(u[i]) * sc3;
-            if (lane == 0 && i < nt) act[(cb_u64)(s0 + i) * (cb_u64)F + r] = cb_silu(gv) * uv;
+            if (i < nt) { /* warp-uniform, as in cb_linear_impl */
+                const float gv = cb_warp_sum(acc[0][i]) * sc1;
+                const float uv = cb_warp_sum(acc[1][i]) * sc3;
+                if (lane == 0) act[(cb_u64)(s0 + i) * (cb_u64)F + r] = cb_silu(gv) * uv;
+            }
         }
     }
 }
 
+/* The expert a block of the grouped kernels serves: active[blockIdx.y] (cb_dispatch's list of
+ * experts with slots; -1: none, the block returns), or blockIdx.y itself when active is NULL
+ * (the shared expert: one group). */
+__device__ __forceinline__ int cb_group_expert(const int *active) {
+    return active ? active[blockIdx.y] : (int)blockIdx.y;
+}
+
 /* act[slot, r] = silu(W1_e[r] . h[perm[slot]]) * (W3_e[r] . h[perm[slot]]) for every slot of
- * expert e = blockIdx.y (offsets[e] .. offsets[e+1]). w1/w3/s1/s3 are device arrays of per-expert
- * pointers (s* unused unless int8). grid (ceil(F / 4), E), block 128. An expert with no tokens
- * returns at once, so decode (one token, k experts) reads only the chosen experts' weights.
- * The shared expert is the same kernel with E = 1 and perm = 0..n-1. */
+ * expert e = cb_group_expert(active) (offsets[e] .. offsets[e+1]). w1/w3/s1/s3 are device arrays
+ * of per-expert pointers (s* unused unless int8/q4). grid (ceil(F / 4), min(E, n*k)), block 128:
+ * only experts with tokens get blocks, so decode (one token, k experts) launches k groups and
+ * reads only the chosen experts' weights. The shared expert is the same kernel with one group,
+ * active NULL and perm = 0..n-1. */
 extern "C" __global__ void cb_expert_up(float *act, int F, const float *h, int Dp, const int *perm,
-                                        const int *offsets, const void *const *w1,
-                                        const void *const *w3, const float *const *s1,
-                                        const float *const *s3, int dtype) {
-    const int e = blockIdx.y;
+                                        const int *offsets, const int *active,
+                                        const void *const *w1, const void *const *w3,
+                                        const float *const *s1, const float *const *s3,
+                                        int dtype) {
+    const int e = cb_group_expert(active);
+    if (e < 0) return;
     const int begin = offsets[e], end = offsets[e + 1];
     if (begin == end) return;
     const int scaled = dtype == CB_DT_INT8 || dtype == CB_DT_Q4;
@@ -652,24 +781,29 @@ __device__ void cb_expert_down_impl(float *eo, int Dp, const float *act, int F, 
         const float *xs[CB_TOKEN_TILE];
         for (int i = 0; i < CB_TOKEN_TILE; i++)
             xs[i] = act + (cb_u64)(s0 + (i < nt ? i : 0)) * (cb_u64)F;
-        float acc[CB_TOKEN_TILE] = {0.0f, 0.0f, 0.0f, 0.0f};
+        float acc[1][CB_TOKEN_TILE] = {{0.0f, 0.0f, 0.0f, 0.0f}};
         if (DT == CB_DT_Q4)
-            cb_row_dot_q4(w2, s2, r, F, xs, nt, acc);
+            cb_rows_dot_q4<1>(&w2, &s2, r, F, xs, nt, acc);
         else
-            cb_row_dot<DT>(row, F, xs, nt, vec, acc);
+            cb_rows_dot<DT, 1>(&row, F, xs, nt, vec, acc);
+#pragma unroll
         for (int i = 0; i < CB_TOKEN_TILE; i++) {
-            const float v = cb_warp_sum(acc[i]) * sc;
-            if (lane == 0 && i < nt) eo[(cb_u64)(s0 + i) * (cb_u64)Dp + r] = v;
+            if (i < nt) { /* warp-uniform, as in cb_linear_impl */
+                const float v = cb_warp_sum(acc[0][i]) * sc;
+                if (lane == 0) eo[(cb_u64)(s0 + i) * (cb_u64)Dp + r] = v;
+            }
         }
     }
 }
 
-/* eo[slot, r] = W2_e[r] . act[slot, :] for expert e = blockIdx.y's slots.
- * grid (ceil(Dp / 4), E), block 128. */
+/* eo[slot, r] = W2_e[r] . act[slot, :] for the slots of expert e = cb_group_expert(active).
+ * grid (ceil(Dp / 4), min(E, n*k)), block 128. */
 extern "C" __global__ void cb_expert_down(float *eo, int Dp, const float *act, int F,
-                                          const int *offsets, const void *const *w2,
-                                          const float *const *s2, int dtype) {
-    const int e = blockIdx.y;
+                                          const int *offsets, const int *active,
+                                          const void *const *w2, const float *const *s2,
+                                          int dtype) {
+    const int e = cb_group_expert(active);
+    if (e < 0) return;
     const int begin = offsets[e], end = offsets[e + 1];
     if (begin == end) return;
     const float *sc = dtype == CB_DT_INT8 || dtype == CB_DT_Q4 ? s2[e] : 0;

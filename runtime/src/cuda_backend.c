@@ -18,6 +18,7 @@
 #include "cuda_backend.h"
 
 #include <dlfcn.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,7 +43,8 @@
 #define CB_WIDE ((unsigned)COLIBRI_CU_WIDE_THREADS)
 #define CB_HEAD ((unsigned)COLIBRI_CU_HEAD_THREADS)
 #define CB_MAX_CHUNK 32       /* tokens per device pass at most */
-#define CB_SCORES_BUDGET (64u << 20) /* attention score scratch bound, bytes */
+#define CB_PART_BUDGET (64u << 20) /* split-attention partials bound, bytes */
+#define CB_KV_SPLIT ((size_t)COLIBRI_CU_KV_SPLIT)
 
 /* ---- pure helpers (unit-tested without a GPU: tests/gpu/host_unit.c) ----------------------- */
 
@@ -98,20 +100,23 @@ int colibri_cuda_plan(const struct colibri_model *m, int copy_weights, colibri_c
     if (S == 0 || H == 0 || E == 0 || k == 0 || k > 16 || E > COLIBRI_CU_MAX_SORT || m->n_kv_heads == 0 ||
         H % m->n_kv_heads != 0)
         return -1;
-    /* tokens per pass: bounded so the attention scores (chunk x H x S floats) stay small */
+    /* tokens per pass: bounded so the split attention's partials (chunk x H x ranges x (Dh + 2)
+     * floats, a range being COLIBRI_CU_KV_SPLIT positions) stay small */
+    const size_t ranges = (S + CB_KV_SPLIT - 1) / CB_KV_SPLIT;
     size_t c = CB_MAX_CHUNK < S ? CB_MAX_CHUNK : S;
-    while (c > 1 && c * H * S * sizeof(float) > CB_SCORES_BUDGET) c /= 2;
+    while (c > 1 && c * H * ranges * (Dh + 2) * sizeof(float) > CB_PART_BUDGET) c /= 2;
     p->chunk = (int)c;
     size_t at = 0;
     p->x = cb_take(&at, c * Dp * 4);
     p->h = cb_take(&at, c * Dp * 4);
     p->q = cb_take(&at, c * H * Dh * 4);
     p->att = cb_take(&at, c * H * Dh * 4);
-    p->scores = cb_take(&at, c * H * S * 4);
+    p->part = cb_take(&at, c * H * ranges * (Dh + 2) * 4);
     p->router = cb_take(&at, c * E * 4);
     p->top_idx = cb_take(&at, c * k * 4);
     p->top_w = cb_take(&at, c * k * 4);
     p->offsets = cb_take(&at, (E + 1) * 4);
+    p->active = cb_take(&at, E * 4);
     p->perm = cb_take(&at, c * k * 4);
     p->slot_of = cb_take(&at, c * k * 4);
     p->act = cb_take(&at, c * k * F * 4);
@@ -125,6 +130,7 @@ int colibri_cuda_plan(const struct colibri_model *m, int copy_weights, colibri_c
     p->logits = cb_take(&at, c * V * 4);
     p->ids = cb_take(&at, c * 4);
     p->iota = cb_take(&at, c * 4);
+    p->rope = cb_take(&at, S * (Dh / 2) * 2 * 4);
     p->kcache = cb_take(&at, L * S * kvd * 4);
     p->vcache = cb_take(&at, L * S * kvd * 4);
     p->tables = cb_take(&at, L * (6 * E + 6) * sizeof(CUdeviceptr));
@@ -225,12 +231,12 @@ static int cb_driver_load(cb_driver *d, char *why, size_t why_len) {
 
 /* ---- the backend ----------------------------------------------------------------------------- */
 
-enum { CB_F_EMBED, CB_F_RMSNORM, CB_F_LINEAR, CB_F_ROPE, CB_F_ATTENTION, CB_F_TOPK, CB_F_DISPATCH,
-       CB_F_UP, CB_F_DOWN, CB_F_COMBINE, CB_F_COUNT };
+enum { CB_F_EMBED, CB_F_RMSNORM, CB_F_LINEAR, CB_F_ROPE, CB_F_ATTENTION, CB_F_MERGE, CB_F_TOPK,
+       CB_F_DISPATCH, CB_F_UP, CB_F_DOWN, CB_F_COMBINE, CB_F_COUNT };
 
 static const char *const cb_kernel_names[CB_F_COUNT] = {
-    "cb_embed", "cb_rmsnorm", "cb_linear", "cb_rope", "cb_attention", "cb_router_topk",
-    "cb_dispatch", "cb_expert_up", "cb_expert_down", "cb_moe_combine"};
+    "cb_embed", "cb_rmsnorm", "cb_linear", "cb_rope", "cb_attention", "cb_attention_merge",
+    "cb_router_topk", "cb_dispatch", "cb_expert_up", "cb_expert_down", "cb_moe_combine"};
 
 struct colibri_cuda {
     cb_driver d;
@@ -301,29 +307,45 @@ static int cb_rmsnorm(colibri_cuda *cu, CUstream s, CUdeviceptr y, int ys, CUdev
 static int cb_rope(colibri_cuda *cu, CUstream s, CUdeviceptr x, int stride, int n, int nheads,
                    int pos, char *why, size_t why_len) {
     int Dh = (int)cu->m->head_dim;
-    float theta = cu->m->rope_theta;
-    void *a[] = {&x, &stride, &nheads, &Dh, &pos, &theta};
+    CUdeviceptr table = cu->arena + cu->plan.rope;
+    void *a[] = {&x, &stride, &nheads, &Dh, &pos, &table};
     return cb_launch(cu, CB_F_ROPE, (unsigned)n, 1, CB_HEAD, s, a, why, why_len);
 }
 
-/* SwiGLU over grouped slots: act = silu(W1 h) * (W3 h), out = W2 act, for `groups` experts whose
- * pointer tables start at `tab` (w1[g], w3[g], w2[g], s1[g], s3[g], s2[g]). */
+/* SwiGLU over grouped slots: act = silu(W1 h) * (W3 h), out = W2 act, for `experts` experts whose
+ * pointer tables start at `tab` (w1[e], w3[e], w2[e], s1[e], s3[e], s2[e]). The grid has `groups`
+ * rows of blocks; block row g serves expert active[g] (cb_dispatch's list of experts with slots),
+ * or expert g when active is 0 (the shared expert). */
 static int cb_swiglu(colibri_cuda *cu, CUstream s, CUdeviceptr act, int F, CUdeviceptr out,
-                     CUdeviceptr perm, CUdeviceptr offsets, CUdeviceptr tab, int groups,
-                     int dt_up, int dt_down, char *why, size_t why_len) {
+                     CUdeviceptr perm, CUdeviceptr offsets, CUdeviceptr active, CUdeviceptr tab,
+                     int experts, int groups, int dt_up, int dt_down, char *why, size_t why_len) {
     const struct colibri_model *m = cu->m;
     int Dp = (int)m->embed_dim_pad;
     CUdeviceptr h = cu->arena + cu->plan.h;
-    const CUdeviceptr step = (CUdeviceptr)groups * sizeof(CUdeviceptr);
+    const CUdeviceptr step = (CUdeviceptr)experts * sizeof(CUdeviceptr);
     CUdeviceptr w1 = tab, w3 = tab + step, w2 = tab + 2 * step;
     CUdeviceptr s1 = tab + 3 * step, s3 = tab + 4 * step, s2 = tab + 5 * step;
-    void *up[] = {&act, &F, &h, &Dp, &perm, &offsets, &w1, &w3, &s1, &s3, &dt_up};
+    void *up[] = {&act, &F, &h, &Dp, &perm, &offsets, &active, &w1, &w3, &s1, &s3, &dt_up};
     if (cb_launch(cu, CB_F_UP, colibri_cuda_ceil_div((unsigned)F, CB_ROW_WARPS), (unsigned)groups,
                   CB_ROW_THREADS, s, up, why, why_len))
         return -1;
-    void *down[] = {&out, &Dp, &act, &F, &offsets, &w2, &s2, &dt_down};
+    void *down[] = {&out, &Dp, &act, &F, &offsets, &active, &w2, &s2, &dt_down};
     return cb_launch(cu, CB_F_DOWN, colibri_cuda_ceil_div((unsigned)Dp, CB_ROW_WARPS),
                      (unsigned)groups, CB_ROW_THREADS, s, down, why, why_len);
+}
+
+void colibri_cuda_rope_table(float theta, int Dh, int positions, float *cs) {
+    const int half = Dh / 2;
+    for (int i = 0; i < half; i++) {
+        /* the reference's inv_freq: exponent 2i/Dh in f32, theta^-e in double rounded to f32 */
+        const float e = (float)(2 * i) / (float)Dh;
+        const float inv_freq = (float)(1.0 / pow((double)theta, (double)e));
+        for (int p = 0; p < positions; p++) {
+            const float ang = (float)p * inv_freq; /* f32 product, as transformers forms it */
+            cs[((size_t)p * half + i) * 2] = (float)cos((double)ang);
+            cs[((size_t)p * half + i) * 2 + 1] = (float)sin((double)ang);
+        }
+    }
 }
 
 /* One weight dtype per grouped launch: every expert of a kind must share it. */
@@ -548,6 +570,21 @@ int colibri_cuda_open(colibri_cuda **out, const struct colibri_model *m, int str
     (void)COLIBRI_IGPU; /* the profile's expectation; the device attribute decides */
 
     if (cb_upload_tables(cu, why, why_len)) goto fail;
+    {
+        const size_t count = (size_t)m->max_seq_len * (m->head_dim / 2) * 2;
+        float *cs = malloc(count * sizeof *cs + 1);
+        if (!cs) {
+            snprintf(why, why_len, "out of host memory for the RoPE table");
+            goto fail;
+        }
+        colibri_cuda_rope_table(m->rope_theta, (int)m->head_dim, (int)m->max_seq_len, cs);
+        r = cu->d.MemcpyHtoD(cu->arena + cu->plan.rope, cs, count * sizeof *cs);
+        free(cs);
+        if (r != CUDA_SUCCESS) {
+            cb_fail(cu, r, "cuMemcpyHtoD(RoPE table)", why, why_len);
+            goto fail;
+        }
+    }
     int *iota = malloc((size_t)cu->plan.chunk * sizeof *iota);
     if (!iota) {
         snprintf(why, why_len, "out of host memory");
@@ -623,11 +660,19 @@ static int cb_forward_chunk(colibri_cuda *cu, const int32_t *ids, int n, int pos
             cb_rope(cu, s0, kc, kvd, n, Hkv, pos, why, why_len))
             return -1;
         {
-            CUdeviceptr sc = A + p->scores;
-            int hh = H, hk = Hkv, dh = Dh, pp = pos, ss = S;
+            /* KV ranges of the chunk's last token; earlier tokens' blocks past their own last
+             * range return at once. Partials are merged only when some token has two ranges. */
+            CUdeviceptr pt = A + p->part;
+            int hh = H, hk = Hkv, dh = Dh, pp = pos;
+            int ns = (int)(((size_t)pos + (size_t)n + CB_KV_SPLIT - 1) / CB_KV_SPLIT);
             CUdeviceptr o = att, qq = q, kk = kc_l, vv = vc_l;
-            void *a[] = {&o, &qq, &kk, &vv, &sc, &ss, &pp, &hh, &hk, &dh};
-            if (cb_launch(cu, CB_F_ATTENTION, (unsigned)H, (unsigned)n, CB_HEAD, s0, a, why, why_len))
+            void *a[] = {&o, &pt, &qq, &kk, &vv, &ns, &pp, &hh, &hk, &dh};
+            if (cb_launch(cu, CB_F_ATTENTION, (unsigned)(H * ns), (unsigned)n, CB_HEAD, s0, a, why,
+                          why_len))
+                return -1;
+            void *b[] = {&o, &pt, &ns, &pp, &hh, &dh};
+            if (ns > 1 &&
+                cb_launch(cu, CB_F_MERGE, (unsigned)H, (unsigned)n, CB_HEAD, s0, b, why, why_len))
                 return -1;
         }
         if (cb_linear(cu, s0, x, Dp, att, HD, n, &ly->wo, 0, 1, why, why_len) ||
@@ -643,8 +688,9 @@ static int cb_forward_chunk(colibri_cuda *cu, const int32_t *ids, int n, int pos
             }
             const int Fs = (int)m->shared_expert_size;
             if (cb_swiglu(cu, s1, A + p->shared_act, Fs, A + p->shared_out, A + p->iota,
-                          A + p->shared_offsets, tabs + (CUdeviceptr)6 * E * sizeof(CUdeviceptr),
-                          1, (int)ly->shared_w1.dtype, (int)ly->shared_w2.dtype, why, why_len))
+                          A + p->shared_offsets, 0,
+                          tabs + (CUdeviceptr)6 * E * sizeof(CUdeviceptr), 1, 1,
+                          (int)ly->shared_w1.dtype, (int)ly->shared_w2.dtype, why, why_len))
                 return -1;
             if (gated && cb_linear(cu, s1, A + p->shared_gate, 1, h, Dp, n, &ly->shared_gate, 0, 0,
                                    why, why_len))
@@ -661,13 +707,16 @@ static int cb_forward_chunk(colibri_cuda *cu, const int32_t *ids, int n, int pos
             void *a[] = {&rl, &e, &kk, &renorm, &ti, &tw};
             if (cb_launch(cu, CB_F_TOPK, (unsigned)n, 1, COLIBRI_CU_ROUTER_THREADS, s0, a, why, why_len)) return -1;
             CUdeviceptr off = A + p->offsets, perm = A + p->perm, so = A + p->slot_of;
+            CUdeviceptr act = A + p->active;
             int nn = n;
-            void *b[] = {&ti, &nn, &kk, &e, &off, &perm, &so};
+            void *b[] = {&ti, &nn, &kk, &e, &off, &perm, &so, &act};
             if (cb_launch(cu, CB_F_DISPATCH, 1, 1, CB_WIDE, s0, b, why, why_len)) return -1;
         }
+        /* min(E, n*k) groups: at most that many experts have slots (decode: exactly k) */
+        const int groups = n * k < E ? n * k : E;
         if (cb_swiglu(cu, s0, A + p->act, (int)m->expert_size, A + p->expert_out, A + p->perm,
-                      A + p->offsets, tabs, E, (int)ly->w1[0].dtype, (int)ly->w2[0].dtype, why,
-                      why_len))
+                      A + p->offsets, A + p->active, tabs, E, groups, (int)ly->w1[0].dtype,
+                      (int)ly->w2[0].dtype, why, why_len))
             return -1;
         if (shared && s1 != s0) CB_CHECK(cu->d.StreamWaitEvent(s0, cu->ev_shared, 0), "wait");
         {

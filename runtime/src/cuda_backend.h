@@ -66,14 +66,19 @@ int colibri_cuda_pick_image(const colibri_kernel_image *images, int count, int s
                             size_t why_len);
 
 unsigned colibri_cuda_ceil_div(unsigned a, unsigned b);
+/* The RoPE table cb_rope reads: for positions p < `positions` and pairs i < Dh/2, cs[(p*Dh/2 +
+ * i)*2] = cos and [.. + 1] = sin of the f32 angle p * f32(theta^(-2i/Dh)), in double rounded to
+ * f32 (the CPU reference's values). */
+void colibri_cuda_rope_table(float theta, int Dh, int positions, float *cs);
 /* Launch shape of the row kernels (cb_linear): one warp per output row, 4 tokens per warp. */
 void colibri_cuda_rows_launch(int rows, int n, unsigned grid[3], unsigned block[3]);
 
 /* The device arena: byte offsets of every buffer (256-byte aligned) and the total. */
 typedef struct {
     int chunk;                 /* tokens per device pass */
-    size_t x, h, q, att, scores, router, top_idx, top_w, offsets, perm, slot_of, act, expert_out;
-    size_t shared_act, shared_out, shared_gate, shared_offsets, logits, ids, iota;
+    size_t x, h, q, att, part, router, top_idx, top_w, offsets, active, perm, slot_of, act,
+        expert_out;
+    size_t shared_act, shared_out, shared_gate, shared_offsets, logits, ids, iota, rope;
     size_t kcache, vcache, tables, weights, weights_bytes;
     size_t total;
 } colibri_cuda_plan_t;

@@ -25,8 +25,13 @@ RMSNORM_SHAPES = [(1, 64, 50, 64), (7, 33, 33, 33), (3, 1000, 999, 1024), (40, 8
 LINEAR_SHAPES = [(1, 8, 1), (37, 64, 5), (300, 1000, 3), (129, 256, 9), (64, 4096, 1),
                  (5, 45, 2), (2048, 2048, 1), (17, 24, 33)]  # rows, cols, n: vector + scalar paths
 ROPE_SHAPES = [(3, 4, 8, 0, 0), (1, 2, 64, 1000, 16), (5, 8, 128, 100000, 0), (2, 3, 6, 7, 2)]
+# n, pos0, H, Hkv, Dh. KV ranges are 256 positions (COLIBRI_CU_KV_SPLIT): one range, the last
+# position of a range (255), the first of the next (256), a chunk whose tokens have 2 and 3 ranges
+# (510..512), odd head sizes, and 2000-token contexts (8 ranges)
 ATTENTION_SHAPES = [(5, 0, 4, 2, 16), (1, 37, 4, 2, 16), (3, 300, 8, 1, 128), (4, 9, 6, 3, 10),
-                    (1, 0, 2, 2, 64), (1, 2000, 32, 8, 128)]                       # n, pos0, H, Hkv, Dh
+                    (1, 0, 2, 2, 64), (1, 255, 2, 1, 40), (1, 256, 3, 3, 24), (3, 510, 2, 1, 10),
+                    (2, 767, 4, 2, 33), (1, 2000, 32, 8, 128), (3, 1998, 2, 1, 72)]
+KV_SPLIT = 256  # runtime/kernels/colibri_abi.h COLIBRI_CU_KV_SPLIT
 TOPK_SHAPES = [(2, 1), (7, 2), (8, 2), (33, 4), (64, 8), (64, 1), (60, 16)]         # E, k
 DISPATCH_SHAPES = [(1, 2, 8), (5, 2, 8), (32, 8, 64), (17, 3, 64), (32, 1, 2), (9, 4, 5)]
 EXPERT_SHAPES = [(1, 2, 8, 20, 64), (6, 2, 8, 37, 48), (32, 8, 64, 24, 64), (3, 1, 4, 96, 4096)]
@@ -62,6 +67,24 @@ def check_embed(gpu, dtype, V, Dp, n):
     gpu.run("cb_embed", "PiPPPi", (n, 1), 256, x, np.int32(Dp), gpu.put(ids), raw, sc,
             np.int32(dtype))
     np.testing.assert_array_equal(gpu.get(x, (n, Dp)), ref.cb_embed(ids, table))
+
+
+def check_f16_every_value(gpu):
+    """Every f16 bit pattern through the kernels' f16 -> f32 conversion (the hardware cvt on a
+    GPU, its stand-in in the emulation): the embedding gather of a 16 x 4096 f16 table holding
+    all 65536 patterns gives NumPy's exact conversion (subnormals, +-0, +-inf and NaN included;
+    NaN compared as NaN, every other value bit for bit)."""
+    table = ref.Weight(np.arange(65536, dtype=np.uint16).view(np.float16).reshape(16, 4096),
+                       DType.F16)
+    ids = np.arange(16, dtype=np.int32)
+    x = gpu.zeros((16, 4096))
+    gpu.run("cb_embed", "PiPPPi", (16, 1), 256, x, np.int32(4096), gpu.put(ids),
+            gpu.put(table.raw), 0, np.int32(DType.F16))
+    got = gpu.get(x, (16, 4096)).reshape(-1)
+    want = table.raw.reshape(-1).astype(np.float32)
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(got), nan)
+    np.testing.assert_array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
 
 
 def check_rmsnorm(gpu, rows, length, true_len, stride, in_place):
@@ -122,12 +145,29 @@ def check_rope(gpu, n, nheads, dh, pos0, stride_extra):
     stride = nheads * dh + stride_extra
     x = rng.standard_normal((n, stride)).astype(np.float32)
     xd = gpu.put(x)
-    gpu.run("cb_rope", "Piiiif", (n, 1), 128, xd, np.int32(stride), np.int32(nheads),
-            np.int32(dh), np.int32(pos0), np.float32(10000.0))
+    # the host's table (cuda_backend.c colibri_cuda_rope_table: bit for bit this one, checked in
+    # tests/test_cuda_host.py), [positions, Dh/2, (cos, sin)]
+    c, s = ref.rope_cos_sin(np.arange(pos0 + n), dh, 10000.0)
+    table = np.ascontiguousarray(np.stack([c, s], axis=-1), np.float32)
+    gpu.run("cb_rope", "PiiiiP", (n, 1), 128, xd, np.int32(stride), np.int32(nheads),
+            np.int32(dh), np.int32(pos0), gpu.put(table))
     got = gpu.get(xd, (n, stride))
     want = ref.cb_rope(x, nheads, dh, pos0, 10000.0)
     np.testing.assert_allclose(got, want, rtol=0, atol=8 * EPS32 * np.abs(x).max())
     np.testing.assert_array_equal(got[:, nheads * dh:], x[:, nheads * dh:])
+
+
+def run_attention(gpu, out: int, q: int, kc: int, vc: int, n: int, pos0: int, H: int, Hkv: int,
+                  dh: int) -> None:
+    """cb_attention over the KV ranges of the chunk's last token, then cb_attention_merge when a
+    token has more than one range: cuda_backend.c's launches."""
+    ns = -(-(pos0 + n) // KV_SPLIT)
+    part = gpu.zeros((n, H, ns, dh + 2))
+    gpu.run("cb_attention", "PPPPPiiiii", (H * ns, n), 128, out, part, q, kc, vc, np.int32(ns),
+            np.int32(pos0), np.int32(H), np.int32(Hkv), np.int32(dh))
+    if ns > 1:
+        gpu.run("cb_attention_merge", "PPiiii", (H, n), 128, out, part, np.int32(ns),
+                np.int32(pos0), np.int32(H), np.int32(dh))
 
 
 def check_attention(gpu, n, pos0, H, Hkv, dh):
@@ -137,16 +177,19 @@ def check_attention(gpu, n, pos0, H, Hkv, dh):
     q = rng.standard_normal((n, H * dh)).astype(np.float32)
     kc = rng.standard_normal((S, kvd)).astype(np.float32)
     vc = rng.standard_normal((S, kvd)).astype(np.float32)
-    out = gpu.zeros((n, H * dh))
-    scores = gpu.zeros((n, H, S))
-    args = (out, gpu.put(q), gpu.put(kc), gpu.put(vc), scores, np.int32(S), np.int32(pos0),
-            np.int32(H), np.int32(Hkv), np.int32(dh))
-    gpu.run("cb_attention", "PPPPPiiiii", (H, n), 128, *args)
+    qd, kd, vd = gpu.put(q), gpu.put(kc), gpu.put(vc)
+    out = gpu.put(np.full((n, H * dh), np.nan, np.float32))  # every output must be written
+    run_attention(gpu, out, qd, kd, vd, n, pos0, H, Hkv, dh)
     got = gpu.get(out, (n, H * dh))
     want = ref.cb_attention(q, kc, vc, pos0, H, Hkv, dh)
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(vc).max())
-    gpu.run("cb_attention", "PPPPPiiiii", (H, n), 128, *args)
+    run_attention(gpu, out, qd, kd, vd, n, pos0, H, Hkv, dh)
     np.testing.assert_array_equal(gpu.get(out, (n, H * dh)), got)  # run to run: same bits
+    # the determinism contract: a token's bits do not depend on the chunk it came in (its KV
+    # ranges follow its own position), so the last token alone (a decode step) gives the same
+    one = gpu.zeros((1, H * dh))
+    run_attention(gpu, one, qd + (n - 1) * H * dh * 4, kd, vd, 1, pos0 + n - 1, H, Hkv, dh)
+    np.testing.assert_array_equal(gpu.get(one, (1, H * dh))[0], got[n - 1])
 
 
 def check_router_topk(gpu, E, k, renorm):
@@ -195,10 +238,16 @@ def check_dispatch(gpu, n, k, E):
     idx = np.stack([rng.choice(E, k, replace=False) for _ in range(n)]).astype(np.int32)
     off, perm, slot = gpu.zeros(E + 1, np.int32), gpu.zeros(n * k, np.int32), gpu.zeros(
         n * k, np.int32)
-    gpu.run("cb_dispatch", "PiiiPPP", (1, 1), 256, gpu.put(idx), np.int32(n), np.int32(k),
-            np.int32(E), off, perm, slot)
+    active = gpu.put(np.full(E, 12345, np.int32))  # every entry must be written
+    gpu.run("cb_dispatch", "PiiiPPPP", (1, 1), 256, gpu.put(idx), np.int32(n), np.int32(k),
+            np.int32(E), off, perm, slot, active)
     w_off, w_perm, w_slot = ref.cb_dispatch(idx, E)
     np.testing.assert_array_equal(gpu.get(off, E + 1, np.int32), w_off)
+    got_active = gpu.get(active, E, np.int32)
+    np.testing.assert_array_equal(got_active, ref.active_experts(w_off))
+    # the expert kernels' grid: min(E, n*k) groups cover every expert with slots
+    groups = min(E, n * k)
+    assert set(got_active[:groups]) - {-1} == set(idx.reshape(-1).tolist())
     np.testing.assert_array_equal(gpu.get(perm, n * k, np.int32), w_perm)
     np.testing.assert_array_equal(gpu.get(slot, n * k, np.int32), w_slot)
 
@@ -226,8 +275,10 @@ def check_grouped_experts(gpu, dtype, n, k, E, F, Dp):
         tabs["s" + name[1]] = _pointer_table(gpu, [s for _, s in pairs])
     act = gpu.zeros((n * k, F))
     hd, offd, permd = gpu.put(h), gpu.put(offsets), gpu.put(perm)
-    gpu.run("cb_expert_up", "PiPiPPPPPPi", ((F + 3) // 4, E), 128, act, np.int32(F), hd,
-            np.int32(Dp), permd, offd, tabs["w1"], tabs["w3"], tabs["s1"], tabs["s3"],
+    # routed experts only: min(E, n*k) groups, group g serves active[g] (cb_dispatch)
+    actd, groups = gpu.put(ref.active_experts(offsets)), min(E, n * k)
+    gpu.run("cb_expert_up", "PiPiPPPPPPPi", ((F + 3) // 4, groups), 128, act, np.int32(F), hd,
+            np.int32(Dp), permd, offd, actd, tabs["w1"], tabs["w3"], tabs["s1"], tabs["s3"],
             np.int32(dtype))
     got_act = gpu.get(act, (n * k, F))
     want_act = ref.cb_expert_up(h, perm, offsets, w1, w3, F)
@@ -248,8 +299,8 @@ def check_grouped_experts(gpu, dtype, n, k, E, F, Dp):
     assert np.all(np.abs(got_act - want_act) <= bound + 1e-30), np.abs(got_act - want_act).max()
     eo = gpu.zeros((n * k, Dp))
     act_in = gpu.put(want_act)  # isolate the down projection from the up one's rounding
-    gpu.run("cb_expert_down", "PiPiPPPi", ((Dp + 3) // 4, E), 128, eo, np.int32(Dp), act_in,
-            np.int32(F), offd, tabs["w2"], tabs["s2"], np.int32(dtype))
+    gpu.run("cb_expert_down", "PiPiPPPPi", ((Dp + 3) // 4, groups), 128, eo, np.int32(Dp),
+            act_in, np.int32(F), offd, actd, tabs["w2"], tabs["s2"], np.int32(dtype))
     got_eo = gpu.get(eo, (n * k, Dp))
     want_eo = ref.cb_expert_down(want_act, offsets, w2, Dp)
     absdot = np.zeros_like(want_eo, dtype=np.float64)

@@ -3,6 +3,8 @@
  *   host_unit pick          image selection (cubin for the exact SM, else PTX, else a reason)
  *   host_unit launch        launch geometry of the row kernels
  *   host_unit plan          device arena layout (alignment, no overlap, chunk bound)
+ *   host_unit rope T D P    the RoPE table (colibri_cuda_rope_table) for theta T, head dim D,
+ *                           P positions: one line per (position, pair), "cos sin" as f32 bits
  *   host_unit open S N      colibri_cuda_open with S streams on a small in-memory model, then a
  *                           forward of N tokens; prints the reason and exits 3 when open fails.
  *                           With the real libcuda absent this is the no-driver path; with
@@ -169,14 +171,16 @@ static int test_plan(void) {
     CHECK(colibri_cuda_plan(&f.m, 1, &p) == 0, "plan ok");
     CHECK(p.chunk == 32, "chunk %d", p.chunk);
     /* the buffers in layout order: each aligned, each at or after the end of the previous one */
-    const size_t at[] = {p.x, p.h, p.q, p.att, p.scores, p.router, p.top_idx, p.top_w, p.offsets,
-                         p.perm, p.slot_of, p.act, p.expert_out, p.shared_act, p.shared_out,
-                         p.shared_gate, p.shared_offsets, p.logits, p.ids, p.iota, p.kcache,
+    const size_t at[] = {p.x, p.h, p.q, p.att, p.part, p.router, p.top_idx, p.top_w, p.offsets,
+                         p.active, p.perm, p.slot_of, p.act, p.expert_out, p.shared_act,
+                         p.shared_out, p.shared_gate, p.shared_offsets, p.logits, p.ids, p.iota,
+                         p.rope, p.kcache,
                          p.vcache, p.tables, p.weights};
-    const size_t need[] = {32 * 32 * 4, 32 * 32 * 4, 32 * 32 * 4, 32 * 32 * 4, 32 * 4 * 64 * 4,
-                           32 * 8 * 4, 32 * 2 * 4, 32 * 2 * 4, 9 * 4, 32 * 2 * 4, 32 * 2 * 4,
+    /* partials: 32 tokens x 4 heads x 1 KV range (64 positions) x (Dh 8 + 2) floats */
+    const size_t need[] = {32 * 32 * 4, 32 * 32 * 4, 32 * 32 * 4, 32 * 32 * 4, 32 * 4 * 1 * 10 * 4,
+                           32 * 8 * 4, 32 * 2 * 4, 32 * 2 * 4, 9 * 4, 8 * 4, 32 * 2 * 4, 32 * 2 * 4,
                            32 * 2 * 20 * 4, 32 * 2 * 32 * 4, 32 * 12 * 4, 32 * 32 * 4, 32 * 4, 8,
-                           32 * 50 * 4, 32 * 4, 32 * 4, 2 * 64 * 16 * 4, 2 * 64 * 16 * 4,
+                           32 * 50 * 4, 32 * 4, 32 * 4, 64 * 8 * 4, 2 * 64 * 16 * 4, 2 * 64 * 16 * 4,
                            2 * (6 * 8 + 6) * 8, f.m.file_size - f.m.data_offset};
     const int nb = (int)(sizeof at / sizeof at[0]);
     for (int i = 0; i < nb; i++) {
@@ -189,10 +193,13 @@ static int test_plan(void) {
     CHECK(colibri_cuda_plan(&f.m, 0, &pm) == 0 && pm.weights_bytes == 0 &&
               pm.total == p.total - ((p.weights_bytes + 255) / 256 * 256),
           "mapped weights take no arena space");
-    /* long context, many heads: the chunk shrinks so the scores stay within 64 MiB */
-    f.m.max_seq_len = 32768; f.m.n_heads = 32; f.m.n_kv_heads = 8;
+    /* long context, many heads: the chunk shrinks so the split attention's partials (chunk x H x
+     * 128 KV ranges x (Dh + 2) floats) stay within 64 MiB */
+    f.m.max_seq_len = 32768; f.m.n_heads = 32; f.m.n_kv_heads = 8; f.m.head_dim = 128;
     CHECK(colibri_cuda_plan(&f.m, 0, &p) == 0, "long plan");
-    CHECK(p.chunk == 16 && (size_t)p.chunk * 32 * 32768 * 4 <= (64u << 20), "chunk %d", p.chunk);
+    CHECK(p.chunk == 16 && (size_t)p.chunk * 32 * 128 * 130 * 4 <= (64u << 20), "chunk %d",
+          p.chunk);
+    f.m.head_dim = 8;
     f.m.max_seq_len = 8; f.m.n_heads = 4; f.m.n_kv_heads = 2;
     CHECK(colibri_cuda_plan(&f.m, 0, &p) == 0 && p.chunk == 8, "short cache chunk %d", p.chunk);
     f.m.top_k = 17;
@@ -236,14 +243,30 @@ static int run_open(int streams, int n, uint32_t dtype) {
     return failures ? 1 : 0;
 }
 
+static int print_rope(float theta, int Dh, int positions) {
+    float *cs = malloc((size_t)positions * (size_t)Dh * sizeof *cs + 1);
+    if (!cs) return 1;
+    colibri_cuda_rope_table(theta, Dh, positions, cs);
+    for (int i = 0; i < positions * (Dh / 2); i++) {
+        uint32_t c, s;
+        memcpy(&c, &cs[2 * i], 4);
+        memcpy(&s, &cs[2 * i + 1], 4);
+        printf("%08x %08x\n", c, s);
+    }
+    free(cs);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: host_unit pick|launch|plan|open STREAMS N [DTYPE]\n");
+        fprintf(stderr, "usage: host_unit pick|launch|plan|rope T D P|open STREAMS N [DTYPE]\n");
         return 2;
     }
     if (strcmp(argv[1], "pick") == 0) test_pick();
     else if (strcmp(argv[1], "launch") == 0) test_launch();
     else if (strcmp(argv[1], "plan") == 0) test_plan();
+    else if (strcmp(argv[1], "rope") == 0 && argc == 5)
+        return print_rope((float)atof(argv[2]), atoi(argv[3]), atoi(argv[4]));
     else if (strcmp(argv[1], "open") == 0 && argc >= 4)
         return run_open(atoi(argv[2]), atoi(argv[3]), argc > 4 ? (uint32_t)atoi(argv[4]) : 1);
     else {

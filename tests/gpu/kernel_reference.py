@@ -192,6 +192,13 @@ def cb_dispatch(idx: np.ndarray, E: int) -> tuple[np.ndarray, np.ndarray, np.nda
     return offsets, perm, slot_of
 
 
+def active_experts(offsets: np.ndarray) -> np.ndarray:
+    """cb_dispatch's `active` [E]: the experts with slots in index order, then -1."""
+    E = len(offsets) - 1
+    have = np.flatnonzero(np.diff(offsets) > 0).astype(np.int32)
+    return np.concatenate([have, np.full(E - len(have), -1, np.int32)])
+
+
 def silu(g: np.ndarray) -> np.ndarray:
     return (g / (1.0 + np.exp(-g.astype(np.float64)))).astype(np.float32)
 

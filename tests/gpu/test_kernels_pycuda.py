@@ -141,6 +141,10 @@ def test_embed(gpu, dtype, V, Dp, n):
     C.check_embed(gpu, dtype, V, Dp, n)
 
 
+def test_f16_every_value(gpu):
+    C.check_f16_every_value(gpu)
+
+
 @pytest.mark.parametrize("rows,length,true_len,stride", C.RMSNORM_SHAPES)
 @pytest.mark.parametrize("in_place", [False, True])
 def test_rmsnorm(gpu, rows, length, true_len, stride, in_place):

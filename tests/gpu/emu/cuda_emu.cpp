@@ -49,6 +49,19 @@ static inline float __shfl_xor_sync(unsigned, float v, int o) {
 }
 static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 static inline float __uint_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
+// The kernels' f16 -> f32 on the GPU is the hardware cvt.f32.f16 (inline PTX, compiled only
+// under __CUDA_ARCH__); here the same exact conversion by float arithmetic: the 15 magnitude bits
+// placed as an f32's (exponent bias 15 vs 127) and scaled by 2^112, which is exact for normals
+// and subnormals alike; inf/NaN keep an all-ones exponent.
+static inline float cb_emu_half_to_float(unsigned short h) {
+    const unsigned sign = ((unsigned)h & 0x8000u) << 16, mag = (unsigned)h & 0x7fffu;
+    float f;
+    if (mag >= 0x7c00u) f = __uint_as_float(0x7f800000u | ((mag & 0x3ffu) << 13));
+    else f = __uint_as_float(mag << 13) * 0x1p112f;
+    unsigned bits;
+    std::memcpy(&bits, &f, 4);
+    return __uint_as_float(bits | sign);
+}
 using std::cos; using std::exp; using std::pow; using std::sin;
 #include <math.h>  // expf, fmaxf, sqrtf (C names, as CUDA spells them)
 
@@ -96,7 +109,8 @@ static void launch(void (*k)(A...), unsigned gx, unsigned gy, unsigned bx, void 
 // Like cuLaunchKernel: args[i] points at the i-th parameter's value. 0 on success.
 extern "C" int emu_launch(const char *name, unsigned gx, unsigned gy, unsigned bx, void **args) {
 #define K(fn) if (std::strcmp(name, #fn) == 0) { launch(fn, gx, gy, bx, args); return 0; }
-    K(cb_embed) K(cb_rmsnorm) K(cb_linear) K(cb_rope) K(cb_attention) K(cb_router_topk)
+    K(cb_embed) K(cb_rmsnorm) K(cb_linear) K(cb_rope) K(cb_attention) K(cb_attention_merge)
+    K(cb_router_topk)
     K(cb_dispatch) K(cb_expert_up) K(cb_expert_down) K(cb_moe_combine)
 #undef K
     return -1;
