@@ -268,3 +268,17 @@ def test_cuda_backend_refuses_and_auto_falls_back(host_colibri: Path, models: di
     info = json.loads(run(host_colibri, "--kv-cache", "f16", "info", model).stdout)["backend"]
     assert info["name"] == "cpu" and info["kv_dtype"] == "f16"
     assert "f16 KV cache is CPU-only" in info["fallback_reason"]
+
+
+def test_deploy_memory_check_counts_the_service_kv_cache(tmp_path: Path) -> None:
+    """The deploy's lower bound on the device (weights + KV cache) uses the service's kv_cache, so
+    an f16 service is not refused for memory only an f32 cache would need."""
+    from colibri_kit.fleet.deploy import model_footprint as device_parts
+
+    model = write_tiny_model(tmp_path / "t.colibri", pad=PAD)
+    h = read_model(model).header
+    size = model.stat().st_size
+    f32, f16 = device_parts(model, size), device_parts(model, size, "f16")
+    key = f"KV cache at {h.max_seq_len} tokens"
+    assert f32 == {"weights": size, key: kv_cache_bytes(h)}
+    assert f16 == {"weights": size, key: kv_cache_bytes(h, "f16")}

@@ -146,7 +146,6 @@ static void att_task(void *arg, int t, int nt) {
     const uint16_t *kh = (const uint16_t *)b->kcache + layer;
     const uint16_t *vh = (const uint16_t *)b->vcache + layer;
     float *sc = b->scores + (size_t)t * S;
-    float *vrow = b->scratch + (size_t)t * 2 * b->max_cols; /* one widened f16 value row */
     float scale = 1.0f / sqrtf((float)dh);
     unsigned long lo, hi;
     colibri_split((unsigned long)job->n * H, t, nt, &lo, &hi);
@@ -171,12 +170,11 @@ static void att_task(void *arg, int t, int nt) {
         memset(out, 0, dh * sizeof(float));
         for (int s = 0; s <= p; s++) {
             const float *v = vc + (size_t)s * kvd + g * dh;
-            if (b->kv_f16) { /* widen (exactly) and accumulate in the f32 path's order */
-                colibri_f16_to_f32(vh + (size_t)s * kvd + g * dh, dh, vrow);
-                v = vrow;
-            }
             float w = sc[s] * inv;
-            for (size_t d = 0; d < dh; d++) out[d] += w * v[d];
+            if (b->kv_f16) /* widened exactly, same multiply-then-add per element */
+                colibri_axpy_f16(out, w, vh + (size_t)s * kvd + g * dh, dh);
+            else
+                for (size_t d = 0; d < dh; d++) out[d] += w * v[d];
         }
     }
 }

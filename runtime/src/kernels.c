@@ -1011,6 +1011,40 @@ void colibri_f16_to_f32(const uint16_t *h, size_t n, float *out) {
     K.convert(h, COLIBRI_DT_F16, n, out);
 }
 
+/* out[i] += w * widen(h[i]) as a multiply and then an add (two roundings, never fused: forward.c's
+ * f32 loop is compiled without contraction under GCC's -std=c11), so every element has the bits
+ * of widening the row first. F16C widens in registers; otherwise blocks of 64 go through the
+ * family's convert. */
+#ifdef COLIBRI_HAVE_AVX2
+__attribute__((target("avx2,fma,f16c"))) static void avx2_axpy_f16(float *out, float w,
+                                                                    const uint16_t *h, size_t n) {
+    const __m256 vw = _mm256_set1_ps(w);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_loadu_ps(out + i),
+                                                _mm256_mul_ps(vw, AVX_LOAD_F16(h + i))));
+    for (; i < n; i++) {
+        float p = w * half_to_float(h[i]);
+        out[i] += p;
+    }
+}
+#endif
+
+void colibri_axpy_f16(float *out, float w, const uint16_t *h, size_t n) {
+#ifdef COLIBRI_HAVE_AVX2
+    if (K.convert == avx2_convert) {
+        avx2_axpy_f16(out, w, h, n);
+        return;
+    }
+#endif
+    float row[64];
+    for (size_t i = 0; i < n; i += 64) {
+        size_t m = n - i < 64 ? n - i : 64;
+        K.convert(h + i, COLIBRI_DT_F16, m, row);
+        for (size_t d = 0; d < m; d++) out[i + d] += w * row[d];
+    }
+}
+
 float colibri_dot_f16(const uint16_t *h, const float *x, size_t n) {
     return K.dot[COLIBRI_DT_F16](h, x, n);
 }

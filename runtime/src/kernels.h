@@ -43,5 +43,7 @@ void colibri_f32_to_f16_scalar(const float *x, size_t n, uint16_t *out);
  * first; forward runs after it). */
 void colibri_f16_to_f32(const uint16_t *h, size_t n, float *out);
 float colibri_dot_f16(const uint16_t *h, const float *x, size_t n);
+/* out[i] += w * h[i] (h widened), elementwise: the attention value sum over an f16 cache. */
+void colibri_axpy_f16(float *out, float w, const uint16_t *h, size_t n);
 
 #endif
