@@ -90,6 +90,10 @@ def main() -> None:
           f"(max |logit| {np.abs(logits['f32']).max():.3g}; relative {diff.max() / np.abs(logits['f32']).max():.3g}); "
           f"at positions < 64: {per_pos[:64].max():.3g}, >= {args.prompt_len // 2}: "
           f"{per_pos[args.prompt_len // 2:].max():.3g}; greedy top-1 agreement {top1:.1%}")
+    # a position's max |difference| is small unless a routing choice flipped somewhere before it
+    print(f"per-position max |logit f16 - f32|: median {np.median(per_pos):.3g}, 90th percentile "
+          f"{np.percentile(per_pos, 90):.3g}, 99th {np.percentile(per_pos, 99):.3g}; positions "
+          f"above 0.1: {np.mean(per_pos > 0.1):.1%}")
 
 
 if __name__ == "__main__":
