@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from serve_support import Server
+from test_cuda_host import _emu_cli, cuda_host_build  # noqa: F401  (the emulated-GPU build fixture)
 
 from colibri_kit.errors import ModelError, ProfileError
 from colibri_kit.model.footprint import (
@@ -282,3 +283,23 @@ def test_deploy_memory_check_counts_the_service_kv_cache(tmp_path: Path) -> None
     key = f"KV cache at {h.max_seq_len} tokens"
     assert f32 == {"weights": size, key: kv_cache_bytes(h)}
     assert f16 == {"weights": size, key: kv_cache_bytes(h, "f16")}
+
+
+@pytest.mark.slow
+def test_with_a_working_gpu_auto_runs_f16_on_the_cpu_and_cuda_refuses(cuda_host_build,
+                                                                       models: dict[str, Path]
+                                                                       ) -> None:
+    """The emulated GPU of tests/test_cuda_host.py (a real sm_90 build, libcuda stand-in with CUDA
+    thread emulation): CUDA comes up for an f32 cache, but an f16 cache runs on the CPU with
+    --backend auto (the reason in the report) and --backend cuda refuses it in one line."""
+    model = str(models["tiny-f16"])
+    f32 = _emu_cli(cuda_host_build, "--backend", "auto", "info", model)
+    assert f32.returncode == 0 and json.loads(f32.stdout)["backend"]["name"] == "cuda", f32.stderr
+    auto = _emu_cli(cuda_host_build, "--backend", "auto", "--kv-cache", "f16", "info", model)
+    assert auto.returncode == 0, auto.stderr
+    backend = json.loads(auto.stdout)["backend"]
+    assert backend["name"] == "cpu" and backend["kv_dtype"] == "f16"
+    assert backend["fallback_reason"] == "the f16 KV cache is CPU-only (the CUDA backend stores f32 K/V)"
+    cuda = _emu_cli(cuda_host_build, "--backend", "cuda", "--kv-cache", "f16", "info", model)
+    assert cuda.returncode == 1 and len(cuda.stderr.strip().splitlines()) == 1
+    assert "f16 KV cache is CPU-only" in cuda.stderr
