@@ -157,7 +157,8 @@ colibri_status colibri_dump_routing(colibri_ctx *ctx, const char *path);
 /* Built-in checks that need no model file: bitonic top-k against brute force (with ties), both
  * routing algorithms, every dot-product kernel against a double-precision reference, and a small
  * synthetic model written to $TMPDIR and run with 1 and 3 threads (bitwise equal) and as prefill
- * versus token-by-token decode (bitwise equal). Returns the number of failed checks; with
+ * versus token-by-token decode (bitwise equal), with an f32 and an f16 KV cache, and the f16 KV
+ * rounding in use against the scalar one and IEEE cases. Returns the number of failed checks; with
  * verbose, prints one line per check to stdout. */
 int colibri_selftest(int verbose);
 
