@@ -33,9 +33,10 @@ from colibri_kit.errors import KitError, ProfileError
 UNIT_NAME = "colibri.service"
 DEFAULT_ROOT = "/opt/colibri"
 BACKENDS = ("auto", "cpu", "cuda")
+KV_CACHES = ("f32", "f16")  # colibri serve --kv-cache (runtime/include/colibri.h colibri_kv_dtype)
 SECTION_KEYS = ("port", "bind", "slots", "threads", "cpu_affinity", "nice", "memory_max",
                 "api_key_file", "max_queue", "backend", "user", "groups", "restart_sec",
-                "drain_timeout_s", "model_id")
+                "drain_timeout_s", "model_id", "kv_cache")
 
 # Used with fullmatch only: `$` in re.match would also accept a trailing newline.
 _PATH_RE = re.compile(r"^/[A-Za-z0-9._/-]*$")
@@ -71,6 +72,7 @@ class ServiceSpec:
     restart_sec: float = 2.0
     drain_timeout_s: int = 30
     model_id: str | None = None            # name in the API; default: serve's (file name: "model")
+    kv_cache: str = "f32"                  # f16: half the KV memory, CPU backend only
     start_limit_burst: int = 5
     start_limit_interval_s: int = 60
     root: str = DEFAULT_ROOT
@@ -105,6 +107,8 @@ class ServiceSpec:
             args += ["--model-id", self.model_id]
         if self.api_key_file:
             args += ["--api-key-file", "%d/api-key"]
+        if self.kv_cache != "f32":  # only when set, so existing units stay byte for byte the same
+            args += ["--kv-cache", self.kv_cache]
         return args
 
 
@@ -214,6 +218,11 @@ def check_spec(s: ServiceSpec) -> None:
                            f"(colibri serve refuses to listen there without a key)")
     if s.backend not in BACKENDS:
         raise ServiceError(f"backend: {s.backend!r} is not one of {', '.join(BACKENDS)}")
+    if s.kv_cache not in KV_CACHES:
+        raise ServiceError(f"kv_cache: {s.kv_cache!r} is not one of {', '.join(KV_CACHES)}")
+    if s.kv_cache == "f16" and s.backend != "cpu":
+        raise ServiceError(f"kv_cache: f16 needs backend: cpu (backend is {s.backend}); the CUDA "
+                           f"backend keeps an f32 KV cache, so auto would run on the CPU anyway")
     if not isinstance(s.user, str) or not _NAME_RE.fullmatch(s.user) or s.user == "root":
         raise ServiceError(f"user: {s.user!r} is not allowed; a system user name such as colibri "
                            f"(lowercase letters, digits, _ and -; not root)")
@@ -278,7 +287,9 @@ def service_dict(spec: ServiceSpec) -> dict[str, Any]:
             "api_key_file": spec.api_key_file, "max_queue": spec.max_queue,
             "backend": spec.backend, "user": spec.user, "groups": list(spec.groups),
             "restart_sec": spec.restart_sec, "drain_timeout_s": spec.drain_timeout_s,
-            "model_id": spec.model_id}
+            "model_id": spec.model_id,
+            # only when set: profiles without it keep their hash (and their builds)
+            **({"kv_cache": spec.kv_cache} if spec.kv_cache != "f32" else {})}
 
 
 # --------------------------------------------------------------------------- rendering

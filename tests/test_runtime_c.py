@@ -87,7 +87,7 @@ def test_forward_allocates_nothing(plain_build: Path, tiny: Path) -> None:
     for model in ([], [str(tiny)]):
         proc = run(plain_build / "bin/test_noalloc", *model)
         assert proc.returncode == 0, proc.stdout + proc.stderr
-        assert proc.stdout.count("allocations during forward=0") == 2
+        assert proc.stdout.count("allocations during forward=0") == 4  # 1, 2 threads x f32, f16 KV
 
 
 @pytest.mark.slow

@@ -268,21 +268,22 @@ def prune(remote: Remote, root: str, keep: int, keep_model: str | None) -> list[
     return doomed + state.partials + [posixpath.basename(m) for m in gone_models]
 
 
-def model_footprint(model: Path, size: int) -> dict[str, int]:
+def model_footprint(model: Path, size: int, kv_cache: str = "f32") -> dict[str, int]:
     """The memory a model needs on the device, by part: its weights (the file, mmapped) and the
     KV cache at its full context length as the runtime lays it out (runtime/src/arena.c: a key
-    and a value cache of n_layers x max_seq_len x n_kv_heads x head_dim float32 each). The
+    and a value cache of n_layers x max_seq_len x n_kv_heads x head_dim float32 each, or float16
+    with the service's ``kv_cache: f16``). The
     arena's activation buffers, bounded by the prefill chunk, are not counted: a lower bound,
     so a refusal is never wrong."""
     from colibri_kit.model.format import HEADER_SIZE, ModelHeader
     with open(model, "rb") as fh:
         h = ModelHeader.unpack(fh.read(HEADER_SIZE))
     h.validate_geometry()       # not a .colibri header (ModelError, a KitError): nothing to size
-    kv = 2 * h.n_layers * h.max_seq_len * h.n_kv_heads * h.head_dim * 4
+    kv = 2 * h.n_layers * h.max_seq_len * h.n_kv_heads * h.head_dim * (2 if kv_cache == "f16" else 4)
     return {"weights": size, f"KV cache at {h.max_seq_len} tokens": kv}
 
 
-def check_memory(remote: Remote, host: Host, art: Artifact) -> str | None:
+def check_memory(remote: Remote, host: Host, art: Artifact, kv_cache: str = "f32") -> str | None:
     """Refuse a model that cannot fit the device's memory (the GPU shares DRAM with the CPU:
     ``jetson.check_footprint`` against MemAvailable). Only for a model not yet on the device:
     one already running holds memory MemAvailable does not count. Returns a plan line."""
@@ -293,7 +294,7 @@ def check_memory(remote: Remote, host: Host, art: Artifact) -> str | None:
     if not meminfo:
         return None
     try:
-        parts = model_footprint(art.model, art.model_size)
+        parts = model_footprint(art.model, art.model_size, kv_cache)
         left = jetson.check_footprint(parts, jetson.parse_meminfo(meminfo), host.name)
     except jetson.JetsonError as exc:
         raise FleetError(str(exc)) from None
@@ -316,7 +317,7 @@ def plan_host(remote: Remote, host: Host, art: Artifact, profile: Profile,
     verdict = rel.driver_verdict(info, profile)
     if verdict is not None:
         steps.append(verdict.message)
-    memory = check_memory(remote, host, art)
+    memory = check_memory(remote, host, art, service.kv_cache if service else "f32")
     if memory:
         steps.append(memory)
     have_release = art.release_id in {r.id for r in state.releases}
@@ -351,7 +352,7 @@ def deploy_host(remote: Remote, host: Host, art: Artifact, profile: Profile, *,
     problems = rel.check_device(info, profile, host.name)
     if problems:
         raise FleetError("; ".join(problems))
-    check_memory(remote, host, art)
+    check_memory(remote, host, art, service.kv_cache if service else "f32")
     root = host.root
     made = remote.run(["mkdir", "-p", "--", rel.releases_dir(root), posixpath.join(root, "models")],
                       check=False)

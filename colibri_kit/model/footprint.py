@@ -8,7 +8,9 @@
   arena of runtime/src/arena.c (colibri_arena_plan) on CPU-only targets, the device arena of
   runtime/src/cuda_backend.c (colibri_cuda_plan, weights not copied) on CUDA targets. Both hold
   the KV cache for the model's max_seq_len (the context length, chosen at convert time), which
-  is reported apart;
+  is reported apart. `kv_dtype` "f16" (`colibri --kv-cache f16`) stores it in half the bytes;
+  the CUDA backend keeps an f32 cache, so an f16 cache runs on the CPU (the runtime says so) and
+  is planned with the CPU arena on every target;
 - slots: contexts served at once (`colibri serve --slots`), each with its own arena.
 
 The target's usable memory is its profile's `memory.total_mb - memory.reserve_mb` (the OS,
@@ -38,10 +40,21 @@ CUDA_MAX_CHUNK = 32
 CUDA_PART_BUDGET = 64 << 20   # cuda_backend.c CB_PART_BUDGET
 CUDA_KV_SPLIT = 256           # runtime/kernels/colibri_abi.h COLIBRI_CU_KV_SPLIT
 DEFAULT_THREADS = 8  # CPU arena scratch is per thread (a few KiB each); Jetsons have 6..14 cores
+# Bytes per cached K/V value: runtime/include/colibri.h colibri_kv_dtype.
+KV_BYTES = {"f32": 4, "f16": 2}
 
 
-def cpu_arena_bytes(h: ModelHeader, threads: int = DEFAULT_THREADS, int8_act: bool = False) -> int:
+def kv_value_bytes(kv_dtype: str) -> int:
+    """Bytes of one cached K or V value; ModelError for a dtype the runtime does not have."""
+    if kv_dtype not in KV_BYTES:
+        raise ModelError(f"kv_dtype must be one of {', '.join(KV_BYTES)}, got {kv_dtype!r}")
+    return KV_BYTES[kv_dtype]
+
+
+def cpu_arena_bytes(h: ModelHeader, threads: int = DEFAULT_THREADS, int8_act: bool = False,
+                    kv_dtype: str = "f32") -> int:
     """runtime/src/arena.c colibri_arena_plan, byte for byte (release build)."""
+    kv_size = kv_value_bytes(kv_dtype)
     used = 0
 
     def take(n: int, size: int = 4) -> None:
@@ -54,8 +67,11 @@ def cpu_arena_bytes(h: ModelHeader, threads: int = DEFAULT_THREADS, int8_act: bo
     F, Fs, S, L = h.expert_size, h.shared_expert_size, h.max_seq_len, h.n_layers
     max_cols = max(dp, qd, F, Fs, 16)
     q8 = int8_act and h.dtype in (DType.INT8, DType.Q4)
-    for n in (T * dp, T * dp, T * qd, T * kvd, T * kvd, T * qd, T * dp, T * h.head_dim,
-              L * S * kvd, L * S * kvd, T * E, T * K, T * K, E, E + 1, E, T * K,
+    for n in (T * dp, T * dp, T * qd, T * kvd, T * kvd, T * qd, T * dp, T * h.head_dim):
+        take(n)
+    take(L * S * kvd, kv_size)
+    take(L * S * kvd, kv_size)
+    for n in (T * E, T * K, T * K, E, E + 1, E, T * K,
               T * K * dp, T * K * F, T * K * F, T * K * dp, T * Fs, T * Fs, T * dp):
         take(n)
     take(T * (K + 1) * max_cols if q8 else 0, 1)
@@ -87,9 +103,9 @@ def cuda_arena_bytes(h: ModelHeader, copy_weights: bool = False, weights_bytes: 
     return sum(align_up(n, CUDA_ALIGN) for n in sizes)
 
 
-def kv_cache_bytes(h: ModelHeader) -> int:
-    """K and V caches for max_seq_len positions (f32), inside either arena."""
-    return 2 * h.n_layers * h.max_seq_len * h.n_kv_heads * h.head_dim * 4
+def kv_cache_bytes(h: ModelHeader, kv_dtype: str = "f32") -> int:
+    """K and V caches for max_seq_len positions, inside either arena."""
+    return 2 * h.n_layers * h.max_seq_len * h.n_kv_heads * h.head_dim * kv_value_bytes(kv_dtype)
 
 
 def estimate_file_bytes(h: ModelHeader, dtype: DType | None = None) -> int:
@@ -116,6 +132,7 @@ class Footprint:
     kv_cache: int       # per slot, part of arena
     slots: int
     available: int | None  # target memory minus its reserve; None: the profile sets no memory
+    kv_dtype: str = "f32"  # how the KV cache is stored (colibri --kv-cache)
 
     @property
     def total(self) -> int:
@@ -128,42 +145,53 @@ class Footprint:
     def to_json(self) -> dict[str, Any]:
         return {"target": self.target, "backend": self.backend, "weights_bytes": self.weights,
                 "arena_bytes": self.arena, "kv_cache_bytes": self.kv_cache, "slots": self.slots,
-                "total_bytes": self.total, "available_bytes": self.available, "fits": self.fits}
+                "total_bytes": self.total, "available_bytes": self.available, "fits": self.fits,
+                "kv_dtype": self.kv_dtype}
 
     def line(self) -> str:
         avail = "no memory limit in the profile" if self.available is None else \
             f"available {self.available / MIB:,.0f} MiB -> {'fits' if self.fits else 'DOES NOT FIT'}"
         return (f"{self.target}: {self.total / MIB:,.1f} MiB = weights {self.weights / MIB:,.1f} + "
-                f"{self.slots} x arena {self.arena / MIB:,.1f} (KV cache {self.kv_cache / MIB:,.1f}) "
+                f"{self.slots} x arena {self.arena / MIB:,.1f} (KV cache {self.kv_cache / MIB:,.1f} "
+                f"{self.kv_dtype}) "
                 f"[{self.backend}]; {avail}")
 
 
-def _target_memory(target: str) -> tuple[str, int | None]:
+def _target_memory(target: str) -> tuple[str, int | None, str]:
+    """The target's backend, usable memory and KV cache storage (its service's kv_cache)."""
     from colibri_kit.profiles import load_profile
 
     p = load_profile(target)
     backend = "cuda" if p.cuda is not None else "cpu"
     mem = getattr(p, "memory", None)
     avail = None if mem is None else (mem.total_mb - mem.reserve_mb) * MIB
-    return backend, avail
+    return backend, avail, p.service.kv_cache if p.service is not None else "f32"
 
 
 def footprint(h: ModelHeader, target: str, weights_bytes: int | None = None, slots: int = 1,
-              threads: int = DEFAULT_THREADS) -> Footprint:
+              threads: int = DEFAULT_THREADS, kv_dtype: str | None = None) -> Footprint:
     """The footprint of a model with header ``h`` on ``target`` (weights: the file size, or the
-    converter's estimate for this header when not given)."""
+    converter's estimate for this header when not given) with a ``kv_dtype`` KV cache (None: the
+    target's ``service.kv_cache``, f32 unless set)."""
     if slots < 1:
         raise ModelError(f"slots must be >= 1, got {slots}")
-    backend, avail = _target_memory(target)
+    backend, avail, target_kv = _target_memory(target)
+    kv_dtype = target_kv if kv_dtype is None else kv_dtype
+    kv_value_bytes(kv_dtype)
+    if kv_dtype != "f32":  # the CUDA backend stores f32 K/V: the runtime runs this on the CPU
+        backend = "cpu"
     weights = estimate_file_bytes(h) if weights_bytes is None else weights_bytes
-    arena = cuda_arena_bytes(h) if backend == "cuda" else cpu_arena_bytes(h, threads)
-    return Footprint(target, backend, weights, arena, kv_cache_bytes(h), slots, avail)
+    arena = cuda_arena_bytes(h) if backend == "cuda" else \
+        cpu_arena_bytes(h, threads, kv_dtype=kv_dtype)
+    return Footprint(target, backend, weights, arena, kv_cache_bytes(h, kv_dtype), slots, avail,
+                     kv_dtype)
 
 
-def model_footprint(path: str | os.PathLike[str], target: str, slots: int = 1) -> Footprint:
+def model_footprint(path: str | os.PathLike[str], target: str, slots: int = 1,
+                    kv_dtype: str | None = None) -> Footprint:
     """The footprint of the model file at ``path`` on ``target``."""
     m = read_model(path)
-    return footprint(m.header, target, Path(path).stat().st_size, slots)
+    return footprint(m.header, target, Path(path).stat().st_size, slots, kv_dtype=kv_dtype)
 
 
 def suggestions(h: ModelHeader, target: str, slots: int = 1) -> list[str]:

@@ -8,6 +8,8 @@ dequantised to float32 (or float64) once at load.
     logits = ref.forward([1, 2, 3])       # [3, V]; continues from the KV cache position
     new_ids = ref.generate([1, 2, 3], 8)  # greedy; resets first
     ref.routing                           # experts chosen, per token, per layer
+    Reference("model.colibri", kv_dtype="f16")  # K and V rounded to float16 in the cache, as
+                                                # the runtime's --kv-cache f16 stores them
 """
 
 from __future__ import annotations
@@ -31,13 +33,21 @@ class Route:
     margin: float  # router logit of the last chosen expert minus the best unchosen one (inf if none)
 
 
+KV_DTYPES = ("f32", "f16")  # the runtime's colibri_kv_dtype (docs/runtime.md, "Memory")
+
+
 class Reference:
     # Keep dequantised weights in memory when they fit in this many bytes; larger models are
     # dequantised tensor by tensor on every use (slow, but memory stays near one tensor).
     CACHE_LIMIT = 2 << 30
 
     def __init__(self, model: str | os.PathLike[str] | ColibriModel, dtype: type = np.float32,
-                 cache: bool | None = None) -> None:
+                 cache: bool | None = None, kv_dtype: str = "f32") -> None:
+        if kv_dtype not in KV_DTYPES:
+            raise ModelError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, got {kv_dtype!r}")
+        # f16: K and V are rounded to IEEE half (NumPy: round to nearest even, subnormals kept)
+        # when stored and used widened, for this token too: what the runtime's cache holds.
+        self.kv_f16 = kv_dtype == "f16"
         self.model = model if isinstance(model, ColibriModel) else read_model(model)
         self.h = self.model.header
         self.dtype = np.dtype(dtype)
@@ -122,6 +132,9 @@ class Reference:
             q = np.stack([self.rmsnorm(r, self.vec(Kind.Q_NORM, layer), dh) for r in q])
             k = np.stack([self.rmsnorm(r, self.vec(Kind.K_NORM, layer), dh) for r in k])
         q, k = self.rope(q, pos), self.rope(k, pos)
+        if self.kv_f16:
+            k = k.astype(np.float16).astype(self.dtype)
+            v = v.astype(np.float16).astype(self.dtype)
         self.k_cache[layer, pos] = k
         self.v_cache[layer, pos] = v.reshape(h.n_kv_heads, dh)
         out = np.empty((h.n_heads, dh), self.dtype)

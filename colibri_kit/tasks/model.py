@@ -53,24 +53,28 @@ def tiny_model_task(c: Context, out: str, target: str = "host", dtype: str = "f3
 @task(name="model-info", help={
     "file": "a .colibri model file",
     "slots": "contexts served at once, for the footprint (default 1)",
+    "kv-cache": "KV cache storage for the footprint: f32 or f16 (colibri --kv-cache; half the "
+                "KV bytes, runs on the CPU backend); default: each target's service.kv_cache",
 })
 @user_errors
-def model_info_task(c: Context, file: str, slots: int = 1) -> None:
+def model_info_task(c: Context, file: str, slots: int = 1, kv_cache: str = "") -> None:
     """Validate a .colibri file and print its header, metadata blobs, tokenizer and chat template
     ("chat_template": roles and keys present, the source template's sha256, an example rendering;
     null when none) as JSON, with its memory footprint on every target ("footprint": weights +
     slots x arena incl. KV cache, and whether it fits); the same footprint as one line per target
     on stderr, after a line naming the tokenizer and template."""
     from colibri_kit.model import chat
-    from colibri_kit.model.footprint import model_footprint
+    from colibri_kit.model.footprint import kv_value_bytes, model_footprint
     from colibri_kit.model.format import header_json, read_model
     from colibri_kit.profiles import list_profiles
 
     if not file:
         raise ModelError("give a model file: invoke model-info FILE")
+    if kv_cache:
+        kv_value_bytes(kv_cache)  # refuse a bad value before reading the file
     doc = header_json(file)
     doc["chat_template"] = chat.describe(read_model(file).metadata("chat.template"))
-    fps = [model_footprint(file, t, slots) for t in list_profiles()]
+    fps = [model_footprint(file, t, slots, kv_dtype=kv_cache or None) for t in list_profiles()]
     doc["footprint"] = [fp.to_json() for fp in fps]
     json.dump(doc, sys.stdout, indent=2)
     print()

@@ -60,6 +60,14 @@ typedef enum {
     COLIBRI_BACKEND_CUDA = 2  /* CUDA or fail with COLIBRI_E_BACKEND */
 } colibri_backend;
 
+/* How the context stores its K and V caches (docs/runtime.md, "Memory"). */
+typedef enum {
+    COLIBRI_KV_F32 = 0, /* float (default) */
+    COLIBRI_KV_F16 = 1  /* IEEE half, rounded to nearest even when written, widened when read:
+                           half the KV memory; CPU backend only (auto runs it on the CPU, cuda
+                           refuses it) */
+} colibri_kv_dtype;
+
 typedef struct colibri_ctx colibri_ctx;
 typedef struct colibri_model colibri_model;
 
@@ -71,6 +79,8 @@ typedef struct {
                                 0 = f32 activations (default) */
     char *error;             /* optional: receives the one-line reason when init fails */
     size_t error_len;
+    colibri_kv_dtype kv_dtype; /* KV cache storage; COLIBRI_KV_F32 (0) by default. Last, so that
+                                  code built before it keeps its field offsets */
 } colibri_options;
 
 /* Geometry and identity of the loaded model. */
@@ -101,6 +111,8 @@ typedef struct {
                                  "copied" (one copy in the device arena) */
     int cuda_integrated;      /* 1 when the GPU shares DRAM with the CPU (Jetson) */
     size_t cuda_device_bytes; /* bytes of device memory allocated at init */
+    char kv_dtype[4];         /* "f32" or "f16": how the KV cache is stored */
+    size_t kv_cache_bytes;    /* K and V caches for max_seq_len positions, inside arena_bytes */
 } colibri_runtime_info;
 
 void colibri_default_options(colibri_options *opt);
@@ -151,7 +163,8 @@ colibri_status colibri_dump_routing(colibri_ctx *ctx, const char *path);
 /* Built-in checks that need no model file: bitonic top-k against brute force (with ties), both
  * routing algorithms, every dot-product kernel against a double-precision reference, and a small
  * synthetic model written to $TMPDIR and run with 1 and 3 threads (bitwise equal) and as prefill
- * versus token-by-token decode (bitwise equal). Returns the number of failed checks; with
+ * versus token-by-token decode (bitwise equal), with an f32 and an f16 KV cache, and the f16 KV
+ * rounding in use against the scalar one and IEEE cases. Returns the number of failed checks; with
  * verbose, prints one line per check to stdout. */
 int colibri_selftest(int verbose);
 

@@ -103,8 +103,25 @@ colibri_status colibri_ctx_new(colibri_ctx **out, colibri_model *model,
                          set_err(ctx, COLIBRI_E_INVALID_ARG,
                                  "threads must be 0..%d and backend auto, cpu or cuda",
                                  COLIBRI_MAX_THREADS));
+    if (opt.kv_dtype != COLIBRI_KV_F32 && opt.kv_dtype != COLIBRI_KV_F16)
+        return init_fail(ctx, &opt,
+                         set_err(ctx, COLIBRI_E_INVALID_ARG,
+                                 "kv_dtype must be COLIBRI_KV_F32 (0) or COLIBRI_KV_F16 (1), got %d",
+                                 (int)opt.kv_dtype));
     if (opt.threads == 0) ctx->opt.threads = default_threads();
     const struct colibri_model *m = ctx->model;
+
+    /* The CUDA backend keeps an f32 KV cache (issue 15): an f16 cache runs on the CPU, chosen
+     * here so the backend itself needs no change; auto says why, cuda refuses. */
+    if (opt.kv_dtype == COLIBRI_KV_F16 && opt.backend != COLIBRI_BACKEND_CPU) {
+        const char *why = "the f16 KV cache is CPU-only (the CUDA backend stores f32 K/V)";
+        if (opt.backend == COLIBRI_BACKEND_CUDA)
+            return init_fail(ctx, &opt,
+                             set_err(ctx, COLIBRI_E_BACKEND,
+                                     "CUDA backend unavailable: %s; use kv_dtype f32 or backend cpu", why));
+        snprintf(ctx->fallback, sizeof ctx->fallback, "%s", why);
+        opt.backend = COLIBRI_BACKEND_CPU;
+    }
 
     /* Backend: CUDA when asked for or available; otherwise the CPU with the reason kept. The
      * CUDA state (device arena, streams, uploaded or mapped weights) is per context. */
@@ -129,7 +146,8 @@ colibri_status colibri_ctx_new(colibri_ctx **out, colibri_model *model,
                                                 m->vocab_size));
     } else {
         int threads = ctx->opt.threads;
-        size_t bytes = colibri_arena_plan(m, threads, ctx->use_q8, &ctx->b, NULL);
+        int kv_f16 = opt.kv_dtype == COLIBRI_KV_F16;
+        size_t bytes = colibri_arena_plan(m, threads, ctx->use_q8, kv_f16, &ctx->b, NULL);
         if (posix_memalign(&ctx->arena, 4096, bytes) != 0) {
             ctx->arena = NULL;
             return init_fail(ctx, &opt,
@@ -138,7 +156,7 @@ colibri_status colibri_ctx_new(colibri_ctx **out, colibri_model *model,
                                      bytes, m->max_seq_len, m->n_layers));
         }
         ctx->arena_bytes = bytes;
-        colibri_arena_plan(m, threads, ctx->use_q8, &ctx->b, ctx->arena);
+        colibri_arena_plan(m, threads, ctx->use_q8, kv_f16, &ctx->b, ctx->arena);
         /* Touch the working buffers now (not the KV cache, which can be large and is written
          * before it is read), so forward never takes first-touch page faults on them. */
         size_t kv_lo = (size_t)((uint8_t *)ctx->b.kcache - (uint8_t *)ctx->arena);
@@ -334,8 +352,13 @@ void colibri_get_runtime_info(const colibri_ctx *ctx, colibri_runtime_info *i) {
         snprintf(i->cuda_weights, sizeof i->cuda_weights, "%s", ci.weights);
         i->cuda_integrated = ci.integrated;
         i->cuda_device_bytes = ci.device_bytes;
+        snprintf(i->kv_dtype, sizeof i->kv_dtype, "f32");
+        i->kv_cache_bytes = 2 * (size_t)ctx->model->n_layers * ctx->model->max_seq_len *
+                            ctx->model->n_kv_heads * ctx->model->head_dim * sizeof(float);
     } else {
         i->arena_bytes = ctx->arena_bytes;
+        snprintf(i->kv_dtype, sizeof i->kv_dtype, "%s", ctx->b.kv_f16 ? "f16" : "f32");
+        i->kv_cache_bytes = ctx->b.kv_bytes;
     }
     i->position = ctx->pos;
 }

@@ -24,8 +24,8 @@ static size_t max3(size_t a, size_t b, size_t c) {
     return m > c ? m : c;
 }
 
-size_t colibri_arena_plan(const struct colibri_model *m, int threads, int q8, colibri_buffers *b,
-                          uint8_t *base) {
+size_t colibri_arena_plan(const struct colibri_model *m, int threads, int q8, int kv_f16,
+                          colibri_buffers *b, uint8_t *base) {
     carver c = {base, 0};
     size_t T = m->max_seq_len < COLIBRI_CHUNK ? m->max_seq_len : COLIBRI_CHUNK;
     size_t dp = m->embed_dim_pad, qd = (size_t)m->n_heads * m->head_dim;
@@ -43,8 +43,11 @@ size_t colibri_arena_plan(const struct colibri_model *m, int threads, int q8, co
     b->att = take(&c, T * qd, sizeof(float));
     b->tmp = take(&c, T * dp, sizeof(float));
     b->rope = take(&c, T * m->head_dim, sizeof(float));
-    b->kcache = take(&c, L * S * kvd, sizeof(float));
-    b->vcache = take(&c, L * S * kvd, sizeof(float));
+    size_t kv_size = kv_f16 ? sizeof(uint16_t) : sizeof(float); /* f16: half the bytes */
+    b->kv_f16 = kv_f16;
+    b->kv_bytes = 2 * L * S * kvd * kv_size;
+    b->kcache = take(&c, L * S * kvd, kv_size);
+    b->vcache = take(&c, L * S * kvd, kv_size);
     b->router = take(&c, T * E, sizeof(float));
     b->topk_idx = take(&c, T * K, sizeof(int32_t));
     b->topk_w = take(&c, T * K, sizeof(float));

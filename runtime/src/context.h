@@ -22,7 +22,9 @@ typedef struct {
     float *att;               /* [chunk, H*Dh] attention output */
     float *tmp;               /* [chunk, Dp] block output before the residual add */
     float *rope;              /* [chunk, Dh] cos (first Dh/2) and sin (second Dh/2) per token */
-    float *kcache, *vcache;   /* [L, max_seq_len, Hkv*Dh] */
+    void *kcache, *vcache;    /* [L, max_seq_len, Hkv*Dh] float, or uint16_t half when kv_f16 */
+    int kv_f16;               /* COLIBRI_KV_F16: rounded on write, widened on read (forward.c) */
+    size_t kv_bytes;          /* both caches */
     float *router;            /* [chunk, E] router logits */
     int32_t *topk_idx;        /* [chunk, K] */
     float *topk_w;            /* [chunk, K] */
@@ -62,9 +64,9 @@ struct colibri_ctx {
     char err[512];
 };
 
-/* arena.c: size and carve the buffers for this model and thread count. */
-size_t colibri_arena_plan(const struct colibri_model *m, int threads, int q8, colibri_buffers *b,
-                          uint8_t *base);
+/* arena.c: size and carve the buffers for this model, thread count and KV storage. */
+size_t colibri_arena_plan(const struct colibri_model *m, int threads, int q8, int kv_f16,
+                          colibri_buffers *b, uint8_t *base);
 
 /* forward.c: the CPU forward pass of n tokens (n <= chunk) at ctx->pos. all_logits: write the
  * n x vocab logits; else only the last token's (vocab floats), or none when logits is NULL. */

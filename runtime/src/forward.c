@@ -141,9 +141,10 @@ static void att_task(void *arg, int t, int nt) {
     const struct colibri_model *m = ctx->model;
     colibri_buffers *b = &ctx->b;
     size_t dh = m->head_dim, H = m->n_heads, qd = H * dh, kvd = (size_t)m->n_kv_heads * dh;
-    size_t S = m->max_seq_len, group = H / m->n_kv_heads;
-    const float *kc = b->kcache + (size_t)job->layer * S * kvd;
-    const float *vc = b->vcache + (size_t)job->layer * S * kvd;
+    size_t S = m->max_seq_len, group = H / m->n_kv_heads, layer = (size_t)job->layer * S * kvd;
+    const float *kc = (const float *)b->kcache + layer, *vc = (const float *)b->vcache + layer;
+    const uint16_t *kh = (const uint16_t *)b->kcache + layer;
+    const uint16_t *vh = (const uint16_t *)b->vcache + layer;
     float *sc = b->scores + (size_t)t * S;
     float scale = 1.0f / sqrtf((float)dh);
     unsigned long lo, hi;
@@ -154,7 +155,9 @@ static void att_task(void *arg, int t, int nt) {
         const float *q = b->q + j * qd + hh * dh;
         float mx = -INFINITY;
         for (int s = 0; s <= p; s++) {
-            sc[s] = colibri_dot_f32(q, kc + (size_t)s * kvd + g * dh, dh) * scale;
+            size_t at = (size_t)s * kvd + g * dh;
+            sc[s] = (b->kv_f16 ? colibri_dot_f16(kh + at, q, dh) : colibri_dot_f32(q, kc + at, dh)) *
+                    scale;
             mx = fmaxf(mx, sc[s]);
         }
         float sum = 0.0f;
@@ -168,7 +171,10 @@ static void att_task(void *arg, int t, int nt) {
         for (int s = 0; s <= p; s++) {
             const float *v = vc + (size_t)s * kvd + g * dh;
             float w = sc[s] * inv;
-            for (size_t d = 0; d < dh; d++) out[d] += w * v[d];
+            if (b->kv_f16) /* widened exactly, same multiply-then-add per element */
+                colibri_axpy_f16(out, w, vh + (size_t)s * kvd + g * dh, dh);
+            else
+                for (size_t d = 0; d < dh; d++) out[d] += w * v[d];
         }
     }
 }
@@ -205,9 +211,16 @@ static void attention_block(colibri_ctx *ctx, int l, int n) {
         const float *cs = b->rope + j * dh;
         rope_apply(q, (int)H, (int)dh, cs);
         rope_apply(k, (int)Hkv, (int)dh, cs);
+        /* The cache holds what attention reads, for this token too, so prefill and decode
+         * see the same (rounded) keys and values. */
         size_t at = ((size_t)l * S + (size_t)(ctx->pos + j)) * kvd;
-        memcpy(b->kcache + at, k, kvd * sizeof(float));
-        memcpy(b->vcache + at, v, kvd * sizeof(float));
+        if (b->kv_f16) {
+            colibri_f32_to_f16(k, kvd, (uint16_t *)b->kcache + at);
+            colibri_f32_to_f16(v, kvd, (uint16_t *)b->vcache + at);
+        } else {
+            memcpy((float *)b->kcache + at, k, kvd * sizeof(float));
+            memcpy((float *)b->vcache + at, v, kvd * sizeof(float));
+        }
     }
 
     att_job aj = {ctx, l, n};

@@ -1143,3 +1143,83 @@ void colibri_row_f32(const colibri_tensor *w, uint32_t r, float *out) {
     if (w->scales)
         for (size_t i = 0; i < cols; i++) out[i] *= w->scales[r];
 }
+
+/* ---- f16 KV cache (forward.c): rounding on write, widening on read ---------------------------
+ * The rounding is the scalar half_from_float (half.h) or the hardware instruction with the same
+ * bits (F16C vcvtps2ph, AArch64 FCVT; round to nearest even in both default modes), chosen with
+ * the kernel family, so any thread count, prefill and decode store the same cache. The reads reuse
+ * the f16 weight kernels: the conversions are exact, so a dot against f16 keys has the bits of
+ * the f32 dot against the widened keys. */
+
+#ifdef COLIBRI_HAVE_AVX2
+__attribute__((target("avx2,fma,f16c"))) static void avx2_to_f16(const float *x, size_t n,
+                                                                  uint16_t *out) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(void *)(out + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) out[i] = half_from_float(x[i]);
+}
+#endif
+
+void colibri_f32_to_f16(const float *x, size_t n, uint16_t *out) {
+    colibri_kernels_init();
+#ifdef COLIBRI_HAVE_AVX2
+    if (K.convert == avx2_convert) { /* the AVX2 family is in use: the CPU has F16C */
+        avx2_to_f16(x, n, out);
+        return;
+    }
+#endif
+    size_t i = 0;
+#ifdef COLIBRI_HAVE_NEON
+    for (; i + 4 <= n; i += 4)
+        vst1_u16(out + i, vreinterpret_u16_f16(vcvt_f16_f32(vld1q_f32(x + i))));
+#endif
+    for (; i < n; i++) out[i] = half_from_float(x[i]);
+}
+
+void colibri_f32_to_f16_scalar(const float *x, size_t n, uint16_t *out) {
+    for (size_t i = 0; i < n; i++) out[i] = half_from_float(x[i]);
+}
+
+void colibri_f16_to_f32(const uint16_t *h, size_t n, float *out) {
+    K.convert(h, COLIBRI_DT_F16, n, out);
+}
+
+/* out[i] += w * widen(h[i]) as a multiply and then an add (two roundings, never fused: forward.c's
+ * f32 loop is compiled without contraction under GCC's -std=c11), so every element has the bits
+ * of widening the row first. F16C widens in registers; otherwise blocks of 64 go through the
+ * family's convert. */
+#ifdef COLIBRI_HAVE_AVX2
+__attribute__((target("avx2,fma,f16c"))) static void avx2_axpy_f16(float *out, float w,
+                                                                    const uint16_t *h, size_t n) {
+    const __m256 vw = _mm256_set1_ps(w);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_loadu_ps(out + i),
+                                                _mm256_mul_ps(vw, AVX_LOAD_F16(h + i))));
+    for (; i < n; i++) {
+        float p = w * half_to_float(h[i]);
+        out[i] += p;
+    }
+}
+#endif
+
+void colibri_axpy_f16(float *out, float w, const uint16_t *h, size_t n) {
+#ifdef COLIBRI_HAVE_AVX2
+    if (K.convert == avx2_convert) {
+        avx2_axpy_f16(out, w, h, n);
+        return;
+    }
+#endif
+    float row[64];
+    for (size_t i = 0; i < n; i += 64) {
+        size_t m = n - i < 64 ? n - i : 64;
+        K.convert(h + i, COLIBRI_DT_F16, m, row);
+        for (size_t d = 0; d < m; d++) out[i + d] += w * row[d];
+    }
+}
+
+float colibri_dot_f16(const uint16_t *h, const float *x, size_t n) {
+    return K.dot[COLIBRI_DT_F16](h, x, n);
+}

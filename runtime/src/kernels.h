@@ -60,4 +60,16 @@ void colibri_quantize_row(const float *x, size_t n, int8_t *q, float *scale);
 /* Row r of W as f32 (dequantised): the embedding gather. */
 void colibri_row_f32(const colibri_tensor *w, uint32_t r, float *out);
 
+/* The f16 KV cache (docs/runtime.md, "Memory"). f32 -> IEEE half, round to nearest even
+ * (subnormals, overflow to infinity, quiet NaNs): F16C / NEON where the kernels use them, with the
+ * bits of the scalar version (which the unit tests compare it with). */
+void colibri_f32_to_f16(const float *x, size_t n, uint16_t *out);
+void colibri_f32_to_f16_scalar(const float *x, size_t n, uint16_t *out);
+/* Half -> f32 (exact) and sum_i h[i] * x[i] in dot[f16]'s lane order (call colibri_kernels_init
+ * first; forward runs after it). */
+void colibri_f16_to_f32(const uint16_t *h, size_t n, float *out);
+float colibri_dot_f16(const uint16_t *h, const float *x, size_t n);
+/* out[i] += w * h[i] (h widened), elementwise: the attention value sum over an f16 cache. */
+void colibri_axpy_f16(float *out, float w, const uint16_t *h, size_t n);
+
 #endif

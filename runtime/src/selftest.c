@@ -189,13 +189,89 @@ static void check_kernels(report *r, const char *simd) {
     check(r, hok, "f16 -> f32 conversion of exact values");
 }
 
+/* ---- f16 KV cache rounding ------------------------------------------------------------------- */
+
+static float from_bits(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* The conversion this binary uses for the f16 KV cache (F16C / NEON / scalar) against the scalar
+ * one and against IEEE facts: every finite half comes back to itself, round-to-nearest-even ties,
+ * subnormals, overflow, infinities and NaNs; plus a sweep over the f32 bit patterns. */
+static void check_kv_rounding(report *r) {
+    static const struct { uint32_t f; uint16_t h; } known[] = {
+        {0x3f800000u, 0x3c00u}, /* 1 */
+        {0x3f801000u, 0x3c00u}, /* 1 + 2^-11: halfway, to even (down) */
+        {0x3f803000u, 0x3c02u}, /* 1 + 3 * 2^-11: halfway, to even (up) */
+        {0x3f801001u, 0x3c01u}, /* just above halfway */
+        {0x477fe000u, 0x7bffu}, /* 65504, the largest half */
+        {0x477fefffu, 0x7bffu}, /* below 65520 */
+        {0x477ff000u, 0x7c00u}, /* 65520: halfway to 65536, to even = infinity */
+        {0x38800000u, 0x0400u}, /* 2^-14, the smallest normal */
+        {0x387fc000u, 0x03ffu}, /* the largest subnormal */
+        {0x387fe000u, 0x0400u}, /* halfway between it and 2^-14: up to even */
+        {0x33800000u, 0x0001u}, /* 2^-24, the smallest subnormal */
+        {0x33000000u, 0x0000u}, /* 2^-25: halfway to 0, to even = 0 */
+        {0x33000001u, 0x0001u}, /* just above */
+        {0x33c00000u, 0x0002u}, /* 1.5 * 2^-24: halfway, to even (up) */
+        {0x00000001u, 0x0000u}, /* f32 subnormal */
+        {0x80000000u, 0x8000u}, /* -0 */
+        {0xc0200000u, 0xc100u}, /* -2.5 */
+        {0x7f800000u, 0x7c00u}, /* inf */
+        {0xff800000u, 0xfc00u}, /* -inf */
+        {0x7f7fffffu, 0x7c00u}, /* FLT_MAX */
+    };
+    enum { NK = sizeof known / sizeof known[0], BLOCK = 61 };
+    float x[BLOCK];
+    uint16_t a[BLOCK], b[BLOCK];
+    int bad = 0;
+    for (int i = 0; i < NK; i++) x[i] = from_bits(known[i].f);
+    colibri_f32_to_f16(x, NK, a);
+    colibri_f32_to_f16_scalar(x, NK, b);
+    for (int i = 0; i < NK; i++) bad += a[i] != known[i].h || b[i] != known[i].h;
+    check(r, bad == 0, "f16 KV rounding: ties to even, subnormals, overflow, infinities");
+    /* every finite half widens and rounds back to itself; NaNs stay NaNs with the sign */
+    bad = 0;
+    for (uint32_t h0 = 0; h0 < 65536u; h0 += BLOCK) {
+        int n = 0;
+        for (; n < BLOCK && h0 + (uint32_t)n < 65536u; n++) a[n] = (uint16_t)(h0 + (uint32_t)n);
+        colibri_f16_to_f32(a, (size_t)n, x);
+        colibri_f32_to_f16(x, (size_t)n, b);
+        for (int i = 0; i < n; i++) {
+            int nan = (a[i] & 0x7c00u) == 0x7c00u && (a[i] & 0x3ffu);
+            if (nan ? (b[i] & 0x7e00u) != 0x7e00u || (b[i] ^ a[i]) & 0x81ffu : b[i] != a[i]) bad++;
+        }
+    }
+    check(r, bad == 0, "f16 KV rounding: every half round-trips (NaNs quiet, payload kept)");
+    /* f32 bit patterns across the whole range (NaNs included), in blocks that leave SIMD tails */
+    bad = 0;
+    uint32_t u = 0x9e3779b9u;
+    for (int it = 0; it < 20000; it++) {
+        for (int i = 0; i < BLOCK; i++) {
+            u = u * 2654435761u + 0x6d2b79f5u;
+            /* odd: any pattern; even: exponents 2^-31..2^16 (subnormal, normal, overflow) */
+            x[i] = from_bits(it & 1 ? u : (u & 0x807fffffu) | ((96u + (u >> 23) % 48u) << 23));
+        }
+        colibri_f32_to_f16(x, BLOCK, a);
+        colibri_f32_to_f16_scalar(x, BLOCK, b);
+        bad += memcmp(a, b, sizeof a) != 0;
+    }
+    char msg[160];
+    snprintf(msg, sizeof msg, "f16 KV rounding (%s path) == scalar on 1.2M f32 bit patterns",
+             colibri_kernels_init());
+    check(r, bad == 0, msg);
+}
+
 /* ---- a synthetic model end to end ----------------------------------------------------------- */
 
-static int run_model(const char *path, int threads, const int32_t *ids, int n, int one_by_one,
-                     float *logits, char *err, size_t errlen) {
+static int run_model(const char *path, int threads, colibri_kv_dtype kv, const int32_t *ids, int n,
+                     int one_by_one, float *logits, char *err, size_t errlen) {
     colibri_options o;
     colibri_default_options(&o);
     o.threads = threads;
+    o.kv_dtype = kv;
     o.backend = COLIBRI_BACKEND_CPU;
     o.error = err;
     o.error_len = errlen;
@@ -231,16 +307,19 @@ static void check_model(report *r) {
         int32_t ids[N];
         for (int i = 0; i < N; i++) ids[i] = (i * 7 + 3) % V;
         static float a[N * V], b[N * V], c[N * V];
-        int ok = run_model(path, 1, ids, N, 0, a, err, sizeof err) == 0 &&
-                 run_model(path, 3, ids, N, 0, b, err, sizeof err) == 0 &&
-                 run_model(path, 2, ids, N, 1, c, err, sizeof err) == 0;
-        int finite = 1;
-        for (int i = 0; ok && i < N * V; i++) finite &= isfinite(a[i]) != 0;
-        snprintf(msg, sizeof msg,
-                 "synthetic %s model (shared expert, gate, qkv bias, q/k norm): finite; 1 vs 3 "
-                 "threads and prefill vs decode bitwise equal%s%s",
-                 (const char *[]){"f32", "f16", "bf16", "int8"}[dt], err[0] ? ": " : "", err);
-        check(r, ok && finite && !memcmp(a, b, sizeof a) && !memcmp(a, c, sizeof a), msg);
+        for (int kv = COLIBRI_KV_F32; kv <= COLIBRI_KV_F16; kv++) {
+            int ok = run_model(path, 1, kv, ids, N, 0, a, err, sizeof err) == 0 &&
+                     run_model(path, 3, kv, ids, N, 0, b, err, sizeof err) == 0 &&
+                     run_model(path, 2, kv, ids, N, 1, c, err, sizeof err) == 0;
+            int finite = 1;
+            for (int i = 0; ok && i < N * V; i++) finite &= isfinite(a[i]) != 0;
+            snprintf(msg, sizeof msg,
+                     "synthetic %s model (shared expert, gate, qkv bias, q/k norm), %s KV cache: "
+                     "finite; 1 vs 3 threads and prefill vs decode bitwise equal%s%s",
+                     (const char *[]){"f32", "f16", "bf16", "int8"}[dt], kv ? "f16" : "f32",
+                     err[0] ? ": " : "", err);
+            check(r, ok && finite && !memcmp(a, b, sizeof a) && !memcmp(a, c, sizeof a), msg);
+        }
     }
     unlink(path);
 }
@@ -251,6 +330,7 @@ int colibri_selftest(int verbose) {
     check_topk(&r);
     check_routing(&r);
     check_kernels(&r, simd);
+    check_kv_rounding(&r);
     { char qmsg[160]; int ok = colibri_q4_selftest(qmsg, sizeof qmsg); check(&r, ok, qmsg); }
     check_model(&r);
     if (verbose) printf("%s: %d check(s) failed\n", r.failed ? "FAILED" : "passed", r.failed);

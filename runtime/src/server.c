@@ -1209,6 +1209,7 @@ static int load_slots(server *S) {
     opt.threads = o->threads;
     opt.backend = o->backend;
     opt.int8_activations = o->int8_activations;
+    opt.kv_dtype = o->kv_dtype;
     opt.error = err;
     opt.error_len = sizeof err;
     /* The model is mapped and validated once; every slot is a context over it with its own
@@ -1401,8 +1402,8 @@ int server_run(const server_options *o) {
     jb_printf(&b, ", \"port\": %d, \"model\": ", port);
     jb_cstr(&b, S.model_id);
     jb_printf(&b, ", \"slots\": %d, \"threads_per_slot\": %d, \"max_queue\": %d, \"backend\": \"%s\", "
-                  "\"api_key\": %s, \"load_ms\": %.1f, \"tokenizer\": %s, \"chat_template\": %s, \"cuda_fallback\": ",
-              S.n_slots, ri.threads, o->max_queue, ri.backend, S.api_key_len ? "true" : "false",
+                  "\"kv_cache\": \"%s\", \"api_key\": %s, \"load_ms\": %.1f, \"tokenizer\": %s, \"chat_template\": %s, \"cuda_fallback\": ",
+              S.n_slots, ri.threads, o->max_queue, ri.backend, ri.kv_dtype, S.api_key_len ? "true" : "false",
               now_ms() - t0, S.tinfo.has_tokenizer ? "true" : "false", S.has_chat_template ? "true" : "false");
     if (ri.fallback_reason[0]) jb_cstr(&b, ri.fallback_reason);
     else jb_puts(&b, "null");

@@ -34,6 +34,7 @@ typedef struct {
     int drain_timeout_ms;       /* SIGTERM: wait this long for in-flight requests; default 30000 */
     colibri_backend backend;
     int int8_activations;
+    colibri_kv_dtype kv_dtype;  /* --kv-cache; COLIBRI_KV_F32 by default */
 } server_options;
 
 void server_default_options(server_options *o);

@@ -39,11 +39,14 @@ int main(int argc, char **argv) {
         model = path;
     }
     int fails = 0;
-    for (int threads = 1; threads <= 2; threads++) {
+    for (int run = 0; run < 4; run++) { /* 1 and 2 threads, f32 and f16 KV cache */
+        int threads = 1 + run % 2;
+        colibri_kv_dtype kv = run < 2 ? COLIBRI_KV_F32 : COLIBRI_KV_F16;
         colibri_options o;
         char err[512] = "";
         colibri_default_options(&o);
         o.threads = threads;
+        o.kv_dtype = kv;
         o.backend = COLIBRI_BACKEND_CPU;
         o.error = err;
         o.error_len = sizeof err;
@@ -65,8 +68,8 @@ int main(int argc, char **argv) {
         colibri_status bad = colibri_forward(ctx, (int32_t[]){-1}, 1, logits); /* error path */
         armed = 0;
         long seen = calls;
-        printf("threads=%d forward status=%d error-path status=%d allocations during forward=%ld\n",
-               threads, (int)s, (int)bad, seen);
+        printf("threads=%d kv=%s forward status=%d error-path status=%d allocations during forward=%ld\n",
+               threads, kv == COLIBRI_KV_F16 ? "f16" : "f32", (int)s, (int)bad, seen);
         if (s != COLIBRI_OK || bad != COLIBRI_E_TOKEN_RANGE || seen != 0) fails++;
         free(logits);
         colibri_free(ctx);

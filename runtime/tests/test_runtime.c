@@ -230,6 +230,33 @@ static void test_api(const char *path) {
            "--backend cuda without a GPU fails with a reason (or runs on a GPU): %s", err);
     colibri_free(ctx);
     ctx = NULL;
+    o.backend = COLIBRI_BACKEND_CPU;
+    o.kv_dtype = (colibri_kv_dtype)7;
+    s = colibri_init_ex(&ctx, path, &o);
+    EXPECT(s == COLIBRI_E_INVALID_ARG && ctx == NULL && strstr(err, "kv_dtype must be"),
+           "unknown kv_dtype refused: %s", err);
+    o.kv_dtype = COLIBRI_KV_F16;
+    o.backend = COLIBRI_BACKEND_CUDA;
+    s = colibri_init_ex(&ctx, path, &o);
+    EXPECT(s == COLIBRI_E_BACKEND && ctx == NULL && strstr(err, "f16 KV cache is CPU-only"),
+           "f16 KV cache with backend cuda refused: %s", err);
+    o.backend = COLIBRI_BACKEND_CPU;
+    s = colibri_init_ex(&ctx, path, &o);
+    if (s == COLIBRI_OK) {
+        colibri_runtime_info fi;
+        colibri_get_runtime_info(ctx, &fi);
+        colibri_model_info fm;
+        colibri_get_model_info(ctx, &fm);
+        size_t kv16 = 2 * (size_t)fm.n_layers * fm.max_seq_len * fm.n_kv_heads * fm.head_dim * 2;
+        EXPECT(!strcmp(fi.kv_dtype, "f16") && fi.kv_cache_bytes == kv16,
+               "f16 KV cache: runtime info %s, %zu bytes (want %zu)", fi.kv_dtype, fi.kv_cache_bytes,
+               kv16);
+    } else {
+        EXPECT(0, "f16 KV cache on the CPU: %s", err);
+    }
+    colibri_free(ctx);
+    ctx = NULL;
+    o.kv_dtype = COLIBRI_KV_F32;
     o.backend = COLIBRI_BACKEND_AUTO;
     o.threads = 2;
     s = colibri_init_ex(&ctx, path, &o);

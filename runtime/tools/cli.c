@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 int cli_long(const char *s, long lo, long hi, long *out) {
@@ -53,14 +54,22 @@ void cli_json_string(FILE *f, const char *s, size_t n) {
     fputc('"', f);
 }
 
+int cli_kv_dtype(const char *s, colibri_kv_dtype *out) {
+    if (s && !strcmp(s, "f32")) *out = COLIBRI_KV_F32;
+    else if (s && !strcmp(s, "f16")) *out = COLIBRI_KV_F16;
+    else return -1;
+    return 0;
+}
+
 int cli_open(const char *model, colibri_backend backend, int threads, int int8_act,
-             colibri_ctx **ctx) {
+             colibri_kv_dtype kv, colibri_ctx **ctx) {
     colibri_options opt;
     char err[512] = "";
     colibri_default_options(&opt);
     opt.backend = backend;
     opt.threads = threads;
     opt.int8_activations = int8_act;
+    opt.kv_dtype = kv;
     opt.error = err;
     opt.error_len = sizeof err;
     colibri_status s = colibri_init_ex(ctx, model, &opt);

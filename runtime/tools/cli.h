@@ -26,6 +26,11 @@ void cli_json_string(FILE *f, const char *s, size_t n);
 /* colibri_init_ex with these options; on failure prints "colibri: MODEL: STATUS: DETAIL" on
  * stderr and returns 1 (0 on success). */
 int cli_open(const char *model, colibri_backend backend, int threads, int int8_act,
-             colibri_ctx **ctx);
+             colibri_kv_dtype kv, colibri_ctx **ctx);
+
+/* --kv-cache VALUE: "f32" or "f16". 0, or -1 for anything else (the caller prints the usage). */
+int cli_kv_dtype(const char *s, colibri_kv_dtype *out);
+#define CLI_KV_USAGE "--kv-cache must be f32 or f16"
+
 
 #endif

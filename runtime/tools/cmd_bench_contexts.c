@@ -44,7 +44,7 @@ static void *bench_thread(void *arg) {
 static int bc_usage(const char *msg) {
     if (msg) fprintf(stderr, "colibri: %s\n", msg);
     fprintf(stderr, "usage: colibri bench-contexts MODEL [--contexts N] [--gen N] [--prompt-len N]"
-                    " [--threads T] [--json]\n"
+                    " [--threads T] [--kv-cache f32|f16] [--json]\n"
                     "  one shared model, N contexts decoding at once; --threads is per context\n");
     return 2;
 }
@@ -54,6 +54,7 @@ int colibri_cmd_bench_contexts(int argc, char **argv, int skip) {
     long n = 1, gen = 32, plen = 16, threads = 1;
     int json = 0;
     colibri_backend backend = COLIBRI_BACKEND_CPU;
+    colibri_kv_dtype kv = COLIBRI_KV_F32;
     for (int i = 1; i < argc; i++) {
         if (i == skip) continue;
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -69,6 +70,9 @@ int colibri_cmd_bench_contexts(int argc, char **argv, int skip) {
             backend = !strcmp(v, "cuda") ? COLIBRI_BACKEND_CUDA : !strcmp(v, "auto")
                       ? COLIBRI_BACKEND_AUTO : COLIBRI_BACKEND_CPU;
             i++;
+        } else if (!strcmp(a, "--kv-cache")) {
+            if (cli_kv_dtype(v, &kv)) return bc_usage(CLI_KV_USAGE);
+            i++;
         } else if (a[0] == '-') return bc_usage("unknown option");
         else if (model) return bc_usage("too many arguments");
         else model = a;
@@ -79,6 +83,7 @@ int colibri_cmd_bench_contexts(int argc, char **argv, int skip) {
     colibri_default_options(&opt);
     opt.backend = backend;
     opt.threads = (int)threads;
+    opt.kv_dtype = kv;
     opt.error = err;
     opt.error_len = sizeof err;
     double t0 = cli_now_ms();

@@ -22,6 +22,7 @@
 typedef struct {
     colibri_backend backend;
     int threads, int8_act, json, ignore_eos, chat;
+    colibri_kv_dtype kv;
     const char *model, *ids, *prompt, *system;
     long max_new;
     colibri_sampling sampling;
@@ -32,7 +33,8 @@ typedef struct {
 static int gen_usage(const char *msg) {
     if (msg) fprintf(stderr, "colibri: %s\n", msg);
     fprintf(stderr,
-            "usage: colibri [--backend cpu|cuda|auto] [--threads N] [--int8-act] generate MODEL\n"
+            "usage: colibri [--backend cpu|cuda|auto] [--threads N] [--int8-act] [--kv-cache f32|f16]\n"
+            "       generate MODEL\n"
             "         (--ids 1,2,3 | --prompt TEXT [--chat] [--system TEXT])\n"
             "         [--max-new N] [--temperature X] [--top-k K] [--top-p P] [--min-p P]\n"
             "         [--repeat-penalty R] [--repeat-last-n N] [--seed S] [--stop STR]...\n"
@@ -82,7 +84,10 @@ static int parse(gen_cli *c, int argc, char **argv, int skip) {
             if (cli_long(v, 1, 64, &num)) return gen_usage("--threads must be 1..64");
             c->threads = (int)num;
         } else if (!strcmp(a, "--int8-act")) c->int8_act = 1;
-        else if (!strcmp(a, "--json")) c->json = 1;
+        else if (!strcmp(a, "--kv-cache")) {
+            VALUE();
+            if (cli_kv_dtype(v, &c->kv)) return gen_usage(CLI_KV_USAGE);
+        } else if (!strcmp(a, "--json")) c->json = 1;
         else if (!strcmp(a, "--chat")) c->chat = 1;
         else if (!strcmp(a, "--ignore-eos")) c->ignore_eos = 1;
         else if (!strcmp(a, "--ids")) { VALUE(); c->ids = v; }
@@ -354,7 +359,7 @@ int colibri_cmd_generate(int argc, char **argv, int skip) {
     int rc = parse(&c, argc, argv, skip);
     if (rc) return rc < 0 ? 0 : rc; /* -1: --help */
     colibri_ctx *ctx;
-    if (cli_open(c.model, c.backend, c.threads, c.int8_act, &ctx)) return 1;
+    if (cli_open(c.model, c.backend, c.threads, c.int8_act, c.kv, &ctx)) return 1;
     rc = c.prompt ? run_prompt(&c, ctx) : run_ids(&c, ctx);
     colibri_free(ctx);
     return rc;

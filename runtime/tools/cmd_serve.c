@@ -1,6 +1,6 @@
 /* `colibri serve`: the OpenAI-compatible HTTP service (runtime/src/server.c, docs/serve.md).
  *
- *   colibri [--backend B] [--threads T] [--int8-act] serve MODEL [--host 127.0.0.1] [--port 8080]
+ *   colibri [--backend B] [--threads T] [--int8-act] [--kv-cache f32|f16] serve MODEL [--host 127.0.0.1] [--port 8080]
  *           [--slots N] [--threads T] [--max-queue Q] [--api-key-file F] [--model-id NAME]
  *           [--max-body BYTES] [--read-timeout MS] [--write-timeout MS] [--drain-timeout MS]
  *
@@ -18,7 +18,7 @@
 static int serve_usage(const char *msg) {
     if (msg) fprintf(stderr, "colibri serve: %s\n", msg);
     fprintf(stderr,
-            "usage: colibri [--backend cpu|cuda|auto] [--int8-act] serve MODEL [options]\n"
+            "usage: colibri [--backend cpu|cuda|auto] [--int8-act] [--kv-cache f32|f16] serve MODEL [options]\n"
             "  --host ADDR          address to listen on (default 127.0.0.1; beyond loopback needs --api-key-file)\n"
             "  --port N             TCP port (default 8080; 0 picks a free one, printed in the ready line)\n"
             "  --slots N            concurrent generations, one context each over the shared model (default 1)\n"
@@ -36,10 +36,11 @@ static int serve_usage(const char *msg) {
 }
 
 /* Is this command line a `serve` command? The first argument that is neither an option nor the
- * value of a global option (--backend, --threads) names the command. */
+ * value of a global option (--backend, --threads, --kv-cache) names the command. */
 int cmd_serve_wanted(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--backend") || !strcmp(argv[i], "--threads")) { i++; continue; }
+        if (!strcmp(argv[i], "--backend") || !strcmp(argv[i], "--threads") ||
+            !strcmp(argv[i], "--kv-cache")) { i++; continue; }
         if (argv[i][0] == '-') continue;
         return !strcmp(argv[i], "serve");
     }
@@ -64,6 +65,10 @@ int cmd_serve(int argc, char **argv) {
             else if (!strcmp(v, "auto")) o.backend = COLIBRI_BACKEND_AUTO;
             else return serve_usage("--backend must be cpu, cuda or auto");
         } else if (!strcmp(a, "--int8-act")) o.int8_activations = 1;
+        else if (!strcmp(a, "--kv-cache")) {
+            VALUE();
+            if (cli_kv_dtype(v, &o.kv_dtype)) return serve_usage(CLI_KV_USAGE);
+        }
         else if (!strcmp(a, "--threads")) RANGE(1, 64, o.threads, "--threads must be 1..64");
         else if (!strcmp(a, "--host")) { VALUE(); o.host = v; }
         else if (!strcmp(a, "--port")) RANGE(0, 65535, o.port, "--port must be 0..65535");

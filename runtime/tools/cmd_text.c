@@ -58,7 +58,7 @@ static int fail_status(const char *model, colibri_status s) {
 
 static int do_tokenize(const char *model, const char *text, size_t len, int special) {
     colibri_ctx *ctx;
-    if (cli_open(model, COLIBRI_BACKEND_CPU, 1, 0, &ctx)) return 1;
+    if (cli_open(model, COLIBRI_BACKEND_CPU, 1, 0, COLIBRI_KV_F32, &ctx)) return 1;
     size_t n = 0;
     colibri_status s = colibri_tokenize(ctx, text, len, special, NULL, 0, &n);
     int32_t *ids = NULL;
@@ -84,7 +84,7 @@ static int do_detokenize(const char *model, const char *list, int skip) {
     size_t n;
     if (cli_ids(list, &ids, &n)) return text_usage("--ids must be comma-separated integers");
     colibri_ctx *ctx;
-    if (cli_open(model, COLIBRI_BACKEND_CPU, 1, 0, &ctx)) { free(ids); return 1; }
+    if (cli_open(model, COLIBRI_BACKEND_CPU, 1, 0, COLIBRI_KV_F32, &ctx)) { free(ids); return 1; }
     size_t len = 0;
     colibri_status s = colibri_detokenize(ctx, ids, n, skip, NULL, 0, &len);
     char *text = NULL;

@@ -1,7 +1,7 @@
 /* colibri: command-line front end of the runtime.
  *
  *   colibri --version
- *   colibri [--backend cpu|cuda|auto] [--threads N] [--int8-act] COMMAND ...
+ *   colibri [--backend cpu|cuda|auto] [--threads N] [--int8-act] [--kv-cache f32|f16] COMMAND ...
  *     info MODEL                                   JSON: geometry, dtype, padding, backend
  *     forward MODEL --ids 1,2,3 [--last] [--logits-out F]   raw little-endian f32 [n, V] (--last:
  *                                  [1, V], colibri_forward_last) or a JSON summary
@@ -35,6 +35,7 @@ typedef struct {
     colibri_backend backend;
     int threads;
     int int8_act;
+    colibri_kv_dtype kv;
     const char *cmd, *model, *ids, *logits_out, *out;
     long max_new, prompt_len, gen, runs;
     int json;
@@ -45,7 +46,8 @@ static int usage(const char *msg) {
     if (msg) fprintf(stderr, "colibri: %s\n", msg);
     fprintf(stderr,
             "usage: colibri --version\n"
-            "       colibri [--backend cpu|cuda|auto] [--threads N] [--int8-act] COMMAND ...\n"
+            "       colibri [--backend cpu|cuda|auto] [--threads N] [--int8-act] [--kv-cache f32|f16]\n"
+            "               COMMAND ...\n"
             "  info MODEL\n"
             "  forward MODEL --ids 1,2,3 [--last] [--logits-out FILE]\n"
             "  generate MODEL (--ids 1,2,3 --max-new N | --prompt T) [sampling...]  (generate --help)\n"
@@ -81,8 +83,9 @@ static const char *family_name(uint32_t f) {
 static void print_backend_json(FILE *f, colibri_ctx *ctx) {
     colibri_runtime_info r;
     colibri_get_runtime_info(ctx, &r);
-    fprintf(f, "{\"name\": \"%s\", \"threads\": %d, \"cpu_simd\": \"%s\", \"arena_bytes\": %zu, ",
-            r.backend, r.threads, r.cpu_simd, r.arena_bytes);
+    fprintf(f, "{\"name\": \"%s\", \"threads\": %d, \"cpu_simd\": \"%s\", \"arena_bytes\": %zu, "
+            "\"kv_dtype\": \"%s\", \"kv_cache_bytes\": %zu, ",
+            r.backend, r.threads, r.cpu_simd, r.arena_bytes, r.kv_dtype, r.kv_cache_bytes);
     fprintf(f, "\"fallback_reason\": ");
     cli_json_string(f, r.fallback_reason, strlen(r.fallback_reason));
     fprintf(f, ", \"cuda_device\": ");
@@ -105,7 +108,7 @@ static void note_fallback(colibri_ctx *ctx) {
 
 static int cmd_info(const cli *c) {
     colibri_ctx *ctx;
-    if (cli_open(c->model, c->backend, c->threads, c->int8_act, &ctx)) return 1;
+    if (cli_open(c->model, c->backend, c->threads, c->int8_act, c->kv, &ctx)) return 1;
     colibri_model_info m;
     colibri_get_model_info(ctx, &m);
     printf("{\"name\": ");
@@ -137,7 +140,7 @@ static int run_ids(const cli *c, colibri_ctx **ctx, int32_t **ids, int *n, float
     size_t count;
     if (cli_ids(c->ids, ids, &count)) return usage("--ids must be comma-separated integers, e.g. 1,2,3");
     *n = (int)count;
-    if (cli_open(c->model, c->backend, c->threads, c->int8_act, ctx)) return 1; /* the caller frees *ids */
+    if (cli_open(c->model, c->backend, c->threads, c->int8_act, c->kv, ctx)) return 1; /* the caller frees *ids */
     colibri_model_info m;
     colibri_get_model_info(*ctx, &m);
     *logits = malloc((size_t)(c->last ? 1 : *n) * m.vocab_size * sizeof(float));
@@ -236,7 +239,7 @@ static double peak_rss_mb(void) {
 static int cmd_bench(const cli *c) {
     double t0 = cli_now_ms();
     colibri_ctx *ctx;
-    if (cli_open(c->model, c->backend, c->threads, c->int8_act, &ctx)) return 1;
+    if (cli_open(c->model, c->backend, c->threads, c->int8_act, c->kv, &ctx)) return 1;
     double load_ms = cli_now_ms() - t0;
     colibri_model_info m;
     colibri_get_model_info(ctx, &m);
@@ -397,7 +400,10 @@ int main(int argc, char **argv) {
             if (cli_long(v, 1, 64, &num)) return usage("--threads must be 1..64");
             c.threads = (int)num;
         } else if (!strcmp(a, "--int8-act")) c.int8_act = 1;
-        else if (!strcmp(a, "--json")) c.json = 1;
+        else if (!strcmp(a, "--kv-cache")) {
+            NEED_VALUE();
+            if (cli_kv_dtype(v, &c.kv)) return usage(CLI_KV_USAGE);
+        } else if (!strcmp(a, "--json")) c.json = 1;
         else if (!strcmp(a, "--last")) c.last = 1;
         else if (!strcmp(a, "--ids")) { NEED_VALUE(); c.ids = v; }
         else if (!strcmp(a, "--logits-out")) { NEED_VALUE(); c.logits_out = v; }
