@@ -339,6 +339,57 @@ __attribute__((target("avx2"))) static void avx2_dot4_q8(const int8_t *const *w,
 }
 #endif
 
+/* Several int8 tokens against four int8 rows (prefill with --int8-act), two tokens per pass over
+ * the rows: a row chunk is loaded and its |w| taken once for both tokens. Integer sums are
+ * exact, so acc[k * 6 + t] equals avx2_dot_q8(w[k], x_t) whatever the grouping; the float
+ * scaling after it is the caller's, the same for one token or many (prefill == decode). */
+__attribute__((target("avx2"))) static inline void avx2_q8_pair(__m256i vw, __m256i x0, __m256i x1,
+                                                                __m256i ones, __m256i *a0,
+                                                                __m256i *a1) {
+    __m256i aw = _mm256_abs_epi8(vw);
+    *a0 = _mm256_add_epi32(*a0, _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(x0, vw)), ones));
+    *a1 = _mm256_add_epi32(*a1, _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(x1, vw)), ones));
+}
+
+__attribute__((target("avx2"))) static int32_t avx2_hsum_i32(__m256i a) {
+    int32_t t[8];
+    _mm256_storeu_si256((__m256i *)(void *)t, a);
+    return t[0] + t[1] + t[2] + t[3] + t[4] + t[5] + t[6] + t[7];
+}
+
+__attribute__((target("avx2"))) static void avx2_q8_tile(const int8_t *const *w, const int8_t *x,
+                                                         size_t ldx, int nt, size_t n,
+                                                         int32_t acc[24]) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    const int8_t *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3];
+    for (int t = 0; t < nt; t += 2) {
+        const int8_t *xa = x + (size_t)t * ldx, *xb = t + 1 < nt ? xa + ldx : xa; /* odd: again */
+        __m256i a0 = _mm256_setzero_si256(), b0 = a0, a1 = a0, b1 = a0, a2 = a0, b2 = a0, a3 = a0,
+                b3 = a0;
+        size_t i = 0;
+        for (; i + 32 <= n; i += 32) {
+            __m256i x0 = _mm256_loadu_si256((const __m256i *)(const void *)(xa + i));
+            __m256i x1 = _mm256_loadu_si256((const __m256i *)(const void *)(xb + i));
+            avx2_q8_pair(_mm256_loadu_si256((const __m256i *)(const void *)(w0 + i)), x0, x1, ones, &a0, &b0);
+            avx2_q8_pair(_mm256_loadu_si256((const __m256i *)(const void *)(w1 + i)), x0, x1, ones, &a1, &b1);
+            avx2_q8_pair(_mm256_loadu_si256((const __m256i *)(const void *)(w2 + i)), x0, x1, ones, &a2, &b2);
+            avx2_q8_pair(_mm256_loadu_si256((const __m256i *)(const void *)(w3 + i)), x0, x1, ones, &a3, &b3);
+        }
+        int32_t s[8] = {avx2_hsum_i32(a0), avx2_hsum_i32(a1), avx2_hsum_i32(a2), avx2_hsum_i32(a3),
+                        avx2_hsum_i32(b0), avx2_hsum_i32(b1), avx2_hsum_i32(b2), avx2_hsum_i32(b3)};
+        for (int k = 0; k < 4; k++)
+            for (size_t j = i; j < n; j++) {
+                s[k] += (int32_t)w[k][j] * (int32_t)xa[j];
+                s[4 + k] += (int32_t)w[k][j] * (int32_t)xb[j];
+            }
+        for (int k = 0; k < 4; k++) {
+            acc[k * 6 + t] = s[k];
+            if (t + 1 < nt) acc[k * 6 + t + 1] = s[4 + k];
+        }
+    }
+    _mm256_zeroupper();
+}
+
 /* ---- AVX-512: the AVX2 lane layout in 16-lane registers ------------------------------------ */
 
 #ifdef COLIBRI_HAVE_AVX2
@@ -946,6 +997,7 @@ static void kernels_pick(void) {
         K.dot4_q8 = avx2_dot4_q8;
         K.convert = avx2_convert;
         K.tile_2x3 = avx2_tile_2x3;
+        K.tile_q8 = avx2_q8_tile; /* AVX-512 VNNI replaces it below */
         K.name = "avx2";
         int vnni = 0;
         if (cpu_has_avx512(&vnni) && simd_allowed("avx512")) {
