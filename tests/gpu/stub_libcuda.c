@@ -170,6 +170,7 @@ int emu_param_sizes(const char *name, size_t *sizes, int max);
 #endif
 
 
+#ifndef STUB_OMIT_LAUNCH
 static CUresult capture_node(void *fn, unsigned gx, unsigned gy, unsigned bx, void *stream,
                              void **params) {
     stub_graph *g = g_graph;
@@ -200,6 +201,7 @@ static CUresult capture_node(void *fn, unsigned gx, unsigned gy, unsigned bx, vo
     logf_("capture %s grid %u %u block %u stream %d", n->fn, gx, gy, bx, n->stream);
     return 0;
 }
+#endif
 
 #ifndef STUB_OMIT_LAUNCH
 CUresult cuLaunchKernel(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
