@@ -305,9 +305,9 @@ def first_run(fraction: float) -> str:
     for fam, flags in SMALL_FAMILIES.items():
         per_layer = launches_per_token(replace(h, n_layers=2, flags=flags)).per_layer
         calls = 1 + 2 * per_layer + 2 + n.copies
-        lines.append(f"- small {fam}: {calls} driver calls per token -> "
+        lines.append(f"- small {fam}, COLIBRI_CUDA_GRAPH=0: {calls} driver calls per token -> "
                      f"{calls * LAUNCH_US / 1e3:.3g} ms/token at {LAUNCH_US:g} us per call; "
-                     "measured ms/token / calls = the per-call cost")
+                     "measured ms/token / calls = the per-call cost (with the graph: 3 calls)")
     for graph in (False, True):
         us, bound = expected_us(h, h200, 80, fraction, graph)
         lines.append(f"- gpucheck-large f16 ({total / 1e9:.2f} GB per token), "

@@ -714,6 +714,10 @@ def test_decode_graph_gives_the_plain_launches_bits(cuda_host_build, tmp_path: P
     log = tmp_path / "graph.log"
     graph = logits("cuda", "graph", STUB_LOG=str(log))
     plain = logits("cuda", "plain", COLIBRI_LIBCUDA=str(cuda_host_build["libcuda_nograph"]))
+    off_log = tmp_path / "off.log"
+    off = logits("cuda", "off", COLIBRI_CUDA_GRAPH="0", STUB_LOG=str(off_log))  # graph switched off
+    assert "graph launch" not in off_log.read_text()
+    np.testing.assert_array_equal(off.view(np.uint32), plain.view(np.uint32))
     cpu = logits("cpu", "cpu")
     lines = log.read_text().splitlines()
     assert sum(ln.startswith("graph launch") for ln in lines) == GRAPH_STEPS

@@ -658,7 +658,9 @@ int colibri_cuda_open(colibri_cuda **out, const struct colibri_model *m, int str
             goto fail;
         }
     }
-    cu->graph_off = cu->d.GraphLaunch == NULL;
+    /* COLIBRI_CUDA_GRAPH=0: plain launches in decode too, to measure what the graph saves */
+    const char *gmode = getenv("COLIBRI_CUDA_GRAPH");
+    cu->graph_off = cu->d.GraphLaunch == NULL || (gmode && strcmp(gmode, "0") == 0);
     CUcontext popped;
     cu->d.CtxPopCurrent(&popped);
     return 0;
