@@ -184,29 +184,36 @@ def weights_in_file(h: ModelHeader) -> int:
 
 @dataclass(frozen=True)
 class Launches:
-    kernels: int      # kernel launches (graph nodes with a graph)
-    copies: int       # cuMemcpy*Async calls per token
+    kernels: int      # kernel launches per token without a graph (context <= 256)
+    copies: int       # cuMemcpy*Async calls per token without a graph
     per_layer: int
+    graph_nodes: int  # kernels in the decode graph (+ the attention merge per layer when the
+                      # cache has > 256 positions: the graph's grid is fixed)
+    graph_calls: int  # driver calls per token with the graph: {id, pos} up, cuGraphLaunch,
+                      # logits down
 
 
 def launches_per_token(h: ModelHeader) -> Launches:
     """cuda_backend.c cb_forward_chunk for one token: cb_embed; per layer rmsnorm, Q, K, V,
     [q/k norm x2], RoPE q and k, attention, WO, rmsnorm, [shared up + down, gate], router,
     top-k, dispatch, expert up + down, combine; then rmsnorm and LM head. Copies: the ids and the
-    shared-expert offsets up, the logits down (then one cuStreamSynchronize)."""
+    shared-expert offsets up, the logits down (then one cuStreamSynchronize). With the decode
+    graph (cb_decode_graph) the kernels are its nodes and a token costs 3 driver calls."""
     per_layer = 15
     if h.has(Flag.QK_NORM_HEAD) or h.has(Flag.QK_NORM_FULL):
         per_layer += 2
     if h.has(Flag.SHARED_EXPERT):
         per_layer += 2 + (1 if h.has(Flag.SHARED_EXPERT_GATE) else 0)
-    return Launches(1 + h.n_layers * per_layer + 2, 3, per_layer)
+    kernels = 1 + h.n_layers * per_layer + 2
+    merge = h.n_layers if h.max_seq_len > 256 else 0  # COLIBRI_CU_KV_SPLIT
+    return Launches(kernels, 3, per_layer, kernels + merge, 3)
 
 
 def launch_bound_us(n: Launches, graph: bool) -> float:
     """Host-side issue time per token: every call at LAUNCH_US, or one graph launch plus its
     nodes' GPU-side boundaries (the two copies stay outside the graph)."""
     if graph:
-        return GRAPH_LAUNCH_US + n.kernels * GRAPH_NODE_US + 2 * LAUNCH_US
+        return GRAPH_LAUNCH_US + n.graph_nodes * GRAPH_NODE_US + (n.graph_calls - 1) * LAUNCH_US
     return (n.kernels + n.copies) * LAUNCH_US
 
 
@@ -244,7 +251,9 @@ def describe(name: str, h: ModelHeader) -> str:
             f"{h.num_experts} experts top-{h.top_k}, FFN {h.expert_size}"
             + (f" + shared {h.shared_expert_size}" if h.shared_expert_size else "")
             + f", {h.n_heads}/{h.n_kv_heads} heads x {h.head_dim}, vocab {h.vocab_size}; "
-            f"{n.kernels} kernels ({n.per_layer} per layer) + {n.copies} copies per token")
+            f"{n.kernels} kernels ({n.per_layer} per layer) + {n.copies} copies per token "
+            f"without a graph; with it {n.graph_calls} driver calls (1 graph launch of "
+            f"{n.graph_nodes} nodes)")
 
 
 def bytes_table(cfg: dict[str, Any], context: int) -> str:
@@ -296,13 +305,13 @@ def first_run(fraction: float) -> str:
     for fam, flags in SMALL_FAMILIES.items():
         per_layer = launches_per_token(replace(h, n_layers=2, flags=flags)).per_layer
         calls = 1 + 2 * per_layer + 2 + n.copies
-        lines.append(f"- small {fam}: {calls} driver calls per token -> "
+        lines.append(f"- small {fam}, COLIBRI_CUDA_GRAPH=0: {calls} driver calls per token -> "
                      f"{calls * LAUNCH_US / 1e3:.3g} ms/token at {LAUNCH_US:g} us per call; "
-                     "measured ms/token / calls = the per-call cost")
+                     "measured ms/token / calls = the per-call cost (with the graph: 3 calls)")
     for graph in (False, True):
         us, bound = expected_us(h, h200, 80, fraction, graph)
         lines.append(f"- gpucheck-large f16 ({total / 1e9:.2f} GB per token), "
-                     f"{'one graph' if graph else 'today'}: {us / 1e3:.3g} ms/token ({bound}-bound)"
+                     f"{'one graph' if graph else 'no graph'}: {us / 1e3:.3g} ms/token ({bound}-bound)"
                      f" = {total / us / 1e3:.0f} GB/s, {total / us / 1e3 / h200.bandwidth_gbs:.0%} "
                      "of the datasheet bandwidth")
     even = bandwidth_bound_us(total, h200, fraction) / (n.kernels + n.copies)

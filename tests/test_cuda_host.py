@@ -159,7 +159,8 @@ def stub_driver(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("stub_cuda")
     cc = os.environ.get("CC", "cc")
     libs = {}
-    for name, extra in (("full", []), ("nolaunch", ["-DSTUB_OMIT_LAUNCH"])):
+    for name, extra in (("full", []), ("nolaunch", ["-DSTUB_OMIT_LAUNCH"]),
+                        ("nograph", ["-DSTUB_OMIT_GRAPH"])):
         lib = out / f"libcuda_{name}.so"
         subprocess.run([cc, "-shared", "-fPIC", "-O1", "-Wall", "-Wextra", "-Werror", *extra,
                         str(GPU_TESTS / "stub_libcuda.c"), "-o", str(lib)], check=True)
@@ -283,8 +284,9 @@ def test_decode_launches_only_the_routed_experts(host_unit, stub_driver, tmp_pat
     proc = run_unit(host_unit, "open", "1", "1", "1",
                     env={"COLIBRI_LIBCUDA": str(lib), "STUB_LOG": str(log)})
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    # the decode step is captured into the graph: its launches are the "capture" lines
     grids = [ln.split() for ln in log.read_text().splitlines()
-             if ln.startswith(("launch cb_expert_up", "launch cb_expert_down"))]
+             if ln.startswith(("capture cb_expert_up", "capture cb_expert_down"))]
     k, E, layers = 2, 8, 2  # host_unit.c's fake model: top-2 of 8 experts, shared expert, 2 layers
     routed = [g for g in grids if int(g[4]) != 1]
     assert len(grids) == 2 * 2 * layers and len(routed) == 2 * layers
@@ -294,21 +296,30 @@ def test_decode_launches_only_the_routed_experts(host_unit, stub_driver, tmp_pat
     assert ys == {1, E}
 
 
-def test_launches_per_decoded_token(host_unit, stub_driver, tmp_path: Path):
-    """Kernel launches for one decoded token (stub log: one line per cuLaunchKernel), kernel by
-    kernel, for host_unit.c's fake model: 2 layers with q/k bias, per-head q/k norm and a gated
-    shared expert, short context (one KV range: no merge). Per layer: attention norm, Q/K/V,
-    q/k norm, RoPE on q and k, attention, WO, FFN norm, shared up/down + gate, router, top-k,
-    dispatch, routed up/down, combine = 20; plus the embedding, output norm and LM head. A plain
-    Mixtral-like layer is the same less q/k norm and shared expert: 15 (8 layers: 123 a token).
-    No CUDA graph yet, so every launch is a host call."""
-    lib = stub_driver["full"]
-    log = tmp_path / "decode.log"
-    proc = run_unit(host_unit, "open", "1", "1", "1",
+def _decode_log(host_unit: Path, lib: Path, tmp: Path, tag: str, prompt: int,
+                steps: int) -> list[str]:
+    """Stand-in driver log of a prompt of `prompt` tokens then `steps` one-token decode steps
+    (host_unit.c's fake model, 1 stream)."""
+    log = tmp / f"{tag}.log"
+    proc = run_unit(host_unit, "open", "1", str(prompt), "1", str(steps),
                     env={"COLIBRI_LIBCUDA": str(lib), "STUB_LOG": str(log)})
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    names = [ln.split()[1] for ln in log.read_text().splitlines() if ln.startswith("launch ")]
-    layers = 2
+    return log.read_text().splitlines()
+
+
+def test_launches_per_decoded_token(host_unit, stub_driver, tmp_path: Path):
+    """Kernel launches for one decoded token, kernel by kernel, for host_unit.c's fake model:
+    2 layers with q/k bias, per-head q/k norm and a gated shared expert, short context (one KV
+    range: no merge). Per layer: attention norm, Q/K/V, q/k norm, RoPE on q and k, attention, WO,
+    FFN norm, shared up/down + gate, router, top-k, dispatch, routed up/down, combine = 20; plus
+    the embedding, output norm and LM head. A plain Mixtral-like layer is the same less q/k norm
+    and shared expert: 15 (8 layers: 123 a token).
+
+    A driver without CUDA graphs (stand-in built -DSTUB_OMIT_GRAPH) gets each of them as a host
+    call; with graphs they are captured once, on the first decode step, and every decode step
+    (the first included) is then ONE host launch, cuGraphLaunch, with no kernel launch after the
+    capture. The prompt keeps its plain launches either way."""
+    steps, layers = 5, 2
     per_layer = {"cb_rmsnorm": 2 + 2, "cb_linear": 3 + 1 + 1 + 1, "cb_rope": 2, "cb_attention": 1,
                  "cb_router_topk": 1, "cb_dispatch": 1, "cb_expert_up": 2, "cb_expert_down": 2,
                  "cb_moe_combine": 1}
@@ -316,9 +327,53 @@ def test_launches_per_decoded_token(host_unit, stub_driver, tmp_path: Path):
     want["cb_embed"] = 1
     want["cb_rmsnorm"] += 1  # output norm
     want["cb_linear"] += 1   # LM head
-    got = {k: names.count(k) for k in set(names)}
-    assert got == want, got
+
+    plain = _decode_log(host_unit, stub_driver["nograph"], tmp_path, "plain", 1, 0)
+    names = [ln.split()[1] for ln in plain if ln.startswith("launch ")]
+    assert {k: names.count(k) for k in set(names)} == want
     assert len(names) == 3 + 20 * layers
+    assert not [ln for ln in plain if ln.startswith(("capture ", "graph ", "begin capture"))]
+    plain_steps = _decode_log(host_unit, stub_driver["nograph"], tmp_path, "plain5", 3, steps)
+    assert sum(ln.startswith("launch ") for ln in plain_steps) == (3 + 20 * layers) * (1 + steps)
+
+    lines = _decode_log(host_unit, stub_driver["full"], tmp_path, "graph", 3, steps)
+    begin = lines.index("begin capture stream 0 mode 1")  # CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+    end = next(i for i, ln in enumerate(lines) if ln.startswith("end capture"))
+    captured = [ln.split()[1] for ln in lines[begin:end] if ln.startswith("capture ")]
+    assert {k: captured.count(k) for k in set(captured)} == want
+    assert lines[end] == f"end capture stream 0 nodes {3 + 20 * layers} rc 0"
+    after = lines[end + 1:]
+    assert [ln for ln in after if ln.startswith(("launch ", "capture "))] == []
+    assert [ln for ln in after if ln.startswith("graph launch")] == \
+        [f"graph launch stream 0 nodes {3 + 20 * layers}"] * steps
+    # the 3-token prompt before it: plain launches, the same as without graphs
+    assert [ln for ln in lines[:begin] if ln.startswith("launch ")] == \
+        [ln for ln in plain_steps if ln.startswith("launch ")][:3 + 20 * layers]
+
+
+def test_decode_graph_captures_the_two_stream_fork_and_join(host_unit, stub_driver,
+                                                           tmp_path: Path):
+    """With 2 streams the shared expert's kernels are captured on stream 1, which joins the
+    capture by waiting on stream 0's event and is joined back before the combine (the stand-in
+    refuses to end a capture with an unjoined stream: CUDA_ERROR_STREAM_CAPTURE_UNJOINED); the
+    graph holds the same kernels with the same grids as the 1-stream one."""
+    def run(streams: int, tag: str) -> list[str]:
+        log = tmp_path / f"{tag}.log"
+        proc = run_unit(host_unit, "open", str(streams), "1", "1", "2",
+                        env={"COLIBRI_LIBCUDA": str(stub_driver["full"]), "STUB_LOG": str(log)})
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return log.read_text().splitlines()
+
+    one, two = run(1, "g1"), run(2, "g2")
+    strip = [re.sub(r" stream \d+$", "", ln) for ln in one if ln.startswith("capture ")]
+    assert strip == [re.sub(r" stream \d+$", "", ln) for ln in two if ln.startswith("capture ")]
+    on1 = [i for i, ln in enumerate(two) if ln.startswith("capture ") and ln.endswith("stream 1")]
+    assert len(on1) == 3 * 2  # shared up, down, gate per layer
+    for i in on1:
+        before = [ln for ln in two[:i] if ln.startswith(("wait stream 1", "record event 1"))]
+        assert before and before[-1].startswith("wait stream 1")
+    assert any(ln.startswith("end capture") and ln.endswith("rc 0") for ln in two)
+    assert sum(ln.startswith("graph launch") for ln in two) == 3  # 1-token prompt + 2 steps
 
 
 def test_integrated_gpu_maps_the_weights(host_unit, stub_driver, tmp_path: Path):
@@ -433,13 +488,15 @@ def test_pycuda_suite_skips_only_without_gpu_and_says_why():
 # ---------------------------------------------------------------- the kernel plan adds up
 
 
-def _random_model(path: Path, flags: int, dtype: int, shared: int = 0, pad: int = 16):
+def _random_model(path: Path, flags: int, dtype: int, shared: int = 0, pad: int = 16,
+                  max_seq_len: int = 32):
     from colibri_kit.model.format import Family, ModelHeader, Routing, padded_dim, read_model
     from colibri_kit.model.tiny import write_random_model
 
     d = 40
     header = ModelHeader(
-        num_experts=8, expert_size=24, vocab_size=96, max_seq_len=32, embed_dim=d, n_layers=2,
+        num_experts=8, expert_size=24, vocab_size=96, max_seq_len=max_seq_len, embed_dim=d,
+        n_layers=2,
         n_heads=4, n_kv_heads=2, head_dim=10, top_k=3, routing=Routing.RENORMALISE,
         dtype=int(dtype), embed_dim_pad=padded_dim(d, pad), pad_multiple=pad, flags=flags,
         shared_expert_size=shared, norm_eps=1e-5, rope_theta=10000.0, family=Family.OTHER,
@@ -517,21 +574,27 @@ def cuda_host_build(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]
             os.environ["COLIBRI_PROJECT_ROOT"] = old
     include = root / "build" / "host" / "include"
     cc, cxx = os.environ.get("CC", "cc"), os.environ.get("CXX", "g++")
-    subprocess.run([cc, "-c", "-fPIC", "-O1", "-Wall", "-Werror", "-DSTUB_EMULATE",
-                    str(GPU_TESTS / "stub_libcuda.c"), "-o", str(tmp / "stub.o")], check=True)
     subprocess.run([cxx, "-std=c++20", "-O2", "-c", "-fPIC", "-fno-strict-aliasing",
                     "-Wno-unknown-pragmas", f"-I{KERNELS.parent}", f"-I{include}",
                     str(GPU_TESTS / "emu" / "cuda_emu.cpp"), "-o", str(tmp / "emu.o")],
                    check=True)
-    lib = tmp / "libcuda_emu.so"
-    subprocess.run([cxx, "-shared", "-o", str(lib), str(tmp / "stub.o"), str(tmp / "emu.o"),
-                    "-lpthread"], check=True)
-    return {"binary": result.dist_dir / "bin" / "colibri", "libcuda": lib, "tmp": tmp}
+    libs = {}
+    # "libcuda": with CUDA graphs (decode captured once, replayed per token); "libcuda_nograph":
+    # a driver without them (every kernel a host launch)
+    for key, extra in (("libcuda", []), ("libcuda_nograph", ["-DSTUB_OMIT_GRAPH"])):
+        subprocess.run([cc, "-c", "-fPIC", "-O1", "-Wall", "-Werror", "-DSTUB_EMULATE", *extra,
+                        str(GPU_TESTS / "stub_libcuda.c"), "-o", str(tmp / f"{key}.o")],
+                       check=True)
+        libs[key] = tmp / f"{key}_emu.so"
+        subprocess.run([cxx, "-shared", "-o", str(libs[key]), str(tmp / f"{key}.o"),
+                        str(tmp / "emu.o"), "-lpthread"], check=True)
+    return {"binary": result.dist_dir / "bin" / "colibri", "tmp": tmp, **libs}
 
 
 def _emu_cli(build: dict[str, Path], *args: str, **env: str) -> subprocess.CompletedProcess:
     full = {k: v for k, v in os.environ.items() if not k.startswith("STUB_")}
-    full.update({"COLIBRI_LIBCUDA": str(build["libcuda"]), "STUB_SM": "90", **env})
+    full.update({"COLIBRI_LIBCUDA": str(build["libcuda"]), "STUB_SM": "90"})
+    full.update(env)
     return subprocess.run([str(build["binary"]), *args], capture_output=True, text=True,
                           env=full, timeout=600)
 
@@ -603,15 +666,71 @@ def test_cuda_backend_q4_in_emulation(cuda_host_build, tmp_path: Path):
 
 @pytest.mark.slow
 def test_cuda_backend_decode_steps_in_emulation(cuda_host_build, tiny_model: Path):
-    """generate = prefill, then one-token decode passes at growing KV positions: the greedy
-    continuation equals the CPU's."""
+    """generate = prefill, then one-token decode passes at growing KV positions, which run as
+    one CUDA graph launch each (captured on the first, replayed through the emulation by the
+    stand-in driver): the greedy continuation equals the CPU's."""
     runs = {}
+    log = cuda_host_build["tmp"] / "generate.log"
     for backend in ("cpu", "cuda"):
         proc = _emu_cli(cuda_host_build, "--backend", backend, "generate", str(tiny_model),
-                        "--ids", "1,2,3,4", "--max-new", "4")
+                        "--ids", "1,2,3,4", "--max-new", "4", STUB_LOG=str(log))
         assert proc.returncode == 0, proc.stderr
         runs[backend] = json.loads(proc.stdout)["new_ids"]
     assert runs["cuda"] == runs["cpu"] and len(runs["cpu"]) == 4
+    lines = log.read_text().splitlines()
+    end = next(i for i, ln in enumerate(lines) if ln.startswith("end capture"))
+    assert lines[end].endswith("rc 0")
+    steps = [ln for ln in lines[end + 1:] if ln.startswith(("graph launch", "launch "))]
+    assert steps and all(ln.startswith("graph launch") for ln in steps), steps
+
+
+# prompt in one call, then decode steps at positions 5..8, in a cache of 300 positions: the
+# graph's attention grid covers both KV ranges of the cache and its merge is always launched, so
+# these one-range steps run the fixed grid's early returns. Steps past position 255 (two ranges,
+# the merge computing) are checked kernel by kernel, graph launch vs plain, in the conformance
+# suite (tests/gpu/conformance.py check_attention): a 256-token prompt through the CPU emulation
+# takes minutes.
+GRAPH_PROMPT, GRAPH_STEPS = 5, 4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flags,dtype", [(0b100111, 0), (0b011000, 2)],
+                         ids=["shared-gate-bias-qknorm-head-f32", "qknorm-full-bf16"])
+def test_decode_graph_gives_the_plain_launches_bits(cuda_host_build, tmp_path: Path, flags: int,
+                                                    dtype: int):
+    """The determinism contract, "with or without a CUDA graph": decode steps through the graph
+    (position and token id from the device parameter block, attention over every KV range of
+    the cache, merge always launched) give bit for bit the logits of the same steps launched
+    kernel by kernel (a driver without graphs, or COLIBRI_CUDA_GRAPH=0), and both are within
+    tolerance of the CPU. The prompt part is the same plain prefill in both."""
+    model = tmp_path / "graph.colibri"
+    _random_model(model, flags, dtype, 20 if flags & 1 else 0, pad=64, max_seq_len=300)
+    ids = [(i * 37 + 11) % 96 for i in range(GRAPH_PROMPT + GRAPH_STEPS)]
+    args = ["--decode-from", str(GRAPH_PROMPT)]
+
+    def logits(backend: str, name: str, **env: str) -> np.ndarray:
+        out = tmp_path / f"{name}.f32"
+        proc = _emu_cli(cuda_host_build, "--backend", backend, "forward", str(model), "--ids",
+                        ",".join(map(str, ids)), *args, "--logits-out", str(out), **env)
+        assert proc.returncode == 0, proc.stderr
+        return np.fromfile(out, "<f4").reshape(len(ids), -1)
+
+    log = tmp_path / "graph.log"
+    graph = logits("cuda", "graph", STUB_LOG=str(log))
+    plain = logits("cuda", "plain", COLIBRI_LIBCUDA=str(cuda_host_build["libcuda_nograph"]))
+    off_log = tmp_path / "off.log"
+    off = logits("cuda", "off", COLIBRI_CUDA_GRAPH="0", STUB_LOG=str(off_log))  # graph switched off
+    assert "graph launch" not in off_log.read_text()
+    np.testing.assert_array_equal(off.view(np.uint32), plain.view(np.uint32))
+    cpu = logits("cpu", "cpu")
+    lines = log.read_text().splitlines()
+    assert sum(ln.startswith("graph launch") for ln in lines) == GRAPH_STEPS
+    attn = [ln.split() for ln in lines if ln.startswith("capture cb_attention ")]
+    assert [int(a[3]) for a in attn] == [4 * 2] * 2  # H x ceil(300 / 256) ranges, both layers
+    assert sum(ln.startswith("capture cb_attention_merge") for ln in lines) == 2
+    np.testing.assert_array_equal(graph.view(np.uint32), plain.view(np.uint32))
+    err = np.abs(graph - cpu).max() / np.abs(cpu).max()
+    assert err < 1e-4, err
 
 
 def test_invoke_gpucheck_failures_are_actionable():

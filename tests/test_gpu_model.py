@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -113,21 +114,35 @@ def test_total_agrees_with_gpu_checks_bandwidth_figure(tmp_path: Path, dtype: DT
 @pytest.mark.parametrize("streams", [1, 2])
 def test_kernels_per_token_are_the_backends_launches(host_unit: Path, stub_driver, tmp_path: Path,
                                                      streams: int):
-    """The model's kernels per decoded token = the cuLaunchKernel calls the real cuda_backend.c
-    makes for one token, on tests/gpu/host_unit.c's model (2 layers, shared expert + gate,
-    per-head q/k norm, qkv bias, tied embeddings), logged by the stand-in driver."""
-    log = tmp_path / "launches.log"
-    proc = run_unit(host_unit, "open", str(streams), "1",
-                    env={"COLIBRI_LIBCUDA": str(stub_driver["full"]), "STUB_LOG": str(log)})
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    launches = [ln for ln in log.read_text().splitlines() if ln.startswith("launch ")]
+    """The model's launches per decoded token = what the real cuda_backend.c issues for one
+    token on tests/gpu/host_unit.c's model (2 layers, shared expert + gate, per-head q/k norm,
+    qkv bias, tied embeddings), logged by the stand-in driver: without CUDA graphs (a driver
+    lacking them) one cuLaunchKernel per kernel plus the copies; with them, after the capture on
+    the first decode step, the graph's nodes are those kernels and each further token is one
+    cuGraphLaunch between its two copies (the launches-per-token figure: 1)."""
     flags = int(Flag.SHARED_EXPERT | Flag.SHARED_EXPERT_GATE | Flag.QK_NORM_HEAD | Flag.QKV_BIAS
                 | Flag.TIED_EMBEDDINGS)
     h = ModelHeader(num_experts=8, expert_size=20, vocab_size=50, max_seq_len=64, embed_dim=24,
                     n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, top_k=2, routing=0,
                     dtype=int(DType.F32), embed_dim_pad=32, pad_multiple=32, flags=flags,
                     shared_expert_size=12)
-    assert len(launches) == gm.launches_per_token(h).kernels
+    n = gm.launches_per_token(h)
+    logs = {}
+    for lib in ("nograph", "full"):
+        log = tmp_path / f"{lib}.log"
+        proc = run_unit(host_unit, "open", str(streams), "1", "1", "3",
+                        env={"COLIBRI_LIBCUDA": str(stub_driver[lib]), "STUB_LOG": str(log)})
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        logs[lib] = log.read_text().splitlines()
+    launches = [ln for ln in logs["nograph"] if ln.startswith("launch ")]
+    assert len(launches) == 4 * n.kernels  # 4 one-token forwards
+    graph = logs["full"]
+    end = next(i for i, ln in enumerate(graph) if ln.startswith("end capture"))
+    assert sum(ln.startswith("capture ") for ln in graph[:end]) == n.graph_nodes
+    per_token = [ln for ln in graph[end + 1:] if ln.startswith(("launch ", "graph launch"))]
+    assert per_token == [f"graph launch stream 0 nodes {n.graph_nodes}"] * 4
+    assert n.graph_calls == 3 and n.graph_nodes == n.kernels  # a 64-position cache: no merge
+    assert gm.launches_per_token(replace(h, max_seq_len=300)).graph_nodes == n.kernels + 2
 
 
 def test_headers_are_the_converters():

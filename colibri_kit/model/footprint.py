@@ -37,6 +37,7 @@ CPU_CHUNK = 64
 # runtime/src/cuda_backend.c: CB_ALIGN, CB_MAX_CHUNK, CB_PART_BUDGET; colibri_abi.h: KV split.
 CUDA_ALIGN = 256
 CUDA_MAX_CHUNK = 32
+CUDA_PRM_BYTES = 256  # cuda_backend.c CB_PRM_BYTES: the decode graph's parameter block
 CUDA_PART_BUDGET = 64 << 20   # cuda_backend.c CB_PART_BUDGET
 CUDA_KV_SPLIT = 256           # runtime/kernels/colibri_abi.h COLIBRI_CU_KV_SPLIT
 DEFAULT_THREADS = 8  # CPU arena scratch is per thread (a few KiB each); Jetsons have 6..14 cores
@@ -97,7 +98,7 @@ def cuda_arena_bytes(h: ModelHeader, copy_weights: bool = False, weights_bytes: 
              c * k * Dp * 4]
     if h.has(Flag.SHARED_EXPERT):
         sizes += [c * Fs * 4, c * Dp * 4, c * 4]
-    sizes += [2 * 4, c * V * 4, c * 4, c * 4, S * (Dh // 2) * 2 * 4, L * S * kvd * 4, L * S * kvd * 4, L * (6 * E + 6) * 8]
+    sizes += [2 * 4, c * V * 4, c * 4, c * 4, CUDA_PRM_BYTES, S * (Dh // 2) * 2 * 4, L * S * kvd * 4, L * S * kvd * 4, L * (6 * E + 6) * 8]
     if copy_weights:
         sizes.append(weights_bytes)
     return sum(align_up(n, CUDA_ALIGN) for n in sizes)

@@ -342,12 +342,17 @@ extern "C" __global__ void cb_embed(float *x, int Dp, const int *ids, const void
  * grid (rows), blockDim a multiple of 32. In place (y == x) is allowed: each thread reads and
  * writes only its own elements, after the block-wide sum. Used for the attention/FFN/output
  * norms (len = Dp, true_len = D), per-head q/k norm (rows = n*heads, len = true_len = Dh) and
- * full-width q/k norm (len = true_len = heads*Dh). */
+ * full-width q/k norm (len = true_len = heads*Dh).
+ * pos_d (the decode graph's parameter block, cb_param_pos; NULL otherwise): x and y start
+ * *pos_d * pos_rows rows further, so the k-norm of a captured decode step runs on the cache rows
+ * of the step's position, which changes per token while the kernel arguments cannot. */
 extern "C" __global__ void cb_rmsnorm(float *y, int y_stride, const float *x, int x_stride,
-                                      const float *w, int len, int true_len, float eps) {
+                                      const float *w, int len, int true_len, float eps,
+                                      const int *pos_d, int pos_rows) {
     __shared__ float scratch[CB_WARP];
-    const float *xr = x + (cb_u64)blockIdx.x * (cb_u64)x_stride;
-    float *yr = y + (cb_u64)blockIdx.x * (cb_u64)y_stride;
+    const cb_u64 r = (cb_u64)blockIdx.x + (pos_d ? (cb_u64)*pos_d * (cb_u64)pos_rows : 0u);
+    const float *xr = x + r * (cb_u64)x_stride;
+    float *yr = y + r * (cb_u64)y_stride;
     float ss = 0.0f;
     for (int i = threadIdx.x; i < true_len; i += blockDim.x) ss += xr[i] * xr[i];
     ss = cb_block_sum(ss, scratch);
@@ -360,7 +365,7 @@ extern "C" __global__ void cb_rmsnorm(float *y, int y_stride, const float *x, in
 template <int DT>
 __device__ void cb_linear_impl(float *y, int y_stride, const float *x, int x_stride, int n,
                                const void *w, const float *scales, int rows, int cols,
-                               const float *bias, int accumulate) {
+                               const float *bias, int accumulate, int y_row0) {
     const int lane = threadIdx.x & (CB_WARP - 1);
     const int r = blockIdx.x * CB_ROW_WARPS + threadIdx.x / CB_WARP;
     const int t0 = blockIdx.y * CB_TOKEN_TILE;
@@ -387,7 +392,7 @@ __device__ void cb_linear_impl(float *y, int y_stride, const float *x, int x_str
             if (lane == 0) {
                 if (DT == CB_DT_INT8) v *= s;
                 if (bias) v += bias[r];
-                float *yp = y + (cb_u64)(t0 + i) * (cb_u64)y_stride + r;
+                float *yp = y + (cb_u64)(y_row0 + t0 + i) * (cb_u64)y_stride + r;
                 *yp = accumulate ? *yp + v : v;
             }
         }
@@ -395,30 +400,35 @@ __device__ void cb_linear_impl(float *y, int y_stride, const float *x, int x_str
 }
 
 /* y[t, r] (+)= W[r, :] . x[t, :] (+ bias[r]) for t < n, r < rows.
- * grid (ceil(rows / 4), ceil(n / 4)), block 128: one warp per output row, 4 tokens per warp. */
+ * grid (ceil(rows / 4), ceil(n / 4)), block 128: one warp per output row, 4 tokens per warp.
+ * pos_d (the decode graph's parameter block; NULL otherwise): y's rows start *pos_d rows
+ * further, i.e. the K/V projection of a captured decode step writes the cache row of the step's
+ * position (read on the device: a graph's kernel arguments are fixed at capture). */
 extern "C" __global__ void cb_linear(float *y, int y_stride, const float *x, int x_stride, int n,
                                      const void *w, const float *scales, int dtype, int rows,
-                                     int cols, const float *bias, int accumulate) {
+                                     int cols, const float *bias, int accumulate,
+                                     const int *pos_d) {
+    const int y_row0 = pos_d ? *pos_d : 0;
     switch (dtype) {
     case CB_DT_F32:
         cb_linear_impl<CB_DT_F32>(y, y_stride, x, x_stride, n, w, scales, rows, cols, bias,
-                                  accumulate);
+                                  accumulate, y_row0);
         break;
     case CB_DT_F16:
         cb_linear_impl<CB_DT_F16>(y, y_stride, x, x_stride, n, w, scales, rows, cols, bias,
-                                  accumulate);
+                                  accumulate, y_row0);
         break;
     case CB_DT_BF16:
         cb_linear_impl<CB_DT_BF16>(y, y_stride, x, x_stride, n, w, scales, rows, cols, bias,
-                                   accumulate);
+                                   accumulate, y_row0);
         break;
     case CB_DT_Q4:
         cb_linear_impl<CB_DT_Q4>(y, y_stride, x, x_stride, n, w, scales, rows, cols, bias,
-                                 accumulate);
+                                 accumulate, y_row0);
         break;
     default:
         cb_linear_impl<CB_DT_INT8>(y, y_stride, x, x_stride, n, w, scales, rows, cols, bias,
-                                   accumulate);
+                                   accumulate, y_row0);
         break;
     }
 }
@@ -430,13 +440,17 @@ extern "C" __global__ void cb_linear(float *y, int y_stride, const float *x, int
  * [.. + 1] are cos and sin of the angle p * inv_freq_i formed in f32 like the reference
  * (transformers: inv_freq f32, position * inv_freq in f32), taken in double and rounded to f32,
  * so they are the correctly rounded values and no thread runs double-precision math.
- * grid (n), block any; threads loop over heads*Dh/2 pairs. */
+ * grid (n), block any; threads loop over heads*Dh/2 pairs.
+ * pos_d (the decode graph's parameter block; NULL otherwise) adds *pos_d to pos0, and with
+ * pos_rows (the k rows, which sit in the KV cache at their position) also moves x by *pos_d
+ * rows: a captured decode step reads its position on the device. */
 extern "C" __global__ void cb_rope(float *x, int row_stride, int nheads, int Dh, int pos0,
-                                   const float *cs) {
+                                   const float *cs, const int *pos_d, int pos_rows) {
     const int t = blockIdx.x;
     const int half = Dh / 2;
-    const float *cp = cs + (cb_u64)(pos0 + t) * (cb_u64)half * 2u;
-    float *xr = x + (cb_u64)t * (cb_u64)row_stride;
+    const int dp = pos_d ? *pos_d : 0;
+    const float *cp = cs + (cb_u64)(pos0 + dp + t) * (cb_u64)half * 2u;
+    float *xr = x + (cb_u64)(t + (pos_rows ? dp : 0)) * (cb_u64)row_stride;
     for (int k = threadIdx.x; k < nheads * half; k += blockDim.x) {
         const int head = k / half, i = k % half;
         const float c = cp[2 * i], s = cp[2 * i + 1];
@@ -461,16 +475,18 @@ extern "C" __global__ void cb_rope(float *x, int row_stride, int nheads, int Dh,
  * writes (m_s, l_s, acc_s[Dh]) to part[((t*H + h)*nsplit + s)*(Dh+2) ..] and cb_attention_merge
  * combines the ranges in order. The scores stay in shared memory.
  * grid (H * nsplit, n) with nsplit >= the chunk's largest range count (blocks past a token's last
- * range return), block 128 (4 warps). Prefill (n > 1) and decode (n == 1) are the same kernel. */
+ * range return), block 128 (4 warps). Prefill (n > 1) and decode (n == 1) are the same kernel.
+ * pos_d (the decode graph's parameter block; NULL otherwise) adds *pos_d to pos0: the graph is
+ * launched with nsplit = every range of the cache, and the blocks past the step's ranges return. */
 extern "C" __global__ void cb_attention(float *out, float *part, const float *q, const float *kc,
                                         const float *vc, int nsplit, int pos0, int H, int Hkv,
-                                        int Dh) {
+                                        int Dh, const int *pos_d) {
     __shared__ float sc[CB_KV_SPLIT];
     __shared__ float scratch[CB_WARP];
     const int h = blockIdx.x / nsplit, split = blockIdx.x % nsplit, t = blockIdx.y;
     const int lane = threadIdx.x & (CB_WARP - 1), warp = threadIdx.x / CB_WARP;
     const int nwarps = blockDim.x / CB_WARP;
-    const int last = pos0 + t;
+    const int last = pos0 + (pos_d ? *pos_d : 0) + t;
     const int j0 = split * CB_KV_SPLIT;
     if (j0 > last) return; /* the whole block leaves: no barrier is left half */
     const int len = last + 1 - j0 < CB_KV_SPLIT ? last + 1 - j0 : CB_KV_SPLIT;
@@ -521,11 +537,12 @@ extern "C" __global__ void cb_attention(float *out, float *part, const float *q,
 
 /* out[t, h, :] from the partials of token t's ranges s = 0 .. ranges-1, in that order:
  *   M = max_s m_s,  w_s = exp(m_s - M),  out = (sum_s w_s acc_s) / (sum_s w_s l_s).
- * Tokens with one range were written by cb_attention itself. grid (H, n), any block size. */
+ * Tokens with one range were written by cb_attention itself. grid (H, n), any block size.
+ * pos_d: as in cb_attention (the decode graph always launches the merge; one-range steps return). */
 extern "C" __global__ void cb_attention_merge(float *out, const float *part, int nsplit, int pos0,
-                                              int H, int Dh) {
+                                              int H, int Dh, const int *pos_d) {
     const int h = blockIdx.x, t = blockIdx.y;
-    const int ranges = (pos0 + t) / CB_KV_SPLIT + 1;
+    const int ranges = (pos0 + (pos_d ? *pos_d : 0) + t) / CB_KV_SPLIT + 1;
     if (ranges == 1) return;
     const cb_u64 th = (cb_u64)t * (cb_u64)H + (cb_u64)h, pstride = (cb_u64)(Dh + 2);
     const float *ph = part + th * (cb_u64)nsplit * pstride;

@@ -45,6 +45,13 @@
 #define CB_MAX_CHUNK 32       /* tokens per device pass at most */
 #define CB_PART_BUDGET (64u << 20) /* split-attention partials bound, bytes */
 #define CB_KV_SPLIT ((size_t)COLIBRI_CU_KV_SPLIT)
+/* The decode graph's parameter block (plan.prm), in ints: the step's token id and position are
+ * uploaded together before each graph launch (one copy); the shared expert's slot offsets {0, 1}
+ * are constant in decode and written once at open. */
+#define CB_PRM_ID 0
+#define CB_PRM_POS 1
+#define CB_PRM_SHARED_OFF 2
+#define CB_PRM_BYTES 256u
 
 /* ---- pure helpers (unit-tested without a GPU: tests/gpu/host_unit.c) ----------------------- */
 
@@ -130,6 +137,7 @@ int colibri_cuda_plan(const struct colibri_model *m, int copy_weights, colibri_c
     p->logits = cb_take(&at, c * V * 4);
     p->ids = cb_take(&at, c * 4);
     p->iota = cb_take(&at, c * 4);
+    p->prm = cb_take(&at, CB_PRM_BYTES);
     p->rope = cb_take(&at, S * (Dh / 2) * 2 * 4);
     p->kcache = cb_take(&at, L * S * kvd * 4);
     p->vcache = cb_take(&at, L * S * kvd * 4);
@@ -174,6 +182,13 @@ typedef struct {
     cuEventDestroy_v2_t EventDestroy;
     cuEventRecord_t EventRecord;
     cuGetErrorString_t GetErrorString;
+    /* optional (CUDA graphs); all set or all NULL */
+    cuStreamBeginCapture_v2_t StreamBeginCapture;
+    cuStreamEndCapture_t StreamEndCapture;
+    cuGraphInstantiateWithFlags_t GraphInstantiate;
+    cuGraphLaunch_t GraphLaunch;
+    cuGraphExecDestroy_t GraphExecDestroy;
+    cuGraphDestroy_t GraphDestroy;
 } cb_driver;
 
 /* symbol name -> offset of its slot in cb_driver */
@@ -226,6 +241,22 @@ static int cb_driver_load(cb_driver *d, char *why, size_t why_len) {
         }
         memcpy((char *)d + cb_symbols[i].off, &fn, sizeof fn);
     }
+    /* CUDA graphs (driver >= 11.4 for cuGraphInstantiateWithFlags): optional, all or none, so
+     * an older driver still runs, with one launch per kernel */
+    static const struct { const char *name; size_t off; } graph_syms[] = {
+        {"cuStreamBeginCapture_v2", offsetof(cb_driver, StreamBeginCapture)},
+        {"cuStreamEndCapture", offsetof(cb_driver, StreamEndCapture)},
+        {"cuGraphInstantiateWithFlags", offsetof(cb_driver, GraphInstantiate)},
+        {"cuGraphLaunch", offsetof(cb_driver, GraphLaunch)},
+        {"cuGraphExecDestroy", offsetof(cb_driver, GraphExecDestroy)},
+        {"cuGraphDestroy", offsetof(cb_driver, GraphDestroy)},
+    };
+    void *gfn[sizeof graph_syms / sizeof graph_syms[0]];
+    int all = 1;
+    for (size_t i = 0; i < sizeof graph_syms / sizeof graph_syms[0]; i++)
+        all &= (gfn[i] = dlsym(d->lib, graph_syms[i].name)) != NULL;
+    for (size_t i = 0; all && i < sizeof graph_syms / sizeof graph_syms[0]; i++)
+        memcpy((char *)d + graph_syms[i].off, &gfn[i], sizeof gfn[i]);
     return 0;
 }
 
@@ -252,6 +283,10 @@ struct colibri_cuda {
     CUdeviceptr arena;
     CUdeviceptr wbase;       /* device address of the file's byte data_offset */
     void *registered;        /* host range registered with cuMemHostRegister (integrated) */
+    /* decode graph: captured on the first one-token forward, then launched once per token;
+     * graph_off: the driver lacks the entry points, or a capture failed (plain launches) */
+    CUgraphExec graph;
+    int graph_off;
     colibri_cuda_info info;
 };
 
@@ -284,31 +319,48 @@ static int cb_launch(colibri_cuda *cu, int f, unsigned gx, unsigned gy, unsigned
 }
 
 /* y[t, :] (+)= W x[t, :] (+ bias) for t < n */
-static int cb_linear(colibri_cuda *cu, CUstream s, CUdeviceptr y, int ys, CUdeviceptr x, int xs,
-                     int n, const colibri_tensor *w, CUdeviceptr bias, int accumulate, char *why,
-                     size_t why_len) {
+/* pos_d: 0, or the parameter block's position (y's rows start that many rows further: the K/V
+ * cache rows of a captured decode step) */
+static int cb_linear_at(colibri_cuda *cu, CUstream s, CUdeviceptr y, int ys, CUdeviceptr x,
+                        int xs, int n, const colibri_tensor *w, CUdeviceptr bias, int accumulate,
+                        CUdeviceptr pos_d, char *why, size_t why_len) {
     CUdeviceptr wd = cb_dev(cu, w->data), sc = cb_dev(cu, w->scales);
     int dt = (int)w->dtype, rows = (int)w->rows, cols = (int)w->cols;
-    void *a[] = {&y, &ys, &x, &xs, &n, &wd, &sc, &dt, &rows, &cols, &bias, &accumulate};
+    void *a[] = {&y, &ys, &x, &xs, &n, &wd, &sc, &dt, &rows, &cols, &bias, &accumulate, &pos_d};
     unsigned grid[3], block[3];
     colibri_cuda_rows_launch(rows, n, grid, block);
     return cb_launch(cu, CB_F_LINEAR, grid[0], grid[1], block[0], s, a, why, why_len);
 }
 
-static int cb_rmsnorm(colibri_cuda *cu, CUstream s, CUdeviceptr y, int ys, CUdeviceptr x, int xs,
-                      int rows, const colibri_tensor *w, int len, int true_len, char *why,
-                      size_t why_len) {
+static int cb_linear(colibri_cuda *cu, CUstream s, CUdeviceptr y, int ys, CUdeviceptr x, int xs,
+                     int n, const colibri_tensor *w, CUdeviceptr bias, int accumulate, char *why,
+                     size_t why_len) {
+    return cb_linear_at(cu, s, y, ys, x, xs, n, w, bias, accumulate, 0, why, why_len);
+}
+
+/* pos_d, pos_rows: x and y start *pos_d * pos_rows rows further (0: they do not) */
+static int cb_rmsnorm_at(colibri_cuda *cu, CUstream s, CUdeviceptr y, int ys, CUdeviceptr x,
+                         int xs, int rows, const colibri_tensor *w, int len, int true_len,
+                         CUdeviceptr pos_d, int pos_rows, char *why, size_t why_len) {
     CUdeviceptr wd = cb_dev(cu, w->data);
     float eps = cu->m->norm_eps;
-    void *a[] = {&y, &ys, &x, &xs, &wd, &len, &true_len, &eps};
+    void *a[] = {&y, &ys, &x, &xs, &wd, &len, &true_len, &eps, &pos_d, &pos_rows};
     return cb_launch(cu, CB_F_RMSNORM, (unsigned)rows, 1, CB_WIDE, s, a, why, why_len);
 }
 
+static int cb_rmsnorm(colibri_cuda *cu, CUstream s, CUdeviceptr y, int ys, CUdeviceptr x, int xs,
+                      int rows, const colibri_tensor *w, int len, int true_len, char *why,
+                      size_t why_len) {
+    return cb_rmsnorm_at(cu, s, y, ys, x, xs, rows, w, len, true_len, 0, 0, why, why_len);
+}
+
+/* pos_d: 0, or the parameter block's position, added to pos; with pos_rows x (the k rows in
+ * the cache) also moves by that many rows */
 static int cb_rope(colibri_cuda *cu, CUstream s, CUdeviceptr x, int stride, int n, int nheads,
-                   int pos, char *why, size_t why_len) {
+                   int pos, CUdeviceptr pos_d, int pos_rows, char *why, size_t why_len) {
     int Dh = (int)cu->m->head_dim;
     CUdeviceptr table = cu->arena + cu->plan.rope;
-    void *a[] = {&x, &stride, &nheads, &Dh, &pos, &table};
+    void *a[] = {&x, &stride, &nheads, &Dh, &pos, &table, &pos_d, &pos_rows};
     return cb_launch(cu, CB_F_ROPE, (unsigned)n, 1, CB_HEAD, s, a, why, why_len);
 }
 
@@ -597,6 +649,18 @@ int colibri_cuda_open(colibri_cuda **out, const struct colibri_model *m, int str
         cb_fail(cu, r, "cuMemcpyHtoD(iota)", why, why_len);
         goto fail;
     }
+    {
+        int prm[CB_PRM_BYTES / 4] = {0};
+        prm[CB_PRM_SHARED_OFF] = 0;
+        prm[CB_PRM_SHARED_OFF + 1] = 1; /* a decode step's one token is the shared expert's slot */
+        if ((r = cu->d.MemcpyHtoD(cu->arena + cu->plan.prm, prm, sizeof prm)) != CUDA_SUCCESS) {
+            cb_fail(cu, r, "cuMemcpyHtoD(parameter block)", why, why_len);
+            goto fail;
+        }
+    }
+    /* COLIBRI_CUDA_GRAPH=0: plain launches in decode too, to measure what the graph saves */
+    const char *gmode = getenv("COLIBRI_CUDA_GRAPH");
+    cu->graph_off = cu->d.GraphLaunch == NULL || (gmode && strcmp(gmode, "0") == 0);
     CUcontext popped;
     cu->d.CtxPopCurrent(&popped);
     return 0;
@@ -606,9 +670,15 @@ fail:
     return rc;
 }
 
-/* One chunk of n <= plan.chunk tokens at positions pos.. pos+n-1. */
-static int cb_forward_chunk(colibri_cuda *cu, const int32_t *ids, int n, int pos, float *logits,
-                            char *why, size_t why_len) {
+/* The kernels of one chunk of n <= plan.chunk tokens at positions pos.. pos+n-1, issued on the
+ * streams; the ids are already in the arena. graph: a one-token decode step being captured, whose
+ * token id and position are read on the device from the parameter block (plan.prm) instead of
+ * being kernel arguments or host pointer arithmetic (pos is then 0), and whose attention grid
+ * covers every KV range of the cache (blocks past the step's ranges return), so one capture
+ * serves every position. With graph 0 the launches are those of a plain forward, and both give
+ * the same bits: the same kernels add in the same order over the same addresses. */
+static int cb_issue_chunk(colibri_cuda *cu, int n, int pos, int graph, char *why,
+                          size_t why_len) {
     const struct colibri_model *m = cu->m;
     const colibri_cuda_plan_t *p = &cu->plan;
     const CUdeviceptr A = cu->arena;
@@ -620,16 +690,17 @@ static int cb_forward_chunk(colibri_cuda *cu, const int32_t *ids, int n, int pos
     const int shared = (m->flags & COLIBRI_FLAG_SHARED_EXPERT) != 0;
     const int gated = (m->flags & COLIBRI_FLAG_SHARED_EXPERT_GATE) != 0;
     const CUdeviceptr x = A + p->x, h = A + p->h, q = A + p->q, att = A + p->att;
+    /* graph: the position on the device (0: none), the token id, the shared-expert offsets */
+    const CUdeviceptr pos_d = graph ? A + p->prm + CB_PRM_POS * 4 : 0;
+    const CUdeviceptr ids_d = graph ? A + p->prm + CB_PRM_ID * 4 : A + p->ids;
+    const CUdeviceptr shared_offsets =
+        graph ? A + p->prm + CB_PRM_SHARED_OFF * 4 : A + p->shared_offsets;
 
-    CB_CHECK(cu->d.MemcpyHtoDAsync(A + p->ids, ids, (size_t)n * sizeof *ids, s0), "ids upload");
-    int shared_off[2] = {0, n};
-    CB_CHECK(cu->d.MemcpyHtoDAsync(A + p->shared_offsets, shared_off, sizeof shared_off, s0),
-             "offsets upload");
     {
-        CUdeviceptr ids_d = A + p->ids, tab = cb_dev(cu, m->tok_embed.data);
+        CUdeviceptr ids_a = ids_d, tab = cb_dev(cu, m->tok_embed.data);
         CUdeviceptr sc = cb_dev(cu, m->tok_embed.scales);
         int dt = (int)m->tok_embed.dtype;
-        void *a[] = {(void *)&x, (void *)&Dp, &ids_d, &tab, &sc, &dt};
+        void *a[] = {(void *)&x, (void *)&Dp, &ids_a, &tab, &sc, &dt};
         if (cb_launch(cu, CB_F_EMBED, (unsigned)n, 1, CB_WIDE, s0, a, why, why_len)) return -1;
     }
     for (int l = 0; l < (int)m->n_layers; l++) {
@@ -642,35 +713,39 @@ static int cb_forward_chunk(colibri_cuda *cu, const int32_t *ids, int n, int pos
         /* attention */
         if (cb_rmsnorm(cu, s0, h, Dp, x, Dp, n, &ly->attn_norm, Dp, D, why, why_len) ||
             cb_linear(cu, s0, q, HD, h, Dp, n, &ly->wq, cb_dev(cu, ly->bq.data), 0, why, why_len) ||
-            cb_linear(cu, s0, kc, kvd, h, Dp, n, &ly->wk, cb_dev(cu, ly->bk.data), 0, why,
-                      why_len) ||
-            cb_linear(cu, s0, vc, kvd, h, Dp, n, &ly->wv, cb_dev(cu, ly->bv.data), 0, why,
-                      why_len))
+            cb_linear_at(cu, s0, kc, kvd, h, Dp, n, &ly->wk, cb_dev(cu, ly->bk.data), 0, pos_d,
+                         why, why_len) ||
+            cb_linear_at(cu, s0, vc, kvd, h, Dp, n, &ly->wv, cb_dev(cu, ly->bv.data), 0, pos_d,
+                         why, why_len))
             return -1;
         if (m->flags & COLIBRI_FLAG_QK_NORM_HEAD) {
             if (cb_rmsnorm(cu, s0, q, Dh, q, Dh, n * H, &ly->q_norm, Dh, Dh, why, why_len) ||
-                cb_rmsnorm(cu, s0, kc, Dh, kc, Dh, n * Hkv, &ly->k_norm, Dh, Dh, why, why_len))
+                cb_rmsnorm_at(cu, s0, kc, Dh, kc, Dh, n * Hkv, &ly->k_norm, Dh, Dh, pos_d, Hkv,
+                              why, why_len))
                 return -1;
         } else if (m->flags & COLIBRI_FLAG_QK_NORM_FULL) {
             if (cb_rmsnorm(cu, s0, q, HD, q, HD, n, &ly->q_norm, HD, HD, why, why_len) ||
-                cb_rmsnorm(cu, s0, kc, kvd, kc, kvd, n, &ly->k_norm, kvd, kvd, why, why_len))
+                cb_rmsnorm_at(cu, s0, kc, kvd, kc, kvd, n, &ly->k_norm, kvd, kvd, pos_d, 1, why,
+                              why_len))
                 return -1;
         }
-        if (cb_rope(cu, s0, q, HD, n, H, pos, why, why_len) ||
-            cb_rope(cu, s0, kc, kvd, n, Hkv, pos, why, why_len))
+        if (cb_rope(cu, s0, q, HD, n, H, pos, pos_d, 0, why, why_len) ||
+            cb_rope(cu, s0, kc, kvd, n, Hkv, pos, pos_d, 1, why, why_len))
             return -1;
         {
             /* KV ranges of the chunk's last token; earlier tokens' blocks past their own last
-             * range return at once. Partials are merged only when some token has two ranges. */
+             * range return at once. Partials are merged only when some token has two ranges.
+             * graph: every range of the cache, and the merge whenever there can be two. */
             CUdeviceptr pt = A + p->part;
             int hh = H, hk = Hkv, dh = Dh, pp = pos;
-            int ns = (int)(((size_t)pos + (size_t)n + CB_KV_SPLIT - 1) / CB_KV_SPLIT);
-            CUdeviceptr o = att, qq = q, kk = kc_l, vv = vc_l;
-            void *a[] = {&o, &pt, &qq, &kk, &vv, &ns, &pp, &hh, &hk, &dh};
+            const size_t upto = graph ? (size_t)S : (size_t)pos + (size_t)n;
+            int ns = (int)((upto + CB_KV_SPLIT - 1) / CB_KV_SPLIT);
+            CUdeviceptr o = att, qq = q, kk = kc_l, vv = vc_l, pd = pos_d;
+            void *a[] = {&o, &pt, &qq, &kk, &vv, &ns, &pp, &hh, &hk, &dh, &pd};
             if (cb_launch(cu, CB_F_ATTENTION, (unsigned)(H * ns), (unsigned)n, CB_HEAD, s0, a, why,
                           why_len))
                 return -1;
-            void *b[] = {&o, &pt, &ns, &pp, &hh, &dh};
+            void *b[] = {&o, &pt, &ns, &pp, &hh, &dh, &pd};
             if (ns > 1 &&
                 cb_launch(cu, CB_F_MERGE, (unsigned)H, (unsigned)n, CB_HEAD, s0, b, why, why_len))
                 return -1;
@@ -688,7 +763,7 @@ static int cb_forward_chunk(colibri_cuda *cu, const int32_t *ids, int n, int pos
             }
             const int Fs = (int)m->shared_expert_size;
             if (cb_swiglu(cu, s1, A + p->shared_act, Fs, A + p->shared_out, A + p->iota,
-                          A + p->shared_offsets, 0,
+                          shared_offsets, 0,
                           tabs + (CUdeviceptr)6 * E * sizeof(CUdeviceptr), 1, 1,
                           (int)ly->shared_w1.dtype, (int)ly->shared_w2.dtype, why, why_len))
                 return -1;
@@ -731,7 +806,62 @@ static int cb_forward_chunk(colibri_cuda *cu, const int32_t *ids, int n, int pos
     if (cb_rmsnorm(cu, s0, h, Dp, x, Dp, n, &m->output_norm, Dp, D, why, why_len) ||
         cb_linear(cu, s0, A + p->logits, V, h, Dp, n, &m->lm_head, 0, 0, why, why_len))
         return -1;
-    CB_CHECK(cu->d.MemcpyDtoHAsync(logits, A + p->logits, (size_t)n * V * sizeof(float), s0),
+    return 0;
+}
+
+/* Plain launches: upload the ids and shared-expert offsets, issue the kernels, fetch the logits. */
+static int cb_forward_chunk(colibri_cuda *cu, const int32_t *ids, int n, int pos, float *logits,
+                            char *why, size_t why_len) {
+    const CUdeviceptr A = cu->arena;
+    CUstream s0 = cu->stream[0];
+    CB_CHECK(cu->d.MemcpyHtoDAsync(A + cu->plan.ids, ids, (size_t)n * sizeof *ids, s0),
+             "ids upload");
+    int shared_off[2] = {0, n};
+    CB_CHECK(cu->d.MemcpyHtoDAsync(A + cu->plan.shared_offsets, shared_off, sizeof shared_off, s0),
+             "offsets upload");
+    if (cb_issue_chunk(cu, n, pos, 0, why, why_len)) return -1;
+    CB_CHECK(cu->d.MemcpyDtoHAsync(logits, A + cu->plan.logits,
+                                   (size_t)n * cu->m->vocab_size * sizeof(float), s0),
+             "logits download");
+    CB_CHECK(cu->d.StreamSynchronize(s0), "cuStreamSynchronize");
+    return 0;
+}
+
+/* Capture the decode step into cu->graph (stream 0 is the origin; stream 1 joins and leaves
+ * through the events, as stream capture follows cuEventRecord/cuStreamWaitEvent). A failure of
+ * the capture machinery itself leaves graph_off set and the step runs with plain launches; an
+ * error from a kernel launch is returned. */
+static int cb_capture_decode(colibri_cuda *cu, char *why, size_t why_len) {
+    CUstream s0 = cu->stream[0];
+    CUgraph g = NULL;
+    if (cu->d.StreamBeginCapture(s0, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) != CUDA_SUCCESS) {
+        cu->graph_off = 1;
+        return 0;
+    }
+    const int rc = cb_issue_chunk(cu, 1, 0, 1, why, why_len);
+    const CUresult end = cu->d.StreamEndCapture(s0, &g); /* ends the capture whatever happened */
+    if (rc == 0 && end == CUDA_SUCCESS && g &&
+        cu->d.GraphInstantiate(&cu->graph, g, 0) != CUDA_SUCCESS)
+        cu->graph = NULL;
+    if (g) cu->d.GraphDestroy(g); /* the executable graph keeps its own copy */
+    if (rc) return rc;
+    if (!cu->graph) cu->graph_off = 1;
+    return 0;
+}
+
+/* One-token decode step through the graph: one upload of {id, pos}, one graph launch, the logits
+ * download. pageable source: the copy returns once the 8 bytes are staged, so a local is fine. */
+static int cb_decode_graph(colibri_cuda *cu, int32_t id, int pos, float *logits, char *why,
+                           size_t why_len) {
+    const CUdeviceptr A = cu->arena;
+    CUstream s0 = cu->stream[0];
+    int prm[2];
+    prm[CB_PRM_ID] = id;
+    prm[CB_PRM_POS] = pos;
+    CB_CHECK(cu->d.MemcpyHtoDAsync(A + cu->plan.prm, prm, sizeof prm, s0), "step upload");
+    CB_CHECK(cu->d.GraphLaunch(cu->graph, s0), "cuGraphLaunch");
+    CB_CHECK(cu->d.MemcpyDtoHAsync(logits, A + cu->plan.logits,
+                                   (size_t)cu->m->vocab_size * sizeof(float), s0),
              "logits download");
     CB_CHECK(cu->d.StreamSynchronize(s0), "cuStreamSynchronize");
     return 0;
@@ -752,6 +882,12 @@ int colibri_cuda_forward(colibri_cuda *cu, const int32_t *ids, int n, int pos, f
         }
     CB_CHECK(cu->d.CtxPushCurrent(cu->ctx), "cuCtxPushCurrent");
     int rc = 0;
+    /* decode: one graph launch per token, captured on the first step of this context */
+    if (n == 1 && !cu->graph && !cu->graph_off) rc = cb_capture_decode(cu, why, why_len);
+    if (n == 1 && cu->graph && rc == 0) {
+        rc = cb_decode_graph(cu, ids[0], pos, logits, why, why_len);
+        n = 0; /* done */
+    }
     for (int t = 0; t < n && rc == 0; t += cu->plan.chunk) {
         const int c = n - t < cu->plan.chunk ? n - t : cu->plan.chunk;
         rc = cb_forward_chunk(cu, ids + t, c, pos + t, logits + (size_t)t * m->vocab_size, why,
@@ -777,6 +913,7 @@ void colibri_cuda_close(colibri_cuda *cu) {
             cu->d.CtxPushCurrent(cu->ctx);
             for (int s = 0; s < 2; s++)
                 if (cu->stream[s]) cu->d.StreamSynchronize(cu->stream[s]);
+            if (cu->graph) cu->d.GraphExecDestroy(cu->graph);
             if (cu->ev_h) cu->d.EventDestroy(cu->ev_h);
             if (cu->ev_shared) cu->d.EventDestroy(cu->ev_shared);
             for (int s = 0; s < 2; s++)

@@ -73,12 +73,15 @@ void colibri_cuda_rope_table(float theta, int Dh, int positions, float *cs);
 /* Launch shape of the row kernels (cb_linear): one warp per output row, 4 tokens per warp. */
 void colibri_cuda_rows_launch(int rows, int n, unsigned grid[3], unsigned block[3]);
 
-/* The device arena: byte offsets of every buffer (256-byte aligned) and the total. */
+/* The device arena: byte offsets of every buffer (256-byte aligned) and the total. prm is the
+ * decode graph's parameter block (CB_PRM_*: the step's token id and position, written before
+ * each graph launch, and the constant shared-expert offsets {0, 1}). */
 typedef struct {
     int chunk;                 /* tokens per device pass */
     size_t x, h, q, att, part, router, top_idx, top_w, offsets, active, perm, slot_of, act,
         expert_out;
-    size_t shared_act, shared_out, shared_gate, shared_offsets, logits, ids, iota, rope;
+    size_t shared_act, shared_out, shared_gate, shared_offsets, logits, ids, iota, prm,
+        rope;
     size_t kcache, vcache, tables, weights, weights_bytes;
     size_t total;
 } colibri_cuda_plan_t;

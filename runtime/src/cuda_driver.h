@@ -80,6 +80,25 @@ typedef CUresult (*cuEventCreate_t)(CUevent *ev, unsigned int flags);
 typedef CUresult (*cuEventDestroy_v2_t)(CUevent ev);
 typedef CUresult (*cuEventRecord_t)(CUevent ev, CUstream stream);
 typedef CUresult (*cuGetErrorString_t)(CUresult err, const char **str);
+/* CUDA graphs by stream capture (decode, docs/cuda.md "CUDA-graph decode"). Optional: looked up
+ * apart from the entry points above, and a driver without them keeps plain launches. Names and
+ * signatures as in NVIDIA's cuda.h of CUDA 11.8+ (cuStreamBeginCapture is a macro for the _v2
+ * symbol since CUDA 10.1; cuGraphInstantiateWithFlags exists since 11.4 and is what
+ * cuGraphInstantiate maps to in CUDA 12), cross-checked against the driver bindings on docs.rs
+ * (cudarc::driver::sys, cust_raw): cuStreamBeginCapture_v2(CUstream, CUstreamCaptureMode),
+ * cuStreamEndCapture(CUstream, CUgraph *), cuGraphInstantiateWithFlags(CUgraphExec *, CUgraph,
+ * unsigned long long), cuGraphLaunch(CUgraphExec, CUstream), cuGraphExecDestroy(CUgraphExec),
+ * cuGraphDestroy(CUgraph). CUstreamCaptureMode: GLOBAL 0, THREAD_LOCAL 1, RELAXED 2. */
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphExec_st *CUgraphExec;
+#define CU_STREAM_CAPTURE_MODE_THREAD_LOCAL 1
+typedef CUresult (*cuStreamBeginCapture_v2_t)(CUstream stream, int mode);
+typedef CUresult (*cuStreamEndCapture_t)(CUstream stream, CUgraph *graph);
+typedef CUresult (*cuGraphInstantiateWithFlags_t)(CUgraphExec *exec, CUgraph graph,
+                                                  unsigned long long flags);
+typedef CUresult (*cuGraphLaunch_t)(CUgraphExec exec, CUstream stream);
+typedef CUresult (*cuGraphExecDestroy_t)(CUgraphExec exec);
+typedef CUresult (*cuGraphDestroy_t)(CUgraph graph);
 /* used only by the copy-bandwidth probe (colibri_cuda_copy_bandwidth) */
 typedef CUresult (*cuMemcpyDtoD_v2_t)(CUdeviceptr dst, CUdeviceptr src, size_t bytes);
 typedef CUresult (*cuCtxSynchronize_t)(void);

@@ -4,7 +4,9 @@
  *   colibri [--backend cpu|cuda|auto] [--threads N] [--int8-act] [--kv-cache f32|f16] COMMAND ...
  *     info MODEL                                   JSON: geometry, dtype, padding, backend
  *     forward MODEL --ids 1,2,3 [--last] [--logits-out F]   raw little-endian f32 [n, V] (--last:
- *                                  [1, V], colibri_forward_last) or a JSON summary
+ *                                  [1, V], colibri_forward_last) or a JSON summary;
+ *                                  [--decode-from K]: ids before K in one call, then one call
+ *                                  per token (decode steps: the GPU's CUDA-graph path)
  *     generate MODEL --ids 1,2 --max-new N         greedy or sampled; JSON {"ids", "new_ids", ...}
  *                                                  (tools/cmd_generate.c; `generate --help`)
  *     bench MODEL [--prompt-len N] [--gen N] [--runs N] [--json]
@@ -40,6 +42,7 @@ typedef struct {
     long max_new, prompt_len, gen, runs;
     int json;
     int last; /* forward --last: only the last token's logits (colibri_forward_last) */
+    long decode_from; /* forward --decode-from K: ids[K..] one call each; -1: one call */
 } cli;
 
 static int usage(const char *msg) {
@@ -49,7 +52,7 @@ static int usage(const char *msg) {
             "       colibri [--backend cpu|cuda|auto] [--threads N] [--int8-act] [--kv-cache f32|f16]\n"
             "               COMMAND ...\n"
             "  info MODEL\n"
-            "  forward MODEL --ids 1,2,3 [--last] [--logits-out FILE]\n"
+            "  forward MODEL --ids 1,2,3 [--last | --decode-from K] [--logits-out FILE]\n"
             "  generate MODEL (--ids 1,2,3 --max-new N | --prompt T) [sampling...]  (generate --help)\n"
             "  bench MODEL [--prompt-len N] [--gen N] [--runs N] [--json]\n"
             "  dump-routing MODEL --ids 1,2,3 --out FILE\n"
@@ -148,8 +151,17 @@ static int run_ids(const cli *c, colibri_ctx **ctx, int32_t **ids, int *n, float
         fprintf(stderr, "colibri: out of memory for %d x %u logits\n", *n, m.vocab_size);
         return 1;
     }
-    colibri_status s = c->last ? colibri_forward_last(*ctx, *ids, *n, *logits)
-                               : colibri_forward(*ctx, *ids, *n, *logits);
+    colibri_status s;
+    if (c->decode_from >= 0 && !c->last) {
+        /* the prompt part in one call, then decode steps of one token each: same logits rows */
+        const int k = c->decode_from < *n ? (int)c->decode_from : *n;
+        s = k > 0 ? colibri_forward(*ctx, *ids, k, *logits) : COLIBRI_OK;
+        for (int i = k; i < *n && s == COLIBRI_OK; i++)
+            s = colibri_forward(*ctx, *ids + i, 1, *logits + (size_t)i * m.vocab_size);
+    } else {
+        s = c->last ? colibri_forward_last(*ctx, *ids, *n, *logits)
+                    : colibri_forward(*ctx, *ids, *n, *logits);
+    }
     if (s) {
         fprintf(stderr, "colibri: %s: %s\n", colibri_strerror(s), colibri_last_error(*ctx));
         return 1;
@@ -377,6 +389,7 @@ int main(int argc, char **argv) {
     memset(&c, 0, sizeof c);
     c.backend = COLIBRI_BACKEND_AUTO;
     c.max_new = -1;
+    c.decode_from = -1;
     c.prompt_len = 32;
     c.gen = 32;
     c.runs = 5;
@@ -405,6 +418,10 @@ int main(int argc, char **argv) {
             if (cli_kv_dtype(v, &c.kv)) return usage(CLI_KV_USAGE);
         } else if (!strcmp(a, "--json")) c.json = 1;
         else if (!strcmp(a, "--last")) c.last = 1;
+        else if (!strcmp(a, "--decode-from")) {
+            NEED_VALUE();
+            if (cli_long(v, 0, INT_MAX, &c.decode_from)) return usage("--decode-from must be >= 0");
+        }
         else if (!strcmp(a, "--ids")) { NEED_VALUE(); c.ids = v; }
         else if (!strcmp(a, "--logits-out")) { NEED_VALUE(); c.logits_out = v; }
         else if (!strcmp(a, "--out")) { NEED_VALUE(); c.out = v; }

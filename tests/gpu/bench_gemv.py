@@ -61,7 +61,7 @@ def main() -> int:
     try:
         module = cuda.module_from_buffer(img.data)
         linear = module.get_function("cb_linear")
-        linear.prepare("PiPiiPPiiiPi")
+        linear.prepare("PiPiiPPiiiPiP")
         print(f"{dev.name()} sm_{sm}, kernels: {img.kind} from {binary}")
 
         nbytes = 512 << 20
@@ -87,7 +87,7 @@ def main() -> int:
                 linear.prepared_call(grid, (128, 1, 1), int(y), np.int32(rows), int(x),
                                      np.int32(cols), np.int32(1), int(w), int(scales),
                                      np.int32(dt), np.int32(rows), np.int32(cols), 0,
-                                     np.int32(0))
+                                     np.int32(0), 0)
 
             ms = _time_ms(cuda, run, 20)
             moved = rows * cols * ESIZE[dt] + cols * 4 + rows * 4 * (2 if dt == 3 else 1)

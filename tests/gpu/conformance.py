@@ -94,11 +94,24 @@ def check_rmsnorm(gpu, rows, length, true_len, stride, in_place):
     w = (1 + 0.1 * rng.standard_normal(length)).astype(np.float32)
     xd = gpu.put(x)
     yd = xd if in_place else gpu.zeros((rows, stride))
-    gpu.run("cb_rmsnorm", "PiPiPiif", (rows, 1), 256, yd, np.int32(stride), xd,
-            np.int32(stride), gpu.put(w), np.int32(length), np.int32(true_len), np.float32(1e-5))
+    gpu.run("cb_rmsnorm", "PiPiPiifPi", (rows, 1), 256, yd, np.int32(stride), xd,
+            np.int32(stride), gpu.put(w), np.int32(length), np.int32(true_len), np.float32(1e-5),
+            0, np.int32(0))
     got = gpu.get(yd, (rows, stride))[:, :length]
     want = ref.cb_rmsnorm(x, w, length, true_len, 1e-5)
     np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6 * np.abs(want).max())
+    # the decode graph's k-norm: rows start *pos_d * pos_rows rows into the buffer (the cache
+    # rows of the step's position), in place; the same bits, no other row touched
+    pos = 3
+    big = np.full(((pos + 1) * rows, stride), 5.0, np.float32)
+    big[pos * rows:] = x
+    bd = gpu.put(big)
+    gpu.run("cb_rmsnorm", "PiPiPiifPi", (rows, 1), 256, bd, np.int32(stride), bd,
+            np.int32(stride), gpu.put(w), np.int32(length), np.int32(true_len), np.float32(1e-5),
+            gpu.put(np.array([pos], np.int32)), np.int32(rows))
+    moved = gpu.get(bd, ((pos + 1) * rows, stride))
+    np.testing.assert_array_equal(moved[pos * rows:, :length], got)
+    np.testing.assert_array_equal(moved[:pos * rows], 5.0)
 
 
 def check_linear(gpu, dtype, rows, cols, n):
@@ -112,10 +125,10 @@ def check_linear(gpu, dtype, rows, cols, n):
     absdot = np.abs(x).astype(np.float64) @ np.abs(w.f32() * w.scale()[:, None]).T
     for with_bias, accumulate in ((False, False), (True, False), (False, True)):
         y = gpu.put(prev)
-        gpu.run("cb_linear", "PiPiiPPiiiPi", ((rows + 3) // 4, (n + 3) // 4), 128,
+        gpu.run("cb_linear", "PiPiiPPiiiPiP", ((rows + 3) // 4, (n + 3) // 4), 128,
                 y, np.int32(rows), gpu.put(x), np.int32(cols), np.int32(n), raw, sc,
                 np.int32(dtype), np.int32(rows), np.int32(cols),
-                gpu.put(bias) if with_bias else 0, np.int32(accumulate))
+                gpu.put(bias) if with_bias else 0, np.int32(accumulate), 0)
         got = gpu.get(y, (n, rows))
         want = ref.cb_linear(x, w, bias if with_bias else None, prev if accumulate else None)
         extra = (np.abs(prev) if accumulate else 0) + (np.abs(bias) if with_bias else 0)
@@ -132,12 +145,22 @@ def check_linear_strided_rows_into_kv_cache(gpu):
     y0 = np.full((n, ystride), 7.0, np.float32)
     y = gpu.put(y0)
     raw, sc = weight_args(gpu, w)
-    gpu.run("cb_linear", "PiPiiPPiiiPi", ((rows + 3) // 4, (n + 3) // 4), 128, y,
+    gpu.run("cb_linear", "PiPiiPPiiiPiP", ((rows + 3) // 4, (n + 3) // 4), 128, y,
             np.int32(ystride), gpu.put(x), np.int32(cols), np.int32(n), raw, sc,
-            np.int32(DType.F16), np.int32(rows), np.int32(cols), 0, np.int32(0))
+            np.int32(DType.F16), np.int32(rows), np.int32(cols), 0, np.int32(0), 0)
     got = gpu.get(y, (n, ystride))
     np.testing.assert_allclose(got[:, :rows], ref.cb_linear(x, w), rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(got[:, rows:], 7.0)  # nothing past the row touched
+    # the decode graph's parameter block: a one-token step writes the cache row of the position
+    # read on the device (y itself is the cache's row 0), the same bits as the host-offset write
+    pos = 4
+    cache = gpu.put(np.full((n, ystride), 7.0, np.float32))
+    gpu.run("cb_linear", "PiPiiPPiiiPiP", ((rows + 3) // 4, 1), 128, cache, np.int32(ystride),
+            gpu.put(x[pos:pos + 1]), np.int32(cols), np.int32(1), raw, sc, np.int32(DType.F16),
+            np.int32(rows), np.int32(cols), 0, np.int32(0), gpu.put(np.array([pos], np.int32)))
+    stepped = gpu.get(cache, (n, ystride))
+    np.testing.assert_array_equal(stepped[pos, :rows], got[pos, :rows])
+    np.testing.assert_array_equal(np.delete(stepped, pos, axis=0), 7.0)  # only that row
 
 
 def check_rope(gpu, n, nheads, dh, pos0, stride_extra):
@@ -149,25 +172,42 @@ def check_rope(gpu, n, nheads, dh, pos0, stride_extra):
     # tests/test_cuda_host.py), [positions, Dh/2, (cos, sin)]
     c, s = ref.rope_cos_sin(np.arange(pos0 + n), dh, 10000.0)
     table = np.ascontiguousarray(np.stack([c, s], axis=-1), np.float32)
-    gpu.run("cb_rope", "PiiiiP", (n, 1), 128, xd, np.int32(stride), np.int32(nheads),
-            np.int32(dh), np.int32(pos0), gpu.put(table))
+    gpu.run("cb_rope", "PiiiiPPi", (n, 1), 128, xd, np.int32(stride), np.int32(nheads),
+            np.int32(dh), np.int32(pos0), gpu.put(table), 0, np.int32(0))
     got = gpu.get(xd, (n, stride))
     want = ref.cb_rope(x, nheads, dh, pos0, 10000.0)
     np.testing.assert_allclose(got, want, rtol=0, atol=8 * EPS32 * np.abs(x).max())
     np.testing.assert_array_equal(got[:, nheads * dh:], x[:, nheads * dh:])
+    # decode graph: the last token's position from the parameter block, on q (rows not moved)
+    # and on k rows in the cache (row = position): the same bits as the plain launch
+    pos_d = gpu.put(np.array([pos0 + n - 1], np.int32))
+    qd = gpu.put(x[n - 1:])
+    gpu.run("cb_rope", "PiiiiPPi", (1, 1), 128, qd, np.int32(stride), np.int32(nheads),
+            np.int32(dh), np.int32(0), gpu.put(table), pos_d, np.int32(0))
+    np.testing.assert_array_equal(gpu.get(qd, (1, stride))[0], got[n - 1])
+    cache = np.zeros((pos0 + n, stride), np.float32)
+    cache[pos0 + n - 1] = x[n - 1]
+    kd = gpu.put(cache)
+    gpu.run("cb_rope", "PiiiiPPi", (1, 1), 128, kd, np.int32(stride), np.int32(nheads),
+            np.int32(dh), np.int32(0), gpu.put(table), pos_d, np.int32(1))
+    np.testing.assert_array_equal(gpu.get(kd, (pos0 + n, stride))[pos0 + n - 1], got[n - 1])
 
 
 def run_attention(gpu, out: int, q: int, kc: int, vc: int, n: int, pos0: int, H: int, Hkv: int,
-                  dh: int) -> None:
+                  dh: int, graph_ranges: int = 0) -> None:
     """cb_attention over the KV ranges of the chunk's last token, then cb_attention_merge when a
-    token has more than one range: cuda_backend.c's launches."""
-    ns = -(-(pos0 + n) // KV_SPLIT)
+    token has more than one range: cuda_backend.c's launches. graph_ranges > 0: the decode
+    graph's launches instead, the position read from a parameter block and a fixed grid of that
+    many ranges (the cache's), the merge launched whenever there can be two."""
+    ns = graph_ranges or -(-(pos0 + n) // KV_SPLIT)
+    pos_d = gpu.put(np.array([pos0], np.int32)) if graph_ranges else 0
+    p0 = 0 if graph_ranges else pos0
     part = gpu.zeros((n, H, ns, dh + 2))
-    gpu.run("cb_attention", "PPPPPiiiii", (H * ns, n), 128, out, part, q, kc, vc, np.int32(ns),
-            np.int32(pos0), np.int32(H), np.int32(Hkv), np.int32(dh))
+    gpu.run("cb_attention", "PPPPPiiiiiP", (H * ns, n), 128, out, part, q, kc, vc, np.int32(ns),
+            np.int32(p0), np.int32(H), np.int32(Hkv), np.int32(dh), pos_d)
     if ns > 1:
-        gpu.run("cb_attention_merge", "PPiiii", (H, n), 128, out, part, np.int32(ns),
-                np.int32(pos0), np.int32(H), np.int32(dh))
+        gpu.run("cb_attention_merge", "PPiiiiP", (H, n), 128, out, part, np.int32(ns),
+                np.int32(p0), np.int32(H), np.int32(dh), pos_d)
 
 
 def check_attention(gpu, n, pos0, H, Hkv, dh):
@@ -190,6 +230,12 @@ def check_attention(gpu, n, pos0, H, Hkv, dh):
     one = gpu.zeros((1, H * dh))
     run_attention(gpu, one, qd + (n - 1) * H * dh * 4, kd, vd, 1, pos0 + n - 1, H, Hkv, dh)
     np.testing.assert_array_equal(gpu.get(one, (1, H * dh))[0], got[n - 1])
+    # and so does the decode graph's launch: position on the device, every range of the cache
+    # launched (those past the step's return), the merge always launched
+    fixed = gpu.zeros((1, H * dh))
+    run_attention(gpu, fixed, qd + (n - 1) * H * dh * 4, kd, vd, 1, pos0 + n - 1, H, Hkv, dh,
+                  graph_ranges=-(-S // KV_SPLIT) + 1)
+    np.testing.assert_array_equal(gpu.get(fixed, (1, H * dh))[0], got[n - 1])
 
 
 def check_router_topk(gpu, E, k, renorm):

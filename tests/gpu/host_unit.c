@@ -5,8 +5,10 @@
  *   host_unit plan          device arena layout (alignment, no overlap, chunk bound)
  *   host_unit rope T D P    the RoPE table (colibri_cuda_rope_table) for theta T, head dim D,
  *                           P positions: one line per (position, pair), "cos sin" as f32 bits
- *   host_unit open S N      colibri_cuda_open with S streams on a small in-memory model, then a
- *                           forward of N tokens; prints the reason and exits 3 when open fails.
+ *   host_unit open S N [DT] [STEPS]  colibri_cuda_open with S streams on a small in-memory
+ *                           model (weight dtype DT), then a forward of N tokens and STEPS
+ *                           one-token decode steps after them; prints the reason and exits 3
+ *                           when open fails.
  *                           With the real libcuda absent this is the no-driver path; with
  *                           COLIBRI_LIBCUDA pointing at tests/gpu/stub_libcuda.c's library it
  *                           records the launch sequence (see that file).
@@ -174,13 +176,13 @@ static int test_plan(void) {
     const size_t at[] = {p.x, p.h, p.q, p.att, p.part, p.router, p.top_idx, p.top_w, p.offsets,
                          p.active, p.perm, p.slot_of, p.act, p.expert_out, p.shared_act,
                          p.shared_out, p.shared_gate, p.shared_offsets, p.logits, p.ids, p.iota,
-                         p.rope, p.kcache,
+                         p.prm, p.rope, p.kcache,
                          p.vcache, p.tables, p.weights};
     /* partials: 32 tokens x 4 heads x 1 KV range (64 positions) x (Dh 8 + 2) floats */
     const size_t need[] = {32 * 32 * 4, 32 * 32 * 4, 32 * 32 * 4, 32 * 32 * 4, 32 * 4 * 1 * 10 * 4,
                            32 * 8 * 4, 32 * 2 * 4, 32 * 2 * 4, 9 * 4, 8 * 4, 32 * 2 * 4, 32 * 2 * 4,
                            32 * 2 * 20 * 4, 32 * 2 * 32 * 4, 32 * 12 * 4, 32 * 32 * 4, 32 * 4, 8,
-                           32 * 50 * 4, 32 * 4, 32 * 4, 64 * 8 * 4, 2 * 64 * 16 * 4, 2 * 64 * 16 * 4,
+                           32 * 50 * 4, 32 * 4, 32 * 4, 256, 64 * 8 * 4, 2 * 64 * 16 * 4, 2 * 64 * 16 * 4,
                            2 * (6 * 8 + 6) * 8, f.m.file_size - f.m.data_offset};
     const int nb = (int)(sizeof at / sizeof at[0]);
     for (int i = 0; i < nb; i++) {
@@ -210,7 +212,7 @@ static int test_plan(void) {
     return 0;
 }
 
-static int run_open(int streams, int n, uint32_t dtype) {
+static int run_open(int streams, int n, uint32_t dtype, int steps) {
     fake_model f;
     fake_model_init(&f, dtype);
     colibri_cuda *cu = NULL;
@@ -227,10 +229,14 @@ static int run_open(int streams, int n, uint32_t dtype) {
            info.device_name, info.sm, info.driver_version, info.image, info.integrated,
            info.weights, info.device_bytes);
     int32_t ids[80];
-    for (int i = 0; i < n && i < 80; i++) ids[i] = (i * 7) % 50;
+    for (int i = 0; i < 80; i++) ids[i] = (i * 7) % 50;
     float *logits = calloc((size_t)n * 50, sizeof *logits);
     int rc = colibri_cuda_forward(cu, ids, n, 0, logits, why, sizeof why);
     CHECK(rc == 0, "forward: %s", why);
+    for (int i = 0; i < steps && rc == 0; i++) {
+        rc = colibri_cuda_forward(cu, &ids[i % 80], 1, n + i, logits, why, sizeof why);
+        CHECK(rc == 0, "decode step %d: %s", i, why);
+    }
     ids[0] = 50;
     rc = colibri_cuda_forward(cu, ids, 1, 0, logits, why, sizeof why);
     CHECK(rc != 0 && strstr(why, "token id 50 out of range"), "bad id refused: %s", why);
@@ -259,7 +265,7 @@ static int print_rope(float theta, int Dh, int positions) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: host_unit pick|launch|plan|rope T D P|open STREAMS N [DTYPE]\n");
+        fprintf(stderr, "usage: host_unit pick|launch|plan|rope T D P|open STREAMS N [DTYPE] [STEPS]\n");
         return 2;
     }
     if (strcmp(argv[1], "pick") == 0) test_pick();
@@ -268,7 +274,8 @@ int main(int argc, char **argv) {
     else if (strcmp(argv[1], "rope") == 0 && argc == 5)
         return print_rope((float)atof(argv[2]), atoi(argv[3]), atoi(argv[4]));
     else if (strcmp(argv[1], "open") == 0 && argc >= 4)
-        return run_open(atoi(argv[2]), atoi(argv[3]), argc > 4 ? (uint32_t)atoi(argv[4]) : 1);
+        return run_open(atoi(argv[2]), atoi(argv[3]), argc > 4 ? (uint32_t)atoi(argv[4]) : 1,
+                        argc > 5 ? atoi(argv[5]) : 0);
     else {
         fprintf(stderr, "unknown test %s\n", argv[1]);
         return 2;

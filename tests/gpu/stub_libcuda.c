@@ -13,7 +13,23 @@
  *   STUB_LOAD_RC     cuModuleLoadDataEx's result (default 0)
  *   STUB_DTOD_RC     cuMemcpyDtoD_v2's result (default 0; colibri gpuprobe)
  *   STUB_LOG         file receiving one line per cuLaunchKernel / memcpy / event call
- * Built with -DSTUB_OMIT_LAUNCH it lacks cuLaunchKernel (a driver missing an entry point).
+ * Built with -DSTUB_OMIT_LAUNCH it lacks cuLaunchKernel (a driver missing an entry point); with
+ * -DSTUB_OMIT_GRAPH it lacks the CUDA-graph entry points (a driver older than CUDA 11.4).
+ *
+ * Stream capture (CUDA graphs), as NVIDIA's CUDA Programming Guide ("Creating a Graph Using
+ * Stream Capture", "Cross-stream Dependencies and Events") and the driver API reference of
+ * cuStreamBeginCapture / cuStreamEndCapture describe it: between cuStreamBeginCapture_v2 and
+ * cuStreamEndCapture on the origin stream, work issued to a capturing stream is recorded, not run;
+ * another stream joins the capture by waiting on an event recorded in a capturing stream, and
+ * must be joined back into the origin (the origin waits on an event recorded after its last
+ * work) before the capture ends, else CUDA_ERROR_STREAM_CAPTURE_UNJOINED (904); a memcpy or a
+ * synchronize on a capturing stream is CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (900) here (the
+ * real driver refuses synchronizing and pageable copies). A captured cuLaunchKernel copies the
+ * argument bytes, as the driver does (sizes from the emulation's kernel signatures with
+ * -DSTUB_EMULATE; without it the arguments are not kept, nothing is replayed), and logs
+ * "capture <kernel> grid .. block .. stream ..". cuGraphLaunch logs "graph launch stream S
+ * nodes N" and, with -DSTUB_EMULATE, replays the nodes in capture order (an order that keeps
+ * every captured dependency, since the capture saw them issued in it).
  * Built with -DSTUB_EMULATE and linked with tests/gpu/emu/cuda_emu.cpp, cuLaunchKernel runs the
  * kernel in the host emulation, so the real binary's `--backend cuda` path runs end to end on a
  * CPU (tests/test_cuda_host.py compares it with `--backend cpu`). */
@@ -49,6 +65,29 @@ static char g_ctx, g_mod, g_stream[8], g_event[8];
 static int g_nstream, g_nevent;
 static char g_fn_names[64][32];
 static int g_nfn;
+
+/* ---- stream capture state (see the top of the file) ---- */
+#define STUB_MAX_ARGS 16
+typedef struct {
+    const char *fn;
+    unsigned gx, gy, bx;
+    int stream, nargs;
+    unsigned long long args[STUB_MAX_ARGS]; /* each argument's bytes, one 8-byte slot each */
+} stub_node;
+typedef struct {
+    stub_node *nodes;
+    int count, cap;
+} stub_graph;
+static int g_capturing[8];   /* stream i records instead of running */
+static int g_origin = -1;    /* the stream cuStreamBeginCapture_v2 was called on; -1: none */
+static int g_ops[8];         /* nodes captured on stream i */
+static int g_joined[8];      /* nodes of stream i the origin has waited for */
+static int g_ev_stream[8];   /* event i: stream it was recorded on in the capture, else -1 */
+static int g_ev_ops[8];      /* event i: g_ops of that stream when recorded */
+static stub_graph *g_graph;  /* the graph being captured */
+
+static int stream_index(void *s) { return s ? (int)((char *)s - g_stream) : -1; }
+static int capturing(void *s) { int i = stream_index(s); return i >= 0 && g_capturing[i]; }
 
 CUresult cuInit(unsigned flags) { (void)flags; return env_int("STUB_CUINIT_RC", 0); }
 CUresult cuDriverGetVersion(int *v) { *v = 12060; return 0; }
@@ -105,12 +144,12 @@ CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void *s, size_t n) {
     return 0;
 }
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *s, size_t n, void *st) {
-    (void)st;
+    if (capturing(st)) return 900; /* CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED */
     memcpy((void *)(uintptr_t)d, s, n);
     return 0;
 }
 CUresult cuMemcpyDtoHAsync_v2(void *d, CUdeviceptr s, size_t n, void *st) {
-    (void)st;
+    if (capturing(st)) return 900;
     memcpy(d, (const void *)(uintptr_t)s, n);
     return 0;
 }
@@ -127,12 +166,48 @@ CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *d, void *p, unsigned flags) {
 }
 #ifdef STUB_EMULATE
 int emu_launch(const char *name, unsigned gx, unsigned gy, unsigned bx, void **args);
+int emu_param_sizes(const char *name, size_t *sizes, int max);
+#endif
+
+
+#ifndef STUB_OMIT_LAUNCH
+static CUresult capture_node(void *fn, unsigned gx, unsigned gy, unsigned bx, void *stream,
+                             void **params) {
+    stub_graph *g = g_graph;
+    if (g->count == g->cap) {
+        int cap = g->cap ? 2 * g->cap : 64;
+        stub_node *n = realloc(g->nodes, (size_t)cap * sizeof *n);
+        if (!n) return 2;
+        g->nodes = n;
+        g->cap = cap;
+    }
+    stub_node *n = &g->nodes[g->count++];
+    memset(n, 0, sizeof *n);
+    n->fn = (const char *)fn;
+    n->gx = gx, n->gy = gy, n->bx = bx;
+    n->stream = stream_index(stream);
+#ifdef STUB_EMULATE
+    size_t sizes[STUB_MAX_ARGS];
+    n->nargs = emu_param_sizes(n->fn, sizes, STUB_MAX_ARGS);
+    if (n->nargs < 0) return 500;
+    for (int i = 0; i < n->nargs; i++) {
+        if (sizes[i] > sizeof n->args[i]) return 1;
+        memcpy(&n->args[i], params[i], sizes[i]);
+    }
+#else
+    (void)params;
+#endif
+    g_ops[n->stream]++;
+    logf_("capture %s grid %u %u block %u stream %d", n->fn, gx, gy, bx, n->stream);
+    return 0;
+}
 #endif
 
 #ifndef STUB_OMIT_LAUNCH
 CUresult cuLaunchKernel(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                         unsigned bz, unsigned shmem, void *stream, void **params, void **extra) {
     (void)gz; (void)by; (void)bz; (void)shmem; (void)params; (void)extra;
+    if (capturing(stream)) return capture_node(fn, gx, gy, bx, stream, params);
     const char *path = getenv("STUB_LOG");
     if (path) {
         FILE *f = fopen(path, "a");
@@ -156,10 +231,15 @@ CUresult cuStreamCreate(void **s, unsigned flags) {
     return 0;
 }
 CUresult cuStreamDestroy_v2(void *s) { (void)s; return 0; }
-CUresult cuStreamSynchronize(void *s) { (void)s; return 0; }
+CUresult cuStreamSynchronize(void *s) { return capturing(s) ? 900 : 0; }
 CUresult cuStreamWaitEvent(void *s, void *e, unsigned flags) {
     (void)flags;
-    logf_("wait stream %d event %d", (int)((char *)s - g_stream), (int)((char *)e - g_event));
+    const int si = stream_index(s), ei = (int)((char *)e - g_event);
+    logf_("wait stream %d event %d", si, ei);
+    if (g_origin >= 0 && g_ev_stream[ei] >= 0) {
+        g_capturing[si] = 1; /* joins the capture (or stays in it) */
+        if (si == g_origin) g_joined[g_ev_stream[ei]] = g_ev_ops[ei];
+    }
     return 0;
 }
 CUresult cuEventCreate(void **e, unsigned flags) {
@@ -169,9 +249,82 @@ CUresult cuEventCreate(void **e, unsigned flags) {
 }
 CUresult cuEventDestroy_v2(void *e) { (void)e; return 0; }
 CUresult cuEventRecord(void *e, void *s) {
-    logf_("record event %d stream %d", (int)((char *)e - g_event), (int)((char *)s - g_stream));
+    const int si = stream_index(s), ei = (int)((char *)e - g_event);
+    logf_("record event %d stream %d", ei, si);
+    g_ev_stream[ei] = capturing(s) ? si : -1;
+    g_ev_ops[ei] = capturing(s) ? g_ops[si] : 0;
     return 0;
 }
+
+#ifndef STUB_OMIT_GRAPH
+CUresult cuStreamBeginCapture_v2(void *s, int mode) {
+    const int si = stream_index(s);
+    if (si < 0 || g_origin >= 0 || mode < 0 || mode > 2) return 1; /* INVALID_VALUE */
+    g_graph = calloc(1, sizeof *g_graph);
+    if (!g_graph) return 2;
+    memset(g_capturing, 0, sizeof g_capturing);
+    memset(g_ops, 0, sizeof g_ops);
+    memset(g_joined, 0, sizeof g_joined);
+    for (int i = 0; i < 8; i++) g_ev_stream[i] = -1;
+    g_origin = si;
+    g_capturing[si] = 1;
+    logf_("begin capture stream %d mode %d", si, mode);
+    return 0;
+}
+CUresult cuStreamEndCapture(void *s, void **graph) {
+    const int si = stream_index(s);
+    if (si != g_origin) return 903; /* CUDA_ERROR_STREAM_CAPTURE_UNMATCHED */
+    CUresult rc = 0;
+    for (int i = 0; i < 8; i++)
+        if (i != si && g_capturing[i] && g_ops[i] > g_joined[i]) rc = 904; /* UNJOINED */
+    memset(g_capturing, 0, sizeof g_capturing);
+    g_origin = -1;
+    logf_("end capture stream %d nodes %d rc %d", si, g_graph->count, rc);
+    if (rc) {
+        free(g_graph->nodes);
+        free(g_graph);
+        *graph = NULL;
+    } else {
+        *graph = g_graph;
+    }
+    g_graph = NULL;
+    return rc;
+}
+CUresult cuGraphInstantiateWithFlags(void **exec, void *graph, unsigned long long flags) {
+    (void)flags;
+    const stub_graph *g = graph;
+    stub_graph *x = calloc(1, sizeof *x);
+    if (!x) return 2;
+    x->nodes = malloc((size_t)(g->count ? g->count : 1) * sizeof *x->nodes);
+    if (!x->nodes) { free(x); return 2; }
+    memcpy(x->nodes, g->nodes, (size_t)g->count * sizeof *x->nodes);
+    x->count = x->cap = g->count;
+    *exec = x;
+    return 0;
+}
+CUresult cuGraphLaunch(void *exec, void *s) {
+    const stub_graph *x = exec;
+    if (capturing(s)) return 900;
+    logf_("graph launch stream %d nodes %d", stream_index(s), x->count);
+#ifdef STUB_EMULATE
+    for (int i = 0; i < x->count; i++) {
+        const stub_node *n = &x->nodes[i];
+        void *args[STUB_MAX_ARGS];
+        for (int a = 0; a < n->nargs; a++) args[a] = (void *)&n->args[a];
+        if (n->gy > 65535 || n->bx > 1024) return 1;
+        if (emu_launch(n->fn, n->gx, n->gy, n->bx, args) != 0) return 500;
+    }
+#endif
+    return 0;
+}
+CUresult cuGraphExecDestroy(void *exec) {
+    stub_graph *x = exec;
+    if (x) free(x->nodes);
+    free(x);
+    return 0;
+}
+CUresult cuGraphDestroy(void *graph) { return cuGraphExecDestroy(graph); }
+#endif
 /* colibri gpuprobe: device memory is host memory here, so the copy is a memcpy */
 CUresult cuMemcpyDtoD_v2(CUdeviceptr d, CUdeviceptr s, size_t n) {
     memcpy((void *)(uintptr_t)d, (const void *)(uintptr_t)s, n);

@@ -106,6 +106,28 @@ static void launch(void (*k)(A...), unsigned gx, unsigned gy, unsigned bx, void 
     run_grid(gx, gy, bx, [&] { call_with(k, args, std::index_sequence_for<A...>{}); });
 }
 
+template <typename... A>
+static int param_sizes(void (*)(A...), std::size_t *sizes, int max) {
+    const std::size_t s[] = {sizeof(A)...};
+    const int n = (int)sizeof...(A);
+    if (n > max) return -1;
+    for (int i = 0; i < n; i++) sizes[i] = s[i];
+    return n;
+}
+
+// The byte size of each parameter of kernel `name`, from its C++ signature: what a real driver
+// reads from the cubin's parameter table (EIATTR_KPARAM_INFO) when cuLaunchKernel copies the
+// arguments into a graph node. The stand-in driver's stream capture copies that many bytes per
+// argument (tests/gpu/stub_libcuda.c). Returns the count, or -1 (unknown kernel / too many).
+extern "C" int emu_param_sizes(const char *name, std::size_t *sizes, int max) {
+#define K(fn) if (std::strcmp(name, #fn) == 0) return param_sizes(fn, sizes, max);
+    K(cb_embed) K(cb_rmsnorm) K(cb_linear) K(cb_rope) K(cb_attention) K(cb_attention_merge)
+    K(cb_router_topk)
+    K(cb_dispatch) K(cb_expert_up) K(cb_expert_down) K(cb_moe_combine)
+#undef K
+    return -1;
+}
+
 // Like cuLaunchKernel: args[i] points at the i-th parameter's value. 0 on success.
 extern "C" int emu_launch(const char *name, unsigned gx, unsigned gy, unsigned bx, void **args) {
 #define K(fn) if (std::strcmp(name, #fn) == 0) { launch(fn, gx, gy, bx, args); return 0; }
