@@ -337,7 +337,6 @@ __attribute__((target("avx2"))) static void avx2_dot4_q8(const int8_t *const *w,
         out[k] = s;
     }
 }
-#endif
 
 /* Several int8 tokens against four int8 rows (prefill with --int8-act), two tokens per pass over
  * the rows: a row chunk is loaded and its |w| taken once for both tokens. Integer sums are
@@ -389,6 +388,7 @@ __attribute__((target("avx2"))) static void avx2_q8_tile(const int8_t *const *w,
     }
     _mm256_zeroupper();
 }
+#endif
 
 /* ---- AVX-512: the AVX2 lane layout in 16-lane registers ------------------------------------ */
 
