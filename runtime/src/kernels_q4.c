@@ -461,6 +461,24 @@ static void neon_f32_dot3(const float *w, const float *const x[3], size_t cols, 
     for (int j = 0; j < 3; j++) out[j] = neon_reduce(A[j]) + f32_tail(w, x[j], cols);
 }
 
+/* q4 x int8, shared by the vmull and SDOT kernels: a group's eight integer lane sums S[l] (s0:
+ * lanes 0-3, s1: 4-7) scaled into the lane accumulators, L[l] = fma(d_b, S[l], L[l]) ... */
+static inline void neon_q4q8_scale_add(int32x4_t s0, int32x4_t s1, uint16_t d, float32x4_t *lo,
+                                       float32x4_t *hi) {
+    float dd = vgetq_lane_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(d))), 0);
+    *lo = vfmaq_n_f32(*lo, vcvtq_f32_s32(s0), dd);
+    *hi = vfmaq_n_f32(*hi, vcvtq_f32_s32(s1), dd);
+}
+
+/* ... then the layout's fixed reduction and the tail. */
+static inline float neon_q4q8_finish(float32x4_t lo, float32x4_t hi, const uint8_t *q,
+                                     const uint16_t *d, const int8_t *x, size_t cols) {
+    float t[8];
+    vst1q_f32(t, lo);
+    vst1q_f32(t + 4, hi);
+    return q4q8_reduce(t) + q4q8_tail(q, d, x, cols);
+}
+
 /* q4 x int8: products widened to 16 bits, then pairwise adds give the 4-element lane sums. */
 static float neon_q4q8_dot(const uint8_t *q, const uint16_t *d, const int8_t *x, size_t cols) {
     float32x4_t lo = vdupq_n_f32(0), hi = lo;
@@ -474,14 +492,9 @@ static float neon_q4q8_dot(const uint8_t *q, const uint16_t *d, const int8_t *x,
                                   vpaddlq_s16(vmull_s8(vget_high_s8(ql), vget_high_s8(xl))));
         int32x4_t s1 = vpaddq_s32(vpaddlq_s16(vmull_s8(vget_low_s8(qh), vget_low_s8(xh))),
                                   vpaddlq_s16(vmull_s8(vget_high_s8(qh), vget_high_s8(xh))));
-        float dd = vgetq_lane_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(d[b]))), 0);
-        lo = vfmaq_n_f32(lo, vcvtq_f32_s32(s0), dd);
-        hi = vfmaq_n_f32(hi, vcvtq_f32_s32(s1), dd);
+        neon_q4q8_scale_add(s0, s1, d[b], &lo, &hi);
     }
-    float t[8];
-    vst1q_f32(t, lo);
-    vst1q_f32(t + 4, hi);
-    return q4q8_reduce(t) + q4q8_tail(q, d, x, cols);
+    return neon_q4q8_finish(lo, hi, q, d, x, cols);
 }
 
 #if defined(__ARM_FEATURE_DOTPROD) || defined(COLIBRI_ARM_TARGET_ATTR)
@@ -499,14 +512,9 @@ SDOT_FN static float neon_sdot_q4q8_dot(const uint8_t *q, const uint16_t *d, con
         neon_q4_unpack(q + b * 16, &ql, &qh);
         int32x4_t s0 = vdotq_s32(vdupq_n_s32(0), ql, vld1q_s8(x + b * 32));
         int32x4_t s1 = vdotq_s32(vdupq_n_s32(0), qh, vld1q_s8(x + b * 32 + 16));
-        float dd = vgetq_lane_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(d[b]))), 0);
-        lo = vfmaq_n_f32(lo, vcvtq_f32_s32(s0), dd);
-        hi = vfmaq_n_f32(hi, vcvtq_f32_s32(s1), dd);
+        neon_q4q8_scale_add(s0, s1, d[b], &lo, &hi);
     }
-    float t[8];
-    vst1q_f32(t, lo);
-    vst1q_f32(t + 4, hi);
-    return q4q8_reduce(t) + q4q8_tail(q, d, x, cols);
+    return neon_q4q8_finish(lo, hi, q, d, x, cols);
 }
 #endif
 
