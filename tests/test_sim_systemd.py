@@ -182,12 +182,36 @@ def test_request_log_line_is_in_the_journal(device):
 def test_kill_9_is_answered_by_a_restart(device):
     dev, spec, _, _ = device
     before = dev.main_pid("colibri.service")
+    assert before > 0, "colibri.service is not running"  # `kill -9 0` would signal a group
     restarts = int(dev.systemctl("show", "-p", "NRestarts", "--value", "colibri.service").stdout)
     dev.run(["kill", "-9", str(before)])
     assert wait_for(lambda: dev.main_pid("colibri.service") not in (0, before))
     assert wait_for(lambda: health(dev, spec.health_url) == "200")
     after = int(dev.systemctl("show", "-p", "NRestarts", "--value", "colibri.service").stdout)
     assert after == restarts + 1
+
+
+def test_a_group_kill_inside_the_device_does_not_reach_the_caller(device):
+    """`kill -9 0` inside the device signals the process group of `kill`. A process group is not
+    confined by a PID namespace, so before commands got a session of their own it also killed
+    whoever ran dev.run: a whole pytest run once ended silently that way. The call is made from
+    a forked child in a session of its own, so the old behaviour kills only that child."""
+    dev = device[0]
+    child = os.fork()
+    if child == 0:  # pragma: no cover - runs in the child
+        status = 3
+        try:
+            os.setsid()
+            # the forked copy does not own the device's Popen (poll() would see ECHILD and call
+            # it exited), so it takes the parent's word that the device runs
+            dev.running = lambda: True
+            res = dev.run(["/bin/sh", "-c", "kill -9 0"], check=False)
+            status = 0 if res.returncode == -9 else 4
+        finally:
+            os._exit(status)
+    _, status = os.waitpid(child, 0)
+    assert not os.WIFSIGNALED(status), "dev.run's caller was killed by a group kill in the device"
+    assert os.WEXITSTATUS(status) == 0, "the command inside was not itself killed (-9)"
 
 
 def test_health_gate_passes_with_the_api_key(device):

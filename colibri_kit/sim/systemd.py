@@ -344,7 +344,12 @@ class SystemdDevice:
         cmd = ["nsenter", "-t", str(self.pid), "-m", "-p", "-u", "-i", *(["-n"] if self.address else []), "--",
                "/usr/bin/env", "-i", f"PATH={PATH}", "LANG=C.UTF-8", "SYSTEMD_PAGER=",
                "SYSTEMD_COLORS=0", *argv]
-        res = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout)
+        # A session of its own: a process group is not confined by the PID namespace, so a
+        # `kill -9 0` (or `kill -- -1` by a unit) inside the device would otherwise also kill
+        # the test runner, which shares the caller's group. It did: a test that sent `kill -9`
+        # to MainPID 0 (the service had not been deployed) ended a whole pytest run silently.
+        res = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout,
+                             start_new_session=True)
         if check and res.returncode != 0:
             raise FleetError(f"{self.name}: {shlex.join(argv)} exited {res.returncode}: "
                              f"{(res.stderr or res.stdout).strip()[-2000:]}")

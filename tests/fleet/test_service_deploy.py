@@ -206,6 +206,8 @@ def test_a_taken_port_is_rolled_back_with_the_old_unit(sfleet, inv, profile, dis
 def test_kill_9_is_restarted_by_systemd(sfleet, inv):
     dev = sfleet.devices[0]
     pid = dev.main_pid("colibri.service")
+    # MainPID 0 means the service is not running: `kill -9 0` would signal a process group
+    assert pid > 0, dev.systemctl("status", "colibri.service", check=False).stdout
     restarts = int(dev.systemctl("show", "-p", "NRestarts", "--value", "colibri.service").stdout)
     dev.run(["kill", "-9", str(pid)])
     assert wait_for(lambda: dev.main_pid("colibri.service") not in (0, pid) and health(dev) == 200)
