@@ -376,22 +376,104 @@ def test_decode_graph_captures_the_two_stream_fork_and_join(host_unit, stub_driv
     assert sum(ln.startswith("graph launch") for ln in two) == 3  # 1-token prompt + 2 steps
 
 
-def test_integrated_gpu_maps_the_weights(host_unit, stub_driver, tmp_path: Path):
-    """CU_DEVICE_ATTRIBUTE_INTEGRATED: the file is registered read-only + device-mapped, and the
-    arena holds no copy of the weights."""
+def test_weights_copied_by_default_and_mapped_on_request(host_unit, stub_driver, tmp_path: Path):
+    """The device copy is the default on every GPU, integrated too (until gpu-check has measured
+    the mapped path on a Jetson); COLIBRI_CUDA_WEIGHTS=map on an integrated GPU registers the file
+    read-only + device-mapped and the arena holds no copy; a discrete GPU copies even then; any
+    other value is refused with the reason."""
     lib = stub_driver["full"]
     out_d, disc = launch_log(host_unit, lib, tmp_path, 1, "discrete")
     out_i, integ = launch_log(host_unit, lib, tmp_path, 1, "integrated", STUB_INTEGRATED="1")
-    assert "weights=mapped" in out_i and "integrated=1" in out_i
-    reg = [ln for ln in integ if ln.startswith("register ")]
-    assert len(reg) == 1 and reg[0].endswith("flags 10")  # DEVICEMAP | READ_ONLY
+    assert "weights=copied" in out_i and "integrated=1" in out_i
+    assert not any(ln.startswith("register ") for ln in disc + integ)
     alloc_d = int(next(ln for ln in disc if ln.startswith("alloc ")).split()[1])
-    alloc_i = int(next(ln for ln in integ if ln.startswith("alloc ")).split()[1])
+    assert int(next(ln for ln in integ if ln.startswith("alloc ")).split()[1]) == alloc_d
+    out_m, mapped = launch_log(host_unit, lib, tmp_path, 1, "mapped", STUB_INTEGRATED="1",
+                               COLIBRI_CUDA_WEIGHTS="map")
+    assert "weights=mapped" in out_m
+    reg = [ln for ln in mapped if ln.startswith("register ")]
+    assert len(reg) == 1 and reg[0].endswith("flags 10")  # DEVICEMAP | READ_ONLY
+    alloc_m = int(next(ln for ln in mapped if ln.startswith("alloc ")).split()[1])
     weights = int(reg[0].split()[1])
-    assert alloc_d - alloc_i >= weights - 4096  # the copy is what the mapping saves
-    out_c, forced = launch_log(host_unit, lib, tmp_path, 1, "forced", STUB_INTEGRATED="1",
-                               COLIBRI_CUDA_WEIGHTS="copy")
-    assert "weights=copied" in out_c and not any(ln.startswith("register ") for ln in forced)
+    assert alloc_d - alloc_m >= weights - 4096  # the copy is what the mapping saves
+    assert not any(ln.startswith("htod async") for ln in _opening(mapped))  # nothing uploaded
+    out_x, discrete_map = launch_log(host_unit, lib, tmp_path, 1, "discrete_map",
+                                     COLIBRI_CUDA_WEIGHTS="map")
+    assert "weights=copied" in out_x and not any(ln.startswith("register ") for ln in discrete_map)
+    proc = run_unit(host_unit, "open", "1", "4", env={"COLIBRI_LIBCUDA": str(lib),
+                                                      "COLIBRI_CUDA_WEIGHTS": "mapped"})
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "why: COLIBRI_CUDA_WEIGHTS must be copy or map, got 'mapped'" in proc.stdout
+
+
+def _opening(lines: list[str]) -> list[str]:
+    """The stand-in log of colibri_cuda_open: up to its last call, the logits buffer's allocation
+    (the forward's uploads come after it)."""
+    first = next(i for i, ln in enumerate(lines) if ln.startswith("launch "))
+    return lines[:max(i for i, ln in enumerate(lines[:first]) if ln.startswith("allochost"))]
+
+
+def _weights_bytes(host_unit: Path, lib: Path, tmp: Path) -> int:
+    """host_unit.c's model: its data section, as the mapped path registers it (whole pages)."""
+    _, mapped = launch_log(host_unit, lib, tmp, 1, "size", STUB_INTEGRATED="1",
+                           COLIBRI_CUDA_WEIGHTS="map")
+    return int(next(ln for ln in mapped if ln.startswith("register ")).split()[1])
+
+
+def test_weights_upload_in_chunks_through_pinned_staging(host_unit, stub_driver, tmp_path: Path):
+    """The copy goes up in chunks (16 KiB here, COLIBRI_CUDA_UPLOAD_KIB) through two page-locked
+    staging buffers that are freed before the first kernel runs; together the chunks are exactly
+    the data section, in order. The logits buffer is page-locked too, allocated at open and freed
+    at close, after the last launch. Without staging memory the chunks go from the mapping with
+    cuMemcpyHtoD, and the forward runs the same."""
+    lib = stub_driver["full"]
+    weights = _weights_bytes(host_unit, lib, tmp_path)
+    chunk = 16 << 10
+    assert weights > 3 * chunk
+    _, lines = launch_log(host_unit, lib, tmp_path, 1, "chunked", COLIBRI_CUDA_UPLOAD_KIB="16")
+    first_launch = next(i for i, ln in enumerate(lines) if ln.startswith("launch "))
+    ups = [int(ln.split()[2]) for ln in _opening(lines) if ln.startswith("htod async")]
+    assert sum(ups) == weights and ups[:-1] == [chunk] * (len(ups) - 1) and 0 < ups[-1] <= chunk
+    hosts = [(i, ln) for i, ln in enumerate(lines) if ln.startswith(("allochost", "freehost"))]
+    assert [ln for _, ln in hosts] == [f"allochost {2 * chunk + 1} rc 0", "freehost",
+                                       f"allochost {32 * 50 * 4} rc 0", "freehost"]
+    assert hosts[1][0] < first_launch  # staging gone before the first kernel
+    last_launch = max(i for i, ln in enumerate(lines) if ln.startswith(("launch ", "graph launch")))
+    assert hosts[3][0] > last_launch   # the logits buffer lives until close
+    # no staging memory: pageable chunks, same launches, nothing leaked (ASan's leak check)
+    out, plain = launch_log(host_unit, lib, tmp_path, 1, "pageable", COLIBRI_CUDA_UPLOAD_KIB="16",
+                            STUB_ALLOCHOST_FAIL_AT="1")
+    opened = _opening(plain)
+    assert "weights=copied" in out and not any(ln.startswith("htod async") for ln in opened)
+    assert "allochost 32769 rc 2" in opened and sum(ln == "freehost" for ln in plain) == 1
+
+    def launches(ls: list[str]) -> list[str]:
+        return [ln for ln in ls if ln.startswith(("launch ", "capture ", "graph launch"))]
+    assert launches(plain) == launches(lines)
+
+
+@pytest.mark.parametrize("fail_at", [1, 3])
+def test_weights_upload_failure_names_the_chunk(host_unit, stub_driver, tmp_path: Path,
+                                                fail_at: int):
+    """A copy failing on chunk N: open fails with one line naming chunk N of the total and its
+    byte range, and leaves nothing allocated (ASan's leak check over the backend and the stand-in
+    driver, which frees what it hands out; every host allocation freed in the log)."""
+    lib = stub_driver["full"]
+    weights = _weights_bytes(host_unit, lib, tmp_path)
+    chunk = 16 << 10
+    total = -(-weights // chunk)
+    log = tmp_path / f"fail{fail_at}.log"
+    proc = run_unit(host_unit, "open", "1", "4",
+                    env={"COLIBRI_LIBCUDA": str(lib), "STUB_LOG": str(log),
+                         "COLIBRI_CUDA_UPLOAD_KIB": "16", "STUB_HTOD_FAIL_AT": str(fail_at)})
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    lo = (fail_at - 1) * chunk
+    assert (f"why: cuMemcpyHtoDAsync of weights chunk {fail_at} of {total} (bytes {lo}..{lo + chunk})"
+            f" failed: stub error (CUresult 1)") in proc.stdout, proc.stdout
+    lines = log.read_text().splitlines()
+    assert sum(ln.startswith("allochost") for ln in lines) == 1
+    assert sum(ln == "freehost" for ln in lines) == 1
+    assert not any(ln.startswith("launch ") for ln in lines)
 
 
 # ---------------------------------------------------------------- the real binary, no GPU
