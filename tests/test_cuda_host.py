@@ -710,12 +710,14 @@ def test_cuda_backend_end_to_end_in_emulation(cuda_host_build, tiny_model: Path)
 @pytest.mark.slow
 def test_cuda_backend_flags_and_mapped_weights_in_emulation(cuda_host_build, tmp_path: Path):
     """Shared expert + gate, qkv bias, per-head q/k norm, bf16 weights, on an "integrated GPU"
-    (weights device-mapped from the mmapped file instead of copied): same logits as the CPU."""
+    with COLIBRI_CUDA_WEIGHTS=map (weights device-mapped from the mmapped file instead of
+    copied): same logits as the CPU."""
     model = tmp_path / "flags.colibri"
     _random_model(model, 0b100111, 2, 20, pad=64)  # the host profile's embed_pad
     ids = [3, 17, 95, 0, 42, 42]
     cpu = _logits(cuda_host_build, model, "cpu", ids, "flags_cpu")
-    gpu = _logits(cuda_host_build, model, "cuda", ids, "flags_cuda", STUB_INTEGRATED="1")
+    gpu = _logits(cuda_host_build, model, "cuda", ids, "flags_cuda", STUB_INTEGRATED="1",
+                  COLIBRI_CUDA_WEIGHTS="map")
     err = np.abs(gpu - cpu).max() / np.abs(cpu).max()
     assert err < 1e-4, err
 
@@ -734,12 +736,12 @@ def test_cuda_backend_q4_in_emulation(cuda_host_build, tmp_path: Path):
     err = np.abs(gpu - cpu).max() / np.abs(cpu).max()
     assert err < 1e-4, err
     # the memory planner's device arena (colibri_kit/model/footprint.py) is what the backend
-    # allocates: weights mapped on an integrated GPU, copied into the arena on a discrete one
+    # allocates: weights mapped (integrated GPU, COLIBRI_CUDA_WEIGHTS=map) or copied into it
     from colibri_kit.model.footprint import cuda_arena_bytes
     from colibri_kit.model.format import read_model
 
     h = read_model(model).header
-    mapped = _emu_info(cuda_host_build, model, STUB_INTEGRATED="1")
+    mapped = _emu_info(cuda_host_build, model, STUB_INTEGRATED="1", COLIBRI_CUDA_WEIGHTS="map")
     assert mapped["cuda_device_bytes"] == cuda_arena_bytes(h)
     copied = _emu_info(cuda_host_build, model)
     weights = model.stat().st_size - h.data_offset
@@ -843,7 +845,8 @@ def _emu_info(build: dict[str, Path], model: Path, **env: str) -> dict:
 def test_cuda_backend_reports_image_weights_and_device_memory(cuda_host_build, tiny_model: Path):
     """info reports what the stand-in driver presents and what the backend chose: the sm_90 cubin
     on an SM 9.0 GPU, the embedded PTX (JIT) on a newer SM with no cubin, weights copied on a
-    discrete GPU, device-mapped on an integrated one unless COLIBRI_CUDA_WEIGHTS=copy."""
+    discrete GPU and by default on an integrated one, device-mapped on an integrated one with
+    COLIBRI_CUDA_WEIGHTS=map."""
     discrete = _emu_info(cuda_host_build, tiny_model)
     assert (discrete["cuda_sm"], discrete["cuda_driver_version"]) == (90, 12060)
     assert discrete["cuda_image"] == "cubin" and discrete["cuda_weights"] == "copied"
@@ -851,27 +854,23 @@ def test_cuda_backend_reports_image_weights_and_device_memory(cuda_host_build, t
     assert discrete["cuda_device_bytes"] == discrete["arena_bytes"] > tiny_model.stat().st_size
     newer = _emu_info(cuda_host_build, tiny_model, STUB_SM="100")
     assert newer["cuda_sm"] == 100 and newer["cuda_image"] == "ptx"
-    mapped = _emu_info(cuda_host_build, tiny_model, STUB_INTEGRATED="1")
+    copied = _emu_info(cuda_host_build, tiny_model, STUB_INTEGRATED="1")
+    assert copied["cuda_integrated"] is True and copied["cuda_weights"] == "copied"
+    assert copied["cuda_device_bytes"] == discrete["cuda_device_bytes"]
+    mapped = _emu_info(cuda_host_build, tiny_model, STUB_INTEGRATED="1", COLIBRI_CUDA_WEIGHTS="map")
     assert mapped["cuda_integrated"] is True and mapped["cuda_weights"] == "mapped"
     assert mapped["cuda_device_bytes"] < discrete["cuda_device_bytes"]  # no weights in the arena
-    copied = _emu_info(cuda_host_build, tiny_model, STUB_INTEGRATED="1", COLIBRI_CUDA_WEIGHTS="copy")
-    assert copied["cuda_weights"] == "copied"
-    assert copied["cuda_device_bytes"] == discrete["cuda_device_bytes"]
+    forced = _emu_info(cuda_host_build, tiny_model, STUB_INTEGRATED="1", COLIBRI_CUDA_WEIGHTS="copy")
+    assert forced["cuda_weights"] == "copied"
 
 
-@pytest.mark.slow
-def test_copied_weights_leave_one_copy_resident(cuda_host_build, tmp_path: Path):
-    """Integrated GPU with COLIBRI_CUDA_WEIGHTS=copy: after the upload the mmapped weight pages are
-    dropped (MADV_DONTNEED), so bench's resident memory falls by about the weights' size below
-    its peak (in emulation the device arena is host memory, so the peak holds both copies), and
-    the logits still equal the CPU path's."""
+def _expert_heavy_model(path: Path) -> tuple[Path, int]:
+    """A model whose weights are mostly routed experts (64 x 3 x 192 x 192 f32 = 27 MiB), which
+    the host uploads in full, while a token computes only its top-1 (routed-experts-only
+    launches: ~190 emulated blocks per token). Returns the path and its vocabulary size."""
     from colibri_kit.model.format import DType, Family, ModelHeader, Routing, padded_dim
     from colibri_kit.model.tiny import write_random_model
 
-    # The weights are mostly routed experts (64 x 3 x 192 x 192 f32 = 27 MiB), which the host
-    # uploads and then drops in full, while a token computes only its top-1 (routed-experts-only
-    # launches): the emulation runs ~190 blocks per token instead of the 8000 a 32000-row LM
-    # head took, and the resident-memory check sees about as many MiB of weights as before.
     d, pad, vocab = 192, 64, 64  # the host profile's embed_pad
     header = ModelHeader(
         num_experts=64, expert_size=192, vocab_size=vocab, max_seq_len=8, embed_dim=d, n_layers=1,
@@ -879,20 +878,54 @@ def test_copied_weights_leave_one_copy_resident(cuda_host_build, tmp_path: Path)
         dtype=int(DType.F32), embed_dim_pad=padded_dim(d, pad), pad_multiple=pad, flags=0,
         shared_expert_size=0, norm_eps=1e-5, rope_theta=10000.0, family=Family.OTHER,
         name="rss-check")
-    model = write_random_model(tmp_path / "wide_vocab.colibri", header, seed=3)
+    return write_random_model(path, header, seed=3), vocab
+
+
+@pytest.mark.slow
+def test_chunked_upload_keeps_one_weight_copy_resident(cuda_host_build, tmp_path: Path):
+    """Integrated GPU, default (copied) weights, uploaded in 1 MiB chunks: each chunk's mapped
+    pages are dropped once staged, so bench's peak resident memory (VmHWM) stays within a few
+    chunks of where it ends, holding the device copy (in emulation the device arena is host
+    memory). The same upload as one file-sized chunk peaks one whole copy above where it ends
+    (the mapped file, then the staging buffer, beside the device copy: two copies at once, as the
+    single whole-file cuMemcpyHtoD before the chunks did): what the chunks save."""
+    model, _ = _expert_heavy_model(tmp_path / "experts.colibri")
     weights_mb = model.stat().st_size / 2**20  # ~27 MiB, almost all of it expert weights
     assert weights_mb > 25
-    env = {"STUB_INTEGRATED": "1", "COLIBRI_CUDA_WEIGHTS": "copy"}
-    proc = _emu_cli(cuda_host_build, "--backend", "cuda", "bench", str(model), "--prompt-len", "1",
-                    "--gen", "1", "--runs", "1", "--json", **env)
-    assert proc.returncode == 0, proc.stderr
-    bench = json.loads(proc.stdout)
-    assert bench["backend"]["cuda_weights"] == "copied"
-    assert bench["peak_rss_mb"] - bench["rss_mb"] > 0.8 * weights_mb, bench
-    ids = [5, vocab - 1]
-    cpu = _logits(cuda_host_build, model, "cpu", ids, "wide_cpu")
-    gpu = _logits(cuda_host_build, model, "cuda", ids, "wide_cuda", **env)
-    assert np.abs(gpu - cpu).max() / np.abs(cpu).max() < 1e-4
+
+    def bench(**env: str) -> dict:
+        proc = _emu_cli(cuda_host_build, "--backend", "cuda", "bench", str(model), "--prompt-len",
+                        "1", "--gen", "1", "--runs", "1", "--json", STUB_INTEGRATED="1", **env)
+        assert proc.returncode == 0, proc.stderr
+        out = json.loads(proc.stdout)
+        assert out["backend"]["cuda_weights"] == "copied"
+        return out
+
+    chunked = bench(COLIBRI_CUDA_UPLOAD_KIB="1024")
+    assert chunked["rss_mb"] > weights_mb  # the device copy
+    assert chunked["peak_rss_mb"] - chunked["rss_mb"] < 0.25 * weights_mb, chunked
+    whole = bench(COLIBRI_CUDA_UPLOAD_KIB=str(64 << 10))  # 64 MiB: the file in one chunk
+    assert whole["peak_rss_mb"] - whole["rss_mb"] > 0.8 * weights_mb, whole
+
+
+@pytest.mark.slow
+def test_chunked_upload_gives_the_same_logits(cuda_host_build, tmp_path: Path):
+    """The weights in 4 KiB chunks (hundreds, double-buffered), in one chunk, and through the
+    pageable fallback (no staging memory: the stand-in refuses cuMemAllocHost once) give bitwise
+    the same logits, on a discrete and an integrated GPU, and the CPU path's within 1e-4."""
+    model, vocab = _expert_heavy_model(tmp_path / "experts.colibri")
+    ids = [5, vocab - 1, 17]
+    cpu = _logits(cuda_host_build, model, "cpu", ids, "chunks_cpu")
+    runs = {
+        "one": _logits(cuda_host_build, model, "cuda", ids, "chunks_one"),
+        "4k": _logits(cuda_host_build, model, "cuda", ids, "chunks_4k",
+                      COLIBRI_CUDA_UPLOAD_KIB="4", STUB_INTEGRATED="1"),
+        "pageable": _logits(cuda_host_build, model, "cuda", ids, "chunks_pageable",
+                            COLIBRI_CUDA_UPLOAD_KIB="4", STUB_ALLOCHOST_FAIL_AT="1"),
+    }
+    for name, got in runs.items():
+        assert np.array_equal(got, runs["one"]), name
+    assert np.abs(runs["one"] - cpu).max() / np.abs(cpu).max() < 1e-4
 
 
 # ---------------------------------------------------------------- scripts/gpu-check.sh
