@@ -500,10 +500,12 @@ static void cb_drop_host_range(const struct colibri_model *m, const uint8_t *lo,
     (void)madvise((void *)a, b - a, MADV_DONTNEED);
 }
 
-/* Upload chunk size: 64 MiB (a DMA of that size runs at full copy bandwidth; two staging buffers
- * of it are what the upload adds to the peak). COLIBRI_CUDA_UPLOAD_KIB overrides it (tests: many
- * chunks on a small model), rounded up to whole pages. */
-#define CB_UPLOAD_CHUNK ((size_t)64 << 20)
+/* Upload chunk size: 16 MiB. What the upload adds to the resident peak is three chunks (the two
+ * staging buffers and the mapped pages of the chunk being staged), so small chunks matter on a
+ * 4-8 GB Jetson; a copy of 16 MiB is long enough that the per-chunk driver calls are noise
+ * (gpu-check times the open on the GPU). COLIBRI_CUDA_UPLOAD_KIB overrides it (tests: many chunks
+ * on a small model), rounded up to whole pages. colibri_kit/model/footprint.py counts it. */
+#define CB_UPLOAD_CHUNK ((size_t)16 << 20)
 static size_t cb_upload_chunk(void) {
     const char *env = getenv("COLIBRI_CUDA_UPLOAD_KIB");
     const size_t page = (size_t)sysconf(_SC_PAGESIZE);
