@@ -901,9 +901,20 @@ def test_chunked_upload_keeps_one_weight_copy_resident(cuda_host_build, tmp_path
         assert out["backend"]["cuda_weights"] == "copied"
         return out
 
+    fd = os.open(model, os.O_RDONLY)  # start with none of the file in the page cache
+    os.fsync(fd)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
     chunked = bench(COLIBRI_CUDA_UPLOAD_KIB="1024")
     assert chunked["rss_mb"] > weights_mb  # the device copy
     assert chunked["peak_rss_mb"] - chunked["rss_mb"] < 0.25 * weights_mb, chunked
+    # and the file's page-cache pages were reclaimed chunk by chunk (MADV_PAGEOUT): on an
+    # integrated GPU they would share DRAM with the device copy (util-linux fincore reads
+    # the page cache's residency; without it this part is not checked)
+    if shutil.which("fincore"):
+        cached = subprocess.run(["fincore", "-b", "-n", "-o", "RES", str(model)], check=True,
+                                capture_output=True, text=True).stdout.split()
+        assert int(cached[0]) < 0.1 * model.stat().st_size, cached
     whole = bench(COLIBRI_CUDA_UPLOAD_KIB=str(64 << 10))  # 64 MiB: the file in one chunk
     assert whole["peak_rss_mb"] - whole["rss_mb"] > 0.8 * weights_mb, whole
 
@@ -983,10 +994,13 @@ def test_gpu_check_prepare_is_complete_and_small(prepared: Path):
 def test_gpu_check_run_compares_reports_and_flags_wrong_results(cuda_host_build, tmp_path: Path):
     """The run mode end to end, through the stand-in driver executing the kernels in the host
     emulation (slow: OS threads per block, so a small prepared set: 3-token prompt, 1 greedy id,
-    two models). One model as prepared: its CUDA logits and greedy id match. A copy of another
-    with one expected logit moved by 10x the tolerance and an expected id no model can produce:
-    both checks fail, exit status 1. The report carries the device, the copy bandwidth and the
-    large model's (written by colibri synth) decode rate and bandwidth fraction."""
+    two models), presenting an integrated GPU. One model as prepared: its CUDA logits and greedy
+    id match. A copy of another with one expected logit moved by 10x the tolerance and an
+    expected id no model can produce: both checks fail, exit status 1. The report carries the
+    device (weights copied, the default), the copy bandwidth, each model's decode rate with and
+    without the CUDA graph next to the performance model's prediction and the per-call cost, and
+    the large model's (written by colibri synth) open time and decode rate per variant (graph or
+    not, weights copied or mapped) with its bandwidth fraction."""
     small = tmp_path / "g"
     proc = _gpu_check("--prepare", small, "--binary", cuda_host_build["binary"],
                       "--prompt-len", "3", "--greedy-new", "1")
@@ -1000,9 +1014,10 @@ def test_gpu_check_run_compares_reports_and_flags_wrong_results(cuda_host_build,
     logits.tofile(small / bad["logits"])
     manifest["models"] = [good, bad]
     (small / "manifest.json").write_text(json.dumps(manifest))
-    proc = _gpu_check(small, "--skip-bench", "--large-args", TINY_SYNTH, "--bench",
+    proc = _gpu_check(small, "--large-args", TINY_SYNTH, "--bench",
                       "--prompt-len 1 --gen 1 --runs 1", "--probe-mib", "4",
-                      COLIBRI_LIBCUDA=str(cuda_host_build["libcuda"]), STUB_SM="90")
+                      COLIBRI_LIBCUDA=str(cuda_host_build["libcuda"]), STUB_SM="90",
+                      STUB_INTEGRATED="1")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     rep = json.loads((small / "report.json").read_text())
     got = {m["name"]: (m["logits_ok"], m["greedy_ok"]) for m in rep["models"]}
@@ -1011,14 +1026,32 @@ def test_gpu_check_run_compares_reports_and_flags_wrong_results(cuda_host_build,
     assert not rep["passed"] and (rep["checks_passed"], rep["checks_total"]) == (3, 5)
     assert rep["device"]["ok"] and rep["device"]["cuda_sm"] == 90
     assert rep["device"]["cuda_image"] == "cubin"
+    assert rep["device"]["cuda_integrated"] is True and rep["device"]["cuda_weights"] == "copied"
     assert rep["probe"]["copy_gbps"] > 0 and rep["probe"]["device"] == "Stub GPU"
+    for m in rep["models"]:
+        assert set(m["decode"]) == {"graph", "no graph"}, m
+        for v in m["decode"].values():
+            assert v["decode_tok_s"] > 0 and v["model_ms"] > 0 and v["weights"] == "copied", v
+            assert v["measured_over_model"] == pytest.approx(v["ms_per_token"] / v["model_ms"])
+        n = next(x for x in manifest["models"] if x["name"] == m["name"])["launches"]
+        calls = n["kernels"] + n["copies"]
+        assert m["decode"]["no graph"]["us_per_call"] == pytest.approx(
+            1e3 * m["decode"]["no graph"]["ms_per_token"] / calls)
+    assert rep["perf"]["models"] == 2 and rep["perf"]["us_per_call_median"] > 0
     large = rep["large"]
     assert large["bytes_per_token"] > 0 and large["decode_tok_s"] > 0, large
     assert isinstance(large["goal_met"], bool) and large["fraction_of_copy_bandwidth"] > 0
+    assert set(large["open_s"]) == {"copied", "mapped"}
+    weights = {name: v["weights"] for name, v in large["decode"].items()}
+    assert weights == {"graph": "copied", "no graph": "copied", "mapped, graph": "mapped",
+                       "mapped, no graph": "mapped"}
+    assert all(v["achieved_gbps"] > 0 and v["model_ms"] > 0 for v in large["decode"].values())
     assert not (small / "work" / "large.colibri").exists()
     text = (small / "report.txt").read_text()
     assert text.startswith("gpu-check: FAIL  (3/5 checks)") and "greedy: got" in text
     assert "device copy bandwidth:" in text and "of copy bandwidth; goal >= 50%" in text
+    assert "performance model (docs/cuda.md):" in text and "open, weights mapped:" in text
+    assert re.search(r"mapped, no graph +[\d.]+ tok/s = .* measured/model [\d.]+", text), text
 
 
 def test_gpu_check_bytes_per_token_counts_active_weights(tmp_path: Path):
@@ -1045,6 +1078,39 @@ def test_gpu_check_bytes_per_token_counts_active_weights(tmp_path: Path):
         else:
             want += size
     assert decode_bytes_per_token(model) == int(want)
+
+
+def test_gpu_check_predicts_the_models_launches_for_synth_geometries(tmp_path: Path):
+    """The run script predicts the large model's driver calls per token from its header and the
+    manifest's fixed + per-layer counts (it has only the standard library); for every layer
+    count, with and without the attention merge past one KV range, they are the performance
+    model's (benchmarks/gpu_model.py, itself checked against the backend's launches)."""
+    from colibri_kit.gpucheck import _gpu_model, _launches, perf_model
+    from colibri_kit.model.format import DType, ModelHeader, padded_dim
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from gpu_check_run import predict_ms, synth_launches
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    gm = _gpu_model()
+    base = ModelHeader(num_experts=8, expert_size=64, vocab_size=256, max_seq_len=32, embed_dim=64,
+                       n_layers=1, n_heads=2, n_kv_heads=1, head_dim=32, top_k=2, routing=0,
+                       dtype=int(DType.F16), embed_dim_pad=padded_dim(64, 64), pad_multiple=64)
+    pm = perf_model(gm, base)
+    from dataclasses import replace
+
+    for layers in (1, 2, 8, 32):
+        for seq in (32, 256, 257, 4096):
+            h = replace(base, n_layers=layers, max_seq_len=seq)
+            path = tmp_path / f"h{layers}_{seq}.colibri"
+            path.write_bytes(h.pack())  # the run script reads the header only
+            assert synth_launches(path, pm) == _launches(gm, h), (layers, seq)
+    # the prediction is the larger bound, as gpu_model.expected_us decides it
+    n = _launches(gm, replace(base, n_layers=8))
+    assert predict_ms(n, 0, None, pm, False) == \
+        ((n["kernels"] + n["copies"]) * pm["launch_us"] / 1e3, "launch")
+    assert predict_ms(n, 10**9, 100.0, pm, True) == (10.0, "bandwidth")  # 1 GB at 100 GB/s
 
 
 def test_gpu_check_run_refuses_an_unprepared_directory(tmp_path: Path):
