@@ -259,7 +259,7 @@ def suggestions(h: ModelHeader, target: str, slots: int = 1) -> list[str]:
     # several slots copy the weights once each; the mapped file is one copy for all of them
     mapped = footprint(h, target, slots=slots, cuda_weights="map")
     if slots > 1 and mapped.backend == "cuda" and mapped.fits:
-        out.append(f"COLIBRI_CUDA_WEIGHTS=map in the service's environment ({mapped.total / MIB:,.0f} "
+        out.append(f"COLIBRI_CUDA_WEIGHTS=map in the runtime's environment ({mapped.total / MIB:,.0f} "
                    "MiB: one mapped copy shared by the slots; its GPU read speed on a Jetson is "
                    "not yet measured, docs/cuda.md)")
     return out

@@ -487,7 +487,8 @@ static int cb_map_weights(colibri_cuda *cu) {
 #ifndef MADV_PAGEOUT
 #define MADV_PAGEOUT 21 /* linux/mman.h, Linux 5.4; absent from older libc headers */
 #endif
-static void cb_drop_host_range(const struct colibri_model *m, const uint8_t *lo, const uint8_t *hi) {
+static void cb_drop_host_range(const struct colibri_model *m, const uint8_t *lo,
+                               const uint8_t *hi) {
     if (!m->mapped || hi <= lo) return;
     const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     uintptr_t a = (uintptr_t)lo / page * page, b = ((uintptr_t)hi + page - 1) / page * page;
@@ -530,13 +531,16 @@ static int cb_upload_weights(colibri_cuda *cu, char *why, size_t why_len) {
     CUstream s0 = cu->stream[0];
     CUevent done[2] = {cu->ev_h, cu->ev_shared}; /* not in use before the first forward */
     uint8_t *stage = NULL;
-    if (cu->d.MemAllocHost((void **)&stage, 2 * (total < step ? total : step) + 1) != CUDA_SUCCESS)
+    if (nchunks && cu->d.MemAllocHost((void **)&stage, 2 * (total < step ? total : step)) !=
+                       CUDA_SUCCESS)
         stage = NULL;
     CUresult r = CUDA_SUCCESS;
     size_t i = 0;
     const char *what = "";
+    size_t off = 0, len = 0;
     for (; i < nchunks; i++) {
-        const size_t off = i * step, len = total - off < step ? total - off : step;
+        off = i * step;
+        len = total - off < step ? total - off : step;
         if (stage) {
             uint8_t *buf = stage + (i & 1) * step;
             if (i >= 2 && (r = cu->d.EventSynchronize(done[i & 1])) != CUDA_SUCCESS) {
@@ -567,10 +571,11 @@ static int cb_upload_weights(colibri_cuda *cu, char *why, size_t why_len) {
     if (r != CUDA_SUCCESS) {
         char where[160];
         snprintf(where, sizeof where, "%s of weights chunk %zu of %zu (bytes %zu..%zu)", what,
-                 i + 1, nchunks, i * step, i * step + (total - i * step < step ? total - i * step : step));
+                 i + 1, nchunks, off, off + len);
         return cb_fail(cu, r, where, why, why_len);
     }
-    if (sync != CUDA_SUCCESS) return cb_fail(cu, sync, "weights upload (cuStreamSynchronize)", why, why_len);
+    if (sync != CUDA_SUCCESS)
+        return cb_fail(cu, sync, "weights upload (cuStreamSynchronize)", why, why_len);
     return 0;
 }
 
