@@ -909,8 +909,8 @@ def test_chunked_upload_keeps_one_weight_copy_resident(cuda_host_build, tmp_path
     assert chunked["rss_mb"] > weights_mb  # the device copy
     assert chunked["peak_rss_mb"] - chunked["rss_mb"] < 0.25 * weights_mb, chunked
     # and most of the file's page-cache pages were reclaimed chunk by chunk (MADV_PAGEOUT; with
-    # 1 MiB chunks ~12% stay on this machine's kernel, pages not yet on the LRU lists when their
-    # chunk is paged out; the whole-file copy left all of it): on an integrated GPU they would
+    # 1 MiB chunks ~12% stay on this machine's kernel, run after run, not investigated; the
+    # whole-file copy left all of it): on an integrated GPU they would
     # share DRAM with the device copy. util-linux fincore reads the page cache's residency;
     # without it this part is not checked.
     if shutil.which("fincore"):
