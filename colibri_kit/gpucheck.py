@@ -202,8 +202,14 @@ def prepare(out: Path, sm: int = 90, binary: Path | None = None, prompt_len: int
                            "logits": f"expected/{name}.f32", "tolerance": tol,
                            "greedy_new_ids": gen})
             progress(f"{name}: seed {seed}, {model.stat().st_size} bytes")
+    gm = _gpu_model()
+    from colibri_kit.model.format import read_model
+
+    for m in models:
+        m["launches"] = _launches(gm, read_model(out / m["path"]).header)
     manifest = {"format": 1, "sm": sm, "binary": "bin/colibri", "prompt_ids": prompt,
                 "greedy_new": greedy_new, "models": models,
+                "perf_model": perf_model(gm, read_model(out / models[0]["path"]).header),
                 "default_tolerance": DEFAULT_TOLERANCE,
                 "version": _run([str(colibri), "--version"]).stdout.strip()}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
@@ -214,6 +220,48 @@ def prepare(out: Path, sm: int = 90, binary: Path | None = None, prompt_len: int
     progress(f"prepared {out}: {len(models)} models, {size / 2**20:.1f} MiB "
              f"(limit {PREPARED_LIMIT >> 20} MiB)")
     return manifest
+
+
+def _gpu_model():
+    """benchmarks/gpu_model.py, the written performance model (docs/cuda.md), as a module."""
+    import importlib.util
+
+    path = paths.project_root() / "benchmarks" / "gpu_model.py"
+    spec = importlib.util.spec_from_file_location("colibri_gpu_model", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["colibri_gpu_model"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _launches(gm, h) -> dict[str, int]:
+    """Driver calls per decoded token by the performance model, for the run script (which has
+    only the standard library): kernels and copies without a graph, graph nodes and calls."""
+    n = gm.launches_per_token(h)
+    return {"kernels": n.kernels, "copies": n.copies, "graph_nodes": n.graph_nodes,
+            "graph_calls": n.graph_calls}
+
+
+def perf_model(gm, h) -> dict:
+    """The performance model's constants, and its launches per token for a Mixtral-shaped model
+    (flags 0, what `colibri synth` writes for the large model) as fixed + per-layer counts, the
+    attention merge added per layer past one KV range, so the run script predicts any
+    `--large-args` geometry."""
+    from dataclasses import replace
+
+    from colibri_kit.model.footprint import CUDA_KV_SPLIT
+
+    plain = replace(h, flags=0, max_seq_len=CUDA_KV_SPLIT)  # one KV range: no merge
+    one, two = gm.launches_per_token(replace(plain, n_layers=1)), \
+        gm.launches_per_token(replace(plain, n_layers=2))
+    long = gm.launches_per_token(replace(plain, n_layers=1, max_seq_len=plain.max_seq_len + 1))
+    per_layer = two.kernels - one.kernels
+    return {"launch_us": gm.LAUNCH_US, "graph_launch_us": gm.GRAPH_LAUNCH_US,
+            "graph_node_us": gm.GRAPH_NODE_US,
+            "synth": {"fixed": one.kernels - per_layer, "per_layer": per_layer,
+                      "copies": one.copies, "graph_calls": one.graph_calls,
+                      "kv_split": plain.max_seq_len,
+                      "merge_per_layer": long.graph_nodes - long.kernels}}
 
 
 def _embed_pad(colibri: Path) -> int:

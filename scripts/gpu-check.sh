@@ -7,9 +7,9 @@
 #       run script, into DIR (checked to be <= 64 MiB; the size is printed).
 #   scripts/gpu-check.sh DIR [--skip-large] [--large-args "..."] [--bench "..."] [--probe-mib N]
 #       on the GPU machine (bash + python3's standard library + DIR only): forward --backend cuda
-#       vs the CPU logits, greedy equality, bench decode tok/s, the device copy bandwidth, and the
-#       decode bandwidth of a large model written there by `colibri synth`. One report:
-#       DIR/report.txt + DIR/report.json. Exit 0 when every check passed, 1 when one failed.
+#       vs the CPU logits, greedy equality, decode tok/s with/without the CUDA graph (and weights
+#       mapped on a Jetson) vs the performance model, the copy bandwidth, a large synth model's
+#       decode bandwidth. One report: DIR/report.{txt,json}. Exit 0: every check passed, 1: not.
 set -euo pipefail
 
 usage() {

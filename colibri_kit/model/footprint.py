@@ -1,12 +1,21 @@
 """Device memory footprint of a model on a target, and the fit check (docs/models.md, "Memory").
 
-    footprint = weights (the mapped file) + slots x (working arena + KV cache)
+    CPU:                   footprint = weights + slots x arena
+    CUDA, weights copied:  footprint = slots x (weights + arena) + upload   (the runtime default)
+    CUDA, weights mapped:  footprint = weights + slots x arena              (COLIBRI_CUDA_WEIGHTS=map)
 
-- weights: the `.colibri` file, memory-mapped; on a Jetson the CUDA backend registers the same
-  pages with the GPU (integrated GPU: one copy in DRAM);
+- weights: the `.colibri` file. The CPU backend reads it memory-mapped (one copy, shared by every
+  context). The CUDA backend copies it into each context's device arena (on a Jetson that is the
+  same DRAM), in chunks whose mapped pages it drops once staged, so the file's pages do not stay
+  resident beside the copies; with COLIBRI_CUDA_WEIGHTS=map (integrated GPU) the mapped file
+  itself is registered with the GPU instead: one copy, shared;
+- upload: while a context uploads, two page-locked staging buffers and the mapped pages of the
+  chunk being staged (3 x 16 MiB, runtime/src/cuda_backend.c CB_UPLOAD_CHUNK) exist besides the
+  copies; the peak is counted, since a service opens its contexts one after another at start;
 - arena: what the runtime allocates per context, computed with the runtime's own plan: the CPU
   arena of runtime/src/arena.c (colibri_arena_plan) on CPU-only targets, the device arena of
-  runtime/src/cuda_backend.c (colibri_cuda_plan, weights not copied) on CUDA targets. Both hold
+  runtime/src/cuda_backend.c (colibri_cuda_plan, without the weights region, counted above) on
+  CUDA targets. Both hold
   the KV cache for the model's max_seq_len (the context length, chosen at convert time), which
   is reported apart. `kv_dtype` "f16" (`colibri --kv-cache f16`) stores it in half the bytes;
   the CUDA backend keeps an f32 cache, so an f16 cache runs on the CPU (the runtime says so) and
@@ -40,6 +49,11 @@ CUDA_MAX_CHUNK = 32
 CUDA_PRM_BYTES = 256  # cuda_backend.c CB_PRM_BYTES: the decode graph's parameter block
 CUDA_PART_BUDGET = 64 << 20   # cuda_backend.c CB_PART_BUDGET
 CUDA_KV_SPLIT = 256           # runtime/kernels/colibri_abi.h COLIBRI_CU_KV_SPLIT
+CUDA_UPLOAD_CHUNK = 16 << 20  # cuda_backend.c CB_UPLOAD_CHUNK
+# what a context's weight upload adds to the peak: two staging buffers + one chunk's mapped pages
+CUDA_UPLOAD_PEAK = 3 * CUDA_UPLOAD_CHUNK
+# COLIBRI_CUDA_WEIGHTS: how the CUDA backend holds the weights ("copy" is its default)
+CUDA_WEIGHTS = ("copy", "map")
 DEFAULT_THREADS = 8  # CPU arena scratch is per thread (a few KiB each); Jetsons have 6..14 cores
 # Bytes per cached K/V value: runtime/include/colibri.h colibri_kv_dtype.
 KV_BYTES = {"f32": 4, "f16": 2}
@@ -128,16 +142,28 @@ def estimate_file_bytes(h: ModelHeader, dtype: DType | None = None) -> int:
 class Footprint:
     target: str
     backend: str        # "cuda" (device arena) or "cpu" (CPU arena)
-    weights: int        # bytes of the mapped model file
-    arena: int          # per slot, KV cache included
+    weights: int        # bytes of the model file
+    arena: int          # per slot, KV cache included (CUDA: without the weights' copy)
     kv_cache: int       # per slot, part of arena
     slots: int
     available: int | None  # target memory minus its reserve; None: the profile sets no memory
     kv_dtype: str = "f32"  # how the KV cache is stored (colibri --kv-cache)
+    # "file": the mapped file, shared (CPU); "copied": one device copy per slot (CUDA default);
+    # "mapped": the mapped file registered with the GPU, shared (CUDA, COLIBRI_CUDA_WEIGHTS=map)
+    weights_mode: str = "file"
+
+    @property
+    def weight_copies(self) -> int:
+        return self.slots if self.weights_mode == "copied" else 1
+
+    @property
+    def upload(self) -> int:
+        """Transient bytes of one context's chunked upload (copied weights only)."""
+        return min(CUDA_UPLOAD_PEAK, 3 * self.weights) if self.weights_mode == "copied" else 0
 
     @property
     def total(self) -> int:
-        return self.weights + self.slots * self.arena
+        return self.weight_copies * self.weights + self.slots * self.arena + self.upload
 
     @property
     def fits(self) -> bool:
@@ -147,12 +173,21 @@ class Footprint:
         return {"target": self.target, "backend": self.backend, "weights_bytes": self.weights,
                 "arena_bytes": self.arena, "kv_cache_bytes": self.kv_cache, "slots": self.slots,
                 "total_bytes": self.total, "available_bytes": self.available, "fits": self.fits,
-                "kv_dtype": self.kv_dtype}
+                "kv_dtype": self.kv_dtype, "weights_mode": self.weights_mode,
+                "weight_copies": self.weight_copies, "upload_bytes": self.upload}
+
+    def weights_text(self) -> str:
+        """The weights' part of the total, in words."""
+        w = f"weights {self.weights / MIB:,.1f}"
+        if self.weights_mode != "copied":
+            return w + (" mapped" if self.weights_mode == "mapped" else "")
+        return (f"{self.slots} x {w} copied" if self.slots > 1 else f"{w} copied") + \
+            f" + upload {self.upload / MIB:,.0f}"
 
     def line(self) -> str:
         avail = "no memory limit in the profile" if self.available is None else \
             f"available {self.available / MIB:,.0f} MiB -> {'fits' if self.fits else 'DOES NOT FIT'}"
-        return (f"{self.target}: {self.total / MIB:,.1f} MiB = weights {self.weights / MIB:,.1f} + "
+        return (f"{self.target}: {self.total / MIB:,.1f} MiB = {self.weights_text()} + "
                 f"{self.slots} x arena {self.arena / MIB:,.1f} (KV cache {self.kv_cache / MIB:,.1f} "
                 f"{self.kv_dtype}) "
                 f"[{self.backend}]; {avail}")
@@ -170,12 +205,16 @@ def _target_memory(target: str) -> tuple[str, int | None, str]:
 
 
 def footprint(h: ModelHeader, target: str, weights_bytes: int | None = None, slots: int = 1,
-              threads: int = DEFAULT_THREADS, kv_dtype: str | None = None) -> Footprint:
+              threads: int = DEFAULT_THREADS, kv_dtype: str | None = None,
+              cuda_weights: str = "copy") -> Footprint:
     """The footprint of a model with header ``h`` on ``target`` (weights: the file size, or the
     converter's estimate for this header when not given) with a ``kv_dtype`` KV cache (None: the
-    target's ``service.kv_cache``, f32 unless set)."""
+    target's ``service.kv_cache``, f32 unless set), the CUDA backend holding the weights as
+    ``cuda_weights`` says (COLIBRI_CUDA_WEIGHTS: "copy", its default, or "map")."""
     if slots < 1:
         raise ModelError(f"slots must be >= 1, got {slots}")
+    if cuda_weights not in CUDA_WEIGHTS:
+        raise ModelError(f"cuda_weights must be one of {', '.join(CUDA_WEIGHTS)}, got {cuda_weights!r}")
     backend, avail, target_kv = _target_memory(target)
     kv_dtype = target_kv if kv_dtype is None else kv_dtype
     kv_value_bytes(kv_dtype)
@@ -184,15 +223,17 @@ def footprint(h: ModelHeader, target: str, weights_bytes: int | None = None, slo
     weights = estimate_file_bytes(h) if weights_bytes is None else weights_bytes
     arena = cuda_arena_bytes(h) if backend == "cuda" else \
         cpu_arena_bytes(h, threads, kv_dtype=kv_dtype)
+    mode = "file" if backend == "cpu" else "copied" if cuda_weights == "copy" else "mapped"
     return Footprint(target, backend, weights, arena, kv_cache_bytes(h, kv_dtype), slots, avail,
-                     kv_dtype)
+                     kv_dtype, mode)
 
 
 def model_footprint(path: str | os.PathLike[str], target: str, slots: int = 1,
-                    kv_dtype: str | None = None) -> Footprint:
+                    kv_dtype: str | None = None, cuda_weights: str = "copy") -> Footprint:
     """The footprint of the model file at ``path`` on ``target``."""
     m = read_model(path)
-    return footprint(m.header, target, Path(path).stat().st_size, slots, kv_dtype=kv_dtype)
+    return footprint(m.header, target, Path(path).stat().st_size, slots, kv_dtype=kv_dtype,
+                     cuda_weights=cuda_weights)
 
 
 def suggestions(h: ModelHeader, target: str, slots: int = 1) -> list[str]:
@@ -215,6 +256,12 @@ def suggestions(h: ModelHeader, target: str, slots: int = 1) -> list[str]:
     if lo > 0:
         fp = footprint(replace(h, max_seq_len=lo * 256), target, slots=slots)
         out.append(f"--max-seq-len {lo * 256} ({fp.total / MIB:,.0f} MiB)")
+    # several slots copy the weights once each; the mapped file is one copy for all of them
+    mapped = footprint(h, target, slots=slots, cuda_weights="map")
+    if slots > 1 and mapped.backend == "cuda" and mapped.fits:
+        out.append(f"COLIBRI_CUDA_WEIGHTS=map in the runtime's environment ({mapped.total / MIB:,.0f} "
+                   "MiB: one mapped copy shared by the slots; its GPU read speed on a Jetson is "
+                   "not yet measured, docs/cuda.md)")
     return out
 
 
@@ -226,14 +273,17 @@ def check_fits(h: ModelHeader, target: str, weights_bytes: int | None = None,
     if fp.fits:
         return fp
     assert fp.available is not None
+    copies = f"{fp.weight_copies} x " if fp.weight_copies > 1 else ""
+    how = ", one device copy per slot" if fp.weights_mode == "copied" else ""
+    upload = f" + upload staging {fp.upload / MIB:,.0f} MiB" if fp.upload else ""
     what = suggestions(h, target, slots)
     hint = ("would fit: " + ", ".join(what)) if what else \
         "no dtype or context length fits this target; choose a smaller model or a larger target"
     raise ModelError(
-        f"model does not fit target {target!r}: needs {fp.total / MIB:,.0f} MiB (weights "
-        f"{fp.weights / MIB:,.0f} MiB as {DType(h.dtype).name.lower()} + {slots} slot(s) x arena "
-        f"{fp.arena / MIB:,.0f} MiB incl. KV cache {fp.kv_cache / MIB:,.0f} MiB at max_seq_len "
-        f"{h.max_seq_len}), the target has {fp.available / MIB:,.0f} MiB available "
+        f"model does not fit target {target!r}: needs {fp.total / MIB:,.0f} MiB ({copies}weights "
+        f"{fp.weights / MIB:,.0f} MiB as {DType(h.dtype).name.lower()}{how} + {slots} slot(s) x "
+        f"arena {fp.arena / MIB:,.0f} MiB incl. KV cache {fp.kv_cache / MIB:,.0f} MiB at "
+        f"max_seq_len {h.max_seq_len}{upload}), the target has {fp.available / MIB:,.0f} MiB available "
         f"(memory.total_mb - memory.reserve_mb of its profile); {hint}")
 
 

@@ -107,8 +107,9 @@ typedef struct {
     int position;             /* tokens currently in the KV cache */
     /* when backend is cuda (else empty / 0): */
     char cuda_image[8];       /* "cubin" (built for this SM) or "ptx" (JIT-compiled by the driver) */
-    char cuda_weights[8];     /* "mapped" (the mmapped file, device-mapped: integrated GPU) or
-                                 "copied" (one copy in the device arena) */
+    char cuda_weights[8];     /* "copied" (one copy in the device arena, the default) or
+                                 "mapped" (the mmapped file, device-mapped: integrated GPU with
+                                 COLIBRI_CUDA_WEIGHTS=map) */
     int cuda_integrated;      /* 1 when the GPU shares DRAM with the CPU (Jetson) */
     size_t cuda_device_bytes; /* bytes of device memory allocated at init */
     char kv_dtype[4];         /* "f32" or "f16": how the KV cache is stored */

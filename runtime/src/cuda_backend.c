@@ -7,9 +7,11 @@
  *
  * Memory: one device arena, sized at open from the model geometry (colibri_cuda_plan), holds the
  * activations, the KV cache and the per-expert pointer tables. Weights are the model file's data
- * section: on a discrete GPU it is copied once into the arena; on an integrated GPU (Jetson: CPU
- * and GPU share DRAM) the mmapped file itself is registered and device-mapped, so there is no
- * second copy. Either way a weight's device address is its file offset from one base.
+ * section, copied once into the arena in chunks (each chunk's host pages dropped once it is
+ * staged, so the peak stays near one copy); COLIBRI_CUDA_WEIGHTS=map on an integrated GPU
+ * (Jetson: CPU and GPU share DRAM) registers and device-maps the mmapped file itself instead.
+ * Either way a weight's device address is its file offset from one base. Logits come down
+ * through one page-locked host buffer.
  *
  * Work is issued in chunks of at most plan.chunk tokens. With 2 streams the shared expert (and its
  * gate) of a layer runs on the second stream while the first routes, dispatches and runs the
@@ -181,6 +183,9 @@ typedef struct {
     cuEventCreate_t EventCreate;
     cuEventDestroy_v2_t EventDestroy;
     cuEventRecord_t EventRecord;
+    cuEventSynchronize_t EventSynchronize;
+    cuMemAllocHost_v2_t MemAllocHost;
+    cuMemFreeHost_t MemFreeHost;
     cuGetErrorString_t GetErrorString;
     /* optional (CUDA graphs); all set or all NULL */
     cuStreamBeginCapture_v2_t StreamBeginCapture;
@@ -211,6 +216,8 @@ static const struct { const char *name; size_t off; } cb_symbols[] = {
     CB_SYM(StreamDestroy, "cuStreamDestroy_v2"), CB_SYM(StreamSynchronize, "cuStreamSynchronize"),
     CB_SYM(StreamWaitEvent, "cuStreamWaitEvent"), CB_SYM(EventCreate, "cuEventCreate"),
     CB_SYM(EventDestroy, "cuEventDestroy_v2"), CB_SYM(EventRecord, "cuEventRecord"),
+    CB_SYM(EventSynchronize, "cuEventSynchronize"), CB_SYM(MemAllocHost, "cuMemAllocHost_v2"),
+    CB_SYM(MemFreeHost, "cuMemFreeHost"),
     CB_SYM(GetErrorString, "cuGetErrorString"),
 #undef CB_SYM
 };
@@ -283,6 +290,7 @@ struct colibri_cuda {
     CUdeviceptr arena;
     CUdeviceptr wbase;       /* device address of the file's byte data_offset */
     void *registered;        /* host range registered with cuMemHostRegister (integrated) */
+    float *host_logits;      /* page-locked (cuMemAllocHost): plan.chunk x vocab logits */
     /* decode graph: captured on the first one-token forward, then launched once per token;
      * graph_off: the driver lacks the entry points, or a capture failed (plain launches) */
     CUgraphExec graph;
@@ -468,18 +476,107 @@ static int cb_map_weights(colibri_cuda *cu) {
     return 0;
 }
 
-/* After the weights were copied to the device, the host never reads them again (cb_dev only
- * does address arithmetic on the mapping): drop this process's pages of the mmapped data section
- * so one copy stays resident. On an integrated GPU (COLIBRI_CUDA_WEIGHTS=copy) CPU and GPU share
- * DRAM, so this halves the weights' footprint; the file's page-cache pages become clean and
- * reclaimable. A later host read would simply fault them back in from the file (read-only
- * private mapping), so this is safe whatever happens next. */
-static void cb_drop_host_weights(const struct colibri_model *m) {
-    if (!m->mapped) return;
+/* The host pages of [lo, hi) of the mapped file, once on the device (or in a staging buffer):
+ * the host never reads them again (cb_dev only does address arithmetic on the mapping), so they
+ * are dropped to keep one copy resident. MADV_PAGEOUT (Linux 5.4+) first asks the kernel to
+ * reclaim the file's page-cache pages of the range that only this process maps (on an integrated
+ * GPU they share DRAM with the device copy; best effort: an older kernel refuses it, and they
+ * stay clean and reclaimable); MADV_DONTNEED then unmaps them from the process (RSS). A later
+ * host read would fault them back in from the file (read-only private mapping), so this is safe
+ * whatever happens next. Rounded outward to whole pages: a partly dropped page only refaults. */
+#ifndef MADV_PAGEOUT
+#define MADV_PAGEOUT 21 /* linux/mman.h, Linux 5.4; absent from older libc headers */
+#endif
+static void cb_drop_host_range(const struct colibri_model *m, const uint8_t *lo,
+                               const uint8_t *hi) {
+    if (!m->mapped || hi <= lo) return;
     const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    const uintptr_t lo = ((uintptr_t)(m->base + m->data_offset) + page - 1) / page * page;
-    const uintptr_t hi = (uintptr_t)(m->base + m->file_size) / page * page; /* whole pages only */
-    if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
+    uintptr_t a = (uintptr_t)lo / page * page, b = ((uintptr_t)hi + page - 1) / page * page;
+    const uintptr_t base = (uintptr_t)m->base / page * page;
+    const uintptr_t end = ((uintptr_t)m->base + m->size + page - 1) / page * page;
+    if (a < base) a = base;
+    if (b > end) b = end;
+    if (b <= a) return;
+    (void)madvise((void *)a, b - a, MADV_PAGEOUT);
+    (void)madvise((void *)a, b - a, MADV_DONTNEED);
+}
+
+/* Upload chunk size: 16 MiB. What the upload adds to the resident peak is three chunks (the two
+ * staging buffers and the mapped pages of the chunk being staged), so small chunks matter on a
+ * 4-8 GB Jetson; a copy of 16 MiB is long enough that the per-chunk driver calls are noise
+ * (gpu-check times the open on the GPU). COLIBRI_CUDA_UPLOAD_KIB overrides it (tests: many chunks
+ * on a small model), rounded up to whole pages. colibri_kit/model/footprint.py counts it. */
+#define CB_UPLOAD_CHUNK ((size_t)16 << 20)
+static size_t cb_upload_chunk(void) {
+    const char *env = getenv("COLIBRI_CUDA_UPLOAD_KIB");
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t c = env && atol(env) > 0 ? (size_t)atol(env) << 10 : CB_UPLOAD_CHUNK;
+    return (c + page - 1) / page * page;
+}
+
+/* Copy the file's data section into the arena at wbase in chunks, so the host never holds more
+ * than one chunk of it besides the device copy (on an integrated GPU both are the same DRAM: a
+ * whole-file copy would peak at twice the weights). Each chunk is copied from the mapping into
+ * one of two page-locked staging buffers (cuMemAllocHost), its pages are dropped, and it is sent
+ * with cuMemcpyHtoDAsync, a true DMA that overlaps the next chunk's file read; a buffer is reused
+ * once the event recorded after its copy has completed. If the staging buffers cannot be had, the
+ * chunks go from the mapping with cuMemcpyHtoD (the driver stages pageable memory itself; the
+ * call returns once the source may be reused, so the pages are dropped after it). Errors name
+ * the chunk; nothing is left allocated or in flight on failure. */
+static int cb_upload_weights(colibri_cuda *cu, char *why, size_t why_len) {
+    const struct colibri_model *m = cu->m;
+    const uint8_t *src = m->base + m->data_offset;
+    const size_t total = cu->plan.weights_bytes, step = cb_upload_chunk();
+    const size_t nchunks = total ? (total + step - 1) / step : 0;
+    CUstream s0 = cu->stream[0];
+    CUevent done[2] = {cu->ev_h, cu->ev_shared}; /* not in use before the first forward */
+    uint8_t *stage = NULL;
+    if (nchunks && cu->d.MemAllocHost((void **)&stage, 2 * (total < step ? total : step)) !=
+                       CUDA_SUCCESS)
+        stage = NULL;
+    CUresult r = CUDA_SUCCESS;
+    size_t i = 0;
+    const char *what = "";
+    size_t off = 0, len = 0;
+    for (; i < nchunks; i++) {
+        off = i * step;
+        len = total - off < step ? total - off : step;
+        if (stage) {
+            uint8_t *buf = stage + (i & 1) * step;
+            if (i >= 2 && (r = cu->d.EventSynchronize(done[i & 1])) != CUDA_SUCCESS) {
+                what = "cuEventSynchronize";
+                break;
+            }
+            memcpy(buf, src + off, len);
+            cb_drop_host_range(m, src + off, src + off + len);
+            if ((r = cu->d.MemcpyHtoDAsync(cu->wbase + off, buf, len, s0)) != CUDA_SUCCESS) {
+                what = "cuMemcpyHtoDAsync";
+                break;
+            }
+            if ((r = cu->d.EventRecord(done[i & 1], s0)) != CUDA_SUCCESS) {
+                what = "cuEventRecord";
+                break;
+            }
+        } else {
+            if ((r = cu->d.MemcpyHtoD(cu->wbase + off, src + off, len)) != CUDA_SUCCESS) {
+                what = "cuMemcpyHtoD";
+                break;
+            }
+            cb_drop_host_range(m, src + off, src + off + len);
+        }
+    }
+    /* wait for every queued copy (also after a failure: the staging buffers are freed next) */
+    const CUresult sync = cu->d.StreamSynchronize(s0);
+    if (stage) cu->d.MemFreeHost(stage);
+    if (r != CUDA_SUCCESS) {
+        char where[160];
+        snprintf(where, sizeof where, "%s of weights chunk %zu of %zu (bytes %zu..%zu)", what,
+                 i + 1, nchunks, off, off + len);
+        return cb_fail(cu, r, where, why, why_len);
+    }
+    if (sync != CUDA_SUCCESS)
+        return cb_fail(cu, sync, "weights upload (cuStreamSynchronize)", why, why_len);
+    return 0;
 }
 
 static int cb_check_model(const struct colibri_model *m, char *why, size_t why_len) {
@@ -592,11 +689,18 @@ int colibri_cuda_open(colibri_cuda **out, const struct colibri_model *m, int str
         goto fail;
     }
 
-    /* weights: device-mapped file on an integrated GPU, else one copy in the arena.
-     * COLIBRI_CUDA_WEIGHTS=copy forces the single device copy on an integrated GPU too (GPU reads
-     * of registered host memory take the I/O-coherency path on some Tegra parts: measure both). */
+    /* weights: one copy in the arena, uploaded in chunks, by default on every GPU.
+     * COLIBRI_CUDA_WEIGHTS=map opts into the device-mapped file on an integrated GPU (no second
+     * copy). Not the default until gpu-check has measured it on a Jetson: GPU reads of registered
+     * host memory may take the I/O-coherency path on some Tegra parts, and llama.cpp keeps its
+     * weights in device allocations on Jetson. A discrete GPU always copies (mapped reads would
+     * cross PCIe). */
     const char *wmode = getenv("COLIBRI_CUDA_WEIGHTS");
-    const int want_map = integrated && can_map && !(wmode && strcmp(wmode, "copy") == 0);
+    if (wmode && *wmode && strcmp(wmode, "copy") != 0 && strcmp(wmode, "map") != 0) {
+        snprintf(why, why_len, "COLIBRI_CUDA_WEIGHTS must be copy or map, got '%.32s'", wmode);
+        goto fail;
+    }
+    const int want_map = integrated && can_map && wmode && strcmp(wmode, "map") == 0;
     int mapped = want_map ? cb_map_weights(cu) == 0 : 0;
     if (colibri_cuda_plan(m, !mapped, &cu->plan)) {
         snprintf(why, why_len, "model geometry unsupported by the CUDA backend");
@@ -610,12 +714,15 @@ int colibri_cuda_open(colibri_cuda **out, const struct colibri_model *m, int str
     }
     if (!mapped) {
         cu->wbase = cu->arena + cu->plan.weights;
-        if ((r = cu->d.MemcpyHtoD(cu->wbase, m->base + m->data_offset, cu->plan.weights_bytes)) !=
-            CUDA_SUCCESS) {
-            cb_fail(cu, r, "cuMemcpyHtoD(weights)", why, why_len);
+        if (cb_upload_weights(cu, why, why_len)) goto fail;
+    }
+    {
+        const size_t bytes = (size_t)cu->plan.chunk * m->vocab_size * sizeof(float);
+        if ((r = cu->d.MemAllocHost((void **)&cu->host_logits, bytes)) != CUDA_SUCCESS) {
+            cu->host_logits = NULL;
+            cb_fail(cu, r, "cuMemAllocHost(logits buffer)", why, why_len);
             goto fail;
         }
-        cb_drop_host_weights(m);
     }
     snprintf(cu->info.weights, sizeof cu->info.weights, "%s", mapped ? "mapped" : "copied");
     cu->info.device_bytes = cu->plan.total;
@@ -809,7 +916,9 @@ static int cb_issue_chunk(colibri_cuda *cu, int n, int pos, int graph, char *why
     return 0;
 }
 
-/* Plain launches: upload the ids and shared-expert offsets, issue the kernels, fetch the logits. */
+/* Plain launches: upload the ids and shared-expert offsets, issue the kernels, fetch the logits.
+ * The logits come down into the page-locked host_logits, so the copy is a DMA the driver queues
+ * (from pageable memory it would stage it through its own buffer), then to the caller's array. */
 static int cb_forward_chunk(colibri_cuda *cu, const int32_t *ids, int n, int pos, float *logits,
                             char *why, size_t why_len) {
     const CUdeviceptr A = cu->arena;
@@ -820,10 +929,11 @@ static int cb_forward_chunk(colibri_cuda *cu, const int32_t *ids, int n, int pos
     CB_CHECK(cu->d.MemcpyHtoDAsync(A + cu->plan.shared_offsets, shared_off, sizeof shared_off, s0),
              "offsets upload");
     if (cb_issue_chunk(cu, n, pos, 0, why, why_len)) return -1;
-    CB_CHECK(cu->d.MemcpyDtoHAsync(logits, A + cu->plan.logits,
-                                   (size_t)n * cu->m->vocab_size * sizeof(float), s0),
+    const size_t bytes = (size_t)n * cu->m->vocab_size * sizeof(float);
+    CB_CHECK(cu->d.MemcpyDtoHAsync(cu->host_logits, A + cu->plan.logits, bytes, s0),
              "logits download");
     CB_CHECK(cu->d.StreamSynchronize(s0), "cuStreamSynchronize");
+    memcpy(logits, cu->host_logits, bytes);
     return 0;
 }
 
@@ -860,10 +970,11 @@ static int cb_decode_graph(colibri_cuda *cu, int32_t id, int pos, float *logits,
     prm[CB_PRM_POS] = pos;
     CB_CHECK(cu->d.MemcpyHtoDAsync(A + cu->plan.prm, prm, sizeof prm, s0), "step upload");
     CB_CHECK(cu->d.GraphLaunch(cu->graph, s0), "cuGraphLaunch");
-    CB_CHECK(cu->d.MemcpyDtoHAsync(logits, A + cu->plan.logits,
-                                   (size_t)cu->m->vocab_size * sizeof(float), s0),
+    const size_t bytes = (size_t)cu->m->vocab_size * sizeof(float);
+    CB_CHECK(cu->d.MemcpyDtoHAsync(cu->host_logits, A + cu->plan.logits, bytes, s0),
              "logits download");
     CB_CHECK(cu->d.StreamSynchronize(s0), "cuStreamSynchronize");
+    memcpy(logits, cu->host_logits, bytes);
     return 0;
 }
 
@@ -919,6 +1030,7 @@ void colibri_cuda_close(colibri_cuda *cu) {
             for (int s = 0; s < 2; s++)
                 if (cu->stream[s]) cu->d.StreamDestroy(cu->stream[s]);
             if (cu->arena) cu->d.MemFree(cu->arena);
+            if (cu->host_logits) cu->d.MemFreeHost(cu->host_logits);
             if (cu->registered) cu->d.MemHostUnregister(cu->registered);
             if (cu->mod) cu->d.ModuleUnload(cu->mod);
             CUcontext popped;

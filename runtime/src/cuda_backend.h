@@ -24,8 +24,9 @@ typedef struct {
     int integrated;       /* 1 when the GPU shares DRAM with the CPU (Jetson) */
     size_t device_bytes;  /* bytes of the device arena (activations, KV cache, tables, and the
                              weights when "copied") */
-    char weights[8];      /* "mapped": the mmapped file is device-mapped (integrated GPU, no second
-                             copy); "copied": uploaded once into the arena */
+    char weights[8];      /* "copied": uploaded once into the arena, in chunks (the default);
+                             "mapped": the mmapped file is device-mapped (integrated GPU with
+                             COLIBRI_CUDA_WEIGHTS=map, no second copy) */
 } colibri_cuda_info;
 
 /* Bring up the GPU for this model: 0 on success; otherwise non-zero with `why` set to one line. */

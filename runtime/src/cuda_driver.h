@@ -79,6 +79,14 @@ typedef CUresult (*cuStreamWaitEvent_t)(CUstream stream, CUevent ev, unsigned in
 typedef CUresult (*cuEventCreate_t)(CUevent *ev, unsigned int flags);
 typedef CUresult (*cuEventDestroy_v2_t)(CUevent ev);
 typedef CUresult (*cuEventRecord_t)(CUevent ev, CUstream stream);
+typedef CUresult (*cuEventSynchronize_t)(CUevent ev);
+/* Page-locked host memory (the weight upload's staging buffers, the logits buffer): as in the
+ * CUDA driver API reference (cuMemAllocHost / cuMemFreeHost, "Memory Management") and the driver
+ * bindings on docs.rs (cuda_driver_sys::cuMemAllocHost_v2(pp: *mut *mut c_void, bytesize: usize),
+ * NVIDIA's cuda-python driver.cuMemFreeHost(p)); cuMemAllocHost is a macro for the _v2 symbol
+ * since CUDA 3.2. */
+typedef CUresult (*cuMemAllocHost_v2_t)(void **pp, size_t bytes);
+typedef CUresult (*cuMemFreeHost_t)(void *p);
 typedef CUresult (*cuGetErrorString_t)(CUresult err, const char **str);
 /* CUDA graphs by stream capture (decode, docs/cuda.md "CUDA-graph decode"). Optional: looked up
  * apart from the entry points above, and a driver without them keeps plain launches. Names and

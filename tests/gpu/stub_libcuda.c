@@ -12,6 +12,9 @@
  *   STUB_INTEGRATED  CU_DEVICE_ATTRIBUTE_INTEGRATED (default 0)
  *   STUB_LOAD_RC     cuModuleLoadDataEx's result (default 0)
  *   STUB_DTOD_RC     cuMemcpyDtoD_v2's result (default 0; colibri gpuprobe)
+ *   STUB_HTOD_FAIL_AT  the Nth cuMemcpyHtoDAsync_v2 call (1-based) returns 1 (INVALID_VALUE)
+ *                      and copies nothing (an upload failing part way)
+ *   STUB_ALLOCHOST_FAIL_AT  the Nth cuMemAllocHost_v2 call (1-based) returns 2 (OUT_OF_MEMORY)
  *   STUB_LOG         file receiving one line per cuLaunchKernel / memcpy / event call
  * Built with -DSTUB_OMIT_LAUNCH it lacks cuLaunchKernel (a driver missing an entry point); with
  * -DSTUB_OMIT_GRAPH it lacks the CUDA-graph entry points (a driver older than CUDA 11.4).
@@ -143,9 +146,27 @@ CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void *s, size_t n) {
     memcpy((void *)(uintptr_t)d, s, n);
     return 0;
 }
+static int g_htod_async; /* cuMemcpyHtoDAsync_v2 calls so far */
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *s, size_t n, void *st) {
     if (capturing(st)) return 900; /* CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED */
+    logf_("htod async %zu", n);
+    if (++g_htod_async == env_int("STUB_HTOD_FAIL_AT", 0)) return 1;
     memcpy((void *)(uintptr_t)d, s, n);
+    return 0;
+}
+/* Page-locked host memory: plain host memory here. Signatures as in the CUDA driver API reference
+ * (cuMemAllocHost(void **pp, size_t bytesize), exported as cuMemAllocHost_v2 since CUDA 3.2;
+ * cuMemFreeHost(void *p)), cross-checked against docs.rs cuda_driver_sys::cuMemAllocHost_v2. */
+static int g_allochost; /* cuMemAllocHost_v2 calls so far */
+CUresult cuMemAllocHost_v2(void **pp, size_t n) {
+    const int rc = ++g_allochost == env_int("STUB_ALLOCHOST_FAIL_AT", 0) ? 2 : 0;
+    *pp = rc ? NULL : malloc(n ? n : 1);
+    logf_("allochost %zu rc %d", n, rc);
+    return rc ? rc : *pp ? 0 : 2;
+}
+CUresult cuMemFreeHost(void *p) {
+    logf_("freehost");
+    free(p);
     return 0;
 }
 CUresult cuMemcpyDtoHAsync_v2(void *d, CUdeviceptr s, size_t n, void *st) {
@@ -248,6 +269,8 @@ CUresult cuEventCreate(void **e, unsigned flags) {
     return 0;
 }
 CUresult cuEventDestroy_v2(void *e) { (void)e; return 0; }
+/* copies and launches complete before the call returns here, so an event is always reached */
+CUresult cuEventSynchronize(void *e) { (void)e; return 0; }
 CUresult cuEventRecord(void *e, void *s) {
     const int si = stream_index(s), ei = (int)((char *)e - g_event);
     logf_("record event %d stream %d", ei, si);
