@@ -746,6 +746,43 @@ def test_decode_graph_gives_the_plain_launches_bits(cuda_host_build, tmp_path: P
     assert err < 1e-4, err
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("flags,dtype", [(0b100111, 0), (0b000000, 4)],
+                         ids=["shared-gate-bias-qknorm-head-f32", "plain-q4"])
+def test_fused_routing_gives_the_split_launches_bits(cuda_host_build, tmp_path: Path, flags: int,
+                                                     dtype: int):
+    """cb_ffn_route (FFN norm + router + top-k, one launch per layer) end to end: a prompt over
+    two device passes' worth of chunking and decode steps through the CUDA graph give bit for
+    bit the logits of the three launches it replaces (COLIBRI_CUDA_FUSE_ROUTE=0), and the CPU's
+    within tolerance; the graph holds cb_ffn_route and no router linear or top-k."""
+    model = tmp_path / "route.colibri"
+    _random_model(model, flags, dtype, 20 if flags & 1 else 0, pad=64, max_seq_len=48)
+    ids = [(i * 29 + 5) % 96 for i in range(36)]
+    args = ["--decode-from", "33"]  # 33 prompt tokens (passes of 32 + 1), then 3 graph steps
+
+    def logits(backend: str, name: str, **env: str) -> np.ndarray:
+        out = tmp_path / f"{name}.f32"
+        proc = _emu_cli(cuda_host_build, "--backend", backend, "forward", str(model), "--ids",
+                        ",".join(map(str, ids)), *args, "--logits-out", str(out), **env)
+        assert proc.returncode == 0, proc.stderr
+        return np.fromfile(out, "<f4").reshape(len(ids), -1)
+
+    log, split_log = tmp_path / "fused.log", tmp_path / "split.log"
+    fused = logits("cuda", "fused", STUB_LOG=str(log))
+    split = logits("cuda", "split", STUB_LOG=str(split_log), COLIBRI_CUDA_FUSE_ROUTE="0")
+    np.testing.assert_array_equal(fused.view(np.uint32), split.view(np.uint32))
+    cpu = logits("cpu", "cpu")
+    err = np.abs(fused - cpu).max() / np.abs(cpu).max()
+    assert err < (1e-4 if dtype == 0 else 1e-3), err
+    lines = log.read_text().splitlines()
+    captured = [ln.split()[1] for ln in lines if ln.startswith("capture ")]
+    assert captured.count("cb_ffn_route") == 2 and "cb_router_topk" not in captured
+    assert sum(ln.startswith("graph launch") for ln in lines) == 3
+    names = [ln.split()[1] for ln in split_log.read_text().splitlines()
+             if ln.startswith(("launch ", "capture "))]
+    assert "cb_ffn_route" not in names and names.count("cb_router_topk") == 2 * (2 + 1)
+
+
 def test_invoke_gpucheck_failures_are_actionable():
     """`invoke gpucheck` is an explicit request for a GPU check: without pycuda or a GPU it fails
     (exit 1, one line naming what is missing); with one, a target never built names the build
