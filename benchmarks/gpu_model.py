@@ -193,13 +193,25 @@ class Launches:
                       # logits down
 
 
+# cuda_backend.c cb_route_fused (runtime/kernels/colibri_abi.h): the FFN norm, router and top-k
+# are one cb_ffn_route launch when every router row gets a warp of its block (E <= 16) and the
+# normed row fits its shared memory (Dp <= 8192)
+ROUTE_WARPS = 16      # COLIBRI_CU_ROUTE_WARPS
+ROUTE_MAX_DP = 8192   # COLIBRI_CU_ROUTE_MAX_DP
+
+
+def route_fused(h: ModelHeader) -> bool:
+    return h.num_experts <= ROUTE_WARPS and h.embed_dim_pad <= ROUTE_MAX_DP
+
+
 def launches_per_token(h: ModelHeader) -> Launches:
     """cuda_backend.c cb_forward_chunk for one token: cb_embed; per layer rmsnorm, Q, K, V,
-    [q/k norm x2], RoPE q and k, attention, WO, rmsnorm, [shared up + down, gate], router,
-    top-k, dispatch, expert up + down, combine; then rmsnorm and LM head. Copies: the ids and the
-    shared-expert offsets up, the logits down (then one cuStreamSynchronize). With the decode
-    graph (cb_decode_graph) the kernels are its nodes and a token costs 3 driver calls."""
-    per_layer = 15
+    [q/k norm x2], RoPE q and k, attention, WO, then FFN rmsnorm + router + top-k as one
+    cb_ffn_route (route_fused) or three launches, [shared up + down, gate], dispatch, expert
+    up + down, combine; then rmsnorm and LM head. Copies: the ids and the shared-expert offsets
+    up, the logits down (then one cuStreamSynchronize). With the decode graph (cb_decode_graph)
+    the kernels are its nodes and a token costs 3 driver calls."""
+    per_layer = 13 if route_fused(h) else 15
     if h.has(Flag.QK_NORM_HEAD) or h.has(Flag.QK_NORM_FULL):
         per_layer += 2
     if h.has(Flag.SHARED_EXPERT):

@@ -41,7 +41,7 @@ def backend_kernel_names() -> list[str]:
     block = re.search(r"cb_kernel_names\[CB_F_COUNT\] = \{(.*?)\};", text, re.S)
     assert block, "cb_kernel_names table not found in cuda_backend.c"
     names = re.findall(r'"(cb_\w+)"', block.group(1))
-    assert len(names) == 11
+    assert len(names) == 12
     return names
 
 
@@ -260,10 +260,12 @@ def test_launch_sequence_is_deterministic_and_stream_independent(host_unit, stub
 
     assert launches(one) == launches(two)
     assert all(ln.endswith("stream 0") for ln in one if ln.startswith("launch "))
-    # 40 tokens = chunks of 32 + 8; 2 layers; embed + per layer 17 launches + final 2 per chunk
+    # 40 tokens = chunks of 32 + 8; 2 layers; embed + per layer 18 launches + final 2 per chunk
+    # (8 experts: the FFN norm, router and top-k are one cb_ffn_route launch)
     names = [ln.split()[1] for ln in one if ln.startswith("launch ")]
     assert names.count("cb_embed") == 2 and names.count("cb_moe_combine") == 4
-    assert names.count("cb_router_topk") == 4 and names.count("cb_dispatch") == 4
+    assert names.count("cb_ffn_route") == 4 and names.count("cb_dispatch") == 4
+    assert names.count("cb_router_topk") == 0 and len(names) == 2 * (1 + 2 * 18 + 2)
     # stream 1 work happens between "wait stream 1" and "record ... stream 1"
     on1 = [i for i, ln in enumerate(two) if ln.startswith("launch ") and ln.endswith("stream 1")]
     assert len(on1) == 3 * 4  # shared up, shared down, shared gate; per layer per chunk
@@ -297,12 +299,12 @@ def test_decode_launches_only_the_routed_experts(host_unit, stub_driver, tmp_pat
 
 
 def _decode_log(host_unit: Path, lib: Path, tmp: Path, tag: str, prompt: int,
-                steps: int) -> list[str]:
+                steps: int, **env: str) -> list[str]:
     """Stand-in driver log of a prompt of `prompt` tokens then `steps` one-token decode steps
     (host_unit.c's fake model, 1 stream)."""
     log = tmp / f"{tag}.log"
     proc = run_unit(host_unit, "open", "1", str(prompt), "1", str(steps),
-                    env={"COLIBRI_LIBCUDA": str(lib), "STUB_LOG": str(log)})
+                    env={"COLIBRI_LIBCUDA": str(lib), "STUB_LOG": str(log), **env})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return log.read_text().splitlines()
 
@@ -311,44 +313,55 @@ def test_launches_per_decoded_token(host_unit, stub_driver, tmp_path: Path):
     """Kernel launches for one decoded token, kernel by kernel, for host_unit.c's fake model:
     2 layers with q/k bias, per-head q/k norm and a gated shared expert, short context (one KV
     range: no merge). Per layer: attention norm, Q/K/V, q/k norm, RoPE on q and k, attention, WO,
-    FFN norm, shared up/down + gate, router, top-k, dispatch, routed up/down, combine = 20; plus
-    the embedding, output norm and LM head. A plain Mixtral-like layer is the same less q/k norm
-    and shared expert: 15 (8 layers: 123 a token).
+    FFN norm + router + top-k (one cb_ffn_route: 8 experts), shared up/down + gate, dispatch,
+    routed up/down, combine = 18; plus the embedding, output norm and LM head. A plain
+    Mixtral-like layer is the same less q/k norm and shared expert: 13 (8 layers: 107 a token).
+    With the fusion off (COLIBRI_CUDA_FUSE_ROUTE=0) the FFN norm, router linear and top-k are 3
+    launches again: 20 a layer.
 
     A driver without CUDA graphs (stand-in built -DSTUB_OMIT_GRAPH) gets each of them as a host
     call; with graphs they are captured once, on the first decode step, and every decode step
     (the first included) is then ONE host launch, cuGraphLaunch, with no kernel launch after the
     capture. The prompt keeps its plain launches either way."""
     steps, layers = 5, 2
-    per_layer = {"cb_rmsnorm": 2 + 2, "cb_linear": 3 + 1 + 1 + 1, "cb_rope": 2, "cb_attention": 1,
-                 "cb_router_topk": 1, "cb_dispatch": 1, "cb_expert_up": 2, "cb_expert_down": 2,
+    per_layer = {"cb_rmsnorm": 1 + 2, "cb_linear": 3 + 1 + 1, "cb_rope": 2, "cb_attention": 1,
+                 "cb_ffn_route": 1, "cb_dispatch": 1, "cb_expert_up": 2, "cb_expert_down": 2,
                  "cb_moe_combine": 1}
     want = {k: v * layers for k, v in per_layer.items()}
     want["cb_embed"] = 1
     want["cb_rmsnorm"] += 1  # output norm
     want["cb_linear"] += 1   # LM head
 
+    split = _decode_log(host_unit, stub_driver["nograph"], tmp_path, "split", 1, 0,
+                        COLIBRI_CUDA_FUSE_ROUTE="0")
+    names = [ln.split()[1] for ln in split if ln.startswith("launch ")]
+    unfused = {**want, "cb_rmsnorm": want["cb_rmsnorm"] + layers,
+               "cb_linear": want["cb_linear"] + layers, "cb_router_topk": layers}
+    del unfused["cb_ffn_route"]
+    assert {k: names.count(k) for k in set(names)} == unfused
+    assert len(names) == 3 + 20 * layers
+
     plain = _decode_log(host_unit, stub_driver["nograph"], tmp_path, "plain", 1, 0)
     names = [ln.split()[1] for ln in plain if ln.startswith("launch ")]
     assert {k: names.count(k) for k in set(names)} == want
-    assert len(names) == 3 + 20 * layers
+    assert len(names) == 3 + 18 * layers
     assert not [ln for ln in plain if ln.startswith(("capture ", "graph ", "begin capture"))]
     plain_steps = _decode_log(host_unit, stub_driver["nograph"], tmp_path, "plain5", 3, steps)
-    assert sum(ln.startswith("launch ") for ln in plain_steps) == (3 + 20 * layers) * (1 + steps)
+    assert sum(ln.startswith("launch ") for ln in plain_steps) == (3 + 18 * layers) * (1 + steps)
 
     lines = _decode_log(host_unit, stub_driver["full"], tmp_path, "graph", 3, steps)
     begin = lines.index("begin capture stream 0 mode 1")  # CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
     end = next(i for i, ln in enumerate(lines) if ln.startswith("end capture"))
     captured = [ln.split()[1] for ln in lines[begin:end] if ln.startswith("capture ")]
     assert {k: captured.count(k) for k in set(captured)} == want
-    assert lines[end] == f"end capture stream 0 nodes {3 + 20 * layers} rc 0"
+    assert lines[end] == f"end capture stream 0 nodes {3 + 18 * layers} rc 0"
     after = lines[end + 1:]
     assert [ln for ln in after if ln.startswith(("launch ", "capture "))] == []
     assert [ln for ln in after if ln.startswith("graph launch")] == \
-        [f"graph launch stream 0 nodes {3 + 20 * layers}"] * steps
+        [f"graph launch stream 0 nodes {3 + 18 * layers}"] * steps
     # the 3-token prompt before it: plain launches, the same as without graphs
     assert [ln for ln in lines[:begin] if ln.startswith("launch ")] == \
-        [ln for ln in plain_steps if ln.startswith("launch ")][:3 + 20 * layers]
+        [ln for ln in plain_steps if ln.startswith("launch ")][:3 + 18 * layers]
 
 
 def test_decode_graph_captures_the_two_stream_fork_and_join(host_unit, stub_driver,
@@ -815,6 +828,43 @@ def test_decode_graph_gives_the_plain_launches_bits(cuda_host_build, tmp_path: P
     np.testing.assert_array_equal(graph.view(np.uint32), plain.view(np.uint32))
     err = np.abs(graph - cpu).max() / np.abs(cpu).max()
     assert err < 1e-4, err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flags,dtype", [(0b100111, 0), (0b000000, 4)],
+                         ids=["shared-gate-bias-qknorm-head-f32", "plain-q4"])
+def test_fused_routing_gives_the_split_launches_bits(cuda_host_build, tmp_path: Path, flags: int,
+                                                     dtype: int):
+    """cb_ffn_route (FFN norm + router + top-k, one launch per layer) end to end: a prompt over
+    two device passes' worth of chunking and decode steps through the CUDA graph give bit for
+    bit the logits of the three launches it replaces (COLIBRI_CUDA_FUSE_ROUTE=0), and the CPU's
+    within tolerance; the graph holds cb_ffn_route and no router linear or top-k."""
+    model = tmp_path / "route.colibri"
+    _random_model(model, flags, dtype, 20 if flags & 1 else 0, pad=64, max_seq_len=48)
+    ids = [(i * 29 + 5) % 96 for i in range(36)]
+    args = ["--decode-from", "33"]  # 33 prompt tokens (passes of 32 + 1), then 3 graph steps
+
+    def logits(backend: str, name: str, **env: str) -> np.ndarray:
+        out = tmp_path / f"{name}.f32"
+        proc = _emu_cli(cuda_host_build, "--backend", backend, "forward", str(model), "--ids",
+                        ",".join(map(str, ids)), *args, "--logits-out", str(out), **env)
+        assert proc.returncode == 0, proc.stderr
+        return np.fromfile(out, "<f4").reshape(len(ids), -1)
+
+    log, split_log = tmp_path / "fused.log", tmp_path / "split.log"
+    fused = logits("cuda", "fused", STUB_LOG=str(log))
+    split = logits("cuda", "split", STUB_LOG=str(split_log), COLIBRI_CUDA_FUSE_ROUTE="0")
+    np.testing.assert_array_equal(fused.view(np.uint32), split.view(np.uint32))
+    cpu = logits("cpu", "cpu")
+    err = np.abs(fused - cpu).max() / np.abs(cpu).max()
+    assert err < (1e-4 if dtype == 0 else 1e-3), err
+    lines = log.read_text().splitlines()
+    captured = [ln.split()[1] for ln in lines if ln.startswith("capture ")]
+    assert captured.count("cb_ffn_route") == 2 and "cb_router_topk" not in captured
+    assert sum(ln.startswith("graph launch") for ln in lines) == 3
+    names = [ln.split()[1] for ln in split_log.read_text().splitlines()
+             if ln.startswith(("launch ", "capture "))]
+    assert "cb_ffn_route" not in names and names.count("cb_router_topk") == 2 * (2 + 1)
 
 
 def test_invoke_gpucheck_failures_are_actionable():

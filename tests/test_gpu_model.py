@@ -143,6 +143,32 @@ def test_kernels_per_token_are_the_backends_launches(host_unit: Path, stub_drive
     assert per_token == [f"graph launch stream 0 nodes {n.graph_nodes}"] * 4
     assert n.graph_calls == 3 and n.graph_nodes == n.kernels  # a 64-position cache: no merge
     assert gm.launches_per_token(replace(h, max_seq_len=300)).graph_nodes == n.kernels + 2
+    # 8 experts: the FFN norm, router and top-k are one launch; with more router rows than the
+    # fused kernel has warps (or the fusion switched off) they are three, as the backend issues
+    # them with COLIBRI_CUDA_FUSE_ROUTE=0
+    assert gm.route_fused(h) and n.per_layer == 18
+    log = tmp_path / "split.log"
+    proc = run_unit(host_unit, "open", str(streams), "1", "1",
+                    env={"COLIBRI_LIBCUDA": str(stub_driver["nograph"]), "STUB_LOG": str(log),
+                         "COLIBRI_CUDA_FUSE_ROUTE": "0"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    split = gm.launches_per_token(replace(h, num_experts=gm.ROUTE_WARPS + 1))
+    assert sum(ln.startswith("launch ") for ln in log.read_text().splitlines()) == split.kernels
+    assert split.kernels == n.kernels + 2 * h.n_layers
+
+
+def test_route_fusion_rule_uses_the_kernels_limits():
+    """gpu_model's copy of the fusion rule (E <= warps of cb_ffn_route's block, Dp <= its
+    shared-memory row) has colibri_abi.h's numbers."""
+    abi = (ROOT / "runtime" / "kernels" / "colibri_abi.h").read_text()
+
+    def define(name: str) -> int:
+        import re
+
+        return int(re.search(rf"#define {name} (\d+)", abi).group(1))
+
+    assert gm.ROUTE_WARPS == define("COLIBRI_CU_ROUTE_THREADS") // define("COLIBRI_CU_WARP")
+    assert gm.ROUTE_MAX_DP == define("COLIBRI_CU_ROUTE_MAX_DP")
 
 
 def test_headers_are_the_converters():

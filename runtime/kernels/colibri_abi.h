@@ -30,6 +30,15 @@
 /* cb_router_topk: one warp per token, sorting at most this many experts (format caps E at 256). */
 #define COLIBRI_CU_ROUTER_THREADS COLIBRI_CU_WARP
 #define COLIBRI_CU_MAX_SORT 256
+/* cb_ffn_route: the FFN RMSNorm, the router GEMV and the top-k of one token in one block of this
+ * many threads (one warp per router row; the norm's sum still runs over COLIBRI_CU_WIDE_THREADS
+ * of them, the width cb_rmsnorm is launched with, so h has cb_rmsnorm's bits). The normed row is
+ * kept in shared memory, which bounds Dp: 8192 floats = 32 KiB of the 48 KiB a block may declare
+ * statically (with the logits and the sort arrays, ~35 KiB); a wider model keeps the 3 launches.
+ * The backend fuses only when E <= COLIBRI_CU_ROUTE_WARPS (docs/cuda.md, "Fused routing"). */
+#define COLIBRI_CU_ROUTE_THREADS 512
+#define COLIBRI_CU_ROUTE_WARPS (COLIBRI_CU_ROUTE_THREADS / COLIBRI_CU_WARP)
+#define COLIBRI_CU_ROUTE_MAX_DP 8192
 /* Kernels that loop over blockDim (any multiple of 32): per-element work over Dp (embed,
  * rmsnorm, combine, dispatch) and per-head work (rope, attention). */
 #define COLIBRI_CU_WIDE_THREADS 256

@@ -572,35 +572,32 @@ __device__ __forceinline__ int cb_before(float ka, int ia, float kb, int ib) {
     return ia < ib;
 }
 
-/* Route one token (grid (n), block 32 = one warp), mirroring the CPU path (runtime/src/route.c)
- * step by step so that both make the same choices on the same logits:
+/* Route one token with one warp (lane = threadIdx.x & 31; every lane of the warp calls it),
+ * mirroring the CPU path (runtime/src/route.c) step by step so that both make the same choices
+ * on the same logits lr[0..E):
  *   m = max logit, total = sum_e exp((double)(l_e - m)) in index order (double, one lane);
  *   SOFTMAX_TOPK: p_e = (float)(exp(l_e - m) / total); top-k on p;
  *   LINEAR_SCORE: top-k on the logits; weights from the selected logits.
  * Ties go to the lower expert index. renorm != 0 (header `routing` 0) makes the k weights sum
- * to 1. Outputs in rank order: idx[t*k + j], wts[t*k + j].
- * The sort is a bitonic network over the next power of two >= E in shared memory, one warp;
- * padding entries (NaN, index >= 2^30) sort last. */
-extern "C" __global__ void cb_router_topk(const float *logits, int E, int k, int renorm,
-                                          int *idx, float *wts) {
-    __shared__ float key[CB_MAX_SORT];
-    __shared__ int id[CB_MAX_SORT];
-    __shared__ double total_s;
-    __shared__ float max_s;
-    const int t = blockIdx.x;
-    const int lane = threadIdx.x;
-    const float *lr = logits + (cb_u64)t * (cb_u64)E;
+ * to 1. Outputs in rank order: io[j], wo[j], j < k.
+ * The sort is a bitonic network over the next power of two >= E in shared memory (key, id:
+ * CB_MAX_SORT entries; total_s, max_s: one each); padding entries (NaN, index >= 2^30) sort
+ * last. Shared by cb_router_topk and cb_ffn_route, so both give the same bits. */
+__device__ __forceinline__ void cb_topk_warp(const float *lr, int E, int k, int renorm, int *io,
+                                             float *wo, float *key, int *id, double *total_s,
+                                             float *max_s) {
+    const int lane = threadIdx.x & (CB_WARP - 1);
     if (lane == 0) {
         float mx = lr[0];
         for (int e = 1; e < E; e++) mx = fmaxf(mx, lr[e]);
         double total = 0.0;
         for (int e = 0; e < E; e++) total += exp((double)lr[e] - mx);
-        max_s = mx;
-        total_s = total;
+        *max_s = mx;
+        *total_s = total;
     }
     __syncwarp();
-    const float mx = max_s;
-    const double total = total_s;
+    const float mx = *max_s;
+    const double total = *total_s;
     int npow = 2;
     while (npow < E) npow <<= 1;
     for (int i = lane; i < npow; i += CB_WARP) {
@@ -635,8 +632,6 @@ extern "C" __global__ void cb_router_topk(const float *logits, int E, int k, int
         }
     }
     if (lane == 0) {
-        int *io = idx + (cb_u64)t * (cb_u64)k;
-        float *wo = wts + (cb_u64)t * (cb_u64)k;
         for (int j = 0; j < k; j++) io[j] = id[j];
 #if COLIBRI_ROUTING_MODE == COLIBRI_ROUTING_SOFTMAX_TOPK
         if (renorm) {
@@ -657,6 +652,102 @@ extern "C" __global__ void cb_router_topk(const float *logits, int E, int k, int
         }
 #endif
     }
+}
+
+/* Route one token per block (grid (n), block 32 = one warp) from router logits in global memory
+ * (logits[t*E + e]): cb_topk_warp. Outputs idx[t*k + j], wts[t*k + j]. Used when the FFN norm,
+ * router and top-k are not fused (cb_ffn_route below). */
+extern "C" __global__ void cb_router_topk(const float *logits, int E, int k, int renorm,
+                                          int *idx, float *wts) {
+    __shared__ float key[CB_MAX_SORT];
+    __shared__ int id[CB_MAX_SORT];
+    __shared__ double total_s;
+    __shared__ float max_s;
+    const int t = blockIdx.x;
+    cb_topk_warp(logits + (cb_u64)t * (cb_u64)E, E, k, renorm, idx + (cb_u64)t * (cb_u64)k,
+                 wts + (cb_u64)t * (cb_u64)k, key, id, &total_s, &max_s);
+}
+
+/* ---- fused FFN norm + router + top-k (issue 15) ------------------------------------------- */
+
+#define CB_WIDE COLIBRI_CU_WIDE_THREADS
+#define CB_ROUTE_THREADS COLIBRI_CU_ROUTE_THREADS
+#define CB_ROUTE_MAX_DP COLIBRI_CU_ROUTE_MAX_DP
+
+/* lg[r] = W[r, :] . hs for r < E, warp w taking rows w, w + nwarps, ...: per row exactly
+ * cb_linear_impl's work for one token (the same lane shares in the same order, the same
+ * butterfly, the int8 row scale after it), with the activation row read from shared memory. */
+template <int DT>
+__device__ __forceinline__ void cb_route_rows(float *lg, const float *hs, const void *w,
+                                              const float *scales, int E, int cols, int vec) {
+    const int lane = threadIdx.x & (CB_WARP - 1);
+    const float *xs[CB_TOKEN_TILE] = {hs, hs, hs, hs};
+    for (int r = threadIdx.x / CB_WARP; r < E; r += blockDim.x / CB_WARP) {
+        float acc[1][CB_TOKEN_TILE] = {{0.0f, 0.0f, 0.0f, 0.0f}};
+        if (DT == CB_DT_Q4) {
+            cb_rows_dot_q4<1>(&w, &scales, r, cols, xs, 1, acc);
+        } else {
+            const void *row = cb_row_ptr<DT>(w, r, cols);
+            cb_rows_dot<DT, 1>(&row, cols, xs, 1, vec, acc);
+        }
+        float v = cb_warp_sum(acc[0][0]);
+        if (lane == 0) lg[r] = DT == CB_DT_INT8 ? v * scales[r] : v;
+    }
+}
+
+/* One token's FFN input and routing in one block, replacing cb_rmsnorm (FFN norm), cb_linear
+ * (router, E rows) and cb_router_topk with the same bits:
+ *   h[t, :] = norm_w * x[t, :] / sqrt(sum_{j<D} x[t, j]^2 / D + eps)   (the experts' input, to
+ *             global memory, and to shared memory for the router);
+ *   logits  = W_router h[t, :] (kept in shared memory, never written out);
+ *   idx[t*k ..], wts[t*k ..] = cb_topk_warp(logits) on warp 0.
+ * Same bits as the 3 kernels because each stage is their code with their reduction shape: the
+ * sum of squares runs over CB_WIDE threads with cb_rmsnorm's stride (the other threads add
+ * nothing, so the block sum's warp partials past CB_WIDE / 32 are +0 exactly where cb_rmsnorm's
+ * are the 0 padding of its butterfly); each router row is one warp as in cb_linear, the vector
+ * path chosen by cb_linear's own test on the global h; the top-k is the shared function.
+ * grid (n), block CB_ROUTE_THREADS (any multiple of 32 from CB_WIDE to 1024). Needs Dp <=
+ * CB_ROUTE_MAX_DP (the normed row in static shared memory: a block may declare 48 KiB) and
+ * E <= CB_MAX_SORT; the host keeps the 3 launches otherwise (cuda_backend.c cb_route_fused).
+ * Router weight dtypes as cb_linear: f32 (the file's), f16, bf16, int8 (row scales), q4. */
+extern "C" __global__ void __launch_bounds__(CB_ROUTE_THREADS)
+    cb_ffn_route(float *h, const float *x, int Dp, const float *norm_w, int D, float eps,
+                 const void *w, const float *scales, int dtype, int E, int k, int renorm,
+                 int *idx, float *wts) {
+    __shared__ float4 hs4[CB_ROUTE_MAX_DP / 4]; /* float4: 16-byte aligned for the vector path */
+    __shared__ float lg[CB_MAX_SORT];
+    __shared__ float key[CB_MAX_SORT];
+    __shared__ int id[CB_MAX_SORT];
+    __shared__ float scratch[CB_WARP];
+    __shared__ double total_s;
+    __shared__ float max_s;
+    float *hs = (float *)hs4;
+    const int t = blockIdx.x;
+    const float *xr = x + (cb_u64)t * (cb_u64)Dp;
+    float *hr = h + (cb_u64)t * (cb_u64)Dp;
+    float ss = 0.0f;
+    if (threadIdx.x < CB_WIDE)
+        for (int i = threadIdx.x; i < D; i += CB_WIDE) ss += xr[i] * xr[i];
+    ss = cb_block_sum(ss, scratch);
+    const float inv = 1.0f / sqrtf(ss / (float)D + eps);
+    for (int i = threadIdx.x; i < Dp; i += blockDim.x) {
+        const float v = norm_w[i] * (xr[i] * inv);
+        hr[i] = v;
+        hs[i] = v;
+    }
+    __syncthreads();
+    const int vec = cb_can_vec(w, dtype, Dp, h, Dp);
+    switch (dtype) {
+    case CB_DT_F32: cb_route_rows<CB_DT_F32>(lg, hs, w, scales, E, Dp, vec); break;
+    case CB_DT_F16: cb_route_rows<CB_DT_F16>(lg, hs, w, scales, E, Dp, vec); break;
+    case CB_DT_BF16: cb_route_rows<CB_DT_BF16>(lg, hs, w, scales, E, Dp, vec); break;
+    case CB_DT_Q4: cb_route_rows<CB_DT_Q4>(lg, hs, w, scales, E, Dp, vec); break;
+    default: cb_route_rows<CB_DT_INT8>(lg, hs, w, scales, E, Dp, vec); break;
+    }
+    __syncthreads();
+    if (threadIdx.x < CB_WARP)
+        cb_topk_warp(lg, E, k, renorm, idx + (cb_u64)t * (cb_u64)k, wts + (cb_u64)t * (cb_u64)k,
+                     key, id, &total_s, &max_s);
 }
 
 /* ---- dispatch ------------------------------------------------------------------------------- */

@@ -270,11 +270,12 @@ static int cb_driver_load(cb_driver *d, char *why, size_t why_len) {
 /* ---- the backend ----------------------------------------------------------------------------- */
 
 enum { CB_F_EMBED, CB_F_RMSNORM, CB_F_LINEAR, CB_F_ROPE, CB_F_ATTENTION, CB_F_MERGE, CB_F_TOPK,
-       CB_F_DISPATCH, CB_F_UP, CB_F_DOWN, CB_F_COMBINE, CB_F_COUNT };
+       CB_F_DISPATCH, CB_F_UP, CB_F_DOWN, CB_F_COMBINE, CB_F_ROUTE, CB_F_COUNT };
 
 static const char *const cb_kernel_names[CB_F_COUNT] = {
     "cb_embed", "cb_rmsnorm", "cb_linear", "cb_rope", "cb_attention", "cb_attention_merge",
-    "cb_router_topk", "cb_dispatch", "cb_expert_up", "cb_expert_down", "cb_moe_combine"};
+    "cb_router_topk", "cb_dispatch", "cb_expert_up", "cb_expert_down", "cb_moe_combine",
+    "cb_ffn_route"};
 
 struct colibri_cuda {
     cb_driver d;
@@ -295,6 +296,7 @@ struct colibri_cuda {
      * graph_off: the driver lacks the entry points, or a capture failed (plain launches) */
     CUgraphExec graph;
     int graph_off;
+    int fuse_route; /* FFN norm + router + top-k as one cb_ffn_route launch (cb_route_fused) */
     colibri_cuda_info info;
 };
 
@@ -370,6 +372,43 @@ static int cb_rope(colibri_cuda *cu, CUstream s, CUdeviceptr x, int stride, int 
     CUdeviceptr table = cu->arena + cu->plan.rope;
     void *a[] = {&x, &stride, &nheads, &Dh, &pos, &table, &pos_d, &pos_rows};
     return cb_launch(cu, CB_F_ROPE, (unsigned)n, 1, CB_HEAD, s, a, why, why_len);
+}
+
+/* Fuse the FFN norm, the router and the top-k into cb_ffn_route? It needs the normed row in its
+ * shared memory (Dp <= COLIBRI_CU_ROUTE_MAX_DP; wider models keep the 3 launches) and a router of
+ * E rows over Dp columns in every layer (the format's shape). It pays only while every router
+ * row gets its own warp (E <= COLIBRI_CU_ROUTE_WARPS): the fused kernel is one block per token,
+ * so its router GEMV runs on one SM, while cb_linear spreads E rows over ceil(E/4) blocks; with
+ * E = 64 that would read the router with 16 warps instead of 64 and lose more than the 2 saved
+ * launches (docs/cuda.md, "Fused routing"). COLIBRI_CUDA_FUSE_ROUTE=0 never fuses, =1 fuses
+ * whenever the row fits (to measure both on a GPU); the bits are the same either way. */
+static int cb_route_fused(const struct colibri_model *m) {
+    const char *env = getenv("COLIBRI_CUDA_FUSE_ROUTE");
+    if (env && strcmp(env, "0") == 0) return 0;
+    if (m->embed_dim_pad > COLIBRI_CU_ROUTE_MAX_DP) return 0;
+    for (uint32_t l = 0; l < m->n_layers; l++)
+        if (m->layers[l].router.rows != m->num_experts ||
+            m->layers[l].router.cols != m->embed_dim_pad)
+            return 0;
+    return (env && strcmp(env, "1") == 0) || m->num_experts <= COLIBRI_CU_ROUTE_WARPS;
+}
+
+/* h = FFN norm of x, then the router and the top-k of each token, in one launch: grid (n), one
+ * block per token (cb_ffn_route); the same h, top_idx and top_w bits as cb_rmsnorm + cb_linear
+ * (router) + cb_router_topk. The router logits buffer is not written. */
+static int cb_ffn_route(colibri_cuda *cu, CUstream s, int n, const colibri_layer *ly, char *why,
+                        size_t why_len) {
+    const struct colibri_model *m = cu->m;
+    const CUdeviceptr A = cu->arena;
+    CUdeviceptr h = A + cu->plan.h, x = A + cu->plan.x, nw = cb_dev(cu, ly->ffn_norm.data);
+    CUdeviceptr w = cb_dev(cu, ly->router.data), sc = cb_dev(cu, ly->router.scales);
+    CUdeviceptr ti = A + cu->plan.top_idx, tw = A + cu->plan.top_w;
+    int Dp = (int)m->embed_dim_pad, D = (int)m->embed_dim, dt = (int)ly->router.dtype;
+    int E = (int)m->num_experts, k = (int)m->top_k, renorm = m->routing == COLIBRI_WEIGHTS_RENORM;
+    float eps = m->norm_eps;
+    void *a[] = {&h, &x, &Dp, &nw, &D, &eps, &w, &sc, &dt, &E, &k, &renorm, &ti, &tw};
+    return cb_launch(cu, CB_F_ROUTE, (unsigned)n, 1, COLIBRI_CU_ROUTE_THREADS, s, a, why,
+                     why_len);
 }
 
 /* SwiGLU over grouped slots: act = silu(W1 h) * (W3 h), out = W2 act, for `experts` experts whose
@@ -768,6 +807,7 @@ int colibri_cuda_open(colibri_cuda **out, const struct colibri_model *m, int str
     /* COLIBRI_CUDA_GRAPH=0: plain launches in decode too, to measure what the graph saves */
     const char *gmode = getenv("COLIBRI_CUDA_GRAPH");
     cu->graph_off = cu->d.GraphLaunch == NULL || (gmode && strcmp(gmode, "0") == 0);
+    cu->fuse_route = cb_route_fused(m);
     CUcontext popped;
     cu->d.CtxPopCurrent(&popped);
     return 0;
@@ -857,11 +897,16 @@ static int cb_issue_chunk(colibri_cuda *cu, int n, int pos, int graph, char *why
                 cb_launch(cu, CB_F_MERGE, (unsigned)H, (unsigned)n, CB_HEAD, s0, b, why, why_len))
                 return -1;
         }
-        if (cb_linear(cu, s0, x, Dp, att, HD, n, &ly->wo, 0, 1, why, why_len) ||
-            cb_rmsnorm(cu, s0, h, Dp, x, Dp, n, &ly->ffn_norm, Dp, D, why, why_len))
+        if (cb_linear(cu, s0, x, Dp, att, HD, n, &ly->wo, 0, 1, why, why_len))
+            return -1;
+        /* FFN norm -> h; fused: the router and top-k in the same launch (cb_ffn_route) */
+        if (cu->fuse_route ? cb_ffn_route(cu, s0, n, ly, why, why_len)
+                           : cb_rmsnorm(cu, s0, h, Dp, x, Dp, n, &ly->ffn_norm, Dp, D, why,
+                                        why_len))
             return -1;
 
-        /* shared expert (second stream when there is one): depends only on h */
+        /* shared expert (second stream when there is one): depends only on h, so ev_h is
+         * recorded after the kernel that wrote h (the FFN norm, or the fused routing) */
         const CUdeviceptr tabs = A + p->tables + (CUdeviceptr)l * (6 * E + 6) * sizeof(CUdeviceptr);
         if (shared) {
             if (s1 != s0) {
@@ -880,14 +925,16 @@ static int cb_issue_chunk(colibri_cuda *cu, int n, int pos, int graph, char *why
             if (s1 != s0) CB_CHECK(cu->d.EventRecord(cu->ev_shared, s1), "cuEventRecord");
         }
 
-        /* routing, dispatch, routed experts */
-        if (cb_linear(cu, s0, A + p->router, E, h, Dp, n, &ly->router, 0, 0, why, why_len))
-            return -1;
+        /* routing (unless fused above), dispatch, routed experts */
         {
             CUdeviceptr rl = A + p->router, ti = A + p->top_idx, tw = A + p->top_w;
             int e = E, kk = k, renorm = m->routing == COLIBRI_WEIGHTS_RENORM;
             void *a[] = {&rl, &e, &kk, &renorm, &ti, &tw};
-            if (cb_launch(cu, CB_F_TOPK, (unsigned)n, 1, COLIBRI_CU_ROUTER_THREADS, s0, a, why, why_len)) return -1;
+            if (!cu->fuse_route &&
+                (cb_linear(cu, s0, rl, E, h, Dp, n, &ly->router, 0, 0, why, why_len) ||
+                 cb_launch(cu, CB_F_TOPK, (unsigned)n, 1, COLIBRI_CU_ROUTER_THREADS, s0, a, why,
+                           why_len)))
+                return -1;
             CUdeviceptr off = A + p->offsets, perm = A + p->perm, so = A + p->slot_of;
             CUdeviceptr act = A + p->active;
             int nn = n;

@@ -33,6 +33,13 @@ ATTENTION_SHAPES = [(5, 0, 4, 2, 16), (1, 37, 4, 2, 16), (3, 300, 8, 1, 128), (4
                     (2, 767, 4, 2, 33), (1, 2000, 32, 8, 128), (3, 1998, 2, 1, 72)]
 KV_SPLIT = 256  # runtime/kernels/colibri_abi.h COLIBRI_CU_KV_SPLIT
 TOPK_SHAPES = [(2, 1), (7, 2), (8, 2), (33, 4), (64, 8), (64, 1), (60, 16)]         # E, k
+# E, k, D, Dp, n: E from 2 to the sort's 256; D not a multiple of 32; Dp a multiple of 16 (the
+# vector path; int8 needs 16 | Dp, f32/f16/bf16 8 | Dp) or odd (37: the scalar path); q4 rows
+# with a partial last group; Dp = 8192, the fused kernel's shared-memory bound
+FFN_ROUTE_SHAPES = [(2, 1, 45, 48, 3), (8, 2, 40, 64, 5), (60, 8, 100, 112, 2),
+                    (64, 8, 37, 37, 2), (128, 2, 300, 320, 2), (256, 8, 1000, 1024, 1),
+                    (8, 2, 8190, 8192, 1)]
+ROUTE_THREADS = 512  # runtime/kernels/colibri_abi.h COLIBRI_CU_ROUTE_THREADS
 DISPATCH_SHAPES = [(1, 2, 8), (5, 2, 8), (32, 8, 64), (17, 3, 64), (32, 1, 2), (9, 4, 5)]
 EXPERT_SHAPES = [(1, 2, 8, 20, 64), (6, 2, 8, 37, 48), (32, 8, 64, 24, 64), (3, 1, 4, 96, 4096)]
 
@@ -277,6 +284,77 @@ def check_router_topk_nan(gpu, E, k):
     else:  # one NaN makes the softmax total NaN, so every probability is NaN: index order
         want = np.tile(np.arange(k), (n, 1))
     np.testing.assert_array_equal(got, want)
+
+
+def _nan_rows(w: ref.Weight, rows: list[int]) -> ref.Weight:
+    """The router rows `rows` made to give NaN logits, in each dtype's own way: a NaN element
+    (f32, f16, bf16), a NaN row scale (int8) or a NaN group scale (q4)."""
+    raw = w.raw.copy()
+    scales = None if w.scales is None else w.scales.copy()
+    for r in rows:
+        if w.dtype == DType.F32 or w.dtype == DType.F16:
+            raw[r, 0] = np.nan
+        elif w.dtype == DType.BF16:
+            raw[r, 0] = 0x7fc0
+        elif w.dtype == DType.Q4:
+            scales[r, 0] = np.nan
+        else:
+            scales[r] = np.nan
+    return ref.Weight(raw, w.dtype, scales, w.q4_cols)
+
+
+def check_ffn_route(gpu, dtype, E, k, D, Dp, n, nan=False):
+    """cb_ffn_route (FFN norm + router GEMV + top-k in one block per token) against the three
+    kernels it replaces, cb_rmsnorm -> cb_linear (router) -> cb_router_topk, launched as
+    cuda_backend.c launches them: h, the chosen experts and their weights are bit for bit the
+    same, with renormalisation on and off. nan: NaN router logits (a few experts' rows, and one
+    token whose input holds a NaN, so every logit is NaN)."""
+    rng = np.random.default_rng(E * 1000 + D + int(dtype))
+    x = np.zeros((n, Dp), np.float32)
+    x[:, :D] = rng.standard_normal((n, D)).astype(np.float32) * 2
+    if n > 1:
+        x[1, :D] = x[0, :D]                 # two identical tokens: identical routing
+    norm_w = np.zeros(Dp, np.float32)
+    norm_w[:D] = 1 + 0.1 * rng.standard_normal(D).astype(np.float32)
+    w = ref.make_weight(rng.standard_normal((E, Dp)).astype(np.float32) * 3 / np.sqrt(D), dtype)
+    if nan:
+        w = _nan_rows(w, sorted({0, E // 2, E - 1}))
+        x[n - 1, D // 2] = np.nan
+    raw, sc = weight_args(gpu, w)
+    xd, nwd, eps = gpu.put(x), gpu.put(norm_w), np.float32(1e-5)
+    for renorm in (0, 1):
+        # the three launches (cuda_backend.c without fusion)
+        h3, logits = gpu.zeros((n, Dp)), gpu.zeros((n, E))
+        idx3, wts3 = gpu.zeros((n, k), np.int32), gpu.zeros((n, k))
+        gpu.run("cb_rmsnorm", "PiPiPiifPi", (n, 1), 256, h3, np.int32(Dp), xd, np.int32(Dp), nwd,
+                np.int32(Dp), np.int32(D), eps, 0, np.int32(0))
+        gpu.run("cb_linear", "PiPiiPPiiiPiP", ((E + 3) // 4, (n + 3) // 4), 128, logits,
+                np.int32(E), h3, np.int32(Dp), np.int32(n), raw, sc, np.int32(dtype), np.int32(E),
+                np.int32(Dp), 0, np.int32(0), 0)
+        gpu.run("cb_router_topk", "PiiiPP", (n, 1), 32, logits, np.int32(E), np.int32(k),
+                np.int32(renorm), idx3, wts3)
+        # the fused kernel
+        h1 = gpu.put(np.full((n, Dp), 7.0, np.float32))  # every element must be written
+        idx1 = gpu.put(np.full((n, k), -5, np.int32))
+        wts1 = gpu.put(np.full((n, k), 7.0, np.float32))
+        gpu.run("cb_ffn_route", "PPiPifPPiiiiPP", (n, 1), ROUTE_THREADS, h1, xd, np.int32(Dp),
+                nwd, np.int32(D), eps, raw, sc, np.int32(dtype), np.int32(E), np.int32(k),
+                np.int32(renorm), idx1, wts1)
+        np.testing.assert_array_equal(gpu.get(h1, (n, Dp)).view(np.uint32),
+                                      gpu.get(h3, (n, Dp)).view(np.uint32))
+        got_idx = gpu.get(idx1, (n, k), np.int32)
+        np.testing.assert_array_equal(got_idx, gpu.get(idx3, (n, k), np.int32))
+        np.testing.assert_array_equal(gpu.get(wts1, (n, k)).view(np.uint32),
+                                      gpu.get(wts3, (n, k)).view(np.uint32))
+        assert got_idx.min() >= 0 and got_idx.max() < E
+        if not nan:
+            # and both route as route.c does on the same logits (the choice is exact on given
+            # logits; which logits the GEMV rounds to is the dot-product checks' business)
+            want_idx, _ = ref.cb_router_topk(gpu.get(logits, (n, E)), k, bool(renorm),
+                                             gpu.routing_mode)
+            np.testing.assert_array_equal(got_idx, want_idx)
+            if n > 1:
+                np.testing.assert_array_equal(got_idx[0], got_idx[1])
 
 
 def check_dispatch(gpu, n, k, E):

@@ -308,6 +308,8 @@ class BackendForward:
                 s = cb_expert_down(sact, offs, [_weight(m, Kind.SHARED_W2, l)], Dp)
                 if h.has(Flag.SHARED_EXPERT_GATE):
                     gate = cb_linear(hn, _weight(m, Kind.SHARED_GATE, l))[:, 0]
+            # FFN norm (above), router, top-k: one cb_ffn_route launch when the backend fuses
+            # them (E <= 16), with the three kernels' bits (tests/gpu/conformance.py)
             logits = cb_linear(hn, _weight(m, Kind.ROUTER, l))
             idx, wts = cb_router_topk(logits, h.top_k, h.routing == Routing.RENORMALISE, self.mode)
             self.routes.append(idx)

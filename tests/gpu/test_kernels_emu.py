@@ -29,6 +29,7 @@ import kernel_reference as ref  # noqa: E402
 from gpu_images import ptx_signatures  # noqa: E402
 
 from colibri_kit import paths, profiles, render, toolchain  # noqa: E402
+from colibri_kit.model.format import DType  # noqa: E402
 
 pytestmark = pytest.mark.slow
 ROOT = paths.project_root()
@@ -177,3 +178,27 @@ def test_dispatch(gpu, n, k, E):
 @pytest.mark.parametrize("n,k,E,F,Dp", C.EXPERT_SHAPES[:2])
 def test_grouped_experts(gpu, dtype, n, k, E, F, Dp):
     C.check_grouped_experts(gpu, dtype, n, k, E, F, Dp)
+
+
+# the fused routing kernel against the three it replaces, bit for bit: every router dtype on a
+# few shapes, every shape on the file's router dtype (f32), NaN logits, both routing modes
+@pytest.mark.parametrize("dtype", C.DTYPES, **_dt)
+@pytest.mark.parametrize("E,k,D,Dp,n", [C.FFN_ROUTE_SHAPES[i] for i in (0, 1, 3)])
+def test_ffn_route_matches_the_three_kernels(gpu, dtype, E, k, D, Dp, n):
+    C.check_ffn_route(gpu, dtype, E, k, D, Dp, n)
+
+
+@pytest.mark.parametrize("E,k,D,Dp,n", C.FFN_ROUTE_SHAPES)
+def test_ffn_route_shapes(gpu, E, k, D, Dp, n):
+    C.check_ffn_route(gpu, DType.F32, E, k, D, Dp, n)
+
+
+@pytest.mark.parametrize("dtype", C.DTYPES, **_dt)
+def test_ffn_route_nan_logits(gpu, gpu_linear_score, dtype):
+    C.check_ffn_route(gpu, dtype, 60, 8, 100, 112, 3, nan=True)
+    C.check_ffn_route(gpu_linear_score, dtype, 60, 8, 100, 112, 3, nan=True)
+
+
+@pytest.mark.parametrize("E,k,D,Dp,n", [C.FFN_ROUTE_SHAPES[i] for i in (1, 2, 5)])
+def test_ffn_route_linear_score(gpu_linear_score, E, k, D, Dp, n):
+    C.check_ffn_route(gpu_linear_score, DType.F32, E, k, D, Dp, n)

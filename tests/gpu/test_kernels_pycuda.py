@@ -182,6 +182,13 @@ def test_router_topk_nan_selects_real_experts(gpu, E, k):
     C.check_router_topk_nan(gpu, E, k)
 
 
+@pytest.mark.parametrize("dtype", C.DTYPES, **_dt)
+@pytest.mark.parametrize("E,k,D,Dp,n", C.FFN_ROUTE_SHAPES)
+@pytest.mark.parametrize("nan", [False, True])
+def test_ffn_route_matches_the_three_kernels(gpu, dtype, E, k, D, Dp, n, nan):
+    C.check_ffn_route(gpu, dtype, E, k, D, Dp, n, nan=nan)
+
+
 @pytest.mark.parametrize("n,k,E", C.DISPATCH_SHAPES)
 def test_dispatch(gpu, n, k, E):
     C.check_dispatch(gpu, n, k, E)

@@ -69,6 +69,7 @@ using std::cos; using std::exp; using std::pow; using std::sin;
 #define __device__
 #define __forceinline__ inline
 #define __shared__ static
+#define __launch_bounds__(...)  // a register budget for ptxas; nothing to do on a CPU
 
 #include "colibri_kernels.cu"
 
@@ -122,7 +123,7 @@ static int param_sizes(void (*)(A...), std::size_t *sizes, int max) {
 extern "C" int emu_param_sizes(const char *name, std::size_t *sizes, int max) {
 #define K(fn) if (std::strcmp(name, #fn) == 0) return param_sizes(fn, sizes, max);
     K(cb_embed) K(cb_rmsnorm) K(cb_linear) K(cb_rope) K(cb_attention) K(cb_attention_merge)
-    K(cb_router_topk)
+    K(cb_router_topk) K(cb_ffn_route)
     K(cb_dispatch) K(cb_expert_up) K(cb_expert_down) K(cb_moe_combine)
 #undef K
     return -1;
@@ -132,7 +133,7 @@ extern "C" int emu_param_sizes(const char *name, std::size_t *sizes, int max) {
 extern "C" int emu_launch(const char *name, unsigned gx, unsigned gy, unsigned bx, void **args) {
 #define K(fn) if (std::strcmp(name, #fn) == 0) { launch(fn, gx, gy, bx, args); return 0; }
     K(cb_embed) K(cb_rmsnorm) K(cb_linear) K(cb_rope) K(cb_attention) K(cb_attention_merge)
-    K(cb_router_topk)
+    K(cb_router_topk) K(cb_ffn_route)
     K(cb_dispatch) K(cb_expert_up) K(cb_expert_down) K(cb_moe_combine)
 #undef K
     return -1;
