@@ -886,7 +886,7 @@ extern "C" __global__ void cb_moe_combine(float *x, int Dp, int k, const float *
  * same inputs give the same bits on any run. It is not the GEMV's order: on the GPU a prefill
  * pass (these kernels) and a decode step (the GEMV) give different last bits for the same token
  * (docs/cuda.md, "Tensor-core prefill (sm_80+)"). */
-#define CB_MMA_WARPS 4 /* warps per block: 64 weight rows */
+#define CB_MMA_WARPS COLIBRI_CU_MMA_WARPS /* warps per block: 64 weight rows */
 #define CB_MMA_NT 4    /* 8-token tiles per pass: 32 tokens (the device pass's chunk) */
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
