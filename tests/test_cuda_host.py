@@ -708,14 +708,16 @@ def test_cuda_backend_q4_in_emulation(cuda_host_build, tmp_path: Path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dtype", [0, 1, 2, 3], ids=["f32", "f16", "bf16", "int8"])
+@pytest.mark.parametrize("dtype", [0, 1, 3], ids=["f32", "f16", "int8"])
 def test_tensor_core_prefill_in_emulation(cuda_host_build, tmp_path: Path, dtype: int):
     """Prefill on an sm_90 "GPU" runs the routed and the shared expert projections on the
     tensor-core kernels (sm_90 cubin), the emulation executing their mma fragment by fragment:
     the logits are the CPU's within the GPU-vs-CPU tolerance (docs/cuda.md: the tf32 hi/lo split
     keeps it) and bit-identical on a second run. On sm_72 (its cubin lacks them) and on sm_80 (no
-    cubin; the compute_72 PTX) the SIMT kernels run the same prompt, also within tolerance;
-    sm_100 JITs the compute_90 PTX and has them. `info` says which (cuda_prefill)."""
+    cubin; the compute_72 PTX) the SIMT kernels run (`info` cuda_prefill; the f16 model also runs
+    there, within tolerance); sm_100 JITs the compute_90 PTX and has them. bf16 weights take the
+    f16 path of the kernels' tf32 conversion (exact, no split): the conformance suite covers them
+    kernel by kernel."""
     model = tmp_path / "m.colibri"
     _random_model(model, 0b100111, dtype, 20, pad=64)  # shared expert + gate, bias, q/k norm
     ids = [3, 17, 95, 0, 42, 42, 7, 8, 9, 10, 11, 12, 13]  # 13 tokens: one prefill pass
@@ -731,6 +733,8 @@ def test_tensor_core_prefill_in_emulation(cuda_host_build, tmp_path: Path, dtype
     assert np.abs(gpu - cpu).max() / np.abs(cpu).max() < 1e-4
     again = _logits(cuda_host_build, model, "cuda", ids, f"tc{dtype}_90b")
     assert gpu.tobytes() == again.tobytes()
+    if dtype != 1:
+        return
     log.unlink()
     simt = _logits(cuda_host_build, model, "cuda", ids, f"tc{dtype}_72", STUB_SM="72",
                    STUB_LOG=str(log))
