@@ -51,7 +51,7 @@ def backend_optional_kernel_names() -> list[str]:
     block = re.search(r"cb_tc_names\[CB_T_COUNT\] = \{(.*?)\};", BACKEND.read_text(), re.S)
     assert block, "cb_tc_names table not found in cuda_backend.c"
     names = re.findall(r'"(cb_\w+)"', block.group(1))
-    assert names == ["cb_expert_up_mma", "cb_expert_down_mma"]
+    assert names == ["cb_expert_up_mma", "cb_expert_down_mma", "cb_linear_mma"]
     return names
 
 
@@ -730,6 +730,8 @@ def test_tensor_core_prefill_in_emulation(cuda_host_build, tmp_path: Path, dtype
     # per layer: routed + shared expert, up and down, all on the tensor cores
     assert names.count("cb_expert_up_mma") == names.count("cb_expert_down_mma") == 2 * 2
     assert "cb_expert_up" not in names and "cb_expert_down" not in names
+    # Q, WO, router, shared gate per layer and the LM head; K and V keep the GEMV
+    assert names.count("cb_linear_mma") == 4 * 2 + 1 and names.count("cb_linear") == 2 * 2
     assert np.abs(gpu - cpu).max() / np.abs(cpu).max() < 1e-4
     again = _logits(cuda_host_build, model, "cuda", ids, f"tc{dtype}_90b")
     assert gpu.tobytes() == again.tobytes()

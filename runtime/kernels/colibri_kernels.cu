@@ -862,7 +862,7 @@ extern "C" __global__ void cb_moe_combine(float *x, int Dp, int k, const float *
 /* ---- tensor-core prefill GEMM (sm_80+): grouped expert SwiGLU ------------------------------ */
 
 /* The prefill twins of cb_expert_up / cb_expert_down (same arguments, same grid rows of experts,
- * same outputs) on the tensor cores: mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32, one warp
+ * same outputs) and of cb_linear on the tensor cores: mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32, one warp
  * per 16 weight rows (M = weight rows, N = the expert's tokens in tiles of 8, K = the input
  * dimension in steps of 8). Compiled only for __CUDA_ARCH__ >= 800 (mma with .tf32 needs sm_80):
  * the PTX for a lower SM (Xavier's compute_72) and every cubin made from it lack these two
@@ -887,7 +887,7 @@ extern "C" __global__ void cb_moe_combine(float *x, int Dp, int k, const float *
  * pass (these kernels) and a decode step (the GEMV) give different last bits for the same token
  * (docs/cuda.md, "Tensor-core prefill (sm_80+)"). */
 #define CB_MMA_WARPS COLIBRI_CU_MMA_WARPS /* warps per block: 64 weight rows */
-#define CB_MMA_NT 4    /* 8-token tiles per pass: 32 tokens (the device pass's chunk) */
+#define CB_MMA_NT (COLIBRI_CU_MMA_TOKENS / 8) /* 8-token tiles per pass: 32 tokens */
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 
@@ -1100,6 +1100,73 @@ extern "C" __global__ void cb_expert_down_mma(float *eo, int Dp, const float *ac
         break;
     case CB_DT_INT8:
         cb_expert_down_mma_impl<CB_DT_INT8>(eo, Dp, act, F, begin, end, w2[e], sc);
+        break;
+    default: break; /* q4: never launched */
+    }
+}
+
+template <int DT>
+__device__ void cb_linear_mma_impl(float *y, int y_stride, const float *x, int x_stride, int n,
+                                   const void *w, const float *scales, int rows, int cols,
+                                   const float *bias, int accumulate, int y_row0) {
+    const int lane = threadIdx.x & (CB_WARP - 1), g = lane >> 2, t = lane & 3;
+    const int r0 = (blockIdx.x * CB_MMA_WARPS + threadIdx.x / CB_WARP) * 16;
+    const int t0 = blockIdx.y * 8 * CB_MMA_NT;
+    if (r0 >= rows || t0 >= n) return; /* whole warp */
+    const int left = n - t0;
+    const int ntiles = left >= 8 * CB_MMA_NT ? CB_MMA_NT : (left + 7) / 8;
+    const float *xb[CB_MMA_NT];
+    int vt[CB_MMA_NT];
+#pragma unroll
+    for (int j = 0; j < CB_MMA_NT; j++) {
+        const int tok = t0 + 8 * j + g;
+        vt[j] = tok < n;
+        xb[j] = x + (cb_u64)(vt[j] ? tok : t0) * (cb_u64)x_stride;
+    }
+    float d[1][CB_MMA_NT][4];
+#pragma unroll
+    for (int j = 0; j < CB_MMA_NT; j++) d[0][j][0] = d[0][j][1] = d[0][j][2] = d[0][j][3] = 0.0f;
+    cb_mma_rows<DT, 1>(&w, r0, rows, cols, xb, vt, ntiles, d);
+#pragma unroll
+    for (int j = 0; j < CB_MMA_NT; j++) {
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const int r = r0 + g + 8 * (q >> 1), tok = t0 + 8 * j + 2 * t + (q & 1);
+            if (j < ntiles && r < rows && tok < n) {
+                float v = d[0][j][q];
+                if (DT == CB_DT_INT8) v *= scales[r];
+                if (bias) v += bias[r];
+                float *yp = y + (cb_u64)(y_row0 + tok) * (cb_u64)y_stride + r;
+                *yp = accumulate ? *yp + v : v;
+            }
+        }
+    }
+}
+
+/* cb_linear on the tensor cores (f32/f16/bf16/int8; q4: the backend launches cb_linear): same
+ * arguments and result (within the tf32-split rounding). grid (ceil(rows / 64), ceil(n / 32)),
+ * block 128: warp w of block (x, y) computes rows 64x + 16w .. +15 for tokens 32y .. 32y + 31. */
+extern "C" __global__ void cb_linear_mma(float *y, int y_stride, const float *x, int x_stride,
+                                         int n, const void *w, const float *scales, int dtype,
+                                         int rows, int cols, const float *bias, int accumulate,
+                                         const int *pos_d) {
+    const int y_row0 = pos_d ? *pos_d : 0;
+    switch (dtype) {
+    case CB_DT_F32:
+        cb_linear_mma_impl<CB_DT_F32>(y, y_stride, x, x_stride, n, w, scales, rows, cols, bias,
+                                      accumulate, y_row0);
+        break;
+    case CB_DT_F16:
+        cb_linear_mma_impl<CB_DT_F16>(y, y_stride, x, x_stride, n, w, scales, rows, cols, bias,
+                                      accumulate, y_row0);
+        break;
+    case CB_DT_BF16:
+        cb_linear_mma_impl<CB_DT_BF16>(y, y_stride, x, x_stride, n, w, scales, rows, cols, bias,
+                                       accumulate, y_row0);
+        break;
+    case CB_DT_INT8:
+        cb_linear_mma_impl<CB_DT_INT8>(y, y_stride, x, x_stride, n, w, scales, rows, cols, bias,
+                                       accumulate, y_row0);
         break;
     default: break; /* q4: never launched */
     }

@@ -269,12 +269,13 @@ static const char *const cb_kernel_names[CB_F_COUNT] = {
     "cb_embed", "cb_rmsnorm", "cb_linear", "cb_rope", "cb_attention", "cb_attention_merge",
     "cb_router_topk", "cb_dispatch", "cb_expert_up", "cb_expert_down", "cb_moe_combine"};
 
-/* Optional kernels: the tensor-core prefill twins of cb_expert_up/down (colibri_kernels.cu,
+/* Optional kernels: the tensor-core prefill twins of cb_expert_up/down, cb_linear (colibri_kernels.cu,
  * "tensor-core prefill GEMM"). The kernel source compiles them only for __CUDA_ARCH__ >= 800, so
  * an sm_72 cubin or a compute_72 PTX lacks them (cuModuleGetFunction: CUDA_ERROR_NOT_FOUND) and
  * the SIMT kernels run prefill, as they always run decode. All or none. */
-enum { CB_T_UP, CB_T_DOWN, CB_T_COUNT };
-static const char *const cb_tc_names[CB_T_COUNT] = {"cb_expert_up_mma", "cb_expert_down_mma"};
+enum { CB_T_UP, CB_T_DOWN, CB_T_LINEAR, CB_T_COUNT };
+static const char *const cb_tc_names[CB_T_COUNT] = {"cb_expert_up_mma", "cb_expert_down_mma",
+                                                    "cb_linear_mma"};
 
 struct colibri_cuda {
     cb_driver d;
@@ -345,9 +346,22 @@ static int cb_linear_at(colibri_cuda *cu, CUstream s, CUdeviceptr y, int ys, CUd
     return cb_launch(cu, CB_F_LINEAR, grid[0], grid[1], block[0], s, a, why, why_len);
 }
 
+/* Q, WO, router, shared gate, LM head: on the tensor cores in a prefill pass when
+ * colibri_cuda_use_mma says so (cb_linear_mma, same arguments; grid 64 rows x 32 tokens). The K/V
+ * projections (cb_linear_at with the cache rows) keep the GEMV: they write the KV cache, whose
+ * storage issue 15 item 3 changes. */
 static int cb_linear(colibri_cuda *cu, CUstream s, CUdeviceptr y, int ys, CUdeviceptr x, int xs,
                      int n, const colibri_tensor *w, CUdeviceptr bias, int accumulate, char *why,
                      size_t why_len) {
+    if (colibri_cuda_use_mma(cu->tc[CB_T_LINEAR] != NULL, n, (int)w->dtype)) {
+        CUdeviceptr wd = cb_dev(cu, w->data), sc = cb_dev(cu, w->scales), pos_d = 0;
+        int dt = (int)w->dtype, rows = (int)w->rows, cols = (int)w->cols;
+        void *a[] = {&y, &ys, &x, &xs, &n, &wd, &sc, &dt, &rows, &cols, &bias, &accumulate, &pos_d};
+        return cb_launch_fn(cu, cu->tc[CB_T_LINEAR], cb_tc_names[CB_T_LINEAR],
+                            colibri_cuda_ceil_div((unsigned)rows, COLIBRI_CU_MMA_ROWS),
+                            colibri_cuda_ceil_div((unsigned)n, COLIBRI_CU_MMA_TOKENS),
+                            COLIBRI_CU_MMA_THREADS, s, a, why, why_len);
+    }
     return cb_linear_at(cu, s, y, ys, x, xs, n, w, bias, accumulate, 0, why, why_len);
 }
 

@@ -26,8 +26,9 @@ typedef struct {
                              weights when "copied") */
     char weights[8];      /* "mapped": the mmapped file is device-mapped (integrated GPU, no second
                              copy); "copied": uploaded once into the arena */
-    char prefill[8];      /* "mma": the image has the tensor-core expert kernels (sm_80+), used
-                             for device passes of more than 4 tokens; "simt": it has not */
+    char prefill[8];      /* "mma": the image has the tensor-core kernels (sm_80+: expert
+                             projections and cb_linear but K/V), used for device passes of more
+                             than 4 tokens; "simt": it has not */
 } colibri_cuda_info;
 
 /* Bring up the GPU for this model: 0 on success; otherwise non-zero with `why` set to one line. */

@@ -42,6 +42,10 @@ EXPERT_SHAPES = [(1, 2, 8, 20, 64), (6, 2, 8, 37, 48), (32, 8, 64, 24, 64), (3, 
 EXPERT_MMA_SHAPES = [(6, 2, 8, 37, 44), (40, 1, 1, 20, 24), (32, 2, 8, 70, 64), (3, 2, 16, 16, 8),
                      (32, 8, 64, 24, 64), (17, 4, 8, 300, 1024)]
 MMA_DTYPES = [DType.F32, DType.F16, DType.BF16, DType.INT8]  # q4 stays on the SIMT kernels
+# cb_linear_mma (rows, cols, n): one row (the shared gate), rows/cols/n off the 16/8/8 tiles,
+# more than one 32-token block row
+LINEAR_MMA_SHAPES = [(1, 8, 9), (37, 64, 5), (17, 24, 33), (70, 100, 40), (5, 45, 12),
+                     (300, 1000, 32)]
 
 
 def dot_bound(absdot: np.ndarray, cols: int) -> np.ndarray:
@@ -131,7 +135,11 @@ def check_rmsnorm(gpu, rows, length, true_len, stride, in_place):
     np.testing.assert_array_equal(moved[:pos * rows], 5.0)
 
 
-def check_linear(gpu, dtype, rows, cols, n):
+def check_linear(gpu, dtype, rows, cols, n, mma: bool = False):
+    """mma: cb_linear_mma (sm_80+; grid 64 rows x 32 tokens, the tensor-core error bound, the
+    same bits on a second launch)."""
+    kernel, bound_of = ("cb_linear_mma", mma_bound) if mma else ("cb_linear", dot_bound)
+    grid = ((rows + 63) // 64, (n + 31) // 32) if mma else ((rows + 3) // 4, (n + 3) // 4)
     rng = np.random.default_rng(rows * 7 + cols)
     w = ref.make_weight(rng.standard_normal((rows, cols)).astype(np.float32) / np.sqrt(cols),
                         dtype)
@@ -141,15 +149,19 @@ def check_linear(gpu, dtype, rows, cols, n):
     raw, sc = weight_args(gpu, w)
     absdot = np.abs(x).astype(np.float64) @ np.abs(w.f32() * w.scale()[:, None]).T
     for with_bias, accumulate in ((False, False), (True, False), (False, True)):
-        y = gpu.put(prev)
-        gpu.run("cb_linear", "PiPiiPPiiiPiP", ((rows + 3) // 4, (n + 3) // 4), 128,
-                y, np.int32(rows), gpu.put(x), np.int32(cols), np.int32(n), raw, sc,
-                np.int32(dtype), np.int32(rows), np.int32(cols),
-                gpu.put(bias) if with_bias else 0, np.int32(accumulate), 0)
-        got = gpu.get(y, (n, rows))
+        runs = []
+        for _ in range(2 if mma else 1):
+            y = gpu.put(prev)
+            gpu.run(kernel, "PiPiiPPiiiPiP", grid, 128,
+                    y, np.int32(rows), gpu.put(x), np.int32(cols), np.int32(n), raw, sc,
+                    np.int32(dtype), np.int32(rows), np.int32(cols),
+                    gpu.put(bias) if with_bias else 0, np.int32(accumulate), 0)
+            runs.append(gpu.get(y, (n, rows)))
+        got = runs[0]
+        assert all(r.tobytes() == got.tobytes() for r in runs)
         want = ref.cb_linear(x, w, bias if with_bias else None, prev if accumulate else None)
         extra = (np.abs(prev) if accumulate else 0) + (np.abs(bias) if with_bias else 0)
-        assert np.all(np.abs(got - want) <= dot_bound(absdot + extra, cols)), \
+        assert np.all(np.abs(got - want) <= bound_of(absdot + extra, cols)), \
             (with_bias, accumulate, np.abs(got - want).max())
 
 

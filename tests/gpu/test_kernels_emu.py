@@ -188,6 +188,12 @@ def test_grouped_experts_mma(gpu, dtype, n, k, E, F, Dp):
     C.check_grouped_experts(gpu, dtype, n, k, E, F, Dp, mma=True)
 
 
+@pytest.mark.parametrize("dtype", C.MMA_DTYPES, **_dt)
+@pytest.mark.parametrize("rows,cols,n", C.LINEAR_MMA_SHAPES[:5])
+def test_linear_mma(gpu, dtype, rows, cols, n):
+    C.check_linear(gpu, dtype, rows, cols, n, mma=True)
+
+
 def _tf32_model(x: np.ndarray) -> np.ndarray:
     """cvt.rna.tf32.f32 from its definition (PTX ISA, "cvt"): round to the nearest value with
     tf32's 10 explicit mantissa bits and f32's exponent range, ties away from zero; in float64,

@@ -208,6 +208,16 @@ def test_grouped_experts_mma(gpu, dtype, n, k, E, F, Dp):
     C.check_grouped_experts(gpu, dtype, n, k, E, F, Dp, mma=True)
 
 
+@pytest.mark.parametrize("dtype", C.MMA_DTYPES, **_dt)
+@pytest.mark.parametrize("rows,cols,n", C.LINEAR_MMA_SHAPES)
+def test_linear_mma(gpu, dtype, rows, cols, n):
+    if gpu.sm < 80:
+        with pytest.raises(cuda.LogicError):
+            gpu.module.get_function("cb_linear_mma")
+        return
+    C.check_linear(gpu, dtype, rows, cols, n, mma=True)
+
+
 # ---------------------------------------------------------------- the whole binary on this GPU
 
 

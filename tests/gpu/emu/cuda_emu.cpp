@@ -171,7 +171,7 @@ extern "C" int emu_param_sizes(const char *name, std::size_t *sizes, int max) {
     K(cb_embed) K(cb_rmsnorm) K(cb_linear) K(cb_rope) K(cb_attention) K(cb_attention_merge)
     K(cb_router_topk)
     K(cb_dispatch) K(cb_expert_up) K(cb_expert_down) K(cb_moe_combine)
-    K(cb_expert_up_mma) K(cb_expert_down_mma)
+    K(cb_expert_up_mma) K(cb_expert_down_mma) K(cb_linear_mma)
 #undef K
     return -1;
 }
@@ -182,7 +182,7 @@ extern "C" int emu_launch(const char *name, unsigned gx, unsigned gy, unsigned b
     K(cb_embed) K(cb_rmsnorm) K(cb_linear) K(cb_rope) K(cb_attention) K(cb_attention_merge)
     K(cb_router_topk)
     K(cb_dispatch) K(cb_expert_up) K(cb_expert_down) K(cb_moe_combine)
-    K(cb_expert_up_mma) K(cb_expert_down_mma)
+    K(cb_expert_up_mma) K(cb_expert_down_mma) K(cb_linear_mma)
 #undef K
     return -1;
 }
