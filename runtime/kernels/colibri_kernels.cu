@@ -859,14 +859,14 @@ extern "C" __global__ void cb_moe_combine(float *x, int Dp, int k, const float *
     }
 }
 
-/* ---- tensor-core prefill GEMM (sm_80+): grouped expert SwiGLU ------------------------------ */
+/* ---- tensor-core prefill GEMM (sm_80+): grouped expert SwiGLU and linear layers ---------- */
 
 /* The prefill twins of cb_expert_up / cb_expert_down (same arguments, same grid rows of experts,
- * same outputs) and of cb_linear on the tensor cores: mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32, one warp
- * per 16 weight rows (M = weight rows, N = the expert's tokens in tiles of 8, K = the input
- * dimension in steps of 8). Compiled only for __CUDA_ARCH__ >= 800 (mma with .tf32 needs sm_80):
- * the PTX for a lower SM (Xavier's compute_72) and every cubin made from it lack these two
- * kernels, and the backend then keeps the SIMT kernels (it looks them up as optional). The host
+ * same outputs) and of cb_linear on the tensor cores:
+ * mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32, one warp per 16 weight rows (M = weight
+ * rows, N = the expert's (or the pass's) tokens in tiles of 8, K = the input dimension in steps
+ * of 8). Compiled only for __CUDA_ARCH__ >= 800 (mma with .tf32 needs sm_80): the PTX for a
+ * lower SM (Xavier's compute_72) and every cubin made from it lack these three kernels, and the backend then keeps the SIMT kernels (it looks them up as optional). The host
  * emulation (tests/gpu/emu, no __CUDA_ARCH__) compiles them with an exact emulation of the mma.
  *
  * Precision: the GPU-vs-CPU tolerance of the SIMT kernels is kept. tf32 has an 11-bit
@@ -999,7 +999,8 @@ __device__ void cb_expert_up_mma_impl(float *act, int F, const float *h, int Dp,
 #pragma unroll
         for (int m = 0; m < 2; m++)
 #pragma unroll
-            for (int j = 0; j < CB_MMA_NT; j++) d[m][j][0] = d[m][j][1] = d[m][j][2] = d[m][j][3] = 0.0f;
+            for (int j = 0; j < CB_MMA_NT; j++)
+                d[m][j][0] = d[m][j][1] = d[m][j][2] = d[m][j][3] = 0.0f;
         cb_mma_rows<DT, 2>(w, r0, F, Dp, xb, vt, ntiles, d);
 #pragma unroll
         for (int j = 0; j < CB_MMA_NT; j++) {
@@ -1066,7 +1067,8 @@ __device__ void cb_expert_down_mma_impl(float *eo, int Dp, const float *act, int
         }
         float d[1][CB_MMA_NT][4];
 #pragma unroll
-        for (int j = 0; j < CB_MMA_NT; j++) d[0][j][0] = d[0][j][1] = d[0][j][2] = d[0][j][3] = 0.0f;
+        for (int j = 0; j < CB_MMA_NT; j++)
+            d[0][j][0] = d[0][j][1] = d[0][j][2] = d[0][j][3] = 0.0f;
         cb_mma_rows<DT, 1>(&w2, r0, Dp, F, xb, vt, ntiles, d);
 #pragma unroll
         for (int j = 0; j < CB_MMA_NT; j++) {
@@ -1093,8 +1095,12 @@ extern "C" __global__ void cb_expert_down_mma(float *eo, int Dp, const float *ac
     if (begin == end) return;
     const float *sc = dtype == CB_DT_INT8 ? s2[e] : 0;
     switch (dtype) {
-    case CB_DT_F32: cb_expert_down_mma_impl<CB_DT_F32>(eo, Dp, act, F, begin, end, w2[e], sc); break;
-    case CB_DT_F16: cb_expert_down_mma_impl<CB_DT_F16>(eo, Dp, act, F, begin, end, w2[e], sc); break;
+    case CB_DT_F32:
+        cb_expert_down_mma_impl<CB_DT_F32>(eo, Dp, act, F, begin, end, w2[e], sc);
+        break;
+    case CB_DT_F16:
+        cb_expert_down_mma_impl<CB_DT_F16>(eo, Dp, act, F, begin, end, w2[e], sc);
+        break;
     case CB_DT_BF16:
         cb_expert_down_mma_impl<CB_DT_BF16>(eo, Dp, act, F, begin, end, w2[e], sc);
         break;

@@ -269,10 +269,11 @@ static const char *const cb_kernel_names[CB_F_COUNT] = {
     "cb_embed", "cb_rmsnorm", "cb_linear", "cb_rope", "cb_attention", "cb_attention_merge",
     "cb_router_topk", "cb_dispatch", "cb_expert_up", "cb_expert_down", "cb_moe_combine"};
 
-/* Optional kernels: the tensor-core prefill twins of cb_expert_up/down, cb_linear (colibri_kernels.cu,
- * "tensor-core prefill GEMM"). The kernel source compiles them only for __CUDA_ARCH__ >= 800, so
- * an sm_72 cubin or a compute_72 PTX lacks them (cuModuleGetFunction: CUDA_ERROR_NOT_FOUND) and
- * the SIMT kernels run prefill, as they always run decode. All or none. */
+/* Optional kernels: the tensor-core prefill twins of cb_expert_up/down and cb_linear
+ * (colibri_kernels.cu, "tensor-core prefill GEMM"). The kernel source compiles them only for
+ * __CUDA_ARCH__ >= 800, so an sm_72 cubin or a compute_72 PTX lacks them (cuModuleGetFunction:
+ * CUDA_ERROR_NOT_FOUND) and the SIMT kernels run prefill, as they always run decode. All or
+ * none. */
 enum { CB_T_UP, CB_T_DOWN, CB_T_LINEAR, CB_T_COUNT };
 static const char *const cb_tc_names[CB_T_COUNT] = {"cb_expert_up_mma", "cb_expert_down_mma",
                                                     "cb_linear_mma"};
@@ -630,7 +631,8 @@ int colibri_cuda_open(colibri_cuda **out, const struct colibri_model *m, int str
         for (int f = 0; f < CB_T_COUNT; f++)
             found += cu->d.ModuleGetFunction(&cu->tc[f], cu->mod, cb_tc_names[f]) == CUDA_SUCCESS;
         if (found != CB_T_COUNT) memset(cu->tc, 0, sizeof cu->tc); /* all or none */
-        snprintf(cu->info.prefill, sizeof cu->info.prefill, "%s", found == CB_T_COUNT ? "mma" : "simt");
+        snprintf(cu->info.prefill, sizeof cu->info.prefill, "%s",
+                 found == CB_T_COUNT ? "mma" : "simt");
     }
 
     cu->nstreams = stream_count >= 2 ? 2 : 1;

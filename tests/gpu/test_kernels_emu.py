@@ -259,7 +259,8 @@ def test_emulated_mma_matches_the_ptx_fragment_layout(gpu):
                               d.ctypes.data)
         want = C.copy()
         for kk in range(8):
-            want = (want + (A[:, kk:kk + 1] * B[kk:kk + 1, :]).astype(np.float32)).astype(np.float32)
+            prod = (A[:, kk:kk + 1] * B[kk:kk + 1, :]).astype(np.float32)  # exact: tf32 x tf32
+            want = (want + prod).astype(np.float32)
         _, _, want_lanes = _fragments(A, B, want)
         assert d.tobytes() == want_lanes.tobytes(), trial
         # the layout matters: the same call with A's fragments read as row-major lanes fails
