@@ -866,8 +866,9 @@ extern "C" __global__ void cb_moe_combine(float *x, int Dp, int k, const float *
  * mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32, one warp per 16 weight rows (M = weight
  * rows, N = the expert's (or the pass's) tokens in tiles of 8, K = the input dimension in steps
  * of 8). Compiled only for __CUDA_ARCH__ >= 800 (mma with .tf32 needs sm_80): the PTX for a
- * lower SM (Xavier's compute_72) and every cubin made from it lack these three kernels, and the backend then keeps the SIMT kernels (it looks them up as optional). The host
- * emulation (tests/gpu/emu, no __CUDA_ARCH__) compiles them with an exact emulation of the mma.
+ * lower SM (Xavier's compute_72) and every cubin made from it lack these three kernels, and the
+ * backend then keeps the SIMT kernels (it looks them up as optional). The host emulation
+ * (tests/gpu/emu, no __CUDA_ARCH__) compiles them with an exact emulation of the mma.
  *
  * Precision: the GPU-vs-CPU tolerance of the SIMT kernels is kept. tf32 has an 11-bit
  * significand (f32's exponent range). f16, bf16 and int8 weights are exact in tf32 (the int8 row
