@@ -211,7 +211,9 @@ def compile_kernels_cached(plan: CudaPlan, kernel_src: Path, config_dir: Path, o
                          f"(CUDA {plan.version}, {', '.join(f'sm_{s}' for s in plan.sms)})")
     tc = toolchain.cuda_toolchain(plan.version, nvcc=nvcc, progress=progress)
     # Options without paths, so the stamp does not change when the cache moves.
-    options = ["--std=c++17", "-default-device", f"compute_{plan.sms[0]}", tc.source.split()[0]]
+    ptxs = toolchain.ptx_sms(plan.sms)  # the lowest SM's, + the tensor-core one (sm_80+)
+    options = ["--std=c++17", "-default-device", *[f"compute_{p}" for p in ptxs],
+               tc.source.split()[0]]
     digest = _kernel_inputs_digest(kernel_src, config_dir / "colibri_config.h", plan,
                                    tc.versions(), options)
     stamp = out_dir / "stamp.json"
@@ -224,14 +226,15 @@ def compile_kernels_cached(plan: CudaPlan, kernel_src: Path, config_dir: Path, o
                 "cubin", s, out_dir / f"{kernel_src.stem}.sm_{s}.cubin",
                 tuple(toolchain.FunctionResources.from_json(f)
                       for f in saved["resources"][f"sm_{s}"])) for s in plan.sms]
-            expected.append(toolchain.KernelImage(
-                "ptx", plan.sms[0], out_dir / f"{kernel_src.stem}.compute_{plan.sms[0]}.ptx"))
+            expected += [toolchain.KernelImage(
+                "ptx", p, out_dir / f"{kernel_src.stem}.compute_{p}.ptx") for p in ptxs]
             if all(i.path.is_file() for i in expected):
                 return expected, False, tc
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    progress(f"compiling kernels with CUDA {plan.version} ({tc.source}): PTX compute_{plan.sms[0]}"
-             f" + cubin {' '.join(f'sm_{s}' for s in plan.sms)}")
+    progress(f"compiling kernels with CUDA {plan.version} ({tc.source}): PTX "
+             f"{' '.join(f'compute_{p}' for p in ptxs)} + cubin "
+             f"{' '.join(f'sm_{s}' for s in plan.sms)}")
     stamp.unlink(missing_ok=True)
     for old in [*out_dir.glob("*.cubin"), *out_dir.glob("*.ptx")]:
         old.unlink()

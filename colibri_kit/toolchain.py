@@ -564,11 +564,32 @@ def _fail_on_warnings(tool: str, log: str, name: str) -> None:
                              f"kernels must compile clean with every pinned CUDA):\n{log}")
 
 
+# The first SM with the tensor-core instructions the kernels use (mma.sync ... .tf32, sm_80): the
+# kernel source compiles its tensor-core section only for __CUDA_ARCH__ >= 800.
+TENSOR_CORE_SM = 80
+
+
+def ptx_sms(sms: Sequence[int]) -> list[int]:
+    """The PTX modules a plan compiles, ascending: the lowest SM's (every SM of the plan, and any
+    newer GPU, can JIT it), plus, when that SM is below sm_80 and the plan also has SMs >= 80,
+    the lowest such SM's: its __CUDA_ARCH__ is >= 800, so it holds the tensor-core kernels a
+    compute_72 PTX cannot (mma needs sm_80), and the cubins of SMs >= 80 are made from it."""
+    sms = sorted(set(sms))
+    tc = [s for s in sms if s >= TENSOR_CORE_SM]
+    return [sms[0], tc[0]] if sms and sms[0] < TENSOR_CORE_SM and tc else sms[:1]
+
+
+def ptx_for(sm: int, ptxs: Sequence[int]) -> int:
+    """The PTX a cubin for `sm` is made from: the highest of `ptxs` <= sm."""
+    return max(p for p in ptxs if p <= sm)
+
+
 def compile_kernels(tc: CudaToolchain, source: Path, include_dirs: Sequence[Path],
                     sms: Sequence[int], out_dir: Path) -> list[KernelImage]:
-    """source -> PTX for the lowest SM's compute_XX -> one cubin per SM, written into out_dir.
+    """source -> PTX for compute_XX of each of ptx_sms(sms) -> one cubin per SM (from the highest
+    of those PTX <= its SM), written into out_dir.
 
-    Returns the images in table order: cubins by ascending SM, then the PTX.
+    Returns the images in table order: cubins by ascending SM, then the PTX by ascending SM.
     """
     sms = sorted(set(sms))
     if not sms:
@@ -581,7 +602,30 @@ def compile_kernels(tc: CudaToolchain, source: Path, include_dirs: Sequence[Path
             f"{', '.join(f'sm_{s}' for s in supported)}. Pick a CUDA version that supports it "
             "(CUDA 13 dropped sm_72 and older: Xavier needs 11.8 or 12.x)")
     out_dir.mkdir(parents=True, exist_ok=True)
-    ptx_sm = sms[0]
+    ptxs = {p: _compile_ptx(tc, source, include_dirs, p, out_dir) for p in ptx_sms(sms)}
+    images = []
+    for sm in sms:
+        cubin = out_dir / f"{source.stem}.sm_{sm}.cubin"
+        ptx_path = ptxs[ptx_for(sm, list(ptxs))]
+        # -v reports registers, stack, spills and shared memory per function; it changes no
+        # byte of the cubin. Anything else ptxas prints is a warning, and warnings are errors.
+        argv = [str(tc.ptxas), f"-arch=sm_{sm}", "-O3", "--warning-as-error", "-v", "-o",
+                str(cubin), str(ptx_path)]
+        proc = subprocess.run(argv, capture_output=True, text=True)
+        log = (proc.stdout + proc.stderr).strip()
+        resources, other = parse_ptxas_resources(log)
+        if proc.returncode != 0 or other:
+            cubin.unlink(missing_ok=True)
+            raise ToolchainError(f"ptxas -arch=sm_{sm} failed on {ptx_path.name} "
+                                 f"(warnings are errors):\n" + "\n".join(other or [log]))
+        images.append(KernelImage("cubin", sm, cubin, tuple(resources)))
+    images += [KernelImage("ptx", p, path) for p, path in ptxs.items()]
+    return images
+
+
+def _compile_ptx(tc: CudaToolchain, source: Path, include_dirs: Sequence[Path], ptx_sm: int,
+                 out_dir: Path) -> Path:
+    """source -> out_dir/<stem>.compute_<ptx_sm>.ptx with NVRTC (or nvcc); warnings fail."""
     ptx_path = out_dir / f"{source.stem}.compute_{ptx_sm}.ptx"
     if tc.nvrtc_lib is not None:
         opts = kernel_options(tc, ptx_sm, [source.parent, *include_dirs])
@@ -596,23 +640,7 @@ def compile_kernels(tc: CudaToolchain, source: Path, include_dirs: Sequence[Path
         if proc.returncode != 0:
             raise ToolchainError(f"nvcc could not compile {source.name}:\n{log}")
         _fail_on_warnings("nvcc", log, source.name)
-    images = []
-    for sm in sms:
-        cubin = out_dir / f"{source.stem}.sm_{sm}.cubin"
-        # -v reports registers, stack, spills and shared memory per function; it changes no
-        # byte of the cubin. Anything else ptxas prints is a warning, and warnings are errors.
-        argv = [str(tc.ptxas), f"-arch=sm_{sm}", "-O3", "--warning-as-error", "-v", "-o",
-                str(cubin), str(ptx_path)]
-        proc = subprocess.run(argv, capture_output=True, text=True)
-        log = (proc.stdout + proc.stderr).strip()
-        resources, other = parse_ptxas_resources(log)
-        if proc.returncode != 0 or other:
-            cubin.unlink(missing_ok=True)
-            raise ToolchainError(f"ptxas -arch=sm_{sm} failed on {ptx_path.name} "
-                                 f"(warnings are errors):\n" + "\n".join(other or [log]))
-        images.append(KernelImage("cubin", sm, cubin, tuple(resources)))
-    images.append(KernelImage("ptx", ptx_sm, ptx_path))
-    return images
+    return ptx_path
 
 
 

@@ -32,6 +32,7 @@ from colibri_kit.elf import (EM_AARCH64, EM_X86_64, ElfFormatError, archive_memb
 from colibri_kit.errors import VerifyError
 from colibri_kit.hashing import file_sha256
 from colibri_kit.profiles import Profile
+from colibri_kit.toolchain import ptx_sms
 
 MACHINES = {"x86_64": EM_X86_64, "aarch64": EM_AARCH64}
 # Newest PTX ISA each pinned CUDA version's driver can JIT (PTX ISA release notes).
@@ -156,7 +157,9 @@ def check_gpu_code(profile: Profile, data: bytes, report: VerifyReport) -> None:
         return
     isa_max = PTX_ISA_MAX[profile.cuda.version]
     too_new = [p for p in ptx if p.isa_version > isa_max]
-    too_high = [p for p in ptx if p.sm > min(want)]
+    # the lowest SM's PTX, and the tensor-core one (lowest SM >= 80) when the plan spans sm_80
+    allowed = set(ptx_sms(want))
+    too_high = [p for p in ptx if p.sm > min(want) and p.sm not in allowed]
     problems = []
     if too_new:
         problems.append(f"PTX ISA {too_new[0].isa_version[0]}.{too_new[0].isa_version[1]} is "
@@ -164,7 +167,8 @@ def check_gpu_code(profile: Profile, data: bytes, report: VerifyReport) -> None:
                         f"({isa_max[0]}.{isa_max[1]})")
     if too_high:
         problems.append(f"PTX targets {too_high[0].target}, above the lowest profile SM "
-                        f"sm_{min(want)}")
+                        f"sm_{min(want)} (and not the tensor-core PTX of "
+                        f"{', '.join(f'compute_{s}' for s in sorted(allowed))})")
     isas = sorted({f"{p.isa_version[0]}.{p.isa_version[1]}" for p in ptx})
     report.add("ptx", not problems,
                "; ".join(problems) if problems else

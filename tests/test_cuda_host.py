@@ -45,6 +45,16 @@ def backend_kernel_names() -> list[str]:
     return names
 
 
+def backend_optional_kernel_names() -> list[str]:
+    """The tensor-core kernels cuda_backend.c looks up as optional (cb_tc_names): present exactly
+    in the images of SMs >= 80."""
+    block = re.search(r"cb_tc_names\[CB_T_COUNT\] = \{(.*?)\};", BACKEND.read_text(), re.S)
+    assert block, "cb_tc_names table not found in cuda_backend.c"
+    names = re.findall(r'"(cb_\w+)"', block.group(1))
+    assert names == ["cb_expert_up_mma", "cb_expert_down_mma", "cb_linear_mma"]
+    return names
+
+
 def rendered_config(target: str, dest: Path) -> Path:
     """colibri_config.h of `target`, rendered by the kit into dest/<target>/."""
     profile = profiles.load_profile(target)
@@ -80,6 +90,37 @@ def test_kernels_compile_warning_free(tmp_path: Path, target: str, version: str,
         kernels = {f.name: f.registers for f in img.resources if f.entry}
         assert set(backend_kernel_names()) <= set(kernels)
         assert {n: regs[n] for n in kernels} == kernels
+    # the tensor-core kernels: in the sm_80+ cubins and PTX (compiled, no spills: checked above),
+    # absent from sm_72's, where the backend keeps the SIMT kernels
+    tc = set(backend_optional_kernel_names())
+    for img in images:
+        data = img.path.read_bytes()
+        have = {n for n in tc if n.encode() + (b"\0" if img.kind == "cubin" else b"(") in data}
+        assert have == (tc if img.sm >= 80 else set()), (img.kind, img.sm, have)
+        assert (b"mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in data) == (
+            img.kind == "ptx" and img.sm >= 80)
+
+
+@pytest.mark.slow
+def test_tensor_core_kernels_get_their_own_ptx(tmp_path: Path):
+    """A plan spanning sm_72 and sm_80+ (host --cuda-archs sm_72,sm_87): PTX compute_72 (every SM
+    JITs it; no tensor-core kernels) and compute_87 (__CUDA_ARCH__ 870: the mma kernels); the
+    sm_87 cubin is made from the latter, so it holds them and the sm_72 cubin does not."""
+    tc = toolchain.cuda_toolchain("12.6")
+    include = rendered_config("host", tmp_path / "inc")
+    images = toolchain.compile_kernels(tc, KERNELS, [include], [87, 72], tmp_path / "out")
+    assert [(i.kind, i.sm) for i in images] == [("cubin", 72), ("cubin", 87), ("ptx", 72),
+                                                ("ptx", 87)]
+    names = backend_optional_kernel_names()
+    for img in images:
+        data = img.path.read_bytes()
+        assert all((n.encode() in data) == (img.sm == 87) for n in names), (img.kind, img.sm)
+        if img.kind == "cubin":
+            kernels = {f.name for f in img.resources if f.entry and not f.spills}
+            assert set(backend_kernel_names()) <= kernels
+            assert set(names) <= kernels if img.sm == 87 else not set(names) & kernels
+    assert toolchain.ptx_sms([72, 87, 90]) == [72, 87] and toolchain.ptx_sms([87, 90]) == [87]
+    assert toolchain.ptx_sms([72]) == [72] and toolchain.ptx_for(90, [72, 87]) == 87
 
 
 @pytest.mark.slow
@@ -650,9 +691,11 @@ def test_backend_kernel_plan_matches_the_reference_forward(tmp_path: Path, case:
 
 @pytest.fixture(scope="module")
 def cuda_host_build(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A private project copy built for `host --cuda-archs sm_90` (real NVRTC/ptxas, cubin + PTX
-    embedded), and a libcuda stand-in that runs each launched kernel in the host emulation
-    (tests/gpu/stub_libcuda.c -DSTUB_EMULATE + tests/gpu/emu/cuda_emu.cpp)."""
+    """A private project copy built for `host --cuda-archs sm_72,sm_90` (real NVRTC/ptxas: cubins
+    sm_72 and sm_90, PTX compute_72 and compute_90, the latter and the sm_90 cubin with the
+    tensor-core kernels), and a libcuda stand-in that runs each launched kernel in the host
+    emulation (tests/gpu/stub_libcuda.c -DSTUB_EMULATE + tests/gpu/emu/cuda_emu.cpp) and finds a
+    kernel only if the image the backend loaded defines it."""
     from colibri_kit.build import build
     from kit_support import copy_project
 
@@ -661,7 +704,7 @@ def cuda_host_build(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]
     old = os.environ.get("COLIBRI_PROJECT_ROOT")
     os.environ["COLIBRI_PROJECT_ROOT"] = str(root)
     try:
-        result = build("host", where="host", cuda_archs=["sm_90"], progress=print)
+        result = build("host", where="host", cuda_archs=["sm_72", "sm_90"], progress=print)
     finally:
         if old is None:
             os.environ.pop("COLIBRI_PROJECT_ROOT", None)
@@ -759,6 +802,44 @@ def test_cuda_backend_q4_in_emulation(cuda_host_build, tmp_path: Path):
     copied = _emu_info(cuda_host_build, model)
     weights = model.stat().st_size - h.data_offset
     assert copied["cuda_device_bytes"] == cuda_arena_bytes(h, copy_weights=True, weights_bytes=weights)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [0, 1, 3], ids=["f32", "f16", "int8"])
+def test_tensor_core_prefill_in_emulation(cuda_host_build, tmp_path: Path, dtype: int):
+    """Prefill on an sm_90 "GPU" runs the routed and the shared expert projections on the
+    tensor-core kernels (sm_90 cubin), the emulation executing their mma fragment by fragment:
+    the logits are the CPU's within the GPU-vs-CPU tolerance (docs/cuda.md: the tf32 hi/lo split
+    keeps it) and bit-identical on a second run. On sm_72 (its cubin lacks them) and on sm_80 (no
+    cubin; the compute_72 PTX) the SIMT kernels run (`info` cuda_prefill; the f16 model also runs
+    there, within tolerance); sm_100 JITs the compute_90 PTX and has them. bf16 weights take the
+    f16 path of the kernels' tf32 conversion (exact, no split): the conformance suite covers them
+    kernel by kernel."""
+    model = tmp_path / "m.colibri"
+    _random_model(model, 0b100111, dtype, 20, pad=64)  # shared expert + gate, bias, q/k norm
+    ids = [3, 17, 95, 0, 42, 42, 7, 8, 9, 10, 11, 12, 13]  # 13 tokens: one prefill pass
+    cpu = _logits(cuda_host_build, model, "cpu", ids, f"tc{dtype}_cpu")
+    for sm, path in (("90", "mma"), ("72", "simt"), ("80", "simt"), ("100", "mma")):
+        assert _emu_info(cuda_host_build, model, STUB_SM=sm)["cuda_prefill"] == path, sm
+    log = tmp_path / "launch.log"
+    gpu = _logits(cuda_host_build, model, "cuda", ids, f"tc{dtype}_90", STUB_LOG=str(log))
+    names = [ln.split()[1] for ln in log.read_text().splitlines() if ln.startswith("launch ")]
+    # per layer: routed + shared expert, up and down, all on the tensor cores
+    assert names.count("cb_expert_up_mma") == names.count("cb_expert_down_mma") == 2 * 2
+    assert "cb_expert_up" not in names and "cb_expert_down" not in names
+    # Q, WO, router, shared gate per layer and the LM head; K and V keep the GEMV
+    assert names.count("cb_linear_mma") == 4 * 2 + 1 and names.count("cb_linear") == 2 * 2
+    assert np.abs(gpu - cpu).max() / np.abs(cpu).max() < 1e-4
+    again = _logits(cuda_host_build, model, "cuda", ids, f"tc{dtype}_90b")
+    assert gpu.tobytes() == again.tobytes()
+    if dtype != 1:
+        return
+    log.unlink()
+    simt = _logits(cuda_host_build, model, "cuda", ids, f"tc{dtype}_72", STUB_SM="72",
+                   STUB_LOG=str(log))
+    names = [ln.split()[1] for ln in log.read_text().splitlines() if ln.startswith("launch ")]
+    assert "cb_expert_up" in names and not [n for n in names if n.endswith("_mma")]
+    assert np.abs(simt - cpu).max() / np.abs(cpu).max() < 1e-4
 
 
 @pytest.mark.slow
@@ -1009,8 +1090,9 @@ def _gpu_check(*args: str | Path, **env: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def prepared(cuda_host_build, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """scripts/gpu-check.sh --prepare with the sm_90 build of this module (the script's own build
-    step is `colibri_kit.build.build('host', cuda_archs=['sm_90'])`, as the fixture above does)."""
+    """scripts/gpu-check.sh --prepare with the sm_72 + sm_90 build of this module (the script's
+    own build step is `colibri_kit.build.build('host', cuda_archs=['sm_90'])`; the fixture above
+    adds sm_72 for the SIMT-only image)."""
     out = tmp_path_factory.mktemp("gpucheck") / "g"
     proc = _gpu_check("--prepare", out, "--binary", cuda_host_build["binary"])
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -1038,7 +1120,8 @@ def test_gpu_check_prepare_is_complete_and_small(prepared: Path):
         assert m["tolerance"] == (1e-4 if m["dtype"] == "f32" else 1e-3)
     from colibri_kit.elf import find_cubins
 
-    assert [c.sm for c in find_cubins((prepared / "bin" / "colibri").read_bytes())] == [90]
+    # the module's build: sm_90 (what gpu-check prepares) and sm_72 (the SIMT-only image)
+    assert [c.sm for c in find_cubins((prepared / "bin" / "colibri").read_bytes())] == [72, 90]
     assert 0 < dir_size(prepared) <= PREPARED_LIMIT
 
 

@@ -206,13 +206,14 @@ def test_info_json(host_colibri: Path, models: dict[str, Path]) -> None:
     backend = info["backend"]
     for key in ("name", "threads", "cpu_simd", "arena_bytes", "fallback_reason", "cuda_device",
                 "cuda_sm", "cuda_driver_version", "cuda_image", "cuda_weights", "cuda_integrated",
-                "cuda_device_bytes"):
+                "cuda_device_bytes", "cuda_prefill"):
         assert key in backend, key
     if backend["name"] == "cuda":  # a machine with a usable GPU
         assert backend["cuda_image"] in ("cubin", "ptx") and backend["cuda_sm"] > 0
         assert backend["cuda_weights"] in ("mapped", "copied") and backend["cuda_device_bytes"] > 0
     else:
         assert backend["name"] == "cpu" and backend["cuda_image"] == backend["cuda_weights"] == ""
+        assert backend["cuda_prefill"] == ""
         assert "libcuda" in backend["fallback_reason"] or "CUDA" in backend["fallback_reason"]
 
 

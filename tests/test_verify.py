@@ -364,6 +364,23 @@ def test_verify_lists_every_failed_check(tmp_path, cubins):
 
 
 @pytest.mark.slow
+def test_tensor_core_ptx_is_accepted_next_to_the_lowest_sms(tmp_path, cubins):
+    """A profile with sm_72 and sm_87 embeds PTX compute_72 and compute_87 (the tensor-core PTX,
+    toolchain.ptx_sms): both pass; a PTX above sm_72 without an sm_80+ SM in the profile fails."""
+    tdir = write_profile(tmp_path / "t", "box", arch="x86_64", glibc="2.36",
+                         cuda={"version": "12.6", "archs": ["sm_72", "sm_87"], "igpu": True})
+    (c72, p72), (c87, p87) = cubins[("12.6", 72)], cubins[("12.6", 87)]
+    dist = make_dist(tmp_path / "two", "box", compiler=["cc"], images=[c72, c87, p72, p87])
+    report = verify_build(load_profile("box", tdir), dist, run=False)
+    assert report.ok and report.ptx_targets == ("sm_72", "sm_87"), report.checks
+    only72 = write_profile(tmp_path / "t72", "box", arch="x86_64", glibc="2.36",
+                           cuda={"version": "12.6", "archs": ["sm_72"], "igpu": True})
+    dist = make_dist(tmp_path / "one", "box", compiler=["cc"], images=[c72, p72, p87])
+    with pytest.raises(VerifyError, match=r"PTX targets sm_87, above the lowest profile SM sm_72"):
+        verify_build(load_profile("box", only72), dist, run=False)
+
+
+@pytest.mark.slow
 def test_cpu_only_profile_refuses_embedded_gpu_code(tmp_path, cubins):
     tdir = write_profile(tmp_path / "t", "box", arch="x86_64", glibc="2.36", cuda=None)
     dist = make_dist(tmp_path, "box", compiler=["cc"], images=[cubins[("12.6", 87)][0]])

@@ -112,6 +112,8 @@ typedef struct {
                                  COLIBRI_CUDA_WEIGHTS=map) */
     int cuda_integrated;      /* 1 when the GPU shares DRAM with the CPU (Jetson) */
     size_t cuda_device_bytes; /* bytes of device memory allocated at init */
+    char cuda_prefill[8];     /* "mma": prefill passes of > 4 tokens run the expert projections on
+                                 the tensor cores (sm_80+ image); "simt": the GEMV kernels */
     char kv_dtype[4];         /* "f32" or "f16": how the KV cache is stored */
     size_t kv_cache_bytes;    /* K and V caches for max_seq_len positions, inside arena_bytes */
 } colibri_runtime_info;

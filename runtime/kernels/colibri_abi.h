@@ -27,6 +27,14 @@
 #define COLIBRI_CU_ROW_WARPS 4
 #define COLIBRI_CU_ROW_THREADS (COLIBRI_CU_ROW_WARPS * COLIBRI_CU_WARP)
 #define COLIBRI_CU_TOKEN_TILE 4
+/* Tensor-core expert kernels (cb_expert_up_mma / cb_expert_down_mma, sm_80+): 4 warps a block,
+ * each warp 16 weight rows (one mma.m16n8k8 row tile), so 64 rows per block. */
+#define COLIBRI_CU_MMA_WARPS 4
+#define COLIBRI_CU_MMA_THREADS (COLIBRI_CU_MMA_WARPS * COLIBRI_CU_WARP)
+#define COLIBRI_CU_MMA_ROWS (COLIBRI_CU_MMA_WARPS * 16)
+/* ... and each warp up to this many tokens at once (4 mma tiles of 8; cb_linear_mma: per block
+ * row, the grid's y) */
+#define COLIBRI_CU_MMA_TOKENS 32
 /* cb_router_topk: one warp per token, sorting at most this many experts (format caps E at 256). */
 #define COLIBRI_CU_ROUTER_THREADS COLIBRI_CU_WARP
 #define COLIBRI_CU_MAX_SORT 256

@@ -1,12 +1,16 @@
 /* Colibri GPU kernels: the single NVRTC translation unit (docs/cuda.md).
  *
  * The build compiles this file with NVRTC to PTX for the profile's lowest SM, then ptxas makes one
- * cubin per SM; the runtime loads them through the driver API (runtime/src/cuda_backend.c). So:
- *   - no standard or CUDA headers (NVRTC ships none) and one line of inline PTX (cvt.f32.f16,
- *     the hardware f16 conversion) behind __CUDA_ARCH__, so tests/gpu/emu can also compile this
- *     file as plain C++ and run it on a CPU (it supplies that conversion);
+ * cubin per SM; the runtime loads them through the driver API (runtime/src/cuda_backend.c). When
+ * that SM is below sm_80 and the plan also has SMs >= 80, a second PTX for the lowest SM >= 80
+ * is compiled and the cubins of those SMs come from it (colibri_kit/toolchain.py, ptx_sms). So:
+ *   - no standard or CUDA headers (NVRTC ships none); inline PTX only behind __CUDA_ARCH__
+ *     (cvt.f32.f16, the hardware f16 conversion; the tensor-core section's cvt.rna.tf32.f32 and
+ *     mma), so tests/gpu/emu can also compile this file as plain C++ and run it on a CPU (it
+ *     supplies exact emulations of those instructions);
  *   - every kernel is extern "C" so its name in the cubin is the name the backend looks up;
- *   - nothing newer than sm_72 (Xavier) is used, one PTX serves every target.
+ *   - everything but the tensor-core section ("tensor-core prefill GEMM", __CUDA_ARCH__ >= 800,
+ *     optional for the backend) uses nothing newer than sm_72 (Xavier).
  *
  * Determinism: no atomics anywhere. Every reduction has a fixed shape (per-lane partial sums in
  * index order, then an xor-butterfly across the warp, then warp partials in warp order), so a
@@ -945,3 +949,325 @@ extern "C" __global__ void cb_moe_combine(float *x, int Dp, int k, const float *
         xr[i] += acc;
     }
 }
+
+/* ---- tensor-core prefill GEMM (sm_80+): grouped expert SwiGLU and linear layers ---------- */
+
+/* The prefill twins of cb_expert_up / cb_expert_down (same arguments, same grid rows of experts,
+ * same outputs) and of cb_linear on the tensor cores:
+ * mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32, one warp per 16 weight rows (M = weight
+ * rows, N = the expert's (or the pass's) tokens in tiles of 8, K = the input dimension in steps
+ * of 8). Compiled only for __CUDA_ARCH__ >= 800 (mma with .tf32 needs sm_80): the PTX for a
+ * lower SM (Xavier's compute_72) and every cubin made from it lack these three kernels, and the
+ * backend then keeps the SIMT kernels (it looks them up as optional). The host emulation
+ * (tests/gpu/emu, no __CUDA_ARCH__) compiles them with an exact emulation of the mma.
+ *
+ * Precision: the GPU-vs-CPU tolerance of the SIMT kernels is kept. tf32 has an 11-bit
+ * significand (f32's exponent range). f16, bf16 and int8 weights are exact in tf32 (the int8 row
+ * scale is applied after the dot, as in the SIMT kernels); an f32 weight is split into
+ * w_hi = rna_tf32(w) and w_lo = rna_tf32(w - w_hi). Every f32 activation is split likewise
+ * (x_hi + x_lo, |x - x_hi - x_lo| <= 2^-22 |x|), so each product is carried to ~2^-22: exact
+ * weights take 2 mma per tile (w x_lo, then w x_hi), f32 weights 3 (w_lo x_hi, w_hi x_lo,
+ * w_hi x_hi; the w_lo x_lo term, <= 2^-22 of the product, is dropped). The products are exact in
+ * the mma and accumulate in f32 in the fragment registers; the small terms first.
+ * q4 is not built here (each 32-weight group has its own f16 scale, which would need per-group
+ * partial sums): q4 experts stay on the SIMT kernels.
+ *
+ * Determinism: no atomics; an output element's sum runs over k-steps 0, 8, 16, ... in order, and
+ * within a step the mma sums its 8 products in the hardware's fixed way. The element depends only
+ * on its weight row and its token's activations, never on which tokens share its tile, so the
+ * same inputs give the same bits on any run. It is not the GEMV's order: on the GPU a prefill
+ * pass (these kernels) and a decode step (the GEMV) give different last bits for the same token
+ * (docs/cuda.md, "Tensor-core prefill (sm_80+)"). */
+#define CB_MMA_WARPS COLIBRI_CU_MMA_WARPS /* warps per block: 64 weight rows */
+#define CB_MMA_NT (COLIBRI_CU_MMA_TOKENS / 8) /* 8-token tiles per pass: 32 tokens */
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+
+/* f32 -> tf32 (bits of an f32 whose low 13 mantissa bits are 0), round to nearest, ties away
+ * from zero: cvt.rna.tf32.f32 (PTX ISA, "cvt"). The emulation supplies the same rounding. */
+#ifdef __CUDA_ARCH__
+__device__ __forceinline__ cb_u32 cb_tf32(float f) {
+    cb_u32 r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(f));
+    return r;
+}
+
+/* d += A (16 x 8, tf32) . B (8 x 8, tf32), f32 accumulate, for the whole warp. Fragments (PTX ISA,
+ * "Matrix Fragments for mma.m16n8k8", .tf32): with g = lane / 4, t = lane % 4, a[0] = A[g][t],
+ * a[1] = A[g + 8][t], a[2] = A[g][t + 4], a[3] = A[g + 8][t + 4]; b[0] = B[t][g],
+ * b[1] = B[t + 4][g]; d[q] = D[g + 8 (q / 2)][2 t + q % 2]. */
+__device__ __forceinline__ void cb_mma_tf32(float *d, const cb_u32 *a, const cb_u32 *b) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+#else
+#define cb_tf32 cb_emu_tf32
+#define cb_mma_tf32 cb_emu_mma_tf32
+#endif
+
+/* x as hi + lo, both tf32 (the lo part of a tf32-exact value is 0) */
+__device__ __forceinline__ void cb_tf32_split(float x, cb_u32 &hi, cb_u32 &lo) {
+    hi = cb_tf32(x);
+    lo = cb_tf32(x - __uint_as_float(hi));
+}
+
+/* Element c of a weight row as tf32 hi/lo parts: f16/bf16/int8 exactly (lo unused), f32 split. */
+template <int DT>
+__device__ __forceinline__ void cb_w_tf32(const void *row, int c, cb_u32 &hi, cb_u32 &lo) {
+    if (DT == CB_DT_F32) cb_tf32_split(((const float *)row)[c], hi, lo);
+    else { hi = __float_as_uint(cb_load1<DT>(row, (cb_u64)c)); lo = 0u; }
+}
+
+/* d[m][j] += W_m[rows r0 .. r0 + 15] . x[tokens of tile j], over all K columns, for NW weight
+ * matrices of the same shape (W1 and W3: NW = 2). Tile j's token for this lane's B fragment is
+ * xb[j] (column g of the tile), valid when vt[j]; tiles j >= ntiles are skipped (warp-uniform).
+ * The logical k index t of the fragment tables is column k0 + 2t and t + 4 is k0 + 2t + 1 (the
+ * same permutation for A and B leaves the sum's terms unchanged, and a lane's two columns are
+ * adjacent in memory). Rows >= M and columns >= K read as 0. */
+template <int DT, int NW>
+__device__ __forceinline__ void cb_mma_rows(const void *const *w, int r0, int M, int K,
+                                            const float *const *xb, const int *vt, int ntiles,
+                                            float (*d)[CB_MMA_NT][4]) {
+    const int lane = threadIdx.x & (CB_WARP - 1), g = lane >> 2, t = lane & 3;
+    const int ra = r0 + g, rb = r0 + g + 8;
+    const void *rowa[NW], *rowb[NW];
+#pragma unroll
+    for (int m = 0; m < NW; m++) {
+        rowa[m] = cb_row_ptr<DT>(w[m], ra < M ? ra : r0, K);
+        rowb[m] = cb_row_ptr<DT>(w[m], rb < M ? rb : r0, K);
+    }
+    for (int k0 = 0; k0 < K; k0 += 8) {
+        const int ka = k0 + 2 * t, kb = ka + 1;
+        const int oka = ka < K, okb = kb < K;
+        cb_u32 ah[NW][4], al[NW][4];
+#pragma unroll
+        for (int m = 0; m < NW; m++) {
+            ah[m][0] = ah[m][1] = ah[m][2] = ah[m][3] = 0u;
+            al[m][0] = al[m][1] = al[m][2] = al[m][3] = 0u;
+            if (ra < M && oka) cb_w_tf32<DT>(rowa[m], ka, ah[m][0], al[m][0]);
+            if (rb < M && oka) cb_w_tf32<DT>(rowb[m], ka, ah[m][1], al[m][1]);
+            if (ra < M && okb) cb_w_tf32<DT>(rowa[m], kb, ah[m][2], al[m][2]);
+            if (rb < M && okb) cb_w_tf32<DT>(rowb[m], kb, ah[m][3], al[m][3]);
+        }
+#pragma unroll
+        for (int j = 0; j < CB_MMA_NT; j++) {
+            if (j < ntiles) { /* warp-uniform: every lane takes part in each mma */
+                cb_u32 bh[2] = {0u, 0u}, bl[2] = {0u, 0u};
+                if (vt[j] && oka) cb_tf32_split(xb[j][ka], bh[0], bl[0]);
+                if (vt[j] && okb) cb_tf32_split(xb[j][kb], bh[1], bl[1]);
+#pragma unroll
+                for (int m = 0; m < NW; m++) {
+                    if (DT == CB_DT_F32) cb_mma_tf32(d[m][j], al[m], bh);
+                    cb_mma_tf32(d[m][j], ah[m], bl);
+                    cb_mma_tf32(d[m][j], ah[m], bh);
+                }
+            }
+        }
+    }
+}
+
+template <int DT>
+__device__ void cb_expert_up_mma_impl(float *act, int F, const float *h, int Dp, const int *perm,
+                                      int begin, int end, const void *w1, const void *w3,
+                                      const float *s1, const float *s3) {
+    const int lane = threadIdx.x & (CB_WARP - 1), g = lane >> 2, t = lane & 3;
+    const int r0 = (blockIdx.x * CB_MMA_WARPS + threadIdx.x / CB_WARP) * 16;
+    if (r0 >= F) return; /* whole warp */
+    const void *w[2] = {w1, w3};
+    for (int s0 = begin; s0 < end; s0 += 8 * CB_MMA_NT) {
+        const int left = end - s0;
+        const int ntiles = left >= 8 * CB_MMA_NT ? CB_MMA_NT : (left + 7) / 8;
+        const float *xb[CB_MMA_NT];
+        int vt[CB_MMA_NT];
+#pragma unroll
+        for (int j = 0; j < CB_MMA_NT; j++) {
+            const int slot = s0 + 8 * j + g;
+            vt[j] = slot < end;
+            xb[j] = h + (cb_u64)perm[vt[j] ? slot : begin] * (cb_u64)Dp;
+        }
+        float d[2][CB_MMA_NT][4];
+#pragma unroll
+        for (int m = 0; m < 2; m++)
+#pragma unroll
+            for (int j = 0; j < CB_MMA_NT; j++)
+                d[m][j][0] = d[m][j][1] = d[m][j][2] = d[m][j][3] = 0.0f;
+        cb_mma_rows<DT, 2>(w, r0, F, Dp, xb, vt, ntiles, d);
+#pragma unroll
+        for (int j = 0; j < CB_MMA_NT; j++) {
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const int r = r0 + g + 8 * (q >> 1), slot = s0 + 8 * j + 2 * t + (q & 1);
+                if (j < ntiles && r < F && slot < end) {
+                    const float gv = d[0][j][q] * (DT == CB_DT_INT8 ? s1[r] : 1.0f);
+                    const float uv = d[1][j][q] * (DT == CB_DT_INT8 ? s3[r] : 1.0f);
+                    act[(cb_u64)slot * (cb_u64)F + r] = cb_silu(gv) * uv;
+                }
+            }
+        }
+    }
+}
+
+/* cb_expert_up on the tensor cores: same arguments and result (within tf32-split rounding), for
+ * dtype f32/f16/bf16/int8 (q4: the backend launches cb_expert_up). grid (ceil(F / 64),
+ * min(E, n*k)), block 128: warp w of block x serves rows 64x + 16w .. +15 of expert
+ * cb_group_expert(active), all its slots in passes of 32. */
+extern "C" __global__ void cb_expert_up_mma(float *act, int F, const float *h, int Dp,
+                                            const int *perm, const int *offsets,
+                                            const int *active, const void *const *w1,
+                                            const void *const *w3, const float *const *s1,
+                                            const float *const *s3, int dtype) {
+    const int e = cb_group_expert(active);
+    if (e < 0) return;
+    const int begin = offsets[e], end = offsets[e + 1];
+    if (begin == end) return;
+    const float *sc1 = dtype == CB_DT_INT8 ? s1[e] : 0, *sc3 = dtype == CB_DT_INT8 ? s3[e] : 0;
+    switch (dtype) {
+    case CB_DT_F32:
+        cb_expert_up_mma_impl<CB_DT_F32>(act, F, h, Dp, perm, begin, end, w1[e], w3[e], sc1, sc3);
+        break;
+    case CB_DT_F16:
+        cb_expert_up_mma_impl<CB_DT_F16>(act, F, h, Dp, perm, begin, end, w1[e], w3[e], sc1, sc3);
+        break;
+    case CB_DT_BF16:
+        cb_expert_up_mma_impl<CB_DT_BF16>(act, F, h, Dp, perm, begin, end, w1[e], w3[e], sc1, sc3);
+        break;
+    case CB_DT_INT8:
+        cb_expert_up_mma_impl<CB_DT_INT8>(act, F, h, Dp, perm, begin, end, w1[e], w3[e], sc1, sc3);
+        break;
+    default: break; /* q4: never launched (the backend uses cb_expert_up) */
+    }
+}
+
+template <int DT>
+__device__ void cb_expert_down_mma_impl(float *eo, int Dp, const float *act, int F, int begin,
+                                        int end, const void *w2, const float *s2) {
+    const int lane = threadIdx.x & (CB_WARP - 1), g = lane >> 2, t = lane & 3;
+    const int r0 = (blockIdx.x * CB_MMA_WARPS + threadIdx.x / CB_WARP) * 16;
+    if (r0 >= Dp) return; /* whole warp */
+    for (int s0 = begin; s0 < end; s0 += 8 * CB_MMA_NT) {
+        const int left = end - s0;
+        const int ntiles = left >= 8 * CB_MMA_NT ? CB_MMA_NT : (left + 7) / 8;
+        const float *xb[CB_MMA_NT];
+        int vt[CB_MMA_NT];
+#pragma unroll
+        for (int j = 0; j < CB_MMA_NT; j++) {
+            const int slot = s0 + 8 * j + g;
+            vt[j] = slot < end;
+            xb[j] = act + (cb_u64)(vt[j] ? slot : begin) * (cb_u64)F;
+        }
+        float d[1][CB_MMA_NT][4];
+#pragma unroll
+        for (int j = 0; j < CB_MMA_NT; j++)
+            d[0][j][0] = d[0][j][1] = d[0][j][2] = d[0][j][3] = 0.0f;
+        cb_mma_rows<DT, 1>(&w2, r0, Dp, F, xb, vt, ntiles, d);
+#pragma unroll
+        for (int j = 0; j < CB_MMA_NT; j++) {
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const int r = r0 + g + 8 * (q >> 1), slot = s0 + 8 * j + 2 * t + (q & 1);
+                if (j < ntiles && r < Dp && slot < end)
+                    eo[(cb_u64)slot * (cb_u64)Dp + r] =
+                        d[0][j][q] * (DT == CB_DT_INT8 ? s2[r] : 1.0f);
+            }
+        }
+    }
+}
+
+/* cb_expert_down on the tensor cores (f32/f16/bf16/int8). grid (ceil(Dp / 64), min(E, n*k)),
+ * block 128. */
+extern "C" __global__ void cb_expert_down_mma(float *eo, int Dp, const float *act, int F,
+                                              const int *offsets, const int *active,
+                                              const void *const *w2, const float *const *s2,
+                                              int dtype) {
+    const int e = cb_group_expert(active);
+    if (e < 0) return;
+    const int begin = offsets[e], end = offsets[e + 1];
+    if (begin == end) return;
+    const float *sc = dtype == CB_DT_INT8 ? s2[e] : 0;
+    switch (dtype) {
+    case CB_DT_F32:
+        cb_expert_down_mma_impl<CB_DT_F32>(eo, Dp, act, F, begin, end, w2[e], sc);
+        break;
+    case CB_DT_F16:
+        cb_expert_down_mma_impl<CB_DT_F16>(eo, Dp, act, F, begin, end, w2[e], sc);
+        break;
+    case CB_DT_BF16:
+        cb_expert_down_mma_impl<CB_DT_BF16>(eo, Dp, act, F, begin, end, w2[e], sc);
+        break;
+    case CB_DT_INT8:
+        cb_expert_down_mma_impl<CB_DT_INT8>(eo, Dp, act, F, begin, end, w2[e], sc);
+        break;
+    default: break; /* q4: never launched */
+    }
+}
+
+template <int DT>
+__device__ void cb_linear_mma_impl(float *y, int y_stride, const float *x, int x_stride, int n,
+                                   const void *w, const float *scales, int rows, int cols,
+                                   const float *bias, int accumulate, int y_row0) {
+    const int lane = threadIdx.x & (CB_WARP - 1), g = lane >> 2, t = lane & 3;
+    const int r0 = (blockIdx.x * CB_MMA_WARPS + threadIdx.x / CB_WARP) * 16;
+    const int t0 = blockIdx.y * 8 * CB_MMA_NT;
+    if (r0 >= rows || t0 >= n) return; /* whole warp */
+    const int left = n - t0;
+    const int ntiles = left >= 8 * CB_MMA_NT ? CB_MMA_NT : (left + 7) / 8;
+    const float *xb[CB_MMA_NT];
+    int vt[CB_MMA_NT];
+#pragma unroll
+    for (int j = 0; j < CB_MMA_NT; j++) {
+        const int tok = t0 + 8 * j + g;
+        vt[j] = tok < n;
+        xb[j] = x + (cb_u64)(vt[j] ? tok : t0) * (cb_u64)x_stride;
+    }
+    float d[1][CB_MMA_NT][4];
+#pragma unroll
+    for (int j = 0; j < CB_MMA_NT; j++) d[0][j][0] = d[0][j][1] = d[0][j][2] = d[0][j][3] = 0.0f;
+    cb_mma_rows<DT, 1>(&w, r0, rows, cols, xb, vt, ntiles, d);
+#pragma unroll
+    for (int j = 0; j < CB_MMA_NT; j++) {
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const int r = r0 + g + 8 * (q >> 1), tok = t0 + 8 * j + 2 * t + (q & 1);
+            if (j < ntiles && r < rows && tok < n) {
+                float v = d[0][j][q];
+                if (DT == CB_DT_INT8) v *= scales[r];
+                if (bias) v += bias[r];
+                float *yp = y + (cb_u64)(y_row0 + tok) * (cb_u64)y_stride + r;
+                *yp = accumulate ? *yp + v : v;
+            }
+        }
+    }
+}
+
+/* cb_linear on the tensor cores (f32/f16/bf16/int8; q4: the backend launches cb_linear): same
+ * arguments and result (within the tf32-split rounding). grid (ceil(rows / 64), ceil(n / 32)),
+ * block 128: warp w of block (x, y) computes rows 64x + 16w .. +15 for tokens 32y .. 32y + 31. */
+extern "C" __global__ void cb_linear_mma(float *y, int y_stride, const float *x, int x_stride,
+                                         int n, const void *w, const float *scales, int dtype,
+                                         int rows, int cols, const float *bias, int accumulate,
+                                         const int *pos_d) {
+    const int y_row0 = pos_d ? *pos_d : 0;
+    switch (dtype) {
+    case CB_DT_F32:
+        cb_linear_mma_impl<CB_DT_F32>(y, y_stride, x, x_stride, n, w, scales, rows, cols, bias,
+                                      accumulate, y_row0);
+        break;
+    case CB_DT_F16:
+        cb_linear_mma_impl<CB_DT_F16>(y, y_stride, x, x_stride, n, w, scales, rows, cols, bias,
+                                      accumulate, y_row0);
+        break;
+    case CB_DT_BF16:
+        cb_linear_mma_impl<CB_DT_BF16>(y, y_stride, x, x_stride, n, w, scales, rows, cols, bias,
+                                       accumulate, y_row0);
+        break;
+    case CB_DT_INT8:
+        cb_linear_mma_impl<CB_DT_INT8>(y, y_stride, x, x_stride, n, w, scales, rows, cols, bias,
+                                       accumulate, y_row0);
+        break;
+    default: break; /* q4: never launched */
+    }
+}
+
+#endif /* tensor cores: __CUDA_ARCH__ >= 800 */

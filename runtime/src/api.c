@@ -350,6 +350,7 @@ void colibri_get_runtime_info(const colibri_ctx *ctx, colibri_runtime_info *i) {
         i->arena_bytes = ci.device_bytes;
         snprintf(i->cuda_image, sizeof i->cuda_image, "%s", ci.image);
         snprintf(i->cuda_weights, sizeof i->cuda_weights, "%s", ci.weights);
+        snprintf(i->cuda_prefill, sizeof i->cuda_prefill, "%s", ci.prefill);
         i->cuda_integrated = ci.integrated;
         i->cuda_device_bytes = ci.device_bytes;
         snprintf(i->kv_dtype, sizeof i->kv_dtype, "f32");

@@ -277,12 +277,22 @@ static const char *const cb_kernel_names[CB_F_COUNT] = {
     "cb_router_topk", "cb_dispatch", "cb_expert_up", "cb_expert_down", "cb_moe_combine",
     "cb_ffn_route"};
 
+/* Optional kernels: the tensor-core prefill twins of cb_expert_up/down and cb_linear
+ * (colibri_kernels.cu, "tensor-core prefill GEMM"). The kernel source compiles them only for
+ * __CUDA_ARCH__ >= 800, so an sm_72 cubin or a compute_72 PTX lacks them (cuModuleGetFunction:
+ * CUDA_ERROR_NOT_FOUND) and the SIMT kernels run prefill, as they always run decode. All or
+ * none. */
+enum { CB_T_UP, CB_T_DOWN, CB_T_LINEAR, CB_T_COUNT };
+static const char *const cb_tc_names[CB_T_COUNT] = {"cb_expert_up_mma", "cb_expert_down_mma",
+                                                    "cb_linear_mma"};
+
 struct colibri_cuda {
     cb_driver d;
     CUdevice dev;
     CUcontext ctx;
     CUmodule mod;
     CUfunction fn[CB_F_COUNT];
+    CUfunction tc[CB_T_COUNT]; /* tensor-core prefill kernels, all NULL when the image lacks them */
     CUstream stream[2];
     int nstreams;
     CUevent ev_h, ev_shared; /* FFN input ready (stream 0) / shared expert done (stream 1) */
@@ -320,12 +330,17 @@ static CUdeviceptr cb_dev(const colibri_cuda *cu, const void *host) {
     return cu->wbase + (CUdeviceptr)((const uint8_t *)host - data);
 }
 
+static int cb_launch_fn(colibri_cuda *cu, CUfunction fn, const char *name, unsigned gx,
+                        unsigned gy, unsigned bx, CUstream s, void **args, char *why,
+                        size_t why_len) {
+    if (gx == 0 || gy == 0) return 0;
+    CB_CHECK(cu->d.LaunchKernel(fn, gx, gy, 1, bx, 1, 1, 0, s, args, NULL), name);
+    return 0;
+}
+
 static int cb_launch(colibri_cuda *cu, int f, unsigned gx, unsigned gy, unsigned bx, CUstream s,
                      void **args, char *why, size_t why_len) {
-    if (gx == 0 || gy == 0) return 0;
-    CB_CHECK(cu->d.LaunchKernel(cu->fn[f], gx, gy, 1, bx, 1, 1, 0, s, args, NULL),
-             cb_kernel_names[f]);
-    return 0;
+    return cb_launch_fn(cu, cu->fn[f], cb_kernel_names[f], gx, gy, bx, s, args, why, why_len);
 }
 
 /* y[t, :] (+)= W x[t, :] (+ bias) for t < n */
@@ -342,9 +357,22 @@ static int cb_linear_at(colibri_cuda *cu, CUstream s, CUdeviceptr y, int ys, CUd
     return cb_launch(cu, CB_F_LINEAR, grid[0], grid[1], block[0], s, a, why, why_len);
 }
 
+/* Q, WO, router, shared gate, LM head: on the tensor cores in a prefill pass when
+ * colibri_cuda_use_mma says so (cb_linear_mma, same arguments; grid 64 rows x 32 tokens). The K/V
+ * projections (cb_linear_at with the cache rows) keep the GEMV: they write the KV cache, whose
+ * storage issue 15 item 3 changes. */
 static int cb_linear(colibri_cuda *cu, CUstream s, CUdeviceptr y, int ys, CUdeviceptr x, int xs,
                      int n, const colibri_tensor *w, CUdeviceptr bias, int accumulate, char *why,
                      size_t why_len) {
+    if (colibri_cuda_use_mma(cu->tc[CB_T_LINEAR] != NULL, n, (int)w->dtype)) {
+        CUdeviceptr wd = cb_dev(cu, w->data), sc = cb_dev(cu, w->scales), pos_d = 0;
+        int dt = (int)w->dtype, rows = (int)w->rows, cols = (int)w->cols;
+        void *a[] = {&y, &ys, &x, &xs, &n, &wd, &sc, &dt, &rows, &cols, &bias, &accumulate, &pos_d};
+        return cb_launch_fn(cu, cu->tc[CB_T_LINEAR], cb_tc_names[CB_T_LINEAR],
+                            colibri_cuda_ceil_div((unsigned)rows, COLIBRI_CU_MMA_ROWS),
+                            colibri_cuda_ceil_div((unsigned)n, COLIBRI_CU_MMA_TOKENS),
+                            COLIBRI_CU_MMA_THREADS, s, a, why, why_len);
+    }
     return cb_linear_at(cu, s, y, ys, x, xs, n, w, bias, accumulate, 0, why, why_len);
 }
 
@@ -411,24 +439,43 @@ static int cb_ffn_route(colibri_cuda *cu, CUstream s, int n, const colibri_layer
                      why_len);
 }
 
+int colibri_cuda_use_mma(int have_mma, int n, int dtype) {
+    return have_mma && n > COLIBRI_CU_TOKEN_TILE && dtype != COLIBRI_DT_Q4;
+}
+
 /* SwiGLU over grouped slots: act = silu(W1 h) * (W3 h), out = W2 act, for `experts` experts whose
  * pointer tables start at `tab` (w1[e], w3[e], w2[e], s1[e], s3[e], s2[e]). The grid has `groups`
  * rows of blocks; block row g serves expert active[g] (cb_dispatch's list of experts with slots),
- * or expert g when active is 0 (the shared expert). */
-static int cb_swiglu(colibri_cuda *cu, CUstream s, CUdeviceptr act, int F, CUdeviceptr out,
-                     CUdeviceptr perm, CUdeviceptr offsets, CUdeviceptr active, CUdeviceptr tab,
-                     int experts, int groups, int dt_up, int dt_down, char *why, size_t why_len) {
+ * or expert g when active is 0 (the shared expert). n: tokens of the device pass; the up and the
+ * down projection each run on the tensor cores when colibri_cuda_use_mma says so (a prefill pass
+ * of more than 4 tokens, an sm_80+ image, not q4), else on the SIMT GEMV kernels. The choice
+ * depends only on n, the dtypes and the image, so the same chunk schedule gives the same bits. */
+static int cb_swiglu(colibri_cuda *cu, CUstream s, int n, CUdeviceptr act, int F,
+                     CUdeviceptr out, CUdeviceptr perm, CUdeviceptr offsets, CUdeviceptr active,
+                     CUdeviceptr tab, int experts, int groups, int dt_up, int dt_down, char *why,
+                     size_t why_len) {
     const struct colibri_model *m = cu->m;
     int Dp = (int)m->embed_dim_pad;
     CUdeviceptr h = cu->arena + cu->plan.h;
     const CUdeviceptr step = (CUdeviceptr)experts * sizeof(CUdeviceptr);
     CUdeviceptr w1 = tab, w3 = tab + step, w2 = tab + 2 * step;
     CUdeviceptr s1 = tab + 3 * step, s3 = tab + 4 * step, s2 = tab + 5 * step;
+    const int have = cu->tc[CB_T_UP] != NULL;
     void *up[] = {&act, &F, &h, &Dp, &perm, &offsets, &active, &w1, &w3, &s1, &s3, &dt_up};
-    if (cb_launch(cu, CB_F_UP, colibri_cuda_ceil_div((unsigned)F, CB_ROW_WARPS), (unsigned)groups,
-                  CB_ROW_THREADS, s, up, why, why_len))
+    if (colibri_cuda_use_mma(have, n, dt_up)) {
+        if (cb_launch_fn(cu, cu->tc[CB_T_UP], cb_tc_names[CB_T_UP],
+                         colibri_cuda_ceil_div((unsigned)F, COLIBRI_CU_MMA_ROWS), (unsigned)groups,
+                         COLIBRI_CU_MMA_THREADS, s, up, why, why_len))
+            return -1;
+    } else if (cb_launch(cu, CB_F_UP, colibri_cuda_ceil_div((unsigned)F, CB_ROW_WARPS),
+                         (unsigned)groups, CB_ROW_THREADS, s, up, why, why_len)) {
         return -1;
+    }
     void *down[] = {&out, &Dp, &act, &F, &offsets, &active, &w2, &s2, &dt_down};
+    if (colibri_cuda_use_mma(have, n, dt_down))
+        return cb_launch_fn(cu, cu->tc[CB_T_DOWN], cb_tc_names[CB_T_DOWN],
+                            colibri_cuda_ceil_div((unsigned)Dp, COLIBRI_CU_MMA_ROWS),
+                            (unsigned)groups, COLIBRI_CU_MMA_THREADS, s, down, why, why_len);
     return cb_launch(cu, CB_F_DOWN, colibri_cuda_ceil_div((unsigned)Dp, CB_ROW_WARPS),
                      (unsigned)groups, CB_ROW_THREADS, s, down, why, why_len);
 }
@@ -715,6 +762,14 @@ int colibri_cuda_open(colibri_cuda **out, const struct colibri_model *m, int str
             goto fail;
         }
     }
+    {
+        int found = 0;
+        for (int f = 0; f < CB_T_COUNT; f++)
+            found += cu->d.ModuleGetFunction(&cu->tc[f], cu->mod, cb_tc_names[f]) == CUDA_SUCCESS;
+        if (found != CB_T_COUNT) memset(cu->tc, 0, sizeof cu->tc); /* all or none */
+        snprintf(cu->info.prefill, sizeof cu->info.prefill, "%s",
+                 found == CB_T_COUNT ? "mma" : "simt");
+    }
 
     cu->nstreams = stream_count >= 2 ? 2 : 1;
     for (int s = 0; s < cu->nstreams; s++)
@@ -914,7 +969,7 @@ static int cb_issue_chunk(colibri_cuda *cu, int n, int pos, int graph, char *why
                 CB_CHECK(cu->d.StreamWaitEvent(s1, cu->ev_h, 0), "cuStreamWaitEvent");
             }
             const int Fs = (int)m->shared_expert_size;
-            if (cb_swiglu(cu, s1, A + p->shared_act, Fs, A + p->shared_out, A + p->iota,
+            if (cb_swiglu(cu, s1, n, A + p->shared_act, Fs, A + p->shared_out, A + p->iota,
                           shared_offsets, 0,
                           tabs + (CUdeviceptr)6 * E * sizeof(CUdeviceptr), 1, 1,
                           (int)ly->shared_w1.dtype, (int)ly->shared_w2.dtype, why, why_len))
@@ -943,7 +998,7 @@ static int cb_issue_chunk(colibri_cuda *cu, int n, int pos, int graph, char *why
         }
         /* min(E, n*k) groups: at most that many experts have slots (decode: exactly k) */
         const int groups = n * k < E ? n * k : E;
-        if (cb_swiglu(cu, s0, A + p->act, (int)m->expert_size, A + p->expert_out, A + p->perm,
+        if (cb_swiglu(cu, s0, n, A + p->act, (int)m->expert_size, A + p->expert_out, A + p->perm,
                       A + p->offsets, A + p->active, tabs, E, groups, (int)ly->w1[0].dtype,
                       (int)ly->w2[0].dtype, why, why_len))
             return -1;

@@ -27,6 +27,9 @@ typedef struct {
     char weights[8];      /* "copied": uploaded once into the arena, in chunks (the default);
                              "mapped": the mmapped file is device-mapped (integrated GPU with
                              COLIBRI_CUDA_WEIGHTS=map, no second copy) */
+    char prefill[8];      /* "mma": the image has the tensor-core kernels (sm_80+: expert
+                             projections and cb_linear but K/V), used for device passes of more
+                             than 4 tokens; "simt": it has not */
 } colibri_cuda_info;
 
 /* Bring up the GPU for this model: 0 on success; otherwise non-zero with `why` set to one line. */
@@ -73,6 +76,14 @@ unsigned colibri_cuda_ceil_div(unsigned a, unsigned b);
 void colibri_cuda_rope_table(float theta, int Dh, int positions, float *cs);
 /* Launch shape of the row kernels (cb_linear): one warp per output row, 4 tokens per warp. */
 void colibri_cuda_rows_launch(int rows, int n, unsigned grid[3], unsigned block[3]);
+
+/* Do the expert projections of a device pass of n tokens with weights of `dtype` run on the
+ * tensor-core kernels? Only when the loaded image has them (have_mma: sm_80+), n is more than one
+ * 4-token GEMV tile (with <= 4 tokens the GEMV already reads each weight row once per expert, so
+ * the GEMM saves no traffic; decode, n = 1, and its CUDA graph keep the GEMV) and the dtype is
+ * not q4 (no tensor-core q4 kernel). A function of n, not of the routing, so the same chunk
+ * schedule always takes the same path. */
+int colibri_cuda_use_mma(int have_mma, int n, int dtype);
 
 /* The device arena: byte offsets of every buffer (256-byte aligned) and the total. prm is the
  * decode graph's parameter block (CB_PRM_*: the step's token id and position, written before

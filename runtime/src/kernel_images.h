@@ -2,7 +2,10 @@
  *
  * For a CUDA target the build compiles runtime/kernels/colibri_kernels.cu once per profile SM to a
  * cubin (ptxas -arch=sm_XX) and once to PTX (compute_XX of the lowest SM, so a newer GPU can JIT
- * it), then links a generated table that points at the raw bytes. The bytes sit uncompressed and
+ * it; plus compute_XX of the lowest SM >= 80 when the lowest is below sm_80: the tensor-core
+ * kernels' PTX, from which the cubins of SMs >= 80 are made), then links a generated table that
+ * points at the raw bytes. colibri_cuda_pick_image takes the exact cubin, else the highest PTX
+ * <= the device's SM. The bytes sit uncompressed and
  * 64-byte aligned in .rodata, so verify tools can find the cubin ELF headers by scanning the file.
  * Without CUDA the table is empty (runtime/embed/kernel_images_empty.c): the symbols always exist,
  * so the backend links the same way in every build and simply finds nothing to load. */

@@ -42,12 +42,33 @@ FFN_ROUTE_SHAPES = [(2, 1, 45, 48, 3), (8, 2, 40, 64, 5), (60, 8, 100, 112, 2),
 ROUTE_THREADS = 512  # runtime/kernels/colibri_abi.h COLIBRI_CU_ROUTE_THREADS
 DISPATCH_SHAPES = [(1, 2, 8), (5, 2, 8), (32, 8, 64), (17, 3, 64), (32, 1, 2), (9, 4, 5)]
 EXPERT_SHAPES = [(1, 2, 8, 20, 64), (6, 2, 8, 37, 48), (32, 8, 64, 24, 64), (3, 1, 4, 96, 4096)]
+# the tensor-core expert kernels (sm_80+; n, k, E, F, Dp): F and Dp not multiples of the 16-row
+# tile, expert slot counts not multiples of the 8-token tile, K (Dp for up, F for down) not a
+# multiple of the 8-column k-step, empty experts (E > n*k), one expert with 40 slots (two passes
+# of 32), and a 32-token prefill chunk over 8 experts
+EXPERT_MMA_SHAPES = [(6, 2, 8, 37, 44), (40, 1, 1, 20, 24), (32, 2, 8, 70, 64), (3, 2, 16, 16, 8),
+                     (32, 8, 64, 24, 64), (17, 4, 8, 300, 1024)]
+MMA_DTYPES = [DType.F32, DType.F16, DType.BF16, DType.INT8]  # q4 stays on the SIMT kernels
+# cb_linear_mma (rows, cols, n): one row (the shared gate), rows/cols/n off the 16/8/8 tiles,
+# more than one 32-token block row
+LINEAR_MMA_SHAPES = [(1, 8, 9), (37, 64, 5), (17, 24, 33), (70, 100, 40), (5, 45, 12),
+                     (300, 1000, 32)]
 
 
 def dot_bound(absdot: np.ndarray, cols: int) -> np.ndarray:
     """Worst-case f32 error of the kernels' dot products: each lane adds cols/32 products in
     order, then 5 butterfly levels; plus the f32 rounding of the reference."""
     return (cols / 32 + 12) * EPS32 * absdot + 1e-30
+
+
+def mma_bound(absdot: np.ndarray, cols: int) -> np.ndarray:
+    """Worst-case error of the tensor-core kernels' dot products: an f32 weight or activation is
+    carried as two tf32 parts (hi + lo, within 2^-22 of it), so a product is within 3 x 2^-22
+    (6 ulps of 2^-23) of exact; at most 3 products per column are summed in f32, in 8-term mma
+    steps, whose rounding the bound allows once per term, twice over (NVIDIA does not specify the
+    mma's internal rounding; the emulation adds in sequence). A wrong fragment index is an error
+    of the order of the dot itself, far above this."""
+    return (6 * cols + 16) * EPS32 * absdot + 1e-30
 
 
 def weight_args(gpu, w: ref.Weight) -> tuple[int, int]:
@@ -121,7 +142,11 @@ def check_rmsnorm(gpu, rows, length, true_len, stride, in_place):
     np.testing.assert_array_equal(moved[:pos * rows], 5.0)
 
 
-def check_linear(gpu, dtype, rows, cols, n):
+def check_linear(gpu, dtype, rows, cols, n, mma: bool = False):
+    """mma: cb_linear_mma (sm_80+; grid 64 rows x 32 tokens, the tensor-core error bound, the
+    same bits on a second launch)."""
+    kernel, bound_of = ("cb_linear_mma", mma_bound) if mma else ("cb_linear", dot_bound)
+    grid = ((rows + 63) // 64, (n + 31) // 32) if mma else ((rows + 3) // 4, (n + 3) // 4)
     rng = np.random.default_rng(rows * 7 + cols)
     w = ref.make_weight(rng.standard_normal((rows, cols)).astype(np.float32) / np.sqrt(cols),
                         dtype)
@@ -131,15 +156,19 @@ def check_linear(gpu, dtype, rows, cols, n):
     raw, sc = weight_args(gpu, w)
     absdot = np.abs(x).astype(np.float64) @ np.abs(w.f32() * w.scale()[:, None]).T
     for with_bias, accumulate in ((False, False), (True, False), (False, True)):
-        y = gpu.put(prev)
-        gpu.run("cb_linear", "PiPiiPPiiiPiP", ((rows + 3) // 4, (n + 3) // 4), 128,
-                y, np.int32(rows), gpu.put(x), np.int32(cols), np.int32(n), raw, sc,
-                np.int32(dtype), np.int32(rows), np.int32(cols),
-                gpu.put(bias) if with_bias else 0, np.int32(accumulate), 0)
-        got = gpu.get(y, (n, rows))
+        runs = []
+        for _ in range(2 if mma else 1):
+            y = gpu.put(prev)
+            gpu.run(kernel, "PiPiiPPiiiPiP", grid, 128,
+                    y, np.int32(rows), gpu.put(x), np.int32(cols), np.int32(n), raw, sc,
+                    np.int32(dtype), np.int32(rows), np.int32(cols),
+                    gpu.put(bias) if with_bias else 0, np.int32(accumulate), 0)
+            runs.append(gpu.get(y, (n, rows)))
+        got = runs[0]
+        assert all(r.tobytes() == got.tobytes() for r in runs)
         want = ref.cb_linear(x, w, bias if with_bias else None, prev if accumulate else None)
         extra = (np.abs(prev) if accumulate else 0) + (np.abs(bias) if with_bias else 0)
-        assert np.all(np.abs(got - want) <= dot_bound(absdot + extra, cols)), \
+        assert np.all(np.abs(got - want) <= bound_of(absdot + extra, cols)), \
             (with_bias, accumulate, np.abs(got - want).max())
 
 
@@ -380,8 +409,14 @@ def _pointer_table(gpu, ptrs: list[int]) -> int:
     return gpu.put(np.array(ptrs, np.uint64))
 
 
-def check_grouped_experts(gpu, dtype, n, k, E, F, Dp):
-    """expert_up (SwiGLU) + expert_down over the dispatch of random routing, then the combine."""
+def check_grouped_experts(gpu, dtype, n, k, E, F, Dp, mma: bool = False):
+    """expert_up (SwiGLU) + expert_down over the dispatch of random routing, then the combine.
+    mma: the tensor-core twins (cb_expert_up_mma / cb_expert_down_mma: 64 rows a block, the
+    tensor-core error bound), each launched twice to check the same bits come back."""
+    up, down = ("cb_expert_up_mma", "cb_expert_down_mma") if mma else ("cb_expert_up",
+                                                                        "cb_expert_down")
+    rows_per_block = 64 if mma else 4
+    bound_of = mma_bound if mma else dot_bound
     rng = np.random.default_rng(n + k + E + F)
     h = rng.standard_normal((n, Dp)).astype(np.float32)
     w1 = [ref.make_weight(rng.standard_normal((F, Dp)).astype(np.float32) / np.sqrt(Dp), dtype)
@@ -401,10 +436,16 @@ def check_grouped_experts(gpu, dtype, n, k, E, F, Dp):
     hd, offd, permd = gpu.put(h), gpu.put(offsets), gpu.put(perm)
     # routed experts only: min(E, n*k) groups, group g serves active[g] (cb_dispatch)
     actd, groups = gpu.put(ref.active_experts(offsets)), min(E, n * k)
-    gpu.run("cb_expert_up", "PiPiPPPPPPPi", ((F + 3) // 4, groups), 128, act, np.int32(F), hd,
+    up_grid = ((F + rows_per_block - 1) // rows_per_block, groups)
+    gpu.run(up, "PiPiPPPPPPPi", up_grid, 128, act, np.int32(F), hd,
             np.int32(Dp), permd, offd, actd, tabs["w1"], tabs["w3"], tabs["s1"], tabs["s3"],
             np.int32(dtype))
     got_act = gpu.get(act, (n * k, F))
+    if mma:  # same inputs, same bits
+        again = gpu.zeros((n * k, F))
+        gpu.run(up, "PiPiPPPPPPPi", up_grid, 128, again, np.int32(F), hd, np.int32(Dp), permd,
+                offd, actd, tabs["w1"], tabs["w3"], tabs["s1"], tabs["s3"], np.int32(dtype))
+        assert gpu.get(again, (n * k, F)).tobytes() == got_act.tobytes()
     want_act = ref.cb_expert_up(h, perm, offsets, w1, w3, F)
     # error bound: dot-product bounds of g and u carried through silu(g) * u (|silu'| <= 1.1),
     # plus a few roundings and expf's 2 ulp on the result
@@ -416,16 +457,22 @@ def check_grouped_experts(gpu, dtype, n, k, E, F, Dp):
         x = h[perm[b:en]].astype(np.float64)
         g = x @ (w1[e].f32() * w1[e].scale()[:, None]).T.astype(np.float64)
         u = x @ (w3[e].f32() * w3[e].scale()[:, None]).T.astype(np.float64)
-        bg = dot_bound(np.abs(x) @ np.abs(w1[e].f32() * w1[e].scale()[:, None]).T, Dp)
-        bu = dot_bound(np.abs(x) @ np.abs(w3[e].f32() * w3[e].scale()[:, None]).T, Dp)
+        bg = bound_of(np.abs(x) @ np.abs(w1[e].f32() * w1[e].scale()[:, None]).T, Dp)
+        bu = bound_of(np.abs(x) @ np.abs(w3[e].f32() * w3[e].scale()[:, None]).T, Dp)
         silu = g / (1 + np.exp(-g))
         bound[b:en] = 2 * (1.1 * np.abs(u) * bg + np.abs(silu) * bu + 8 * EPS32 * np.abs(silu * u))
     assert np.all(np.abs(got_act - want_act) <= bound + 1e-30), np.abs(got_act - want_act).max()
     eo = gpu.zeros((n * k, Dp))
     act_in = gpu.put(want_act)  # isolate the down projection from the up one's rounding
-    gpu.run("cb_expert_down", "PiPiPPPPi", ((Dp + 3) // 4, groups), 128, eo, np.int32(Dp),
+    down_grid = ((Dp + rows_per_block - 1) // rows_per_block, groups)
+    gpu.run(down, "PiPiPPPPi", down_grid, 128, eo, np.int32(Dp),
             act_in, np.int32(F), offd, actd, tabs["w2"], tabs["s2"], np.int32(dtype))
     got_eo = gpu.get(eo, (n * k, Dp))
+    if mma:
+        again = gpu.zeros((n * k, Dp))
+        gpu.run(down, "PiPiPPPPi", down_grid, 128, again, np.int32(Dp), act_in, np.int32(F),
+                offd, actd, tabs["w2"], tabs["s2"], np.int32(dtype))
+        assert gpu.get(again, (n * k, Dp)).tobytes() == got_eo.tobytes()
     want_eo = ref.cb_expert_down(want_act, offsets, w2, Dp)
     absdot = np.zeros_like(want_eo, dtype=np.float64)
     for e in range(E):
@@ -433,7 +480,9 @@ def check_grouped_experts(gpu, dtype, n, k, E, F, Dp):
         if b < en:
             absdot[b:en] = np.abs(want_act[b:en]).astype(np.float64) @ np.abs(
                 w2[e].f32() * w2[e].scale()[:, None]).T
-    assert np.all(np.abs(got_eo - want_eo) <= dot_bound(absdot, F)), np.abs(got_eo - want_eo).max()
+    assert np.all(np.abs(got_eo - want_eo) <= bound_of(absdot, F)), np.abs(got_eo - want_eo).max()
+    if mma:
+        return  # the combine does not depend on which kernels made eo
 
     # combine: routed in rank order, then the gated shared expert
     x = rng.standard_normal((n, Dp)).astype(np.float32)

@@ -84,6 +84,16 @@ static int test_launch(void) {
             CHECK(g[1] * 4 >= (unsigned)n && (g[1] - 1) * 4 < (unsigned)n, "n %d", n);
         }
     CHECK(colibri_cuda_ceil_div(0, 4) == 0 && colibri_cuda_ceil_div(9, 4) == 3, "ceil_div");
+    /* tensor-core expert kernels: only with them in the image, past one 4-token GEMV tile
+     * (decode keeps the GEMV), and not for q4 */
+    CHECK(colibri_cuda_use_mma(1, 5, COLIBRI_DT_F16) && colibri_cuda_use_mma(1, 32, COLIBRI_DT_F32),
+          "mma for prefill");
+    CHECK(colibri_cuda_use_mma(1, 32, COLIBRI_DT_BF16), "mma for bf16");
+    CHECK(colibri_cuda_use_mma(1, 9, COLIBRI_DT_INT8), "mma for int8");
+    CHECK(!colibri_cuda_use_mma(1, 1, COLIBRI_DT_F16), "GEMV for decode");
+    CHECK(!colibri_cuda_use_mma(1, 4, COLIBRI_DT_F16), "GEMV for <= 4 tokens");
+    CHECK(!colibri_cuda_use_mma(0, 32, COLIBRI_DT_F16), "no mma kernels in the image");
+    CHECK(!colibri_cuda_use_mma(1, 32, COLIBRI_DT_Q4), "q4 stays SIMT");
     return 0;
 }
 

@@ -202,3 +202,96 @@ def test_ffn_route_nan_logits(gpu, gpu_linear_score, dtype):
 @pytest.mark.parametrize("E,k,D,Dp,n", [C.FFN_ROUTE_SHAPES[i] for i in (1, 2, 5)])
 def test_ffn_route_linear_score(gpu_linear_score, E, k, D, Dp, n):
     C.check_ffn_route(gpu_linear_score, DType.F32, E, k, D, Dp, n)
+
+
+# ---------------------------------------------------------------- tensor-core prefill (sm_80+)
+
+
+@pytest.mark.parametrize("dtype", C.MMA_DTYPES, **_dt)
+@pytest.mark.parametrize("n,k,E,F,Dp", C.EXPERT_MMA_SHAPES[:5])
+def test_grouped_experts_mma(gpu, dtype, n, k, E, F, Dp):
+    C.check_grouped_experts(gpu, dtype, n, k, E, F, Dp, mma=True)
+
+
+@pytest.mark.parametrize("dtype", C.MMA_DTYPES, **_dt)
+@pytest.mark.parametrize("rows,cols,n", C.LINEAR_MMA_SHAPES[:5])
+def test_linear_mma(gpu, dtype, rows, cols, n):
+    C.check_linear(gpu, dtype, rows, cols, n, mma=True)
+
+
+def _tf32_model(x: np.ndarray) -> np.ndarray:
+    """cvt.rna.tf32.f32 from its definition (PTX ISA, "cvt"): round to the nearest value with
+    tf32's 10 explicit mantissa bits and f32's exponent range, ties away from zero; in float64,
+    by the quantum of x's binade (subnormals: the fixed quantum 2^-136), not by bit tricks."""
+    x64 = x.astype(np.float64)
+    _, e = np.frexp(x64)  # x = m 2^e, 0.5 <= |m| < 1
+    quantum = np.ldexp(1.0, np.maximum(e, -125) - 11)
+    r = np.sign(x64) * np.floor(np.abs(x64) / quantum + 0.5) * quantum
+    with np.errstate(over="ignore"):
+        return r.astype(np.float32)
+
+
+def test_tf32_rounding_is_cvt_rna(gpu):
+    """The emulation's cb_tf32 (cvt.rna.tf32.f32 on the GPU) against an independent float64
+    model, on random values of every magnitude, exact ties (low 13 bits 0x1000: away from zero),
+    values that round up into the next binade or to infinity, subnormals, zeros and infinities."""
+    rng = np.random.default_rng(7)
+    bits = rng.integers(0, 2**32, 20000, dtype=np.uint64).astype(np.uint32)
+    bits = bits[(bits & 0x7F800000) != 0x7F800000]  # finite; NaN payloads are not compared
+    ties = (bits & ~np.uint32(0x1FFF)) | np.uint32(0x1000)
+    special = np.array([0, 0x80000000, 0x7F800000, 0xFF800000, 0x7F7FFFFF, 0xFF7FFFFF, 0x3FFFF000,
+                        0x00000001, 0x00001000, 0x80001FFF, 0x007FFFFF, 0x3F800FFF], np.uint32)
+    x = np.concatenate([bits, ties, special]).view(np.float32)
+    lib = gpu.lib
+    lib.emu_tf32.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    out = np.zeros(x.size, np.uint32)
+    lib.emu_tf32(x.ctypes.data, out.ctypes.data, x.size)
+    assert not np.any(out & 0x1FFF), "tf32 keeps 10 mantissa bits"
+    np.testing.assert_array_equal(out.view(np.float32), _tf32_model(x))
+
+
+def _fragments(A: np.ndarray, B: np.ndarray, C: np.ndarray):
+    """Per-lane fragments of mma.m16n8k8 .tf32 from the PTX ISA's tables ("Matrix Fragments for
+    mma.m16n8k8"): g = lane // 4, t = lane % 4; a = A[g,t], A[g+8,t], A[g,t+4], A[g+8,t+4];
+    b = B[t,g], B[t+4,g]; c[q] = C[g + 8*(q//2), 2t + q%2]."""
+    a = np.zeros((32, 4), np.float32)
+    b = np.zeros((32, 2), np.float32)
+    c = np.zeros((32, 4), np.float32)
+    for lane in range(32):
+        g, t = lane // 4, lane % 4
+        a[lane] = [A[g, t], A[g + 8, t], A[g, t + 4], A[g + 8, t + 4]]
+        b[lane] = [B[t, g], B[t + 4, g]]
+        c[lane] = [C[g + 8 * (q // 2), 2 * t + q % 2] for q in range(4)]
+    return a, b, c
+
+
+def test_emulated_mma_matches_the_ptx_fragment_layout(gpu):
+    """One warp's cb_mma_tf32 in the emulation (the function the kernels call) computes, in the
+    PTX ISA's fragment layout, D = C + A B with A 16 x 8 and B 8 x 8 tf32: bit for bit the NumPy
+    model (products exact in f32, added to C in k order). Distinct random values with mixed signs
+    and magnitudes, so a wrong fragment index or a transposed operand changes the bits."""
+    rng = np.random.default_rng(11)
+    lib = gpu.lib
+    lib.emu_mma_tf32_warp.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    for trial in range(4):
+        scale = np.float32(2.0) ** rng.integers(-8, 8, (16, 8))
+        A = _tf32_model((rng.standard_normal((16, 8)) * scale).astype(np.float32))
+        B = _tf32_model(rng.standard_normal((8, 8)).astype(np.float32) * np.float32(3.0))
+        C = rng.standard_normal((16, 8)).astype(np.float32)
+        a, b, c = _fragments(A, B, C)
+        d = c.copy()
+        lib.emu_mma_tf32_warp(a.view(np.uint32).ctypes.data, b.view(np.uint32).ctypes.data,
+                              d.ctypes.data)
+        want = C.copy()
+        for kk in range(8):
+            prod = (A[:, kk:kk + 1] * B[kk:kk + 1, :]).astype(np.float32)  # exact: tf32 x tf32
+            want = (want + prod).astype(np.float32)
+        _, _, want_lanes = _fragments(A, B, want)
+        assert d.tobytes() == want_lanes.tobytes(), trial
+        # the layout matters: the same call with A's fragments read as row-major lanes fails
+        if trial == 0:
+            wrong = a.reshape(-1)[np.argsort(np.arange(128) % 4 * 32 + np.arange(128) // 4)]
+            d2 = c.copy()
+            lib.emu_mma_tf32_warp(wrong.reshape(32, 4).view(np.uint32).ctypes.data,
+                                  b.view(np.uint32).ctypes.data, d2.ctypes.data)
+            assert d2.tobytes() != want_lanes.tobytes()

@@ -76,7 +76,10 @@ class Gpu:
         self.image = img
         ptx = [i for i in images if i.kind == "ptx"]
         assert ptx, "the build embeds PTX next to the cubins"
-        self.signatures = ptx_signatures(ptx[0].data[:-1].decode())
+        # every PTX: the tensor-core kernels are only in the sm_80+ one when there are two
+        self.signatures = {}
+        for p in ptx:
+            self.signatures.update(ptx_signatures(p.data[:-1].decode()))
         self.routing_mode = _routing_mode(target)
         self.ctx = self.dev.make_context()
         self.module = cuda.module_from_buffer(img.data)
@@ -198,6 +201,28 @@ def test_dispatch(gpu, n, k, E):
 @pytest.mark.parametrize("n,k,E,F,Dp", C.EXPERT_SHAPES)
 def test_grouped_experts(gpu, dtype, n, k, E, F, Dp):
     C.check_grouped_experts(gpu, dtype, n, k, E, F, Dp)
+
+
+@pytest.mark.parametrize("dtype", C.MMA_DTYPES, **_dt)
+@pytest.mark.parametrize("n,k,E,F,Dp", C.EXPERT_MMA_SHAPES)
+def test_grouped_experts_mma(gpu, dtype, n, k, E, F, Dp):
+    """The tensor-core expert kernels on the real mma (sm_80+); below sm_80 the image must not
+    have them (the backend then keeps the SIMT kernels)."""
+    if gpu.sm < 80:
+        with pytest.raises(cuda.LogicError):
+            gpu.module.get_function("cb_expert_up_mma")
+        return
+    C.check_grouped_experts(gpu, dtype, n, k, E, F, Dp, mma=True)
+
+
+@pytest.mark.parametrize("dtype", C.MMA_DTYPES, **_dt)
+@pytest.mark.parametrize("rows,cols,n", C.LINEAR_MMA_SHAPES)
+def test_linear_mma(gpu, dtype, rows, cols, n):
+    if gpu.sm < 80:
+        with pytest.raises(cuda.LogicError):
+            gpu.module.get_function("cb_linear_mma")
+        return
+    C.check_linear(gpu, dtype, rows, cols, n, mma=True)
 
 
 # ---------------------------------------------------------------- the whole binary on this GPU

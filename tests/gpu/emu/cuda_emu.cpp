@@ -30,6 +30,7 @@ static uint3_ blockDim, gridDim;
 struct Warp {
     std::barrier<> bar{32};
     float slot[32];
+    unsigned mma_a[32][4], mma_b[32][2]; // each lane's A and B fragments of one mma
 };
 static std::barrier<> *g_block_bar;
 static std::vector<std::unique_ptr<Warp>> g_warps;
@@ -61,6 +62,52 @@ static inline float cb_emu_half_to_float(unsigned short h) {
     unsigned bits;
     std::memcpy(&bits, &f, 4);
     return __uint_as_float(bits | sign);
+}
+static inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
+
+// cvt.rna.tf32.f32 (PTX ISA, "cvt": f32 -> tf32, .rna = round to nearest, ties away from zero):
+// keep the sign, exponent and top 10 mantissa bits, i.e. clear the low 13 bits after adding half
+// of their weight to the magnitude (sign-magnitude, so a tie goes away from zero; a carry moves
+// into the exponent as rounding up should, up to infinity). Infinity stays itself and NaN stays
+// a NaN (a quiet one, in case rounding would clear its only payload bits).
+static inline unsigned cb_emu_tf32(float f) {
+    const unsigned u = __float_as_uint(f);
+    if ((u & 0x7f800000u) == 0x7f800000u)
+        return (u & 0x7fffffu) ? (u | 0x400000u) & 0xffffe000u : u;
+    return (u + 0x1000u) & 0xffffe000u;
+}
+
+// mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 d, a, b, d for one warp, exactly as its
+// fragments are laid out in the PTX ISA (section "Warp-level Matrix Fragments for mma.m16n8k8",
+// the .tf32 tables). With g = lane / 4 and t = lane % 4, lane holds
+//   A (16 x 8): a[0] = A[g][t], a[1] = A[g+8][t], a[2] = A[g][t+4], a[3] = A[g+8][t+4]
+//   B (8 x 8):  b[0] = B[t][g], b[1] = B[t+4][g]
+//   C, D (16 x 8, f32): d[q] = D[g + 8*(q/2)][2t + q%2]
+// Each lane deposits its A and B fragments in the warp's exchange, all meet at the barrier, and
+// each lane computes its own four D elements (C is the same lane's d): d += A[m][k] * B[k][n] for
+// k = 0..7 in order, f32 adds. tf32 operands carry 11 significant bits, so each product is exact
+// in f32; the hardware ignores an operand's low 13 bits, and so does this. The hardware's own
+// order and rounding of the 8-term sum is not specified by NVIDIA: this is one exact model of
+// the instruction's definition, D = A B + C, not of its rounding (docs/cuda.md states the
+// tolerance the GPU is held to).
+static inline void cb_emu_mma_tf32(float *d, const unsigned *a, const unsigned *b) {
+    Warp &w = *g_warps[threadIdx.x / 32];
+    const unsigned lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    for (int i = 0; i < 4; i++) w.mma_a[lane][i] = a[i];
+    for (int i = 0; i < 2; i++) w.mma_b[lane][i] = b[i];
+    w.bar.arrive_and_wait();
+    for (unsigned q = 0; q < 4; q++) {
+        const unsigned m = g + 8 * (q >> 1), n = 2 * t + (q & 1);
+        float acc = d[q];
+        for (unsigned k = 0; k < 8; k++) {
+            const unsigned av = w.mma_a[(m & 7) * 4 + (k & 3)][(m >> 3) + 2 * (k >> 2)];
+            const unsigned bv = w.mma_b[n * 4 + (k & 3)][k >> 2];
+            const float p = __uint_as_float(av & 0xffffe000u) * __uint_as_float(bv & 0xffffe000u);
+            acc = acc + p;
+        }
+        d[q] = acc;
+    }
+    w.bar.arrive_and_wait(); // nobody deposits the next mma's fragments before all have read
 }
 using std::cos; using std::exp; using std::pow; using std::sin;
 #include <math.h>  // expf, fmaxf, sqrtf (C names, as CUDA spells them)
@@ -125,6 +172,7 @@ extern "C" int emu_param_sizes(const char *name, std::size_t *sizes, int max) {
     K(cb_embed) K(cb_rmsnorm) K(cb_linear) K(cb_rope) K(cb_attention) K(cb_attention_merge)
     K(cb_router_topk) K(cb_ffn_route)
     K(cb_dispatch) K(cb_expert_up) K(cb_expert_down) K(cb_moe_combine)
+    K(cb_expert_up_mma) K(cb_expert_down_mma) K(cb_linear_mma)
 #undef K
     return -1;
 }
@@ -135,6 +183,25 @@ extern "C" int emu_launch(const char *name, unsigned gx, unsigned gy, unsigned b
     K(cb_embed) K(cb_rmsnorm) K(cb_linear) K(cb_rope) K(cb_attention) K(cb_attention_merge)
     K(cb_router_topk) K(cb_ffn_route)
     K(cb_dispatch) K(cb_expert_up) K(cb_expert_down) K(cb_moe_combine)
+    K(cb_expert_up_mma) K(cb_expert_down_mma) K(cb_linear_mma)
 #undef K
     return -1;
+}
+
+// One emulated warp executing one cb_mma_tf32 (the function the kernels call) on per-lane
+// fragments: a[32][4], b[32][2] tf32 bit patterns, d[32][4] the accumulators in and the result
+// out. tests/gpu/test_kernels_emu.py compares it with a NumPy model of the PTX ISA's fragment
+// tables, so a wrong fragment index in this emulation fails there.
+extern "C" void emu_mma_tf32_warp(const unsigned *a, const unsigned *b, float *d) {
+    run_grid(1, 1, 32, [&] {
+        const unsigned l = threadIdx.x;
+        float acc[4] = {d[4 * l], d[4 * l + 1], d[4 * l + 2], d[4 * l + 3]};
+        cb_mma_tf32(acc, a + 4 * l, b + 2 * l);
+        for (int q = 0; q < 4; q++) d[4 * l + q] = acc[q];
+    });
+}
+
+// cb_tf32 (the kernels' f32 -> tf32 rounding, cvt.rna.tf32.f32 on the GPU) over n values.
+extern "C" void emu_tf32(const float *x, unsigned *out, int n) {
+    for (int i = 0; i < n; i++) out[i] = cb_tf32(x[i]);
 }
