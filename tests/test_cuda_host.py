@@ -41,7 +41,7 @@ def backend_kernel_names() -> list[str]:
     block = re.search(r"cb_kernel_names\[CB_F_COUNT\] = \{(.*?)\};", text, re.S)
     assert block, "cb_kernel_names table not found in cuda_backend.c"
     names = re.findall(r'"(cb_\w+)"', block.group(1))
-    assert len(names) == 11
+    assert len(names) == 12
     return names
 
 
@@ -261,6 +261,7 @@ def test_launch_sequence_is_deterministic_and_stream_independent(host_unit, stub
     assert launches(one) == launches(two)
     assert all(ln.endswith("stream 0") for ln in one if ln.startswith("launch "))
     # 40 tokens = chunks of 32 + 8; 2 layers; embed + per layer 17 launches + final 2 per chunk
+    # (prefill: the tiled attention kernel, no split-KV partials to merge)
     names = [ln.split()[1] for ln in one if ln.startswith("launch ")]
     assert names.count("cb_embed") == 2 and names.count("cb_moe_combine") == 4
     assert names.count("cb_router_topk") == 4 and names.count("cb_dispatch") == 4
@@ -310,17 +311,17 @@ def _decode_log(host_unit: Path, lib: Path, tmp: Path, tag: str, prompt: int,
 def test_launches_per_decoded_token(host_unit, stub_driver, tmp_path: Path):
     """Kernel launches for one decoded token, kernel by kernel, for host_unit.c's fake model:
     2 layers with q/k bias, per-head q/k norm and a gated shared expert, short context (one KV
-    range: no merge). Per layer: attention norm, Q/K/V, q/k norm, RoPE on q and k, attention, WO,
-    FFN norm, shared up/down + gate, router, top-k, dispatch, routed up/down, combine = 20; plus
-    the embedding, output norm and LM head. A plain Mixtral-like layer is the same less q/k norm
-    and shared expert: 15 (8 layers: 123 a token).
+    range: no merge). Per layer: attention norm, Q/K/V, q/k norm + RoPE + KV write (one launch),
+    attention, WO, FFN norm, shared up/down + gate, router, top-k, dispatch, routed up/down,
+    combine = 17; plus the embedding, output norm and LM head. A plain Mixtral-like layer is the
+    same less the shared expert: 14 (8 layers: 115 a token).
 
     A driver without CUDA graphs (stand-in built -DSTUB_OMIT_GRAPH) gets each of them as a host
     call; with graphs they are captured once, on the first decode step, and every decode step
     (the first included) is then ONE host launch, cuGraphLaunch, with no kernel launch after the
     capture. The prompt keeps its plain launches either way."""
     steps, layers = 5, 2
-    per_layer = {"cb_rmsnorm": 2 + 2, "cb_linear": 3 + 1 + 1 + 1, "cb_rope": 2, "cb_attention": 1,
+    per_layer = {"cb_rmsnorm": 2, "cb_linear": 3 + 1 + 1 + 1, "cb_qk_rope_kv": 1, "cb_attention": 1,
                  "cb_router_topk": 1, "cb_dispatch": 1, "cb_expert_up": 2, "cb_expert_down": 2,
                  "cb_moe_combine": 1}
     want = {k: v * layers for k, v in per_layer.items()}
@@ -331,24 +332,24 @@ def test_launches_per_decoded_token(host_unit, stub_driver, tmp_path: Path):
     plain = _decode_log(host_unit, stub_driver["nograph"], tmp_path, "plain", 1, 0)
     names = [ln.split()[1] for ln in plain if ln.startswith("launch ")]
     assert {k: names.count(k) for k in set(names)} == want
-    assert len(names) == 3 + 20 * layers
+    assert len(names) == 3 + 17 * layers
     assert not [ln for ln in plain if ln.startswith(("capture ", "graph ", "begin capture"))]
     plain_steps = _decode_log(host_unit, stub_driver["nograph"], tmp_path, "plain5", 3, steps)
-    assert sum(ln.startswith("launch ") for ln in plain_steps) == (3 + 20 * layers) * (1 + steps)
+    assert sum(ln.startswith("launch ") for ln in plain_steps) == (3 + 17 * layers) * (1 + steps)
 
     lines = _decode_log(host_unit, stub_driver["full"], tmp_path, "graph", 3, steps)
     begin = lines.index("begin capture stream 0 mode 1")  # CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
     end = next(i for i, ln in enumerate(lines) if ln.startswith("end capture"))
     captured = [ln.split()[1] for ln in lines[begin:end] if ln.startswith("capture ")]
     assert {k: captured.count(k) for k in set(captured)} == want
-    assert lines[end] == f"end capture stream 0 nodes {3 + 20 * layers} rc 0"
+    assert lines[end] == f"end capture stream 0 nodes {3 + 17 * layers} rc 0"
     after = lines[end + 1:]
     assert [ln for ln in after if ln.startswith(("launch ", "capture "))] == []
     assert [ln for ln in after if ln.startswith("graph launch")] == \
-        [f"graph launch stream 0 nodes {3 + 20 * layers}"] * steps
+        [f"graph launch stream 0 nodes {3 + 17 * layers}"] * steps
     # the 3-token prompt before it: plain launches, the same as without graphs
     assert [ln for ln in lines[:begin] if ln.startswith("launch ")] == \
-        [ln for ln in plain_steps if ln.startswith("launch ")][:3 + 20 * layers]
+        [ln for ln in plain_steps if ln.startswith("launch ")][:3 + 17 * layers]
 
 
 def test_decode_graph_captures_the_two_stream_fork_and_join(host_unit, stub_driver,
