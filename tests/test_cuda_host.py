@@ -734,6 +734,32 @@ def test_decode_graph_gives_the_plain_launches_bits(cuda_host_build, tmp_path: P
     assert err < 1e-4, err
 
 
+@pytest.mark.slow
+def test_prefill_bits_follow_the_chunk_schedule(cuda_host_build, tmp_path: Path):
+    """The GPU determinism contract (docs/cuda.md): a prompt in multi-token passes (the tiled
+    prefill attention) gives the same bits run to run; the same tokens as one-token decode steps
+    (split-KV attention, through the CUDA graph) need not have those bits, and both are within
+    tolerance of the CPU, whose prefill and decode give identical bits."""
+    model = tmp_path / "sched.colibri"
+    _random_model(model, 0b100111, 0, 20, pad=64, max_seq_len=64)
+    ids = [(i * 37 + 11) % 96 for i in range(12)]
+
+    def logits(backend: str, name: str, *extra: str) -> np.ndarray:
+        out = tmp_path / f"{name}.f32"
+        proc = _emu_cli(cuda_host_build, "--backend", backend, "forward", str(model), "--ids",
+                        ",".join(map(str, ids)), *extra, "--logits-out", str(out))
+        assert proc.returncode == 0, proc.stderr
+        return np.fromfile(out, "<f4").reshape(len(ids), -1)
+
+    prefill, again = logits("cuda", "p1"), logits("cuda", "p2")
+    np.testing.assert_array_equal(prefill.view(np.uint32), again.view(np.uint32))
+    decode = logits("cuda", "d", "--decode-from", "1")
+    cpu, cpu_decode = logits("cpu", "c"), logits("cpu", "cd", "--decode-from", "1")
+    np.testing.assert_array_equal(cpu.view(np.uint32), cpu_decode.view(np.uint32))
+    for gpu in (prefill, decode):
+        assert np.abs(gpu - cpu).max() / np.abs(cpu).max() < 1e-4
+
+
 def test_invoke_gpucheck_failures_are_actionable():
     """`invoke gpucheck` is an explicit request for a GPU check: without pycuda or a GPU it fails
     (exit 1, one line naming what is missing); with one, a target never built names the build
