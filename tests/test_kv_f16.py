@@ -332,7 +332,9 @@ def test_f16_cache_on_the_emulated_gpu_matches_the_cpus(cuda_host_build, models:
                         "--kv-cache", "f16")
     assert np.array_equal(gpu.view(np.uint32), again.view(np.uint32))
     f32 = _emu_logits(cuda_host_build, model, ids, tmp_path / "g32.bin", "--backend", "cuda")
-    assert not np.array_equal(gpu, f32)  # the option reaches the GPU's cache
+    # the option reaches the GPU's cache: its f32 cache is much further from the CPU's f16 one
+    # (measured: 2.8e-5 with f16 on both sides, 2.6e-4 with the GPU's f32 cache)
+    assert rel_err(f32, cpu) > 3 * rel_err(gpu, cpu)
 
 
 @pytest.mark.slow
