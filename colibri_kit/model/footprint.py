@@ -104,7 +104,8 @@ def cuda_arena_bytes(h: ModelHeader, copy_weights: bool = False, weights_bytes: 
              c * k * Dp * 4]
     if h.has(Flag.SHARED_EXPERT):
         sizes += [c * Fs * 4, c * Dp * 4, c * 4]
-    sizes += [2 * 4, c * V * 4, c * 4, c * 4, CUDA_PRM_BYTES, S * (Dh // 2) * 2 * 4, L * S * kvd * kv_size, L * S * kvd * kv_size, L * (6 * E + 6) * 8]
+    sizes += [2 * 4, c * V * 4, c * 4, c * 4, CUDA_PRM_BYTES, S * (Dh // 2) * 2 * 4,
+              L * S * kvd * kv_size, L * S * kvd * kv_size, L * (6 * E + 6) * 8]
     if copy_weights:
         sizes.append(weights_bytes)
     return sum(align_up(n, CUDA_ALIGN) for n in sizes)

@@ -519,7 +519,8 @@ extern "C" __global__ void cb_qk_rope_kv(float *q, const float *qkv, void *kc, v
     }
     if (!is_q) {
         const float *vs = row + kvd + (cb_u64)head * (cb_u64)Dh;
-        for (int i = threadIdx.x; i < Dh; i += blockDim.x) cb_kv_store(vc, at + (cb_u64)i, vs[i], kv_f16);
+        for (int i = threadIdx.x; i < Dh; i += blockDim.x)
+            cb_kv_store(vc, at + (cb_u64)i, vs[i], kv_f16);
     }
 }
 
@@ -562,7 +563,8 @@ extern "C" __global__ void cb_attention(float *out, float *part, const float *q,
     for (int j = warp; j < len; j += nwarps) {
         const cb_u64 kj = base + (cb_u64)j * kv_stride;
         float d = 0.0f;
-        for (int c = lane; c < Dh; c += CB_WARP) d += qh[c] * cb_kv_load(kc, kj + (cb_u64)c, kv_f16);
+        for (int c = lane; c < Dh; c += CB_WARP)
+            d += qh[c] * cb_kv_load(kc, kj + (cb_u64)c, kv_f16);
         d = cb_warp_sum(d);
         if (lane == 0) sc[j] = d * scale;
     }
@@ -634,8 +636,8 @@ __device__ void cb_attention_prefill_impl(float *out, const float *q, const void
     const float scale = 1.0f / sqrtf((float)Dh);
     for (int i = threadIdx.x; i < CB_FA_ROWS * Dh; i += blockDim.x) {
         const int r = i / Dh, c = i % Dh;
-        qs[r * CB_FA_DH + c] =
-            r < rows ? q[((cb_u64)(t0 + r) * (cb_u64)H + (cb_u64)h) * (cb_u64)Dh + (cb_u64)c] : 0.0f;
+        const cb_u64 at = ((cb_u64)(t0 + r) * (cb_u64)H + (cb_u64)h) * (cb_u64)Dh + (cb_u64)c;
+        qs[r * CB_FA_DH + c] = r < rows ? q[at] : 0.0f;
     }
     float m[CB_FA_RPW], l[CB_FA_RPW], acc[CB_FA_RPW][CB_FA_CPL];
 #pragma unroll

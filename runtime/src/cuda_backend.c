@@ -379,8 +379,11 @@ static int cb_qk_rope_kv(colibri_cuda *cu, CUstream s, int n, int pos, const col
     CUdeviceptr q = cu->arena + cu->plan.q, qkv = cu->arena + cu->plan.qkv;
     CUdeviceptr table = cu->arena + cu->plan.rope;
     int H = (int)m->n_heads, Hkv = (int)m->n_kv_heads, Dh = (int)m->head_dim;
-    int norm = (m->flags & COLIBRI_FLAG_QK_NORM_HEAD) ? 1 : (m->flags & COLIBRI_FLAG_QK_NORM_FULL) ? 2 : 0;
-    CUdeviceptr qn = norm ? cb_dev(cu, ly->q_norm.data) : 0, kn = norm ? cb_dev(cu, ly->k_norm.data) : 0;
+    int norm = (m->flags & COLIBRI_FLAG_QK_NORM_HEAD) ? 1
+               : (m->flags & COLIBRI_FLAG_QK_NORM_FULL) ? 2
+                                                         : 0;
+    CUdeviceptr qn = norm ? cb_dev(cu, ly->q_norm.data) : 0;
+    CUdeviceptr kn = norm ? cb_dev(cu, ly->k_norm.data) : 0;
     float eps = m->norm_eps;
     int f16 = cu->plan.kv_f16;
     void *a[] = {&q, &qkv, &kc, &vc, &n, &H, &Hkv, &Dh, &pos, &table, &qn, &kn, &norm, &eps, &f16,
