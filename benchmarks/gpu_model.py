@@ -206,14 +206,12 @@ def route_fused(h: ModelHeader) -> bool:
 
 def launches_per_token(h: ModelHeader) -> Launches:
     """cuda_backend.c cb_forward_chunk for one token: cb_embed; per layer rmsnorm, Q, K, V,
-    [q/k norm x2], RoPE q and k, attention, WO, then FFN rmsnorm + router + top-k as one
-    cb_ffn_route (route_fused) or three launches, [shared up + down, gate], dispatch, expert
-    up + down, combine; then rmsnorm and LM head. Copies: the ids and the shared-expert offsets
-    up, the logits down (then one cuStreamSynchronize). With the decode graph (cb_decode_graph)
-    the kernels are its nodes and a token costs 3 driver calls."""
-    per_layer = 13 if route_fused(h) else 15
-    if h.has(Flag.QK_NORM_HEAD) or h.has(Flag.QK_NORM_FULL):
-        per_layer += 2
+    q/k norm + RoPE + KV write (one launch, with or without q/k norm), attention, WO, then FFN
+    rmsnorm + router + top-k as one cb_ffn_route (route_fused) or three launches, [shared up +
+    down, gate], dispatch, expert up + down, combine; then rmsnorm and LM head. Copies: the ids
+    and the shared-expert offsets up, the logits down (then one cuStreamSynchronize). With the
+    decode graph (cb_decode_graph) the kernels are its nodes and a token costs 3 driver calls."""
+    per_layer = 12 if route_fused(h) else 14
     if h.has(Flag.SHARED_EXPERT):
         per_layer += 2 + (1 if h.has(Flag.SHARED_EXPERT_GATE) else 0)
     kernels = 1 + h.n_layers * per_layer + 2

@@ -72,7 +72,7 @@ class ServiceSpec:
     restart_sec: float = 2.0
     drain_timeout_s: int = 30
     model_id: str | None = None            # name in the API; default: serve's (file name: "model")
-    kv_cache: str = "f32"                  # f16: half the KV memory, CPU backend only
+    kv_cache: str = "f32"                  # f16: half the KV memory (CPU and CUDA backends)
     start_limit_burst: int = 5
     start_limit_interval_s: int = 60
     root: str = DEFAULT_ROOT
@@ -220,9 +220,6 @@ def check_spec(s: ServiceSpec) -> None:
         raise ServiceError(f"backend: {s.backend!r} is not one of {', '.join(BACKENDS)}")
     if s.kv_cache not in KV_CACHES:
         raise ServiceError(f"kv_cache: {s.kv_cache!r} is not one of {', '.join(KV_CACHES)}")
-    if s.kv_cache == "f16" and s.backend != "cpu":
-        raise ServiceError(f"kv_cache: f16 needs backend: cpu (backend is {s.backend}); the CUDA "
-                           f"backend keeps an f32 KV cache, so auto would run on the CPU anyway")
     if not isinstance(s.user, str) or not _NAME_RE.fullmatch(s.user) or s.user == "root":
         raise ServiceError(f"user: {s.user!r} is not allowed; a system user name such as colibri "
                            f"(lowercase letters, digits, _ and -; not root)")

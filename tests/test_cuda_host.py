@@ -41,7 +41,7 @@ def backend_kernel_names() -> list[str]:
     block = re.search(r"cb_kernel_names\[CB_F_COUNT\] = \{(.*?)\};", text, re.S)
     assert block, "cb_kernel_names table not found in cuda_backend.c"
     names = re.findall(r'"(cb_\w+)"', block.group(1))
-    assert len(names) == 12
+    assert len(names) == 13
     return names
 
 
@@ -301,12 +301,13 @@ def test_launch_sequence_is_deterministic_and_stream_independent(host_unit, stub
 
     assert launches(one) == launches(two)
     assert all(ln.endswith("stream 0") for ln in one if ln.startswith("launch "))
-    # 40 tokens = chunks of 32 + 8; 2 layers; embed + per layer 18 launches + final 2 per chunk
-    # (8 experts: the FFN norm, router and top-k are one cb_ffn_route launch)
+    # 40 tokens = chunks of 32 + 8; 2 layers; embed + per layer 15 launches + final 2 per chunk
+    # (8 experts: the FFN norm, router and top-k are one cb_ffn_route launch; prefill: the tiled
+    # attention kernel, no split-KV partials to merge)
     names = [ln.split()[1] for ln in one if ln.startswith("launch ")]
     assert names.count("cb_embed") == 2 and names.count("cb_moe_combine") == 4
     assert names.count("cb_ffn_route") == 4 and names.count("cb_dispatch") == 4
-    assert names.count("cb_router_topk") == 0 and len(names) == 2 * (1 + 2 * 18 + 2)
+    assert names.count("cb_router_topk") == 0 and len(names) == 2 * (1 + 2 * 15 + 2)
     # stream 1 work happens between "wait stream 1" and "record ... stream 1"
     on1 = [i for i, ln in enumerate(two) if ln.startswith("launch ") and ln.endswith("stream 1")]
     assert len(on1) == 3 * 4  # shared up, shared down, shared gate; per layer per chunk
@@ -353,19 +354,19 @@ def _decode_log(host_unit: Path, lib: Path, tmp: Path, tag: str, prompt: int,
 def test_launches_per_decoded_token(host_unit, stub_driver, tmp_path: Path):
     """Kernel launches for one decoded token, kernel by kernel, for host_unit.c's fake model:
     2 layers with q/k bias, per-head q/k norm and a gated shared expert, short context (one KV
-    range: no merge). Per layer: attention norm, Q/K/V, q/k norm, RoPE on q and k, attention, WO,
-    FFN norm + router + top-k (one cb_ffn_route: 8 experts), shared up/down + gate, dispatch,
-    routed up/down, combine = 18; plus the embedding, output norm and LM head. A plain
-    Mixtral-like layer is the same less q/k norm and shared expert: 13 (8 layers: 107 a token).
-    With the fusion off (COLIBRI_CUDA_FUSE_ROUTE=0) the FFN norm, router linear and top-k are 3
-    launches again: 20 a layer.
+    range: no merge). Per layer: attention norm, Q/K/V, q/k norm + RoPE + KV write (one launch),
+    attention, WO, FFN norm + router + top-k (one cb_ffn_route: 8 experts), shared up/down + gate,
+    dispatch, routed up/down, combine = 15; plus the embedding, output norm and LM head. A plain
+    Mixtral-like layer is the same less the shared expert: 12 (8 layers: 99 a token). With the
+    fusion off (COLIBRI_CUDA_FUSE_ROUTE=0) the FFN norm, router linear and top-k are 3 launches
+    again: 17 a layer.
 
     A driver without CUDA graphs (stand-in built -DSTUB_OMIT_GRAPH) gets each of them as a host
     call; with graphs they are captured once, on the first decode step, and every decode step
     (the first included) is then ONE host launch, cuGraphLaunch, with no kernel launch after the
     capture. The prompt keeps its plain launches either way."""
     steps, layers = 5, 2
-    per_layer = {"cb_rmsnorm": 1 + 2, "cb_linear": 3 + 1 + 1, "cb_rope": 2, "cb_attention": 1,
+    per_layer = {"cb_rmsnorm": 1, "cb_linear": 3 + 1 + 1, "cb_qk_rope_kv": 1, "cb_attention": 1,
                  "cb_ffn_route": 1, "cb_dispatch": 1, "cb_expert_up": 2, "cb_expert_down": 2,
                  "cb_moe_combine": 1}
     want = {k: v * layers for k, v in per_layer.items()}
@@ -380,29 +381,29 @@ def test_launches_per_decoded_token(host_unit, stub_driver, tmp_path: Path):
                "cb_linear": want["cb_linear"] + layers, "cb_router_topk": layers}
     del unfused["cb_ffn_route"]
     assert {k: names.count(k) for k in set(names)} == unfused
-    assert len(names) == 3 + 20 * layers
+    assert len(names) == 3 + 17 * layers
 
     plain = _decode_log(host_unit, stub_driver["nograph"], tmp_path, "plain", 1, 0)
     names = [ln.split()[1] for ln in plain if ln.startswith("launch ")]
     assert {k: names.count(k) for k in set(names)} == want
-    assert len(names) == 3 + 18 * layers
+    assert len(names) == 3 + 15 * layers
     assert not [ln for ln in plain if ln.startswith(("capture ", "graph ", "begin capture"))]
     plain_steps = _decode_log(host_unit, stub_driver["nograph"], tmp_path, "plain5", 3, steps)
-    assert sum(ln.startswith("launch ") for ln in plain_steps) == (3 + 18 * layers) * (1 + steps)
+    assert sum(ln.startswith("launch ") for ln in plain_steps) == (3 + 15 * layers) * (1 + steps)
 
     lines = _decode_log(host_unit, stub_driver["full"], tmp_path, "graph", 3, steps)
     begin = lines.index("begin capture stream 0 mode 1")  # CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
     end = next(i for i, ln in enumerate(lines) if ln.startswith("end capture"))
     captured = [ln.split()[1] for ln in lines[begin:end] if ln.startswith("capture ")]
     assert {k: captured.count(k) for k in set(captured)} == want
-    assert lines[end] == f"end capture stream 0 nodes {3 + 18 * layers} rc 0"
+    assert lines[end] == f"end capture stream 0 nodes {3 + 15 * layers} rc 0"
     after = lines[end + 1:]
     assert [ln for ln in after if ln.startswith(("launch ", "capture "))] == []
     assert [ln for ln in after if ln.startswith("graph launch")] == \
-        [f"graph launch stream 0 nodes {3 + 18 * layers}"] * steps
+        [f"graph launch stream 0 nodes {3 + 15 * layers}"] * steps
     # the 3-token prompt before it: plain launches, the same as without graphs
     assert [ln for ln in lines[:begin] if ln.startswith("launch ")] == \
-        [ln for ln in plain_steps if ln.startswith("launch ")][:3 + 18 * layers]
+        [ln for ln in plain_steps if ln.startswith("launch ")][:3 + 15 * layers]
 
 
 def test_decode_graph_captures_the_two_stream_fork_and_join(host_unit, stub_driver,
@@ -946,6 +947,31 @@ def test_fused_routing_gives_the_split_launches_bits(cuda_host_build, tmp_path: 
     names = [ln.split()[1] for ln in split_log.read_text().splitlines()
              if ln.startswith(("launch ", "capture "))]
     assert "cb_ffn_route" not in names and names.count("cb_router_topk") == 2 * (2 + 1)
+
+
+def test_prefill_bits_follow_the_chunk_schedule(cuda_host_build, tmp_path: Path):
+    """The GPU determinism contract (docs/cuda.md): a prompt in multi-token passes (the tiled
+    prefill attention) gives the same bits run to run; the same tokens as one-token decode steps
+    (split-KV attention, through the CUDA graph) need not have those bits, and both are within
+    tolerance of the CPU, whose prefill and decode give identical bits."""
+    model = tmp_path / "sched.colibri"
+    _random_model(model, 0b100111, 0, 20, pad=64, max_seq_len=64)
+    ids = [(i * 37 + 11) % 96 for i in range(12)]
+
+    def logits(backend: str, name: str, *extra: str) -> np.ndarray:
+        out = tmp_path / f"{name}.f32"
+        proc = _emu_cli(cuda_host_build, "--backend", backend, "forward", str(model), "--ids",
+                        ",".join(map(str, ids)), *extra, "--logits-out", str(out))
+        assert proc.returncode == 0, proc.stderr
+        return np.fromfile(out, "<f4").reshape(len(ids), -1)
+
+    prefill, again = logits("cuda", "p1"), logits("cuda", "p2")
+    np.testing.assert_array_equal(prefill.view(np.uint32), again.view(np.uint32))
+    decode = logits("cuda", "d", "--decode-from", "1")
+    cpu, cpu_decode = logits("cpu", "c"), logits("cpu", "cd", "--decode-from", "1")
+    np.testing.assert_array_equal(cpu.view(np.uint32), cpu_decode.view(np.uint32))
+    for gpu in (prefill, decode):
+        assert np.abs(gpu - cpu).max() / np.abs(cpu).max() < 1e-4
 
 
 def test_invoke_gpucheck_failures_are_actionable():

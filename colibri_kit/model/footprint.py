@@ -17,9 +17,8 @@
   runtime/src/cuda_backend.c (colibri_cuda_plan, without the weights region, counted above) on
   CUDA targets. Both hold
   the KV cache for the model's max_seq_len (the context length, chosen at convert time), which
-  is reported apart. `kv_dtype` "f16" (`colibri --kv-cache f16`) stores it in half the bytes;
-  the CUDA backend keeps an f32 cache, so an f16 cache runs on the CPU (the runtime says so) and
-  is planned with the CPU arena on every target;
+  is reported apart. `kv_dtype` "f16" (`colibri --kv-cache f16`) stores it in half the bytes,
+  on either backend;
 - slots: contexts served at once (`colibri serve --slots`), each with its own arena.
 
 The target's usable memory is its profile's `memory.total_mb - memory.reserve_mb` (the OS,
@@ -54,6 +53,7 @@ CUDA_UPLOAD_CHUNK = 16 << 20  # cuda_backend.c CB_UPLOAD_CHUNK
 CUDA_UPLOAD_PEAK = 3 * CUDA_UPLOAD_CHUNK
 # COLIBRI_CUDA_WEIGHTS: how the CUDA backend holds the weights ("copy" is its default)
 CUDA_WEIGHTS = ("copy", "map")
+CUDA_FA_MAX_DH = 128          # colibri_abi.h COLIBRI_CU_FA_MAX_DH: widest head of tiled prefill
 DEFAULT_THREADS = 8  # CPU arena scratch is per thread (a few KiB each); Jetsons have 6..14 cores
 # Bytes per cached K/V value: runtime/include/colibri.h colibri_kv_dtype.
 KV_BYTES = {"f32": 4, "f16": 2}
@@ -96,23 +96,30 @@ def cpu_arena_bytes(h: ModelHeader, threads: int = DEFAULT_THREADS, int8_act: bo
     return align_up(used, 64)
 
 
-def cuda_arena_bytes(h: ModelHeader, copy_weights: bool = False, weights_bytes: int = 0) -> int:
+def cuda_arena_bytes(h: ModelHeader, copy_weights: bool = False, weights_bytes: int = 0,
+                     kv_dtype: str = "f32") -> int:
     """runtime/src/cuda_backend.c colibri_cuda_plan: the device arena (weights mapped, not copied,
-    on an integrated GPU unless copy_weights)."""
+    on an integrated GPU unless copy_weights; the KV cache in f32 or f16)."""
     S, H, Dh, Dp = h.max_seq_len, h.n_heads, h.head_dim, h.embed_dim_pad
     E, k, F, V = h.num_experts, h.top_k, h.expert_size, h.vocab_size
     Fs, L, kvd = h.shared_expert_size, h.n_layers, h.n_kv_heads * h.head_dim
+    kv_size = kv_value_bytes(kv_dtype)
     ranges = -(-S // CUDA_KV_SPLIT)  # split attention: partials per (token, head) and range
+
+    def part_tokens(chunk: int) -> int:  # decode's one; every chunk token for too-wide heads
+        return 1 if Dh <= CUDA_FA_MAX_DH else chunk
+
     c = min(CUDA_MAX_CHUNK, S)
-    while c > 1 and c * H * ranges * (Dh + 2) * 4 > CUDA_PART_BUDGET:
+    while c > 1 and part_tokens(c) * H * ranges * (Dh + 2) * 4 > CUDA_PART_BUDGET:
         c //= 2
-    sizes = [c * Dp * 4, c * Dp * 4, c * H * Dh * 4, c * H * Dh * 4, c * H * ranges * (Dh + 2) * 4,
-             c * E * 4,
+    sizes = [c * Dp * 4, c * Dp * 4, c * H * Dh * 4, c * (H * Dh + 2 * kvd) * 4, c * H * Dh * 4,
+             part_tokens(c) * H * ranges * (Dh + 2) * 4, c * E * 4,
              c * k * 4, c * k * 4, (E + 1) * 4, E * 4, c * k * 4, c * k * 4, c * k * F * 4,
              c * k * Dp * 4]
     if h.has(Flag.SHARED_EXPERT):
         sizes += [c * Fs * 4, c * Dp * 4, c * 4]
-    sizes += [2 * 4, c * V * 4, c * 4, c * 4, CUDA_PRM_BYTES, S * (Dh // 2) * 2 * 4, L * S * kvd * 4, L * S * kvd * 4, L * (6 * E + 6) * 8]
+    sizes += [2 * 4, c * V * 4, c * 4, c * 4, CUDA_PRM_BYTES, S * (Dh // 2) * 2 * 4,
+              L * S * kvd * kv_size, L * S * kvd * kv_size, L * (6 * E + 6) * 8]
     if copy_weights:
         sizes.append(weights_bytes)
     return sum(align_up(n, CUDA_ALIGN) for n in sizes)
@@ -218,10 +225,8 @@ def footprint(h: ModelHeader, target: str, weights_bytes: int | None = None, slo
     backend, avail, target_kv = _target_memory(target)
     kv_dtype = target_kv if kv_dtype is None else kv_dtype
     kv_value_bytes(kv_dtype)
-    if kv_dtype != "f32":  # the CUDA backend stores f32 K/V: the runtime runs this on the CPU
-        backend = "cpu"
     weights = estimate_file_bytes(h) if weights_bytes is None else weights_bytes
-    arena = cuda_arena_bytes(h) if backend == "cuda" else \
+    arena = cuda_arena_bytes(h, kv_dtype=kv_dtype) if backend == "cuda" else \
         cpu_arena_bytes(h, threads, kv_dtype=kv_dtype)
     mode = "file" if backend == "cpu" else "copied" if cuda_weights == "copy" else "mapped"
     return Footprint(target, backend, weights, arena, kv_cache_bytes(h, kv_dtype), slots, avail,

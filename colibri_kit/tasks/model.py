@@ -54,7 +54,7 @@ def tiny_model_task(c: Context, out: str, target: str = "host", dtype: str = "f3
     "file": "a .colibri model file",
     "slots": "contexts served at once, for the footprint (default 1)",
     "kv-cache": "KV cache storage for the footprint: f32 or f16 (colibri --kv-cache; half the "
-                "KV bytes, runs on the CPU backend); default: each target's service.kv_cache",
+                "KV bytes, on either backend); default: each target's service.kv_cache",
 })
 @user_errors
 def model_info_task(c: Context, file: str, slots: int = 1, kv_cache: str = "") -> None:

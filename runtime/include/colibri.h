@@ -64,8 +64,8 @@ typedef enum {
 typedef enum {
     COLIBRI_KV_F32 = 0, /* float (default) */
     COLIBRI_KV_F16 = 1  /* IEEE half, rounded to nearest even when written, widened when read:
-                           half the KV memory; CPU backend only (auto runs it on the CPU, cuda
-                           refuses it) */
+                           half the KV memory; CPU and CUDA backends (the same rounding, so the
+                           same cached bits for the same K/V values) */
 } colibri_kv_dtype;
 
 typedef struct colibri_ctx colibri_ctx;

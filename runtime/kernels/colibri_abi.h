@@ -56,5 +56,14 @@
  * (max, sum, acc) in range order. A token's split depends only on its own position, so its bits
  * do not depend on how the tokens were chunked. */
 #define COLIBRI_CU_KV_SPLIT 256
+/* cb_attention_prefill (chunks of n > 1 tokens, flash-style): a block takes this many query rows
+ * (tokens) of one head and walks the KV positions in tiles of COLIBRI_CU_FA_KEYS from position 0,
+ * in order, through shared memory with an online softmax. 4 warps of COLIBRI_CU_FA_ROWS / 4 rows.
+ * Heads up to COLIBRI_CU_FA_MAX_DH (the shared tiles' width); a wider head keeps the split-KV
+ * kernel in prefill too. */
+#define COLIBRI_CU_FA_ROWS 16
+#define COLIBRI_CU_FA_KEYS 32
+#define COLIBRI_CU_FA_MAX_DH 128
+#define COLIBRI_CU_FA_THREADS 128
 
 #endif

@@ -5,9 +5,9 @@
  * that SM is below sm_80 and the plan also has SMs >= 80, a second PTX for the lowest SM >= 80
  * is compiled and the cubins of those SMs come from it (colibri_kit/toolchain.py, ptx_sms). So:
  *   - no standard or CUDA headers (NVRTC ships none); inline PTX only behind __CUDA_ARCH__
- *     (cvt.f32.f16, the hardware f16 conversion; the tensor-core section's cvt.rna.tf32.f32 and
- *     mma), so tests/gpu/emu can also compile this file as plain C++ and run it on a CPU (it
- *     supplies exact emulations of those instructions);
+ *     (cvt.f32.f16 and cvt.rn.f16.f32, the hardware f16 conversions; the tensor-core section's
+ *     cvt.rna.tf32.f32 and mma), so tests/gpu/emu can also compile this file as plain C++ and run
+ *     it on a CPU (it supplies exact emulations of those instructions);
  *   - every kernel is extern "C" so its name in the cubin is the name the backend looks up;
  *   - everything but the tensor-core section ("tensor-core prefill GEMM", __CUDA_ARCH__ >= 800,
  *     optional for the backend) uses nothing newer than sm_72 (Xavier).
@@ -54,7 +54,7 @@ typedef unsigned short cb_u16;
 /* ---- element decoding -------------------------------------------------------------------- */
 
 /* f16 bits -> f32 (exact), by the hardware: one cvt.f32.f16 per element instead of ~16 integer
- * ops and branches. This is the file's only inline PTX, so it is compiled for the GPU only
+ * ops and branches. Inline PTX (like cb_float_to_half below), so it is compiled for the GPU only
  * (__CUDA_ARCH__: NVRTC's device pass); the host emulation (tests/gpu/emu/cuda_emu.cpp) runs the
  * same kernels as plain C++ and provides cb_emu_half_to_float, an independent exact conversion
  * (float rescaling, not this file's former integer decode). */
@@ -437,31 +437,94 @@ extern "C" __global__ void cb_linear(float *y, int y_stride, const float *x, int
     }
 }
 
-/* ---- RoPE ---------------------------------------------------------------------------------- */
+/* ---- q/k norm + RoPE + KV-cache write ------------------------------------------------------- */
 
-/* Rotate-half RoPE in place on x[t, head*Dh + ...] for t < n at position pos0 + t: pair i with
- * i + Dh/2. cs is the host's table (cuda_backend.c, cb_rope_table): cs[(p * Dh/2 + i) * 2] and
- * [.. + 1] are cos and sin of the angle p * inv_freq_i formed in f32 like the reference
- * (transformers: inv_freq f32, position * inv_freq in f32), taken in double and rounded to f32,
- * so they are the correctly rounded values and no thread runs double-precision math.
- * grid (n), block any; threads loop over heads*Dh/2 pairs.
- * pos_d (the decode graph's parameter block; NULL otherwise) adds *pos_d to pos0, and with
- * pos_rows (the k rows, which sit in the KV cache at their position) also moves x by *pos_d
- * rows: a captured decode step reads its position on the device. */
-extern "C" __global__ void cb_rope(float *x, int row_stride, int nheads, int Dh, int pos0,
-                                   const float *cs, const int *pos_d, int pos_rows) {
-    const int t = blockIdx.x;
-    const int half = Dh / 2;
-    const int dp = pos_d ? *pos_d : 0;
-    const float *cp = cs + (cb_u64)(pos0 + dp + t) * (cb_u64)half * 2u;
-    float *xr = x + (cb_u64)(t + (pos_rows ? dp : 0)) * (cb_u64)row_stride;
-    for (int k = threadIdx.x; k < nheads * half; k += blockDim.x) {
-        const int head = k / half, i = k % half;
+/* f32 -> f16 bits, rounded to nearest even, by the hardware (cvt.rn.f16.f32): the f16 KV cache's
+ * store. The CPU's f16 cache (runtime/src/half.h half_from_float, F16C/FCVT) rounds the same way,
+ * so both caches hold the same bits for the same f32 value (NaN: some quiet NaN). Inline PTX, GPU
+ * pass only, like cb_half_to_float; the host emulation supplies cb_emu_float_to_half. */
+#ifdef __CUDA_ARCH__
+__device__ __forceinline__ cb_u16 cb_float_to_half(float f) {
+    cb_u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+#else
+#define cb_float_to_half cb_emu_float_to_half
+#endif
+
+/* One element of a KV cache: f32, or f16 bits (kv_f16) read with the hardware conversion. */
+__device__ __forceinline__ float cb_kv_load(const void *c, cb_u64 i, int kv_f16) {
+    return kv_f16 ? cb_half_to_float(((const cb_u16 *)c)[i]) : ((const float *)c)[i];
+}
+
+__device__ __forceinline__ void cb_kv_store(void *c, cb_u64 i, float v, int kv_f16) {
+    if (kv_f16) ((cb_u16 *)c)[i] = cb_float_to_half(v);
+    else ((float *)c)[i] = v;
+}
+
+/* The attention block's small steps in one launch, per (token, head): the optional q/k RMSNorm,
+ * rotate-half RoPE, and the KV-cache write (f32, or f16 rounded to nearest even).
+ * qkv: the Q, K and V projections' output (with bias), rows of HD + 2*kvd floats
+ * [q heads | k heads | v heads], HD = H*Dh, kvd = Hkv*Dh; nothing is done in place, so a
+ * full-width norm can read its whole row while other blocks write theirs.
+ * Block (t, y), y < H: query head y -> q[t, y*Dh ..] (f32). y >= H: kv head j = y - H -> the cache
+ * row of position p = pos0 (+ *pos_d) + t: K rotated, V copied, both converted when kv_f16.
+ * norm (the header's flags): 0 none; 1 per head (RMSNorm over the head's Dh values, weights
+ * qn/kn [Dh]); 2 full width (over the row's HD or kvd values, weights [HD] / [kvd]). The sum of
+ * squares is cb_rmsnorm's, element for element: threads i, i + blockDim.x, ... in order, then
+ * cb_block_sum, so with blockDim = 256 (cb_rmsnorm's launch) the normalised values are the bits
+ * the separate norm launch wrote, and the rotation is cb_rope's expression: the f32 results equal
+ * the former rmsnorm + rope + in-cache sequence bit for bit.
+ * cs: the host's RoPE table [max_seq_len, Dh/2, (cos, sin)] (colibri_cuda_rope_table).
+ * pos_d (the decode graph's parameter block; NULL otherwise) adds *pos_d to pos0: RoPE angles and
+ * the cache row follow the step's position read on the device.
+ * grid (n, H + Hkv), block 256 (a multiple of 32). */
+extern "C" __global__ void cb_qk_rope_kv(float *q, const float *qkv, void *kc, void *vc, int n,
+                                         int H, int Hkv, int Dh, int pos0, const float *cs,
+                                         const float *qn, const float *kn, int norm, float eps,
+                                         int kv_f16, const int *pos_d) {
+    __shared__ float scratch[CB_WARP];
+    const int t = blockIdx.x, y = blockIdx.y;
+    const int HD = H * Dh, kvd = Hkv * Dh, half = Dh / 2;
+    const int is_q = y < H, head = is_q ? y : y - H;
+    const int p = pos0 + (pos_d ? *pos_d : 0) + t;
+    const float *row = qkv + (cb_u64)t * (cb_u64)(HD + 2 * kvd) + (is_q ? 0 : HD);
+    const float *src = row + (cb_u64)head * (cb_u64)Dh;
+    const float *w = is_q ? qn : kn;
+    float inv = 1.0f;
+    if (norm) {
+        const float *xr = norm == 1 ? src : row;
+        const int true_len = norm == 1 ? Dh : (is_q ? HD : kvd);
+        float ss = 0.0f;
+        for (int i = threadIdx.x; i < true_len; i += blockDim.x) ss += xr[i] * xr[i];
+        ss = cb_block_sum(ss, scratch);
+        inv = 1.0f / sqrtf(ss / (float)true_len + eps);
+    }
+    const int w0 = norm == 2 ? head * Dh : 0; /* the head's weights in a full-width norm */
+    const float *cp = cs + (cb_u64)p * (cb_u64)half * 2u;
+    const cb_u64 at = (cb_u64)p * (cb_u64)kvd + (cb_u64)head * (cb_u64)Dh;
+    float *qo = q + (cb_u64)t * (cb_u64)HD + (cb_u64)head * (cb_u64)Dh;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        float a = src[i], b = src[i + half];
+        if (norm) {
+            a = w[w0 + i] * (a * inv);
+            b = w[w0 + i + half] * (b * inv);
+        }
         const float c = cp[2 * i], s = cp[2 * i + 1];
-        float *p = xr + head * Dh;
-        const float a = p[i], b = p[i + half];
-        p[i] = a * c - b * s;
-        p[i + half] = b * c + a * s;
+        const float ra = a * c - b * s, rb = b * c + a * s;
+        if (is_q) {
+            qo[i] = ra;
+            qo[i + half] = rb;
+        } else {
+            cb_kv_store(kc, at + (cb_u64)i, ra, kv_f16);
+            cb_kv_store(kc, at + (cb_u64)(i + half), rb, kv_f16);
+        }
+    }
+    if (!is_q) {
+        const float *vs = row + kvd + (cb_u64)head * (cb_u64)Dh;
+        for (int i = threadIdx.x; i < Dh; i += blockDim.x)
+            cb_kv_store(vc, at + (cb_u64)i, vs[i], kv_f16);
     }
 }
 
@@ -471,20 +534,21 @@ extern "C" __global__ void cb_rope(float *x, int row_stride, int nheads, int Dh,
 
 /* Causal grouped-query attention, split over the KV range (flash-decoding style, no atomics).
  * Token t is at position last = pos0 + t and attends to positions 0..last with kv head
- * h / (H / Hkv) (cache rows of kv_stride = Hkv*Dh floats). Its positions are split into ranges of
- * CB_KV_SPLIT, range s = [s*CB_KV_SPLIT, min((s+1)*CB_KV_SPLIT, last+1)); block (h, s) of token t
- * computes over its range, in position order:
+ * h / (H / Hkv) (cache rows of kv_stride = Hkv*Dh values, f32 or f16 bits when kv_f16). Its
+ * positions are split into ranges of CB_KV_SPLIT, range s = [s*CB_KV_SPLIT, min((s+1)*CB_KV_SPLIT,
+ * last+1)); block (h, s) of token t computes over its range, in position order:
  *   m_s = max_j q.k_j / sqrt(Dh),  l_s = sum_j e_j,  acc_s = sum_j e_j v_j,  e_j = exp(score - m_s)
  * A token with one range (last < CB_KV_SPLIT) writes out = acc / l at once; otherwise the block
  * writes (m_s, l_s, acc_s[Dh]) to part[((t*H + h)*nsplit + s)*(Dh+2) ..] and cb_attention_merge
  * combines the ranges in order. The scores stay in shared memory.
  * grid (H * nsplit, n) with nsplit >= the chunk's largest range count (blocks past a token's last
- * range return), block 128 (4 warps). Prefill (n > 1) and decode (n == 1) are the same kernel.
+ * range return), block 128 (4 warps). Decode (n == 1) uses it; so does prefill with heads wider
+ * than cb_attention_prefill's COLIBRI_CU_FA_MAX_DH.
  * pos_d (the decode graph's parameter block; NULL otherwise) adds *pos_d to pos0: the graph is
  * launched with nsplit = every range of the cache, and the blocks past the step's ranges return. */
-extern "C" __global__ void cb_attention(float *out, float *part, const float *q, const float *kc,
-                                        const float *vc, int nsplit, int pos0, int H, int Hkv,
-                                        int Dh, const int *pos_d) {
+extern "C" __global__ void cb_attention(float *out, float *part, const float *q, const void *kc,
+                                        const void *vc, int nsplit, int pos0, int H, int Hkv,
+                                        int Dh, int kv_f16, const int *pos_d) {
     __shared__ float sc[CB_KV_SPLIT];
     __shared__ float scratch[CB_WARP];
     const int h = blockIdx.x / nsplit, split = blockIdx.x % nsplit, t = blockIdx.y;
@@ -495,16 +559,16 @@ extern "C" __global__ void cb_attention(float *out, float *part, const float *q,
     if (j0 > last) return; /* the whole block leaves: no barrier is left half */
     const int len = last + 1 - j0 < CB_KV_SPLIT ? last + 1 - j0 : CB_KV_SPLIT;
     const int kvh = h / (H / Hkv);
-    const int kv_stride = Hkv * Dh;
+    const cb_u64 kv_stride = (cb_u64)Hkv * (cb_u64)Dh;
     const float *qh = q + ((cb_u64)t * (cb_u64)H + (cb_u64)h) * (cb_u64)Dh;
-    const float *kbase = kc + (cb_u64)j0 * (cb_u64)kv_stride + (cb_u64)kvh * (cb_u64)Dh;
-    const float *vbase = vc + (cb_u64)j0 * (cb_u64)kv_stride + (cb_u64)kvh * (cb_u64)Dh;
+    const cb_u64 base = (cb_u64)j0 * kv_stride + (cb_u64)kvh * (cb_u64)Dh;
     const float scale = 1.0f / sqrtf((float)Dh);
 
     for (int j = warp; j < len; j += nwarps) {
-        const float *kj = kbase + (cb_u64)j * (cb_u64)kv_stride;
+        const cb_u64 kj = base + (cb_u64)j * kv_stride;
         float d = 0.0f;
-        for (int c = lane; c < Dh; c += CB_WARP) d += qh[c] * kj[c];
+        for (int c = lane; c < Dh; c += CB_WARP)
+            d += qh[c] * cb_kv_load(kc, kj + (cb_u64)c, kv_f16);
         d = cb_warp_sum(d);
         if (lane == 0) sc[j] = d * scale;
     }
@@ -527,9 +591,9 @@ extern "C" __global__ void cb_attention(float *out, float *part, const float *q,
     float *oh = out + th * (cb_u64)Dh;
     float *ph = part + (th * (cb_u64)nsplit + (cb_u64)split) * (cb_u64)(Dh + 2);
     for (int c = threadIdx.x; c < Dh; c += blockDim.x) {
-        const float *vcol = vbase + c;
         float acc = 0.0f;
-        for (int j = 0; j < len; j++) acc += sc[j] * vcol[(cb_u64)j * (cb_u64)kv_stride];
+        for (int j = 0; j < len; j++)
+            acc += sc[j] * cb_kv_load(vc, base + (cb_u64)j * kv_stride + (cb_u64)c, kv_f16);
         if (ranges == 1) oh[c] = acc / sum;
         else ph[2 + c] = acc;
     }
@@ -537,6 +601,124 @@ extern "C" __global__ void cb_attention(float *out, float *part, const float *q,
         ph[0] = m;
         ph[1] = sum;
     }
+}
+
+/* ---- tiled (flash-style) prefill attention ------------------------------------------------- */
+
+#define CB_FA_ROWS COLIBRI_CU_FA_ROWS
+#define CB_FA_KEYS COLIBRI_CU_FA_KEYS
+#define CB_FA_DH COLIBRI_CU_FA_MAX_DH
+#define CB_FA_RPW (CB_FA_ROWS / 4)      /* query rows per warp (4 warps) */
+#define CB_FA_CPL (CB_FA_DH / CB_WARP)  /* output columns per lane */
+#define CB_FA_KSTRIDE (CB_FA_DH + 1)   /* K tile row stride: lane j reads row j, no bank conflict */
+#if CB_FA_KEYS != CB_WARP || CB_FA_ROWS % 4 != 0 || CB_FA_DH % CB_WARP != 0
+#error "cb_attention_prefill: one KV position per lane, 4 warps of rows, Dh tiles of whole warps"
+#endif
+
+/* Causal GQA attention for a chunk of n > 1 tokens (prefill), scores never in global memory.
+ * Block (b, h): query rows (tokens) t0 = b*16 .. min(t0 + 16, n) - 1 of head h, kv head
+ * h / (H / Hkv). The KV positions 0 .. (the block's last position) go through shared memory in
+ * tiles of 32 (f16 caches widened on load), always from position 0 in tile order. Warp w owns
+ * rows 4w .. 4w+3; per row and tile, lane j scores position j0 + j (q.k in column order, times
+ * 1/sqrt(Dh)), and the row's online softmax runs:
+ *   m' = max(m, max_j s_j),  p_j = exp(s_j - m'),  c = exp(m - m'),
+ *   l = l*c + sum_j p_j (butterfly),  acc[col] = acc[col]*c + sum_j p_j v_j[col] (j in order).
+ * A row uses only its own positions (j0 + j <= its position): tiles past it are skipped and a
+ * partial tile stops at it. So a row's bits depend only on its position and the inputs, not on
+ * the other rows of its block or on how the prompt was chunked; they differ from the split-KV
+ * kernel's (another summation order): docs/cuda.md "GPU determinism contract".
+ * No atomics; every sum has a fixed order. Dh <= CB_FA_DH. grid (ceil(n / 16), H), block 128. */
+template <int F16>
+__device__ void cb_attention_prefill_impl(float *out, const float *q, const void *kc,
+                                          const void *vc, int n, int pos0, int H, int Hkv, int Dh,
+                                          float *qs, float *ks, float *vs, float *ps) {
+    const int t0 = blockIdx.x * CB_FA_ROWS, h = blockIdx.y;
+    const int rows = n - t0 < CB_FA_ROWS ? n - t0 : CB_FA_ROWS;
+    const int lane = threadIdx.x & (CB_WARP - 1), warp = threadIdx.x / CB_WARP;
+    const int kvh = h / (H / Hkv);
+    const cb_u64 kv_stride = (cb_u64)Hkv * (cb_u64)Dh;
+    const float scale = 1.0f / sqrtf((float)Dh);
+    for (int i = threadIdx.x; i < CB_FA_ROWS * Dh; i += blockDim.x) {
+        const int r = i / Dh, c = i % Dh;
+        const cb_u64 at = ((cb_u64)(t0 + r) * (cb_u64)H + (cb_u64)h) * (cb_u64)Dh + (cb_u64)c;
+        qs[r * CB_FA_DH + c] = r < rows ? q[at] : 0.0f;
+    }
+    float m[CB_FA_RPW], l[CB_FA_RPW], acc[CB_FA_RPW][CB_FA_CPL];
+#pragma unroll
+    for (int rr = 0; rr < CB_FA_RPW; rr++) {
+        m[rr] = -__int_as_float(0x7f800000);
+        l[rr] = 0.0f;
+#pragma unroll
+        for (int cc = 0; cc < CB_FA_CPL; cc++) acc[rr][cc] = 0.0f;
+    }
+    const int last = pos0 + t0 + rows - 1; /* the block's last position */
+    for (int j0 = 0; j0 <= last; j0 += CB_FA_KEYS) {
+        const int len = last + 1 - j0 < CB_FA_KEYS ? last + 1 - j0 : CB_FA_KEYS;
+        __syncthreads(); /* the previous tile is no longer read (first tile: q is loaded) */
+        for (int i = threadIdx.x; i < len * Dh; i += blockDim.x) {
+            const int j = i / Dh, c = i % Dh;
+            const cb_u64 at = (cb_u64)(j0 + j) * kv_stride + (cb_u64)kvh * (cb_u64)Dh + (cb_u64)c;
+            ks[j * CB_FA_KSTRIDE + c] = cb_kv_load(kc, at, F16);
+            vs[j * CB_FA_DH + c] = cb_kv_load(vc, at, F16);
+        }
+        __syncthreads();
+#pragma unroll
+        for (int rr = 0; rr < CB_FA_RPW; rr++) {
+            const int r = warp * CB_FA_RPW + rr;
+            const int pos = pos0 + t0 + r;
+            if (r >= rows || j0 > pos) continue; /* warp-uniform: every lane skips together */
+            const int rl = pos + 1 - j0 < CB_FA_KEYS ? pos + 1 - j0 : CB_FA_KEYS;
+            float s = -__int_as_float(0x7f800000);
+            if (lane < rl) {
+                const float *qr = qs + r * CB_FA_DH, *kr = ks + lane * CB_FA_KSTRIDE;
+                float d = 0.0f;
+                for (int c = 0; c < Dh; c++) d += qr[c] * kr[c];
+                s = d * scale;
+            }
+            const float mn = fmaxf(m[rr], cb_warp_max(s));
+            const float p = lane < rl ? expf(s - mn) : 0.0f;
+            const float corr = expf(m[rr] - mn); /* first tile: exp(-inf) = 0 */
+            l[rr] = l[rr] * corr + cb_warp_sum(p);
+            m[rr] = mn;
+            float *pr = ps + r * CB_FA_KEYS;
+            pr[lane] = p;
+            __syncwarp();
+#pragma unroll
+            for (int cc = 0; cc < CB_FA_CPL; cc++) {
+                const int c = lane + cc * CB_WARP;
+                if (c < Dh) {
+                    float a = acc[rr][cc] * corr;
+                    for (int j = 0; j < rl; j++) a += pr[j] * vs[j * CB_FA_DH + c];
+                    acc[rr][cc] = a;
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int rr = 0; rr < CB_FA_RPW; rr++) {
+        const int r = warp * CB_FA_RPW + rr;
+        if (r >= rows) continue;
+        float *o = out + ((cb_u64)(t0 + r) * (cb_u64)H + (cb_u64)h) * (cb_u64)Dh;
+#pragma unroll
+        for (int cc = 0; cc < CB_FA_CPL; cc++) {
+            const int c = lane + cc * CB_WARP;
+            if (c < Dh) o[c] = acc[rr][cc] / l[rr];
+        }
+    }
+}
+
+extern "C" __global__ void cb_attention_prefill(float *out, const float *q, const void *kc,
+                                                const void *vc, int n, int pos0, int H, int Hkv,
+                                                int Dh, int kv_f16) {
+    /* the tiles live here, not in the template: one allocation whichever cache type runs */
+    __shared__ float qs[CB_FA_ROWS * CB_FA_DH];
+    __shared__ float ks[CB_FA_KEYS * CB_FA_KSTRIDE];
+    __shared__ float vs[CB_FA_KEYS * CB_FA_DH];
+    __shared__ float ps[CB_FA_ROWS * CB_FA_KEYS];
+    if (kv_f16)
+        cb_attention_prefill_impl<1>(out, q, kc, vc, n, pos0, H, Hkv, Dh, qs, ks, vs, ps);
+    else
+        cb_attention_prefill_impl<0>(out, q, kc, vc, n, pos0, H, Hkv, Dh, qs, ks, vs, ps);
 }
 
 /* out[t, h, :] from the partials of token t's ranges s = 0 .. ranges-1, in that order:

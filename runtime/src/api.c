@@ -111,23 +111,12 @@ colibri_status colibri_ctx_new(colibri_ctx **out, colibri_model *model,
     if (opt.threads == 0) ctx->opt.threads = default_threads();
     const struct colibri_model *m = ctx->model;
 
-    /* The CUDA backend keeps an f32 KV cache (issue 15): an f16 cache runs on the CPU, chosen
-     * here so the backend itself needs no change; auto says why, cuda refuses. */
-    if (opt.kv_dtype == COLIBRI_KV_F16 && opt.backend != COLIBRI_BACKEND_CPU) {
-        const char *why = "the f16 KV cache is CPU-only (the CUDA backend stores f32 K/V)";
-        if (opt.backend == COLIBRI_BACKEND_CUDA)
-            return init_fail(ctx, &opt,
-                             set_err(ctx, COLIBRI_E_BACKEND,
-                                     "CUDA backend unavailable: %s; use kv_dtype f32 or backend cpu", why));
-        snprintf(ctx->fallback, sizeof ctx->fallback, "%s", why);
-        opt.backend = COLIBRI_BACKEND_CPU;
-    }
-
     /* Backend: CUDA when asked for or available; otherwise the CPU with the reason kept. The
      * CUDA state (device arena, streams, uploaded or mapped weights) is per context. */
     if (opt.backend != COLIBRI_BACKEND_CPU) {
         char why[192] = "";
-        if (colibri_cuda_open(&ctx->cuda, m, COLIBRI_STREAM_COUNT, why, sizeof why) != 0) {
+        if (colibri_cuda_open(&ctx->cuda, m, COLIBRI_STREAM_COUNT, opt.kv_dtype == COLIBRI_KV_F16,
+                              why, sizeof why) != 0) {
             ctx->cuda = NULL;
             if (opt.backend == COLIBRI_BACKEND_CUDA)
                 return init_fail(ctx, &opt,
@@ -353,9 +342,8 @@ void colibri_get_runtime_info(const colibri_ctx *ctx, colibri_runtime_info *i) {
         snprintf(i->cuda_prefill, sizeof i->cuda_prefill, "%s", ci.prefill);
         i->cuda_integrated = ci.integrated;
         i->cuda_device_bytes = ci.device_bytes;
-        snprintf(i->kv_dtype, sizeof i->kv_dtype, "f32");
-        i->kv_cache_bytes = 2 * (size_t)ctx->model->n_layers * ctx->model->max_seq_len *
-                            ctx->model->n_kv_heads * ctx->model->head_dim * sizeof(float);
+        snprintf(i->kv_dtype, sizeof i->kv_dtype, "%s", ci.kv_f16 ? "f16" : "f32");
+        i->kv_cache_bytes = ci.kv_cache_bytes;
     } else {
         i->arena_bytes = ctx->arena_bytes;
         snprintf(i->kv_dtype, sizeof i->kv_dtype, "%s", ctx->b.kv_f16 ? "f16" : "f32");

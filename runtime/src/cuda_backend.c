@@ -101,7 +101,14 @@ static size_t cb_take(size_t *cursor, size_t bytes) {
     return at;
 }
 
-int colibri_cuda_plan(const struct colibri_model *m, int copy_weights, colibri_cuda_plan_t *p) {
+/* Tokens a pass keeps split-KV partials for: decode's one, or the whole chunk when heads are
+ * too wide for the tiled prefill kernel (which keeps its softmax state in registers instead). */
+static size_t cb_part_tokens(size_t chunk, size_t Dh) {
+    return Dh <= (size_t)COLIBRI_CU_FA_MAX_DH ? 1 : chunk;
+}
+
+int colibri_cuda_plan(const struct colibri_model *m, int copy_weights, int kv_f16,
+                      colibri_cuda_plan_t *p) {
     memset(p, 0, sizeof *p);
     const size_t S = m->max_seq_len, H = m->n_heads, Dh = m->head_dim, Dp = m->embed_dim_pad;
     const size_t E = m->num_experts, k = m->top_k, F = m->expert_size, V = m->vocab_size;
@@ -109,18 +116,23 @@ int colibri_cuda_plan(const struct colibri_model *m, int copy_weights, colibri_c
     if (S == 0 || H == 0 || E == 0 || k == 0 || k > 16 || E > COLIBRI_CU_MAX_SORT || m->n_kv_heads == 0 ||
         H % m->n_kv_heads != 0)
         return -1;
-    /* tokens per pass: bounded so the split attention's partials (chunk x H x ranges x (Dh + 2)
-     * floats, a range being COLIBRI_CU_KV_SPLIT positions) stay small */
+    /* tokens per pass: bounded so the split attention's partials (part tokens x H x ranges x
+     * (Dh + 2) floats, a range being COLIBRI_CU_KV_SPLIT positions) stay small; only a prefill
+     * with heads wider than the tiled kernel's keeps partials per chunk token */
     const size_t ranges = (S + CB_KV_SPLIT - 1) / CB_KV_SPLIT;
+    const size_t kv_bytes = kv_f16 ? 2 : 4; /* f16 cache: IEEE half bits */
     size_t c = CB_MAX_CHUNK < S ? CB_MAX_CHUNK : S;
-    while (c > 1 && c * H * ranges * (Dh + 2) * sizeof(float) > CB_PART_BUDGET) c /= 2;
+    while (c > 1 && cb_part_tokens(c, Dh) * H * ranges * (Dh + 2) * sizeof(float) > CB_PART_BUDGET)
+        c /= 2;
     p->chunk = (int)c;
+    p->kv_f16 = kv_f16 != 0;
     size_t at = 0;
     p->x = cb_take(&at, c * Dp * 4);
     p->h = cb_take(&at, c * Dp * 4);
     p->q = cb_take(&at, c * H * Dh * 4);
+    p->qkv = cb_take(&at, c * (H * Dh + 2 * kvd) * 4);
     p->att = cb_take(&at, c * H * Dh * 4);
-    p->part = cb_take(&at, c * H * ranges * (Dh + 2) * 4);
+    p->part = cb_take(&at, cb_part_tokens(c, Dh) * H * ranges * (Dh + 2) * 4);
     p->router = cb_take(&at, c * E * 4);
     p->top_idx = cb_take(&at, c * k * 4);
     p->top_w = cb_take(&at, c * k * 4);
@@ -141,8 +153,9 @@ int colibri_cuda_plan(const struct colibri_model *m, int copy_weights, colibri_c
     p->iota = cb_take(&at, c * 4);
     p->prm = cb_take(&at, CB_PRM_BYTES);
     p->rope = cb_take(&at, S * (Dh / 2) * 2 * 4);
-    p->kcache = cb_take(&at, L * S * kvd * 4);
-    p->vcache = cb_take(&at, L * S * kvd * 4);
+    p->kv_bytes = 2 * L * S * kvd * kv_bytes;
+    p->kcache = cb_take(&at, L * S * kvd * kv_bytes);
+    p->vcache = cb_take(&at, L * S * kvd * kv_bytes);
     p->tables = cb_take(&at, L * (6 * E + 6) * sizeof(CUdeviceptr));
     p->weights = copy_weights ? cb_take(&at, (size_t)(m->file_size - m->data_offset)) : 0;
     p->weights_bytes = copy_weights ? (size_t)(m->file_size - m->data_offset) : 0;
@@ -269,13 +282,14 @@ static int cb_driver_load(cb_driver *d, char *why, size_t why_len) {
 
 /* ---- the backend ----------------------------------------------------------------------------- */
 
-enum { CB_F_EMBED, CB_F_RMSNORM, CB_F_LINEAR, CB_F_ROPE, CB_F_ATTENTION, CB_F_MERGE, CB_F_TOPK,
-       CB_F_DISPATCH, CB_F_UP, CB_F_DOWN, CB_F_COMBINE, CB_F_ROUTE, CB_F_COUNT };
+enum { CB_F_EMBED, CB_F_RMSNORM, CB_F_LINEAR, CB_F_QK_ROPE_KV, CB_F_ATTENTION, CB_F_PREFILL,
+       CB_F_MERGE, CB_F_TOPK, CB_F_DISPATCH, CB_F_UP, CB_F_DOWN, CB_F_COMBINE, CB_F_ROUTE,
+       CB_F_COUNT };
 
 static const char *const cb_kernel_names[CB_F_COUNT] = {
-    "cb_embed", "cb_rmsnorm", "cb_linear", "cb_rope", "cb_attention", "cb_attention_merge",
-    "cb_router_topk", "cb_dispatch", "cb_expert_up", "cb_expert_down", "cb_moe_combine",
-    "cb_ffn_route"};
+    "cb_embed", "cb_rmsnorm", "cb_linear", "cb_qk_rope_kv", "cb_attention",
+    "cb_attention_prefill", "cb_attention_merge", "cb_router_topk", "cb_dispatch",
+    "cb_expert_up", "cb_expert_down", "cb_moe_combine", "cb_ffn_route"};
 
 /* Optional kernels: the tensor-core prefill twins of cb_expert_up/down and cb_linear
  * (colibri_kernels.cu, "tensor-core prefill GEMM"). The kernel source compiles them only for
@@ -357,10 +371,9 @@ static int cb_linear_at(colibri_cuda *cu, CUstream s, CUdeviceptr y, int ys, CUd
     return cb_launch(cu, CB_F_LINEAR, grid[0], grid[1], block[0], s, a, why, why_len);
 }
 
-/* Q, WO, router, shared gate, LM head: on the tensor cores in a prefill pass when
- * colibri_cuda_use_mma says so (cb_linear_mma, same arguments; grid 64 rows x 32 tokens). The K/V
- * projections (cb_linear_at with the cache rows) keep the GEMV: they write the KV cache, whose
- * storage issue 15 item 3 changes. */
+/* Every linear layer (Q/K/V into their staging rows, WO, router, shared gate, LM head): on the
+ * tensor cores in a prefill pass when colibri_cuda_use_mma says so (cb_linear_mma, same
+ * arguments; grid 64 rows x 32 tokens), else the GEMV. */
 static int cb_linear(colibri_cuda *cu, CUstream s, CUdeviceptr y, int ys, CUdeviceptr x, int xs,
                      int n, const colibri_tensor *w, CUdeviceptr bias, int accumulate, char *why,
                      size_t why_len) {
@@ -392,14 +405,28 @@ static int cb_rmsnorm(colibri_cuda *cu, CUstream s, CUdeviceptr y, int ys, CUdev
     return cb_rmsnorm_at(cu, s, y, ys, x, xs, rows, w, len, true_len, 0, 0, why, why_len);
 }
 
-/* pos_d: 0, or the parameter block's position, added to pos; with pos_rows x (the k rows in
- * the cache) also moves by that many rows */
-static int cb_rope(colibri_cuda *cu, CUstream s, CUdeviceptr x, int stride, int n, int nheads,
-                   int pos, CUdeviceptr pos_d, int pos_rows, char *why, size_t why_len) {
-    int Dh = (int)cu->m->head_dim;
+/* q/k norm (the header's flag), RoPE and the KV-cache write of a chunk (cb_qk_rope_kv): reads
+ * the Q/K/V projections' staging rows (plan.qkv), writes q (plan.q) and the cache rows of
+ * positions pos.. of layer caches kc/vc. pos_d: 0, or the parameter block's position (decode
+ * graph; pos is then 0). grid (n, H + Hkv), 256 threads: cb_rmsnorm's reduction shape. */
+static int cb_qk_rope_kv(colibri_cuda *cu, CUstream s, int n, int pos, const colibri_layer *ly,
+                         CUdeviceptr kc, CUdeviceptr vc, CUdeviceptr pos_d, char *why,
+                         size_t why_len) {
+    const struct colibri_model *m = cu->m;
+    CUdeviceptr q = cu->arena + cu->plan.q, qkv = cu->arena + cu->plan.qkv;
     CUdeviceptr table = cu->arena + cu->plan.rope;
-    void *a[] = {&x, &stride, &nheads, &Dh, &pos, &table, &pos_d, &pos_rows};
-    return cb_launch(cu, CB_F_ROPE, (unsigned)n, 1, CB_HEAD, s, a, why, why_len);
+    int H = (int)m->n_heads, Hkv = (int)m->n_kv_heads, Dh = (int)m->head_dim;
+    int norm = (m->flags & COLIBRI_FLAG_QK_NORM_HEAD) ? 1
+               : (m->flags & COLIBRI_FLAG_QK_NORM_FULL) ? 2
+                                                         : 0;
+    CUdeviceptr qn = norm ? cb_dev(cu, ly->q_norm.data) : 0;
+    CUdeviceptr kn = norm ? cb_dev(cu, ly->k_norm.data) : 0;
+    float eps = m->norm_eps;
+    int f16 = cu->plan.kv_f16;
+    void *a[] = {&q, &qkv, &kc, &vc, &n, &H, &Hkv, &Dh, &pos, &table, &qn, &kn, &norm, &eps, &f16,
+                 &pos_d};
+    return cb_launch(cu, CB_F_QK_ROPE_KV, (unsigned)n, (unsigned)(H + Hkv), CB_WIDE, s, a, why,
+                     why_len);
 }
 
 /* Fuse the FFN norm, the router and the top-k into cb_ffn_route? It needs the normed row in its
@@ -686,7 +713,7 @@ static int cb_check_model(const struct colibri_model *m, char *why, size_t why_l
 }
 
 int colibri_cuda_open(colibri_cuda **out, const struct colibri_model *m, int stream_count,
-                      char *why, size_t why_len) {
+                      int kv_f16, char *why, size_t why_len) {
     *out = NULL;
     if (cb_check_model(m, why, why_len)) return -1;
     colibri_cuda *cu = calloc(1, sizeof *cu);
@@ -796,7 +823,7 @@ int colibri_cuda_open(colibri_cuda **out, const struct colibri_model *m, int str
     }
     const int want_map = integrated && can_map && wmode && strcmp(wmode, "map") == 0;
     int mapped = want_map ? cb_map_weights(cu) == 0 : 0;
-    if (colibri_cuda_plan(m, !mapped, &cu->plan)) {
+    if (colibri_cuda_plan(m, !mapped, kv_f16, &cu->plan)) {
         snprintf(why, why_len, "model geometry unsupported by the CUDA backend");
         goto fail;
     }
@@ -820,6 +847,8 @@ int colibri_cuda_open(colibri_cuda **out, const struct colibri_model *m, int str
     }
     snprintf(cu->info.weights, sizeof cu->info.weights, "%s", mapped ? "mapped" : "copied");
     cu->info.device_bytes = cu->plan.total;
+    cu->info.kv_f16 = cu->plan.kv_f16;
+    cu->info.kv_cache_bytes = cu->plan.kv_bytes;
     (void)COLIBRI_IGPU; /* the profile's expectation; the device attribute decides */
 
     if (cb_upload_tables(cu, why, why_len)) goto fail;
@@ -907,43 +936,42 @@ static int cb_issue_chunk(colibri_cuda *cu, int n, int pos, int graph, char *why
     }
     for (int l = 0; l < (int)m->n_layers; l++) {
         const colibri_layer *ly = &m->layers[l];
-        const CUdeviceptr kc_l = A + p->kcache + (CUdeviceptr)l * S * kvd * 4;
-        const CUdeviceptr vc_l = A + p->vcache + (CUdeviceptr)l * S * kvd * 4;
-        const CUdeviceptr kc = kc_l + (CUdeviceptr)pos * kvd * 4;
-        const CUdeviceptr vc = vc_l + (CUdeviceptr)pos * kvd * 4;
+        const CUdeviceptr kv_layer = (CUdeviceptr)l * S * kvd * (p->kv_f16 ? 2 : 4);
+        const CUdeviceptr kc_l = A + p->kcache + kv_layer, vc_l = A + p->vcache + kv_layer;
 
-        /* attention */
+        /* attention: Q, K, V projections into one staging row per token [q | k | v]; one launch
+         * then does the q/k norm, RoPE and the KV-cache write (f32 or f16) per (token, head) */
+        const CUdeviceptr qkv = A + p->qkv;
+        const int qkv_w = HD + 2 * kvd;
         if (cb_rmsnorm(cu, s0, h, Dp, x, Dp, n, &ly->attn_norm, Dp, D, why, why_len) ||
-            cb_linear(cu, s0, q, HD, h, Dp, n, &ly->wq, cb_dev(cu, ly->bq.data), 0, why, why_len) ||
-            cb_linear_at(cu, s0, kc, kvd, h, Dp, n, &ly->wk, cb_dev(cu, ly->bk.data), 0, pos_d,
-                         why, why_len) ||
-            cb_linear_at(cu, s0, vc, kvd, h, Dp, n, &ly->wv, cb_dev(cu, ly->bv.data), 0, pos_d,
-                         why, why_len))
+            cb_linear(cu, s0, qkv, qkv_w, h, Dp, n, &ly->wq, cb_dev(cu, ly->bq.data), 0, why,
+                      why_len) ||
+            cb_linear(cu, s0, qkv + (CUdeviceptr)HD * 4, qkv_w, h, Dp, n, &ly->wk,
+                      cb_dev(cu, ly->bk.data), 0, why, why_len) ||
+            cb_linear(cu, s0, qkv + (CUdeviceptr)(HD + kvd) * 4, qkv_w, h, Dp, n, &ly->wv,
+                      cb_dev(cu, ly->bv.data), 0, why, why_len) ||
+            cb_qk_rope_kv(cu, s0, n, pos, ly, kc_l, vc_l, pos_d, why, why_len))
             return -1;
-        if (m->flags & COLIBRI_FLAG_QK_NORM_HEAD) {
-            if (cb_rmsnorm(cu, s0, q, Dh, q, Dh, n * H, &ly->q_norm, Dh, Dh, why, why_len) ||
-                cb_rmsnorm_at(cu, s0, kc, Dh, kc, Dh, n * Hkv, &ly->k_norm, Dh, Dh, pos_d, Hkv,
-                              why, why_len))
+        if (n > 1 && Dh <= COLIBRI_CU_FA_MAX_DH) {
+            /* prefill: the tiled kernel, scores in shared memory (graph capture is n == 1) */
+            CUdeviceptr o = att, qq = q, kk = kc_l, vv = vc_l;
+            int nn = n, pp = pos, hh = H, hk = Hkv, dh = Dh, f16 = p->kv_f16;
+            void *a[] = {&o, &qq, &kk, &vv, &nn, &pp, &hh, &hk, &dh, &f16};
+            if (cb_launch(cu, CB_F_PREFILL,
+                          colibri_cuda_ceil_div((unsigned)n, COLIBRI_CU_FA_ROWS), (unsigned)H,
+                          COLIBRI_CU_FA_THREADS, s0, a, why, why_len))
                 return -1;
-        } else if (m->flags & COLIBRI_FLAG_QK_NORM_FULL) {
-            if (cb_rmsnorm(cu, s0, q, HD, q, HD, n, &ly->q_norm, HD, HD, why, why_len) ||
-                cb_rmsnorm_at(cu, s0, kc, kvd, kc, kvd, n, &ly->k_norm, kvd, kvd, pos_d, 1, why,
-                              why_len))
-                return -1;
-        }
-        if (cb_rope(cu, s0, q, HD, n, H, pos, pos_d, 0, why, why_len) ||
-            cb_rope(cu, s0, kc, kvd, n, Hkv, pos, pos_d, 1, why, why_len))
-            return -1;
-        {
-            /* KV ranges of the chunk's last token; earlier tokens' blocks past their own last
+        } else {
+            /* decode (and prefill with heads wider than the tiled kernel's): split-KV. KV
+             * ranges of the chunk's last token; earlier tokens' blocks past their own last
              * range return at once. Partials are merged only when some token has two ranges.
              * graph: every range of the cache, and the merge whenever there can be two. */
             CUdeviceptr pt = A + p->part;
-            int hh = H, hk = Hkv, dh = Dh, pp = pos;
+            int hh = H, hk = Hkv, dh = Dh, pp = pos, f16 = p->kv_f16;
             const size_t upto = graph ? (size_t)S : (size_t)pos + (size_t)n;
             int ns = (int)((upto + CB_KV_SPLIT - 1) / CB_KV_SPLIT);
             CUdeviceptr o = att, qq = q, kk = kc_l, vv = vc_l, pd = pos_d;
-            void *a[] = {&o, &pt, &qq, &kk, &vv, &ns, &pp, &hh, &hk, &dh, &pd};
+            void *a[] = {&o, &pt, &qq, &kk, &vv, &ns, &pp, &hh, &hk, &dh, &f16, &pd};
             if (cb_launch(cu, CB_F_ATTENTION, (unsigned)(H * ns), (unsigned)n, CB_HEAD, s0, a, why,
                           why_len))
                 return -1;

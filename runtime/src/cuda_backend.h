@@ -30,11 +30,15 @@ typedef struct {
     char prefill[8];      /* "mma": the image has the tensor-core kernels (sm_80+: expert
                              projections and cb_linear but K/V), used for device passes of more
                              than 4 tokens; "simt": it has not */
+    int kv_f16;           /* 1: the KV cache holds IEEE half bits (--kv-cache f16), else f32 */
+    size_t kv_cache_bytes;/* K and V caches for max_seq_len positions, inside device_bytes */
 } colibri_cuda_info;
 
-/* Bring up the GPU for this model: 0 on success; otherwise non-zero with `why` set to one line. */
+/* Bring up the GPU for this model: 0 on success; otherwise non-zero with `why` set to one line.
+ * kv_f16: store K and V as IEEE half (rounded to nearest even, as the CPU's f16 cache; the
+ * context's colibri_options.kv_dtype == COLIBRI_KV_F16), else f32. */
 int colibri_cuda_open(colibri_cuda **out, const struct colibri_model *model, int stream_count,
-                      char *why, size_t why_len);
+                      int kv_f16, char *why, size_t why_len);
 
 /* n tokens from KV position pos; logits (n x vocab floats) to host memory. 0 on success. */
 int colibri_cuda_forward(colibri_cuda *cu, const int32_t *ids, int n, int pos, float *logits,
@@ -70,7 +74,7 @@ int colibri_cuda_pick_image(const colibri_kernel_image *images, int count, int s
                             size_t why_len);
 
 unsigned colibri_cuda_ceil_div(unsigned a, unsigned b);
-/* The RoPE table cb_rope reads: for positions p < `positions` and pairs i < Dh/2, cs[(p*Dh/2 +
+/* The RoPE table cb_qk_rope_kv reads: for positions p < `positions` and pairs i < Dh/2, cs[(p*Dh/2 +
  * i)*2] = cos and [.. + 1] = sin of the f32 angle p * f32(theta^(-2i/Dh)), in double rounded to
  * f32 (the CPU reference's values). */
 void colibri_cuda_rope_table(float theta, int Dh, int positions, float *cs);
@@ -90,6 +94,9 @@ int colibri_cuda_use_mma(int have_mma, int n, int dtype);
  * each graph launch, and the constant shared-expert offsets {0, 1}). */
 typedef struct {
     int chunk;                 /* tokens per device pass */
+    int kv_f16;                /* K/V cache values are IEEE half (2 bytes), else f32 */
+    size_t qkv;                /* Q/K/V projections' staging rows [chunk, H*Dh + 2*Hkv*Dh] */
+    size_t kv_bytes;           /* K and V caches together */
     size_t x, h, q, att, part, router, top_idx, top_w, offsets, active, perm, slot_of, act,
         expert_out;
     size_t shared_act, shared_out, shared_gate, shared_offsets, logits, ids, iota, prm,
@@ -98,8 +105,10 @@ typedef struct {
     size_t total;
 } colibri_cuda_plan_t;
 
-/* Lay out the arena for model m (weights inside it when copy_weights). -1: geometry the kernels
- * cannot run (E > 256, top_k > 16, H not a multiple of Hkv, zero sizes). */
-int colibri_cuda_plan(const struct colibri_model *m, int copy_weights, colibri_cuda_plan_t *p);
+/* Lay out the arena for model m (weights inside it when copy_weights; an f16 KV cache when
+ * kv_f16). -1: geometry the kernels cannot run (E > 256, top_k > 16, H not a multiple of Hkv,
+ * zero sizes). */
+int colibri_cuda_plan(const struct colibri_model *m, int copy_weights, int kv_f16,
+                      colibri_cuda_plan_t *p);
 
 #endif

@@ -238,8 +238,12 @@ static void test_api(const char *path) {
     o.kv_dtype = COLIBRI_KV_F16;
     o.backend = COLIBRI_BACKEND_CUDA;
     s = colibri_init_ex(&ctx, path, &o);
-    EXPECT(s == COLIBRI_E_BACKEND && ctx == NULL && strstr(err, "f16 KV cache is CPU-only"),
-           "f16 KV cache with backend cuda refused: %s", err);
+    /* the CUDA backend stores an f16 cache too: it fails here only for want of a GPU */
+    EXPECT(s == COLIBRI_OK || (s == COLIBRI_E_BACKEND && ctx == NULL && strstr(err, "CUDA") &&
+                               !strstr(err, "f16")),
+           "f16 KV cache with backend cuda: runs, or fails only for want of a GPU: %s", err);
+    colibri_free(ctx);
+    ctx = NULL;
     o.backend = COLIBRI_BACKEND_CPU;
     s = colibri_init_ex(&ctx, path, &o);
     if (s == COLIBRI_OK) {

@@ -24,7 +24,9 @@ RMSNORM_SHAPES = [(1, 64, 50, 64), (7, 33, 33, 33), (3, 1000, 999, 1024), (40, 8
                   (2, 4096, 4096, 4096)]                                           # rows, len, D, stride
 LINEAR_SHAPES = [(1, 8, 1), (37, 64, 5), (300, 1000, 3), (129, 256, 9), (64, 4096, 1),
                  (5, 45, 2), (2048, 2048, 1), (17, 24, 33)]  # rows, cols, n: vector + scalar paths
-ROPE_SHAPES = [(3, 4, 8, 0, 0), (1, 2, 64, 1000, 16), (5, 8, 128, 100000, 0), (2, 3, 6, 7, 2)]
+# n, H, Hkv, Dh, pos0, q/k norm (0 none, 1 per head, 2 full width)
+QK_ROPE_SHAPES = [(3, 4, 2, 8, 0, 0), (1, 2, 1, 64, 1000, 1), (5, 8, 2, 128, 100000, 2),
+                  (2, 3, 3, 6, 7, 1), (4, 6, 2, 10, 250, 2), (33, 2, 1, 24, 5, 0)]
 # n, pos0, H, Hkv, Dh. KV ranges are 256 positions (COLIBRI_CU_KV_SPLIT): one range, the last
 # position of a range (255), the first of the next (256), a chunk whose tokens have 2 and 3 ranges
 # (510..512), odd head sizes, and 2000-token contexts (8 ranges)
@@ -32,6 +34,13 @@ ATTENTION_SHAPES = [(5, 0, 4, 2, 16), (1, 37, 4, 2, 16), (3, 300, 8, 1, 128), (4
                     (1, 0, 2, 2, 64), (1, 255, 2, 1, 40), (1, 256, 3, 3, 24), (3, 510, 2, 1, 10),
                     (2, 767, 4, 2, 33), (1, 2000, 32, 8, 128), (3, 1998, 2, 1, 72)]
 KV_SPLIT = 256  # runtime/kernels/colibri_abi.h COLIBRI_CU_KV_SPLIT
+# cb_attention_prefill (colibri_abi.h COLIBRI_CU_FA_*): 16 query rows a block, KV tiles of 32.
+# n, pos0, H, Hkv, Dh: n not a multiple of 16 (1, 2 and 3 row tiles), positions crossing KV tiles
+# (32) and the split-KV range boundary (256), GQA groups of 1..3, heads of 10..128 (the maximum)
+FA_ROWS, FA_KEYS, FA_MAX_DH = 16, 32, 128
+PREFILL_SHAPES = [(5, 0, 4, 2, 16), (17, 0, 2, 1, 64), (20, 250, 2, 1, 24), (33, 30, 3, 3, 10),
+                  (3, 510, 2, 1, 128), (18, 60, 6, 2, 40), (32, 1000, 2, 2, 128),
+                  (40, 1990, 4, 2, 64)]
 TOPK_SHAPES = [(2, 1), (7, 2), (8, 2), (33, 4), (64, 8), (64, 1), (60, 16)]         # E, k
 # E, k, D, Dp, n: E from 2 to the sort's 256; D not a multiple of 32; Dp a multiple of 16 (the
 # vector path; int8 needs 16 | Dp, f32/f16/bf16 8 | Dp) or odd (37: the scalar path); q4 rows
@@ -199,38 +208,140 @@ def check_linear_strided_rows_into_kv_cache(gpu):
     np.testing.assert_array_equal(np.delete(stepped, pos, axis=0), 7.0)  # only that row
 
 
-def check_rope(gpu, n, nheads, dh, pos0, stride_extra):
-    rng = np.random.default_rng(dh + pos0)
-    stride = nheads * dh + stride_extra
-    x = rng.standard_normal((n, stride)).astype(np.float32)
-    xd = gpu.put(x)
-    # the host's table (cuda_backend.c colibri_cuda_rope_table: bit for bit this one, checked in
-    # tests/test_cuda_host.py), [positions, Dh/2, (cos, sin)]
-    c, s = ref.rope_cos_sin(np.arange(pos0 + n), dh, 10000.0)
-    table = np.ascontiguousarray(np.stack([c, s], axis=-1), np.float32)
-    gpu.run("cb_rope", "PiiiiPPi", (n, 1), 128, xd, np.int32(stride), np.int32(nheads),
-            np.int32(dh), np.int32(pos0), gpu.put(table), 0, np.int32(0))
-    got = gpu.get(xd, (n, stride))
-    want = ref.cb_rope(x, nheads, dh, pos0, 10000.0)
-    np.testing.assert_allclose(got, want, rtol=0, atol=8 * EPS32 * np.abs(x).max())
-    np.testing.assert_array_equal(got[:, nheads * dh:], x[:, nheads * dh:])
-    # decode graph: the last token's position from the parameter block, on q (rows not moved)
-    # and on k rows in the cache (row = position): the same bits as the plain launch
+def rope_table(positions: int, dh: int, theta: float = 10000.0) -> np.ndarray:
+    """The host's table (cuda_backend.c colibri_cuda_rope_table: bit for bit this one, checked in
+    tests/test_cuda_host.py), [positions, Dh/2, (cos, sin)]."""
+    c, s = ref.rope_cos_sin(np.arange(positions), dh, theta)
+    return np.ascontiguousarray(np.stack([c, s], axis=-1), np.float32)
+
+
+def kv_cache(gpu, rows: int, kvd: int, kv_f16: bool, fill: float = 7.0) -> int:
+    """A KV cache of `rows` positions, every value `fill` (f32, or f16 bits)."""
+    a = np.full((rows, kvd), fill, np.float32)
+    return gpu.put(a.astype(np.float16) if kv_f16 else a)
+
+
+def read_cache(gpu, ptr: int, rows: int, kvd: int, kv_f16: bool) -> np.ndarray:
+    return gpu.get(ptr, (rows, kvd), np.float16 if kv_f16 else np.float32)
+
+
+def run_qk_rope_kv(gpu, q: int, qkv: int, kc: int, vc: int, n: int, H: int, Hkv: int, dh: int,
+                   pos0: int, table: int, qn: int, kn: int, norm: int, eps: float, kv_f16: bool,
+                   pos_d: int = 0) -> None:
+    gpu.run("cb_qk_rope_kv", "PPPPiiiiiPPPifiP", (n, H + Hkv), 256, q, qkv, kc, vc, np.int32(n),
+            np.int32(H), np.int32(Hkv), np.int32(dh), np.int32(pos0), table, qn, kn,
+            np.int32(norm), np.float32(eps), np.int32(kv_f16), pos_d)
+
+
+def former_qk_rope(gpu, qkv: np.ndarray, H: int, Hkv: int, dh: int, pos0: int, norm: int,
+                   qn: np.ndarray, kn: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """The sequence cb_qk_rope_kv replaced, for the f32 bit-identity check: q/k norm as its own
+    cb_rmsnorm launch (256 threads, cuda_backend.c's), then the former cb_rope's f32 expression
+    (a*c - b*s, b*c + a*s, each product and difference rounded to f32: NumPy's, and the
+    emulation's with contraction off)."""
+    n, HD, kvd = qkv.shape[0], H * dh, Hkv * dh
+    out = []
+    for part, heads, w in ((qkv[:, :HD], H, qn), (qkv[:, HD:HD + kvd], Hkv, kn)):
+        x = np.ascontiguousarray(part)
+        if norm:
+            rows, width = (n * heads, dh) if norm == 1 else (n, heads * dh)
+            xd = gpu.put(x)
+            gpu.run("cb_rmsnorm", "PiPiPiifPi", (rows, 1), 256, xd, np.int32(width), xd,
+                    np.int32(width), gpu.put(w), np.int32(width), np.int32(width),
+                    np.float32(eps), 0, np.int32(0))
+            x = gpu.get(xd, x.shape)
+        out.append(ref.cb_rope(x, heads, dh, pos0, 10000.0))
+    return out[0], out[1]
+
+
+def check_qk_rope_kv(gpu, n, H, Hkv, dh, pos0, norm, kv_f16):
+    """q/k norm + RoPE + the KV-cache write in one launch: against the NumPy reference; only the
+    chunk's cache rows written; in the emulation (exact f32, no contraction) bit for bit the
+    former separate launches' result, and an f16 cache holds those values rounded to nearest
+    even (NumPy's float16 bits); the decode graph's launch (position from the parameter block)
+    gives the plain launch's bits."""
+    rng = np.random.default_rng(n * 100 + dh + pos0 + norm)
+    HD, kvd, eps, S = H * dh, Hkv * dh, 1e-6, pos0 + n + 2
+    qkv = (3 * rng.standard_normal((n, HD + 2 * kvd))).astype(np.float32)
+    wq, wk = (dh, dh) if norm == 1 else (HD, kvd)
+    qn = (1 + 0.1 * rng.standard_normal(wq)).astype(np.float32)
+    kn = (1 + 0.1 * rng.standard_normal(wk)).astype(np.float32)
+    table, qnd, knd = gpu.put(rope_table(S, dh)), gpu.put(qn), gpu.put(kn)
+    qkvd = gpu.put(qkv)
+    qd = gpu.put(np.full((n, HD), np.nan, np.float32))  # every q value must be written
+    kd, vd = kv_cache(gpu, S, kvd, kv_f16), kv_cache(gpu, S, kvd, kv_f16)
+    run_qk_rope_kv(gpu, qd, qkvd, kd, vd, n, H, Hkv, dh, pos0, table, qnd if norm else 0,
+                   knd if norm else 0, norm, eps, kv_f16)
+    got_q = gpu.get(qd, (n, HD))
+    got_k, got_v = read_cache(gpu, kd, S, kvd, kv_f16), read_cache(gpu, vd, S, kvd, kv_f16)
+    for c in (got_k, got_v):  # the chunk's rows only
+        assert np.all(c[:pos0] == 7.0) and np.all(c[pos0 + n:] == 7.0)
+    want_q, want_k, want_v = ref.cb_qk_rope_kv(qkv, H, Hkv, dh, pos0, 10000.0, norm, qn, kn, eps)
+    rows = slice(pos0, pos0 + n)
+    tol = 1e-5 * max(np.abs(want_q).max(), np.abs(want_k).max())
+    np.testing.assert_allclose(got_q, want_q, rtol=0, atol=tol)
+    if kv_f16:  # within rounding of the f16 value of each element (a half-way point may flip)
+        for got, want in ((got_k, want_k), (got_v, want_v)):
+            np.testing.assert_allclose(got[rows].astype(np.float32), want, rtol=2.0 ** -10,
+                                       atol=tol)
+        np.testing.assert_array_equal(got_v[rows].view(np.uint16),
+                                      want_v.astype(np.float16).view(np.uint16))
+    else:
+        np.testing.assert_allclose(got_k[rows], want_k, rtol=0, atol=tol)
+        np.testing.assert_array_equal(got_v[rows], want_v)
+    if getattr(gpu, "exact_f32", False):
+        old_q, old_k = former_qk_rope(gpu, qkv, H, Hkv, dh, pos0, norm, qn, kn, eps)
+        np.testing.assert_array_equal(got_q.view(np.uint32), old_q.view(np.uint32))
+        if kv_f16:
+            np.testing.assert_array_equal(got_k[rows].view(np.uint16),
+                                          old_k.astype(np.float16).view(np.uint16))
+        else:
+            np.testing.assert_array_equal(got_k[rows].view(np.uint32), old_k.view(np.uint32))
+    # decode graph: the last token alone at position 0 + *pos_d, written to that cache row
     pos_d = gpu.put(np.array([pos0 + n - 1], np.int32))
-    qd = gpu.put(x[n - 1:])
-    gpu.run("cb_rope", "PiiiiPPi", (1, 1), 128, qd, np.int32(stride), np.int32(nheads),
-            np.int32(dh), np.int32(0), gpu.put(table), pos_d, np.int32(0))
-    np.testing.assert_array_equal(gpu.get(qd, (1, stride))[0], got[n - 1])
-    cache = np.zeros((pos0 + n, stride), np.float32)
-    cache[pos0 + n - 1] = x[n - 1]
-    kd = gpu.put(cache)
-    gpu.run("cb_rope", "PiiiiPPi", (1, 1), 128, kd, np.int32(stride), np.int32(nheads),
-            np.int32(dh), np.int32(0), gpu.put(table), pos_d, np.int32(1))
-    np.testing.assert_array_equal(gpu.get(kd, (pos0 + n, stride))[pos0 + n - 1], got[n - 1])
+    q1 = gpu.zeros((1, HD))
+    k1, v1 = kv_cache(gpu, S, kvd, kv_f16), kv_cache(gpu, S, kvd, kv_f16)
+    run_qk_rope_kv(gpu, q1, gpu.put(qkv[n - 1:]), k1, v1, 1, H, Hkv, dh, 0, table,
+                   qnd if norm else 0, knd if norm else 0, norm, eps, kv_f16, pos_d)
+    np.testing.assert_array_equal(gpu.get(q1, (1, HD))[0].view(np.uint32),
+                                  got_q[n - 1].view(np.uint32))
+    for mine, full in ((k1, got_k), (v1, got_v)):
+        np.testing.assert_array_equal(read_cache(gpu, mine, S, kvd, kv_f16), np.concatenate(
+            [np.full((pos0 + n - 1, kvd), 7.0), full[pos0 + n - 1:pos0 + n],
+             np.full((2, kvd), 7.0)]).astype(full.dtype))
+
+
+def check_f16_kv_store(gpu):
+    """The f16 cache's store (the hardware cvt.rn.f16.f32 on a GPU, its stand-in in the
+    emulation) through cb_qk_rope_kv's V path (a plain copy): every half-way point between two
+    consecutive finite halves (ties to even), random f32 bit patterns of every exponent, and the
+    edges (largest half, overflow at 65520, subnormals, 2^-25, signed zeros, infinities) give
+    NumPy's float16 bits (round to nearest even, the CPU cache's rounding); NaN stays NaN."""
+    halves = np.arange(0x7c00, dtype=np.uint16).view(np.float16).astype(np.float64)
+    mids = ((halves[:-1] + halves[1:]) / 2).astype(np.float32)  # exact in f32
+    rnd = np.random.default_rng(11).integers(0, 2 ** 32, 20000, dtype=np.uint64)
+    edges = np.array([0.0, -0.0, 65504.0, 65519.99, 65520.0, -65520.0, 1e6, 2.0 ** -24,
+                      2.0 ** -25, 2.0 ** -25 * 1.0000001, 3 * 2.0 ** -26, 2.0 ** -14,
+                      np.inf, -np.inf, np.nan], np.float32)
+    vals = np.concatenate([mids, -mids, rnd.astype(np.uint32).view(np.float32), edges])
+    dh = 64
+    n = -(-vals.size // dh)
+    v = np.zeros(n * dh, np.float32)
+    v[:vals.size] = vals
+    qkv = np.concatenate([np.ones((n, 2 * dh), np.float32), v.reshape(n, dh)], axis=1)
+    kd, vd = kv_cache(gpu, n, dh, True), kv_cache(gpu, n, dh, True)
+    run_qk_rope_kv(gpu, gpu.zeros((n, dh)), gpu.put(qkv), kd, vd, n, 1, 1, dh, 0,
+                   gpu.put(rope_table(n, dh)), 0, 0, 0, 1e-6, True)
+    got = read_cache(gpu, vd, n, dh, True).reshape(-1)[:vals.size]
+    with np.errstate(over="ignore"):  # the overflow to infinity is one of the cases
+        want = vals.astype(np.float16)
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(got), nan)
+    np.testing.assert_array_equal(got[~nan].view(np.uint16), want[~nan].view(np.uint16))
 
 
 def run_attention(gpu, out: int, q: int, kc: int, vc: int, n: int, pos0: int, H: int, Hkv: int,
-                  dh: int, graph_ranges: int = 0) -> None:
+                  dh: int, graph_ranges: int = 0, kv_f16: bool = False) -> None:
     """cb_attention over the KV ranges of the chunk's last token, then cb_attention_merge when a
     token has more than one range: cuda_backend.c's launches. graph_ranges > 0: the decode
     graph's launches instead, the position read from a parameter block and a fixed grid of that
@@ -239,39 +350,91 @@ def run_attention(gpu, out: int, q: int, kc: int, vc: int, n: int, pos0: int, H:
     pos_d = gpu.put(np.array([pos0], np.int32)) if graph_ranges else 0
     p0 = 0 if graph_ranges else pos0
     part = gpu.zeros((n, H, ns, dh + 2))
-    gpu.run("cb_attention", "PPPPPiiiiiP", (H * ns, n), 128, out, part, q, kc, vc, np.int32(ns),
-            np.int32(p0), np.int32(H), np.int32(Hkv), np.int32(dh), pos_d)
+    gpu.run("cb_attention", "PPPPPiiiiiiP", (H * ns, n), 128, out, part, q, kc, vc, np.int32(ns),
+            np.int32(p0), np.int32(H), np.int32(Hkv), np.int32(dh), np.int32(kv_f16), pos_d)
     if ns > 1:
         gpu.run("cb_attention_merge", "PPiiiiP", (H, n), 128, out, part, np.int32(ns),
                 np.int32(p0), np.int32(H), np.int32(dh), pos_d)
 
 
-def check_attention(gpu, n, pos0, H, Hkv, dh):
-    rng = np.random.default_rng(n * 1000 + pos0)
-    S = pos0 + n + 3
-    kvd = Hkv * dh
+def attention_inputs(n: int, pos0: int, H: int, Hkv: int, dh: int, kv_f16: bool
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """q [n, H*dh] and a cache of pos0 + n + 3 positions: (q, K, V as stored: f32 or f16, K, V
+    as the kernels read them: f32)."""
+    rng = np.random.default_rng(n * 1000 + pos0 + dh)
+    S, kvd = pos0 + n + 3, Hkv * dh
     q = rng.standard_normal((n, H * dh)).astype(np.float32)
     kc = rng.standard_normal((S, kvd)).astype(np.float32)
     vc = rng.standard_normal((S, kvd)).astype(np.float32)
-    qd, kd, vd = gpu.put(q), gpu.put(kc), gpu.put(vc)
+    if kv_f16:
+        return q, kc.astype(np.float16), vc.astype(np.float16), ref.f16_round(kc), ref.f16_round(vc)
+    return q, kc, vc, kc, vc
+
+
+def check_attention(gpu, n, pos0, H, Hkv, dh, kv_f16=False):
+    q, kst, vst, kc, vc = attention_inputs(n, pos0, H, Hkv, dh, kv_f16)
+    S = kc.shape[0]
+    qd, kd, vd = gpu.put(q), gpu.put(kst), gpu.put(vst)
     out = gpu.put(np.full((n, H * dh), np.nan, np.float32))  # every output must be written
-    run_attention(gpu, out, qd, kd, vd, n, pos0, H, Hkv, dh)
+    run_attention(gpu, out, qd, kd, vd, n, pos0, H, Hkv, dh, kv_f16=kv_f16)
     got = gpu.get(out, (n, H * dh))
     want = ref.cb_attention(q, kc, vc, pos0, H, Hkv, dh)
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(vc).max())
-    run_attention(gpu, out, qd, kd, vd, n, pos0, H, Hkv, dh)
+    run_attention(gpu, out, qd, kd, vd, n, pos0, H, Hkv, dh, kv_f16=kv_f16)
     np.testing.assert_array_equal(gpu.get(out, (n, H * dh)), got)  # run to run: same bits
-    # the determinism contract: a token's bits do not depend on the chunk it came in (its KV
-    # ranges follow its own position), so the last token alone (a decode step) gives the same
+    # a token's split-KV bits do not depend on the chunk it came in (its KV ranges follow its
+    # own position), so the last token alone (a decode step) gives the same
     one = gpu.zeros((1, H * dh))
-    run_attention(gpu, one, qd + (n - 1) * H * dh * 4, kd, vd, 1, pos0 + n - 1, H, Hkv, dh)
+    run_attention(gpu, one, qd + (n - 1) * H * dh * 4, kd, vd, 1, pos0 + n - 1, H, Hkv, dh,
+                  kv_f16=kv_f16)
     np.testing.assert_array_equal(gpu.get(one, (1, H * dh))[0], got[n - 1])
     # and so does the decode graph's launch: position on the device, every range of the cache
     # launched (those past the step's return), the merge always launched
     fixed = gpu.zeros((1, H * dh))
     run_attention(gpu, fixed, qd + (n - 1) * H * dh * 4, kd, vd, 1, pos0 + n - 1, H, Hkv, dh,
-                  graph_ranges=-(-S // KV_SPLIT) + 1)
+                  graph_ranges=-(-S // KV_SPLIT) + 1, kv_f16=kv_f16)
     np.testing.assert_array_equal(gpu.get(fixed, (1, H * dh))[0], got[n - 1])
+
+
+def run_prefill(gpu, out: int, q: int, kc: int, vc: int, n: int, pos0: int, H: int, Hkv: int,
+                dh: int, kv_f16: bool) -> None:
+    """cb_attention_prefill as cuda_backend.c launches it for a chunk of n tokens at pos0."""
+    gpu.run("cb_attention_prefill", "PPPPiiiiii", (-(-n // FA_ROWS), H), 128, out, q, kc, vc,
+            np.int32(n), np.int32(pos0), np.int32(H), np.int32(Hkv), np.int32(dh),
+            np.int32(kv_f16))
+
+
+def check_attention_prefill(gpu, n, pos0, H, Hkv, dh, kv_f16):
+    """The tiled prefill kernel: against NumPy; every output written; the same bits run to run;
+    a token's bits depend only on its position, not on the chunk it came in (the chunk cut in
+    two at an odd place, and the last token alone, give the whole chunk's bits); within
+    tolerance of the split-KV kernel (decode), whose bits it need not have."""
+    assert dh <= FA_MAX_DH
+    q, kst, vst, kc, vc = attention_inputs(n, pos0, H, Hkv, dh, kv_f16)
+    HD = H * dh
+    qd, kd, vd = gpu.put(q), gpu.put(kst), gpu.put(vst)
+    out = gpu.put(np.full((n, HD), np.nan, np.float32))
+    run_prefill(gpu, out, qd, kd, vd, n, pos0, H, Hkv, dh, kv_f16)
+    got = gpu.get(out, (n, HD))
+    want = ref.cb_attention(q, kc, vc, pos0, H, Hkv, dh)
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(vc).max())
+    run_prefill(gpu, out, qd, kd, vd, n, pos0, H, Hkv, dh, kv_f16)
+    np.testing.assert_array_equal(gpu.get(out, (n, HD)).view(np.uint32), got.view(np.uint32))
+    cut = n // 2 + 1 if n > 1 else 1
+    parts = gpu.put(np.full((n, HD), np.nan, np.float32))
+    run_prefill(gpu, parts, qd, kd, vd, cut, pos0, H, Hkv, dh, kv_f16)
+    if cut < n:
+        run_prefill(gpu, parts + cut * HD * 4, qd + cut * HD * 4, kd, vd, n - cut, pos0 + cut, H,
+                    Hkv, dh, kv_f16)
+    np.testing.assert_array_equal(gpu.get(parts, (n, HD)).view(np.uint32), got.view(np.uint32))
+    last = gpu.zeros((1, HD))
+    run_prefill(gpu, last, qd + (n - 1) * HD * 4, kd, vd, 1, pos0 + n - 1, H, Hkv, dh, kv_f16)
+    np.testing.assert_array_equal(gpu.get(last, (1, HD))[0].view(np.uint32),
+                                  got[n - 1].view(np.uint32))
+    split = gpu.zeros((n, HD))
+    run_attention(gpu, split, qd, kd, vd, n, pos0, H, Hkv, dh, kv_f16=kv_f16)
+    np.testing.assert_allclose(got, gpu.get(split, (n, HD)), rtol=0,
+                               atol=4e-5 * np.abs(vc).max())
 
 
 def check_router_topk(gpu, E, k, renorm):

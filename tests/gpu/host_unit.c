@@ -5,10 +5,10 @@
  *   host_unit plan          device arena layout (alignment, no overlap, chunk bound)
  *   host_unit rope T D P    the RoPE table (colibri_cuda_rope_table) for theta T, head dim D,
  *                           P positions: one line per (position, pair), "cos sin" as f32 bits
- *   host_unit open S N [DT] [STEPS]  colibri_cuda_open with S streams on a small in-memory
- *                           model (weight dtype DT), then a forward of N tokens and STEPS
- *                           one-token decode steps after them; prints the reason and exits 3
- *                           when open fails.
+ *   host_unit open S N [DT] [STEPS] [KV16]  colibri_cuda_open with S streams on a small
+ *                           in-memory model (weight dtype DT; an f16 KV cache when KV16 is 1),
+ *                           then a forward of N tokens and STEPS one-token decode steps after
+ *                           them; prints the reason and exits 3 when open fails.
  *                           With the real libcuda absent this is the no-driver path; with
  *                           COLIBRI_LIBCUDA pointing at tests/gpu/stub_libcuda.c's library it
  *                           records the launch sequence (see that file).
@@ -180,16 +180,18 @@ static int test_plan(void) {
     fake_model f;
     fake_model_init(&f, COLIBRI_DT_F16);
     colibri_cuda_plan_t p;
-    CHECK(colibri_cuda_plan(&f.m, 1, &p) == 0, "plan ok");
+    CHECK(colibri_cuda_plan(&f.m, 1, 0, &p) == 0, "plan ok");
     CHECK(p.chunk == 32, "chunk %d", p.chunk);
     /* the buffers in layout order: each aligned, each at or after the end of the previous one */
-    const size_t at[] = {p.x, p.h, p.q, p.att, p.part, p.router, p.top_idx, p.top_w, p.offsets,
+    const size_t at[] = {p.x, p.h, p.q, p.qkv, p.att, p.part, p.router, p.top_idx, p.top_w, p.offsets,
                          p.active, p.perm, p.slot_of, p.act, p.expert_out, p.shared_act,
                          p.shared_out, p.shared_gate, p.shared_offsets, p.logits, p.ids, p.iota,
                          p.prm, p.rope, p.kcache,
                          p.vcache, p.tables, p.weights};
-    /* partials: 32 tokens x 4 heads x 1 KV range (64 positions) x (Dh 8 + 2) floats */
-    const size_t need[] = {32 * 32 * 4, 32 * 32 * 4, 32 * 32 * 4, 32 * 32 * 4, 32 * 4 * 1 * 10 * 4,
+    /* qkv staging: 32 tokens x (H*Dh 32 + 2 x Hkv*Dh 16) floats; partials: decode's 1 token (the
+     * tiled prefill kernel keeps none) x 4 heads x 1 KV range (64 positions) x (Dh 8 + 2) */
+    const size_t need[] = {32 * 32 * 4, 32 * 32 * 4, 32 * 32 * 4, 32 * 64 * 4, 32 * 32 * 4,
+                           1 * 4 * 1 * 10 * 4,
                            32 * 8 * 4, 32 * 2 * 4, 32 * 2 * 4, 9 * 4, 8 * 4, 32 * 2 * 4, 32 * 2 * 4,
                            32 * 2 * 20 * 4, 32 * 2 * 32 * 4, 32 * 12 * 4, 32 * 32 * 4, 32 * 4, 8,
                            32 * 50 * 4, 32 * 4, 32 * 4, 256, 64 * 8 * 4, 2 * 64 * 16 * 4, 2 * 64 * 16 * 4,
@@ -201,33 +203,48 @@ static int test_plan(void) {
     }
     CHECK(at[nb - 1] + need[nb - 1] <= p.total, "total covers the weights");
     CHECK(p.weights_bytes == f.m.file_size - f.m.data_offset, "weights bytes");
+    CHECK(p.kv_f16 == 0 && p.kv_bytes == 2 * 2 * 64 * 16 * 4, "f32 cache bytes %zu", p.kv_bytes);
+    /* f16 KV cache: half the bytes per cached value, the rest of the plan unchanged */
+    colibri_cuda_plan_t ph;
+    CHECK(colibri_cuda_plan(&f.m, 1, 1, &ph) == 0 && ph.kv_f16 == 1 &&
+              ph.kv_bytes * 2 == p.kv_bytes && ph.vcache - ph.kcache == 2 * 64 * 16 * 2 &&
+              ph.kcache == p.kcache && p.total - ph.total == p.kv_bytes / 2,
+          "f16 cache: %zu bytes, total %zu vs %zu", ph.kv_bytes, ph.total, p.total);
     colibri_cuda_plan_t pm;
-    CHECK(colibri_cuda_plan(&f.m, 0, &pm) == 0 && pm.weights_bytes == 0 &&
+    CHECK(colibri_cuda_plan(&f.m, 0, 0, &pm) == 0 && pm.weights_bytes == 0 &&
               pm.total == p.total - ((p.weights_bytes + 255) / 256 * 256),
           "mapped weights take no arena space");
-    /* long context, many heads: the chunk shrinks so the split attention's partials (chunk x H x
-     * 128 KV ranges x (Dh + 2) floats) stay within 64 MiB */
+    /* long context, many heads, Dh 128: the tiled prefill keeps no partials, decode's one token's
+     * (32 heads x 128 KV ranges x 130 floats) fit 64 MiB, so the chunk stays 32 */
     f.m.max_seq_len = 32768; f.m.n_heads = 32; f.m.n_kv_heads = 8; f.m.head_dim = 128;
-    CHECK(colibri_cuda_plan(&f.m, 0, &p) == 0, "long plan");
-    CHECK(p.chunk == 16 && (size_t)p.chunk * 32 * 128 * 130 * 4 <= (64u << 20), "chunk %d",
-          p.chunk);
+    CHECK(colibri_cuda_plan(&f.m, 0, 0, &p) == 0, "long plan");
+    CHECK(p.chunk == 32 && p.router - p.part >= (size_t)32 * 128 * 130 * 4 &&
+              p.router - p.part < (size_t)2 * 32 * 128 * 130 * 4,
+          "chunk %d, partials %zu bytes", p.chunk, p.router - p.part);
+    /* heads wider than the tiled kernel's 128: prefill runs split-KV, the partials are per chunk
+     * token (chunk x H x 128 ranges x (Dh + 2) floats) and the chunk shrinks to fit 64 MiB */
+    f.m.head_dim = 256;
+    CHECK(colibri_cuda_plan(&f.m, 0, 0, &p) == 0, "wide-head plan");
+    CHECK(p.chunk == 8 && (size_t)p.chunk * 32 * 128 * 258 * 4 <= (64u << 20) &&
+              (size_t)(2 * p.chunk) * 32 * 128 * 258 * 4 > (64u << 20),
+          "chunk %d", p.chunk);
     f.m.head_dim = 8;
     f.m.max_seq_len = 8; f.m.n_heads = 4; f.m.n_kv_heads = 2;
-    CHECK(colibri_cuda_plan(&f.m, 0, &p) == 0 && p.chunk == 8, "short cache chunk %d", p.chunk);
+    CHECK(colibri_cuda_plan(&f.m, 0, 0, &p) == 0 && p.chunk == 8, "short cache chunk %d", p.chunk);
     f.m.top_k = 17;
-    CHECK(colibri_cuda_plan(&f.m, 0, &p) == -1, "top_k 17 refused");
+    CHECK(colibri_cuda_plan(&f.m, 0, 0, &p) == -1, "top_k 17 refused");
     f.m.top_k = 2; f.m.n_kv_heads = 3;
-    CHECK(colibri_cuda_plan(&f.m, 0, &p) == -1, "H %% Hkv != 0 refused");
+    CHECK(colibri_cuda_plan(&f.m, 0, 0, &p) == -1, "H %% Hkv != 0 refused");
     free(f.buf);
     return 0;
 }
 
-static int run_open(int streams, int n, uint32_t dtype, int steps) {
+static int run_open(int streams, int n, uint32_t dtype, int steps, int kv_f16) {
     fake_model f;
     fake_model_init(&f, dtype);
     colibri_cuda *cu = NULL;
     char why[256] = "";
-    if (colibri_cuda_open(&cu, &f.m, streams, why, sizeof why) != 0) {
+    if (colibri_cuda_open(&cu, &f.m, streams, kv_f16, why, sizeof why) != 0) {
         CHECK(cu == NULL && why[0], "failed open leaves nothing and says why");
         printf("why: %s\n", why);
         free(f.buf);
@@ -235,9 +252,10 @@ static int run_open(int streams, int n, uint32_t dtype, int steps) {
     }
     colibri_cuda_info info;
     colibri_cuda_get_info(cu, &info);
-    printf("info: device=%s sm=%d driver=%d image=%s integrated=%d weights=%s bytes=%zu\n",
+    printf("info: device=%s sm=%d driver=%d image=%s integrated=%d weights=%s bytes=%zu "
+           "kv=%s kv_bytes=%zu\n",
            info.device_name, info.sm, info.driver_version, info.image, info.integrated,
-           info.weights, info.device_bytes);
+           info.weights, info.device_bytes, info.kv_f16 ? "f16" : "f32", info.kv_cache_bytes);
     int32_t ids[80];
     for (int i = 0; i < 80; i++) ids[i] = (i * 7) % 50;
     float *logits = calloc((size_t)n * 50, sizeof *logits);
@@ -275,7 +293,7 @@ static int print_rope(float theta, int Dh, int positions) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: host_unit pick|launch|plan|rope T D P|open STREAMS N [DTYPE] [STEPS]\n");
+        fprintf(stderr, "usage: host_unit pick|launch|plan|rope T D P|open STREAMS N [DTYPE] [STEPS] [KV16]\n");
         return 2;
     }
     if (strcmp(argv[1], "pick") == 0) test_pick();
@@ -285,7 +303,7 @@ int main(int argc, char **argv) {
         return print_rope((float)atof(argv[2]), atoi(argv[3]), atoi(argv[4]));
     else if (strcmp(argv[1], "open") == 0 && argc >= 4)
         return run_open(atoi(argv[2]), atoi(argv[3]), argc > 4 ? (uint32_t)atoi(argv[4]) : 1,
-                        argc > 5 ? atoi(argv[5]) : 0);
+                        argc > 5 ? atoi(argv[5]) : 0, argc > 6 ? atoi(argv[6]) : 0);
     else {
         fprintf(stderr, "unknown test %s\n", argv[1]);
         return 2;

@@ -129,9 +129,39 @@ def cb_rope(x: np.ndarray, nheads: int, dh: int, pos0: int, theta: float) -> np.
     return out
 
 
+def f16_round(a: np.ndarray) -> np.ndarray:
+    """What an f16 KV cache holds, as f32: round to nearest even (NumPy's float16 cast, the same
+    rounding as the kernels' cvt.rn.f16.f32 and the CPU's half_from_float), widened exactly."""
+    return np.asarray(a, np.float32).astype(np.float16).astype(np.float32)
+
+
+QK_NORM_NONE, QK_NORM_HEAD, QK_NORM_FULL = 0, 1, 2  # cb_qk_rope_kv's `norm`
+
+
+def cb_qk_rope_kv(qkv: np.ndarray, H: int, Hkv: int, dh: int, pos0: int, theta: float,
+                  norm: int = QK_NORM_NONE, qn: np.ndarray | None = None,
+                  kn: np.ndarray | None = None, eps: float = 1e-6
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """qkv [n, H*dh + 2*Hkv*dh] (the Q/K/V projections' rows) -> q [n, H*dh] and the K and V
+    rows [n, Hkv*dh] the cache gets (before an f16 cache's rounding): q/k norm (per head or full
+    width), then RoPE at positions pos0.., V unchanged."""
+    n = qkv.shape[0]
+    HD, kvd = H * dh, Hkv * dh
+    q, k, v = qkv[:, :HD], qkv[:, HD:HD + kvd], qkv[:, HD + kvd:HD + 2 * kvd]
+    if norm == QK_NORM_HEAD:
+        q = cb_rmsnorm(q.reshape(n * H, dh), qn, dh, dh, eps).reshape(n, HD)
+        k = cb_rmsnorm(k.reshape(n * Hkv, dh), kn, dh, dh, eps).reshape(n, kvd)
+    elif norm == QK_NORM_FULL:
+        q = cb_rmsnorm(q, qn, HD, HD, eps)
+        k = cb_rmsnorm(k, kn, kvd, kvd, eps)
+    return (cb_rope(q, H, dh, pos0, theta), cb_rope(k, Hkv, dh, pos0, theta),
+            v.astype(np.float32).copy())
+
+
 def cb_attention(q: np.ndarray, kc: np.ndarray, vc: np.ndarray, pos0: int, H: int, Hkv: int,
                  dh: int) -> np.ndarray:
-    """q [n, H*dh]; kc/vc [S, Hkv*dh] (one layer of the cache) -> out [n, H*dh]."""
+    """q [n, H*dh]; kc/vc [S, Hkv*dh] (one layer of the cache, as f32: an f16 cache widened) ->
+    out [n, H*dh]. Both attention kernels (split-KV, tiled prefill) compute this."""
     n = q.shape[0]
     out = np.zeros((n, H * dh), np.float32)
     scale = np.float32(1.0) / np.sqrt(np.float32(dh))
@@ -256,12 +286,14 @@ def _vec(model, kind: Kind, layer: int = NONE) -> np.ndarray:
 
 class BackendForward:
     """The kernels in cuda_backend.c's order (cb_forward_chunk), on NumPy arrays laid out like the
-    device buffers: x/h [n, Dp], q [n, H*Dh], K/V cache [L, S, Hkv*Dh] written in place."""
+    device buffers: x/h [n, Dp], Q/K/V projections' rows [n, H*Dh + 2*Hkv*Dh], q [n, H*Dh],
+    K/V cache [L, S, Hkv*Dh] written in place (rounded to f16 with kv_dtype "f16")."""
 
-    def __init__(self, model, mode: int = SOFTMAX_TOPK) -> None:
+    def __init__(self, model, mode: int = SOFTMAX_TOPK, kv_dtype: str = "f32") -> None:
         self.m = model
         self.h = model.header
         self.mode = mode
+        self.kv_f16 = kv_dtype == "f16"
         h = self.h
         kvd = h.n_kv_heads * h.head_dim
         self.kc = np.zeros((h.n_layers, h.max_seq_len, kvd), np.float32)
@@ -284,18 +316,17 @@ class BackendForward:
         for l in range(h.n_layers):
             hn = cb_rmsnorm(x, _vec(m, Kind.ATTN_NORM, l), Dp, D, eps)
             bias = h.has(Flag.QKV_BIAS)
-            q = cb_linear(hn, _weight(m, Kind.WQ, l), _vec(m, Kind.BQ, l) if bias else None)
-            k = cb_linear(hn, _weight(m, Kind.WK, l), _vec(m, Kind.BK, l) if bias else None)
-            v = cb_linear(hn, _weight(m, Kind.WV, l), _vec(m, Kind.BV, l) if bias else None)
-            if h.has(Flag.QK_NORM_HEAD):
-                q = cb_rmsnorm(q.reshape(n * H, Dh), _vec(m, Kind.Q_NORM, l), Dh, Dh, eps).reshape(n, HD)
-                k = cb_rmsnorm(k.reshape(n * Hkv, Dh), _vec(m, Kind.K_NORM, l), Dh, Dh, eps).reshape(n, kvd)
-            elif h.has(Flag.QK_NORM_FULL):
-                q = cb_rmsnorm(q, _vec(m, Kind.Q_NORM, l), HD, HD, eps)
-                k = cb_rmsnorm(k, _vec(m, Kind.K_NORM, l), kvd, kvd, eps)
-            q = cb_rope(q, H, Dh, pos, h.rope_theta)
-            self.kc[l, pos:pos + n] = cb_rope(k, Hkv, Dh, pos, h.rope_theta)
-            self.vc[l, pos:pos + n] = v
+            qkv = np.concatenate([
+                cb_linear(hn, _weight(m, Kind.WQ, l), _vec(m, Kind.BQ, l) if bias else None),
+                cb_linear(hn, _weight(m, Kind.WK, l), _vec(m, Kind.BK, l) if bias else None),
+                cb_linear(hn, _weight(m, Kind.WV, l), _vec(m, Kind.BV, l) if bias else None)], axis=1)
+            norm = QK_NORM_HEAD if h.has(Flag.QK_NORM_HEAD) else \
+                QK_NORM_FULL if h.has(Flag.QK_NORM_FULL) else QK_NORM_NONE
+            qn = _vec(m, Kind.Q_NORM, l) if norm else None
+            kn = _vec(m, Kind.K_NORM, l) if norm else None
+            q, k, v = cb_qk_rope_kv(qkv, H, Hkv, Dh, pos, h.rope_theta, norm, qn, kn, eps)
+            self.kc[l, pos:pos + n] = f16_round(k) if self.kv_f16 else k
+            self.vc[l, pos:pos + n] = f16_round(v) if self.kv_f16 else v
             att = cb_attention(q, self.kc[l], self.vc[l], pos, H, Hkv, Dh)
             x = cb_linear(att, _weight(m, Kind.WO, l), y=x)
             hn = cb_rmsnorm(x, _vec(m, Kind.FFN_NORM, l), Dp, D, eps)

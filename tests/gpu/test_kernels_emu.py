@@ -37,7 +37,12 @@ KERNELS = ROOT / "runtime" / "kernels" / "colibri_kernels.cu"
 
 
 class EmuGpu:
-    """Same interface as test_kernels_pycuda.Gpu; "device" memory is 256-aligned host memory."""
+    """Same interface as test_kernels_pycuda.Gpu; "device" memory is 256-aligned host memory.
+    exact_f32: the kernels' f32 arithmetic is IEEE single operation by operation (built with
+    -ffp-contract=off: no FMA contraction on any host), so bit-identity checks against NumPy f32
+    expressions hold (a GPU contracts a*b + c into FMAs: those checks are the emulation's)."""
+
+    exact_f32 = True
 
     def __init__(self, lib: Path, routing_mode: int, signatures: dict[str, str]) -> None:
         self.lib = ctypes.CDLL(str(lib))
@@ -87,6 +92,7 @@ def _build(tmp: Path, mode: str) -> tuple[Path, dict[str, str]]:
     lib = tmp / "libcolibri_emu.so"
     cxx = os.environ.get("CXX", "g++")
     subprocess.run([cxx, "-std=c++20", "-O1", "-shared", "-fPIC", "-fno-strict-aliasing",
+                    "-ffp-contract=off",
                     "-Wall", "-Wextra", "-Werror", "-Wno-unknown-pragmas",
                     "-Wno-unused-function", "-Wno-unused-parameter",
                     f"-I{KERNELS.parent}", f"-I{inc}", str(HERE / "emu" / "cuda_emu.cpp"),
@@ -138,9 +144,18 @@ def test_linear_strided_rows_into_kv_cache(gpu):
     C.check_linear_strided_rows_into_kv_cache(gpu)
 
 
-@pytest.mark.parametrize("n,nheads,dh,pos0,stride_extra", C.ROPE_SHAPES)
-def test_rope(gpu, n, nheads, dh, pos0, stride_extra):
-    C.check_rope(gpu, n, nheads, dh, pos0, stride_extra)
+_kv = {"ids": lambda f16: "f16-kv" if f16 else "f32-kv"}
+
+
+# caches of a few thousand positions at most (the 100000-position shape is the GPU suite's)
+@pytest.mark.parametrize("n,H,Hkv,dh,pos0,norm", [s for s in C.QK_ROPE_SHAPES if s[4] < 2000])
+@pytest.mark.parametrize("kv_f16", [False, True], **_kv)
+def test_qk_rope_kv(gpu, n, H, Hkv, dh, pos0, norm, kv_f16):
+    C.check_qk_rope_kv(gpu, n, H, Hkv, dh, pos0, norm, kv_f16)
+
+
+def test_f16_kv_store(gpu):
+    C.check_f16_kv_store(gpu)
 
 
 # the emulation runs a block's threads as OS threads: the shapes with few (token, head) pairs,
@@ -149,6 +164,18 @@ def test_rope(gpu, n, nheads, dh, pos0, stride_extra):
                                            if s[1] < 100 or s[0] * s[2] <= 8])
 def test_attention(gpu, n, pos0, H, Hkv, dh):
     C.check_attention(gpu, n, pos0, H, Hkv, dh)
+
+
+@pytest.mark.parametrize("n,pos0,H,Hkv,dh", [(4, 9, 6, 3, 10), (1, 256, 3, 3, 24),
+                                           (3, 510, 2, 1, 10)])
+def test_attention_f16_cache(gpu, n, pos0, H, Hkv, dh):
+    C.check_attention(gpu, n, pos0, H, Hkv, dh, kv_f16=True)
+
+
+@pytest.mark.parametrize("n,pos0,H,Hkv,dh", [s for s in C.PREFILL_SHAPES if s[1] < 1500])
+@pytest.mark.parametrize("kv_f16", [False, True], **_kv)
+def test_attention_prefill(gpu, n, pos0, H, Hkv, dh, kv_f16):
+    C.check_attention_prefill(gpu, n, pos0, H, Hkv, dh, kv_f16)
 
 
 @pytest.mark.parametrize("E,k", C.TOPK_SHAPES)

@@ -164,14 +164,26 @@ def test_linear_strided_rows_into_kv_cache(gpu):
     C.check_linear_strided_rows_into_kv_cache(gpu)
 
 
-@pytest.mark.parametrize("n,nheads,dh,pos0,stride_extra", C.ROPE_SHAPES)
-def test_rope(gpu, n, nheads, dh, pos0, stride_extra):
-    C.check_rope(gpu, n, nheads, dh, pos0, stride_extra)
+@pytest.mark.parametrize("n,H,Hkv,dh,pos0,norm", C.QK_ROPE_SHAPES)
+@pytest.mark.parametrize("kv_f16", [False, True])
+def test_qk_rope_kv(gpu, n, H, Hkv, dh, pos0, norm, kv_f16):
+    C.check_qk_rope_kv(gpu, n, H, Hkv, dh, pos0, norm, kv_f16)
+
+
+def test_f16_kv_store(gpu):
+    C.check_f16_kv_store(gpu)
 
 
 @pytest.mark.parametrize("n,pos0,H,Hkv,dh", C.ATTENTION_SHAPES)
-def test_attention(gpu, n, pos0, H, Hkv, dh):
-    C.check_attention(gpu, n, pos0, H, Hkv, dh)
+@pytest.mark.parametrize("kv_f16", [False, True])
+def test_attention(gpu, n, pos0, H, Hkv, dh, kv_f16):
+    C.check_attention(gpu, n, pos0, H, Hkv, dh, kv_f16)
+
+
+@pytest.mark.parametrize("n,pos0,H,Hkv,dh", C.PREFILL_SHAPES)
+@pytest.mark.parametrize("kv_f16", [False, True])
+def test_attention_prefill(gpu, n, pos0, H, Hkv, dh, kv_f16):
+    C.check_attention_prefill(gpu, n, pos0, H, Hkv, dh, kv_f16)
 
 
 @pytest.mark.parametrize("E,k", C.TOPK_SHAPES)

@@ -109,6 +109,17 @@ static inline void cb_emu_mma_tf32(float *d, const unsigned *a, const unsigned *
     }
     w.bar.arrive_and_wait(); // nobody deposits the next mma's fragments before all have read
 }
+
+// The kernels' f32 -> f16 store (the f16 KV cache) on the GPU is the hardware cvt.rn.f16.f32
+// (inline PTX, round to nearest even); here the compiler's own conversion to _Float16 (GCC/Clang
+// on x86-64 and AArch64: IEEE round to nearest even, overflow to infinity, subnormals kept), not
+// the runtime's half_from_float, so the conformance suite compares two independent roundings.
+static inline unsigned short cb_emu_float_to_half(float f) {
+    const _Float16 h = (_Float16)f;
+    unsigned short bits;
+    std::memcpy(&bits, &h, 2);
+    return bits;
+}
 using std::cos; using std::exp; using std::pow; using std::sin;
 #include <math.h>  // expf, fmaxf, sqrtf (C names, as CUDA spells them)
 
@@ -169,8 +180,8 @@ static int param_sizes(void (*)(A...), std::size_t *sizes, int max) {
 // argument (tests/gpu/stub_libcuda.c). Returns the count, or -1 (unknown kernel / too many).
 extern "C" int emu_param_sizes(const char *name, std::size_t *sizes, int max) {
 #define K(fn) if (std::strcmp(name, #fn) == 0) return param_sizes(fn, sizes, max);
-    K(cb_embed) K(cb_rmsnorm) K(cb_linear) K(cb_rope) K(cb_attention) K(cb_attention_merge)
-    K(cb_router_topk) K(cb_ffn_route)
+    K(cb_embed) K(cb_rmsnorm) K(cb_linear) K(cb_qk_rope_kv) K(cb_attention)
+    K(cb_attention_prefill) K(cb_attention_merge) K(cb_router_topk) K(cb_ffn_route)
     K(cb_dispatch) K(cb_expert_up) K(cb_expert_down) K(cb_moe_combine)
     K(cb_expert_up_mma) K(cb_expert_down_mma) K(cb_linear_mma)
 #undef K
@@ -180,8 +191,8 @@ extern "C" int emu_param_sizes(const char *name, std::size_t *sizes, int max) {
 // Like cuLaunchKernel: args[i] points at the i-th parameter's value. 0 on success.
 extern "C" int emu_launch(const char *name, unsigned gx, unsigned gy, unsigned bx, void **args) {
 #define K(fn) if (std::strcmp(name, #fn) == 0) { launch(fn, gx, gy, bx, args); return 0; }
-    K(cb_embed) K(cb_rmsnorm) K(cb_linear) K(cb_rope) K(cb_attention) K(cb_attention_merge)
-    K(cb_router_topk) K(cb_ffn_route)
+    K(cb_embed) K(cb_rmsnorm) K(cb_linear) K(cb_qk_rope_kv) K(cb_attention)
+    K(cb_attention_prefill) K(cb_attention_merge) K(cb_router_topk) K(cb_ffn_route)
     K(cb_dispatch) K(cb_expert_up) K(cb_expert_down) K(cb_moe_combine)
     K(cb_expert_up_mma) K(cb_expert_down_mma) K(cb_linear_mma)
 #undef K
