@@ -180,44 +180,42 @@ static int test_plan(void) {
     fake_model f;
     fake_model_init(&f, COLIBRI_DT_F16);
     colibri_cuda_plan_t p;
-    CHECK(colibri_cuda_plan(&f.m, 1, &p) == 0, "plan ok");
+    CHECK(colibri_cuda_plan(&f.m, &p) == 0, "plan ok");
     CHECK(p.chunk == 32, "chunk %d", p.chunk);
     /* the buffers in layout order: each aligned, each at or after the end of the previous one */
     const size_t at[] = {p.x, p.h, p.q, p.att, p.part, p.router, p.top_idx, p.top_w, p.offsets,
                          p.active, p.perm, p.slot_of, p.act, p.expert_out, p.shared_act,
                          p.shared_out, p.shared_gate, p.shared_offsets, p.logits, p.ids, p.iota,
                          p.prm, p.rope, p.kcache,
-                         p.vcache, p.tables, p.weights};
+                         p.vcache, p.tables};
     /* partials: 32 tokens x 4 heads x 1 KV range (64 positions) x (Dh 8 + 2) floats */
     const size_t need[] = {32 * 32 * 4, 32 * 32 * 4, 32 * 32 * 4, 32 * 32 * 4, 32 * 4 * 1 * 10 * 4,
                            32 * 8 * 4, 32 * 2 * 4, 32 * 2 * 4, 9 * 4, 8 * 4, 32 * 2 * 4, 32 * 2 * 4,
                            32 * 2 * 20 * 4, 32 * 2 * 32 * 4, 32 * 12 * 4, 32 * 32 * 4, 32 * 4, 8,
                            32 * 50 * 4, 32 * 4, 32 * 4, 256, 64 * 8 * 4, 2 * 64 * 16 * 4, 2 * 64 * 16 * 4,
-                           2 * (6 * 8 + 6) * 8, f.m.file_size - f.m.data_offset};
+                           2 * (6 * 8 + 6) * 8};
     const int nb = (int)(sizeof at / sizeof at[0]);
     for (int i = 0; i < nb; i++) {
         CHECK(at[i] % 256 == 0, "buffer %d aligned", i);
         if (i + 1 < nb) CHECK(at[i] + need[i] <= at[i + 1], "buffer %d fits before %d", i, i + 1);
     }
-    CHECK(at[nb - 1] + need[nb - 1] <= p.total, "total covers the weights");
-    CHECK(p.weights_bytes == f.m.file_size - f.m.data_offset, "weights bytes");
-    colibri_cuda_plan_t pm;
-    CHECK(colibri_cuda_plan(&f.m, 0, &pm) == 0 && pm.weights_bytes == 0 &&
-              pm.total == p.total - ((p.weights_bytes + 255) / 256 * 256),
-          "mapped weights take no arena space");
+    /* the weights are the model's device's, never in a context's arena */
+    CHECK(at[nb - 1] + need[nb - 1] <= p.total &&
+              p.total < at[nb - 1] + need[nb - 1] + 256,
+          "total ends at the tables (no weights in the arena)");
     /* long context, many heads: the chunk shrinks so the split attention's partials (chunk x H x
      * 128 KV ranges x (Dh + 2) floats) stay within 64 MiB */
     f.m.max_seq_len = 32768; f.m.n_heads = 32; f.m.n_kv_heads = 8; f.m.head_dim = 128;
-    CHECK(colibri_cuda_plan(&f.m, 0, &p) == 0, "long plan");
+    CHECK(colibri_cuda_plan(&f.m, &p) == 0, "long plan");
     CHECK(p.chunk == 16 && (size_t)p.chunk * 32 * 128 * 130 * 4 <= (64u << 20), "chunk %d",
           p.chunk);
     f.m.head_dim = 8;
     f.m.max_seq_len = 8; f.m.n_heads = 4; f.m.n_kv_heads = 2;
-    CHECK(colibri_cuda_plan(&f.m, 0, &p) == 0 && p.chunk == 8, "short cache chunk %d", p.chunk);
+    CHECK(colibri_cuda_plan(&f.m, &p) == 0 && p.chunk == 8, "short cache chunk %d", p.chunk);
     f.m.top_k = 17;
-    CHECK(colibri_cuda_plan(&f.m, 0, &p) == -1, "top_k 17 refused");
+    CHECK(colibri_cuda_plan(&f.m, &p) == -1, "top_k 17 refused");
     f.m.top_k = 2; f.m.n_kv_heads = 3;
-    CHECK(colibri_cuda_plan(&f.m, 0, &p) == -1, "H %% Hkv != 0 refused");
+    CHECK(colibri_cuda_plan(&f.m, &p) == -1, "H %% Hkv != 0 refused");
     free(f.buf);
     return 0;
 }
@@ -259,6 +257,51 @@ static int run_open(int streams, int n, uint32_t dtype, int steps) {
     return failures ? 1 : 0;
 }
 
+/* Two contexts on one device (what colibri_ctx_new does for the contexts of a shared model, e.g.
+ * serve's slots): the weights go to the device once, each context has its own arena; closing one
+ * leaves the other working; the device is closed last. The launch log shows the rest. */
+static int run_shared(int n) {
+    fake_model f;
+    fake_model_init(&f, COLIBRI_DT_F16);
+    colibri_cuda_device *dv = NULL;
+    colibri_cuda *a = NULL, *b = NULL;
+    char why[256] = "";
+    if (colibri_cuda_device_open(&dv, &f.m, why, sizeof why) != 0) {
+        CHECK(dv == NULL && why[0], "failed device open leaves nothing and says why");
+        printf("why: %s\n", why);
+        free(f.buf);
+        return failures ? 1 : 3;
+    }
+    CHECK(colibri_cuda_open_on(&a, dv, 1, why, sizeof why) == 0, "context a: %s", why);
+    CHECK(colibri_cuda_open_on(&b, dv, 2, why, sizeof why) == 0, "context b: %s", why);
+    if (!a || !b) {
+        colibri_cuda_close(a);
+        colibri_cuda_close(b);
+        colibri_cuda_device_close(dv);
+        free(f.buf);
+        return 1;
+    }
+    colibri_cuda_info ia, ib;
+    colibri_cuda_get_info(a, &ia);
+    colibri_cuda_get_info(b, &ib);
+    printf("info: weights=%s bytes=%zu %zu\n", ia.weights, ia.device_bytes, ib.device_bytes);
+    CHECK(strcmp(ia.weights, colibri_cuda_device_info(dv)->weights) == 0, "weights mode shared");
+    int32_t ids[32];
+    for (int i = 0; i < 32; i++) ids[i] = (i * 7) % 50;
+    float *la = calloc((size_t)n * 50, sizeof *la), *lb = calloc((size_t)n * 50, sizeof *lb);
+    CHECK(colibri_cuda_forward(a, ids, n, 0, la, why, sizeof why) == 0, "forward a: %s", why);
+    CHECK(colibri_cuda_forward(b, ids, n, 0, lb, why, sizeof why) == 0, "forward b: %s", why);
+    colibri_cuda_close(a);
+    /* b still runs after a is gone: a released only what was its own */
+    CHECK(colibri_cuda_forward(b, ids, 1, n, lb, why, sizeof why) == 0, "b after a: %s", why);
+    colibri_cuda_close(b);
+    colibri_cuda_device_close(dv);
+    free(la);
+    free(lb);
+    free(f.buf);
+    return failures ? 1 : 0;
+}
+
 static int print_rope(float theta, int Dh, int positions) {
     float *cs = malloc((size_t)positions * (size_t)Dh * sizeof *cs + 1);
     if (!cs) return 1;
@@ -275,7 +318,7 @@ static int print_rope(float theta, int Dh, int positions) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: host_unit pick|launch|plan|rope T D P|open STREAMS N [DTYPE] [STEPS]\n");
+        fprintf(stderr, "usage: host_unit pick|launch|plan|rope T D P|open STREAMS N [DTYPE] [STEPS]|shared N\n");
         return 2;
     }
     if (strcmp(argv[1], "pick") == 0) test_pick();
@@ -283,6 +326,8 @@ int main(int argc, char **argv) {
     else if (strcmp(argv[1], "plan") == 0) test_plan();
     else if (strcmp(argv[1], "rope") == 0 && argc == 5)
         return print_rope((float)atof(argv[2]), atoi(argv[3]), atoi(argv[4]));
+    else if (strcmp(argv[1], "shared") == 0 && argc == 3)
+        return run_shared(atoi(argv[2]));
     else if (strcmp(argv[1], "open") == 0 && argc >= 4)
         return run_open(atoi(argv[2]), atoi(argv[3]), argc > 4 ? (uint32_t)atoi(argv[4]) : 1,
                         argc > 5 ? atoi(argv[5]) : 0);
