@@ -507,6 +507,32 @@ def test_weights_upload_in_chunks_through_pinned_staging(host_unit, stub_driver,
     assert launches(plain) == launches(lines)
 
 
+def test_contexts_of_one_model_share_the_weights_on_the_device(host_unit, stub_driver,
+                                                              tmp_path: Path):
+    """Two contexts on one device (serve's slots on one model): one CUDA context, one weights
+    allocation and one upload, then one arena per context; closing the first leaves the second
+    running; everything freed at the end (ASan's leak check). Before, each context opened its own
+    device and uploaded its own copy: N slots held the weights N times."""
+    lib = stub_driver["full"]
+    weights = _weights_bytes(host_unit, lib, tmp_path)
+    log = tmp_path / "shared.log"
+    proc = run_unit(host_unit, "shared", "4", env={"COLIBRI_LIBCUDA": str(lib),
+                                                   "STUB_LOG": str(log)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = log.read_text().splitlines()
+    allocs = [int(ln.split()[1]) for ln in lines if ln.startswith("alloc ")]
+    assert lines.count("ctx create") == 1 and lines.count("ctx destroy") == 1
+    assert len(allocs) == 3 and allocs[0] == weights and allocs[1] == allocs[2] < weights, allocs
+    first_launch = next(i for i, ln in enumerate(lines) if ln.startswith(("launch ", "capture ")))
+    up = [int(ln.split()[2]) for ln in lines[:first_launch] if ln.startswith("htod async")]
+    assert sum(up) == weights + 4 * 4 + 8, up  # the weights once, then the first forward's ids
+    # each context reports its arena plus the one shared copy
+    assert f"bytes={allocs[1] + weights} {allocs[2] + weights}" in proc.stdout, proc.stdout
+    # the device goes last: after both contexts freed their logits buffers
+    frees = [i for i, ln in enumerate(lines) if ln == "freehost"]
+    assert len(frees) == 3 and lines.index("ctx destroy") > frees[-1]
+
+
 @pytest.mark.parametrize("fail_at", [1, 3])
 def test_weights_upload_failure_names_the_chunk(host_unit, stub_driver, tmp_path: Path,
                                                 fail_at: int):

@@ -114,26 +114,32 @@ def test_check_fits_refuses_with_numbers_and_what_fits() -> None:
     assert kv_cache_bytes(q) == 2 * 16 * 65536 * 512 * 4
     with pytest.raises(ModelError, match=r"2 slot\(s\).*would fit: .*--max-seq-len \d+"):
         check_fits(q, "orin-nx", slots=2)
-    # the CUDA backend copies the weights into each slot's device arena (on a Jetson the same
-    # DRAM) and stages the upload through 3 x 16 MiB; the mapped file (COLIBRI_CUDA_WEIGHTS=map)
-    # is one copy for all slots
+    # the CUDA backend copies the weights to the device once, shared by every slot (on a Jetson
+    # the same DRAM), and stages the upload through 3 x 16 MiB; the mapped file
+    # (COLIBRI_CUDA_WEIGHTS=map) needs no staging
     four = footprint(q, "orin-nx", slots=4)
-    assert (four.weights_mode, four.weight_copies, four.upload) == ("copied", 4, 48 * MIB)
-    assert four.total == 4 * four.weights + 4 * four.arena + 48 * MIB
+    assert (four.weights_mode, four.upload) == ("copied", 48 * MIB)
+    assert four.total == four.weights + 4 * four.arena + 48 * MIB
     mapped = footprint(q, "orin-nx", slots=4, cuda_weights="map")
     assert (mapped.weights_mode, mapped.upload) == ("mapped", 0)
     assert mapped.total == four.weights + 4 * four.arena
-    with pytest.raises(ModelError, match=r"needs [\d,]+ MiB \(4 x weights [\d,]+ MiB as q4, one "
-                                         r"device copy per slot \+ 4 slot\(s\) x arena .* \+ "
-                                         r"upload staging 48 MiB\)"):
+    with pytest.raises(ModelError, match=r"needs [\d,]+ MiB \(weights [\d,]+ MiB as q4, one "
+                                         r"device copy shared by the slots \+ 4 slot\(s\) x arena "
+                                         r".* \+ upload staging 48 MiB\)"):
         check_fits(q, "orin-nx", slots=4)
-    # where only the shared mapped file fits, it is named
-    small = replace(q, max_seq_len=2048)
-    assert not footprint(small, "orin-nx", slots=3).fits
-    assert footprint(small, "orin-nx", slots=3, cuda_weights="map").fits
+    # where only the upload staging is missing, the mapped file is named: the longest context
+    # whose copied footprint is within 48 MiB over the limit
+    avail = four.available
+    lo, hi = 256, q.max_seq_len
+    while hi - lo > 1:  # the shortest context that does not fit with the copy
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if footprint(replace(q, max_seq_len=mid), "orin-nx").fits else (lo, mid)
+    edge = replace(q, max_seq_len=hi)  # one position more than fits: 64 KiB of KV cache over
+    assert 0 < footprint(edge, "orin-nx").total - avail <= 48 * MIB
+    assert footprint(edge, "orin-nx", cuda_weights="map").fits
     with pytest.raises(ModelError, match=r"would fit: .*COLIBRI_CUDA_WEIGHTS=map"):
-        check_fits(small, "orin-nx", slots=3)
-    assert footprint(small, "host", slots=3).weights_mode == "file"  # CPU: the mapped file
+        check_fits(edge, "orin-nx")
+    assert footprint(q, "host", slots=3).weights_mode == "file"  # CPU: the mapped file
 
 
 def _invoke(*args: str) -> subprocess.CompletedProcess[str]:
@@ -167,11 +173,11 @@ def test_invoke_model_info_footprint_per_target(tmp_path: Path) -> None:
     assert set(by) >= {"host", "orin-nx", "orin-nano", "agx-orin", "xavier-nx", "agx-thor"}
     for t, f in by.items():
         fp = model_footprint(model, t, slots=2)
-        copies = 2 if f["backend"] == "cuda" else 1  # the CUDA backend: one copy per slot
-        assert f["weight_copies"] == copies
-        assert f["total_bytes"] == fp.total == copies * f["weights_bytes"] + 2 * f["arena_bytes"] \
+        # one copy of the weights, whatever the slots (the CUDA backend shares its device copy)
+        assert f["total_bytes"] == fp.total == f["weights_bytes"] + 2 * f["arena_bytes"] \
             + f["upload_bytes"]
-        assert f["upload_bytes"] == (min(48 * MIB, 3 * f["weights_bytes"]) if copies == 2 else 0)
+        cuda = f["backend"] == "cuda"
+        assert f["upload_bytes"] == (min(48 * MIB, 3 * f["weights_bytes"]) if cuda else 0)
         assert f["fits"] is True and f["slots"] == 2
         assert f"{t}: " in r.stderr
     assert by["orin-nx"]["backend"] == "cuda" and by["host"]["backend"] == "cpu"

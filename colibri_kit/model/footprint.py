@@ -1,17 +1,18 @@
 """Device memory footprint of a model on a target, and the fit check (docs/models.md, "Memory").
 
     CPU:                   footprint = weights + slots x arena
-    CUDA, weights copied:  footprint = slots x (weights + arena) + upload   (the runtime default)
+    CUDA, weights copied:  footprint = weights + slots x arena + upload     (the runtime default)
     CUDA, weights mapped:  footprint = weights + slots x arena              (COLIBRI_CUDA_WEIGHTS=map)
 
 - weights: the `.colibri` file. The CPU backend reads it memory-mapped (one copy, shared by every
-  context). The CUDA backend copies it into each context's device arena (on a Jetson that is the
-  same DRAM), in chunks whose mapped pages it drops once staged, so the file's pages do not stay
-  resident beside the copies; with COLIBRI_CUDA_WEIGHTS=map (integrated GPU) the mapped file
-  itself is registered with the GPU instead: one copy, shared;
-- upload: while a context uploads, two page-locked staging buffers and the mapped pages of the
-  chunk being staged (3 x 16 MiB, runtime/src/cuda_backend.c CB_UPLOAD_CHUNK) exist besides the
-  copies; the peak is counted, since a service opens its contexts one after another at start;
+  context). The CUDA backend copies it once to the device (on a Jetson that is the same DRAM),
+  shared by every context of the model (runtime/src/cuda_backend.c colibri_cuda_device), in
+  chunks whose mapped pages it drops once staged, so the file's pages do not stay resident beside
+  the copy; with COLIBRI_CUDA_WEIGHTS=map (integrated GPU) the mapped file itself is registered
+  with the GPU instead;
+- upload: while the first context uploads, two page-locked staging buffers and the mapped pages
+  of the chunk being staged (3 x 16 MiB, runtime/src/cuda_backend.c CB_UPLOAD_CHUNK) exist
+  besides the copy; the peak is counted;
 - arena: what the runtime allocates per context, computed with the runtime's own plan: the CPU
   arena of runtime/src/arena.c (colibri_arena_plan) on CPU-only targets, the device arena of
   runtime/src/cuda_backend.c (colibri_cuda_plan, without the weights region, counted above) on
@@ -155,22 +156,19 @@ class Footprint:
     slots: int
     available: int | None  # target memory minus its reserve; None: the profile sets no memory
     kv_dtype: str = "f32"  # how the KV cache is stored (colibri --kv-cache)
-    # "file": the mapped file, shared (CPU); "copied": one device copy per slot (CUDA default);
-    # "mapped": the mapped file registered with the GPU, shared (CUDA, COLIBRI_CUDA_WEIGHTS=map)
+    # "file": the mapped file (CPU); "copied": one device copy (CUDA default); "mapped": the
+    # mapped file registered with the GPU (CUDA, COLIBRI_CUDA_WEIGHTS=map). Each is one copy,
+    # shared by every slot.
     weights_mode: str = "file"
 
     @property
-    def weight_copies(self) -> int:
-        return self.slots if self.weights_mode == "copied" else 1
-
-    @property
     def upload(self) -> int:
-        """Transient bytes of one context's chunked upload (copied weights only)."""
+        """Transient bytes of the chunked upload (copied weights only)."""
         return min(CUDA_UPLOAD_PEAK, 3 * self.weights) if self.weights_mode == "copied" else 0
 
     @property
     def total(self) -> int:
-        return self.weight_copies * self.weights + self.slots * self.arena + self.upload
+        return self.weights + self.slots * self.arena + self.upload
 
     @property
     def fits(self) -> bool:
@@ -181,15 +179,14 @@ class Footprint:
                 "arena_bytes": self.arena, "kv_cache_bytes": self.kv_cache, "slots": self.slots,
                 "total_bytes": self.total, "available_bytes": self.available, "fits": self.fits,
                 "kv_dtype": self.kv_dtype, "weights_mode": self.weights_mode,
-                "weight_copies": self.weight_copies, "upload_bytes": self.upload}
+                "upload_bytes": self.upload}
 
     def weights_text(self) -> str:
         """The weights' part of the total, in words."""
         w = f"weights {self.weights / MIB:,.1f}"
         if self.weights_mode != "copied":
             return w + (" mapped" if self.weights_mode == "mapped" else "")
-        return (f"{self.slots} x {w} copied" if self.slots > 1 else f"{w} copied") + \
-            f" + upload {self.upload / MIB:,.0f}"
+        return f"{w} copied + upload {self.upload / MIB:,.0f}"
 
     def line(self) -> str:
         avail = "no memory limit in the profile" if self.available is None else \
@@ -261,12 +258,12 @@ def suggestions(h: ModelHeader, target: str, slots: int = 1) -> list[str]:
     if lo > 0:
         fp = footprint(replace(h, max_seq_len=lo * 256), target, slots=slots)
         out.append(f"--max-seq-len {lo * 256} ({fp.total / MIB:,.0f} MiB)")
-    # several slots copy the weights once each; the mapped file is one copy for all of them
+    # the mapped file needs no upload staging: where only that is missing, it is named
     mapped = footprint(h, target, slots=slots, cuda_weights="map")
-    if slots > 1 and mapped.backend == "cuda" and mapped.fits:
+    if mapped.backend == "cuda" and mapped.fits:
         out.append(f"COLIBRI_CUDA_WEIGHTS=map in the runtime's environment ({mapped.total / MIB:,.0f} "
-                   "MiB: one mapped copy shared by the slots; its GPU read speed on a Jetson is "
-                   "not yet measured, docs/cuda.md)")
+                   "MiB: no upload staging; its GPU read speed on a Jetson is not yet measured, "
+                   "docs/cuda.md)")
     return out
 
 
@@ -278,14 +275,13 @@ def check_fits(h: ModelHeader, target: str, weights_bytes: int | None = None,
     if fp.fits:
         return fp
     assert fp.available is not None
-    copies = f"{fp.weight_copies} x " if fp.weight_copies > 1 else ""
-    how = ", one device copy per slot" if fp.weights_mode == "copied" else ""
+    how = ", one device copy shared by the slots" if fp.weights_mode == "copied" else ""
     upload = f" + upload staging {fp.upload / MIB:,.0f} MiB" if fp.upload else ""
     what = suggestions(h, target, slots)
     hint = ("would fit: " + ", ".join(what)) if what else \
         "no dtype or context length fits this target; choose a smaller model or a larger target"
     raise ModelError(
-        f"model does not fit target {target!r}: needs {fp.total / MIB:,.0f} MiB ({copies}weights "
+        f"model does not fit target {target!r}: needs {fp.total / MIB:,.0f} MiB (weights "
         f"{fp.weights / MIB:,.0f} MiB as {DType(h.dtype).name.lower()}{how} + {slots} slot(s) x "
         f"arena {fp.arena / MIB:,.0f} MiB incl. KV cache {fp.kv_cache / MIB:,.0f} MiB at "
         f"max_seq_len {h.max_seq_len}{upload}), the target has {fp.available / MIB:,.0f} MiB available "

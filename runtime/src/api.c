@@ -67,15 +67,34 @@ colibri_status colibri_model_load(colibri_model **out, const char *path,
         return s;
     }
     m->refs = 1;
+    pthread_mutex_init(&m->gpu_mu, NULL);
     *out = m;
     return COLIBRI_OK;
 }
 
 static void model_unref(colibri_model *m) {
     if (m && __atomic_sub_fetch(&m->refs, 1, __ATOMIC_ACQ_REL) == 0) {
+        colibri_cuda_device_close(m->gpu); /* every context on it is closed by now */
+        pthread_mutex_destroy(&m->gpu_mu);
         colibri_model_close(m);
         free(m);
     }
+}
+
+/* A CUDA context for ctx on the model's shared device, opening the device on first use. */
+static int model_cuda_open(colibri_model *model, colibri_cuda **out, int kv_f16, char *why,
+                           size_t why_len) {
+    pthread_mutex_lock(&model->gpu_mu);
+    if (!model->gpu_tried) {
+        model->gpu_tried = 1;
+        if (colibri_cuda_device_open(&model->gpu, model, model->gpu_why, sizeof model->gpu_why))
+            model->gpu = NULL;
+    }
+    colibri_cuda_device *dv = model->gpu;
+    if (!dv) snprintf(why, why_len, "%s", model->gpu_why);
+    pthread_mutex_unlock(&model->gpu_mu);
+    if (!dv) return -1;
+    return colibri_cuda_open_on(out, dv, COLIBRI_STREAM_COUNT, kv_f16, why, why_len);
 }
 
 void colibri_model_free(colibri_model *m) { model_unref(m); }
@@ -112,11 +131,12 @@ colibri_status colibri_ctx_new(colibri_ctx **out, colibri_model *model,
     const struct colibri_model *m = ctx->model;
 
     /* Backend: CUDA when asked for or available; otherwise the CPU with the reason kept. The
-     * CUDA state (device arena, streams, uploaded or mapped weights) is per context. */
+     * CUDA context, kernels and weights on the device are the model's, shared by its contexts;
+     * streams, arena and KV cache are this context's. */
     if (opt.backend != COLIBRI_BACKEND_CPU) {
         char why[192] = "";
-        if (colibri_cuda_open(&ctx->cuda, m, COLIBRI_STREAM_COUNT, opt.kv_dtype == COLIBRI_KV_F16,
-                              why, sizeof why) != 0) {
+        if (model_cuda_open(model, &ctx->cuda, opt.kv_dtype == COLIBRI_KV_F16, why,
+                            sizeof why) != 0) {
             ctx->cuda = NULL;
             if (opt.backend == COLIBRI_BACKEND_CUDA)
                 return init_fail(ctx, &opt,

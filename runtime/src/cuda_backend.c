@@ -5,10 +5,12 @@
  * embedded (kernel_images.h): the cubin compiled for exactly the device's SM, else the PTX, which
  * the driver JIT-compiles for a newer SM. Every failure returns a one-line reason.
  *
- * Memory: one device arena, sized at open from the model geometry (colibri_cuda_plan), holds the
- * activations, the KV cache and the per-expert pointer tables. Weights are the model file's data
- * section, copied once into the arena in chunks (each chunk's host pages dropped once it is
- * staged, so the peak stays near one copy); COLIBRI_CUDA_WEIGHTS=map on an integrated GPU
+ * Memory: the model's device (colibri_cuda_device, shared by all its contexts) holds the CUDA
+ * context, the kernels and the weights: the model file's data section, copied once to the device
+ * in chunks (each chunk's host pages dropped once it is staged, so the peak stays near one copy),
+ * however many contexts (serve slots) run on it. Each context has one device arena, sized from
+ * the model geometry (colibri_cuda_plan): activations, KV cache, per-expert pointer tables, RoPE
+ * table. COLIBRI_CUDA_WEIGHTS=map on an integrated GPU
  * (Jetson: CPU and GPU share DRAM) registers and device-maps the mmapped file itself instead.
  * Either way a weight's device address is its file offset from one base. Logits come down
  * through one page-locked host buffer.
@@ -107,8 +109,7 @@ static size_t cb_part_tokens(size_t chunk, size_t Dh) {
     return Dh <= (size_t)COLIBRI_CU_FA_MAX_DH ? 1 : chunk;
 }
 
-int colibri_cuda_plan(const struct colibri_model *m, int copy_weights, int kv_f16,
-                      colibri_cuda_plan_t *p) {
+int colibri_cuda_plan(const struct colibri_model *m, int kv_f16, colibri_cuda_plan_t *p) {
     memset(p, 0, sizeof *p);
     const size_t S = m->max_seq_len, H = m->n_heads, Dh = m->head_dim, Dp = m->embed_dim_pad;
     const size_t E = m->num_experts, k = m->top_k, F = m->expert_size, V = m->vocab_size;
@@ -157,8 +158,6 @@ int colibri_cuda_plan(const struct colibri_model *m, int copy_weights, int kv_f1
     p->kcache = cb_take(&at, L * S * kvd * kv_bytes);
     p->vcache = cb_take(&at, L * S * kvd * kv_bytes);
     p->tables = cb_take(&at, L * (6 * E + 6) * sizeof(CUdeviceptr));
-    p->weights = copy_weights ? cb_take(&at, (size_t)(m->file_size - m->data_offset)) : 0;
-    p->weights_bytes = copy_weights ? (size_t)(m->file_size - m->data_offset) : 0;
     p->total = at;
     return 0;
 }
@@ -300,21 +299,42 @@ enum { CB_T_UP, CB_T_DOWN, CB_T_LINEAR, CB_T_COUNT };
 static const char *const cb_tc_names[CB_T_COUNT] = {"cb_expert_up_mma", "cb_expert_down_mma",
                                                     "cb_linear_mma"};
 
-struct colibri_cuda {
+/* The model's GPU: the driver, one CUDA context, the kernels and the one device copy (or
+ * mapping) of the weights. Every context of a model shares it (api.c keeps it with the model and
+ * frees it with the model), so serving N slots holds the weights once, not N times. */
+struct colibri_cuda_device {
     cb_driver d;
     CUdevice dev;
     CUcontext ctx;
     CUmodule mod;
     CUfunction fn[CB_F_COUNT];
     CUfunction tc[CB_T_COUNT]; /* tensor-core prefill kernels, all NULL when the image lacks them */
+    const struct colibri_model *m;
+    CUdeviceptr weights;       /* the device copy of the data section (0 when mapped) */
+    size_t weights_bytes;      /* its size */
+    CUdeviceptr wbase;         /* device address of the file's byte data_offset */
+    void *registered;          /* host range registered with cuMemHostRegister (mapped) */
+    colibri_cuda_info info;    /* device, image, weights mode, prefill path */
+};
+
+struct colibri_cuda {
+    /* copies of the device's driver table, context and kernels, so the launch code reads one
+     * struct; owned by dv (released by colibri_cuda_device_close, not by this context) */
+    cb_driver d;
+    CUdevice dev;
+    CUcontext ctx;
+    CUmodule mod;
+    CUfunction fn[CB_F_COUNT];
+    CUfunction tc[CB_T_COUNT];
+    colibri_cuda_device *dv;
+    int owns_dv;             /* colibri_cuda_open's private device: closed with the context */
     CUstream stream[2];
     int nstreams;
     CUevent ev_h, ev_shared; /* FFN input ready (stream 0) / shared expert done (stream 1) */
     const struct colibri_model *m;
     colibri_cuda_plan_t plan;
     CUdeviceptr arena;
-    CUdeviceptr wbase;       /* device address of the file's byte data_offset */
-    void *registered;        /* host range registered with cuMemHostRegister (integrated) */
+    CUdeviceptr wbase;       /* dv->wbase */
     float *host_logits;      /* page-locked (cuMemAllocHost): plan.chunk x vocab logits */
     /* decode graph: captured on the first one-token forward, then launched once per token;
      * graph_off: the driver lacks the entry points, or a capture failed (plain launches) */
@@ -324,11 +344,16 @@ struct colibri_cuda {
     colibri_cuda_info info;
 };
 
-static int cb_fail(colibri_cuda *cu, CUresult rc, const char *what, char *why, size_t why_len) {
+static int cb_fail_d(const cb_driver *d, CUresult rc, const char *what, char *why,
+                     size_t why_len) {
     const char *s = NULL;
-    if (cu->d.GetErrorString) cu->d.GetErrorString(rc, &s);
+    if (d->GetErrorString) d->GetErrorString(rc, &s);
     snprintf(why, why_len, "%s failed: %s (CUresult %d)", what, s ? s : "unknown error", rc);
     return -1;
+}
+
+static int cb_fail(colibri_cuda *cu, CUresult rc, const char *what, char *why, size_t why_len) {
+    return cb_fail_d(&cu->d, rc, what, why, why_len);
 }
 
 #define CB_CHECK(call, what)                                                                     \
@@ -566,7 +591,7 @@ static int cb_upload_tables(colibri_cuda *cu, char *why, size_t why_len) {
 
 /* Integrated GPU: register the mmapped data section for device access (no second copy).
  * Returns 0 when mapped; non-zero (and nothing held) when the caller should copy instead. */
-static int cb_map_weights(colibri_cuda *cu) {
+static int cb_map_weights(colibri_cuda_device *cu) {
     const struct colibri_model *m = cu->m;
     if (!m->mapped) return -1;
     const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
@@ -636,13 +661,12 @@ static size_t cb_upload_chunk(void) {
  * chunks go from the mapping with cuMemcpyHtoD (the driver stages pageable memory itself; the
  * call returns once the source may be reused, so the pages are dropped after it). Errors name
  * the chunk; nothing is left allocated or in flight on failure. */
-static int cb_upload_weights(colibri_cuda *cu, char *why, size_t why_len) {
+static int cb_upload_weights(colibri_cuda_device *cu, CUstream s0, CUevent done[2], char *why,
+                             size_t why_len) {
     const struct colibri_model *m = cu->m;
     const uint8_t *src = m->base + m->data_offset;
-    const size_t total = cu->plan.weights_bytes, step = cb_upload_chunk();
+    const size_t total = cu->weights_bytes, step = cb_upload_chunk();
     const size_t nchunks = total ? (total + step - 1) / step : 0;
-    CUstream s0 = cu->stream[0];
-    CUevent done[2] = {cu->ev_h, cu->ev_shared}; /* not in use before the first forward */
     uint8_t *stage = NULL;
     if (nchunks && cu->d.MemAllocHost((void **)&stage, 2 * (total < step ? total : step)) !=
                        CUDA_SUCCESS)
@@ -685,10 +709,10 @@ static int cb_upload_weights(colibri_cuda *cu, char *why, size_t why_len) {
         char where[160];
         snprintf(where, sizeof where, "%s of weights chunk %zu of %zu (bytes %zu..%zu)", what,
                  i + 1, nchunks, off, off + len);
-        return cb_fail(cu, r, where, why, why_len);
+        return cb_fail_d(&cu->d, r, where, why, why_len);
     }
     if (sync != CUDA_SUCCESS)
-        return cb_fail(cu, sync, "weights upload (cuStreamSynchronize)", why, why_len);
+        return cb_fail_d(&cu->d, sync, "weights upload (cuStreamSynchronize)", why, why_len);
     return 0;
 }
 
@@ -712,11 +736,11 @@ static int cb_check_model(const struct colibri_model *m, char *why, size_t why_l
     return 0;
 }
 
-int colibri_cuda_open(colibri_cuda **out, const struct colibri_model *m, int stream_count,
-                      int kv_f16, char *why, size_t why_len) {
+int colibri_cuda_device_open(colibri_cuda_device **out, const struct colibri_model *m,
+                             char *why, size_t why_len) {
     *out = NULL;
     if (cb_check_model(m, why, why_len)) return -1;
-    colibri_cuda *cu = calloc(1, sizeof *cu);
+    colibri_cuda_device *cu = calloc(1, sizeof *cu);
     if (!cu) {
         snprintf(why, why_len, "out of host memory for the CUDA backend");
         return -1;
@@ -726,17 +750,18 @@ int colibri_cuda_open(colibri_cuda **out, const struct colibri_model *m, int str
         free(cu);
         return -1;
     }
-    *out = cu; /* from here colibri_cuda_close releases whatever was acquired */
-    int rc = -1;
+    *out = cu; /* from here colibri_cuda_device_close releases whatever was acquired */
+    CUstream up = NULL;
+    CUevent done[2] = {NULL, NULL};
     CUresult r = cu->d.Init(0);
     if (r != CUDA_SUCCESS) {
-        cb_fail(cu, r, "cuInit", why, why_len);
+        cb_fail_d(&cu->d, r, "cuInit", why, why_len);
         goto fail;
     }
     int count = 0;
     if ((r = cu->d.DeviceGetCount(&count)) != CUDA_SUCCESS || count < 1) {
         if (r == CUDA_SUCCESS) snprintf(why, why_len, "no CUDA device visible to the driver");
-        else cb_fail(cu, r, "cuDeviceGetCount", why, why_len);
+        else cb_fail_d(&cu->d, r, "cuDeviceGetCount", why, why_len);
         goto fail;
     }
     int major = 0, minor = 0, integrated = 0, can_map = 0;
@@ -752,7 +777,7 @@ int colibri_cuda_open(colibri_cuda **out, const struct colibri_model *m, int str
         (r = cu->d.DeviceGetName(cu->info.device_name, (int)sizeof cu->info.device_name,
                                  cu->dev)) != CUDA_SUCCESS ||
         (r = cu->d.DriverGetVersion(&cu->info.driver_version)) != CUDA_SUCCESS) {
-        cb_fail(cu, r, "querying CUDA device 0", why, why_len);
+        cb_fail_d(&cu->d, r, "querying CUDA device 0", why, why_len);
         goto fail;
     }
     cu->info.sm = major * 10 + minor;
@@ -765,10 +790,12 @@ int colibri_cuda_open(colibri_cuda **out, const struct colibri_model *m, int str
     snprintf(cu->info.image, sizeof cu->info.image, "%s", ki->kind);
 
     if ((r = cu->d.CtxCreate(&cu->ctx, CU_CTX_MAP_HOST, cu->dev)) != CUDA_SUCCESS) {
-        cb_fail(cu, r, "cuCtxCreate", why, why_len);
+        cu->ctx = NULL;
+        cb_fail_d(&cu->d, r, "cuCtxCreate", why, why_len);
         goto fail;
     }
-    /* cuCtxCreate made ctx current on this thread; forward pushes it on whatever thread calls */
+    /* cuCtxCreate made ctx current on this thread; every context of the model pushes it on
+     * whatever thread calls (a CUDA context may be current on several threads at once) */
     char jit_log[512] = "";
     int opts[] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
     void *vals[] = {jit_log, (void *)(uintptr_t)sizeof jit_log};
@@ -779,13 +806,14 @@ int colibri_cuda_open(colibri_cuda **out, const struct colibri_model *m, int str
         snprintf(what, sizeof what, "loading the %s %s_%d kernels on driver %d%s%.60s", ki->kind,
                  strcmp(ki->kind, "ptx") == 0 ? "compute" : "sm", ki->sm, cu->info.driver_version,
                  jit_log[0] ? ": " : "", jit_log);
-        cb_fail(cu, r, what, why, why_len);
+        cu->mod = NULL;
+        cb_fail_d(&cu->d, r, what, why, why_len);
         goto fail;
     }
     for (int f = 0; f < CB_F_COUNT; f++) {
         if ((r = cu->d.ModuleGetFunction(&cu->fn[f], cu->mod, cb_kernel_names[f])) !=
             CUDA_SUCCESS) {
-            cb_fail(cu, r, cb_kernel_names[f], why, why_len);
+            cb_fail_d(&cu->d, r, cb_kernel_names[f], why, why_len);
             goto fail;
         }
     }
@@ -796,6 +824,109 @@ int colibri_cuda_open(colibri_cuda **out, const struct colibri_model *m, int str
         if (found != CB_T_COUNT) memset(cu->tc, 0, sizeof cu->tc); /* all or none */
         snprintf(cu->info.prefill, sizeof cu->info.prefill, "%s",
                  found == CB_T_COUNT ? "mma" : "simt");
+    }
+
+    /* weights: one copy on the device, uploaded in chunks, by default on every GPU.
+     * COLIBRI_CUDA_WEIGHTS=map opts into the device-mapped file on an integrated GPU (no second
+     * copy). Not the default until gpu-check has measured it on a Jetson: GPU reads of registered
+     * host memory may take the I/O-coherency path on some Tegra parts, and llama.cpp keeps its
+     * weights in device allocations on Jetson. A discrete GPU always copies (mapped reads would
+     * cross PCIe). */
+    const char *wmode = getenv("COLIBRI_CUDA_WEIGHTS");
+    if (wmode && *wmode && strcmp(wmode, "copy") != 0 && strcmp(wmode, "map") != 0) {
+        snprintf(why, why_len, "COLIBRI_CUDA_WEIGHTS must be copy or map, got '%.32s'", wmode);
+        goto fail;
+    }
+    const int want_map = integrated && can_map && wmode && strcmp(wmode, "map") == 0;
+    const int mapped = want_map ? cb_map_weights(cu) == 0 : 0;
+    if (!mapped) {
+        cu->weights_bytes = (size_t)(m->file_size - m->data_offset);
+        if (cu->weights_bytes &&
+            (r = cu->d.MemAlloc(&cu->weights, cu->weights_bytes)) != CUDA_SUCCESS) {
+            char what[96];
+            cu->weights = 0;
+            snprintf(what, sizeof what, "cuMemAlloc(%zu MiB of weights)", cu->weights_bytes >> 20);
+            cb_fail_d(&cu->d, r, what, why, why_len);
+            goto fail;
+        }
+        cu->wbase = cu->weights;
+        /* the upload's own stream and two events (a context's are not made yet) */
+        if ((r = cu->d.StreamCreate(&up, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS ||
+            (r = cu->d.EventCreate(&done[0], CU_EVENT_DISABLE_TIMING)) != CUDA_SUCCESS ||
+            (r = cu->d.EventCreate(&done[1], CU_EVENT_DISABLE_TIMING)) != CUDA_SUCCESS) {
+            cb_fail_d(&cu->d, r, "creating the upload stream", why, why_len);
+            goto fail;
+        }
+        if (cb_upload_weights(cu, up, done, why, why_len)) goto fail;
+        cu->d.EventDestroy(done[0]);
+        cu->d.EventDestroy(done[1]);
+        cu->d.StreamDestroy(up);
+        up = NULL;
+        done[0] = done[1] = NULL;
+    }
+    snprintf(cu->info.weights, sizeof cu->info.weights, "%s", mapped ? "mapped" : "copied");
+    (void)COLIBRI_IGPU; /* the profile's expectation; the device attribute decides */
+    CUcontext popped;
+    cu->d.CtxPopCurrent(&popped);
+    return 0;
+fail:
+    if (cu->ctx) {
+        for (int i = 0; i < 2; i++)
+            if (done[i]) cu->d.EventDestroy(done[i]);
+        if (up) cu->d.StreamDestroy(up);
+    }
+    colibri_cuda_device_close(cu);
+    *out = NULL;
+    return -1;
+}
+
+void colibri_cuda_device_close(colibri_cuda_device *cu) {
+    if (!cu) return;
+    if (cu->d.lib) {
+        if (cu->ctx) {
+            cu->d.CtxPushCurrent(cu->ctx);
+            if (cu->weights) cu->d.MemFree(cu->weights);
+            if (cu->registered) cu->d.MemHostUnregister(cu->registered);
+            if (cu->mod) cu->d.ModuleUnload(cu->mod);
+            CUcontext popped;
+            cu->d.CtxPopCurrent(&popped);
+            cu->d.CtxDestroy(cu->ctx);
+        }
+        dlclose(cu->d.lib);
+    }
+    free(cu);
+}
+
+const colibri_cuda_info *colibri_cuda_device_info(const colibri_cuda_device *dv) {
+    return &dv->info;
+}
+
+int colibri_cuda_open_on(colibri_cuda **out, colibri_cuda_device *dv, int stream_count,
+                         int kv_f16, char *why, size_t why_len) {
+    *out = NULL;
+    colibri_cuda *cu = calloc(1, sizeof *cu);
+    if (!cu) {
+        snprintf(why, why_len, "out of host memory for the CUDA backend");
+        return -1;
+    }
+    const struct colibri_model *m = dv->m;
+    cu->m = m;
+    cu->dv = dv;
+    cu->d = dv->d;
+    cu->dev = dv->dev;
+    cu->ctx = dv->ctx;
+    cu->mod = dv->mod;
+    memcpy(cu->fn, dv->fn, sizeof cu->fn);
+    memcpy(cu->tc, dv->tc, sizeof cu->tc);
+    cu->wbase = dv->wbase;
+    cu->info = dv->info;
+    *out = cu; /* from here colibri_cuda_close releases whatever was acquired */
+    int rc = -1;
+    CUresult r;
+    if ((r = cu->d.CtxPushCurrent(cu->ctx)) != CUDA_SUCCESS) {
+        cb_fail(cu, r, "cuCtxPushCurrent", why, why_len);
+        cu->ctx = NULL; /* not pushed: close must not pop it */
+        goto fail;
     }
 
     cu->nstreams = stream_count >= 2 ? 2 : 1;
@@ -809,33 +940,16 @@ int colibri_cuda_open(colibri_cuda **out, const struct colibri_model *m, int str
         cb_fail(cu, r, "cuEventCreate", why, why_len);
         goto fail;
     }
-
-    /* weights: one copy in the arena, uploaded in chunks, by default on every GPU.
-     * COLIBRI_CUDA_WEIGHTS=map opts into the device-mapped file on an integrated GPU (no second
-     * copy). Not the default until gpu-check has measured it on a Jetson: GPU reads of registered
-     * host memory may take the I/O-coherency path on some Tegra parts, and llama.cpp keeps its
-     * weights in device allocations on Jetson. A discrete GPU always copies (mapped reads would
-     * cross PCIe). */
-    const char *wmode = getenv("COLIBRI_CUDA_WEIGHTS");
-    if (wmode && *wmode && strcmp(wmode, "copy") != 0 && strcmp(wmode, "map") != 0) {
-        snprintf(why, why_len, "COLIBRI_CUDA_WEIGHTS must be copy or map, got '%.32s'", wmode);
-        goto fail;
-    }
-    const int want_map = integrated && can_map && wmode && strcmp(wmode, "map") == 0;
-    int mapped = want_map ? cb_map_weights(cu) == 0 : 0;
-    if (colibri_cuda_plan(m, !mapped, kv_f16, &cu->plan)) {
+    if (colibri_cuda_plan(m, kv_f16, &cu->plan)) {
         snprintf(why, why_len, "model geometry unsupported by the CUDA backend");
         goto fail;
     }
     if ((r = cu->d.MemAlloc(&cu->arena, cu->plan.total)) != CUDA_SUCCESS) {
         char what[96];
+        cu->arena = 0;
         snprintf(what, sizeof what, "cuMemAlloc(%zu MiB arena)", cu->plan.total >> 20);
         cb_fail(cu, r, what, why, why_len);
         goto fail;
-    }
-    if (!mapped) {
-        cu->wbase = cu->arena + cu->plan.weights;
-        if (cb_upload_weights(cu, why, why_len)) goto fail;
     }
     {
         const size_t bytes = (size_t)cu->plan.chunk * m->vocab_size * sizeof(float);
@@ -845,12 +959,11 @@ int colibri_cuda_open(colibri_cuda **out, const struct colibri_model *m, int str
             goto fail;
         }
     }
-    snprintf(cu->info.weights, sizeof cu->info.weights, "%s", mapped ? "mapped" : "copied");
-    cu->info.device_bytes = cu->plan.total;
+    /* what this context keeps on the device: its arena, and the model's weights copy, which
+     * every context of the model shares */
+    cu->info.device_bytes = cu->plan.total + dv->weights_bytes;
     cu->info.kv_f16 = cu->plan.kv_f16;
     cu->info.kv_cache_bytes = cu->plan.kv_bytes;
-    (void)COLIBRI_IGPU; /* the profile's expectation; the device attribute decides */
-
     if (cb_upload_tables(cu, why, why_len)) goto fail;
     {
         const size_t count = (size_t)m->max_seq_len * (m->head_dim / 2) * 2;
@@ -896,9 +1009,27 @@ int colibri_cuda_open(colibri_cuda **out, const struct colibri_model *m, int str
     cu->d.CtxPopCurrent(&popped);
     return 0;
 fail:
+    if (cu->ctx) {
+        CUcontext pushed;
+        cu->d.CtxPopCurrent(&pushed);
+    }
     colibri_cuda_close(cu);
     *out = NULL;
     return rc;
+}
+
+
+int colibri_cuda_open(colibri_cuda **out, const struct colibri_model *m, int stream_count,
+                      int kv_f16, char *why, size_t why_len) {
+    colibri_cuda_device *dv;
+    *out = NULL;
+    if (colibri_cuda_device_open(&dv, m, why, why_len)) return -1;
+    if (colibri_cuda_open_on(out, dv, stream_count, kv_f16, why, why_len)) {
+        colibri_cuda_device_close(dv);
+        return -1;
+    }
+    (*out)->owns_dv = 1;
+    return 0;
 }
 
 /* The kernels of one chunk of n <= plan.chunk tokens at positions pos.. pos+n-1, issued on the
@@ -1147,28 +1278,25 @@ void colibri_cuda_get_info(const colibri_cuda *cu, colibri_cuda_info *info) {
     else memset(info, 0, sizeof *info);
 }
 
+/* Releases what the context holds; the device (context, kernels, weights) stays with its model
+ * unless this context opened a private one (colibri_cuda_open). */
 void colibri_cuda_close(colibri_cuda *cu) {
     if (!cu) return;
-    if (cu->d.lib) {
-        if (cu->ctx) {
-            cu->d.CtxPushCurrent(cu->ctx);
-            for (int s = 0; s < 2; s++)
-                if (cu->stream[s]) cu->d.StreamSynchronize(cu->stream[s]);
-            if (cu->graph) cu->d.GraphExecDestroy(cu->graph);
-            if (cu->ev_h) cu->d.EventDestroy(cu->ev_h);
-            if (cu->ev_shared) cu->d.EventDestroy(cu->ev_shared);
-            for (int s = 0; s < 2; s++)
-                if (cu->stream[s]) cu->d.StreamDestroy(cu->stream[s]);
-            if (cu->arena) cu->d.MemFree(cu->arena);
-            if (cu->host_logits) cu->d.MemFreeHost(cu->host_logits);
-            if (cu->registered) cu->d.MemHostUnregister(cu->registered);
-            if (cu->mod) cu->d.ModuleUnload(cu->mod);
-            CUcontext popped;
-            cu->d.CtxPopCurrent(&popped);
-            cu->d.CtxDestroy(cu->ctx);
-        }
-        dlclose(cu->d.lib);
+    if (cu->ctx) {
+        cu->d.CtxPushCurrent(cu->ctx);
+        for (int s = 0; s < 2; s++)
+            if (cu->stream[s]) cu->d.StreamSynchronize(cu->stream[s]);
+        if (cu->graph) cu->d.GraphExecDestroy(cu->graph);
+        if (cu->ev_h) cu->d.EventDestroy(cu->ev_h);
+        if (cu->ev_shared) cu->d.EventDestroy(cu->ev_shared);
+        for (int s = 0; s < 2; s++)
+            if (cu->stream[s]) cu->d.StreamDestroy(cu->stream[s]);
+        if (cu->arena) cu->d.MemFree(cu->arena);
+        if (cu->host_logits) cu->d.MemFreeHost(cu->host_logits);
+        CUcontext popped;
+        cu->d.CtxPopCurrent(&popped);
     }
+    if (cu->owns_dv) colibri_cuda_device_close(cu->dv);
     free(cu);
 }
 

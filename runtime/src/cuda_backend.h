@@ -15,6 +15,7 @@
 struct colibri_model; /* runtime/src/model.h: the validated, mmapped model */
 
 typedef struct colibri_cuda colibri_cuda;
+typedef struct colibri_cuda_device colibri_cuda_device;
 
 typedef struct {
     char device_name[128];
@@ -22,9 +23,9 @@ typedef struct {
     int driver_version;   /* cuDriverGetVersion(), e.g. 12060 */
     char image[8];        /* "cubin" or "ptx": what was loaded */
     int integrated;       /* 1 when the GPU shares DRAM with the CPU (Jetson) */
-    size_t device_bytes;  /* bytes of the device arena (activations, KV cache, tables, and the
-                             weights when "copied") */
-    char weights[8];      /* "copied": uploaded once into the arena, in chunks (the default);
+    size_t device_bytes;  /* the context's arena (activations, KV cache, tables) plus the
+                             model's weights copy when "copied" (shared by its contexts) */
+    char weights[8];      /* "copied": uploaded once to the device, in chunks (the default);
                              "mapped": the mmapped file is device-mapped (integrated GPU with
                              COLIBRI_CUDA_WEIGHTS=map, no second copy) */
     char prefill[8];      /* "mma": the image has the tensor-core kernels (sm_80+: expert
@@ -34,9 +35,24 @@ typedef struct {
     size_t kv_cache_bytes;/* K and V caches for max_seq_len positions, inside device_bytes */
 } colibri_cuda_info;
 
-/* Bring up the GPU for this model: 0 on success; otherwise non-zero with `why` set to one line.
+/* The model's GPU, shared by all its contexts: the driver, one CUDA context, the kernels and the
+ * weights on the device (one chunked copy, or the mapped file with COLIBRI_CUDA_WEIGHTS=map on an
+ * integrated GPU). 0 on success; otherwise non-zero with `why` set to one line. Close it after
+ * every context opened on it is closed. Contexts on it may run on different threads at once
+ * (each has its own streams, arena and graph). */
+int colibri_cuda_device_open(colibri_cuda_device **out, const struct colibri_model *model,
+                             char *why, size_t why_len);
+void colibri_cuda_device_close(colibri_cuda_device *dv);
+const colibri_cuda_info *colibri_cuda_device_info(const colibri_cuda_device *dv);
+
+/* A context on the model's device: its streams, events, arena (activations, KV cache, expert
+ * tables, RoPE table), pinned logits buffer and decode graph. 0 on success, else `why`.
  * kv_f16: store K and V as IEEE half (rounded to nearest even, as the CPU's f16 cache; the
  * context's colibri_options.kv_dtype == COLIBRI_KV_F16), else f32. */
+int colibri_cuda_open_on(colibri_cuda **out, colibri_cuda_device *dv, int stream_count,
+                         int kv_f16, char *why, size_t why_len);
+
+/* Both at once, for a single context: the context owns its private device and closes it. */
 int colibri_cuda_open(colibri_cuda **out, const struct colibri_model *model, int stream_count,
                       int kv_f16, char *why, size_t why_len);
 
@@ -101,14 +117,13 @@ typedef struct {
         expert_out;
     size_t shared_act, shared_out, shared_gate, shared_offsets, logits, ids, iota, prm,
         rope;
-    size_t kcache, vcache, tables, weights, weights_bytes;
+    size_t kcache, vcache, tables;
     size_t total;
 } colibri_cuda_plan_t;
 
-/* Lay out the arena for model m (weights inside it when copy_weights; an f16 KV cache when
- * kv_f16). -1: geometry the kernels cannot run (E > 256, top_k > 16, H not a multiple of Hkv,
- * zero sizes). */
-int colibri_cuda_plan(const struct colibri_model *m, int copy_weights, int kv_f16,
-                      colibri_cuda_plan_t *p);
+/* Lay out a context's arena for model m (the weights are the device's, not in it; an f16 KV
+ * cache when kv_f16). -1: geometry the kernels cannot run (E > 256, top_k > 16, H not a
+ * multiple of Hkv, zero sizes). */
+int colibri_cuda_plan(const struct colibri_model *m, int kv_f16, colibri_cuda_plan_t *p);
 
 #endif

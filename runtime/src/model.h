@@ -4,6 +4,7 @@
 #ifndef COLIBRI_MODEL_H
 #define COLIBRI_MODEL_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -86,6 +87,13 @@ struct colibri_model {
     /* api.c (shared model): the handle plus one reference per context using it; the model is
      * closed and freed when the last reference goes (atomic, contexts live on other threads). */
     int refs;
+    /* api.c: the model's GPU (CUDA context, kernels, the one device copy of the weights),
+     * opened by its first CUDA context and shared by the rest, closed with the model. gpu_why:
+     * why it could not be opened (tried once per model). gpu_mu guards the three. */
+    struct colibri_cuda_device *gpu;
+    int gpu_tried;
+    char gpu_why[192];
+    pthread_mutex_t gpu_mu;
 };
 
 /* Open, mmap and validate `path`. On failure returns a status with `why` naming the field. */

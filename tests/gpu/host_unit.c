@@ -12,6 +12,8 @@
  *                           With the real libcuda absent this is the no-driver path; with
  *                           COLIBRI_LIBCUDA pointing at tests/gpu/stub_libcuda.c's library it
  *                           records the launch sequence (see that file).
+ *   host_unit shared N      one device (colibri_cuda_device_open), two contexts on it, a
+ *                           forward of N tokens on each, then one closed while the other runs
  * Each check that fails prints "FAIL <what>" and the program exits 1. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -180,14 +182,14 @@ static int test_plan(void) {
     fake_model f;
     fake_model_init(&f, COLIBRI_DT_F16);
     colibri_cuda_plan_t p;
-    CHECK(colibri_cuda_plan(&f.m, 1, 0, &p) == 0, "plan ok");
+    CHECK(colibri_cuda_plan(&f.m, 0, &p) == 0, "plan ok");
     CHECK(p.chunk == 32, "chunk %d", p.chunk);
     /* the buffers in layout order: each aligned, each at or after the end of the previous one */
     const size_t at[] = {p.x, p.h, p.q, p.qkv, p.att, p.part, p.router, p.top_idx, p.top_w, p.offsets,
                          p.active, p.perm, p.slot_of, p.act, p.expert_out, p.shared_act,
                          p.shared_out, p.shared_gate, p.shared_offsets, p.logits, p.ids, p.iota,
                          p.prm, p.rope, p.kcache,
-                         p.vcache, p.tables, p.weights};
+                         p.vcache, p.tables};
     /* qkv staging: 32 tokens x (H*Dh 32 + 2 x Hkv*Dh 16) floats; partials: decode's 1 token (the
      * tiled prefill kernel keeps none) x 4 heads x 1 KV range (64 positions) x (Dh 8 + 2) */
     const size_t need[] = {32 * 32 * 4, 32 * 32 * 4, 32 * 32 * 4, 32 * 64 * 4, 32 * 32 * 4,
@@ -195,46 +197,44 @@ static int test_plan(void) {
                            32 * 8 * 4, 32 * 2 * 4, 32 * 2 * 4, 9 * 4, 8 * 4, 32 * 2 * 4, 32 * 2 * 4,
                            32 * 2 * 20 * 4, 32 * 2 * 32 * 4, 32 * 12 * 4, 32 * 32 * 4, 32 * 4, 8,
                            32 * 50 * 4, 32 * 4, 32 * 4, 256, 64 * 8 * 4, 2 * 64 * 16 * 4, 2 * 64 * 16 * 4,
-                           2 * (6 * 8 + 6) * 8, f.m.file_size - f.m.data_offset};
+                           2 * (6 * 8 + 6) * 8};
     const int nb = (int)(sizeof at / sizeof at[0]);
     for (int i = 0; i < nb; i++) {
         CHECK(at[i] % 256 == 0, "buffer %d aligned", i);
         if (i + 1 < nb) CHECK(at[i] + need[i] <= at[i + 1], "buffer %d fits before %d", i, i + 1);
     }
-    CHECK(at[nb - 1] + need[nb - 1] <= p.total, "total covers the weights");
-    CHECK(p.weights_bytes == f.m.file_size - f.m.data_offset, "weights bytes");
+    /* the weights are the model's device's, never in a context's arena */
+    CHECK(at[nb - 1] + need[nb - 1] <= p.total &&
+              p.total < at[nb - 1] + need[nb - 1] + 256,
+          "total ends at the tables (no weights in the arena)");
     CHECK(p.kv_f16 == 0 && p.kv_bytes == 2 * 2 * 64 * 16 * 4, "f32 cache bytes %zu", p.kv_bytes);
     /* f16 KV cache: half the bytes per cached value, the rest of the plan unchanged */
     colibri_cuda_plan_t ph;
-    CHECK(colibri_cuda_plan(&f.m, 1, 1, &ph) == 0 && ph.kv_f16 == 1 &&
+    CHECK(colibri_cuda_plan(&f.m, 1, &ph) == 0 && ph.kv_f16 == 1 &&
               ph.kv_bytes * 2 == p.kv_bytes && ph.vcache - ph.kcache == 2 * 64 * 16 * 2 &&
               ph.kcache == p.kcache && p.total - ph.total == p.kv_bytes / 2,
           "f16 cache: %zu bytes, total %zu vs %zu", ph.kv_bytes, ph.total, p.total);
-    colibri_cuda_plan_t pm;
-    CHECK(colibri_cuda_plan(&f.m, 0, 0, &pm) == 0 && pm.weights_bytes == 0 &&
-              pm.total == p.total - ((p.weights_bytes + 255) / 256 * 256),
-          "mapped weights take no arena space");
     /* long context, many heads, Dh 128: the tiled prefill keeps no partials, decode's one token's
      * (32 heads x 128 KV ranges x 130 floats) fit 64 MiB, so the chunk stays 32 */
     f.m.max_seq_len = 32768; f.m.n_heads = 32; f.m.n_kv_heads = 8; f.m.head_dim = 128;
-    CHECK(colibri_cuda_plan(&f.m, 0, 0, &p) == 0, "long plan");
+    CHECK(colibri_cuda_plan(&f.m, 0, &p) == 0, "long plan");
     CHECK(p.chunk == 32 && p.router - p.part >= (size_t)32 * 128 * 130 * 4 &&
               p.router - p.part < (size_t)2 * 32 * 128 * 130 * 4,
           "chunk %d, partials %zu bytes", p.chunk, p.router - p.part);
     /* heads wider than the tiled kernel's 128: prefill runs split-KV, the partials are per chunk
      * token (chunk x H x 128 ranges x (Dh + 2) floats) and the chunk shrinks to fit 64 MiB */
     f.m.head_dim = 256;
-    CHECK(colibri_cuda_plan(&f.m, 0, 0, &p) == 0, "wide-head plan");
+    CHECK(colibri_cuda_plan(&f.m, 0, &p) == 0, "wide-head plan");
     CHECK(p.chunk == 8 && (size_t)p.chunk * 32 * 128 * 258 * 4 <= (64u << 20) &&
               (size_t)(2 * p.chunk) * 32 * 128 * 258 * 4 > (64u << 20),
           "chunk %d", p.chunk);
     f.m.head_dim = 8;
     f.m.max_seq_len = 8; f.m.n_heads = 4; f.m.n_kv_heads = 2;
-    CHECK(colibri_cuda_plan(&f.m, 0, 0, &p) == 0 && p.chunk == 8, "short cache chunk %d", p.chunk);
+    CHECK(colibri_cuda_plan(&f.m, 0, &p) == 0 && p.chunk == 8, "short cache chunk %d", p.chunk);
     f.m.top_k = 17;
-    CHECK(colibri_cuda_plan(&f.m, 0, 0, &p) == -1, "top_k 17 refused");
+    CHECK(colibri_cuda_plan(&f.m, 0, &p) == -1, "top_k 17 refused");
     f.m.top_k = 2; f.m.n_kv_heads = 3;
-    CHECK(colibri_cuda_plan(&f.m, 0, 0, &p) == -1, "H %% Hkv != 0 refused");
+    CHECK(colibri_cuda_plan(&f.m, 0, &p) == -1, "H %% Hkv != 0 refused");
     free(f.buf);
     return 0;
 }
@@ -277,6 +277,51 @@ static int run_open(int streams, int n, uint32_t dtype, int steps, int kv_f16) {
     return failures ? 1 : 0;
 }
 
+/* Two contexts on one device (what colibri_ctx_new does for the contexts of a shared model, e.g.
+ * serve's slots): the weights go to the device once, each context has its own arena; closing one
+ * leaves the other working; the device is closed last. The launch log shows the rest. */
+static int run_shared(int n) {
+    fake_model f;
+    fake_model_init(&f, COLIBRI_DT_F16);
+    colibri_cuda_device *dv = NULL;
+    colibri_cuda *a = NULL, *b = NULL;
+    char why[256] = "";
+    if (colibri_cuda_device_open(&dv, &f.m, why, sizeof why) != 0) {
+        CHECK(dv == NULL && why[0], "failed device open leaves nothing and says why");
+        printf("why: %s\n", why);
+        free(f.buf);
+        return failures ? 1 : 3;
+    }
+    CHECK(colibri_cuda_open_on(&a, dv, 1, 0, why, sizeof why) == 0, "context a: %s", why);
+    CHECK(colibri_cuda_open_on(&b, dv, 2, 0, why, sizeof why) == 0, "context b: %s", why);
+    if (!a || !b) {
+        colibri_cuda_close(a);
+        colibri_cuda_close(b);
+        colibri_cuda_device_close(dv);
+        free(f.buf);
+        return 1;
+    }
+    colibri_cuda_info ia, ib;
+    colibri_cuda_get_info(a, &ia);
+    colibri_cuda_get_info(b, &ib);
+    printf("info: weights=%s bytes=%zu %zu\n", ia.weights, ia.device_bytes, ib.device_bytes);
+    CHECK(strcmp(ia.weights, colibri_cuda_device_info(dv)->weights) == 0, "weights mode shared");
+    int32_t ids[32];
+    for (int i = 0; i < 32; i++) ids[i] = (i * 7) % 50;
+    float *la = calloc((size_t)n * 50, sizeof *la), *lb = calloc((size_t)n * 50, sizeof *lb);
+    CHECK(colibri_cuda_forward(a, ids, n, 0, la, why, sizeof why) == 0, "forward a: %s", why);
+    CHECK(colibri_cuda_forward(b, ids, n, 0, lb, why, sizeof why) == 0, "forward b: %s", why);
+    colibri_cuda_close(a);
+    /* b still runs after a is gone: a released only what was its own */
+    CHECK(colibri_cuda_forward(b, ids, 1, n, lb, why, sizeof why) == 0, "b after a: %s", why);
+    colibri_cuda_close(b);
+    colibri_cuda_device_close(dv);
+    free(la);
+    free(lb);
+    free(f.buf);
+    return failures ? 1 : 0;
+}
+
 static int print_rope(float theta, int Dh, int positions) {
     float *cs = malloc((size_t)positions * (size_t)Dh * sizeof *cs + 1);
     if (!cs) return 1;
@@ -293,7 +338,7 @@ static int print_rope(float theta, int Dh, int positions) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: host_unit pick|launch|plan|rope T D P|open STREAMS N [DTYPE] [STEPS] [KV16]\n");
+        fprintf(stderr, "usage: host_unit pick|launch|plan|rope T D P|open STREAMS N [DTYPE] [STEPS] [KV16]|shared N\n");
         return 2;
     }
     if (strcmp(argv[1], "pick") == 0) test_pick();
@@ -301,6 +346,8 @@ int main(int argc, char **argv) {
     else if (strcmp(argv[1], "plan") == 0) test_plan();
     else if (strcmp(argv[1], "rope") == 0 && argc == 5)
         return print_rope((float)atof(argv[2]), atoi(argv[3]), atoi(argv[4]));
+    else if (strcmp(argv[1], "shared") == 0 && argc == 3)
+        return run_shared(atoi(argv[2]));
     else if (strcmp(argv[1], "open") == 0 && argc >= 4)
         return run_open(atoi(argv[2]), atoi(argv[3]), argc > 4 ? (uint32_t)atoi(argv[4]) : 1,
                         argc > 5 ? atoi(argv[5]) : 0, argc > 6 ? atoi(argv[6]) : 0);

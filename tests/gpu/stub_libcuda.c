@@ -65,7 +65,6 @@ static void logf_(const char *fmt, ...) {
 
 /* handles: small distinct non-NULL values */
 static char g_ctx, g_mod, g_stream[8], g_event[8];
-static int g_nstream, g_nevent;
 static char g_fn_names[64][32];
 static int g_nfn;
 
@@ -115,10 +114,11 @@ CUresult cuDeviceGetName(char *name, int len, int dev) {
 }
 CUresult cuCtxCreate_v2(void **ctx, unsigned flags, int dev) {
     (void)flags; (void)dev;
+    logf_("ctx create");
     *ctx = &g_ctx;
     return 0;
 }
-CUresult cuCtxDestroy_v2(void *ctx) { (void)ctx; return 0; }
+CUresult cuCtxDestroy_v2(void *ctx) { (void)ctx; logf_("ctx destroy"); return 0; }
 CUresult cuCtxPushCurrent_v2(void *ctx) { (void)ctx; return 0; }
 CUresult cuCtxPopCurrent_v2(void **ctx) { *ctx = &g_ctx; return 0; }
 static const unsigned char *g_image; /* the module's image, as cuModuleLoadDataEx got it */
@@ -284,12 +284,29 @@ CUresult cuLaunchKernel(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigne
     return 0;
 }
 #endif
+/* Streams and events: the lowest free handle, given back on destroy (so the backend's short-lived
+ * upload stream does not shift the numbers of the streams the launch logs name). */
+static int take_slot(unsigned char *used) {
+    for (int i = 0; i < 8; i++)
+        if (!used[i]) {
+            used[i] = 1;
+            return i;
+        }
+    return -1;
+}
+static unsigned char g_stream_used[8], g_event_used[8];
 CUresult cuStreamCreate(void **s, unsigned flags) {
     (void)flags;
-    *s = &g_stream[g_nstream++ & 7];
+    const int i = take_slot(g_stream_used);
+    if (i < 0) return 2; /* CUDA_ERROR_OUT_OF_MEMORY */
+    *s = &g_stream[i];
     return 0;
 }
-CUresult cuStreamDestroy_v2(void *s) { (void)s; return 0; }
+CUresult cuStreamDestroy_v2(void *s) {
+    const int i = stream_index(s);
+    if (i >= 0 && i < 8) g_stream_used[i] = 0;
+    return 0;
+}
 CUresult cuStreamSynchronize(void *s) { return capturing(s) ? 900 : 0; }
 CUresult cuStreamWaitEvent(void *s, void *e, unsigned flags) {
     (void)flags;
@@ -303,10 +320,16 @@ CUresult cuStreamWaitEvent(void *s, void *e, unsigned flags) {
 }
 CUresult cuEventCreate(void **e, unsigned flags) {
     (void)flags;
-    *e = &g_event[g_nevent++ & 7];
+    const int i = take_slot(g_event_used);
+    if (i < 0) return 2;
+    *e = &g_event[i];
     return 0;
 }
-CUresult cuEventDestroy_v2(void *e) { (void)e; return 0; }
+CUresult cuEventDestroy_v2(void *e) {
+    const int i = (int)((char *)e - g_event);
+    if (i >= 0 && i < 8) g_event_used[i] = 0;
+    return 0;
+}
 /* copies and launches complete before the call returns here, so an event is always reached */
 CUresult cuEventSynchronize(void *e) { (void)e; return 0; }
 CUresult cuEventRecord(void *e, void *s) {
