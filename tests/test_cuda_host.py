@@ -854,8 +854,10 @@ def test_tensor_core_prefill_in_emulation(cuda_host_build, tmp_path: Path, dtype
     # per layer: routed + shared expert, up and down, all on the tensor cores
     assert names.count("cb_expert_up_mma") == names.count("cb_expert_down_mma") == 2 * 2
     assert "cb_expert_up" not in names and "cb_expert_down" not in names
-    # Q, WO, router, shared gate per layer and the LM head; K and V keep the GEMV
-    assert names.count("cb_linear_mma") == 4 * 2 + 1 and names.count("cb_linear") == 2 * 2
+    # Q, K, V (staging rows), WO and the shared gate per layer, and the LM head (the router is
+    # fused into cb_ffn_route: 8 experts)
+    assert names.count("cb_linear_mma") == 5 * 2 + 1 and "cb_linear" not in names
+    assert names.count("cb_ffn_route") == 2
     assert np.abs(gpu - cpu).max() / np.abs(cpu).max() < 1e-4
     again = _logits(cuda_host_build, model, "cuda", ids, f"tc{dtype}_90b")
     assert gpu.tobytes() == again.tobytes()
