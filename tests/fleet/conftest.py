@@ -2,8 +2,9 @@
 the whole session, the real orin-nx build, and the built-in tiny model.
 
 Devices (all orin-nx unless said): jetson-00..02 the healthy fleet the main flow runs on,
-jetson-03 a Xavier NX (wrong kind), jetson-04 an 8 MiB disk (disk full), jetson-05 for injected
-faults (dropped connection, corruption)."""
+jetson-03 a Xavier NX (wrong kind), jetson-04 a 16 MiB disk (disk full: two releases of the
+orin-nx binary, 2.2 MB with its cubins, fit in it; the 24 MiB blob does not), jetson-05 for
+injected faults (dropped connection, corruption)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def sim_fleet(tmp_path_factory: pytest.TempPathFactory):
     state = Path(tempfile.mkdtemp(prefix="colibri-fleet-test-"))
     fleet = EmulatedFleet(6, "orin-nx", state,
                           modules=["orin-nx", "orin-nx", "orin-nx", "xavier-nx", "orin-nx", "orin-nx"],
-                          disk_mb=[256, 256, 256, 256, 8, 256])
+                          disk_mb=[256, 256, 256, 256, 16, 256])
     try:
         with fleet:
             yield fleet

@@ -49,7 +49,7 @@ def test_jetson_files_at_real_paths_inside_the_device_only(inventory, sim_fleet)
 def test_each_device_has_its_own_size_limited_disk(inventory, sim_fleet) -> None:
     with remote(inventory, SMALL_DISK) as r:
         total_kb = int(r.run(["df", "-Pk", "/opt/colibri"]).stdout.splitlines()[-1].split()[1])
-        assert total_kb == 8 * 1024
+        assert total_kb == 16 * 1024
         r.write_text("/opt/colibri/marker", "small\n")
     assert sim_fleet.path_in(SMALL_DISK, "/opt/colibri/marker").read_text() == "small\n"
     assert not sim_fleet.path_in(MAIN[0], "/opt/colibri/marker").exists()
