@@ -146,7 +146,7 @@ def test_kernels_per_token_are_the_backends_launches(host_unit: Path, stub_drive
     # 8 experts: the FFN norm, router and top-k are one launch; with more router rows than the
     # fused kernel has warps (or the fusion switched off) they are three, as the backend issues
     # them with COLIBRI_CUDA_FUSE_ROUTE=0
-    assert gm.route_fused(h) and n.per_layer == 18
+    assert gm.route_fused(h) and n.per_layer == 15
     log = tmp_path / "split.log"
     proc = run_unit(host_unit, "open", str(streams), "1", "1",
                     env={"COLIBRI_LIBCUDA": str(stub_driver["nograph"]), "STUB_LOG": str(log),

@@ -396,8 +396,8 @@ static int cb_linear_at(colibri_cuda *cu, CUstream s, CUdeviceptr y, int ys, CUd
     return cb_launch(cu, CB_F_LINEAR, grid[0], grid[1], block[0], s, a, why, why_len);
 }
 
-/* Every linear layer (Q/K/V into their staging rows, WO, router, shared gate, LM head): on the
- * tensor cores in a prefill pass when colibri_cuda_use_mma says so (cb_linear_mma, same
+/* Every linear layer but the router (Q/K/V into their staging rows, WO, shared gate, LM head):
+ * on the tensor cores in a prefill pass when colibri_cuda_use_mma says so (cb_linear_mma, same
  * arguments; grid 64 rows x 32 tokens), else the GEMV. */
 static int cb_linear(colibri_cuda *cu, CUstream s, CUdeviceptr y, int ys, CUdeviceptr x, int xs,
                      int n, const colibri_tensor *w, CUdeviceptr bias, int accumulate, char *why,
@@ -1139,13 +1139,16 @@ static int cb_issue_chunk(colibri_cuda *cu, int n, int pos, int graph, char *why
             if (s1 != s0) CB_CHECK(cu->d.EventRecord(cu->ev_shared, s1), "cuEventRecord");
         }
 
-        /* routing (unless fused above), dispatch, routed experts */
+        /* routing (unless fused above), dispatch, routed experts. The unfused router stays on
+         * the GEMV (cb_linear_at), never the tensor cores: its logits then have the same bits as
+         * cb_ffn_route's and as a decode step's, so which experts a token runs does not depend
+         * on the fusion switch or on the chunk schedule (the router is E x Dp: nothing to gain) */
         {
             CUdeviceptr rl = A + p->router, ti = A + p->top_idx, tw = A + p->top_w;
             int e = E, kk = k, renorm = m->routing == COLIBRI_WEIGHTS_RENORM;
             void *a[] = {&rl, &e, &kk, &renorm, &ti, &tw};
             if (!cu->fuse_route &&
-                (cb_linear(cu, s0, rl, E, h, Dp, n, &ly->router, 0, 0, why, why_len) ||
+                (cb_linear_at(cu, s0, rl, E, h, Dp, n, &ly->router, 0, 0, 0, why, why_len) ||
                  cb_launch(cu, CB_F_TOPK, (unsigned)n, 1, COLIBRI_CU_ROUTER_THREADS, s0, a, why,
                            why_len)))
                 return -1;
