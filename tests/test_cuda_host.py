@@ -767,10 +767,12 @@ def _emu_cli(build: dict[str, Path], *args: str, **env: str) -> subprocess.Compl
                           env=full, timeout=600)
 
 
-def _logits(build, model: Path, backend: str, ids: list[int], name: str, **env) -> np.ndarray:
-    out = build["tmp"] / f"{name}.f32"
+def _logits(build, model: Path, backend: str, ids: list[int], name: str, *extra: str,
+            where: Path | None = None, **env) -> np.ndarray:
+    """`colibri forward` logits of ids (extra: more CLI options), written under `where`."""
+    out = (where or build["tmp"]) / f"{name}.f32"
     proc = _emu_cli(build, "--backend", backend, "forward", str(model), "--ids",
-                    ",".join(map(str, ids)), "--logits-out", str(out), **env)
+                    ",".join(map(str, ids)), *extra, "--logits-out", str(out), **env)
     assert proc.returncode == 0, proc.stderr
     return np.fromfile(out, "<f4").reshape(len(ids), -1)
 
@@ -919,11 +921,7 @@ def test_decode_graph_gives_the_plain_launches_bits(cuda_host_build, tmp_path: P
     args = ["--decode-from", str(GRAPH_PROMPT)]
 
     def logits(backend: str, name: str, **env: str) -> np.ndarray:
-        out = tmp_path / f"{name}.f32"
-        proc = _emu_cli(cuda_host_build, "--backend", backend, "forward", str(model), "--ids",
-                        ",".join(map(str, ids)), *args, "--logits-out", str(out), **env)
-        assert proc.returncode == 0, proc.stderr
-        return np.fromfile(out, "<f4").reshape(len(ids), -1)
+        return _logits(cuda_host_build, model, backend, ids, name, *args, where=tmp_path, **env)
 
     log = tmp_path / "graph.log"
     graph = logits("cuda", "graph", STUB_LOG=str(log))
@@ -958,11 +956,7 @@ def test_fused_routing_gives_the_split_launches_bits(cuda_host_build, tmp_path: 
     args = ["--decode-from", "33"]  # 33 prompt tokens (passes of 32 + 1), then 3 graph steps
 
     def logits(backend: str, name: str, **env: str) -> np.ndarray:
-        out = tmp_path / f"{name}.f32"
-        proc = _emu_cli(cuda_host_build, "--backend", backend, "forward", str(model), "--ids",
-                        ",".join(map(str, ids)), *args, "--logits-out", str(out), **env)
-        assert proc.returncode == 0, proc.stderr
-        return np.fromfile(out, "<f4").reshape(len(ids), -1)
+        return _logits(cuda_host_build, model, backend, ids, name, *args, where=tmp_path, **env)
 
     log, split_log = tmp_path / "fused.log", tmp_path / "split.log"
     fused = logits("cuda", "fused", STUB_LOG=str(log))
@@ -990,11 +984,7 @@ def test_prefill_bits_follow_the_chunk_schedule(cuda_host_build, tmp_path: Path)
     ids = [(i * 37 + 11) % 96 for i in range(12)]
 
     def logits(backend: str, name: str, *extra: str) -> np.ndarray:
-        out = tmp_path / f"{name}.f32"
-        proc = _emu_cli(cuda_host_build, "--backend", backend, "forward", str(model), "--ids",
-                        ",".join(map(str, ids)), *extra, "--logits-out", str(out))
-        assert proc.returncode == 0, proc.stderr
-        return np.fromfile(out, "<f4").reshape(len(ids), -1)
+        return _logits(cuda_host_build, model, backend, ids, name, *extra, where=tmp_path)
 
     prefill, again = logits("cuda", "p1"), logits("cuda", "p2")
     np.testing.assert_array_equal(prefill.view(np.uint32), again.view(np.uint32))

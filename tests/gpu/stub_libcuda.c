@@ -285,7 +285,9 @@ CUresult cuLaunchKernel(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigne
 }
 #endif
 /* Streams and events: the lowest free handle, given back on destroy (so the backend's short-lived
- * upload stream does not shift the numbers of the streams the launch logs name). */
+ * upload stream does not shift the numbers of the streams the launch logs name). The real driver
+ * hands out opaque pointers (CUstream, CUevent in the driver API reference) and says nothing of
+ * their values; the backend never depends on them, only these logs do. */
 static int take_slot(unsigned char *used) {
     for (int i = 0; i < 8; i++)
         if (!used[i]) {

@@ -174,16 +174,20 @@ static int param_sizes(void (*)(A...), std::size_t *sizes, int max) {
     return n;
 }
 
+// Every kernel of colibri_kernels.cu the emulation can run, for the name lookups below.
+#define CB_EMU_KERNELS(K)                                                                      \
+    K(cb_embed) K(cb_rmsnorm) K(cb_linear) K(cb_qk_rope_kv) K(cb_attention)                   \
+    K(cb_attention_prefill) K(cb_attention_merge) K(cb_router_topk) K(cb_ffn_route)           \
+    K(cb_dispatch) K(cb_expert_up) K(cb_expert_down) K(cb_moe_combine)                        \
+    K(cb_expert_up_mma) K(cb_expert_down_mma) K(cb_linear_mma)
+
 // The byte size of each parameter of kernel `name`, from its C++ signature: what a real driver
 // reads from the cubin's parameter table (EIATTR_KPARAM_INFO) when cuLaunchKernel copies the
 // arguments into a graph node. The stand-in driver's stream capture copies that many bytes per
 // argument (tests/gpu/stub_libcuda.c). Returns the count, or -1 (unknown kernel / too many).
 extern "C" int emu_param_sizes(const char *name, std::size_t *sizes, int max) {
 #define K(fn) if (std::strcmp(name, #fn) == 0) return param_sizes(fn, sizes, max);
-    K(cb_embed) K(cb_rmsnorm) K(cb_linear) K(cb_qk_rope_kv) K(cb_attention)
-    K(cb_attention_prefill) K(cb_attention_merge) K(cb_router_topk) K(cb_ffn_route)
-    K(cb_dispatch) K(cb_expert_up) K(cb_expert_down) K(cb_moe_combine)
-    K(cb_expert_up_mma) K(cb_expert_down_mma) K(cb_linear_mma)
+    CB_EMU_KERNELS(K)
 #undef K
     return -1;
 }
@@ -191,10 +195,7 @@ extern "C" int emu_param_sizes(const char *name, std::size_t *sizes, int max) {
 // Like cuLaunchKernel: args[i] points at the i-th parameter's value. 0 on success.
 extern "C" int emu_launch(const char *name, unsigned gx, unsigned gy, unsigned bx, void **args) {
 #define K(fn) if (std::strcmp(name, #fn) == 0) { launch(fn, gx, gy, bx, args); return 0; }
-    K(cb_embed) K(cb_rmsnorm) K(cb_linear) K(cb_qk_rope_kv) K(cb_attention)
-    K(cb_attention_prefill) K(cb_attention_merge) K(cb_router_topk) K(cb_ffn_route)
-    K(cb_dispatch) K(cb_expert_up) K(cb_expert_down) K(cb_moe_combine)
-    K(cb_expert_up_mma) K(cb_expert_down_mma) K(cb_linear_mma)
+    CB_EMU_KERNELS(K)
 #undef K
     return -1;
 }
