@@ -118,6 +118,16 @@ def test_every_shipped_profile_is_valid():
     assert len({p.hash for p in profiles}) == len(profiles)   # no two resolve to the same thing
 
 
+@pytest.mark.parametrize("name", list_profiles())
+def test_every_shipped_profile_accepts_the_expert_counts_users_run(name):
+    """Qwen3-30B-A3B has 128 routed experts, top-8; Qwen3.5-35B-A3B 256, top-8 (their
+    config.json: num_experts, num_experts_per_tok); OLMoE 64. Every shipped target must convert
+    them (the top-k network is sized by the model's E at run time, not by this cap)."""
+    from colibri_kit.model.convert import target_limits
+    limits = target_limits(name)
+    assert limits.max_experts >= 256 and limits.top_k >= 8
+
+
 @pytest.mark.slow
 def test_zig_knows_every_shipped_cpu_name(tmp_path):
     """The profile's -mcpu reaches `zig cc`: compile a file with each one for real."""

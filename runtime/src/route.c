@@ -13,16 +13,26 @@ static int before(float va, int32_t ia, float vb, int32_t ib) {
     return ia < ib;
 }
 
+/* Lanes of the network for n values: the smallest power of two >= n. The result does not depend
+ * on it (before() is a strict total order, so the sorted order is unique and padding sorts
+ * last), only the cost does: a 256-lane network for an 8-expert model would run 36 stages of 256
+ * lanes per token and layer instead of 6 of 8. */
+static int network_lanes(int n) {
+    int lanes = 1;
+    while (lanes < n) lanes <<= 1;
+    return lanes;
+}
+
 void colibri_topk_bitonic(const float *vals, int n, int k, int32_t *idx, float *out) {
-    enum { N = COLIBRI_MAX_EXPERTS };
-    float v[N];
-    int32_t ix[N];
+    float v[COLIBRI_MAX_EXPERTS];
+    int32_t ix[COLIBRI_MAX_EXPERTS];
+    const int N = network_lanes(n); /* <= COLIBRI_MAX_EXPERTS: a power of two >= n */
     for (int i = 0; i < N; i++) {
         v[i] = i < n ? vals[i] : NAN; /* padding sorts last: NaN, and a higher index than any */
         ix[i] = i;
     }
     /* Bitonic sort: blocks of `size` alternate direction until the last merge sorts all lanes
-     * into "before" order. The schedule depends on N only. */
+     * into "before" order. The schedule depends on N (so on n) only, never on the values. */
     for (int size = 2; size <= N; size <<= 1) {
         for (int stride = size >> 1; stride > 0; stride >>= 1) {
             for (int i = 0; i < N; i++) {

@@ -1,8 +1,9 @@
 /* Route stage: router logits -> top_k experts and their weights, one token at a time.
  *
- * Top-k is a fixed bitonic compare-exchange network over COLIBRI_MAX_EXPERTS lanes (unused
- * lanes hold NaN): the same compare-exchange sequence runs whatever the values, NaN sorts after
- * every number, and ties go to the lower expert index, so the first k are always < n. The compile-time COLIBRI_ROUTING_MODE picks the algorithm:
+ * Top-k is a fixed bitonic compare-exchange network over the smallest power of two >= E lanes
+ * (at most COLIBRI_MAX_EXPERTS; unused lanes hold NaN): the same compare-exchange sequence runs
+ * whatever the values, NaN sorts after every number, and ties go to the lower expert index, so
+ * the first k are always < n. The compile-time COLIBRI_ROUTING_MODE picks the algorithm:
  *   SOFTMAX_TOPK  softmax over all E logits, then top-k on the probabilities;
  *   LINEAR_SCORE  top-k on the raw logits, then weights from the logits.
  * Softmax is monotonic, so both select the same experts (except where two distinct logits round
