@@ -36,8 +36,8 @@ from typing import Any
 
 from colibri_kit.errors import ModelError
 from colibri_kit.model.format import (
-    ALIGN, HEADER_SIZE, LARGE_TENSOR, PAGE, RECORD_SIZE, DType, Flag, ModelHeader, align_up,
-    data_nbytes, expected_tensors, read_model, scale_bytes,
+    ALIGN, LARGE_TENSOR, PAGE, DType, Flag, ModelHeader, align_up, data_nbytes, data_start,
+    expected_tensors, layer_kv_positions, read_model, scale_bytes,
 )
 
 MIB = 1 << 20
@@ -80,13 +80,14 @@ def cpu_arena_bytes(h: ModelHeader, threads: int = DEFAULT_THREADS, int8_act: bo
     T = min(h.max_seq_len, CPU_CHUNK)
     dp, qd = h.embed_dim_pad, h.n_heads * h.head_dim
     kvd, E, K = h.n_kv_heads * h.head_dim, h.num_experts, h.top_k
-    F, Fs, S, L = h.expert_size, h.shared_expert_size, h.max_seq_len, h.n_layers
+    F, Fs, S = h.expert_size, h.shared_expert_size, h.max_seq_len
     max_cols = max(dp, qd, F, Fs, 16)
     q8 = int8_act and h.dtype in (DType.INT8, DType.Q4)
-    for n in (T * dp, T * dp, T * qd, T * kvd, T * kvd, T * qd, T * dp, T * h.head_dim):
-        take(n)
-    take(L * S * kvd, kv_size)
-    take(L * S * kvd, kv_size)
+    for n in (T * dp, T * dp, T * qd, T * kvd, T * kvd, T * qd, T * dp, T * h.head_dim, T):
+        take(n)  # ... the RoPE table, the rows' positions
+    rows = kv_rows(h)  # every layer's K rows, then V rows, as its kind keeps them
+    take(rows * kvd, kv_size)
+    take(rows * kvd, kv_size)
     for n in (T * E, T * K, T * K, E, E + 1, E, T * K,
               T * K * dp, T * K * F, T * K * F, T * K * dp, T * Fs, T * Fs, T * dp):
         take(n)
@@ -126,9 +127,14 @@ def cuda_arena_bytes(h: ModelHeader, copy_weights: bool = False, weights_bytes: 
     return sum(align_up(n, CUDA_ALIGN) for n in sizes)
 
 
+def kv_rows(h: ModelHeader) -> int:
+    """K (or V) rows of every layer together: max_seq_len per full attention layer."""
+    return sum(layer_kv_positions(h, i) for i in range(h.n_layers))
+
+
 def kv_cache_bytes(h: ModelHeader, kv_dtype: str = "f32") -> int:
-    """K and V caches for max_seq_len positions, inside either arena."""
-    return 2 * h.n_layers * h.max_seq_len * h.n_kv_heads * h.head_dim * kv_value_bytes(kv_dtype)
+    """K and V caches of every layer (runtime/src/core/arena.c), inside either arena."""
+    return 2 * kv_rows(h) * h.n_kv_heads * h.head_dim * kv_value_bytes(kv_dtype)
 
 
 def estimate_file_bytes(h: ModelHeader, dtype: DType | None = None) -> int:
@@ -137,7 +143,7 @@ def estimate_file_bytes(h: ModelHeader, dtype: DType | None = None) -> int:
     4096 for 64 KiB and larger). A version-2 metadata section (tokenizer blobs) follows it."""
     hh = replace(h, dtype=int(dtype if dtype is not None else h.dtype))
     specs = expected_tensors(hh)
-    pos = align_up(HEADER_SIZE + RECORD_SIZE * len(specs), PAGE)
+    pos = data_start(hh)
     for s in specs.values():
         dt = DType.F32 if s.f32_only else DType(hh.dtype)
         for n in (data_nbytes(dt, s.rows, s.cols), scale_bytes(dt, s.rows, s.cols)):

@@ -110,6 +110,47 @@ static void note_fallback(colibri_ctx *ctx) {
         fprintf(stderr, "colibri: CUDA unavailable (%s); running on CPU\n", r.fallback_reason);
 }
 
+static int same_layer(const colibri_layer_info *a, const colibri_layer_info *b) {
+    return !strcmp(a->mixer, b->mixer) && !strcmp(a->ffn, b->ffn) && a->window == b->window;
+}
+
+static void put_layer_label(FILE *f, const colibri_layer_info *l) {
+    if (l->window) fprintf(f, "%s(%u) + %s", l->mixer, l->window, l->ffn);
+    else fprintf(f, "%s + %s", l->mixer, l->ffn);
+}
+
+/* "layers": each layer's kinds; "layer_pattern": the shortest period that repeats, e.g.
+ * "12 x [sliding_attention(128) + moe, attention + moe]" (as the kit's model-info prints it) */
+static void print_layers_json(FILE *f, const colibri_model *m, uint32_t n) {
+    fprintf(f, "\"layers\": [");
+    for (uint32_t l = 0; l < n; l++) {
+        colibri_layer_info li;
+        colibri_model_layer_info(m, l, &li);
+        fprintf(f, "%s{\"mixer\": \"%s\", \"ffn\": \"%s\", \"window\": %u, \"kv_positions\": %u}",
+                l ? ", " : "", li.mixer, li.ffn, li.window, li.kv_positions);
+    }
+    uint32_t p = 1;
+    for (; p < n; p++) {
+        if (n % p) continue;
+        int repeats = 1;
+        for (uint32_t l = p; l < n && repeats; l++) {
+            colibri_layer_info a, b;
+            colibri_model_layer_info(m, l, &a);
+            colibri_model_layer_info(m, l % p, &b);
+            repeats = same_layer(&a, &b);
+        }
+        if (repeats) break;
+    }
+    fprintf(f, "], \"layer_pattern\": \"%u x [", n / p);
+    for (uint32_t l = 0; l < p; l++) {
+        colibri_layer_info li;
+        colibri_model_layer_info(m, l, &li);
+        if (l) fputs(", ", f);
+        put_layer_label(f, &li);
+    }
+    fputs("]\"", f);
+}
+
 static int cmd_info(const cli *c) {
     colibri_ctx *ctx;
     if (cli_open(c->model, c->backend, c->threads, c->int8_act, c->kv, &ctx)) return 1;
@@ -133,6 +174,8 @@ static int cmd_info(const cli *c) {
            (unsigned long long)m.file_size, COLIBRI_TARGET_NAME,
            COLIBRI_ROUTING_MODE == COLIBRI_ROUTING_SOFTMAX_TOPK ? "softmax_topk" : "linear_score");
     print_backend_json(stdout, ctx);
+    printf(", ");
+    print_layers_json(stdout, colibri_ctx_model(ctx), m.n_layers);
     printf("}\n");
     colibri_free(ctx);
     return 0;
