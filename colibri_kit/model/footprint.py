@@ -16,9 +16,11 @@
 - arena: what the runtime allocates per context, computed with the runtime's own plan: the CPU
   arena of runtime/src/core/arena.c (colibri_arena_plan) on CPU-only targets, the device arena of
   runtime/src/cuda/cuda_backend.c (colibri_cuda_plan, without the weights region, counted above) on
-  CUDA targets. Both hold
-  the KV cache for the model's max_seq_len (the context length, chosen at convert time), which
-  is reported apart. `kv_dtype` "f16" (`colibri --kv-cache f16`) stores it in half the bytes,
+  CUDA targets (a model with a layer kind the CUDA backend does not run yet falls back to the
+  CPU, `--backend auto`, so its footprint there is the CPU one: `cpu_fallback` says why). Both
+  hold every layer's KV cache, as its kind keeps it (docs/runtime.md, "Layer kinds"): max_seq_len
+  rows (the context length, chosen at convert time) for full attention, the window for a sliding
+  window; it is reported apart. `kv_dtype` "f16" (`colibri --kv-cache f16`) stores it in half the bytes,
   on either backend;
 - slots: contexts served at once (`colibri serve --slots`), each with its own arena.
 
@@ -36,8 +38,8 @@ from typing import Any
 
 from colibri_kit.errors import ModelError
 from colibri_kit.model.format import (
-    ALIGN, LARGE_TENSOR, PAGE, DType, Flag, ModelHeader, align_up, data_nbytes, data_start,
-    expected_tensors, layer_kv_positions, read_model, scale_bytes,
+    ALIGN, LARGE_TENSOR, PAGE, DType, Ffn, Flag, Mixer, ModelHeader, align_up, data_nbytes,
+    data_start, expected_tensors, kv_staged, layer_kv_positions, read_model, scale_bytes,
 )
 
 MIB = 1 << 20
@@ -85,6 +87,9 @@ def cpu_arena_bytes(h: ModelHeader, threads: int = DEFAULT_THREADS, int8_act: bo
     q8 = int8_act and h.dtype in (DType.INT8, DType.Q4)
     for n in (T * dp, T * dp, T * qd, T * kvd, T * kvd, T * qd, T * dp, T * h.head_dim, T):
         take(n)  # ... the RoPE table, the rows' positions
+    stage = T * kvd if kv_staged(h) else 0  # a pass's K/V rows on their way to a short ring
+    take(stage, kv_size)
+    take(stage, kv_size)
     rows = kv_rows(h)  # every layer's K rows, then V rows, as its kind keeps them
     take(rows * kvd, kv_size)
     take(rows * kvd, kv_size)
@@ -127,8 +132,22 @@ def cuda_arena_bytes(h: ModelHeader, copy_weights: bool = False, weights_bytes: 
     return sum(align_up(n, CUDA_ALIGN) for n in sizes)
 
 
+def cuda_unsupported(h: ModelHeader) -> str:
+    """Why the CUDA backend does not run this model ("" when it does): it runs attention + moe
+    layers, a sliding window as long as the context being full attention
+    (runtime/src/cuda/cuda_backend.c cb_check_model)."""
+    for i, r in enumerate(h.layer_records()):
+        full = r.mixer == Mixer.ATTENTION or (r.mixer == Mixer.SLIDING_ATTENTION
+                                              and r.window >= h.max_seq_len)
+        if not full or r.ffn != Ffn.MOE:
+            return (f"layer {i} is {r.label()}: the CUDA backend runs attention + moe layers "
+                    "only (a sliding window as long as the context counts as attention)")
+    return ""
+
+
 def kv_rows(h: ModelHeader) -> int:
-    """K (or V) rows of every layer together: max_seq_len per full attention layer."""
+    """K (or V) rows of every layer together: max_seq_len per full attention layer, the window
+    (at most max_seq_len) per sliding-window layer."""
     return sum(layer_kv_positions(h, i) for i in range(h.n_layers))
 
 
@@ -166,6 +185,7 @@ class Footprint:
     # mapped file registered with the GPU (CUDA, COLIBRI_CUDA_WEIGHTS=map). Each is one copy,
     # shared by every slot.
     weights_mode: str = "file"
+    cpu_fallback: str = ""  # a CUDA target whose backend does not run the model: why
 
     @property
     def upload(self) -> int:
@@ -185,7 +205,7 @@ class Footprint:
                 "arena_bytes": self.arena, "kv_cache_bytes": self.kv_cache, "slots": self.slots,
                 "total_bytes": self.total, "available_bytes": self.available, "fits": self.fits,
                 "kv_dtype": self.kv_dtype, "weights_mode": self.weights_mode,
-                "upload_bytes": self.upload}
+                "upload_bytes": self.upload, "cpu_fallback": self.cpu_fallback}
 
     def weights_text(self) -> str:
         """The weights' part of the total, in words."""
@@ -200,7 +220,8 @@ class Footprint:
         return (f"{self.target}: {self.total / MIB:,.1f} MiB = {self.weights_text()} + "
                 f"{self.slots} x arena {self.arena / MIB:,.1f} (KV cache {self.kv_cache / MIB:,.1f} "
                 f"{self.kv_dtype}) "
-                f"[{self.backend}]; {avail}")
+                f"[{self.backend}{', CUDA falls back: ' + self.cpu_fallback if self.cpu_fallback else ''}]; "
+                f"{avail}")
 
 
 def _target_memory(target: str) -> tuple[str, int | None, str]:
@@ -226,6 +247,9 @@ def footprint(h: ModelHeader, target: str, weights_bytes: int | None = None, slo
     if cuda_weights not in CUDA_WEIGHTS:
         raise ModelError(f"cuda_weights must be one of {', '.join(CUDA_WEIGHTS)}, got {cuda_weights!r}")
     backend, avail, target_kv = _target_memory(target)
+    fallback = cuda_unsupported(h) if backend == "cuda" else ""
+    if fallback:  # --backend auto runs it on the CPU
+        backend = "cpu"
     kv_dtype = target_kv if kv_dtype is None else kv_dtype
     kv_value_bytes(kv_dtype)
     weights = estimate_file_bytes(h) if weights_bytes is None else weights_bytes
@@ -233,7 +257,7 @@ def footprint(h: ModelHeader, target: str, weights_bytes: int | None = None, slo
         cpu_arena_bytes(h, threads, kv_dtype=kv_dtype)
     mode = "file" if backend == "cpu" else "copied" if cuda_weights == "copy" else "mapped"
     return Footprint(target, backend, weights, arena, kv_cache_bytes(h, kv_dtype), slots, avail,
-                     kv_dtype, mode)
+                     kv_dtype, mode, fallback)
 
 
 def model_footprint(path: str | os.PathLike[str], target: str, slots: int = 1,

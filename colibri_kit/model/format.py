@@ -111,6 +111,7 @@ class Mixer(enum.IntEnum):
     """Layer record field ``mixer`` (runtime/src/layers/kinds.h): how a layer mixes positions."""
 
     ATTENTION = 1  # causal grouped-query attention over every position
+    SLIDING_ATTENTION = 2  # the same over the last `window` positions (a ring of W rows)
 
 
 class Ffn(enum.IntEnum):
@@ -511,14 +512,26 @@ def _params_zero(where: str, values: tuple[int, ...], field_name: str) -> None:
             raise ModelError(f"{where}: field {field_name}[{i}] {v}, must be 0")
 
 
-def _check_attention(h: "ModelHeader", i: int, r: LayerRecord) -> None:
-    where = f"layer {i} (attention)"
+def _check_mixer(where: str, r: LayerRecord) -> None:
+    """What both attention kinds require: no parameters, no flags (none defined yet)."""
     _params_zero(where, r.mixer_params, "mixer_params")
     if r.mixer_flags:
         raise ModelError(f"{where}: field mixer_flags {r.mixer_flags:#x}, none are defined "
                          "(a newer format feature: update the kit)")
+
+
+def _check_attention(h: "ModelHeader", i: int, r: LayerRecord) -> None:
+    where = f"layer {i} (attention)"
+    _check_mixer(where, r)
     if r.window:
         raise ModelError(f"{where}: field window {r.window}, must be 0 for full attention")
+
+
+def _check_sliding(h: "ModelHeader", i: int, r: LayerRecord) -> None:
+    where = f"layer {i} (sliding_attention)"
+    _check_mixer(where, r)
+    if r.window < 1:
+        raise ModelError(f"{where}: field window {r.window}, must be at least 1")
 
 
 def _attention_tensors(h: "ModelHeader") -> list[tuple["Kind", int, int, int]]:
@@ -556,6 +569,9 @@ def _moe_tensors(h: "ModelHeader") -> list[tuple["Kind", int, int, int]]:
 MIXERS: dict[int, LayerKind] = {
     Mixer.ATTENTION: LayerKind("attention", _check_attention, _attention_tensors,
                                lambda h, r: h.max_seq_len),
+    # a ring of W rows (a window that covers the context is a full cache)
+    Mixer.SLIDING_ATTENTION: LayerKind("sliding_attention", _check_sliding, _attention_tensors,
+                                       lambda h, r: min(r.window, h.max_seq_len)),
 }
 FFNS: dict[int, LayerKind] = {
     Ffn.MOE: LayerKind("moe", _check_moe, _moe_tensors, lambda h, r: 0),
@@ -566,6 +582,19 @@ def layer_kv_positions(h: "ModelHeader", i: int) -> int:
     """K and V rows layer ``i`` keeps per context (runtime/src/core/arena.c)."""
     r = h.layer(i)
     return MIXERS[r.mixer].kv_positions(h, r) + FFNS[r.ffn].kv_positions(h, r)
+
+
+def layer_window(h: "ModelHeader", i: int) -> int | None:
+    """The positions a token of layer ``i`` attends to (None: all before it)."""
+    r = h.layer(i)
+    return r.window if r.mixer == Mixer.SLIDING_ATTENTION else None
+
+
+def kv_staged(h: "ModelHeader") -> bool:
+    """Does some layer keep a ring shorter than the context? (Then the runtime's arena has a
+    stage for a pass's K/V rows, runtime/src/layers/attention.c.)"""
+    return any(layer_kv_positions(h, i) < h.max_seq_len for i in range(h.n_layers)
+               if h.layer(i).mixer == Mixer.SLIDING_ATTENTION)
 
 
 def layer_pattern(records: tuple[LayerRecord, ...] | list[LayerRecord]) -> str:

@@ -58,12 +58,17 @@ size_t colibri_arena_plan(const struct colibri_model *m, int threads, int q8, in
     /* Each layer's cache as its kinds ask (kinds.h): K rows of every layer, then V rows, then
      * the fixed-size states (recurrent kinds). */
     size_t rows = 0, states = 0;
+    int staged = 0;
     for (uint32_t l = 0; l < L; l++) {
         colibri_cache_need need;
         layer_need(m, l, &need);
         rows += need.kv_positions;
         states += need.state_floats;
+        staged |= need.kv_staged;
     }
+    /* a pass's K/V rows on their way to a ring shorter than the context (one for every layer) */
+    b->kstage = take(&c, staged ? T * kvd : 0, kv_size);
+    b->vstage = take(&c, staged ? T * kvd : 0, kv_size);
     b->kv_f16 = kv_f16;
     b->kv_bytes = 2 * rows * kvd * kv_size;
     b->kcache = take(&c, rows * kvd, kv_size);

@@ -27,6 +27,8 @@ typedef struct {
      * region, then every layer's V rows, float or uint16_t half when kv_f16; cache[l] views
      * layer l's part. */
     void *kcache, *vcache;
+    void *kstage, *vstage;    /* [chunk, Hkv*Dh] a pass's K/V rows for layers whose ring is shorter
+                                 than the context (kv_staged); none when no layer is */
     float *state;             /* recurrent kinds' fixed-size states (zeroed at init and reset) */
     size_t state_bytes;
     colibri_layer_cache *cache; /* [L], allocated with the context (not in the arena) */

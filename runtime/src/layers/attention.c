@@ -1,11 +1,20 @@
 /* Attention layers: RMSNorm, Q/K/V projections (optional bias and q/k norm), RoPE, the layer's KV
  * cache, causal grouped-query attention, the output projection added to the residual stream.
+ * Two kinds share this file:
+ *   attention          a token at position p attends to positions 0..p; the cache keeps
+ *                      max_seq_len rows (row = position);
+ *   sliding_attention  it attends to max(0, p-W+1)..p, W = the layer's window (transformers'
+ *                      sliding_window_overlay: kv_idx > q_idx - sliding_window, masking_utils.py);
+ *                      the cache is a ring of min(W, max_seq_len) rows (position p in row p % R).
  *
  * Attention heads of every (token, head) pair are split over the pool in a fixed partition; each
  * pair is computed start to finish by one thread, so results are bitwise identical for any thread
- * count. A token's own K and V are written before any attention reads them, and every read goes
- * through the cache's representation (f32, or f16 with --kv-cache f16), so a token attends to the
- * same bits whether it came in a long prompt or alone (prefill == decode). */
+ * count. A pass's K and V are stored before any attention reads them, and every read goes through
+ * the cache's representation (f32, or f16 with --kv-cache f16), so a token attends to the same
+ * bits whether it came in a long prompt or alone (prefill == decode). A ring shorter than the
+ * context cannot take a whole pass first (a 64-token chunk would overwrite rows its own first
+ * tokens still read), so such a layer stores the pass's rows in the arena's stage, reads positions
+ * of this pass from there (the same bytes) and commits them to the ring after attention. */
 #include <math.h>
 #include <string.h>
 
@@ -40,6 +49,15 @@ colibri_status colibri_attention_validate(const struct colibri_model *m, uint32_
     return params_zero(&m->layers[l].desc, l, "attention", 0, why, len);
 }
 
+colibri_status colibri_sliding_validate(const struct colibri_model *m, uint32_t l, char *why,
+                                        size_t len) {
+    const colibri_layer_desc *d = &m->layers[l].desc;
+    if (d->window == 0)
+        return fail(why, len, COLIBRI_E_BAD_LAYER,
+                    "layer %u (sliding_attention): window = 0, must be at least 1", l);
+    return params_zero(d, l, "sliding_attention", 1, why, len);
+}
+
 int colibri_attention_tensor(const struct colibri_model *m, uint32_t l, uint32_t tk,
                              uint32_t *rows, uint32_t *cols) {
     uint32_t dp = m->embed_dim_pad, qd = m->n_heads * m->head_dim, kvd = m->n_kv_heads * m->head_dim;
@@ -66,6 +84,14 @@ void colibri_attention_cache(const struct colibri_model *m, uint32_t l, colibri_
     (void)l;
     memset(need, 0, sizeof *need);
     need->kv_positions = m->max_seq_len;
+}
+
+/* A ring of W rows; a window that covers the context is a full cache (and computes as one). */
+void colibri_sliding_cache(const struct colibri_model *m, uint32_t l, colibri_cache_need *need) {
+    uint32_t w = m->layers[l].desc.window;
+    memset(need, 0, sizeof *need);
+    need->kv_positions = w < m->max_seq_len ? w : m->max_seq_len;
+    need->kv_staged = w < m->max_seq_len;
 }
 
 /* ---- the forward step ----------------------------------------------------------------------- */
@@ -96,7 +122,24 @@ typedef struct {
     colibri_ctx *ctx;
     const colibri_batch *bt;
     int layer;
+    uint32_t window; /* 0: every position */
 } att_job;
+
+/* Where a query of this pass reads the K or V row of position s: the stage holds this pass's
+ * rows (positions p0..) when the layer is staged; otherwise, and for earlier positions, the
+ * cache's row `slot` (= s % R, walked by the caller as a slot that wraps). */
+typedef struct {
+    const uint8_t *cache, *stage;
+    int staged, p0;
+    size_t row; /* bytes of a row */
+} kv_rows;
+
+static inline const void *kv_row(const kv_rows *r, int s, int slot) {
+    return r->staged && s >= r->p0 ? r->stage + (size_t)(s - r->p0) * r->row
+                                   : r->cache + (size_t)slot * r->row;
+}
+
+static inline int wrap(int slot, int R) { return slot == R ? 0 : slot; }
 
 static void att_task(void *arg, int t, int nt) {
     att_job *job = arg;
@@ -106,38 +149,46 @@ static void att_task(void *arg, int t, int nt) {
     const colibri_layer_cache *c = &job->bt->cache[job->layer];
     size_t dh = m->head_dim, H = m->n_heads, qd = H * dh, kvd = (size_t)m->n_kv_heads * dh;
     size_t group = H / m->n_kv_heads;
-    const float *kc = c->k, *vc = c->v;
-    const uint16_t *kh = c->k, *vh = c->v;
+    size_t row = kvd * (b->kv_f16 ? sizeof(uint16_t) : sizeof(float));
+    const int R = (int)c->kv_positions;
+    const int p0 = job->bt->pos[0]; /* one sequence: this pass holds positions p0..p0+n-1 */
+    const kv_rows ks = {c->k, b->kstage, c->kv_staged, p0, row};
+    const kv_rows vs = {c->v, b->vstage, c->kv_staged, p0, row};
     float *sc = b->scores + (size_t)t * m->max_seq_len;
     float scale = 1.0f / sqrtf((float)dh);
     unsigned long lo, hi;
     colibri_split((unsigned long)job->bt->n * H, t, nt, &lo, &hi);
     for (unsigned long pair = lo; pair < hi; pair++) {
         size_t j = pair / H, hh = pair % H, g = hh / group;
-        int p = job->bt->pos[j]; /* causal: positions 0..p */
+        int p = job->bt->pos[j]; /* causal: positions first..p */
+        int first = job->window && (int64_t)p - job->window + 1 > 0 ? p - (int)job->window + 1 : 0;
+        int keys = p - first + 1, slot0 = first % R;
         const float *q = b->q + j * qd + hh * dh;
         float mx = -INFINITY;
-        for (int s = 0; s <= p; s++) {
-            size_t at = (size_t)s * kvd + g * dh;
-            sc[s] = (b->kv_f16 ? colibri_dot_f16(kh + at, q, dh) : colibri_dot_f32(q, kc + at, dh)) *
+        for (int i = 0, s = first, slot = slot0; i < keys; i++, s++, slot = wrap(slot + 1, R)) {
+            const void *kr = kv_row(&ks, s, slot);
+            sc[i] = (b->kv_f16 ? colibri_dot_f16((const uint16_t *)kr + g * dh, q, dh)
+                               : colibri_dot_f32(q, (const float *)kr + g * dh, dh)) *
                     scale;
-            mx = fmaxf(mx, sc[s]);
+            mx = fmaxf(mx, sc[i]);
         }
         float sum = 0.0f;
-        for (int s = 0; s <= p; s++) {
-            sc[s] = expf(sc[s] - mx);
-            sum += sc[s];
+        for (int i = 0; i < keys; i++) {
+            sc[i] = expf(sc[i] - mx);
+            sum += sc[i];
         }
         float inv = 1.0f / sum;
         float *out = b->att + j * qd + hh * dh;
         memset(out, 0, dh * sizeof(float));
-        for (int s = 0; s <= p; s++) {
-            const float *v = vc + (size_t)s * kvd + g * dh;
-            float w = sc[s] * inv;
+        for (int i = 0, s = first, slot = slot0; i < keys; i++, s++, slot = wrap(slot + 1, R)) {
+            const void *vr = kv_row(&vs, s, slot);
+            float w = sc[i] * inv;
             if (b->kv_f16) /* widened exactly, same multiply-then-add per element */
-                colibri_axpy_f16(out, w, vh + (size_t)s * kvd + g * dh, dh);
-            else
+                colibri_axpy_f16(out, w, (const uint16_t *)vr + g * dh, dh);
+            else {
+                const float *v = (const float *)vr + g * dh;
                 for (size_t d = 0; d < dh; d++) out[d] += w * v[d];
+            }
         }
     }
 }
@@ -149,7 +200,7 @@ void colibri_attention_forward(colibri_ctx *ctx, int l, const colibri_batch *bt)
     colibri_buffers *b = &ctx->b;
     int n = bt->n;
     size_t dp = m->embed_dim_pad, dh = m->head_dim, H = m->n_heads, Hkv = m->n_kv_heads;
-    size_t qd = H * dh, kvd = Hkv * dh;
+    size_t qd = H * dh, kvd = Hkv * dh, row = kvd * (b->kv_f16 ? sizeof(uint16_t) : sizeof(float));
 
     for (int j = 0; j < n; j++)
         colibri_rmsnorm(b->h + j * dp, b->x + j * dp, ly->attn_norm.data, m->embed_dim, dp,
@@ -178,19 +229,28 @@ void colibri_attention_forward(colibri_ctx *ctx, int l, const colibri_batch *bt)
         rope_apply(q, (int)H, (int)dh, cs);
         rope_apply(k, (int)Hkv, (int)dh, cs);
         /* The cache holds what attention reads, for this token too, so prefill and decode
-         * see the same (rounded) keys and values. */
-        size_t at = (size_t)bt->pos[j] * kvd;
+         * see the same (rounded) keys and values: its row, or its row of the stage. */
+        size_t at = c->kv_staged ? (size_t)j : (size_t)bt->pos[j] % c->kv_positions;
+        uint8_t *kd = (uint8_t *)(c->kv_staged ? b->kstage : c->k) + at * row;
+        uint8_t *vd = (uint8_t *)(c->kv_staged ? b->vstage : c->v) + at * row;
         if (b->kv_f16) {
-            colibri_f32_to_f16(k, kvd, (uint16_t *)c->k + at);
-            colibri_f32_to_f16(v, kvd, (uint16_t *)c->v + at);
+            colibri_f32_to_f16(k, kvd, (uint16_t *)(void *)kd);
+            colibri_f32_to_f16(v, kvd, (uint16_t *)(void *)vd);
         } else {
-            memcpy((float *)c->k + at, k, kvd * sizeof(float));
-            memcpy((float *)c->v + at, v, kvd * sizeof(float));
+            memcpy(kd, k, row);
+            memcpy(vd, v, row);
         }
     }
 
-    att_job aj = {ctx, bt, l};
+    att_job aj = {ctx, bt, l, ly->desc.mixer == COLIBRI_MIXER_SLIDING_ATTENTION ? ly->desc.window : 0};
     colibri_pool_run(&ctx->pool, att_task, &aj);
+    /* A staged ring takes the pass's rows now, in order (with more rows than the ring, the last
+     * R remain: all that later positions can still see). */
+    for (int j = 0; c->kv_staged && j < n; j++) {
+        size_t slot = (size_t)bt->pos[j] % c->kv_positions;
+        memcpy((uint8_t *)c->k + slot * row, (const uint8_t *)b->kstage + (size_t)j * row, row);
+        memcpy((uint8_t *)c->v + slot * row, (const uint8_t *)b->vstage + (size_t)j * row, row);
+    }
 
     colibri_mm_job out = {.ctx = ctx};
     colibri_mm_add(&out, &ly->wo, b->att, qd, n, b->tmp, dp, 0);

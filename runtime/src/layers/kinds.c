@@ -4,6 +4,8 @@
 static const colibri_layer_kind mixers[] = {
     {COLIBRI_MIXER_ATTENTION, "attention", colibri_attention_validate, colibri_attention_tensor,
      colibri_attention_cache, colibri_attention_forward},
+    {COLIBRI_MIXER_SLIDING_ATTENTION, "sliding_attention", colibri_sliding_validate,
+     colibri_attention_tensor, colibri_sliding_cache, colibri_attention_forward},
 };
 
 static const colibri_layer_kind ffns[] = {

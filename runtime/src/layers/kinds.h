@@ -19,7 +19,8 @@
 
 /* Layer record field `mixer` (docs/format.md). 0 is never a kind: a zeroed record is refused. */
 enum {
-    COLIBRI_MIXER_ATTENTION = 1 /* causal grouped-query attention over every position */
+    COLIBRI_MIXER_ATTENTION = 1,         /* causal grouped-query attention over every position */
+    COLIBRI_MIXER_SLIDING_ATTENTION = 2  /* the same over the last `window` positions */
 };
 /* Layer record field `ffn`. */
 enum { COLIBRI_FFN_MOE = 1 /* routed experts (+ the shared expert when the header says so) */ };
@@ -86,12 +87,15 @@ const colibri_layer_kind *colibri_ffn_kind(uint32_t kind);
 
 /* ---- the kinds (one file each; the table in kinds.c points at these) ---- */
 
-/* attention.c: causal grouped-query attention */
+/* attention.c: full and sliding-window causal grouped-query attention */
 colibri_status colibri_attention_validate(const struct colibri_model *m, uint32_t l, char *why,
                                           size_t len);
+colibri_status colibri_sliding_validate(const struct colibri_model *m, uint32_t l, char *why,
+                                        size_t len);
 int colibri_attention_tensor(const struct colibri_model *m, uint32_t l, uint32_t tk,
                              uint32_t *rows, uint32_t *cols);
 void colibri_attention_cache(const struct colibri_model *m, uint32_t l, colibri_cache_need *need);
+void colibri_sliding_cache(const struct colibri_model *m, uint32_t l, colibri_cache_need *need);
 void colibri_attention_forward(struct colibri_ctx *ctx, int l, const colibri_batch *bt);
 
 /* moe.c: the four MoE stages (preprocess, route, dispatch, compute) */
