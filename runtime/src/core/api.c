@@ -140,7 +140,7 @@ colibri_status colibri_ctx_new(colibri_ctx **out, colibri_model *model,
             ctx->cuda = NULL;
             if (opt.backend == COLIBRI_BACKEND_CUDA)
                 return init_fail(ctx, &opt,
-                                 set_err(ctx, COLIBRI_E_BACKEND, "CUDA backend unavailable: %s", why));
+                                 set_err(ctx, COLIBRI_E_BACKEND, "CUDA: %s", why));
             snprintf(ctx->fallback, sizeof ctx->fallback, "%s", why[0] ? why : "unknown");
         }
     }
@@ -218,7 +218,7 @@ static colibri_status check_forward(colibri_ctx *ctx, const int32_t *ids, int n,
                            i, m->vocab_size - 1);
     if ((long)ctx->pos + n > (long)m->max_seq_len)
         return set_err(ctx, COLIBRI_E_SEQ_TOO_LONG,
-                       "sequence too long: %d cached + %d new tokens > max_seq_len %u", ctx->pos, n,
+                       "%d cached + %d new tokens > max_seq_len %u", ctx->pos, n,
                        m->max_seq_len);
     return COLIBRI_OK;
 }
@@ -230,7 +230,7 @@ colibri_status colibri_forward(colibri_ctx *ctx, const int32_t *ids, int n, floa
     if (ctx->cuda) {
         char why[192] = "";
         if (colibri_cuda_forward(ctx->cuda, ids, n, ctx->pos, logits, why, sizeof why) != 0)
-            return set_err(ctx, COLIBRI_E_BACKEND, "CUDA forward failed: %s", why);
+            return set_err(ctx, COLIBRI_E_BACKEND, "CUDA forward: %s", why);
         ctx->pos += n;
     } else {
         for (int done = 0; done < n;) {
@@ -255,7 +255,7 @@ colibri_status colibri_forward_last(colibri_ctx *ctx, const int32_t *ids, int n,
             char why[192] = "";
             if (colibri_cuda_forward(ctx->cuda, ids + done, c, pos + done, ctx->cuda_logits, why,
                                      sizeof why) != 0)
-                return set_err(ctx, COLIBRI_E_BACKEND, "CUDA forward failed: %s", why);
+                return set_err(ctx, COLIBRI_E_BACKEND, "CUDA forward: %s", why);
         }
         memcpy(logits, ctx->cuda_logits + (size_t)(c - 1) * V, V * sizeof *logits);
         ctx->pos = pos + n;

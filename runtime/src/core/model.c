@@ -161,7 +161,7 @@ static colibri_status parse_header(struct colibri_model *m, const uint8_t *b, ui
                     "file is %llu bytes, shorter than the 256-byte header (truncated?)",
                     (unsigned long long)size);
     if (memcmp(b, "COLIBRI\0", 8) != 0)
-        return fail(why, len, COLIBRI_E_BAD_MAGIC, "bad magic: not a .colibri file");
+        return fail(why, len, COLIBRI_E_BAD_MAGIC, "the first 8 bytes are not \"COLIBRI\\0\"");
     m->version = rd32(b + 8);
     if (m->version < 1 || m->version > 3)
         return fail(why, len, COLIBRI_E_BAD_VERSION,
