@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from colibri_kit import jetson
 from colibri_kit.errors import FleetError
 from colibri_kit.fleet.remote import Remote
+from colibri_kit.manifest import Manifest, ManifestError
 from colibri_kit.profiles import Profile
 
 RELEASE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -327,19 +328,6 @@ def verify_dir(remote: Remote, directory: str, expected: dict[str, str]) -> list
     return bad
 
 
-def manifest_hashes(manifest: dict) -> dict[str, str]:
-    files = manifest.get("files")
-    if not isinstance(files, dict) or not files:
-        raise FleetError("manifest.json has no 'files' map (rebuild with invoke build)")
-    out = {}
-    for rel, spec in files.items():
-        sha = spec.get("sha256") if isinstance(spec, dict) else spec
-        if not isinstance(rel, str) or rel.startswith("/") or ".." in rel.split("/"):
-            raise FleetError(f"manifest.json lists an unsafe path {rel!r}")
-        out[rel] = validate_sha(sha)
-    return out
-
-
 def verify_release(remote: Remote, root: str, release_id: str) -> list[str]:
     """Check an installed release against its own manifest and release.json."""
     directory = release_dir(root, release_id)
@@ -349,7 +337,11 @@ def verify_release(remote: Remote, root: str, release_id: str) -> list[str]:
         return ["manifest.json or release.json missing"]
     if hashlib.sha256(text.encode()).hexdigest() != meta.get("manifest_sha256"):
         return ["manifest.json does not match release.json"]
-    return verify_dir(remote, directory, manifest_hashes(json.loads(text)))
+    try:
+        manifest = Manifest.parse(text.encode(), f"{remote.name}: {directory}/manifest.json")
+    except ManifestError as exc:
+        return [str(exc)]
+    return verify_dir(remote, directory, manifest.hashes())
 
 
 def activate(remote: Remote, root: str, release_id: str) -> None:

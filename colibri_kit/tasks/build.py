@@ -63,7 +63,7 @@ def build_task(c: Context, target: str = "", all: bool = False, in_: str = "auto
     if all == bool(target):
         raise BuildError("give exactly one of --target NAME or --all")
     if not all:
-        r = kit_build.build(target, where=in_, debug=debug, cuda_archs=_archs(cuda_archs),
+        r = kit_build.build(profiles.load_profile(target), where=in_, debug=debug, cuda_archs=_archs(cuda_archs),
                             cuda_version=cuda_version or None, nvcc=nvcc or None, jobs=jobs,
                             progress=_say(target))
         print(f"built {r.dist_dir.relative_to(project_root())}/ in {r.seconds:.1f} s ({r.where})")
@@ -72,11 +72,12 @@ def build_task(c: Context, target: str = "", all: bool = False, in_: str = "auto
     results = []
     for name in names:
         try:
-            r = kit_build.build(name, where=in_, debug=debug, jobs=jobs, progress=_say(name))
+            r = kit_build.build(profiles.load_profile(name), where=in_, debug=debug, jobs=jobs,
+                                progress=_say(name))
             m = r.manifest
-            sms = ",".join(f"sm_{s}" for s in (m.get("cuda") or {}).get("sms", [])) or "-"
-            results.append([name, "ok", m["arch"], m["glibc_floor"], sms,
-                            str(m["files"]["bin/colibri"]["size"]), f"{r.seconds:.1f}"])
+            sms = ",".join(f"sm_{s}" for s in m.sms or []) or "-"
+            results.append([name, "ok", m.arch or "?", m.glibc_floor or "?", sms,
+                            str(m.files["bin/colibri"].size), f"{r.seconds:.1f}"])
         except KitError as exc:
             results.append([name, "FAILED", "", "", "", "", str(exc).splitlines()[0][:60]])
     rows = [["target", "status", "arch", "glibc", "sms", "bin bytes", "seconds / error"], *results]

@@ -8,7 +8,6 @@ import json as jsonlib
 from pathlib import Path
 
 from colibri_kit import profiles, render, verify as verify_mod
-from colibri_kit.errors import VerifyError
 from colibri_kit.paths import dist_dir, project_root
 from colibri_kit.report import table
 from colibri_kit.tasks._common import user_errors
@@ -59,7 +58,7 @@ def verify_task(c: Context, target: str, dist: str = "", run: bool = True,
     where = Path(dist) if dist else dist_dir(target)
     try:
         report = verify_mod.verify_build(profile, where, run=run)
-    except VerifyError as exc:
+    except verify_mod.VerifyError as exc:
         if json and exc.report is not None:
             print(jsonlib.dumps(exc.report.to_dict(), indent=2))
         raise
