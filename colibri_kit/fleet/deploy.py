@@ -315,7 +315,7 @@ def prune(remote: Remote, root: str, keep: int, keep_model: str | None) -> list[
     gone_models = []
     for name in res.stdout.split():
         sha = name.split(".", 1)[0]
-        if rel.SHA256_RE.match(sha) and sha not in used and name in (f"{sha}.colibri", f"{sha}.colibri.partial"):
+        if rel.SHA256_RE.fullmatch(sha) and sha not in used and name in (f"{sha}.colibri", f"{sha}.colibri.partial"):
             gone_models.append(posixpath.join(models_dir, name))
     if gone_models:
         remote.run(["rm", "-f", "--", *gone_models])

@@ -26,19 +26,19 @@ from colibri_kit.fleet.remote import Remote
 from colibri_kit.manifest import Manifest, ManifestError
 from colibri_kit.profiles import Profile
 
-RELEASE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+RELEASE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")   # checked with fullmatch
+SHA256_RE = re.compile(r"[0-9a-f]{64}")
 L4T_RE = re.compile(r"#\s*R(\d+)\s*\(release\),\s*REVISION:\s*([0-9.]+)")
 
 
 def validate_release_id(value: str) -> str:
-    if not isinstance(value, str) or not RELEASE_ID_RE.match(value) or ".partial" in value:
+    if not isinstance(value, str) or not RELEASE_ID_RE.fullmatch(value) or ".partial" in value:
         raise FleetError(f"{value!r} is not a release id (letters, digits, '.', '_', '-')")
     return value
 
 
 def validate_sha(value: str) -> str:
-    if not isinstance(value, str) or not SHA256_RE.match(value):
+    if not isinstance(value, str) or not SHA256_RE.fullmatch(value):
         raise FleetError(f"{value!r} is not a sha256 hex digest")
     return value
 
@@ -268,7 +268,7 @@ def installed(remote: Remote, root: str) -> InstalledReleases:
             stamp, _, name = line.partition(" ")
             if ".partial-" in name:
                 partials.append(name)
-            elif RELEASE_ID_RE.match(name):
+            elif RELEASE_ID_RE.fullmatch(name):
                 entries.append(ReleaseEntry(name, float(stamp)))
     entries.sort(key=lambda e: (-e.mtime, e.id))
     return InstalledReleases(current=current_release(remote, root), releases=entries, partials=partials)
@@ -280,7 +280,7 @@ def current_release(remote: Remote, root: str) -> str | None:
         return None
     target = res.stdout.strip()
     name = posixpath.basename(target.rstrip("/"))
-    return name if RELEASE_ID_RE.match(name) else None
+    return name if RELEASE_ID_RE.fullmatch(name) else None
 
 
 def remote_size(remote: Remote, path: str) -> int | None:
@@ -311,7 +311,7 @@ def remote_sha256(remote: Remote, paths: list[str], timeout: float = 600.0) -> d
     out: dict[str, str] = {}
     for line in res.stdout.splitlines():
         digest, _, path = line.partition("  ")
-        if SHA256_RE.match(digest):
+        if SHA256_RE.fullmatch(digest):
             out[path] = digest
     return out
 
