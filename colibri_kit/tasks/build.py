@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from invoke import Context, task
+from invoke import Context
 
 from colibri_kit import build as kit_build
 from colibri_kit import profiles, toolchain
 from colibri_kit.errors import BuildError, KitError
 from colibri_kit.paths import project_root
 from colibri_kit.report import table
-from colibri_kit.tasks._common import user_errors
+from colibri_kit.tasks._common import kit_task, user_errors
 
 
 def _say(target: str):
@@ -20,7 +20,7 @@ def _archs(text: str) -> list[str] | None:
     return [a.strip() for a in text.split(",") if a.strip()] or None
 
 
-@task(name="toolchain", help={
+@kit_task(name="toolchain", help={
     "target": "profile name: install its pinned toolchain (zig, CUDA wheels) and print versions",
     "list": "show the toolchain sets in the cache and their sizes",
 })
@@ -45,7 +45,7 @@ def toolchain_task(c: Context, target: str = "", list: bool = False) -> None:  #
         print(f"  {'total':14} {total / 2**20:8.1f} MiB")
 
 
-@task(name="build", help={
+@kit_task(name="build", help={
     "target": "profile name from targets/ (see `invoke targets`)",
     "all": "build every target and print a summary table",
     "in": "where to build: auto (docker when an engine answers), host or docker",

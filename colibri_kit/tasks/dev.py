@@ -12,11 +12,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from invoke import Context, task
+from invoke import Context
 
 from colibri_kit.paths import build_dir
 from colibri_kit.profiles import Profile
-from colibri_kit.tasks._common import user_errors
+from colibri_kit.tasks._common import kit_task, user_errors
 
 # Apart from `invoke sim.up`'s default, so the demo never touches a fleet the user started.
 DEMO_STATE_DIR = "/run/colibri-demo"
@@ -26,7 +26,7 @@ def _step(title: str) -> None:
     print(f"\n=== {title} ===", flush=True)
 
 
-@task(help={
+@kit_task(help={
     "target": "target profile to build and emulate (default orin-nx)",
     "count": "emulated devices to bring up (default 1)",
     "keep_running": "leave the emulated devices running afterwards (stop them with `invoke sim.down`)",

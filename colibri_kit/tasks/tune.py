@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json as jsonlib
 
-from invoke import Context, task
+from invoke import Context
 from invoke.exceptions import Exit
 
 from colibri_kit.errors import FleetError
@@ -14,7 +14,7 @@ from colibri_kit.fleet.inventory import Host
 from colibri_kit.fleet.remote import Remote
 from colibri_kit.profiles import load_profile
 from colibri_kit.report import clean, table
-from colibri_kit.tasks._common import user_errors
+from colibri_kit.tasks._common import kit_task, user_errors
 from colibri_kit.tasks.fleet import SELECT_HELP, select_fleet
 
 
@@ -76,7 +76,7 @@ def _apply_table(results, stopped: str | None = None) -> None:
         raise Exit(f"tuning not verified on {len(bad)} host(s): {', '.join(bad)}", code=1)
 
 
-@task(help={
+@kit_task(help={
     **SELECT_HELP,
     "dry_run": "check the profile against each device and print the steps, change nothing",
     "allow_reboot": "let nvpmodel reboot a device when its power-mode switch needs it (without "
