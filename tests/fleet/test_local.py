@@ -229,18 +229,22 @@ def test_failure_budget_skips_the_hosts_not_yet_started(device, host, profile, t
 
 
 def test_for_each_bounds_parallelism() -> None:
+    """Waits on events, not on time: the first three items meet at a barrier (so three run at
+    once however slow the machine is), and none of the others may join them while they wait."""
     import threading
 
     active = 0
     peak = 0
     lock = threading.Lock()
+    three = threading.Barrier(3, timeout=60)
 
     def work(i: int) -> int:
         nonlocal active, peak
         with lock:
             active += 1
             peak = max(peak, active)
-        time.sleep(0.05)
+        if i < 3:
+            three.wait()
         with lock:
             active -= 1
         return i * 2
