@@ -80,6 +80,15 @@ def test_errors_name_file_and_key(tmp_path: Path, text: str, where: str) -> None
     assert where in str(exc.value)
 
 
+def one_host(key: str, value: str) -> str:
+    """A fleet file of one host whose ``key`` (or its name) is ``value`` (YAML text)."""
+    if key == "name":
+        return f"hosts: {{{value}: {{address: 10.0.0.1}}}}"
+    if key == "address":
+        return f"hosts: {{cab: {{address: {value}}}}}"
+    return f"hosts: {{cab: {{address: 10.0.0.1, {key}: {value}}}}}"
+
+
 @pytest.mark.parametrize("key, value", [
     ("name", "'cab;reboot'"),
     ("name", "'-oProxyCommand=id'"),
@@ -98,12 +107,7 @@ def test_errors_name_file_and_key(tmp_path: Path, text: str, where: str) -> None
     ("target", "'../../etc'"),
 ])
 def test_hostile_values_are_refused(tmp_path: Path, key: str, value: str) -> None:
-    if key == "name":
-        text = f"hosts: {{{value}: {{address: 10.0.0.1}}}}"
-    elif key == "address":
-        text = f"hosts: {{cab: {{address: {value}}}}}"
-    else:
-        text = f"hosts: {{cab: {{address: 10.0.0.1, {key}: {value}}}}}"
+    text = one_host(key, value)
     with pytest.raises(FleetError, match="not a valid|not a host name|must be an absolute"):
         load_inventory(write(tmp_path, text))
 
@@ -132,12 +136,7 @@ def test_release_id_and_sha_accept_good_values() -> None:
     ("tags", '["line-a\\n"]'),
 ])
 def test_a_trailing_newline_is_refused(tmp_path: Path, key: str, value: str) -> None:
-    if key == "name":
-        text = f"hosts: {{{value}: {{address: 10.0.0.1}}}}"
-    elif key == "address":
-        text = f"hosts: {{cab: {{address: {value}}}}}"
-    else:
-        text = f"hosts: {{cab: {{address: 10.0.0.1, {key}: {value}}}}}"
+    text = one_host(key, value)
     with pytest.raises(FleetError, match="not a valid|not a host name|must be an absolute"):
         load_inventory(write(tmp_path, text))
     # the same value without the newline is accepted

@@ -7,7 +7,6 @@ with devices that really go down.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from pathlib import Path
 
