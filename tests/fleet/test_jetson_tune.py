@@ -332,3 +332,27 @@ def test_a_reboot_is_confirmed_by_a_new_boot_id_not_by_the_reported_mode(tmp_pat
     assert stopped == "nx0" and not o.ok
     assert "did not come back in MAXN within 1s" in o.error and "has not rebooted yet" in o.error
     assert tunelib.read_state(d).mode_name == "MAXN"  # what nvpmodel reports: not enough
+
+
+def test_restore_rolls_its_reboots_within_the_limit(tmp_path):
+    """Three devices tuned into MAXN (a reboot each); restoring 15W is a reboot again: without
+    --allow-reboot the record is kept, with it they go one at a time, each back from a new boot."""
+    devs = devices(tmp_path)
+    plans = {n: tunelib.plan(d, spec("MAXN")) for n, d in devs.items()}
+    results, _ = tunelib.rollout(watched_fleet(devs), plans, allow_reboot=True, max_unavailable=3,
+                                 poll=0.05, reboot_timeout=60)
+    assert all(o.ok and o.value.ok for o in results)
+    tuned = boot_ids(devs)
+    results, stopped = tunelib.restore_fleet(watched_fleet(devs), allow_reboot=False)
+    assert all(o.value.outcome is tunelib.Restored.INCOMPLETE and o.value.needs_reboot
+               for o in results) and boot_ids(devs) == tuned
+    results, stopped = tunelib.restore_fleet(watched_fleet(devs), allow_reboot=True,
+                                             max_unavailable=1, poll=0.05, reboot_timeout=60)
+    assert stopped is None and Watched.peak == 1
+    assert all(o.ok and o.value.outcome is tunelib.Restored.RESTORED for o in results), \
+        [(o.host, o.error, o.value and o.value.notes) for o in results]
+    after = boot_ids(devs)
+    for n, d in devs.items():
+        assert after[n] != tuned[n] and "rebooted once into 15W" in \
+            [o for o in results if o.host == n][0].value.notes[0]
+        assert tunelib.read_state(d).mode_name == "15W" and not d.path(tunelib.TUNE_DIR).exists()
