@@ -6,12 +6,15 @@ or run), every ``import``/``from ... import`` anywhere in it is collected (at th
 functions, under ``if TYPE_CHECKING:``: a circle through a type-only import is still a circle a
 reader must untangle), relative imports are resolved, ``from package import name`` counts as an
 import of the submodule when ``name`` is one, and the strongly connected components of that graph
-are computed (Tarjan). Any component with more than one module is a circle."""
+are computed (Tarjan, shared with the runtime's include check). Any component with more than one
+module is a circle."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+
+from test_runtime_layout import find_cycles
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "colibri_kit"
@@ -70,48 +73,9 @@ def import_graph() -> dict[str, set[str]]:
 
 
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components with more than one module (Tarjan, iterative)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-    counter = 0
-    for start in graph:
-        if start in index:
-            continue
-        work = [(start, iter(sorted(graph[start])))]
-        index[start] = low[start] = counter
-        counter += 1
-        stack.append(start)
-        on_stack.add(start)
-        while work:
-            node, edges = work[-1]
-            for nxt in edges:
-                if nxt not in index:
-                    index[nxt] = low[nxt] = counter
-                    counter += 1
-                    stack.append(nxt)
-                    on_stack.add(nxt)
-                    work.append((nxt, iter(sorted(graph.get(nxt, ())))))
-                    break
-                if nxt in on_stack:
-                    low[node] = min(low[node], index[nxt])
-            else:
-                work.pop()
-                if work:
-                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
-                if low[node] == index[node]:
-                    component = []
-                    while True:
-                        top = stack.pop()
-                        on_stack.discard(top)
-                        component.append(top)
-                        if top == node:
-                            break
-                    if len(component) > 1:
-                        found.append(sorted(component))
-    return found
+    """Strongly connected components with more than one module: the runtime's include check's
+    Tarjan (tests/test_runtime_layout.py), over module names."""
+    return find_cycles(graph)   # type: ignore[arg-type]
 
 
 def test_the_checker_finds_a_circle() -> None:
