@@ -11,7 +11,7 @@ families really use are accepted; anything else fails naming the key and the sup
   pre-tokenizer, byte_fallback, fuse_unk, decoder Replace("▁", " ") + ByteFallback + Fuse +
   Strip(" ", 1, 0).
 
-The C tokenizer (runtime/src/tokenizer.c) reproduces the `tokenizers` library's ids exactly on
+The C tokenizer (runtime/src/text/tokenizer.c) reproduces the `tokenizers` library's ids exactly on
 these configurations (tests/test_tokenizer.py).
 """
 

@@ -1,7 +1,7 @@
-"""Generate runtime/src/unicode_tables.c (the tokenizer's Unicode properties) from Python's
+"""Generate runtime/src/text/unicode_tables.c (the tokenizer's Unicode properties) from Python's
 ``unicodedata``.
 
-    python -m colibri_kit.model.unicode_gen            # rewrite runtime/src/unicode_tables.c
+    python -m colibri_kit.model.unicode_gen            # rewrite runtime/src/text/unicode_tables.c
     python -m colibri_kit.model.unicode_gen --check    # exit 1 when the committed file is stale
 
 What the C tokenizer needs per code point, and where it comes from:
@@ -25,11 +25,11 @@ import sys
 import unicodedata
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parents[2] / "runtime" / "src" / "unicode_tables.c"
+OUT = Path(__file__).resolve().parents[2] / "runtime" / "src" / "text" / "unicode_tables.c"
 MAX_CP = 0x110000
 HANGUL_S0, HANGUL_SN = 0xAC00, 11172
 
-# class values (low 2 bits of the property byte); keep in step with runtime/src/tokenizer.c
+# class values (low 2 bits of the property byte); keep in step with runtime/src/text/tokenizer.c
 OTHER, LETTER, NUMBER, SPACE = 0, 1, 2, 3
 NFC_MAYBE = 4  # may change under NFC (has a decomposition, ccc != 0, or composes with a previous char)
 
