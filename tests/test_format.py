@@ -17,10 +17,10 @@ from colibri_kit.model.format import (
 )
 from colibri_kit.model.tiny import TINY_NAME, tiny_header, write_random_model, write_tiny_model
 
-# sha256 of tiny-moe-4e2r (pad 64, f32). Pinned: C tests and device smoke tests rely on the same
-# bytes everywhere; a change to tiny.py or the writer must be deliberate. (Format version 3 added
-# the layer table: the header's version and layer_table_offset, and two layer records.)
-TINY_SHA256 = "5f7d9b571004cc98ee6468b47ecb904fb09f37bd661c264ce009b60b4d5e97ae"
+# sha256 of tiny-moe-4e2r (pad 64, f32; with its chat template since issue #21, and the layer table
+# of format version 3). Pinned: C tests and device smoke tests rely on the same bytes everywhere;
+# a change to tiny.py or the writer must be deliberate.
+TINY_SHA256 = "a3a03a1a72e573e9cac234d8f494a38c31ae804f1d6e9db7964b171476857bd6"
 
 ALL_FEATURES = int(Flag.SHARED_EXPERT | Flag.SHARED_EXPERT_GATE | Flag.QKV_BIAS | Flag.QK_NORM_HEAD
                    | Flag.TIED_EMBEDDINGS)
