@@ -72,7 +72,7 @@ static void test_loader(void) {
     refuse("valid model", orig_len, NULL, COLIBRI_OK, "");
     refuse("truncated to 100 bytes", 100, NULL, COLIBRI_E_TRUNCATED, "256-byte header");
     refuse("truncated by one byte", orig_len - 1, NULL, COLIBRI_E_TRUNCATED, "truncated");
-    refuse("wrong magic", orig_len, m_magic, COLIBRI_E_BAD_MAGIC, "magic");
+    refuse("wrong magic", orig_len, m_magic, COLIBRI_E_BAD_MAGIC, "first 8 bytes");
     refuse("wrong version", orig_len, m_version, COLIBRI_E_BAD_VERSION, "version 4");
     refuse("absurd num_experts", orig_len, m_experts, COLIBRI_E_ABSURD_DIM, "num_experts");
     refuse("zero vocab", orig_len, m_vocab0, COLIBRI_E_ABSURD_DIM, "vocab_size");

@@ -729,9 +729,10 @@ static int cb_check_model(const struct colibri_model *m, char *why, size_t why_l
         if (!(d->mixer == COLIBRI_MIXER_ATTENTION ||
               (d->mixer == COLIBRI_MIXER_SLIDING_ATTENTION && d->window >= m->max_seq_len)) ||
             d->ffn != COLIBRI_FFN_MOE) {
+            const colibri_layer_kind *mk = m->layers[l].mixer, *fk = m->layers[l].ffn;
             snprintf(why, why_len, "layer %u is %s%s + %s, a layer kind the CUDA backend does not "
-                     "run yet (it runs attention + moe)", l, m->layers[l].mixer->name,
-                     d->window ? " (window shorter than the context)" : "", m->layers[l].ffn->name);
+                     "run yet (it runs attention + moe)", l, mk ? mk->name : "?",
+                     d->window ? " (window shorter than the context)" : "", fk ? fk->name : "?");
             return -1;
         }
     }

@@ -26,8 +26,10 @@
 
 /* ---- the format side ------------------------------------------------------------------------ */
 
-static colibri_status params_zero(const colibri_layer_desc *d, uint32_t l, const char *name,
-                                  int window_allowed, char *why, size_t len) {
+/* What both attention kinds require of their record: no parameters, no flags (none defined yet),
+ * a window only for the sliding kind. */
+static colibri_status check_mixer(const colibri_layer_desc *d, uint32_t l, const char *name,
+                                 int window_allowed, char *why, size_t len) {
     for (int i = 0; i < 4; i++)
         if (d->mixer_params[i])
             return fail(why, len, COLIBRI_E_BAD_LAYER,
@@ -46,7 +48,7 @@ static colibri_status params_zero(const colibri_layer_desc *d, uint32_t l, const
 
 colibri_status colibri_attention_validate(const struct colibri_model *m, uint32_t l, char *why,
                                           size_t len) {
-    return params_zero(&m->layers[l].desc, l, "attention", 0, why, len);
+    return check_mixer(&m->layers[l].desc, l, "attention", 0, why, len);
 }
 
 colibri_status colibri_sliding_validate(const struct colibri_model *m, uint32_t l, char *why,
@@ -55,7 +57,7 @@ colibri_status colibri_sliding_validate(const struct colibri_model *m, uint32_t 
     if (d->window == 0)
         return fail(why, len, COLIBRI_E_BAD_LAYER,
                     "layer %u (sliding_attention): window = 0, must be at least 1", l);
-    return params_zero(d, l, "sliding_attention", 1, why, len);
+    return check_mixer(d, l, "sliding_attention", 1, why, len);
 }
 
 int colibri_attention_tensor(const struct colibri_model *m, uint32_t l, uint32_t tk,
