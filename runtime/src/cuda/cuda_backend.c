@@ -1057,6 +1057,12 @@ int colibri_cuda_open_on(colibri_cuda **out, colibri_cuda_device *dv, int stream
     }
 
     cu->nstreams = stream_count >= 2 ? 2 : 1;
+    {
+        /* COLIBRI_CUDA_STREAMS=1|2 overrides the build's COLIBRI_STREAM_COUNT: gpu-check runs the
+         * second stream's path (every Jetson profile's) on a host build, whose profile has 1 */
+        const char *env = getenv("COLIBRI_CUDA_STREAMS");
+        if (env && (strcmp(env, "1") == 0 || strcmp(env, "2") == 0)) cu->nstreams = atoi(env);
+    }
     for (int s = 0; s < cu->nstreams; s++)
         if ((r = cu->d.StreamCreate(&cu->stream[s], CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS) {
             cb_fail(cu, r, "cuStreamCreate", why, why_len);
