@@ -59,8 +59,15 @@ KV_SPLIT = 256  # runtime/kernels/colibri_abi.h COLIBRI_CU_KV_SPLIT
 
 #: The run plan's defaults (manifest "plan"; docs/cuda.md "the run plan").
 BENCH = {"prompt_len": 16, "gen": 32, "runs": 3}
-TIMEOUTS = {"env": 30, "device": 60, "model": 45, "det": 120, "sanitizer": 80, "probe": 60,
-            "bench": 90, "large": 300, "coverage": 150}
+TIMEOUTS = {"env": 30, "device": 60, "model": 45, "det": 120, "kernels": 150, "sanitizer": 80,
+            "probe": 60, "gemv": 60, "bench": 90, "large": 300, "coverage": 150}
+#: What DIR/suite/ holds: the kernel suite without pytest and the GEMV bench (tests/gpu/), with
+#: the three kit modules they import (numpy is their one outside dependency).
+SUITE_FILES = [f"tests/gpu/{n}.py" for n in ("run_conformance", "conformance", "kernel_reference",
+                                              "gpu_session", "cuda_driver", "gpu_images",
+                                              "bench_gemv")]
+SUITE_KIT = ["colibri_kit/__init__.py", "colibri_kit/errors.py", "colibri_kit/elf.py",
+             "colibri_kit/model/__init__.py", "colibri_kit/model/format.py"]
 #: Each call's budget (s): a step gets at most what is left of it, the rest are recorded as
 #: skipped, so a call ends with a complete report inside the device tool's 600 s per command.
 CALL_BUDGET = {"1": 240, "2": 300}
@@ -259,7 +266,7 @@ def check_plan(plan: dict, models: list[dict]) -> None:
 def prepare(out: Path, sm: int = 90, binary: Path | None = None, prompt_len: int = len(PROMPT),
             greedy_new: int = GREEDY_NEW, select: list[str] | None = None,
             bench: dict | None = None, large_args: list[str] | None = (),
-            call_budget: dict | None = None, progress=print) -> dict:
+            call_budget: dict | None = None, kernels_k: str = "", progress=print) -> dict:
     """Fill `out` for scripts/gpu-check.sh (module docstring). `select`: fnmatch patterns of the
     model names to prepare (default all); `large_args`: `colibri synth` options of the large
     model (default its own defaults; None: no large model)."""
@@ -280,6 +287,10 @@ def prepare(out: Path, sm: int = 90, binary: Path | None = None, prompt_len: int
     colibri = out / "bin" / "colibri"
     shutil.copy2(binary, colibri)
     shutil.copy2(RUN_SCRIPT, out / RUN_SCRIPT.name)
+    for rel in SUITE_FILES + SUITE_KIT:
+        dest = out / "suite" / (Path(rel).name if rel.startswith("tests/") else rel)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / rel, dest)
     pad = embed_pad(colibri)
     wanted = [(f"{family}-{dt.name.lower()}", "small", small_header(family, int(dt), pad),
                PROMPT[:prompt_len], greedy_new, {}) for family in family_shapes() for dt in DType]
@@ -317,7 +328,7 @@ def prepare(out: Path, sm: int = 90, binary: Path | None = None, prompt_len: int
     plan = {"bench": dict(bench or BENCH), "large_args": None if large_args is None
             else list(large_args), "probe_mib": 512, "timeouts": dict(TIMEOUTS),
             "call_budget_s": dict(call_budget or CALL_BUDGET), "det_models": det,
-            "sanitizers": list(SANITIZERS)}
+            "sanitizers": list(SANITIZERS), "kernels_k": kernels_k}
     check_plan(plan, models)
     manifest = {"format": 2, "sm": sm, "binary": "bin/colibri", "models": models, "plan": plan,
                 "perf_model": perf_model(gm, read_model(out / small[0]["path"]).header),
@@ -351,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--large-args", default="", help="`colibri synth` options of the large "
                     "model (default: its defaults, ~1.4 GB f16 read per token)")
     ap.add_argument("--no-large", action="store_true", help="no large-model step")
+    ap.add_argument("--kernels", default="", help="only the kernel checks whose ids contain "
+                    "one of these comma-separated strings (default: all)")
     ap.add_argument("--call-budget", default=None, help="seconds each call may take, 'CALL1 "
                     f"CALL2' (default {CALL_BUDGET['1']} {CALL_BUDGET['2']})")
     args = ap.parse_args(argv)
@@ -365,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
             budget = {"1": a, "2": b}
         prepare(args.dir, args.sm, args.binary, args.prompt_len, args.greedy_new,
                 args.models.split(",") if args.models else None, bench,
-                None if args.no_large else shlex.split(args.large_args), budget)
+                None if args.no_large else shlex.split(args.large_args), budget, args.kernels)
     except (KitError, ValueError) as exc:
         print(f"gpu-check --prepare: {exc}", file=sys.stderr)
         return 1

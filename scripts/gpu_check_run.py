@@ -375,6 +375,51 @@ def step_sanitizer(tool: str):
     return run
 
 
+def suite_python(r: Runner) -> str | None:
+    """python3 with numpy (the kernel suite's one dependency), else None."""
+    proc = r.run("-c", "import numpy", program=sys.executable)
+    return sys.executable if proc.returncode == 0 else None
+
+
+def step_kernels(r: Runner, ctx: dict) -> dict:
+    """The kernel conformance suite (DIR/suite/run_conformance.py: every kernel against NumPy,
+    through the driver itself when pycuda is absent) on the image this GPU loads."""
+    py = suite_python(r)
+    if py is None:
+        return {"status": "skipped", "reason": "numpy is not importable by " + sys.executable}
+    k = ctx["plan"].get("kernels_k", "")
+    proc = r.run(str(r.root / "suite" / "run_conformance.py"), "--binary", r.colibri, "--json",
+                 *(["-k", k] if k else []), program=py)
+    checks = []
+    for line in proc.stdout.splitlines():
+        try:
+            checks.append(json.loads(line))
+        except ValueError:
+            pass
+    failed = [c for c in checks if not c["ok"]]
+    out = {"checks": len(checks), "failed": len(failed),
+           "failures": [f"{c['check']}: {c['error']}" for c in failed][:20],
+           "slowest": sorted(checks, key=lambda c: -c["seconds"])[:3]}
+    if proc.returncode not in (0, 1) or not checks:
+        out["error"] = fail_line(proc)
+    out["status"] = "pass" if proc.returncode == 0 and checks and not failed else "fail"
+    return out
+
+
+def step_gemv(r: Runner, ctx: dict) -> dict:
+    """The decode-GEMV bench (DIR/suite/bench_gemv.py): cb_linear's GB/s per weight dtype on a
+    16384 x 8192 matrix against a device copy's."""
+    py = suite_python(r)
+    if py is None:
+        return {"status": "skipped", "reason": "numpy is not importable by " + sys.executable}
+    proc = r.run(str(r.root / "suite" / "bench_gemv.py"), "--json",
+                 env={"COLIBRI_GPU_BINARY": r.colibri, **ctx["plan"].get("gemv_env", {})},
+                 program=py)
+    if proc.returncode != 0:
+        return {"status": "fail", "error": fail_line(proc)}
+    return {"status": "figure", **json.loads(proc.stdout.strip().splitlines()[-1])}
+
+
 def step_probe(r: Runner, ctx: dict) -> dict:
     proc = r.run("gpuprobe", "--mib", str(ctx["plan"]["probe_mib"]), "--json")
     if proc.returncode != 0:
@@ -517,9 +562,10 @@ def plan_steps(manifest: dict) -> list[tuple[int, str, float, object]]:
     steps += [(1, f"model:{m['name']}", t["model"], step_model(m)) for m in small]
     det = set(plan["det_models"])
     steps += [(1, f"det:{m['name']}", t["det"], step_det(m)) for m in small if m["name"] in det]
+    steps += [(1, "kernels", t["kernels"], step_kernels)]
     steps += [(1, f"sanitizer:{tool}", t["sanitizer"], step_sanitizer(tool))
               for tool in plan["sanitizers"]]
-    steps += [(2, "probe", t["probe"], step_probe)]
+    steps += [(2, "probe", t["probe"], step_probe), (2, "gemv", t["gemv"], step_gemv)]
     steps += [(2, f"bench:{m['name']}", t["bench"], step_bench(m)) for m in small]
     steps += [(2, "perf", 5, step_perf)]
     if plan.get("large_args") is not None:
@@ -587,6 +633,12 @@ def step_line(rec: dict) -> list[str]:
         sp = rec["short_prompt"]
         lines.append(f"    {sp.get('tokens', '?')}-token prompt: "
                      f"{fmt(sp.get('rel_err'), '.2e')} {'ok' if sp['ok'] else 'FAIL'}")
+    if name == "kernels" and "checks" in rec:
+        lines.append(f"    {rec['checks'] - rec['failed']}/{rec['checks']} kernel checks passed")
+        lines += [f"    FAIL {f}" for f in rec.get("failures", [])]
+    if name == "gemv" and "gemv" in rec:
+        lines.append(f"    copy {rec['copy_gbps']:.1f} GB/s; decode GEMV " + ", ".join(
+            f"{k} {v['gbps']:.1f} GB/s ({v['fraction_of_copy']:.0%})" for k, v in rec["gemv"].items()))
     if name.startswith("sanitizer:") and rec.get("summary"):
         lines.append(f"    {rec['summary']}")
     if name == "env":
