@@ -412,9 +412,8 @@ def step_gemv(r: Runner, ctx: dict) -> dict:
     py = suite_python(r)
     if py is None:
         return {"status": "skipped", "reason": "numpy is not importable by " + sys.executable}
-    proc = r.run(str(r.root / "suite" / "bench_gemv.py"), "--json",
-                 env={"COLIBRI_GPU_BINARY": r.colibri, **ctx["plan"].get("gemv_env", {})},
-                 program=py)
+    proc = r.run(str(r.root / "suite" / "bench_gemv.py"), "--json", *ctx["plan"]["gemv_args"],
+                 env={"COLIBRI_GPU_BINARY": r.colibri}, program=py)
     if proc.returncode != 0:
         return {"status": "fail", "error": fail_line(proc)}
     return {"status": "figure", **json.loads(proc.stdout.strip().splitlines()[-1])}
@@ -536,14 +535,14 @@ def step_large(r: Runner, ctx: dict) -> dict:
 
 def step_coverage(m: dict):
     """A coverage model: logits and greedy ids against the CPU (its own environment, e.g. 2
-    streams), then the same bits with plain launches and with the model's extra switch."""
+    streams), then the same bits under each of its variants (plain launches instead of the
+    graph, the routing fusion switched, 1 stream)."""
     def run(r: Runner, ctx: dict) -> dict:
         env = dict(m.get("env", {}))
         res, got = check_logits_and_greedy(r, m, ctx["models"], "cov", env)
         out = {"model": m["name"], "what": m.get("what", ""), "env": env, **res, "bits": {}}
         if got is not None:
-            for name, extra in (("no graph", {"COLIBRI_CUDA_GRAPH": "0"}),
-                                *m.get("variants", {}).items()):
+            for name, extra in m.get("variants", {}).items():
                 other, err = forward_rows(r, m, ctx["models"], "cov-" + name.replace(" ", "_"),
                                           {**env, **extra})
                 out["bits"][name] = err if other is None else (

@@ -1,5 +1,6 @@
-"""The kernel conformance checks, shared by the real GPU (test_kernels_pycuda.py, pycuda) and the
-host emulation (test_kernels_emu.py): each check runs one kernel of
+"""The kernel conformance checks, shared by the real GPU (test_kernels_gpu.py: pycuda or the
+driver; run_conformance.py without pytest) and the host emulation (test_kernels_emu.py): each
+check runs one kernel of
 runtime/kernels/colibri_kernels.cu through `gpu` and compares it with kernel_reference.py.
 
 `gpu` provides: put(array) -> device pointer, zeros(shape, dtype), get(ptr, shape, dtype),
