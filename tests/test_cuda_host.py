@@ -975,6 +975,42 @@ def test_decode_graph_gives_the_plain_launches_bits(cuda_host_build, tmp_path: P
 
 
 @pytest.mark.slow
+def test_prefill_downloads_the_last_row_in_passes_the_arena_allows(cuda_host_build,
+                                                                   tmp_path: Path):
+    """Prefill on CUDA (issue 20 item 6): `forward --last` (colibri_forward_last, what generate
+    and bench run for a prompt) computes and downloads the last token's logits only (one
+    device-to-host copy of vocab floats, one LM head row) and they are bit for bit the last row
+    of the full forward; the prompt runs as one pass of 64 (the plan's chunk covers the model's
+    context) and its logits, every row, are bit for bit those of passes of 32
+    (COLIBRI_CUDA_CHUNK=32: the former schedule), within tolerance of the CPU's."""
+    model = tmp_path / "prefill.colibri"
+    _random_model(model, 0b100111, 0, 20, pad=64, max_seq_len=64)  # shared expert, bias, q/k norm
+    ids = [(i * 29 + 5) % 96 for i in range(64)]
+    info = _emu_info(cuda_host_build, model)
+    assert info["cuda_chunk"] == 64
+    full = _logits(cuda_host_build, model, "cuda", ids, "full", where=tmp_path)
+    old = _logits(cuda_host_build, model, "cuda", ids, "c32", where=tmp_path,
+                  COLIBRI_CUDA_CHUNK="32")
+    np.testing.assert_array_equal(full.view(np.uint32), old.view(np.uint32))
+    log = tmp_path / "last.log"
+    out = tmp_path / "last.f32"
+    proc = _emu_cli(cuda_host_build, "--backend", "cuda", "forward", str(model), "--ids",
+                    ",".join(map(str, ids)), "--last", "--logits-out", str(out),
+                    STUB_LOG=str(log))
+    assert proc.returncode == 0, proc.stderr
+    last = np.fromfile(out, "<f4")
+    np.testing.assert_array_equal(last.view(np.uint32), full[-1].view(np.uint32))
+    lines = log.read_text().splitlines()
+    assert [ln for ln in lines if ln.startswith("dtoh async")] == [f"dtoh async {96 * 4}"]
+    names = [ln.split()[1] for ln in lines if ln.startswith("launch ")]
+    assert names.count("cb_embed") == 1  # one pass of 64 tokens
+    heads = [ln for ln in lines if ln.startswith("launch cb_linear_mma") and " grid 2 1 " in ln]
+    assert len(heads) == 1, heads  # the LM head (96 rows: 2 blocks of 64) for one token
+    cpu = _logits(cuda_host_build, model, "cpu", ids, "cpu", where=tmp_path)
+    assert np.abs(full - cpu).max() / np.abs(cpu).max() < 1e-4
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("flags,dtype", [(0b100111, 0), (0b000000, 4)],
                          ids=["shared-gate-bias-qknorm-head-f32", "plain-q4"])
 def test_fused_routing_gives_the_split_launches_bits(cuda_host_build, tmp_path: Path, flags: int,

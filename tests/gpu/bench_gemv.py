@@ -35,13 +35,17 @@ NAMES = {0: "f32", 1: "f16", 2: "bf16", 3: "int8"}
 
 def _time_ms(ctx, fn, iters: int) -> float:
     start, stop = cuda_driver.Event(ctx), cuda_driver.Event(ctx)
-    fn()  # warm-up
-    start.record()
-    for _ in range(iters):
-        fn()
-    stop.record()
-    stop.synchronize()
-    return stop.time_since(start) / iters
+    try:
+        fn()  # warm-up
+        start.record()
+        for _ in range(iters):
+            fn()
+        stop.record()
+        stop.synchronize()
+        return stop.time_since(start) / iters
+    finally:
+        start.destroy()
+        stop.destroy()
 
 
 def main(argv: list[str] | None = None) -> int:

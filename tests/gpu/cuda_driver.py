@@ -123,6 +123,11 @@ class Event:
     def synchronize(self) -> None:
         self.ctx.drv.check("cuEventSynchronize", self.ctx.drv.lib.cuEventSynchronize(self.handle))
 
+    def destroy(self) -> None:
+        if self.handle:
+            self.ctx.drv.lib.cuEventDestroy_v2(self.handle)
+            self.handle = ctypes.c_void_p()
+
     def time_since(self, start: "Event") -> float:
         ms = ctypes.c_float()
         self.ctx.drv.check("cuEventElapsedTime", self.ctx.drv.lib.cuEventElapsedTime(
