@@ -18,7 +18,21 @@ import kernel_reference as ref
 from gpu_images import binary_images, pick, ptx_signatures
 
 
-class PycudaOps:
+class _Ops:
+    """What both ways share: device 0's SM and name (pycuda's Device and cuda_driver.Device
+    answer the same two calls)."""
+
+    dev = None
+
+    def sm(self) -> int:
+        major, minor = self.dev.compute_capability()
+        return major * 10 + minor
+
+    def device_name(self) -> str:
+        return self.dev.name()
+
+
+class PycudaOps(_Ops):
     """Memory, modules and launches through pycuda."""
 
     name = "pycuda"
@@ -28,13 +42,6 @@ class PycudaOps:
         self.dev = cuda.Device(0)
         self.ctx = self.dev.make_context()
         self.allocs: list = []
-
-    def sm(self) -> int:
-        major, minor = self.dev.compute_capability()
-        return major * 10 + minor
-
-    def device_name(self) -> str:
-        return self.dev.name()
 
     def load(self, image: bytes):
         return self.cuda.module_from_buffer(image)
@@ -66,7 +73,7 @@ class PycudaOps:
         self.ctx.detach()
 
 
-class DriverOps:
+class DriverOps(_Ops):
     """The same through the driver API itself (tests/gpu/cuda_driver.py)."""
 
     name = "driver"
@@ -74,13 +81,6 @@ class DriverOps:
     def __init__(self, drv: cuda_driver.Driver) -> None:
         self.dev = drv.device(0)
         self.ctx = self.dev.make_context()
-
-    def sm(self) -> int:
-        major, minor = self.dev.compute_capability()
-        return major * 10 + minor
-
-    def device_name(self) -> str:
-        return self.dev.name()
 
     def load(self, image: bytes):
         return self.ctx.module(image)
