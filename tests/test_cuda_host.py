@@ -794,7 +794,11 @@ def cuda_host_build(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]
 
 def _emu_cli(build: dict[str, Path], *args: str, **env: str) -> subprocess.CompletedProcess:
     full = {k: v for k, v in os.environ.items() if not k.startswith("STUB_")}
-    full.update({"COLIBRI_LIBCUDA": str(build["libcuda"]), "STUB_SM": "90"})
+    # passes of 32 tokens, as these tests were written for (a prompt of 33+ tokens is two
+    # passes, the second a 1-2 token GEMV pass); the plan's own larger passes are tested with
+    # COLIBRI_CUDA_CHUNK="" (test_prefill_downloads_the_last_row_in_passes_the_arena_allows)
+    full.update({"COLIBRI_LIBCUDA": str(build["libcuda"]), "STUB_SM": "90",
+                 "COLIBRI_CUDA_CHUNK": "32"})
     full.update(env)
     return subprocess.run([str(build["binary"]), *args], capture_output=True, text=True,
                           env=full, timeout=600)
@@ -986,9 +990,10 @@ def test_prefill_downloads_the_last_row_in_passes_the_arena_allows(cuda_host_bui
     model = tmp_path / "prefill.colibri"
     _random_model(model, 0b100111, 0, 20, pad=64, max_seq_len=64)  # shared expert, bias, q/k norm
     ids = [(i * 29 + 5) % 96 for i in range(64)]
-    info = _emu_info(cuda_host_build, model)
+    info = _emu_info(cuda_host_build, model, COLIBRI_CUDA_CHUNK="")
     assert info["cuda_chunk"] == 64
-    full = _logits(cuda_host_build, model, "cuda", ids, "full", where=tmp_path)
+    full = _logits(cuda_host_build, model, "cuda", ids, "full", where=tmp_path,
+                   COLIBRI_CUDA_CHUNK="")
     old = _logits(cuda_host_build, model, "cuda", ids, "c32", where=tmp_path,
                   COLIBRI_CUDA_CHUNK="32")
     np.testing.assert_array_equal(full.view(np.uint32), old.view(np.uint32))
@@ -996,7 +1001,7 @@ def test_prefill_downloads_the_last_row_in_passes_the_arena_allows(cuda_host_bui
     out = tmp_path / "last.f32"
     proc = _emu_cli(cuda_host_build, "--backend", "cuda", "forward", str(model), "--ids",
                     ",".join(map(str, ids)), "--last", "--logits-out", str(out),
-                    STUB_LOG=str(log))
+                    STUB_LOG=str(log), COLIBRI_CUDA_CHUNK="")
     assert proc.returncode == 0, proc.stderr
     last = np.fromfile(out, "<f4")
     np.testing.assert_array_equal(last.view(np.uint32), full[-1].view(np.uint32))
@@ -1361,7 +1366,7 @@ def test_gpu_check_passes_in_emulation_and_flags_wrong_results(cuda_host_build, 
     mixtral-f32 and the three coverage models (1024 positions with a prompt over 3 KV ranges,
     32 experts unfused, odd dimensions on 2 streams) pass every check against the CPU, bit for
     bit equal where the plan compares bits; a copy of mixtral-f32 with one expected logit moved
-    by 10x the tolerance and an impossible greedy id fails exactly its model step."""
+    by 10x the tolerance and another first greedy id fails exactly its model step."""
     small = tmp_path / "g"
     proc = _gpu_check("--prepare", small, "--binary", cuda_host_build["binary"], "--models",
                       "mixtral-f32,cov-*", "--bench", "4 2 1", "--large-args", TINY_SYNTH,
@@ -1372,8 +1377,11 @@ def test_gpu_check_passes_in_emulation_and_flags_wrong_results(cuda_host_build, 
     assert proc.returncode == 0, proc.stdout + proc.stderr
     manifest = json.loads((small / "manifest.json").read_text())
     good = next(m for m in manifest["models"] if m["name"] == "mixtral-f32")
+    # an expected first greedy id the model does not pick (the ids are fed back as the decode
+    # steps' inputs, so it must be a valid one)
     bad = dict(good, name="mixtral-f32-wrong", logits="expected/wrong.f32",
-               greedy_new_ids=[100000] + good["greedy_new_ids"][1:])
+               greedy_new_ids=[(good["greedy_new_ids"][0] + 1) % good["vocab"]] +
+               good["greedy_new_ids"][1:])
     logits = np.fromfile(small / good["logits"], "<f4")
     logits[7] += 10 * bad["tolerance"] * np.abs(logits).max()
     logits.tofile(small / bad["logits"])
