@@ -120,3 +120,26 @@ def write_load_model(path: Path, pad: int = 64) -> Path:
                     embed_dim_pad=padded_dim(d, pad), pad_multiple=pad, flags=0, norm_eps=1e-6,
                     rope_theta=10000.0, family=Family.OTHER, name="serve-load")
     return write_random_model(path, h, seed=7)
+
+
+def adversarial_bodies(size: int) -> dict[str, bytes]:
+    """Request bodies of about ``size`` bytes built to make a JSON parser or the request decoder
+    do more than linear work."""
+    def fill(unit, end: str = "") -> str:
+        parts, n, i = [], 0, 0
+        while n < size:
+            parts.append(unit(i))
+            n += len(parts[-1]) + 1
+            i += 1
+        return ",".join(parts) + end
+
+    prefix = "k" * 48  # long common prefixes: every comparison of two keys reads them
+    return {
+        "distinct-keys-long-prefix": ("{" + fill(lambda i: f'"{prefix}{i:08d}":0') + "}").encode(),
+        "duplicate-last": ("{" + fill(lambda i: f'"{prefix}{i:08d}":0', f',"{prefix}00000000":1') + "}").encode(),
+        "short-keys": ("{" + fill(lambda i: f'"{i:x}":0') + "}").encode(),
+        "keys-in-nested-objects": ("[" + fill(lambda i: '{"a":{"b":{"c":1,"d":2},"e":[1]},"f":0}') + "]").encode(),
+        "prompt-ids": ('{"model":"tiny","prompt":[' + fill(lambda i: "1") + "]}").encode(),
+        "chat-text-parts": ('{"model":"tiny","messages":[{"role":"user","content":[' +
+                            fill(lambda i: '{"type":"text","text":"a"}') + "]}]}").encode(),
+    }

@@ -266,7 +266,10 @@ BAD_BODIES = [
     (b'{"model": "other", "prompt": [1]}', 404, "model", "does not exist"),
     (b'{"prompt": [1]}', 400, "model", "required"),
     (b'[1, 2, 3]', 400, None, "JSON object"),
-    (b'{"model": "tiny", "prompt": [1], "model": "tiny"}', 400, None, "duplicate key"),
+    (b'{"model": "tiny", "prompt": [1], "model": "tiny"}', 400, None, 'duplicate key "model"'),
+    # a top_p that rounds to 0 as the sampler's 32-bit float: the client's mistake, not a 500
+    # (issue 21 item 7; was 500 "top_p must be in (0, 1]" from the sampler)
+    (b'{"model": "tiny", "prompt": [1, 2], "top_p": 1e-300}', 400, "top_p", "32-bit float"),
     (b'{"model": "tiny", "prompt": [1]} x', 400, None, "trailing"),
     (b'{"model": "tiny", "prompt": "\xff\xfe"}', 400, None, "UTF-8"),
     (b'{"model": "tiny", "prompt": [1], "max_tokens": NaN}', 400, None, "could not parse"),
