@@ -20,7 +20,6 @@
 #include "http.h"
 #include "routes.h"
 
-#define MAX_LISTEN 4
 #define WORKER_SLACK 8          /* request threads beyond slots + queue: bodies being read, refusals */
 #define CONN_STACK (1024 * 1024) /* a request thread runs the forward pass (worker 0) and, on the
                                     CUDA backend, driver calls: room to spare */
