@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels.h"
+#include "cpu/kernels.h"
 
 int main(int argc, char **argv) {
     if (argc != 5) {

@@ -44,7 +44,7 @@ def build(work: Path) -> Path:
     (work / "cfg" / "colibri_config.h").write_text(render_config(load_profile("host")))
     exe = work / "arm_q8_insns"
     rt = ROOT / "runtime"
-    srcs = [str(s) for s in sorted((rt / "src").glob("*.c"))] + [str(rt / "embed" / "kernel_images_empty.c")]
+    srcs = [str(s) for s in sorted((rt / "src").glob("*/*.c"))] + [str(rt / "embed" / "kernel_images_empty.c")]
     subprocess.run([str(install_zig()), "cc", "-target", p.zig_triple, f"-mcpu={p.zig_mcpu}", "-O2",
                     "-std=c11", "-D_GNU_SOURCE", f"-I{rt / 'include'}", f"-I{rt / 'src'}",
                     f"-I{work / 'cfg'}", "-o", str(exe), str(ROOT / "benchmarks" / "arm_q8_insns.c"),

@@ -6,7 +6,7 @@
 
 For a model header it prints (docs/cuda.md, "Performance model"):
 - the kernels and driver calls one decoded token issues, counted from the launch sequence of
-  runtime/src/cuda_backend.c (cb_forward_chunk), today (one cuLaunchKernel each) and as one CUDA
+  runtime/src/cuda/cuda_backend.c (cb_forward_chunk), today (one cuLaunchKernel each) and as one CUDA
   graph (the plan of issue 15);
 - the bytes one token reads, by kind: embedding row, attention weights, norms, router, the top-k
   routed experts, the shared expert, LM head, and the f32 KV cache at the given context;

@@ -45,7 +45,7 @@ def build_library(out: Path) -> ctypes.CDLL:
 
     (out / "colibri_config.h").write_text(render_config(load_profile("host")))
     rt = ROOT / "runtime"
-    srcs = [str(p) for p in sorted((rt / "src").glob("*.c"))] + [str(rt / "embed" / "kernel_images_empty.c")]
+    srcs = [str(p) for p in sorted((rt / "src").glob("*/*.c"))] + [str(rt / "embed" / "kernel_images_empty.c")]
     lib = out / "libcolibri_bench.so"
     subprocess.run(["cc", "-std=c11", "-O2", "-shared", "-fPIC", "-D_GNU_SOURCE", f"-I{rt / 'include'}",
                     f"-I{rt / 'src'}", f"-I{out}", "-o", str(lib), *srcs, "-lm", "-lpthread", "-ldl"], check=True)

@@ -1,7 +1,7 @@
 """Shared by tests/test_sampler.py and tests/test_generate.py: the C test driver (built once per
 session from runtime/src with the host cc) and a Python model of the sampler.
 
-The Python model (`sample`) mirrors runtime/src/sampler.c operation by operation: float32
+The Python model (`sample`) mirrors runtime/src/text/sampler.c operation by operation: float32
 repetition penalty, the (logit desc, id asc) order, weights and sums in double with the C
 library's exp (Python's math.exp calls it), and splitmix64 draws. For a fixed seed both must
 give exactly the same ids."""
@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 
 import numpy as np
+from kit_support import runtime_library_sources
 
 ROOT = Path(__file__).resolve().parents[1]
 MASK = (1 << 64) - 1
@@ -21,7 +22,7 @@ def build_driver(out_dir: Path, config_dir: Path, sanitize: bool = False) -> Pat
     """runtime/tests/gen_driver.c linked with every runtime source (CPU only, no kernels);
     with sanitize, under -fsanitize=address,undefined (any finding aborts the run)."""
     rt = ROOT / "runtime"
-    srcs = sorted(str(p) for p in (rt / "src").glob("*.c")) + [str(rt / "embed" / "kernel_images_empty.c")]
+    srcs = runtime_library_sources()
     exe = out_dir / ("gen_driver_asan" if sanitize else "gen_driver")
     san = ["-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined"] if sanitize else []
     subprocess.run(["cc", "-std=c11", "-O1", *san, "-D_GNU_SOURCE", f"-I{rt / 'include'}", f"-I{rt / 'src'}",

@@ -29,3 +29,10 @@ def zig_command() -> tuple[str, ...]:
     from colibri_kit import toolchain
 
     return (str(toolchain.install_zig()),)
+
+
+def runtime_library_sources() -> list[str]:
+    """Every source of libcolibri.a (runtime/Makefile's LIB_SRCS: the .c files one folder below
+    runtime/src/) plus the empty kernel table, for tests that compile the library themselves."""
+    rt = paths.project_root() / "runtime"
+    return [str(p) for p in sorted((rt / "src").glob("*/*.c"))] + [str(rt / "embed" / "kernel_images_empty.c")]

@@ -189,17 +189,17 @@ def test_changes_rebuild_only_what_depends_on_them(project_copy: Path):
     assert "-c ../build/orin-nx/embed/kernel_images.S" in r.make_output   # new image hash
     assert "-c src/" not in r.make_output and "-c tools/" not in r.make_output
     # A C source change: that object and the links, nothing else.
-    tool = project_copy / "runtime" / "tools" / "colibri.c"
+    tool = project_copy / "runtime" / "tools" / "main.c"
     tool.write_text(tool.read_text() + "\n/* a change */\n")
     r = kb.build("orin-nx", where="host", progress=_quiet)
     assert not r.kernels_compiled
-    assert "-c tools/colibri.c" in r.make_output
+    assert "-c tools/main.c" in r.make_output
     assert "-c src/" not in r.make_output
     # A deleted source: the archive and binary are rebuilt without it.
-    extra = project_copy / "runtime" / "src" / "extra_for_test.c"
+    extra = project_copy / "runtime" / "src" / "core" / "extra_for_test.c"
     extra.write_text("int colibri_extra_for_test(void) { return 7; }\n")
     r = kb.build("orin-nx", where="host", progress=_quiet)
-    assert "-c src/extra_for_test.c" in r.make_output
+    assert "-c src/core/extra_for_test.c" in r.make_output
     assert b"colibri_extra_for_test" in (r.dist_dir / "lib" / "libcolibri.a").read_bytes()
     extra.unlink()
     r = kb.build("orin-nx", where="host", progress=_quiet)
@@ -267,7 +267,7 @@ def test_bad_target_names_are_refused(project_copy: Path):
 
 
 def test_compile_error_is_reported(project_copy: Path):
-    src = project_copy / "runtime" / "src" / "broken_for_test.c"
+    src = project_copy / "runtime" / "src" / "core" / "broken_for_test.c"
     src.write_text("int broken(void) { return undeclared_thing; }\n")
     with pytest.raises(BuildError, match=r"(?s)make -C runtime failed.*undeclared_thing"):
         kb.build("host", where="host", progress=_quiet)

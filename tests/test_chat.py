@@ -1,5 +1,5 @@
 """Chat templates: colibri_kit/model/chat.py derives a table from the real templates of every
-family (tests/chat_templates.py), and runtime/src/chat.c renders conversations byte-identically
+family (tests/chat_templates.py), and runtime/src/text/chat.c renders conversations byte-identically
 to jinja2 (set up as transformers' apply_chat_template sets it up)."""
 from __future__ import annotations
 

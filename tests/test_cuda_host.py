@@ -23,7 +23,7 @@ from colibri_kit import elf, paths, profiles, render, toolchain
 
 ROOT = paths.project_root()
 KERNELS = ROOT / "runtime" / "kernels" / "colibri_kernels.cu"
-BACKEND = ROOT / "runtime" / "src" / "cuda_backend.c"
+BACKEND = ROOT / "runtime" / "src" / "cuda" / "cuda_backend.c"
 GPU_TESTS = ROOT / "tests" / "gpu"
 
 # (profile, CUDA version, SMs): every Jetson class plus the host with a datacenter GPU (sm_90)
@@ -169,7 +169,7 @@ def test_backend_c_cross_compiles_warning_free(tmp_path: Path, target: str):
     include = rendered_config(target, tmp_path / "inc")
     proc = subprocess.run([*tc.cc, *tc.arch_cflags, "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror",
                            "-Wno-unused-parameter", "-D_GNU_SOURCE",
-                           f"-I{ROOT / 'runtime' / 'include'}", f"-I{include}", "-c", str(BACKEND),
+                           f"-I{ROOT / 'runtime' / 'include'}", f"-I{ROOT / 'runtime' / 'src'}", f"-I{include}", "-c", str(BACKEND),
                            "-o", str(tmp_path / "cuda_backend.o")],
                           capture_output=True, text=True, env={**os.environ, **toolchain.zig_env()})
     assert proc.returncode == 0 and "warning" not in proc.stderr, proc.stderr

@@ -1,4 +1,4 @@
-"""colibri_generate (runtime/src/generate.c) and `colibri generate`: streaming that never splits a
+"""colibri_generate (runtime/src/text/generate.c) and `colibri generate`: streaming that never splits a
 UTF-8 character, stop strings across token boundaries, finish reasons, seeds that reproduce on
 any thread count, and the shared-model API under several threads."""
 from __future__ import annotations

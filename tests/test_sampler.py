@@ -1,4 +1,4 @@
-"""runtime/src/sampler.c against the Python model in tests/gen_support.py (exact ids for fixed
+"""runtime/src/text/sampler.c against the Python model in tests/gen_support.py (exact ids for fixed
 seeds), plus properties that hold whatever the seed."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`colibri serve` (runtime/src/server.c) with real clients: the official `openai` package and
+"""`colibri serve` (runtime/serve/server.c) with real clients: the official `openai` package and
 `curl`, against the product build (dist/host) serving the tiny model. One server for the module
 (4 slots); separate short-lived servers for the API key, the start-up refusals and the aarch64
 build under qemu. Answers at temperature 0 are checked against `colibri generate`.

@@ -314,7 +314,7 @@ def test_unicode_tables_are_generated_and_current() -> None:
 
     text = OUT.read_text()
     assert f'colibri_unicode_version[] = "{unicodedata.unidata_version}"' in text
-    assert text == generate(), "runtime/src/unicode_tables.c is stale: python -m colibri_kit.model.unicode_gen"
+    assert text == generate(), "runtime/src/text/unicode_tables.c is stale: python -m colibri_kit.model.unicode_gen"
 
 
 def _corrupt_blob(blobs: dict[str, bytes], name: str, at: int, value: int) -> dict[str, bytes]:

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from kit_support import runtime_library_sources
 
 import hf_models as H
 from colibri_kit.model import tokenizer as T
@@ -24,7 +25,7 @@ CORPUS = json.loads(H.TOKENIZER_CORPUS.read_text(encoding="utf-8"))
 
 
 def _sources() -> list[str]:
-    return [str(p) for p in sorted((RUNTIME / "src").glob("*.c"))] + [str(RUNTIME / "embed" / "kernel_images_empty.c")]
+    return runtime_library_sources()
 
 
 @pytest.fixture(scope="module")

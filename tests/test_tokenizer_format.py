@@ -121,7 +121,7 @@ def test_writer_refuses_bad_names(tmp_path: Path, name: str) -> None:
 
 
 def test_max_entries_constant_matches_c() -> None:
-    src = (Path(__file__).resolve().parents[1] / "runtime/src/model.h").read_text()
+    src = (Path(__file__).resolve().parents[1] / "runtime/src/core/model.h").read_text()
     assert f"#define COLIBRI_META_MAX {fmt.MAX_META}u" in src
     assert f"#define COLIBRI_META_ENTRY_SIZE {fmt.META_ENTRY_SIZE}u" in src
     assert f"#define COLIBRI_META_NAME_SIZE {fmt.META_NAME_SIZE}u" in src

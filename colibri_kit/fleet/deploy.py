@@ -270,7 +270,7 @@ def prune(remote: Remote, root: str, keep: int, keep_model: str | None) -> list[
 
 def model_footprint(model: Path, size: int, kv_cache: str = "f32") -> dict[str, int]:
     """The memory a model needs on the device, by part: its weights (the file, mmapped) and the
-    KV cache at its full context length as the runtime lays it out (runtime/src/arena.c: a key
+    KV cache at its full context length as the runtime lays it out (runtime/src/core/arena.c: a key
     and a value cache of n_layers x max_seq_len x n_kv_heads x head_dim float32 each, or float16
     with the service's ``kv_cache: f16``). The
     arena's activation buffers, bounded by the prefill chunk, are not counted: a lower bound,

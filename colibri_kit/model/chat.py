@@ -147,7 +147,7 @@ def derive(r: Renderer) -> dict[str, str]:
 
 
 def render_table(table: dict[str, str], messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
-    """What the C runtime does with the table (runtime/src/chat.c); raises on a refused step."""
+    """What the C runtime does with the table (runtime/src/text/chat.c); raises on a refused step."""
     roles = [m["role"] for m in messages]
     if not messages or tuple(roles) not in set(shapes(len(roles))):
         raise TemplateError(f"conversation roles {roles}: expected an optional system message, then "

@@ -6,16 +6,16 @@
 
 - weights: the `.colibri` file. The CPU backend reads it memory-mapped (one copy, shared by every
   context). The CUDA backend copies it once to the device (on a Jetson that is the same DRAM),
-  shared by every context of the model (runtime/src/cuda_backend.c colibri_cuda_device), in
+  shared by every context of the model (runtime/src/cuda/cuda_backend.c colibri_cuda_device), in
   chunks whose mapped pages it drops once staged, so the file's pages do not stay resident beside
   the copy; with COLIBRI_CUDA_WEIGHTS=map (integrated GPU) the mapped file itself is registered
   with the GPU instead;
 - upload: while the first context uploads, two page-locked staging buffers and the mapped pages
-  of the chunk being staged (3 x 16 MiB, runtime/src/cuda_backend.c CB_UPLOAD_CHUNK) exist
+  of the chunk being staged (3 x 16 MiB, runtime/src/cuda/cuda_backend.c CB_UPLOAD_CHUNK) exist
   besides the copy; the peak is counted;
 - arena: what the runtime allocates per context, computed with the runtime's own plan: the CPU
-  arena of runtime/src/arena.c (colibri_arena_plan) on CPU-only targets, the device arena of
-  runtime/src/cuda_backend.c (colibri_cuda_plan, without the weights region, counted above) on
+  arena of runtime/src/core/arena.c (colibri_arena_plan) on CPU-only targets, the device arena of
+  runtime/src/cuda/cuda_backend.c (colibri_cuda_plan, without the weights region, counted above) on
   CUDA targets. Both hold
   the KV cache for the model's max_seq_len (the context length, chosen at convert time), which
   is reported apart. `kv_dtype` "f16" (`colibri --kv-cache f16`) stores it in half the bytes,
@@ -41,9 +41,9 @@ from colibri_kit.model.format import (
 )
 
 MIB = 1 << 20
-# runtime/src/context.h COLIBRI_CHUNK: tokens per CPU pass.
+# runtime/src/core/context.h COLIBRI_CHUNK: tokens per CPU pass.
 CPU_CHUNK = 64
-# runtime/src/cuda_backend.c: CB_ALIGN, CB_MAX_CHUNK, CB_PART_BUDGET; colibri_abi.h: KV split.
+# runtime/src/cuda/cuda_backend.c: CB_ALIGN, CB_MAX_CHUNK, CB_PART_BUDGET; colibri_abi.h: KV split.
 CUDA_ALIGN = 256
 CUDA_MAX_CHUNK = 32
 CUDA_PRM_BYTES = 256  # cuda_backend.c CB_PRM_BYTES: the decode graph's parameter block
@@ -69,7 +69,7 @@ def kv_value_bytes(kv_dtype: str) -> int:
 
 def cpu_arena_bytes(h: ModelHeader, threads: int = DEFAULT_THREADS, int8_act: bool = False,
                     kv_dtype: str = "f32") -> int:
-    """runtime/src/arena.c colibri_arena_plan, byte for byte (release build)."""
+    """runtime/src/core/arena.c colibri_arena_plan, byte for byte (release build)."""
     kv_size = kv_value_bytes(kv_dtype)
     used = 0
 
@@ -99,7 +99,7 @@ def cpu_arena_bytes(h: ModelHeader, threads: int = DEFAULT_THREADS, int8_act: bo
 
 def cuda_arena_bytes(h: ModelHeader, copy_weights: bool = False, weights_bytes: int = 0,
                      kv_dtype: str = "f32") -> int:
-    """runtime/src/cuda_backend.c colibri_cuda_plan: the device arena (weights mapped, not copied,
+    """runtime/src/cuda/cuda_backend.c colibri_cuda_plan: the device arena (weights mapped, not copied,
     on an integrated GPU unless copy_weights; the KV cache in f32 or f16)."""
     S, H, Dh, Dp = h.max_seq_len, h.n_heads, h.head_dim, h.embed_dim_pad
     E, k, F, V = h.num_experts, h.top_k, h.expert_size, h.vocab_size

@@ -1,4 +1,4 @@
-/* libFuzzer harness for the service's request path (runtime/src/http.c, json.c, oai.c): the
+/* libFuzzer harness for the service's request path (runtime/serve/http.c, json.c, oai.c): the
  * bytes a client sends, up to the point where a request would take a slot.
  *
  * For every input:

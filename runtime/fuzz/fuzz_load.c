@@ -1,5 +1,5 @@
-/* libFuzzer harness for the model loader (runtime/src/model.c, and the metadata section and the
- * tokenizer tables it builds, runtime/src/tokenizer.c): any byte string must either be
+/* libFuzzer harness for the model loader (runtime/src/core/model.c, and the metadata section and the
+ * tokenizer tables it builds, runtime/src/text/tokenizer.c): any byte string must either be
  * refused with a status and a message, or yield tensor views that lie wholly inside the buffer
  * and a tokenizer that encodes and decodes a fixed text using only what it validated.
  * The buffer is copied to a 64-byte aligned allocation of exactly `size` bytes, so AddressSanitizer
@@ -8,8 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model.h"
-#include "tokenizer.h"
+#include "core/model.h"
+#include "text/tokenizer.h"
 
 static volatile uint32_t sink;
 

@@ -1,4 +1,4 @@
-/* libFuzzer harness for the tokenizer itself (runtime/src/tokenizer.c): arbitrary bytes (invalid
+/* libFuzzer harness for the tokenizer itself (runtime/src/text/tokenizer.c): arbitrary bytes (invalid
  * UTF-8 included) are encoded with each family's tokenizer, the ids decoded and every piece read.
  * Checks: no crash or sanitizer report, every id inside the vocabulary, decoded text valid UTF-8,
  * and for byte-level BPE without normalization changes the bytes survive (pieces join to the
@@ -10,8 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model.h"
-#include "tokenizer.h"
+#include "core/model.h"
+#include "text/tokenizer.h"
 
 #define MAX_MODELS 8
 static struct colibri_model models[MAX_MODELS];

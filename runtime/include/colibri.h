@@ -287,6 +287,8 @@ typedef struct {
 colibri_status colibri_chat_render(const colibri_model *m, const colibri_chat_message *msgs, int n,
                                    int add_generation_prompt, char *out, size_t cap, size_t *len,
                                    char *why, size_t why_len);
+/* 1 when the model carries a chat template (colibri_chat_render can render), else 0. */
+int colibri_chat_available(const colibri_model *m);
 
 /* ---- Text: the model's own tokenizer (format version 2; docs/runtime.md "Tokenizer") --------
  * Ids are exactly those of the Hugging Face `tokenizers` library for the model's tokenizer.json.

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "chat.h"
+#include "text/chat.h"
 #include "colibri.h"
 
 static int sample_main(void) {

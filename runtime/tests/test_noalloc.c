@@ -8,7 +8,7 @@
 
 #include "colibri.h"
 #include "colibri_config.h"
-#include "selftest_model.h"
+#include "core/selftest_model.h"
 
 void *__real_malloc(size_t n);
 void *__real_calloc(size_t a, size_t b);

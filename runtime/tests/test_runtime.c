@@ -9,10 +9,10 @@
 
 #include "colibri.h"
 #include "colibri_config.h"
-#include "kernels.h"
-#include "model.h"
-#include "route.h"
-#include "selftest_model.h"
+#include "cpu/kernels.h"
+#include "core/model.h"
+#include "layers/route.h"
+#include "core/selftest_model.h"
 
 static int failures;
 

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "cli.h"
-#include "cuda_backend.h"
+#include "cuda/cuda_backend.h"
 
 static int gpuprobe_usage(const char *msg) {
     if (msg) fprintf(stderr, "colibri gpuprobe: %s\n", msg);

@@ -1,4 +1,4 @@
-/* `colibri serve`: the OpenAI-compatible HTTP service (runtime/src/server.c, docs/serve.md).
+/* `colibri serve`: the OpenAI-compatible HTTP service (runtime/serve/server.c, docs/serve.md).
  *
  *   colibri [--backend B] [--threads T] [--int8-act] [--kv-cache f32|f16] serve MODEL [--host 127.0.0.1] [--port 8080]
  *           [--slots N] [--threads T] [--max-queue Q] [--api-key-file F] [--model-id NAME]
@@ -13,7 +13,7 @@
 
 #include "cli.h"
 #include "colibri.h"
-#include "server.h"
+#include "../serve/server.h"
 
 static int serve_usage(const char *msg) {
     if (msg) fprintf(stderr, "colibri serve: %s\n", msg);

@@ -18,8 +18,8 @@
 #include <string.h>
 
 #include "colibri_config.h"
-#include "le_write.h"
-#include "model.h"
+#include "core/le_write.h"
+#include "core/model.h"
 
 typedef struct {
     uint32_t kind, layer, expert, rows, cols, dtype;

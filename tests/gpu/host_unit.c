@@ -1,4 +1,4 @@
-/* CPU-side unit tests of the CUDA backend's host code (runtime/src/cuda_backend.c), built and run
+/* CPU-side unit tests of the CUDA backend's host code (runtime/src/cuda/cuda_backend.c), built and run
  * by tests/test_cuda_host.py with the host C compiler. No GPU is needed:
  *   host_unit pick          image selection (cubin for the exact SM, else PTX, else a reason)
  *   host_unit launch        launch geometry of the row kernels
@@ -19,8 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda_backend.h"
-#include "model.h"
+#include "cuda/cuda_backend.h"
+#include "core/model.h"
 
 static int failures;
 #define CHECK(cond, ...)                                                                          \

@@ -1,6 +1,6 @@
 """NumPy reference of every CUDA kernel in runtime/kernels/colibri_kernels.cu, argument for
 argument, plus `backend_forward`: the kernels composed in exactly the order
-runtime/src/cuda_backend.c issues them.
+runtime/src/cuda/cuda_backend.c issues them.
 
 Two uses:
 * tests/gpu/test_kernels_pycuda.py compares each GPU kernel with its function here;

@@ -9,7 +9,7 @@
 #include "colibri.h"
 #include "colibri_config.h"
 #include "context.h"
-#include "kernels.h"
+#include "cpu/kernels.h"
 
 #define COLIBRI_MAX_THREADS 64
 

@@ -14,8 +14,9 @@
  * Kept apart from kernels.c (the f32/f16/bf16/int8 kernels) so that each can change alone. */
 #include "kernels_q4.h"
 
-#include "kernels.h"
-#include "half.h"
+#include "core/half.h"
+#include "cpu_features.h"
+#include "int8.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -24,7 +25,6 @@
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define Q4_HAVE_AVX2 1
-#include <cpuid.h>
 #include <immintrin.h>
 #endif
 #if defined(__aarch64__)
@@ -390,18 +390,6 @@ static Q4_AVX2 void avx2_q4q8_tile_2x3(const uint8_t *const q[2], const uint16_t
     for (int k = 0; k < 6; k++) out[k] = q4q8_reduce(t[k]) + q4q8_tail(q[k / 3], d[k / 3], x[k % 3], cols);
 }
 
-/* CPUID: AVX2, FMA and F16C, and the OS saving the YMM state (the test of kernels.c). */
-static int q4_cpu_has_avx2(void) {
-    unsigned a, b, c, d;
-    if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
-    int fma = (c >> 12) & 1, osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, f16c = (c >> 29) & 1;
-    if (!(fma && osxsave && avx && f16c)) return 0;
-    unsigned lo, hi;
-    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    if ((lo & 6) != 6) return 0;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
-    return (b >> 5) & 1;
-}
 #endif
 
 /* ---- NEON: eight 4-lane accumulators A0..A7 = lanes 0-3, 4-7, ..., 28-31 ------------------- */
@@ -540,7 +528,7 @@ static void q4_pick(void) {
     Q.dot_q8 = scalar_q4q8_dot;
     Q.name = "scalar";
 #ifdef Q4_HAVE_AVX2
-    if (q4_cpu_has_avx2()) {
+    if (colibri_x86_features() & COLIBRI_X86_AVX2) {
         Q.dot = avx2_q4_dot;
         Q.dot_f32 = avx2_f32_dot;
         Q.dot3_f32 = avx2_f32_dot3;

@@ -5,7 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model.h"
+#include "core/model.h"
 
 /* Pick the implementation for this CPU (idempotent, thread safe). Returns its name. */
 const char *colibri_q4_kernels_init(void);

@@ -11,7 +11,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model.h"
+#include "core/model.h"
+#include "int8.h" /* colibri_quantize_row: the int8 activations the q8 kernels take */
 
 /* Pick the best implementation for this CPU (idempotent, thread safe). Returns its name. */
 const char *colibri_kernels_init(void);
@@ -28,34 +29,6 @@ void colibri_rows_dot(const colibri_tensor *w, uint32_t r0, uint32_t r1, const f
 void colibri_rows_dot_q8(const colibri_tensor *w, uint32_t r0, uint32_t r1, const int8_t *xq,
                          const float *xscale, int n, size_t ldx, float *y, size_t ldy);
 
-#if defined(__aarch64__)
-/* The SDOT (dotprod) and SMMLA (i8mm) kernels are compiled with a per-function target attribute
- * and chosen at run time (getauxval), so one binary uses what the CPU has: an Orin build
- * (-mcpu=cortex-a78ae) gets SMMLA on a Thor, a generic build gets SDOT on an Orin. That needs a
- * compiler whose arm_neon.h declares the intrinsics for such functions (clang >= 16, gcc >= 10;
- * zig 0.17 is clang 22); an older one gets them only when -mcpu already enables the feature. */
-#if defined(__clang__)
-#if __clang_major__ >= 16
-#define COLIBRI_ARM_TARGET_ATTR 1
-#endif
-#elif defined(__GNUC__) && __GNUC__ >= 10
-#define COLIBRI_ARM_TARGET_ATTR 1
-#endif
-#ifdef COLIBRI_ARM_TARGET_ATTR
-#define SDOT_FN __attribute__((target("+dotprod")))
-#define I8MM_FN __attribute__((target("+i8mm")))
-#else /* used only where -mcpu enables the feature */
-#define SDOT_FN
-#define I8MM_FN
-#endif
-
-/* aarch64 features of this CPU (Linux HWCAPs; elsewhere the build's -mcpu), as flags: */
-enum { COLIBRI_ARM_DOTPROD = 1, COLIBRI_ARM_I8MM = 2 };
-int colibri_arm_features(void);
-#endif
-
-/* Symmetric per-row int8 quantisation: q = round(x / s), s = max|x| / 127 (s = 1 when x == 0). */
-void colibri_quantize_row(const float *x, size_t n, int8_t *q, float *scale);
 
 /* Row r of W as f32 (dequantised): the embedding gather. */
 void colibri_row_f32(const colibri_tensor *w, uint32_t r, float *out);

@@ -15,7 +15,7 @@
 
 #include "colibri_config.h"
 #include "le.h"
-#include "tokenizer.h"
+#include "text/tokenizer.h"
 
 _Static_assert(COLIBRI_EMBED_DIM_PAD > 0 && COLIBRI_EMBED_DIM_PAD % 16 == 0,
                "COLIBRI_EMBED_DIM_PAD must be a positive multiple of 16 (docs/format.md)");
@@ -520,7 +520,12 @@ static colibri_status check_complete(struct colibri_model *m, char *why, size_t 
 static colibri_status load_tokenizer(struct colibri_model *m, char *why, size_t len) {
     colibri_tokenizer *t = malloc(sizeof *t);
     if (!t) return fail(why, len, COLIBRI_E_NO_MEMORY, "out of memory for the tokenizer");
-    colibri_status s = colibri_tokenizer_load(t, m, m->vocab_size, why, len);
+    colibri_tokenizer_blobs b = {.file_version = m->version};
+    colibri_model_meta(m, "tokenizer.config", &b.config, &b.config_len);
+    colibri_model_meta(m, "tokenizer.vocab", &b.vocab, &b.vocab_len);
+    colibri_model_meta(m, "tokenizer.merges", &b.merges, &b.merges_len);
+    colibri_model_meta(m, "tokenizer.added", &b.added, &b.added_len);
+    colibri_status s = colibri_tokenizer_load(t, &b, m->vocab_size, why, len);
     if (s == COLIBRI_OK) {
         m->tokenizer = t;
         return COLIBRI_OK;

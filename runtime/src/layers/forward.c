@@ -12,8 +12,8 @@
 #include <math.h>
 #include <string.h>
 
-#include "context.h"
-#include "kernels.h"
+#include "core/context.h"
+#include "cpu/kernels.h"
 #include "route.h"
 
 /* ---- matrix jobs ----------------------------------------------------------------------------- */

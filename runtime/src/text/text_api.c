@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "colibri.h"
-#include "context.h"
+#include "core/context.h"
 #include "tokenizer.h"
 
 static const colibri_tokenizer *tok_of(const colibri_ctx *ctx) {

@@ -23,7 +23,6 @@
 
 #include "http.h"
 #include "json.h"
-#include "model.h"
 #include "oai.h"
 
 #define MAX_HEAD 16384          /* request head limit (431 beyond) */
@@ -1390,9 +1389,7 @@ int server_run(const server_options *o) {
     colibri_get_tokenizer_info(S.slots[0].ctx, &S.tinfo);
     if (S.tinfo.n_stop < 0 || S.tinfo.n_stop > 16) S.tinfo.n_stop = 0;
     if (S.tinfo.has_tokenizer) S.detok = serve_detok;
-    const uint8_t *blob;
-    size_t blob_len;
-    S.has_chat_template = S.tinfo.has_tokenizer && colibri_model_meta(S.model, "chat.template", &blob, &blob_len);
+    S.has_chat_template = S.tinfo.has_tokenizer && colibri_chat_available(S.model);
     colibri_runtime_info ri;
     colibri_get_runtime_info(S.slots[0].ctx, &ri);
     S.ready = 1;

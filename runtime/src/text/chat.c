@@ -11,8 +11,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "model.h"
-#include "le.h"
+#include "core/model.h"
+#include "core/le.h"
 
 /* Walk the blob; with key != NULL find it (1 found, 0 absent), else only validate. -1: bad. */
 static int blob_find(const uint8_t *b, size_t n, const char *key, const uint8_t **val,
@@ -114,4 +114,8 @@ colibri_status colibri_chat_render(const colibri_model *m, const colibri_chat_me
                     "tokenizer_config.json has a chat_template (or pass --chat-template FILE)");
     return colibri_chat_render_blob(blob, blob_len, msgs, n, add_generation_prompt, out, cap, len,
                                     why, why_len);
+}
+
+int colibri_chat_available(const colibri_model *m) {
+    return m && colibri_model_meta(m, "chat.template", NULL, NULL);
 }

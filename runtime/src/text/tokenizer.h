@@ -15,7 +15,6 @@
 
 #include "colibri.h"
 
-struct colibri_model;
 
 /* tokenizer.config words (colibri_kit/model/tokenizer.py writes them) */
 enum { COLIBRI_TOK_MODEL_BYTE_BPE = 1, COLIBRI_TOK_MODEL_SP_BPE = 2 };
@@ -61,9 +60,18 @@ typedef struct colibri_tokenizer {
     uint32_t vocab_mask;
 } colibri_tokenizer;
 
-/* Validate the tokenizer.* blobs of `m` (vocabulary size <= vocab_limit) and build `t`.
+/* The tokenizer.* blobs of a model file (docs/format.md), as the model loader found them in its
+ * metadata section: NULL (and 0) for an absent blob. The tokenizer reads nothing else of the
+ * model, so it depends on the loader only through this struct. */
+typedef struct {
+    const uint8_t *config, *vocab, *merges, *added;
+    size_t config_len, vocab_len, merges_len, added_len;
+    uint32_t file_version; /* for the message when the file has no tokenizer */
+} colibri_tokenizer_blobs;
+
+/* Validate the blobs (vocabulary size <= vocab_limit) and build `t`.
  * COLIBRI_E_NO_TOKENIZER when the file has none (version 1, or converted without one). */
-colibri_status colibri_tokenizer_load(colibri_tokenizer *t, const struct colibri_model *m,
+colibri_status colibri_tokenizer_load(colibri_tokenizer *t, const colibri_tokenizer_blobs *b,
                                       uint32_t vocab_limit, char *why, size_t why_len);
 void colibri_tokenizer_free(colibri_tokenizer *t);
 

@@ -9,8 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model.h"
-#include "le.h"
+#include "core/le.h"
 
 enum { C_OTHER = 0, C_LETTER = 1, C_NUMBER = 2, C_SPACE = 3, C_NFC_MAYBE = 4 };
 #define BAD_CP 0x110000u /* an invalid UTF-8 byte b is the unit BAD_CP + b */
@@ -789,25 +788,16 @@ static int cmp_added(const void *x, const void *y) {
     return a->id < b->id ? -1 : a->id > b->id;
 }
 
-static const uint8_t *blob(const struct colibri_model *m, const char *name, size_t *len) {
-    const uint8_t *p = NULL;
-    *len = 0;
-    return colibri_model_meta(m, name, &p, len) ? p : NULL;
-}
-
-colibri_status colibri_tokenizer_load(colibri_tokenizer *t, const struct colibri_model *m,
+colibri_status colibri_tokenizer_load(colibri_tokenizer *t, const colibri_tokenizer_blobs *b,
                                       uint32_t vocab_limit, char *why, size_t wl) {
     memset(t, 0, sizeof *t);
-    size_t cl, vl, ml, al;
-    const uint8_t *cfg = blob(m, "tokenizer.config", &cl);
-    const uint8_t *voc = blob(m, "tokenizer.vocab", &vl);
-    const uint8_t *mer = blob(m, "tokenizer.merges", &ml);
-    const uint8_t *add = blob(m, "tokenizer.added", &al);
+    size_t cl = b->config_len, vl = b->vocab_len, ml = b->merges_len, al = b->added_len;
+    const uint8_t *cfg = b->config, *voc = b->vocab, *mer = b->merges, *add = b->added;
     if (!cfg && !voc && !mer && !add)
         return fail(why, wl, COLIBRI_E_NO_TOKENIZER,
                     "the model file has no tokenizer (format version %u); re-convert it with the "
                     "current kit: `invoke convert --hf-dir <checkpoint> --target <target> --out <file>`",
-                    m->version);
+                    b->file_version);
     if (!cfg || !voc || !mer || !add)
         return fail(why, wl, COLIBRI_E_BAD_TOKENIZER,
                     "tokenizer blobs incomplete: need tokenizer.config, .vocab, .merges and .added");

@@ -6,7 +6,7 @@
 #include <stdint.h>
 
 #include "colibri.h"
-#include "cuda_backend.h"
+#include "cuda/cuda_backend.h"
 #include "model.h"
 #include "pool.h"
 

@@ -30,11 +30,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../kernels/colibri_abi.h"
+#include "../../kernels/colibri_abi.h"
 #include "colibri_config.h"
 #include "cuda_driver.h"
 #include "kernel_images.h"
-#include "model.h"
+#include "core/model.h"
 
 #ifndef COLIBRI_IGPU
 #define COLIBRI_IGPU 0

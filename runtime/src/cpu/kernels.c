@@ -2,8 +2,9 @@
  * AVX2+FMA+F16C when the x86_64 CPU has them (compiled with target attributes, so the host build
  * needs no -march flag), NEON on aarch64, portable scalar code otherwise. */
 #include "kernels.h"
+#include "cpu_features.h"
 #include "kernels_q4.h"
-#include "half.h"
+#include "core/half.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -12,15 +13,11 @@
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define COLIBRI_HAVE_AVX2 1
-#include <cpuid.h>
 #include <immintrin.h>
 #endif
 #if defined(__aarch64__)
 #define COLIBRI_HAVE_NEON 1
 #include <arm_neon.h>
-#if defined(__linux__)
-#include <sys/auxv.h>
-#endif
 #if defined(__ARM_FEATURE_DOTPROD) || defined(COLIBRI_ARM_TARGET_ATTR)
 #define COLIBRI_HAVE_SDOT 1
 #endif
@@ -558,17 +555,6 @@ static void z_q8_tile(const int8_t *const *w, const int8_t *x, size_t ldx, int n
 }
 
 
-/* AVX-512 F/VL/BW/DQ (and VNNI for the integer kernels) with the OS saving the opmask and the
- * upper ZMM state (XCR0 bits 5-7), on top of the AVX2 requirements. */
-static int cpu_has_avx512(int *vnni) {
-    unsigned a, b, c, d;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
-    int f = (b >> 16) & 1, dq = (b >> 17) & 1, bw = (b >> 30) & 1, vl = (b >> 31) & 1;
-    *vnni = (c >> 11) & 1;
-    unsigned lo, hi;
-    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    return f && dq && bw && vl && (lo & 0xe6) == 0xe6;
-}
 #endif
 
 /* ---- NEON: 4 x 4 lanes over blocks of 16, then blocks of 4, then a scalar tail -------------- */
@@ -912,67 +898,10 @@ static void generic_tile_2x3(const float *w0, const float *w1, const float *x0, 
         for (int j = 0; j < 3; j++) out[r * 3 + j] = K.dot[COLIBRI_DT_F32](w[r], x[j], n);
 }
 
-#ifdef COLIBRI_HAVE_AVX2
-/* CPUID (not __builtin_cpu_supports, which clang 14 lacks "f16c" for): AVX2, FMA and F16C, and
- * the OS saving the YMM state (OSXSAVE + XCR0 bits 1 and 2). */
-static int cpu_has_avx2_fma_f16c(void) {
-    unsigned a, b, c, d;
-    if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
-    int fma = (c >> 12) & 1, osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, f16c = (c >> 29) & 1;
-    if (!(fma && osxsave && avx && f16c)) return 0;
-    unsigned lo, hi;
-    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    if ((lo & 6) != 6) return 0;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
-    return (b >> 5) & 1;
-}
-#endif
 
 /* ---- selection ------------------------------------------------------------------------------ */
 
 static pthread_once_t kernels_once = PTHREAD_ONCE_INIT;
-
-/* COLIBRI_CPU_SIMD caps the kernel level below what the CPU offers (to compare kernels on one
- * machine, or to match an older fleet's CPUs): scalar|avx2 on x86_64, neon|neon-dotprod on
- * aarch64; unset or unknown: no cap. */
-__attribute__((unused)) static int simd_allowed(const char *level) {
-#ifdef COLIBRI_HAVE_NEON
-    static const char *const order[] = {"neon", "neon-dotprod", "neon-i8mm"};
-#else
-    static const char *const order[] = {"scalar", "avx2", "avx512"};
-#endif
-    const char *cap = getenv("COLIBRI_CPU_SIMD");
-    int c = -1, l = -1;
-    for (int i = 0; i < 3; i++) {
-        if (cap && !strcmp(cap, order[i])) c = i;
-        if (!strcmp(level, order[i])) l = i;
-    }
-    return c < 0 || l <= c;
-}
-
-#ifdef COLIBRI_HAVE_NEON
-/* The aarch64 features the kernels use beyond base NEON, less those COLIBRI_CPU_SIMD caps away.
- * Linux reports the CPU's ID registers as HWCAP bits (qemu-user: the emulated CPU's); elsewhere,
- * what -mcpu promised. bf16 (BFDOT/BFMMLA) is not used: see docs/runtime.md "Kernels". */
-int colibri_arm_features(void) {
-    int f = 0;
-#if defined(__linux__)
-    unsigned long h = getauxval(AT_HWCAP), h2 = getauxval(AT_HWCAP2);
-    if (h & (1UL << 20)) f |= COLIBRI_ARM_DOTPROD; /* HWCAP_ASIMDDP */
-    if (h2 & (1UL << 13)) f |= COLIBRI_ARM_I8MM;   /* HWCAP2_I8MM */
-#else
-#ifdef __ARM_FEATURE_DOTPROD
-    f |= COLIBRI_ARM_DOTPROD;
-#endif
-#ifdef __ARM_FEATURE_MATMUL_INT8
-    f |= COLIBRI_ARM_I8MM;
-#endif
-#endif
-    if (!simd_allowed("neon-i8mm")) f &= ~COLIBRI_ARM_I8MM;
-    if (!simd_allowed("neon-dotprod")) f = 0;
-    return f;
-}
-#endif
 
 static void kernels_pick(void) {
     K.dot[COLIBRI_DT_F32] = scalar_dot_f32;
@@ -984,7 +913,8 @@ static void kernels_pick(void) {
     K.tile_2x3 = generic_tile_2x3;
     K.name = "scalar";
 #ifdef COLIBRI_HAVE_AVX2
-    if (cpu_has_avx2_fma_f16c() && simd_allowed("avx2")) {
+    int x86 = colibri_x86_features();
+    if (x86 & COLIBRI_X86_AVX2) {
         K.dot[COLIBRI_DT_F32] = avx2_dot_f32;
         K.dot[COLIBRI_DT_F16] = avx2_dot_f16;
         K.dot[COLIBRI_DT_BF16] = avx2_dot_bf16;
@@ -999,13 +929,12 @@ static void kernels_pick(void) {
         K.tile_2x3 = avx2_tile_2x3;
         K.tile_q8 = avx2_q8_tile; /* AVX-512 VNNI replaces it below */
         K.name = "avx2";
-        int vnni = 0;
-        if (cpu_has_avx512(&vnni) && simd_allowed("avx512")) {
+        if (x86 & COLIBRI_X86_AVX512) {
             /* decode keeps the AVX2 streams: bound by memory, the 16-lane version measured
              * the same (f32 16.2 vs 14.8, f16 29.4 vs 32.3 GFLOP/s on L3-resident rows) */
             K.tile = z_tile;
             K.name = "avx512";
-            if (vnni) { /* prefill only: for one token the weight-sum term makes it slower
+            if (x86 & COLIBRI_X86_VNNI) { /* prefill only: for one token the weight-sum term makes it slower
                          * than avx2_dot4_q8 (50 vs 60 GOP/s on L3-resident rows, Ice Lake) */
                 K.tile_q8 = z_q8_tile;
                 K.name = "avx512-vnni";
@@ -1186,17 +1115,6 @@ void colibri_rows_dot_q8(const colibri_tensor *w, uint32_t r0, uint32_t r1, cons
             y[(size_t)j * ldy + r] = (float)acc * (sc * xscale[j]);
         }
     }
-}
-
-void colibri_quantize_row(const float *x, size_t n, int8_t *q, float *scale) {
-    float amax = 0.0f;
-    for (size_t i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[i]));
-    float s = amax > 0.0f ? amax / 127.0f : 1.0f, inv = 1.0f / s;
-    for (size_t i = 0; i < n; i++) {
-        float v = nearbyintf(x[i] * inv);
-        q[i] = (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v);
-    }
-    *scale = s;
 }
 
 void colibri_row_f32(const colibri_tensor *w, uint32_t r, float *out) {

@@ -1,4 +1,4 @@
-/* Boundary between the runtime core and the CUDA backend (runtime/src/cuda_backend.c).
+/* Boundary between the runtime core and the CUDA backend (runtime/src/cuda/cuda_backend.c).
  *
  * The core never includes CUDA headers: the backend loads libcuda.so.1 with dlopen at run time and
  * launches kernels from the cubins/PTX embedded in the binary (see kernel_images.h). When the GPU
@@ -12,7 +12,7 @@
 
 #include "kernel_images.h"
 
-struct colibri_model; /* runtime/src/model.h: the validated, mmapped model */
+struct colibri_model; /* runtime/src/core/model.h: the validated, mmapped model */
 
 typedef struct colibri_cuda colibri_cuda;
 typedef struct colibri_cuda_device colibri_cuda_device;

@@ -9,10 +9,10 @@
 
 #include "colibri.h"
 #include "colibri_config.h"
-#include "kernels.h"
-#include "kernels_q4.h"
+#include "cpu/kernels.h"
+#include "cpu/kernels_q4.h"
 #include "model.h"
-#include "route.h"
+#include "layers/route.h"
 #include "selftest_model.h"
 
 typedef struct {

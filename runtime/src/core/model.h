@@ -10,7 +10,7 @@
 
 #include "colibri.h"
 
-#include "../kernels/colibri_abi.h" /* COLIBRI_DT_* weight dtype codes, shared with the kernels */
+#include "../../kernels/colibri_abi.h" /* COLIBRI_DT_* weight dtype codes, shared with the kernels */
 
 enum {
     COLIBRI_FLAG_SHARED_EXPERT = 1u << 0,

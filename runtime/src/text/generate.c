@@ -11,7 +11,7 @@
 #include <time.h>
 
 #include "colibri.h"
-#include "context.h"
+#include "core/context.h"
 #include "tokenizer.h"
 
 static double now_ms(void) {
