@@ -440,14 +440,14 @@ def spec_from_tokenizer_json(tj: dict[str, Any], tok_config: dict[str, Any] | No
     # every id is checked before anything is sized by it (an id of 2**40 must not allocate)
     for piece, i in vocab_in.items():
         if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < MAX_IDS or not isinstance(piece, str):
-            raise _bad("model.vocab", {str(piece)[:40]: i if not isinstance(i, int) or abs(i) < 10**12 else "huge"},
+            raise _bad("model.vocab", {str(piece)[:40]: i if not isinstance(i, int) or abs(i) < 10**30 else "huge"},
                        f"string -> integer id in 0..{MAX_IDS - 1}")
     if len(added_in) > MAX_ADDED:
         raise _bad("added_tokens", f"{len(added_in)} entries", f"at most {MAX_ADDED} added tokens")
     for k, a in enumerate(added_in):
         i = a.get("id") if isinstance(a, dict) else None
         if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < MAX_IDS:
-            raise _bad(f"added_tokens[{k}].id", i if not isinstance(i, int) or abs(i) < 10**12 else "huge",
+            raise _bad(f"added_tokens[{k}].id", i if not isinstance(i, int) or abs(i) < 10**30 else "huge",
                        f"an integer id in 0..{MAX_IDS - 1}")
     n = 1 + max(list(vocab_in.values()) + [a["id"] for a in added_in])
     vocab: list[bytes] = [b""] * n
