@@ -15,10 +15,12 @@ SOURCES = [ROOT / "runtime" / "src" / "text" / "tokenizer.c", ROOT / "runtime" /
            ROOT / "tests" / "c" / "tokenizer_lib.c"]
 
 
-def build(out_dir: Path) -> ctypes.CDLL:
-    """Compile the library (with the work counter) with the system cc, -O2 as the runtime."""
-    out = out_dir / "libtok_test.so"
-    subprocess.run(["cc", "-std=c11", "-O2", "-shared", "-fPIC", "-D_GNU_SOURCE", "-DCOLIBRI_TOK_COUNT_WORK",
+def build(out_dir: Path, count_work: bool = True) -> ctypes.CDLL:
+    """Compile the library with the system cc, -O2 as the runtime (with the work counter unless
+    ``count_work`` is false: the benchmark measures the product's code)."""
+    out = out_dir / ("libtok_test.so" if count_work else "libtok_bench.so")
+    subprocess.run(["cc", "-std=c11", "-O2", "-shared", "-fPIC", "-D_GNU_SOURCE",
+                    *(["-DCOLIBRI_TOK_COUNT_WORK"] if count_work else []),
                     "-Wall", "-Werror", f"-I{ROOT / 'runtime' / 'include'}", f"-I{ROOT / 'runtime' / 'src'}",
                     "-o", str(out), *map(str, SOURCES)], check=True, capture_output=True, timeout=300)
     lib = ctypes.CDLL(str(out))
