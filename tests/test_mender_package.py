@@ -18,6 +18,7 @@ from colibri_kit import mender
 from colibri_kit.errors import FleetError
 from colibri_kit.fleet.deploy import prepare
 from colibri_kit.paths import project_root
+from colibri_kit.profiles import load_profile
 
 
 
@@ -32,7 +33,9 @@ def dist(tmp_path: Path) -> Path:
     (d / "lib/libcolibri.a").write_bytes(b"!<arch>\n")
     files = {r: {"sha256": hashlib.sha256((d / r).read_bytes()).hexdigest(), "size": (d / r).stat().st_size}
              for r in ("bin/colibri", "lib/libcolibri.a")}
-    (d / "manifest.json").write_text(json.dumps({"target": "orin-nx", "files": files}, indent=2) + "\n")
+    (d / "manifest.json").write_text(json.dumps({"target": "orin-nx", "files": files,
+                                                 "profile_hash": load_profile("orin-nx").hash},
+                                                indent=2) + "\n")
     return d
 
 
