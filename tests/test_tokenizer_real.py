@@ -260,3 +260,15 @@ def test_cli_detokenize_refuses_malformed_id_files(host_colibri: Path, carriers:
     p = subprocess.run([str(host_colibri), "detokenize", str(model), "--ids-file", "-"], input=b"[200006, 1, 200007]",
                        capture_output=True, timeout=60)
     assert p.returncode == 0 and p.stdout.startswith(b"<|start|>") and p.stdout.endswith(b"<|end|>")
+
+
+@pytest.mark.parametrize("family", ["o200k_harmony", "qwen3_5", "qwen2", "mistral_v3_json"])
+def test_workstation_reference_from_the_blobs_is_the_original(real: dict[str, Family], family: str) -> None:
+    """`invoke smoke` rebuilds a `tokenizers` tokenizer from the model file's blobs alone: with the
+    real vocabularies it encodes and decodes as the original tokenizer.json."""
+    f = real[family]
+    rebuilt = T.reference_tokenizer(f.spec.blobs())
+    for text in TEXTS:
+        ids = f.encode(text)
+        assert rebuilt.encode(text).ids == ids, (family, text[:40])
+        assert rebuilt.decode(ids, skip_special_tokens=True) == f.decode(ids, True), (family, text[:40])
