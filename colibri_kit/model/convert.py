@@ -9,7 +9,6 @@ appears only when complete (temporary file, then rename).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time

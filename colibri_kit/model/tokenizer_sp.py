@@ -37,7 +37,7 @@ from typing import Any
 
 from colibri_kit.errors import ModelError
 from colibri_kit.model.checkpoint_files import read_regular
-from colibri_kit.model import tokenizer as T
+from colibri_kit.model import tokenizer_spec as T
 
 MAX_MODEL_BYTES = 64 << 20  # real SentencePiece models are 0.5-5 MB
 
