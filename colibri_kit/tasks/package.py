@@ -75,7 +75,7 @@ def mender_module(c: Context, target: str, fleet: str = "", hosts: str = "", gro
         mender.install_module(remote, mender.module_conf(
             root=host.root, unit=UNIT_NAME, health_url=spec.health_url,
             api_key_file=spec.api_key_file, model_id=spec.model_id, gate_timeout=gate_timeout,
-            keep=keep or int(_cfg(c, "keep", DEFAULT_KEEP))))
+            user=spec.user, keep=keep or int(_cfg(c, "keep", DEFAULT_KEEP))))
         return "installed"
 
     failed = []
