@@ -17,7 +17,7 @@
 Figures are printed, not asserted: on a shared machine they move +-15-30% between runs. With C
 above the slot count, requests wait in the queue and first-token latency grows by design.
 
-    python benchmarks/serve.py --hostile [--flood 40] [--probes 50] [--prompt-kib 16,64,256]
+    python benchmarks/serve.py --hostile [--flood 40] [--probes 50] [--prompt-kib 16,64,256,1000]
 
 measures what hostile clients cost instead (issue 21), on the tiny chat model (`--slots 1
 --threads 1`, every limit at its default): the server's CPU seconds (from /proc/PID/stat) per adversarial request body of 1 MiB
@@ -168,7 +168,7 @@ def hostile(args: argparse.Namespace) -> None:
             # "a" then marks of falling combining class (U+0345 240, U+0301 230, U+0316 220), over
             # and over: NFC sorts all the marks of one starter by class (canonical ordering)
             marks = "\u0345\u0301\u0316" * (kib * 1024 // 6)
-            body = json.dumps({"model": "tiny", "prompt": "a" + marks, "max_tokens": 1}).encode()
+            body = json.dumps({"model": "tiny", "prompt": "a" + marks, "max_tokens": 1}, ensure_ascii=False).encode()
             cpu0 = server_cpu_s(proc.pid)
             status = post(port, body)
             print(f"| {kib} KiB ({len(body)} bytes of JSON) | {status} | {server_cpu_s(proc.pid) - cpu0:.3f} |")
@@ -210,7 +210,7 @@ def main() -> None:
                     help="measure hostile clients instead: 1 MiB adversarial bodies, long text prompts, a slow-client flood")
     ap.add_argument("--flood", type=int, default=40, help="--hostile: slow connections")
     ap.add_argument("--probes", type=int, default=50, help="--hostile: /health probes during the flood")
-    ap.add_argument("--prompt-kib", default="16,64,256", help="--hostile: text prompt sizes")
+    ap.add_argument("--prompt-kib", default="16,64,256,1000", help="--hostile: text prompt sizes (UTF-8)")
     args = ap.parse_args()
     if args.hostile:
         hostile(args)
