@@ -1318,7 +1318,8 @@ def test_gpu_check_default_plan_runs_every_step_through_the_stand_in(prepared: P
 def test_gpu_check_killed_midway_keeps_every_finished_step(prepared: Path, stub_driver,
                                                           tmp_path: Path):
     """A call killed part way (SIGKILL, as a device command past its limit is): report.jsonl
-    holds one valid JSON line per step finished before the kill, report.txt shows them."""
+    holds one valid JSON line per step finished before the kill, report.txt shows them (but the
+    last, when the kill fell between the two writes)."""
     out = tmp_path / "out"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("STUB_", "COLIBRI_CUDA_"))}
     env.update(COLIBRI_LIBCUDA=str(stub_driver["full"]), STUB_SM="90")
@@ -1340,8 +1341,9 @@ def test_gpu_check_killed_midway_keeps_every_finished_step(prepared: Path, stub_
     steps = [r["step"] for r in recs if "step" in r]
     assert len(steps) >= 5 and steps == _planned(prepared)[:len(steps)]
     assert not any(r.get("event") == "end" for r in recs)  # the call did not end
+    # report.txt is rewritten after each JSON line is on disk: it may lag by the last step
     text = (out / "report.txt").read_text()
-    assert all(f"] {s} " in text for s in steps)
+    assert all(f"] {s} " in text for s in steps[:-1])
 
 
 def test_gpu_check_step_timeout_and_call_budget(tmp_path: Path):
