@@ -284,7 +284,7 @@ def _fixed_table(r: Renderer, opts: Options, strftime: Any, effort: str | None) 
                 continue  # the template drops this first message (e.g. Qwen3 a developer one)
             if segs is None:
                 raise TemplateError(
-                    "chat template does not put each message's content into the text once "
+                    "chat template does not put each message's content into the text once and unchanged "
                     f"(conversation {list(roles)})")
             for key, seg in zip(step_keys(roles, gen), segs):
                 if key in table and table[key] != seg:
