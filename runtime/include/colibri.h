@@ -116,6 +116,10 @@ typedef struct {
                                  the tensor cores (sm_80+ image); "simt": the GEMV kernels */
     char kv_dtype[4];         /* "f32" or "f16": how the KV cache is stored */
     size_t kv_cache_bytes;    /* K and V caches for max_seq_len positions, inside arena_bytes */
+    char cuda_libcuda[256];   /* the driver library loaded (the profile's cuda-compat driver or
+                                 the system's libcuda.so.1), as the dynamic loader found it */
+    char cuda_weights_why[96];/* COLIBRI_CUDA_WEIGHTS=map given but the weights copied: why */
+    int cuda_chunk;           /* tokens per device pass (prefill) */
 } colibri_runtime_info;
 
 void colibri_default_options(colibri_options *opt);
