@@ -436,3 +436,89 @@ def test_generate_chat_qwen35_thinking_switch(host_colibri: Path, real: dict[str
         if "</think>" not in written and think:
             want_r, want_c = written.lstrip("\n"), ""
         assert (out["reasoning"], out["text"]) == (want_r, want_c)
+
+
+# ---- colibri serve: reasoning_content ---------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def served(host_colibri: Path, real: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from serve_support import Server
+
+    root = tmp_path_factory.mktemp("chat-serve")
+    servers = {}
+    for family, template in (("qwen3_5", "qwen3_5-moe"), ("o200k_harmony", "gpt-oss")):
+        model = carrier(real, family, template, root / f"{template}.colibri")
+        servers[template] = Server(host_colibri, model, "--threads", "1").start()
+    yield servers
+    for s in servers.values():
+        s.stop()
+
+
+def _client(server: Any) -> Any:
+    from openai import OpenAI
+
+    return OpenAI(base_url=server.base + "/v1", api_key="none", max_retries=0, timeout=120)
+
+
+def test_serve_qwen35_reasoning_content(served: dict[str, Any], real: dict[str, Path]) -> None:
+    """Thinking on (the template opens <think>): what the model writes is reasoning until it
+    closes the block; off (chat_template_kwargs, as vLLM takes it): all of it is content. The
+    streamed deltas add up to the non-streamed message."""
+    from tokenizers import Tokenizer
+
+    tk = Tokenizer.from_file(str(real["qwen3_5"] / "tokenizer.json"))
+    client = _client(served["qwen3_5-moe"])
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Why is the sky blue?"}]
+    for think in (True, False):
+        extra = {"chat_template_kwargs": {"enable_thinking": think}, "seed": 3}
+        r = client.chat.completions.create(model="qwen3_5-moe", messages=msgs, max_tokens=16,
+                                           temperature=0.8, extra_body=extra)
+        m = r.choices[0].message
+        reasoning = m.model_extra["reasoning_content"]
+        written = tk.decode(r.choices[0].model_extra["token_ids"], skip_special_tokens=True)
+        want_r, want_c = think_reference(written, think)
+        if think and "</think>" not in written:
+            want_r, want_c = written.lstrip("\n"), ""
+        assert (reasoning, m.content) == (want_r, want_c), written
+        stream = client.chat.completions.create(model="qwen3_5-moe", messages=msgs, max_tokens=16,
+                                                temperature=0.8, extra_body=extra, stream=True)
+        got_r = got_c = ""
+        for ev in stream:
+            if not ev.choices:
+                continue
+            d = ev.choices[0].delta
+            got_c += d.content or ""
+            got_r += (d.model_extra or {}).get("reasoning_content") or ""
+        assert (got_r, got_c) == (reasoning, m.content)
+
+
+def test_serve_gpt_oss_reasoning_content(served: dict[str, Any], harmony: Any) -> None:
+    """The harmony split of what the model wrote: content = the final (and preamble) channel,
+    reasoning_content = the analysis channel, as openai-harmony parses the same ids."""
+    client = _client(served["gpt-oss"])
+    msgs = [{"role": "developer", "content": "Answer in one word."}, {"role": "user", "content": "Hi"}]
+    checked = 0
+    for seed in range(4):
+        r = client.chat.completions.create(model="gpt-oss", messages=msgs, max_tokens=24,
+                                           temperature=1.0, seed=seed, reasoning_effort="low")
+        m = r.choices[0].message
+        assert "reasoning_content" in m.model_extra
+        ids = r.choices[0].model_extra["token_ids"]
+        if _parses(harmony, ids):
+            want, _ = harmony_state(harmony, ids, True)
+            assert m.content == "".join(t for ch, rc, t in want if ch != "analysis" and not rc)
+            assert m.model_extra["reasoning_content"] == "".join(t for ch, rc, t in want if ch == "analysis" and not rc)
+            checked += 1
+    assert checked  # random weights: the ids of some answers parse (the split tests cover the rest)
+    bad = client.with_options(max_retries=0)
+    from openai import BadRequestError
+
+    with pytest.raises(BadRequestError, match="low"):
+        bad.chat.completions.create(model="gpt-oss", messages=msgs, reasoning_effort="extreme")
+    with pytest.raises(BadRequestError, match="unsupported template variable"):
+        bad.chat.completions.create(model="gpt-oss", messages=msgs,
+                                    extra_body={"chat_template_kwargs": {"tools": []}})
+    with pytest.raises(BadRequestError, match="treats this content specially"):
+        bad.chat.completions.create(model="gpt-oss", messages=[
+            {"role": "user", "content": "x"}, {"role": "assistant", "content": "<|channel|>final<|message|>y"},
+            {"role": "user", "content": "z"}])
