@@ -308,7 +308,7 @@ static int run_on_slot(conn *c, slot *s, oai_request *rq, uint64_t rid, double t
     p.n_stop_ids = S->tinfo.n_stop;
     p.text = S->tinfo.has_tokenizer;
     if (rq->chat) {
-        p.reasoning = rq->reasoning;
+        p.reasoning = (colibri_reasoning_format)rq->reasoning;
         p.starts_in_reasoning = rq->starts_in_reasoning;
     }
     gen_callbacks cb = {on_token, gen_cancelled, &k, on_reasoning};

@@ -12,7 +12,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "colibri.h"
 #include "json.h"
 
 #define OAI_MAX_STOP 4
@@ -50,7 +49,7 @@ typedef struct {
     const char *reasoning_effort; /* NULL, "low", "medium" or "high" */
     int enable_thinking;   /* -1: not given; chat_template_kwargs.enable_thinking */
     /* set when the chat is rendered: how the model's output splits */
-    colibri_reasoning_format reasoning;
+    int reasoning;         /* a colibri_reasoning_format (oai.c stays apart from the runtime) */
     int starts_in_reasoning;
 } oai_request;
 
