@@ -40,20 +40,25 @@ CONVERSATIONS: list[list[dict[str, str]]] = [
 SPACES = "".join(chr(c) for c in range(0x110000) if chr(c).isspace())
 
 
-@pytest.fixture(scope="module")
-def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """runtime/tests/chat_driver.c with every runtime source, the host config header."""
+def build_driver(out: Path, sanitize: bool = False) -> Path:
+    """runtime/tests/chat_driver.c with every runtime source, the host config header; with
+    sanitize under -fsanitize=address,undefined (a finding aborts the run)."""
     from colibri_kit.profiles import load_profile
     from colibri_kit.render import write_config
 
-    out = tmp_path_factory.mktemp("chat-driver")
     write_config(load_profile("host"), out / "include")
     rt = ROOT / "runtime"
-    exe = out / "chat_driver"
-    subprocess.run(["cc", "-std=c11", "-O1", "-D_GNU_SOURCE", f"-I{rt / 'include'}", f"-I{rt / 'src'}",
+    exe = out / ("chat_driver_asan" if sanitize else "chat_driver")
+    san = ["-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined"] if sanitize else []
+    subprocess.run(["cc", "-std=c11", "-O1", *san, "-D_GNU_SOURCE", f"-I{rt / 'include'}", f"-I{rt / 'src'}",
                     f"-I{out / 'include'}", "-o", str(exe), str(rt / "tests" / "chat_driver.c"),
                     *runtime_library_sources(), "-lm", "-lpthread", "-ldl"], check=True, capture_output=True)
     return exe
+
+
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_driver(tmp_path_factory.mktemp("chat-driver"))
 
 
 @pytest.fixture(scope="module")
@@ -371,6 +376,33 @@ def test_think_split_at_every_cut(driver: Path, real: dict[str, Path], tmp_path:
             c = "".join(c[6] for c in chunks if c[0] == "chunk" and c[2] == 0)
             assert got_r.startswith(r) and got_c.startswith(c), (prefix, r, c)
             assert "</think>" not in r and ("</think>" not in c or "inside" in text)
+
+
+def test_hostile_streams_and_blobs_under_sanitizers(tables: dict[str, Any], harmony: Any, real: dict[str, Path],
+                                                    tmp_path: Path) -> None:
+    """Whatever a model writes (markers anywhere, a header that never ends) and whatever a model
+    file holds (a chat.template cut anywhere): no memory error, no undefined behaviour."""
+    import random
+
+    exe = build_driver(tmp_path, sanitize=True)
+    rng = random.Random(7)
+    marks = [harmony.encode(t, allowed_special="all")[0] for t in
+             ("<|channel|>", "<|start|>", "<|end|>", "<|message|>", "<|constrain|>", "<|return|>", "<|call|>")]
+    junk = [(True, [rng.choice(marks) if rng.random() < 0.3 else rng.randrange(0, 199990)
+                    for _ in range(rng.randrange(1, 300))]) for _ in range(40)]
+    junk.append((True, [marks[0]] + [1000] * 3000 + [marks[3], 1001, marks[5]]))  # a 3000-token header
+    model = carrier(real, "o200k_harmony", "gpt-oss", tmp_path / "gpt.colibri")
+    assert len(c_stream(exe, model, 1, 0, junk)) == len(junk)
+    q35 = carrier(real, "qwen3_5", "qwen3_5-moe", tmp_path / "q35.colibri")
+    assert len(c_stream(exe, q35, 2, 1, [(True, [rng.randrange(0, 248000) for _ in range(200)])
+                                         for _ in range(10)])) == 10
+    blob = tables["gpt-oss"].blob()
+    cut = tmp_path / "cut"
+    for n in range(0, len(blob), max(1, len(blob) // 150)):
+        cut.write_bytes(blob[:n])
+        r = subprocess.run([str(exe), "render", str(cut)], input="1 -1 - 0 1\nuser 6869\n", capture_output=True,
+                           text=True, timeout=30)
+        assert r.returncode == 0 and r.stdout.startswith("error"), (n, r.stdout, r.stderr[-2000:])
 
 
 # ---- colibri generate --chat -----------------------------------------------------------------
