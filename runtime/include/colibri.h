@@ -19,6 +19,9 @@
  *     with forward calls on other contexts. Creating a context allocates its arena (the KV cache
  *     is not touched until used) and starts its workers: milliseconds (docs/runtime.md).
  *   - colibri_init/colibri_init_ex are the one-context form: a private model freed with it.
+ *   - colibri_engine (colibri_engine_new) runs one pass over the tokens of several contexts
+ *     (continuous batching, "Several sequences in one pass" below): during the call the calling
+ *     thread owns the engine and every context in the batch. One engine per thread.
  * Functions taking a const colibri_model * only read it and are thread safe. */
 #ifndef COLIBRI_H
 #define COLIBRI_H

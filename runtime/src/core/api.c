@@ -153,24 +153,37 @@ static colibri_status check_options(colibri_ctx *ctx, const colibri_options *opt
     return COLIBRI_OK;
 }
 
-colibri_status colibri_ctx_new(colibri_ctx **out, colibri_model *model,
-                               const colibri_options *opt_in) {
-    colibri_options opt;
-    if (opt_in) opt = *opt_in;
-    else colibri_default_options(&opt);
-    if (!out) return COLIBRI_E_INVALID_ARG;
-    *out = NULL;
+/* What a context and an engine start with: the options (opt_in or the defaults, into *opt),
+ * checked, and a reference on the model. *ctx is NULL on failure (the reason in opt->error). */
+static colibri_status ctx_begin(colibri_ctx **ctx_out, colibri_model *model, const colibri_options *opt_in,
+                                colibri_options *opt, int engine) {
+    if (opt_in) *opt = *opt_in;
+    else colibri_default_options(opt);
+    *ctx_out = NULL;
     if (!model) {
-        report(&opt, "%s", "model is NULL");
+        report(opt, "%s", "model is NULL");
         return COLIBRI_E_INVALID_ARG;
     }
     colibri_ctx *ctx = calloc(1, sizeof *ctx);
     if (!ctx) return COLIBRI_E_NO_MEMORY;
     __atomic_add_fetch(&model->refs, 1, __ATOMIC_ACQ_REL);
     ctx->model = model;
-    ctx->opt = opt;
-    colibri_status cs = check_options(ctx, &opt);
-    if (cs) return init_fail(ctx, &opt, cs);
+    ctx->opt = *opt;
+    ctx->engine = engine;
+    colibri_status cs = check_options(ctx, opt);
+    if (cs) return init_fail(ctx, opt, cs);
+    *ctx_out = ctx;
+    return COLIBRI_OK;
+}
+
+colibri_status colibri_ctx_new(colibri_ctx **out, colibri_model *model,
+                               const colibri_options *opt_in) {
+    colibri_options opt;
+    if (!out) return COLIBRI_E_INVALID_ARG;
+    *out = NULL;
+    colibri_ctx *ctx;
+    colibri_status cs = ctx_begin(&ctx, model, opt_in, &opt, 0);
+    if (cs) return cs;
     const struct colibri_model *m = ctx->model;
 
     /* Backend: CUDA when asked for or available; otherwise the CPU with the reason kept. The
@@ -220,30 +233,20 @@ colibri_model *colibri_ctx_model(const colibri_ctx *ctx) { return ctx ? ctx->mod
 colibri_status colibri_engine_new(colibri_engine **out, colibri_model *model,
                                   const colibri_options *opt_in) {
     colibri_options opt;
-    if (opt_in) opt = *opt_in;
-    else colibri_default_options(&opt);
     if (!out) return COLIBRI_E_INVALID_ARG;
     *out = NULL;
-    if (!model) {
-        report(&opt, "%s", "model is NULL");
-        return COLIBRI_E_INVALID_ARG;
-    }
     colibri_engine *e = calloc(1, sizeof *e);
-    colibri_ctx *ctx = calloc(1, sizeof *ctx);
-    if (!e || !ctx) {
+    if (!e) return COLIBRI_E_NO_MEMORY;
+    colibri_ctx *ctx;
+    colibri_status st = ctx_begin(&ctx, model, opt_in, &opt, 1);
+    if (st) {
         free(e);
-        free(ctx);
-        return COLIBRI_E_NO_MEMORY;
+        return st;
     }
-    __atomic_add_fetch(&model->refs, 1, __ATOMIC_ACQ_REL);
-    ctx->model = model;
-    ctx->opt = opt;
-    ctx->engine = 1;
-    colibri_status st = check_options(ctx, &opt);
     /* The backend is chosen as colibri_ctx_new chooses it for the same options, so contexts made
      * with them run on the engine's backend. A CUDA engine holds nothing of its own: each
      * sequence runs as its own pass on its own CUDA context (docs/runtime.md, "Batching"). */
-    if (!st && opt.backend != COLIBRI_BACKEND_CPU) {
+    if (opt.backend != COLIBRI_BACKEND_CPU) {
         char why[192] = "";
         e->cuda = model_gpu(model, why, sizeof why) != NULL;
         if (!e->cuda && opt.backend == COLIBRI_BACKEND_CUDA)
