@@ -8,7 +8,9 @@ every size), and with last-token logits only; four sampled generations (own seed
 top-p/top-k, lengths) give colibri_generate's ids whatever the join order; a restored prefix
 continues with the bits of computing it again. Over every weight dtype (each kernel family's tile
 paths), int8 activations, an f16 KV cache, a model with every flag, sliding-window rings, on 1, 2
-and 3 threads and on the AVX2 and scalar kernels as well as the machine's best."""
+and 3 threads and on the AVX2 and scalar kernels as well as the machine's best. The passes carry several sequences at once; a
+layer kind that says it has no multi-sequence pass (kinds.h multi_seq 0, the driver's `solo`)
+makes the engine give each sequence its own pass, with the same bits and the layer named."""
 
 from __future__ import annotations
 
@@ -52,6 +54,7 @@ RUNS = [
     ("q4", 2, (), None), ("q4", 2, ("int8act",), None),
     ("sliding", 1, (), None), ("sliding", 3, ("f16",), None),
     ("int8", 2, ("int8act",), "avx2"), ("q4", 2, (), "avx2"), ("f32-flags", 2, (), "scalar"),
+    ("sliding", 2, ("solo",), None),  # a kind without a multi-sequence pass: one sequence a pass
 ]
 
 
@@ -77,6 +80,6 @@ def test_batch_invariance(driver: Path, models: dict[str, Path], name: str, thre
     proc = subprocess.run([str(driver), str(models[name]), str(threads), *extra], capture_output=True,
                           text=True, timeout=600, env=env)
     assert proc.returncode == 0 and "batch: 0 failure(s)" in proc.stdout, proc.stdout + proc.stderr
-    assert proc.stdout.count("ok   ") == 11, proc.stdout
+    assert proc.stdout.count("ok   ") == 12, proc.stdout
     truncates = "a shorter prefix of the snapshot continued" in proc.stdout
     assert truncates == (name != "sliding"), proc.stdout  # a ring restores to its own position only

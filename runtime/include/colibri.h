@@ -207,6 +207,11 @@ void colibri_engine_free(colibri_engine *e);
 colibri_status colibri_forward_batch(colibri_engine *e, const colibri_batch_item *items, int n_items);
 const char *colibri_engine_last_error(const colibri_engine *e);
 void colibri_engine_get_runtime_info(const colibri_engine *e, colibri_runtime_info *info);
+/* NULL when the sequences of a batch share passes; else why each runs as its own pass, one
+ * after the other (same bits, the weights read once per sequence): a CUDA engine, or a model
+ * with a layer kind that has no multi-sequence pass yet (e.g. "layer 3's gated_deltanet kind
+ * runs one sequence per pass"). Valid until the next call on e. */
+const char *colibri_engine_unbatched(colibri_engine *e);
 
 /* ---- A sequence's state: save and restore (prompt prefix reuse) ----------------------------
  * A snapshot is everything a context keeps about its sequence at its position: every layer's K

@@ -173,7 +173,7 @@ static void handle_metrics(conn *c) {
     g.connections = S->conns;
     pthread_mutex_unlock(&S->mu);
     m.by_status[200]++; /* this answer */
-    g.batching = S->pool.engine != NULL;
+    g.batching = S->pool.engine != NULL && !S->pool.batch_off[0];
     g.batch_passes = g.batch_rows = g.batch_seqs = 0;
     if (S->pool.engine) {
         pthread_mutex_lock(&S->pool.batch.mu);

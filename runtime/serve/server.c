@@ -201,7 +201,7 @@ static void log_ready(server *S, int port, double load_ms, int warm, int warm_to
     else jb_puts(&b, "null");
     /* continuous batching, or why not; the prefix cache's size (MiB), or why it is off */
     jb_puts(&b, ", \"batching\": ");
-    if (S->pool.engine) jb_puts(&b, "true");
+    if (S->pool.engine && !S->pool.batch_off[0]) jb_puts(&b, "true");
     else jb_cstr(&b, S->pool.batch_off);
     jb_puts(&b, ", \"prefix_cache_mb\": ");
     if (ps.limit) jb_num(&b, (double)ps.limit / (1 << 20));

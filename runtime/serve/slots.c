@@ -50,6 +50,10 @@ int pool_open(slot_pool *p, const char *path, const colibri_options *opt, int n,
             so.threads = 1;
             so.backend = COLIBRI_BACKEND_CPU;
             p->threads = ri.threads;
+            /* a layer kind without a multi-sequence pass: the step loop still serves every slot
+             * (the prefix cache too), each slot's tokens in a pass of their own */
+            const char *why = colibri_engine_unbatched(p->engine);
+            if (why) snprintf(p->batch_off, sizeof p->batch_off, "%s", why);
         }
     } else {
         snprintf(p->batch_off, sizeof p->batch_off, "--no-batching");

@@ -41,7 +41,8 @@ typedef struct slot_pool {
     int max_queue;
     colibri_engine *engine;     /* continuous batching; NULL: each slot runs its own passes */
     batcher batch;
-    char batch_off[160];        /* why there is no batching ("" when there is) */
+    char batch_off[160];        /* why slots do not share passes ("" when they do); with an
+                                   engine: a layer kind that runs one sequence per pass */
     int threads;                /* compute threads: the engine's, or each slot's */
     prefix_cache prefix;        /* limit 0: off */
     char prefix_off[200];       /* why it is off ("" when on) */

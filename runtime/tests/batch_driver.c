@@ -1,7 +1,7 @@
 /* Checks of continuous batching (docs/runtime.md, "Batching"), run by tests/test_batch.py on
  * several models (built with the host cc; not part of the product):
  *
- *   batch_driver MODEL THREADS [f16] [int8act]
+ *   batch_driver MODEL THREADS [f16] [int8act] [solo]
  *
  * 1. colibri_forward_batch: four sequences of different lengths (1, 9, 70, 150 tokens) give
  *    bitwise the logits each gives alone (one colibri_forward call), batched all at once, joined
@@ -11,12 +11,17 @@
  * 3. colibri_seq_save / restore: a prefix restored into another context and continued gives the
  *    bits of computing everything (also a shorter prefix of it, where the model allows).
  * 4. Refusals: one context twice, another KV type, past max_seq_len; nothing changes.
+ * 5. Passes carried several sequences at once (layer 0's mixer counts them). With `solo` the
+ *    last layer's mixer is a copy of its kind that says it has no multi-sequence pass (kinds.h
+ *    multi_seq 0, as a new kind's row that leaves the field out): every check above must still
+ *    pass, no pass may carry two sequences, and colibri_engine_unbatched names that layer.
  * Prints "ok   ..." or "FAIL ..." per check, then "batch: N failure(s)". */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "colibri.h"
+#include "core/model.h" /* the layers' kind pointers: the driver wraps them (check 5) */
 
 #define NSEQ 4
 static const int LENS[NSEQ] = {1, 9, 70, 150};
@@ -248,15 +253,55 @@ static void check_seq_state(colibri_model *m, const colibri_options *o, uint32_t
     colibri_free(b);
 }
 
+/* Check 5: layer 0's mixer through a counting copy of its kind; with solo, the last layer's
+ * mixer a copy that has no multi-sequence pass. */
+static colibri_layer_kind counted, unbatched;
+static void (*layer0_forward)(struct colibri_ctx *, int, const colibri_batch *);
+static int multi_passes;
+
+static void counted_forward(struct colibri_ctx *ctx, int l, const colibri_batch *bt) {
+    multi_passes += bt->n_seqs > 1;
+    layer0_forward(ctx, l, bt);
+}
+
+static void wrap_kinds(colibri_model *m, int solo) {
+    colibri_layer *first = &m->layers[0], *last = &m->layers[m->n_layers - 1];
+    if (solo) {
+        unbatched = *last->mixer;
+        unbatched.multi_seq = 0;
+        last->mixer = &unbatched;
+    }
+    counted = *first->mixer;
+    layer0_forward = counted.forward;
+    counted.forward = counted_forward;
+    first->mixer = &counted;
+}
+
+static void check_unbatched(colibri_model *m, const colibri_options *o, int solo) {
+    colibri_engine *e;
+    if (colibri_engine_new(&e, m, o)) exit(14);
+    const char *why = colibri_engine_unbatched(e);
+    if (solo) {
+        char want[96];
+        snprintf(want, sizeof want, "layer %u's %s kind", m->n_layers - 1, unbatched.name);
+        check(why && strstr(why, want) && multi_passes == 0,
+              "solo: a kind without a multi-sequence pass: one sequence per pass, named");
+    } else {
+        check(!why && multi_passes > 0, "passes carried several sequences at once");
+    }
+    colibri_engine_free(e);
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: batch_driver MODEL THREADS [f16] [int8act]\n");
+        fprintf(stderr, "usage: batch_driver MODEL THREADS [f16] [int8act] [solo]\n");
         return 2;
     }
-    int f16 = 0, int8act = 0;
+    int f16 = 0, int8act = 0, solo = 0;
     for (int i = 3; i < argc; i++) {
         f16 |= !strcmp(argv[i], "f16");
         int8act |= !strcmp(argv[i], "int8act");
+        solo |= !strcmp(argv[i], "solo");
     }
     colibri_options o = options(atoi(argv[2]), f16, int8act);
     char err[512] = "";
@@ -269,9 +314,11 @@ int main(int argc, char **argv) {
     }
     colibri_model_info mi;
     colibri_model_get_info(m, &mi);
+    wrap_kinds(m, solo);
     reference(m, &o, mi.vocab_size, (int)mi.max_seq_len);
     check_forward_batch(m, &o, mi.vocab_size, (int)mi.max_seq_len);
     check_gen_step(m, &o, (int)mi.max_seq_len);
+    check_unbatched(m, &o, solo); /* before check_seq_state: its passes are one sequence's */
     check_seq_state(m, &o, mi.vocab_size, (int)mi.max_seq_len);
     for (int i = 0; i < NSEQ; i++) {
         free(ids[i]);

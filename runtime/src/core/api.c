@@ -230,6 +230,20 @@ colibri_model *colibri_ctx_model(const colibri_ctx *ctx) { return ctx ? ctx->mod
 
 /* ---- the batch engine (continuous batching) ------------------------------------------------ */
 
+/* The first layer whose kind cannot share a pass between sequences (kinds.h multi_seq), as a
+ * reason; 0 when every layer can. */
+static int unbatched_layer(const struct colibri_model *m, char *why, size_t len) {
+    for (uint32_t l = 0; l < m->n_layers; l++) {
+        const colibri_layer_kind *k = !m->layers[l].mixer->multi_seq ? m->layers[l].mixer
+                                      : !m->layers[l].ffn->multi_seq ? m->layers[l].ffn : NULL;
+        if (k) {
+            snprintf(why, len, "layer %u's %s kind runs one sequence per pass", l, k->name);
+            return 1;
+        }
+    }
+    return 0;
+}
+
 colibri_status colibri_engine_new(colibri_engine **out, colibri_model *model,
                                   const colibri_options *opt_in) {
     colibri_options opt;
@@ -276,6 +290,12 @@ void colibri_engine_free(colibri_engine *e) {
 }
 
 const char *colibri_engine_last_error(const colibri_engine *e) { return e ? e->ctx->err : ""; }
+
+const char *colibri_engine_unbatched(colibri_engine *e) {
+    if (!e) return "no engine";
+    if (e->cuda) return "the CUDA engine runs each sequence as its own pass";
+    return unbatched_layer(e->ctx->model, e->unbatched, sizeof e->unbatched) ? e->unbatched : NULL;
+}
 
 void colibri_engine_get_runtime_info(const colibri_engine *e, colibri_runtime_info *i) {
     colibri_get_runtime_info(e->ctx, i);
@@ -340,7 +360,13 @@ colibri_status colibri_batch_run(colibri_ctx *eng, int cuda, const colibri_batch
      * rest continues the next pass, from the position the first part reached). */
     colibri_pass_item pass[COLIBRI_CHUNK];
     int np = 0, rows = 0;
+    char why[160];
+    int solo = n > 1 && unbatched_layer(eng->model, why, sizeof why); /* a pass per item */
     for (int i = 0; i < n; i++) {
+        if (solo && np) {
+            colibri_cpu_pass(eng, pass, np);
+            np = rows = 0;
+        }
         for (int done = 0; done < it[i].n;) {
             int c = it[i].n - done < eng->b.chunk - rows ? it[i].n - done : eng->b.chunk - rows;
             float *lg = NULL;

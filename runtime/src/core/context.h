@@ -84,6 +84,7 @@ struct colibri_ctx {
 struct colibri_engine {
     colibri_ctx *ctx;         /* engine == 1: the pool and chunk buffers every batch runs on */
     int cuda;                 /* the sequences run on CUDA: each its own pass (the fallback) */
+    char unbatched[160];      /* colibri_engine_unbatched's reason */
 };
 
 /* arena.c: size and carve the buffers for this model, thread count and KV storage. With base

@@ -3,14 +3,14 @@
 
 static const colibri_layer_kind mixers[] = {
     {COLIBRI_MIXER_ATTENTION, "attention", colibri_attention_validate, colibri_attention_tensor,
-     colibri_attention_cache, colibri_attention_forward},
+     colibri_attention_cache, colibri_attention_forward, 1},
     {COLIBRI_MIXER_SLIDING_ATTENTION, "sliding_attention", colibri_sliding_validate,
-     colibri_attention_tensor, colibri_sliding_cache, colibri_attention_forward},
+     colibri_attention_tensor, colibri_sliding_cache, colibri_attention_forward, 1},
 };
 
 static const colibri_layer_kind ffns[] = {
     {COLIBRI_FFN_MOE, "moe", colibri_moe_validate, colibri_moe_tensor, colibri_moe_cache,
-     colibri_moe_forward},
+     colibri_moe_forward, 1},
 };
 
 static const colibri_layer_kind *find(const colibri_layer_kind *t, size_t n, uint32_t kind) {

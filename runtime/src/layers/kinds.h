@@ -97,6 +97,12 @@ typedef struct {
     void (*cache)(const struct colibri_model *m, uint32_t l, colibri_cache_need *need);
     /* Layer `l` on the batch: reads and updates the residual stream ctx->b.x. */
     void (*forward)(struct colibri_ctx *ctx, int l, const colibri_batch *bt);
+    /* 1: forward takes a pass over several sequences and keeps every row's bits as alone (its
+     * per-row values depend only on the row and its own sequence's cache; a recurrent kind walks
+     * bt->seqs). 0, also what a row that leaves the field out gets: the batch engine gives each
+     * sequence a pass of its own on models with a layer of this kind (slower, never other bits;
+     * colibri_engine_unbatched names the layer). Set it only with the kind in tests/test_batch.py. */
+    int multi_seq;
 } colibri_layer_kind;
 
 /* The table's entry for a mixer / FFN kind value, or NULL when this runtime has none. */
