@@ -252,6 +252,245 @@ static Q4_AVX2 void avx2_q4q8_tile_2x3(const uint8_t *const q[2], const uint16_t
 }
 
 
+/* ---- AVX-512 (F/BW/VL, VNNI for int8 activations): the same layout, four rows per pass ------
+ * Each lane chain of the layout is independent of the others and runs over the groups in order,
+ * so it may sit in any lane of any register as long as it sees the same operations in the same
+ * order; these kernels only rearrange which lane holds which chain:
+ * - f32 activations: the 32 lanes of a row in two 16-lane registers (elements 0-15 = the low
+ *   nibbles, 16-31 = the high ones). A group's dequantised weights come from a 16-entry table
+ *   T[k] = (k - 8) * d (exact, as the scalar q4_nib * d) indexed by the nibbles (vpermps reads
+ *   the low 4 bits of each index), then w * x + L fused, as the AVX2 and NEON kernels;
+ * - int8 activations: the eight 4-element lane sums of four rows in two registers (lanes 0-3 of
+ *   rows 0..3, then lanes 4-7). VNNI's vpdpbusd sums unsigned nibble x signed activation over 4
+ *   bytes, exactly; the nibble offset 8 is taken out by starting from -8 * (the activations'
+ *   4-element sums, once per call): the same int32 S[l] as the signed form, then fma(d_b, S[l],
+ *   L[l]) as every other q4 x int8 kernel.
+ * So the bits are those of the scalar layout (the self-test compares them), on any x86 level
+ * and on aarch64. */
+#define Q4_Z __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+#define Q4_ZV __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
+#define Q4_ZI static inline __attribute__((always_inline, target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+
+/* Rows [r, r + 4) of w, clamped to the last row (a repeated row's results are not stored). */
+static void q4_rows4(const colibri_tensor *w, uint32_t r, uint32_t r1, const uint8_t *q[4],
+                     const uint16_t *d[4]) {
+    size_t ng = colibri_q4_groups(w->cols);
+    for (uint32_t k = 0; k < 4; k++) {
+        uint32_t rr = r + k < r1 ? r + k : r1 - 1;
+        q[k] = (const uint8_t *)w->data + (size_t)rr * ng * COLIBRI_Q4_BLOCK;
+        d[k] = colibri_q4_scales(w) + (size_t)rr * ng;
+    }
+}
+
+/* The scales of groups [g, g + m) (m <= 16) of a row as f32. */
+Q4_ZI __m512 zq_scales(const uint16_t *d, size_t g, size_t m) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16((__mmask16)((1u << m) - 1), d + g));
+}
+
+/* f32 activations, rows q[0..3] (scales d) against NT tokens, lane half H (0: elements 0-15 of
+ * every group, 1: 16-31): acc[r][t] = the half's 16 lane chains of (row r, token t). */
+#define ZQ_F32(NAME, NT)                                                                      \
+    Q4_Z static void NAME(const uint8_t *const q[4], const uint16_t *const d[4],            \
+                           const float *x, size_t ldx, size_t full, int h, __m512 acc[4][6]) { \
+        const __m512 iota8 = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7); \
+        for (int r = 0; r < 4; r++)                                                           \
+            for (int t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();                    \
+        for (size_t g = 0; g < full; g += 16) {                                               \
+            size_t m = full - g < 16 ? full - g : 16;                                         \
+            __m512 D[4];                                                                      \
+            for (int r = 0; r < 4; r++) D[r] = zq_scales(d[r], g, m);                        \
+            for (size_t b = 0; b < m; b++) {                                                  \
+                const __m512i bi = _mm512_set1_epi32((int)b);                                 \
+                __m512 wv[4];                                                                 \
+                _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) {                         \
+                    const uint8_t *blk = q[r] + (g + b) * 16;                                 \
+                    if (!h && (b & 3) == 0) __builtin_prefetch(blk + Q4_PREFETCH_BYTES);      \
+                    __m512i z = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)blk)); \
+                    if (h) z = _mm512_srli_epi32(z, 4);                                       \
+                    __m512 T = _mm512_mul_ps(iota8, _mm512_permutexvar_ps(bi, D[r]));         \
+                    wv[r] = _mm512_permutexvar_ps(z, T);                                      \
+                }                                                                             \
+                const float *xb = x + (g + b) * 32 + 16 * h;                                  \
+                _Pragma("GCC unroll 6") for (int t = 0; t < NT; t++) {                        \
+                    __m512 xv = _mm512_loadu_ps(xb + (size_t)t * ldx);                        \
+                    acc[0][t] = _mm512_fmadd_ps(wv[0], xv, acc[0][t]);                        \
+                    acc[1][t] = _mm512_fmadd_ps(wv[1], xv, acc[1][t]);                        \
+                    acc[2][t] = _mm512_fmadd_ps(wv[2], xv, acc[2][t]);                        \
+                    acc[3][t] = _mm512_fmadd_ps(wv[3], xv, acc[3][t]);                        \
+                }                                                                             \
+            }                                                                                 \
+        }                                                                                     \
+    }
+ZQ_F32(zq_f32_1, 1)
+ZQ_F32(zq_f32_2, 2)
+ZQ_F32(zq_f32_3, 3)
+ZQ_F32(zq_f32_4, 4)
+ZQ_F32(zq_f32_5, 5)
+ZQ_F32(zq_f32_6, 6)
+
+/* The layout's reduction of one (row, token): u = (L0-7 + L8-15) + (L16-23 + L24-31), then the
+ * fixed horizontal sum, as avx2_reduce. */
+Q4_ZI float zq_reduce32(__m512 lo, __m512 hi) {
+    __m256 a = _mm256_add_ps(_mm512_castps512_ps256(lo), _mm512_extractf32x8_ps(lo, 1));
+    __m256 b = _mm256_add_ps(_mm512_castps512_ps256(hi), _mm512_extractf32x8_ps(hi, 1));
+    float t[8];
+    _mm256_storeu_ps(t, _mm256_add_ps(a, b));
+    return ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
+}
+
+static Q4_Z int z_q4_rows(const colibri_tensor *w, uint32_t r0, uint32_t r1, const float *x,
+                           int n, size_t ldx, float *y, size_t ldy) {
+    size_t cols = w->cols, full = cols / 32;
+    for (uint32_t r = r0; r < r1; r += 4) {
+        const uint8_t *q[4];
+        const uint16_t *d[4];
+        q4_rows4(w, r, r1, q, d);
+        uint32_t rows = r1 - r < 4 ? r1 - r : 4;
+        for (int j = 0; j < n; j += 6) {
+            int nt = n - j < 6 ? n - j : 6;
+            const float *xj = x + (size_t)j * ldx;
+            __m512 lo[4][6], hi[4][6];
+            switch (nt) {
+#define ZQ_F32_CASE(N) case N: zq_f32_##N(q, d, xj, ldx, full, 0, lo); zq_f32_##N(q, d, xj, ldx, full, 1, hi); break;
+            ZQ_F32_CASE(1) ZQ_F32_CASE(2) ZQ_F32_CASE(3) ZQ_F32_CASE(4) ZQ_F32_CASE(5)
+            default: zq_f32_6(q, d, xj, ldx, full, 0, lo); zq_f32_6(q, d, xj, ldx, full, 1, hi); break;
+#undef ZQ_F32_CASE
+            }
+            float o[4][6];
+            for (uint32_t k = 0; k < rows; k++)
+                for (int t = 0; t < nt; t++) o[k][t] = zq_reduce32(lo[k][t], hi[k][t]);
+            _mm256_zeroupper();
+            for (uint32_t k = 0; k < rows; k++)
+                for (int t = 0; t < nt; t++)
+                    y[(size_t)(j + t) * ldy + r + k] = o[k][t] + q4_tail(q[k], d[k], xj + (size_t)t * ldx, cols);
+        }
+    }
+    return 1;
+}
+
+/* int8 activations: -8 * the 4-element sums of each token's full groups, nc[t * 8 * full + 8b + l]. */
+#define ZQ8_NC_INTS 16384 /* 64 KiB on the stack: 6 tokens of 10922 columns, 1 of 65536 */
+
+static Q4_ZV void zq8_offsets(const int8_t *x, size_t ldx, int nt, size_t full, int32_t *nc) {
+    const __m512i eight = _mm512_set1_epi8(8);
+    for (int t = 0; t < nt; t++) {
+        const int8_t *xt = x + (size_t)t * ldx;
+        int32_t *o = nc + (size_t)t * 8 * full;
+        size_t b = 0;
+        for (; b + 2 <= full; b += 2) {
+            __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), eight,
+                                            _mm512_loadu_si512((const void *)(xt + b * 32)));
+            _mm512_storeu_si512((void *)(o + b * 8), _mm512_sub_epi32(_mm512_setzero_si512(), s));
+        }
+        for (; b < full; b++)
+            for (int l = 0; l < 8; l++) {
+                int32_t s = 0;
+                for (int e = 0; e < 4; e++) s += xt[b * 32 + 4 * l + e];
+                o[b * 8 + l] = -8 * s;
+            }
+    }
+}
+
+/* Four rows against NT int8 tokens over the full groups: lo[t] lanes 4r..4r+3 = row r's L0-3,
+ * hi[t] its L4-7. */
+#define ZQ_Q8(NAME, NT)                                                                       \
+    Q4_ZV static void NAME(const uint8_t *const q[4], const uint16_t *const d[4],            \
+                           const int8_t *x, size_t ldx, const int32_t *nc, size_t full,       \
+                           __m512 lo[6], __m512 hi[6]) {                                      \
+        const __m512i m4 = _mm512_set1_epi8(0x0f);                                            \
+        const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3); \
+        for (int t = 0; t < NT; t++) lo[t] = hi[t] = _mm512_setzero_ps();                    \
+        for (size_t g = 0; g < full; g += 16) {                                               \
+            size_t m = full - g < 16 ? full - g : 16;                                         \
+            /* D4[b] = (d0, d1, d2, d3) of group g + b: a 4 x 16 transpose of the row scales */ \
+            __m512 s0 = zq_scales(d[0], g, m), s1 = zq_scales(d[1], g, m);                    \
+            __m512 s2 = zq_scales(d[2], g, m), s3 = zq_scales(d[3], g, m);                    \
+            __m512 u01 = _mm512_unpacklo_ps(s0, s1), v01 = _mm512_unpackhi_ps(s0, s1);        \
+            __m512 u23 = _mm512_unpacklo_ps(s2, s3), v23 = _mm512_unpackhi_ps(s2, s3);        \
+            __m512 T[4] = {                                                                   \
+                _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(u01), _mm512_castps_pd(u23))), \
+                _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(u01), _mm512_castps_pd(u23))), \
+                _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(v01), _mm512_castps_pd(v23))), \
+                _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(v01), _mm512_castps_pd(v23)))}; \
+            /* T[k] 128-bit chunk c = group 4c + k's (d0, d1, d2, d3) */                       \
+            for (size_t b = 0; b < m; b++) {                                                  \
+                size_t gb = g + b;                                                            \
+                __m512 D = _mm512_permutexvar_ps(                                             \
+                    _mm512_add_epi32(spread, _mm512_set1_epi32((int)(b >> 2) * 4)), T[b & 3]); \
+                if ((b & 3) == 0)                                                             \
+                    for (int r = 0; r < 4; r++) __builtin_prefetch(q[r] + gb * 16 + Q4_PREFETCH_BYTES); \
+                __m512i W = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(const void *)(q[0] + gb * 16))); \
+                W = _mm512_inserti32x4(W, _mm_loadu_si128((const __m128i *)(const void *)(q[1] + gb * 16)), 1); \
+                W = _mm512_inserti32x4(W, _mm_loadu_si128((const __m128i *)(const void *)(q[2] + gb * 16)), 2); \
+                W = _mm512_inserti32x4(W, _mm_loadu_si128((const __m128i *)(const void *)(q[3] + gb * 16)), 3); \
+                __m512i wl = _mm512_and_si512(W, m4), wh = _mm512_and_si512(_mm512_srli_epi16(W, 4), m4); \
+                _Pragma("GCC unroll 6") for (int t = 0; t < NT; t++) {                        \
+                    const int8_t *xb = x + (size_t)t * ldx + gb * 32;                         \
+                    const int32_t *cb = nc + (size_t)t * 8 * full + gb * 8;                   \
+                    __m512i sl = _mm512_dpbusd_epi32(                                         \
+                        _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(const void *)cb)), wl, \
+                        _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(const void *)xb))); \
+                    __m512i sh = _mm512_dpbusd_epi32(                                         \
+                        _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(const void *)(cb + 4))), wh, \
+                        _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(const void *)(xb + 16)))); \
+                    lo[t] = _mm512_fmadd_ps(D, _mm512_cvtepi32_ps(sl), lo[t]);                \
+                    hi[t] = _mm512_fmadd_ps(D, _mm512_cvtepi32_ps(sh), hi[t]);                \
+                }                                                                             \
+            }                                                                                 \
+        }                                                                                     \
+    }
+ZQ_Q8(zq_q8_1, 1)
+ZQ_Q8(zq_q8_2, 2)
+ZQ_Q8(zq_q8_3, 3)
+ZQ_Q8(zq_q8_4, 4)
+ZQ_Q8(zq_q8_5, 5)
+ZQ_Q8(zq_q8_6, 6)
+
+static Q4_ZV int z_q4q8_rows(const colibri_tensor *w, uint32_t r0, uint32_t r1, const int8_t *xq,
+                             const float *xscale, int n, size_t ldx, float *y, size_t ldy) {
+    size_t cols = w->cols, full = cols / 32;
+    int32_t nc[ZQ8_NC_INTS];
+    int tb = full ? (int)(ZQ8_NC_INTS / (8 * full)) : 6; /* tokens whose offsets fit */
+    if (tb < 1) return 0;
+    if (tb > 6) tb = 6;
+    for (int j = 0; j < n; j += tb) {
+        int nb = n - j < tb ? n - j : tb;
+        const int8_t *xj = xq + (size_t)j * ldx;
+        zq8_offsets(xj, ldx, nb, full, nc);
+        for (uint32_t r = r0; r < r1; r += 4) {
+            const uint8_t *q[4];
+            const uint16_t *d[4];
+            q4_rows4(w, r, r1, q, d);
+            uint32_t rows = r1 - r < 4 ? r1 - r : 4;
+            __m512 lo[6], hi[6];
+            switch (nb) {
+            case 1: zq_q8_1(q, d, xj, ldx, nc, full, lo, hi); break;
+            case 2: zq_q8_2(q, d, xj, ldx, nc, full, lo, hi); break;
+            case 3: zq_q8_3(q, d, xj, ldx, nc, full, lo, hi); break;
+            case 4: zq_q8_4(q, d, xj, ldx, nc, full, lo, hi); break;
+            case 5: zq_q8_5(q, d, xj, ldx, nc, full, lo, hi); break;
+            default: zq_q8_6(q, d, xj, ldx, nc, full, lo, hi); break;
+            }
+            float L[6][2][16];
+            for (int t = 0; t < nb; t++) {
+                _mm512_storeu_ps(L[t][0], lo[t]);
+                _mm512_storeu_ps(L[t][1], hi[t]);
+            }
+            _mm256_zeroupper();
+            for (uint32_t k = 0; k < rows; k++)
+                for (int t = 0; t < nb; t++) {
+                    float v[8];
+                    for (int l = 0; l < 4; l++) {
+                        v[l] = L[t][0][4 * k + (uint32_t)l];
+                        v[4 + l] = L[t][1][4 * k + (uint32_t)l];
+                    }
+                    float o = q4q8_reduce(v) + q4q8_tail(q[k], d[k], xj + (size_t)t * ldx, cols);
+                    y[(size_t)(j + t) * ldy + r + k] = o * xscale[j + t];
+                }
+        }
+    }
+    return 1;
+}
 
 void colibri_q4_x86(colibri_q4_kernels *q) {
     if (colibri_x86_features() & COLIBRI_X86_AVX2) {
@@ -264,6 +503,15 @@ void colibri_q4_x86(colibri_q4_kernels *q) {
         q->q4q8_4x1 = avx2_q4q8_tile_4x1;
         q->q4q8_2x3 = avx2_q4q8_tile_2x3;
         q->name = "avx2";
+        int f = colibri_x86_features();
+        if (f & COLIBRI_X86_AVX512) {
+            q->rows = z_q4_rows;
+            q->name = "avx512";
+        }
+        if (f & COLIBRI_X86_VNNI) {
+            q->rows_q8 = z_q4q8_rows;
+            q->name = "avx512-vnni";
+        }
     }
 }
 #else
