@@ -321,12 +321,49 @@ Q4_ZI __m512 zq_scales(const uint16_t *d, size_t g, size_t m) {
             }                                                                                 \
         }                                                                                     \
     }
-ZQ_F32(zq_f32_1, 1)
 ZQ_F32(zq_f32_2, 2)
 ZQ_F32(zq_f32_3, 3)
 ZQ_F32(zq_f32_4, 4)
 ZQ_F32(zq_f32_5, 5)
 ZQ_F32(zq_f32_6, 6)
+
+/* Decode (one token): both lane halves in one pass over the rows, so each group's table and
+ * nibbles are built once; the same per-lane operations as zq_f32_1 for h = 0 and 1. */
+Q4_Z static void zq_f32_decode(const uint8_t *const q[4], const uint16_t *const d[4],
+                               const float *x, size_t full, __m512 lo[4][6], __m512 hi[4][6]) {
+    const __m512 iota8 = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+    __m512 l0 = _mm512_setzero_ps(), l1 = l0, l2 = l0, l3 = l0, h0 = l0, h1 = l0, h2 = l0, h3 = l0;
+    for (size_t g = 0; g < full; g += 16) {
+        size_t m = full - g < 16 ? full - g : 16;
+        __m512 D0 = zq_scales(d[0], g, m), D1 = zq_scales(d[1], g, m);
+        __m512 D2 = zq_scales(d[2], g, m), D3 = zq_scales(d[3], g, m);
+        for (size_t b = 0; b < m; b++) {
+            const __m512i bi = _mm512_set1_epi32((int)b);
+            size_t o = (g + b) * 16;
+            if ((b & 3) == 0) {
+                __builtin_prefetch(q[0] + o + Q4_PREFETCH_BYTES);
+                __builtin_prefetch(q[1] + o + Q4_PREFETCH_BYTES);
+                __builtin_prefetch(q[2] + o + Q4_PREFETCH_BYTES);
+                __builtin_prefetch(q[3] + o + Q4_PREFETCH_BYTES);
+            }
+            __m512 xl = _mm512_loadu_ps(x + (g + b) * 32), xh = _mm512_loadu_ps(x + (g + b) * 32 + 16);
+#define ZQ_ROW(R, LO, HI)                                                                     \
+    do {                                                                                      \
+        __m512i z = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(q[R] + o))); \
+        __m512 T = _mm512_mul_ps(iota8, _mm512_permutexvar_ps(bi, D##R));                     \
+        LO = _mm512_fmadd_ps(_mm512_permutexvar_ps(z, T), xl, LO);                            \
+        HI = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(z, 4), T), xh, HI);      \
+    } while (0)
+            ZQ_ROW(0, l0, h0);
+            ZQ_ROW(1, l1, h1);
+            ZQ_ROW(2, l2, h2);
+            ZQ_ROW(3, l3, h3);
+#undef ZQ_ROW
+        }
+    }
+    lo[0][0] = l0, lo[1][0] = l1, lo[2][0] = l2, lo[3][0] = l3;
+    hi[0][0] = h0, hi[1][0] = h1, hi[2][0] = h2, hi[3][0] = h3;
+}
 
 /* The layout's reduction of one (row, token): u = (L0-7 + L8-15) + (L16-23 + L24-31), then the
  * fixed horizontal sum, as avx2_reduce. */
@@ -352,7 +389,8 @@ static Q4_Z int z_q4_rows(const colibri_tensor *w, uint32_t r0, uint32_t r1, con
             __m512 lo[4][6], hi[4][6];
             switch (nt) {
 #define ZQ_F32_CASE(N) case N: zq_f32_##N(q, d, xj, ldx, full, 0, lo); zq_f32_##N(q, d, xj, ldx, full, 1, hi); break;
-            ZQ_F32_CASE(1) ZQ_F32_CASE(2) ZQ_F32_CASE(3) ZQ_F32_CASE(4) ZQ_F32_CASE(5)
+            case 1: zq_f32_decode(q, d, xj, full, lo, hi); break;
+            ZQ_F32_CASE(2) ZQ_F32_CASE(3) ZQ_F32_CASE(4) ZQ_F32_CASE(5)
             default: zq_f32_6(q, d, xj, ldx, full, 0, lo); zq_f32_6(q, d, xj, ldx, full, 1, hi); break;
 #undef ZQ_F32_CASE
             }
