@@ -4,6 +4,8 @@
 #include "kernel_table.h"
 #include "cpu_features.h"
 
+#include <math.h>
+
 #if defined(__aarch64__)
 #include <arm_neon.h>
 #if defined(__ARM_FEATURE_DOTPROD) || defined(COLIBRI_ARM_TARGET_ATTR)
@@ -354,6 +356,34 @@ static void neon_to_f16(const float *x, size_t n, uint16_t *out) {
     for (; i < n; i++) out[i] = half_from_float(x[i]);
 }
 
+/* ---- int8 activations (int8.h): the scalar quantisation's bits, four values at a time -------
+ * max |x| is exact in any order; x * inv, FRINTN (round to nearest even, as nearbyintf in the
+ * default mode) and the clamp are elementwise. */
+static void neon_quantize(const float *x, size_t n, int8_t *q, float *scale) {
+    float32x4_t m = vdupq_n_f32(0);
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) m = vmaxnmq_f32(m, vabsq_f32(vld1q_f32(x + i))); /* FMAXNM: a NaN is skipped, as in the scalar loop */
+    float amax = vmaxnmvq_f32(m);
+    for (; i < n; i++) {
+        float a = fabsf(x[i]);
+        if (a > amax) amax = a;
+    }
+    float s = amax > 0.0f ? amax / 127.0f : 1.0f, inv = 1.0f / s;
+    for (i = 0; i + 4 <= n; i += 4) {
+        float32x4_t v = vrndnq_f32(vmulq_n_f32(vld1q_f32(x + i), inv));
+        v = vmaxq_f32(vminq_f32(v, vdupq_n_f32(127.0f)), vdupq_n_f32(-127.0f));
+        int16x4_t h = vmovn_s32(vcvtq_s32_f32(v));
+        int8x8_t b = vmovn_s16(vcombine_s16(h, h));
+        int32_t w = vget_lane_s32(vreinterpret_s32_s8(b), 0);
+        memcpy(q + i, &w, 4);
+    }
+    for (; i < n; i++) {
+        float v = nearbyintf(x[i] * inv);
+        q[i] = (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v);
+    }
+    *scale = s;
+}
+
 void colibri_arm_kernels(colibri_cpu_kernels *k) {
     k->dot[COLIBRI_DT_F32] = neon_dot_f32;
     k->dot[COLIBRI_DT_F16] = neon_dot_f16;
@@ -386,6 +416,7 @@ void colibri_arm_kernels(colibri_cpu_kernels *k) {
 #endif
     (void)feat;
     k->to_f16 = neon_to_f16;
+    k->quantize = neon_quantize;
 }
 #else
 void colibri_arm_kernels(colibri_cpu_kernels *k) { (void)k; }

@@ -54,6 +54,8 @@ typedef struct {
      * value sum out[i] += w * h[i] (a multiply then an add); NULL: the portable loops */
     void (*to_f16)(const float *x, size_t n, uint16_t *out);
     void (*axpy_f16)(float *out, float w, const uint16_t *h, size_t n);
+    /* colibri_quantize_row with colibri_quantize_row_scalar's bits (int8.h); NULL: the scalar */
+    void (*quantize)(const float *x, size_t n, int8_t *q, float *scale);
 } colibri_cpu_kernels;
 
 /* Replace the entries this CPU has faster versions of (each file compiles to nothing on the

@@ -260,6 +260,13 @@ void colibri_axpy_f16(float *out, float w, const uint16_t *h, size_t n) {
     }
 }
 
+/* The int8 activations (int8.h): the family's version, else the scalar one. */
+void colibri_quantize_row(const float *x, size_t n, int8_t *q, float *scale) {
+    colibri_kernels_init();
+    if (K.quantize) K.quantize(x, n, q, scale);
+    else colibri_quantize_row_scalar(x, n, q, scale);
+}
+
 float colibri_dot_f16(const uint16_t *h, const float *x, size_t n) {
     return K.dot[COLIBRI_DT_F16](h, x, n);
 }
