@@ -129,11 +129,65 @@ static float neon_f32_dot(const float *w, const float *x, size_t cols) {
     return neon_reduce(A) + f32_tail(w, x, cols);
 }
 
+/* A row dequantised to f32 (exact: (nibble - 8) * d in f32, the scalar q4_nib * d): the prefill's
+ * scratch row; the tail past the last full group is left to colibri_q4_row_f32's scalar loop. */
+static void neon_q4_row_full_groups(const uint8_t *q, const uint16_t *d, size_t full, float *out) {
+    for (size_t b = 0; b < full; b++) {
+        int8x16_t lo, hi;
+        neon_q4_unpack(q + b * 16, &lo, &hi);
+        float dd = vgetq_lane_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(d[b]))), 0);
+        int16x8_t h[4] = {vmovl_s8(vget_low_s8(lo)), vmovl_s8(vget_high_s8(lo)),
+                          vmovl_s8(vget_low_s8(hi)), vmovl_s8(vget_high_s8(hi))};
+        float *o = out + b * 32;
+        for (int k = 0; k < 4; k++) {
+            vst1q_f32(o + 8 * k, vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(h[k]))), dd));
+            vst1q_f32(o + 8 * k + 4, vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_high_s16(h[k]))), dd));
+        }
+    }
+}
+
+/* Prefill: two dequantised rows against four tokens, one 4-lane group A_k at a time over all
+ * blocks (the layout's lane chains are independent): 8 accumulators, two weight and four token
+ * loads per eight fused multiply-adds. Each (row, token, lane) sees exactly neon_f32_dot's
+ * operations in its order, so out[r * 4 + j] has its bits (and so decode's neon_q4_dot's). */
+static void neon_f32_tile_2x4(const float *const w[2], const float *const x[4], size_t cols,
+                              float out[8]) {
+    float32x4_t part[2][4][8];
+    size_t full = cols / 32;
+    for (int k = 0; k < 8; k++) {
+        float32x4_t a00 = vdupq_n_f32(0), a01 = a00, a02 = a00, a03 = a00;
+        float32x4_t a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+        const float *w0 = w[0] + 4 * k, *w1 = w[1] + 4 * k;
+        const float *x0 = x[0] + 4 * k, *x1 = x[1] + 4 * k, *x2 = x[2] + 4 * k, *x3 = x[3] + 4 * k;
+        for (size_t b = 0; b < full; b++) {
+            size_t o = b * 32;
+            float32x4_t v0 = vld1q_f32(w0 + o), v1 = vld1q_f32(w1 + o), t = vld1q_f32(x0 + o);
+            a00 = vfmaq_f32(a00, v0, t);
+            a10 = vfmaq_f32(a10, v1, t);
+            t = vld1q_f32(x1 + o);
+            a01 = vfmaq_f32(a01, v0, t);
+            a11 = vfmaq_f32(a11, v1, t);
+            t = vld1q_f32(x2 + o);
+            a02 = vfmaq_f32(a02, v0, t);
+            a12 = vfmaq_f32(a12, v1, t);
+            t = vld1q_f32(x3 + o);
+            a03 = vfmaq_f32(a03, v0, t);
+            a13 = vfmaq_f32(a13, v1, t);
+        }
+        part[0][0][k] = a00, part[0][1][k] = a01, part[0][2][k] = a02, part[0][3][k] = a03;
+        part[1][0][k] = a10, part[1][1][k] = a11, part[1][2][k] = a12, part[1][3][k] = a13;
+    }
+    for (int r = 0; r < 2; r++)
+        for (int j = 0; j < 4; j++) out[r * 4 + j] = neon_reduce(part[r][j]) + f32_tail(w[r], x[j], cols);
+}
+
 void colibri_q4_arm(colibri_q4_kernels *q) {
     q->dot = neon_q4_dot;
     q->dot_f32 = neon_f32_dot;
     q->dot3_f32 = neon_f32_dot3;
     q->dot_q8 = neon_q4q8_dot;
+    q->row_full_groups = neon_q4_row_full_groups;
+    q->f32_tile_2x4 = neon_f32_tile_2x4;
     q->name = "neon";
 #ifdef Q4_HAVE_SDOT
     if (colibri_arm_features() & COLIBRI_ARM_DOTPROD) {
