@@ -368,7 +368,7 @@ static void neon_quantize(const float *x, size_t n, int8_t *q, float *scale) {
         float a = fabsf(x[i]);
         if (a > amax) amax = a;
     }
-    float s = amax > 0.0f ? amax / 127.0f : 1.0f, inv = 1.0f / s;
+    float inv, s = q8_scale(amax, &inv);
     for (i = 0; i + 4 <= n; i += 4) {
         float32x4_t v = vrndnq_f32(vmulq_n_f32(vld1q_f32(x + i), inv));
         v = vmaxq_f32(vminq_f32(v, vdupq_n_f32(127.0f)), vdupq_n_f32(-127.0f));
@@ -377,10 +377,7 @@ static void neon_quantize(const float *x, size_t n, int8_t *q, float *scale) {
         int32_t w = vget_lane_s32(vreinterpret_s32_s8(b), 0);
         memcpy(q + i, &w, 4);
     }
-    for (; i < n; i++) {
-        float v = nearbyintf(x[i] * inv);
-        q[i] = (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v);
-    }
+    for (; i < n; i++) q[i] = q8_one(x[i] * inv);
     *scale = s;
 }
 

@@ -8,6 +8,7 @@
 #ifndef COLIBRI_CPU_KERNEL_TABLE_H
 #define COLIBRI_CPU_KERNEL_TABLE_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -85,6 +86,19 @@ static inline void colibri_convert_row_scalar(const void *row, uint32_t dtype, s
         for (i = 0; i < n; i++) out[i] = (float)((const int8_t *)row)[i];
         break;
     }
+}
+
+/* The SIMD int8 quantisations' scalar steps, as colibri_quantize_row_scalar (int8.c): the scale
+ * and its inverse from max |x|, and one value rounded to nearest even and clamped (the tails). */
+static inline float q8_scale(float amax, float *inv) {
+    float s = amax > 0.0f ? amax / 127.0f : 1.0f;
+    *inv = 1.0f / s;
+    return s;
+}
+
+static inline int8_t q8_one(float v) {
+    v = nearbyintf(v);
+    return (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v);
 }
 
 #define CVT_F32(v) (v)

@@ -473,17 +473,6 @@ __attribute__((target("avx2,fma,f16c"))) static void avx2_axpy_f16(float *out, f
 /* ---- int8 activations (int8.h): the scalar quantisation's bits, 16 or 8 values at a time ----
  * max |x| is exact in any order; x * inv, the round to nearest even (vrndscaleps / vroundps with
  * the current rounding mode's nearest, as nearbyintf) and the clamp are elementwise. */
-static inline float q8_scale(float amax, float *inv) {
-    float s = amax > 0.0f ? amax / 127.0f : 1.0f;
-    *inv = 1.0f / s;
-    return s;
-}
-
-static inline int8_t q8_one(float v) { /* the scalar tail, as colibri_quantize_row_scalar */
-    v = nearbyintf(v);
-    return (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v);
-}
-
 __attribute__((target(AVX512_TARGET))) static void z_quantize(const float *x, size_t n, int8_t *q,
                                                               float *scale) {
     __m512 m = _mm512_setzero_ps();
