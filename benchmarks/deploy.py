@@ -66,7 +66,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="colibri-deploy-bench-") as work:
         work_dir = Path(work)
         model = make_model(work_dir / "model.colibri", args.model_mb)
-        art = D.prepare("orin-nx", Path(args.dist), model)
+        art = D.prepare(profile, Path(args.dist), model)
         for n in counts:
             state = work_dir / f"sim{n}"
             with EmulatedFleet(n, "orin-nx", state, disk_mb=args.model_mb * 2 + 64) as fleet:

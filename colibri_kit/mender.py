@@ -37,7 +37,8 @@ _DEVICE_TYPE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
 def module_script() -> bytes:
-    """The ``colibri`` update module (POSIX sh), as shipped in the kit."""
+    """The ``colibri`` update module (a Python 3.8+ script, stdlib only: the python3 of every
+    supported JetPack), as shipped in the kit."""
     return resources.files("colibri_kit").joinpath("data/mender/colibri").read_bytes()
 
 
@@ -140,13 +141,16 @@ def write_artifact(art: Artifact, out: Path, *, device_type: str, sign_key: Path
 
 
 def module_conf(*, root: str, unit: str, health_url: str, api_key_file: str | None,
-                model_id: str | None, gate_timeout: int, keep: int = 3) -> str:
+                model_id: str | None, gate_timeout: int, keep: int = 3, user: str = "colibri") -> str:
     """The update module's settings file (the service spec the SSH deploy uses; ``keep``
-    releases kept after a commit, as deploy's --keep)."""
+    releases kept after a commit, as deploy's --keep; ``user``, the service user the new
+    binary's self-check runs as)."""
     if int(keep) < 1:
         raise FleetError(f"keep must be at least 1 (got {keep})")
+    if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", user) or user == "root":
+        raise FleetError(f"user {user!r} is not a service user name (never root)")
     lines = ["# colibri Mender update module settings (written by invoke mender-module)",
-             f"ROOT={root}", f"UNIT={unit}", f"HEALTH_URL={health_url}",
+             f"ROOT={root}", f"UNIT={unit}", f"USER={user}", f"HEALTH_URL={health_url}",
              f"MODEL_ID={model_id or 'model'}", f"GATE_TIMEOUT={int(gate_timeout)}",
              f"KEEP={int(keep)}"]
     if api_key_file:

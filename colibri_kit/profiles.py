@@ -50,16 +50,17 @@ CUDA_SMS: dict[str, tuple[str, ...]] = {
 CUDA_VERSIONS = tuple(CUDA_SMS)
 SPILL_POLICIES = ("warn", "error")   # cuda.spills: what a kernel spilling registers does
 
-_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
-_BASE_NAME_RE = re.compile(r"^_[a-z0-9][a-z0-9_-]*$")
-_GLIBC_RE = re.compile(r"^2\.(\d{1,2})$")
-_RELEASE_RE = re.compile(r"^\d+(\.\d+){1,2}$")
-_SM_RE = re.compile(r"^sm_\d{2,3}a?$")
-_MCPU_RE = re.compile(r"^[a-z0-9][a-z0-9_.+-]*$")
-_GOVERNOR_RE = re.compile(r"^[a-z0-9_]+$")          # reaches sysfs writes
-_NVPMODEL_RE = re.compile(r"^[A-Za-z0-9_]+$")       # reaches the nvpmodel command line
-_SOC_RE = re.compile(r"^[a-z0-9]+$")
-_MODEL_PATTERN_RE = re.compile(r"^[A-Za-z0-9 ._()-]+$")
+# Values are checked with fullmatch (``re.match`` with ``$`` lets one trailing newline through).
+_NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]*")
+_BASE_NAME_RE = re.compile(r"_[a-z0-9][a-z0-9_-]*")
+_GLIBC_RE = re.compile(r"2\.(\d{1,2})")
+_RELEASE_RE = re.compile(r"\d+(\.\d+){1,2}")
+_SM_RE = re.compile(r"sm_\d{2,3}a?")
+_MCPU_RE = re.compile(r"[a-z0-9][a-z0-9_.+-]*")
+_GOVERNOR_RE = re.compile(r"[a-z0-9_]+")          # reaches sysfs writes
+_NVPMODEL_RE = re.compile(r"[A-Za-z0-9_]+")       # reaches the nvpmodel command line
+_SOC_RE = re.compile(r"[a-z0-9]+")
+_MODEL_PATTERN_RE = re.compile(r"[A-Za-z0-9 ._()-]+")
 
 
 # --------------------------------------------------------------------------- public types
@@ -194,7 +195,7 @@ def list_profiles(targets_dir: Path | None = None) -> list[str]:
 def load_profile(name: str, targets_dir: Path | None = None) -> Profile:
     """Load, merge and validate ``targets/<name>.yaml``; raise ProfileError on any problem."""
     tdir = Path(targets_dir) if targets_dir else paths.targets_dir()
-    if not isinstance(name, str) or not _NAME_RE.match(name):
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
         raise ProfileError(
             f"target name {name!r} is not valid (lowercase letters, digits and '-'; "
             f"'_' names are abstract bases); known targets: {_known(tdir)}"
@@ -285,8 +286,8 @@ def _resolve(path: Path, tdir: Path, chain: tuple[Path, ...]) -> tuple[dict[str,
     data: dict[str, Any] = {}
     origin: Origin = {}
     if base_name is not None:
-        if not isinstance(base_name, str) or not (_NAME_RE.match(base_name)
-                                                  or _BASE_NAME_RE.match(base_name)):
+        if not isinstance(base_name, str) or not (_NAME_RE.fullmatch(base_name)
+                                                  or _BASE_NAME_RE.fullmatch(base_name)):
             raise ProfileError(f"{_rel(path)}: extends: {base_name!r} is not a profile name")
         base_path = tdir / f"{base_name}.yaml"
         if not base_path.is_file():
@@ -374,7 +375,7 @@ class _Checker:
         hint = f'; quote it in YAML, e.g. "{value}"' if isinstance(value, (int, float)) and \
             not isinstance(value, bool) else ""
         self.typed(value, kpath, str, "a string", hint)
-        if regex is not None and not regex.match(value):
+        if regex is not None and not regex.fullmatch(value):
             raise self.fail(kpath, f"{value!r} is not valid; allowed: {allowed_desc}")
         return value
 
@@ -410,7 +411,7 @@ def _build(data: dict[str, Any], origin: Origin, leaf: Path) -> Profile:
     description = c.string(data["description"], ("description",))
     arch = c.enum(data["arch"], ("arch",), ARCHES)
     glibc = c.string(data["glibc"], ("glibc",), _GLIBC_RE, 'a glibc version "2.N", e.g. "2.35"')
-    glibc_tuple = (2, int(_GLIBC_RE.match(glibc).group(1)))  # type: ignore[union-attr]
+    glibc_tuple = (2, int(_GLIBC_RE.fullmatch(glibc).group(1)))  # type: ignore[union-attr]
 
     mcpu = None
     if data.get("cpu") is not None:

@@ -6,8 +6,8 @@ Every value that reaches the unit file is checked here: a newline would start a 
 are integers in range, CPU lists and sizes match strict patterns, paths are absolute and made of
 ``[A-Za-z0-9._/-]`` without ``..`` components, and names are plain identifiers.
 
-The unit runs ``<root>/current/bin/colibri serve <root>/current/model.colibri`` (DESIGN.md,
-"Device layout": ``current -> releases/<id>``, and each release holds ``model.colibri ->
+The unit runs ``<root>/current/bin/colibri serve <root>/current/model.colibri`` (docs/fleet.md,
+"What deploy does": ``current -> releases/<id>``, and each release holds ``model.colibri ->
 ../../models/<sha256>.colibri``), so one atomic switch of ``current`` changes binary and model
 together and a rollback restores both. See docs/service.md.
 """
@@ -47,6 +47,25 @@ _SIZE_RE = re.compile(r"^(?:[1-9]\d{0,15}[KMGT]?|(?:100|[1-9]\d?)%|infinity)$")
 MAX_CPU = 1023
 # Hidden or replaced for the service by ProtectHome=, PrivateTmp= and the kernel filesystems.
 HIDDEN_FROM_SERVICE = ("/home", "/root", "/run/user", "/tmp", "/var/tmp", "/proc", "/sys", "/dev")
+
+# The Jetson GPU device nodes the CUDA backend may open: the unit's device allow-list
+# (DevicePolicy=closed + DeviceAllow=). Source: the device nodes NVIDIA's container runtime hands a
+# GPU container on L4T, /etc/nvidia-container-runtime/host-files-for-container.d/devices.csv of
+# JetPack 6/7 (as carried by OE4T meta-tegra, recipes-bsp/tegra-binaries/tegra-configs/devices.csv)
+# and l4t.csv of JetPack 4/5 (recipes-containers/nvidia-container-runtime/.../l4t.csv), keeping
+# the GPU's own nodes and leaving out display (fb, dri, tegra_dc), codecs (nvdec, nvenc, vic,
+# msenc, nvjpg, v4l2-*), DLA/PVA and cameras. JetPack's 99-tegra-devices.rules give them to group
+# video (hence SupplementaryGroups=video). A node missing on a module (nvgpu/ before JetPack 6,
+# nvhost-* on Thor's OpenRM driver, which uses /dev/nvidia*) is skipped by systemd.
+JETSON_GPU_NODES = (
+    "/dev/nvmap", "/dev/nvhost-ctrl", "/dev/host1x-fence", "/dev/nvsciipc",
+    "/dev/nvhost-as-gpu", "/dev/nvhost-ctrl-gpu", "/dev/nvhost-ctxsw-gpu", "/dev/nvhost-dbg-gpu",
+    "/dev/nvhost-gpu", "/dev/nvhost-nvsched-gpu", "/dev/nvhost-power-gpu", "/dev/nvhost-prof-ctx-gpu",
+    "/dev/nvhost-prof-dev-gpu", "/dev/nvhost-prof-gpu", "/dev/nvhost-sched-gpu", "/dev/nvhost-tsg-gpu",
+    *(f"/dev/nvgpu/igpu0/{n}" for n in ("as", "channel", "ctrl", "ctxsw", "dbg", "nvsched", "power",
+                                          "prof", "prof-ctx", "prof-dev", "sched", "tsg")),
+    "/dev/nvidiactl", "/dev/nvidia0", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools",
+)
 
 
 class ServiceError(KitError):
@@ -292,6 +311,32 @@ def service_dict(spec: ServiceSpec) -> dict[str, Any]:
 # --------------------------------------------------------------------------- rendering
 
 
+@dataclass(frozen=True)
+class Privileges:
+    """What the service may do beyond an ordinary user; the unit renders exactly this.
+
+    Nothing by default. A port below 1024 needs CAP_NET_BIND_SERVICE. The real-time mode (a later
+    profile key) goes here: ``capabilities`` + CAP_SYS_NICE, ``limits`` (("LimitRTPRIO", ...),
+    ("LimitMEMLOCK", ...)), ``realtime=True`` (RestrictRealtime=no) and ``@resources`` out of
+    ``syscall_deny`` (sched_setscheduler and mlock's limits live there)."""
+
+    capabilities: tuple[str, ...] = ()
+    limits: tuple[tuple[str, str], ...] = ()
+    realtime: bool = False
+    syscall_deny: tuple[str, ...] = ("@privileged", "@resources")
+
+
+def unit_privileges(spec: ServiceSpec) -> Privileges:
+    caps = ("CAP_NET_BIND_SERVICE",) if spec.port < 1024 else ()
+    return Privileges(capabilities=caps)
+
+
+def gpu_nodes(spec: ServiceSpec) -> tuple[str, ...]:
+    """The device nodes the unit allows besides the pseudo devices: the GPU's, unless the
+    service runs on the CPU only."""
+    return () if spec.backend == "cpu" else JETSON_GPU_NODES
+
+
 def _environment(templates_dir: Path) -> jinja2.Environment:
     return jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir)),
                               undefined=jinja2.StrictUndefined, trim_blocks=True,
@@ -306,7 +351,8 @@ def render_unit(spec: ServiceSpec, *, target: str = "host", templates_dir: Path 
     env = _environment(Path(templates_dir) if templates_dir else paths.templates_dir())
     try:
         text = env.get_template("colibri.service.j2").render(
-            spec=spec, args=spec.serve_args(), target=target, unit_name=UNIT_NAME)
+            spec=spec, args=spec.serve_args(), target=target, unit_name=UNIT_NAME,
+            priv=unit_privileges(spec), gpu_nodes=gpu_nodes(spec))
     except jinja2.TemplateNotFound:
         raise ServiceError("templates/colibri.service.j2 not found") from None
     return text

@@ -18,7 +18,6 @@ The build policy; the formats are read by colibri_kit.elf. Checks, each reported
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import re
@@ -29,8 +28,9 @@ from pathlib import Path
 
 from colibri_kit.elf import (EM_AARCH64, EM_X86_64, ElfFormatError, archive_members, find_cubins,
                              find_ptx, glibc_version, parse_elf, parse_header, symbols_needing)
-from colibri_kit.errors import VerifyError
+from colibri_kit.errors import KitError
 from colibri_kit.hashing import file_sha256
+from colibri_kit.manifest import MANIFEST_NAME, Manifest, ManifestError
 from colibri_kit.profiles import Profile
 from colibri_kit.toolchain import ptx_sms
 
@@ -41,6 +41,14 @@ QEMU_TIMEOUT_S = 120
 
 
 # --------------------------------------------------------------------------- the report
+
+
+class VerifyError(KitError):
+    """A built artifact does not match its target profile; ``report`` has every check."""
+
+    def __init__(self, message: str, report: VerifyReport | None = None) -> None:
+        super().__init__(message)
+        self.report = report
 
 
 @dataclass(frozen=True)
@@ -201,48 +209,30 @@ def check_archive(profile: Profile, lib: Path, report: VerifyReport) -> None:
 
 def check_manifest(profile: Profile, dist_dir: Path, report: VerifyReport) -> None:
     """manifest.json agrees with the profile and with the files actually in ``dist_dir``."""
-    path = dist_dir / "manifest.json"
+    path = dist_dir / MANIFEST_NAME
     if not path.is_file():
         report.add("manifest", True, "skipped: no manifest.json", skipped=True)
         return
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-        if not isinstance(doc, dict):
-            raise ValueError("not a JSON object")
-    except (OSError, ValueError) as exc:
-        report.add("manifest", False, f"{path} is not readable JSON ({exc})")
+        manifest = Manifest.load(dist_dir)
+    except ManifestError as exc:
+        report.add("manifest", False, str(exc))
         return
-    problems = []
-    for key, want in (("target", profile.name), ("glibc_floor", profile.glibc),
-                      ("profile_hash", profile.hash)):
-        if doc.get(key) != want:
-            problems.append(f"{key} is {doc.get(key)!r}, profile has {want!r}")
-    cuda = doc.get("cuda")
-    if profile.cuda is None and cuda:
-        problems.append("lists CUDA images but the profile has no CUDA")
-    elif profile.cuda is not None:
-        sms = sorted(cuda.get("sms", [])) if isinstance(cuda, dict) else None
-        if sms != sorted(profile.cuda.sm_numbers):
-            problems.append(f"cuda.sms is {sms}, profile has {list(profile.cuda.sm_numbers)}")
-    files = doc.get("files")
-    if not isinstance(files, dict) or "bin/colibri" not in files:
-        problems.append("files does not list bin/colibri")
-        files = {}
-    for rel, meta in sorted(files.items()):
+    problems = manifest.profile_problems(profile)
+    for rel, entry in sorted(manifest.files.items()):
         f = dist_dir / rel
         if not f.is_file():
             problems.append(f"{rel} is listed but missing")
-        elif not isinstance(meta, dict) or meta.get("sha256") != file_sha256(f) \
-                or meta.get("size") != f.stat().st_size:
+        elif entry.sha256 != file_sha256(f) or entry.size != f.stat().st_size:
             problems.append(f"{rel} does not match its sha256/size")
     present = sorted(p.relative_to(dist_dir).as_posix() for p in dist_dir.rglob("*")
                      if p.is_file() and p != path)
-    unlisted = [rel for rel in present if rel not in files]
+    unlisted = [rel for rel in present if rel not in manifest.files]
     if unlisted:
         problems.append(f"not listed: {', '.join(unlisted)}")
     report.add("manifest", not problems, "; ".join(problems) if problems else
-               f"{len(files)} files match their sha256; target, profile hash, glibc floor"
-               f"{' and SMs' if profile.cuda else ''} agree")
+               f"{len(manifest.files)} files match their sha256; target, profile hash, glibc "
+               f"floor{' and SMs' if profile.cuda else ''} agree")
 
 
 def run_command(profile: Profile, binary: Path) -> tuple[list[str] | None, str]:

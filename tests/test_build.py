@@ -109,7 +109,7 @@ def test_other_jetsons(target: str, glibc: tuple[int, int], sm: int):
     binary = r.dist_dir / "bin" / "colibri"
     assert _max_glibc(binary) <= glibc
     assert [c.sm for c in elf.find_cubins(binary.read_bytes())] == [sm]
-    assert r.manifest["cuda"]["sms"] == [sm]
+    assert r.manifest.cuda["sms"] == [sm]
     assert r.verify_report.ok and r.verify_report.cubin_sms == (f"sm_{sm}",)
     assert f"target={target}" in _qemu(binary, "--version")
 
@@ -168,7 +168,7 @@ def test_noop_rebuild_compiles_nothing(project_copy: Path):
     before_build, before_dist = _mtimes(out_dir), _mtimes(first.dist_dir)
     second = kb.build("orin-nx", where="host", progress=_quiet)
     assert not second.kernels_compiled
-    assert second.manifest["kernels"] == first.manifest["kernels"]   # kept in the kernel stamp
+    assert second.manifest.kernels == first.manifest.kernels   # kept in the kernel stamp
     assert not second.make_ran_commands
     assert "Nothing to be done for 'all'" in second.make_output
     assert _mtimes(first.dist_dir) == before_dist
@@ -219,7 +219,7 @@ def test_debug_build_is_separate(project_copy: Path):
     dbg = kb.build("host", where="host", debug=True, progress=_quiet)
     assert dbg.dist_dir == paths.dist_dir("host-debug") and rel.dist_dir == paths.dist_dir("host")
     assert "-O0 -g -DCOLIBRI_DEBUG" in dbg.make_output
-    assert dbg.manifest["variant"] == "debug"
+    assert dbg.manifest.variant == "debug"
     sections = subprocess.run(["readelf", "-S", "-W", str(dbg.dist_dir / "bin" / "colibri")],
                               capture_output=True, text=True).stdout
     assert ".debug_info" in sections
@@ -233,7 +233,7 @@ def test_host_with_cuda_archs_embeds_requested_sms(project_copy: Path):
     r = kb.build("host", where="host", cuda_archs=["sm_90", "sm_87"], progress=_quiet)
     data = (r.dist_dir / "bin" / "colibri").read_bytes()
     assert sorted(c.sm for c in elf.find_cubins(data)) == [87, 90]
-    assert r.manifest["cuda"] == {"version": "12.6", "sms": [87, 90], "images": [
+    assert r.manifest.cuda == {"version": "12.6", "sms": [87, 90], "images": [
         {"kind": "cubin", "sm": 87}, {"kind": "cubin", "sm": 90}, {"kind": "ptx", "sm": 87}]}
     # Back to no CUDA: the images go away again.
     r = kb.build("host", where="host", progress=_quiet)
@@ -283,7 +283,7 @@ def test_verify_failure_fails_the_build(project_copy: Path):
     # A profile whose glibc floor is below what the (real) host binary needs: verify refuses.
     host = project_copy / "targets" / "host.yaml"
     host.write_text(host.read_text().replace('glibc: "2.36"', 'glibc: "2.2"'))
-    from colibri_kit.errors import VerifyError
+    from colibri_kit.verify import VerifyError
 
     with pytest.raises(VerifyError, match="glibc"):
         kb.build("host", where="host", progress=_quiet)

@@ -405,3 +405,152 @@ def test_invoke_tasks(hf_root: Path, tmp_path: Path) -> None:
     assert "Traceback" not in bad.stderr
     tiny = run("tiny-model", "--out", str(tmp_path / "t.colibri"))
     assert tiny.returncode == 0 and read_model(tmp_path / "t.colibri").header.name == "tiny-moe-4e2r"
+
+
+# ---------------------------------------------------------------------------------------------
+# A hostile checkpoint directory (#21): every refusal a ModelError naming the file (and key),
+# sizes checked before anything is allocated, only regular files opened, rendering bounded.
+
+DEEP = "[" * 200_000 + "]" * 200_000
+HUGE = "9" * 5000
+
+
+@pytest.fixture
+def olmoe_copy(hf_root: Path, tmp_path: Path):
+    """A fresh copy of a small checkpoint per call (its files are the ones to break)."""
+    src = H.checkpoint("olmoe", hf_root)
+    n = iter(range(100))
+    return lambda: H.copy_with(src, tmp_path / f"c{next(n)}")
+
+
+@pytest.mark.parametrize("name", ["config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"])
+def test_deeply_nested_and_huge_numbers_in_json_are_model_errors(olmoe_copy, tmp_path: Path, name: str) -> None:
+    """Was a RecursionError / ValueError traceback (and, for tokenizer_config.json, json.loads
+    in chat.py with no check at all)."""
+    for text, why in ((DEEP, "nested too deeply"), ('{"x": ' + HUGE + "}", "4300 digits")):
+        d = olmoe_copy()
+        (d / name).write_text(text)
+        with pytest.raises(ModelError, match=re.escape(str(d / name)) + f".*{why}"):
+            conv(d, tmp_path / "x.colibri")
+    assert not (tmp_path / "x.colibri").exists()
+
+
+def test_safetensors_header_and_index_nesting_and_types(tmp_path: Path) -> None:
+    from colibri_kit.model.safetensors_io import Checkpoint, SafetensorsFile
+
+    p = tmp_path / "model.safetensors"
+    raw = ('{"a": ' + DEEP + "}").encode()
+    p.write_bytes(len(raw).to_bytes(8, "little") + raw)
+    with pytest.raises(ModelError, match="header: JSON nested too deeply"):
+        SafetensorsFile(p)
+    _raw_safetensors(p, {"a": {"dtype": ["F32"], "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4)
+    with pytest.raises(ModelError, match=r"tensor a: dtype \['F32'\] not supported"):  # was TypeError: unhashable
+        SafetensorsFile(p)
+    p.unlink()
+    (tmp_path / "model.safetensors.index.json").write_text('{"weight_map": ' + DEEP + "}")
+    with pytest.raises(ModelError, match="index.json: JSON nested too deeply"):
+        Checkpoint(tmp_path)
+    (tmp_path / "model.safetensors.index.json").write_text('{"metadata": {}}')
+    with pytest.raises(ModelError, match="key weight_map is missing"):
+        Checkpoint(tmp_path)
+
+
+def test_added_token_id_of_2_to_the_40_is_refused_before_allocating(olmoe_copy, tmp_path: Path) -> None:
+    """The id sized a Python list of 2**40 entries before any check (MemoryError, or the OOM
+    killer); now the key is named at once."""
+    d = olmoe_copy()
+    tj = json.loads((d / "tokenizer.json").read_text())
+    tj["added_tokens"].append({"id": 2**40, "content": "<big>", "special": True})
+    (d / "tokenizer.json").write_text(json.dumps(tj))
+    k = len(tj["added_tokens"]) - 1
+    with pytest.raises(ModelError, match=rf"tokenizer.json key added_tokens\[{k}\].id: {2**40} is not supported"):
+        conv(d, tmp_path / "x.colibri")
+    tj["added_tokens"][-1]["id"] = 5
+    tj["model"]["vocab"]["<huge>"] = 10**20
+    (d / "tokenizer.json").write_text(json.dumps(tj))
+    with pytest.raises(ModelError, match=r"tokenizer.json key model.vocab: .*integer id in 0\.\."):
+        conv(d, tmp_path / "x.colibri")
+
+
+@pytest.mark.parametrize("change,key", [
+    (lambda tj: tj.update(normalizer={"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "\u2581"}, "x"]}),
+     "normalizer.normalizers"),
+    (lambda tj: tj.update(post_processor={"type": "TemplateProcessing", "single": ["$A"]}), "post_processor.single"),
+    (lambda tj: tj.update(added_tokens=["<x>"]), "added_tokens[0].id"),
+    (lambda tj: tj["model"].update(merges={"a": "b"}), "model.merges"),
+    (lambda tj: tj["model"].update(unk_token=["<unk>"]), "model.unk_token"),
+])
+def test_malformed_tokenizer_json_structures_name_the_key(olmoe_copy, tmp_path: Path, change, key: str) -> None:
+    """Each was an AttributeError / TypeError / KeyError traceback."""
+    d = olmoe_copy()
+    tj = json.loads((d / "tokenizer.json").read_text())
+    change(tj)
+    (d / "tokenizer.json").write_text(json.dumps(tj))
+    with pytest.raises(ModelError, match=re.escape(f"tokenizer.json key {key}")):
+        conv(d, tmp_path / "x.colibri")
+
+
+def test_generation_config_ids_are_checked(olmoe_copy, tmp_path: Path) -> None:
+    d = olmoe_copy()
+    (d / "generation_config.json").write_text(json.dumps({"eos_token_id": [10**20]}))
+    with pytest.raises(ModelError, match="generation_config.json key eos_token_id: 'a huge integer' is not a token id"):
+        conv(d, tmp_path / "x.colibri")
+
+
+def test_config_json_that_is_a_device_or_too_big_is_refused(olmoe_copy, tmp_path: Path) -> None:
+    """config.json linked to /dev/zero was read until memory ran out."""
+    d = olmoe_copy()
+    (d / "config.json").unlink()
+    (d / "config.json").symlink_to("/dev/zero")
+    with pytest.raises(ModelError, match=re.escape(f"{d / 'config.json'}: is a device, not a regular")):
+        conv(d, tmp_path / "x.colibri")
+    d = olmoe_copy()
+    with open(d / "tokenizer_config.json", "ab") as f:
+        f.truncate(17 << 20)  # a sparse 17 MiB file: over the 16 MiB cap, refused before reading
+    with pytest.raises(ModelError, match=r"tokenizer_config.json: \d+ bytes, larger than the 16 MiB"):
+        conv(d, tmp_path / "x.colibri")
+    # a link to a regular file is fine (the hub's cache is made of them)
+    d = olmoe_copy()
+    (d / "real_config.json").write_bytes((d / "config.json").read_bytes())
+    (d / "config.json").unlink()
+    (d / "config.json").symlink_to(d / "real_config.json")
+    assert conv(d, tmp_path / "ok.colibri").is_file()
+
+
+@pytest.mark.parametrize("name", ["config.json", "tokenizer_config.json", "chat_template.jinja"])
+def test_fifo_in_the_checkpoint_does_not_hang_the_converter(olmoe_copy, tmp_path: Path, name: str) -> None:
+    """A FIFO config.json blocked open() forever. The conversion runs in a child process with a
+    deadline, so the old behaviour fails this test instead of hanging the suite."""
+    d = olmoe_copy()
+    (d / name).unlink(missing_ok=True)
+    os.mkfifo(d / name)
+    code = ("import sys; from colibri_kit.model.convert import convert, TargetModelLimits\n"
+            "from colibri_kit.errors import ModelError\n"
+            f"try:\n    convert({str(d)!r}, {str(tmp_path / 'x.colibri')!r}, limits=TargetModelLimits('host', 64, 64, 8),"
+            " progress=False)\nexcept ModelError as e:\n    print(e); sys.exit(3)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       cwd=project_root(), env={**os.environ, "PYTHONPATH": str(project_root())})
+    assert p.returncode == 3 and f"{d / name}: is a FIFO, not a regular" in p.stdout, p.stdout + p.stderr
+
+
+@pytest.mark.parametrize("template,why", [
+    ("{{ 'x' * 3000000000 }}{% for m in messages %}{{ m.content }}{% endfor %}", "builds a sequence of 3000000000"),
+    ("{{ 'x'|center(3000000000) }}{% for m in messages %}{{ m.content }}{% endfor %}", "needs more than"),
+    ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+     "{% for m in messages %}{{ m.content }}{% endfor %}", "took longer than 2 s"),
+    ("{% for i in range(100000) %}{{ 'abcdefghijklmnopqrstuvwxyz' }}{% endfor %}"
+     "{% for m in messages %}{{ m.content }}{% endfor %}", r"gives 26000\d\d characters"),
+])
+def test_chat_template_rendering_has_time_memory_and_output_limits(olmoe_copy, tmp_path: Path, monkeypatch,
+                                                                   template: str, why: str) -> None:
+    """A template is rendered in a child process with a memory cap and a deadline, and each
+    rendering's text is capped: these took all memory or ran for hours."""
+    from colibri_kit.model import chat
+
+    monkeypatch.setattr(chat, "RENDER_SECONDS", 2.0)  # the real limit is 30 s; the child reads it at fork
+    d = olmoe_copy()
+    (d / "chat_template.jinja").write_text(template)
+    with pytest.raises(chat.RenderLimitError, match=why) as exc:
+        conv(d, tmp_path / "x.colibri")
+    assert "--chat-template FILE" in str(exc.value)
+    assert not (tmp_path / "x.colibri").exists()

@@ -17,9 +17,9 @@ from colibri_kit.model.format import (
 )
 from colibri_kit.model.tiny import TINY_NAME, tiny_header, write_random_model, write_tiny_model
 
-# sha256 of tiny-moe-4e2r (pad 64, f32). Pinned: C tests and device smoke tests rely on the same
+# sha256 of tiny-moe-4e2r (pad 64, f32; with its chat template since issue #21). Pinned: C tests and device smoke tests rely on the same
 # bytes everywhere; a change to tiny.py or the writer must be deliberate.
-TINY_SHA256 = "fbf5fbbab855b571044aefeda416e7003d81b49161060cd173587dce619b8629"
+TINY_SHA256 = "1e133b5cf32f14aefadbca51f31b944ce43e615eeaf372540dd98024694ee0d6"
 
 ALL_FEATURES = int(Flag.SHARED_EXPERT | Flag.SHARED_EXPERT_GATE | Flag.QKV_BIAS | Flag.QK_NORM_HEAD
                    | Flag.TIED_EMBEDDINGS)

@@ -5,6 +5,7 @@ tests/fleet/test_mender.py."""
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import subprocess
@@ -18,6 +19,7 @@ from colibri_kit import mender
 from colibri_kit.errors import FleetError
 from colibri_kit.fleet.deploy import prepare
 from colibri_kit.paths import project_root
+from colibri_kit.profiles import load_profile
 
 
 
@@ -32,7 +34,9 @@ def dist(tmp_path: Path) -> Path:
     (d / "lib/libcolibri.a").write_bytes(b"!<arch>\n")
     files = {r: {"sha256": hashlib.sha256((d / r).read_bytes()).hexdigest(), "size": (d / r).stat().st_size}
              for r in ("bin/colibri", "lib/libcolibri.a")}
-    (d / "manifest.json").write_text(json.dumps({"target": "orin-nx", "files": files}, indent=2) + "\n")
+    (d / "manifest.json").write_text(json.dumps({"target": "orin-nx", "files": files,
+                                                 "profile_hash": load_profile("orin-nx").hash},
+                                                indent=2) + "\n")
     return d
 
 
@@ -101,9 +105,27 @@ def test_invoke_package_refuses_other_formats(tmp_path, dist, model):
     assert proc.returncode == 1 and "unknown --format 'deb'" in proc.stderr, proc.stderr
 
 
-def test_the_update_module_is_posix_sh_and_says_it_supports_rollback():
-    script = str(project_root() / "colibri_kit/data/mender/colibri")
-    assert subprocess.run(["dash", "-n", script]).returncode == 0
+def test_the_update_module_is_python_38_and_says_it_supports_rollback(tmp_path):
+    """The module runs with the device's python3: Ubuntu 20.04's 3.8 on JetPack 5. Its syntax is
+    checked against 3.8's grammar and it uses no call newer than 3.8 (the ones this code would
+    reach for); the state answers Mender asks first need no root."""
+    script = project_root() / "colibri_kit/data/mender/colibri"
+    source = script.read_text()
+    assert source.startswith("#!/usr/bin/python3 -I\n")   # isolated: no PYTHON* variables, no user site
+    ast.parse(source, feature_version=(3, 8))
+    for newer in ("removeprefix", "removesuffix", "waitstatus_to_exitcode", "file_digest", "zip(strict",
+                  "extraction_filter", "functools.cache(", "user=", "group=", "extra_groups="):
+        assert newer not in source, newer
     for state, want in (("SupportsRollback", "Yes"), ("NeedsArtifactReboot", "No")):
-        assert subprocess.run(["dash", script, state, "/nonexistent"], capture_output=True,
-                              text=True).stdout.strip() == want
+        assert subprocess.run([sys.executable, "-I", str(script), state, "/nonexistent"],
+                              capture_output=True, text=True).stdout.strip() == want
+
+
+def test_the_module_conf_names_the_service_user():
+    conf = mender.module_conf(root="/opt/colibri", unit="colibri.service",
+                              health_url="http://127.0.0.1:8080/health", api_key_file=None,
+                              model_id=None, gate_timeout=90, user="colibri")
+    assert "USER=colibri\n" in conf and "ROOT=/opt/colibri\n" in conf
+    with pytest.raises(FleetError, match="service user"):
+        mender.module_conf(root="/opt/colibri", unit="colibri.service", health_url="http://x/health",
+                           api_key_file=None, model_id=None, gate_timeout=90, user="root")

@@ -281,6 +281,12 @@ BROKEN = [
     ("cpu.mcpu", "cortex a78; rm", ["cpu.mcpu", "cortex a78; rm"]),
     ("device.model_pattern", "Orin`id`", ["device.model_pattern"]),
     ("name", "other", ["name", "'other'", "must equal the file name"]),
+    # One trailing newline (re.match with "$" let it through to sysfs writes and command lines).
+    ("tune.cpu_governor", "performance\n", ["tune.cpu_governor", "[a-z0-9_]+"]),
+    ("tune.nvpmodel_mode", "MAXN\n", ["tune.nvpmodel_mode", "[A-Za-z0-9_]+"]),
+    ("cpu.mcpu", "cortex-a78ae\n", ["cpu.mcpu"]),
+    ("glibc", "2.35\n", ["glibc", "2.N"]),
+    ("device.soc", "tegra234\n", ["device.soc"]),
 ]
 
 

@@ -20,10 +20,7 @@ from pathlib import Path
 
 import openai
 import pytest
-from serve_support import Server, generate_ids
-
-from colibri_kit.model import chat
-from colibri_kit.model.tiny import tiny_header, tiny_tokenizer, write_random_model
+from serve_support import Server, final_response, generate_ids, raw, write_chat_model
 
 RUNTIME = Path(__file__).resolve().parents[1] / "runtime"
 MODEL_ID = "tiny"
@@ -31,19 +28,10 @@ EOS = 2  # the tiny model's end-of-sequence id (colibri_kit/model/tiny.py)
 PROMPTS = [[1, 5, 9, 200], [1, 17, 99, 3, 7, 11, 42], [1, 250], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]]
 
 
-# ChatML, the template Qwen checkpoints use, in the minimal form of transformers' chat templating
-# guide (docs "Chat templates": the ChatML example).
-CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content']"
-          " + '<|im_end|>' + '\\n' }}{% endfor %}"
-          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
-
-
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny geometry with its byte-level tokenizer (id = byte) and a ChatML chat template."""
-    meta = {**tiny_tokenizer().blobs(), "chat.template": chat.from_template(CHATML).blob()}
-    return write_random_model(tmp_path_factory.mktemp("serve") / f"{MODEL_ID}.colibri",
-                              tiny_header(64), seed=3, metadata=meta)
+    return write_chat_model(tmp_path_factory.mktemp("serve") / f"{MODEL_ID}.colibri")
 
 
 @pytest.fixture(scope="module")
@@ -266,7 +254,10 @@ BAD_BODIES = [
     (b'{"model": "other", "prompt": [1]}', 404, "model", "does not exist"),
     (b'{"prompt": [1]}', 400, "model", "required"),
     (b'[1, 2, 3]', 400, None, "JSON object"),
-    (b'{"model": "tiny", "prompt": [1], "model": "tiny"}', 400, None, "duplicate key"),
+    (b'{"model": "tiny", "prompt": [1], "model": "tiny"}', 400, None, 'duplicate key "model"'),
+    # a top_p that rounds to 0 as the sampler's 32-bit float: the client's mistake, not a 500
+    # (issue 21 item 7; was 500 "top_p must be in (0, 1]" from the sampler)
+    (b'{"model": "tiny", "prompt": [1, 2], "top_p": 1e-300}', 400, "top_p", "32-bit float"),
     (b'{"model": "tiny", "prompt": [1]} x', 400, None, "trailing"),
     (b'{"model": "tiny", "prompt": "\xff\xfe"}', 400, None, "UTF-8"),
     (b'{"model": "tiny", "prompt": [1], "max_tokens": NaN}', 400, None, "could not parse"),
@@ -307,15 +298,6 @@ def test_http_errors_with_curl(server):
     assert status("-H", "Transfer-Encoding: chunked", "-d", "{}", server.base + "/v1/completions") == "501"
 
 
-def raw(server: Server, data: bytes, wait: float = 5.0) -> bytes:
-    with socket.create_connection(("127.0.0.1", server.port), timeout=wait) as s:
-        s.sendall(data)
-        out = b""
-        while chunk := s.recv(65536):
-            out += chunk
-        return out
-
-
 @pytest.mark.parametrize("data,status", [
     (b"GARBAGE\r\n\r\n", b"400"),
     (b"GET /health HTTP/2.0\r\n\r\n", b"505"),
@@ -324,12 +306,12 @@ def raw(server: Server, data: bytes, wait: float = 5.0) -> bytes:
     (b"GET /health HTTP/1.1\nHost: x\n\n", b"400"),
     (b"POST /v1/completions HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello!", b"400"),
     (b"POST /v1/completions HTTP/1.1\r\nContent-Length: -1\r\n\r\n", b"400"),
-    (b"POST /v1/completions HTTP/1.1\r\n\r\n", b"411"),
+    (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", b"411"),
     (b"GET /health HTTP/1.1\r\nX: " + b"a" * 20000 + b"\r\n\r\n", b"431"),
     (b"GET http://x/health HTTP/1.1\r\n\r\n", b"400"),
 ])
 def test_malformed_http_is_answered_not_crashed(server, data, status):
-    out = raw(server, data)
+    out = raw(server.port, data)
     assert out.startswith(b"HTTP/1.1 " + status), out[:80]
     assert json.loads(out.split(b"\r\n\r\n", 1)[1])["error"]["message"]
     assert server.call("GET", "/health")[0] == 200
@@ -339,7 +321,8 @@ def test_slow_client_gets_408_and_holds_no_slot(server, client):
     """A client that sends half a request: 408 at the read deadline (700 ms here), and the
     service answers others meanwhile."""
     with socket.create_connection(("127.0.0.1", server.port), timeout=10) as slow:
-        slow.sendall(b"POST /v1/completions HTTP/1.1\r\nContent-Length: 100\r\n\r\n{\"model\"")
+        slow.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n{\"model\"")
         t0 = time.monotonic()
         r = client.completions.create(model=MODEL_ID, prompt=[1, 2], max_tokens=2, temperature=0)
         assert r.choices[0].token_ids
@@ -354,7 +337,8 @@ def test_slow_client_gets_408_and_holds_no_slot(server, client):
 def test_expect_100_continue(server):
     body = json.dumps({"model": MODEL_ID, "prompt": [1, 2, 3], "max_tokens": 2, "temperature": 0}).encode()
     with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n" % len(body))
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                  b"Expect: 100-continue\r\nContent-Length: %d\r\n\r\n" % len(body))
         assert s.recv(100).startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
         s.sendall(body)
         out = b""
@@ -452,7 +436,9 @@ def test_serve_under_address_sanitizer(tmp_path, tiny):
                            f"OUT_DIR={out}", "SANITIZE=1", f"{out}/bin/colibri"],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    srv = Server(out / "bin" / "colibri", tiny, "--slots", "2", "--threads", "1", "--read-timeout", "500").start()
+    srv = Server(out / "bin" / "colibri", tiny, "--slots", "2", "--threads", "1", "--read-timeout", "500",
+                 "--head-timeout", "300", "--max-connections-per-address", "3",
+                 "--allow-origin", "http://app.example").start()
     try:
         client = openai.OpenAI(base_url=srv.base + "/v1", api_key="x", max_retries=0)
         for seed in range(3):
@@ -463,12 +449,27 @@ def test_serve_under_address_sanitizer(tmp_path, tiny):
                 client.completions.create(prompt=[1, 2, 3], **kw)
         for body, _, _, _ in BAD_BODIES:
             srv.call("POST", "/v1/completions", body)
+        head = b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
         for data in (b"GARBAGE\r\n\r\n", b"GET /health HTTP/1.1\r\nX: " + b"a" * 20000 + b"\r\n\r\n",
-                     b"POST /v1/completions HTTP/1.1\r\nContent-Length: 10\r\n\r\n{"):
-            raw(srv, data)
+                     head + b"Content-Length: 10\r\n\r\n{", b"GET /health HTTP/1.1\r\n\r\n",
+                     b"GET /health HTTP/1.1\r\nHost: evil.example\r\n\r\n",
+                     b"OPTIONS /v1/completions HTTP/1.1\r\nHost: localhost\r\nOrigin: http://app.example\r\n\r\n",
+                     b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\nOrigin: http://evil.example\r\n\r\n"):
+            raw(srv.port, data)
+        for stream in (False, True):  # half-closed clients still get their answer
+            data = json.dumps({"model": MODEL_ID, "prompt": [1, 2], "max_tokens": 5, "stream": stream}).encode()
+            out = final_response(raw(srv.port, head + b"Content-Length: %d\r\n\r\n" % len(data) + data,
+                                     half_close=True))
+            assert out.startswith(b"HTTP/1.1 200"), out[:80]
+        slow = [socket.create_connection(("127.0.0.1", srv.port)) for _ in range(5)]  # beyond the cap: evictions
+        for s in slow:
+            s.sendall(b"GET /he")
+        assert srv.call("GET", "/health")[0] == 200
+        for s in slow:
+            s.close()
         with socket.create_connection(("127.0.0.1", srv.port)) as s:
             body = json.dumps({"model": MODEL_ID, "prompt": [1], "max_tokens": 100, "stream": True}).encode()
-            s.sendall(b"POST /v1/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+            s.sendall(head + b"Content-Length: %d\r\n\r\n" % len(body) + body)
             s.recv(10)
         assert srv.call("GET", "/health")[0] == 200
     finally:

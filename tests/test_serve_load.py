@@ -191,7 +191,7 @@ def stream_request(port: int, max_tokens: int, prompt: list[int] | None = None) 
     body = json.dumps({"model": MODEL_ID, "prompt": prompt or PROMPTS[0], "max_tokens": max_tokens,
                        "temperature": 0, "stream": True}).encode()
     s = socket.create_connection(("127.0.0.1", port), timeout=60)
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
               b"Content-Length: %d\r\n\r\n" % len(body) + body)
     return s
 

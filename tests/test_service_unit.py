@@ -1,17 +1,23 @@
-"""The rendered colibri.service: the real `systemd-analyze verify` accepts it, hostile values never
-reach it, and a profile's `service:` section parses with errors that name the key path.
+"""The rendered colibri.service: the real `systemd-analyze verify` accepts it, the real
+`systemd-analyze security` rates every target's 2.0 or lower, hostile values never reach it, and a
+profile's `service:` section parses with errors that name the key path.
 (The unit running under a real systemd is tests/test_sim_systemd.py.)"""
 
 from __future__ import annotations
+
+import re
+import subprocess
 
 import pytest
 import yaml
 
 from colibri_kit.errors import ProfileError
-from colibri_kit.service import (ServiceError, ServiceSpec, cpus_of, device_files, health_gate,
-                                 install_commands, parse_cpu_list,
+from colibri_kit.paths import project_root
+from colibri_kit.profiles import load_profile
+from colibri_kit.service import (JETSON_GPU_NODES, Privileges, ServiceError, ServiceSpec, cpus_of,
+                                 device_files, health_gate, install_commands, parse_cpu_list,
                                  parse_service, render_sysusers, render_unit, service_dict,
-                                 verify_unit)
+                                 unit_privileges, verify_unit)
 
 FULL = ServiceSpec(port=8443, bind="0.0.0.0", slots=2, threads=3, cpu_affinity="2-5 7", nice=-5,
                    memory_max="6G", api_key_file="/etc/colibri/api-key", max_queue=32,
@@ -212,3 +218,67 @@ def test_device_files_and_install_commands():
                                   ["systemctl", "daemon-reload"],
                                   ["systemctl", "enable", "colibri.service"]]
     assert install_commands("colibri-b.service", enable=False)[-1] == ["systemctl", "daemon-reload"]
+
+
+def exposure(text: str, tmp_path) -> tuple[float, str]:
+    """The real `systemd-analyze security --offline=yes` on a unit file: its overall exposure
+    (0 = locked down .. 10 = unprotected) and its table."""
+    path = tmp_path / "colibri.service"
+    path.write_text(text)
+    proc = subprocess.run(["systemd-analyze", "security", "--offline=yes", "--no-pager", str(path)],
+                          capture_output=True, text=True, timeout=60)
+    found = re.search(r"Overall exposure level for colibri\.service: (\d+\.\d+)", proc.stdout)
+    assert found, proc.stdout + proc.stderr
+    return float(found.group(1)), proc.stdout
+
+
+def _targets_with_a_service() -> list[str]:
+    names = sorted(p.stem for p in (project_root() / "targets").glob("[a-z]*.yaml"))
+    return [n for n in names if load_profile(n).service is not None]
+
+
+@pytest.mark.parametrize("target", _targets_with_a_service())
+def test_every_targets_unit_is_rated_2_or_lower(target, tmp_path):
+    """Issue #21 item 8: the orin-nx unit was rated 5.6 MEDIUM (no CapabilityBoundingSet=, no
+    system call filter, no device policy, /proc open, ...)."""
+    text = render_unit(load_profile(target).service, target=target)
+    score, table = exposure(text, tmp_path)
+    assert score <= 2.0, table
+
+
+@pytest.mark.parametrize("spec", [FULL, ServiceSpec(port=80), ServiceSpec(backend="cpu")],
+                         ids=["full", "port-80", "cpu-only"])
+def test_other_settings_are_rated_2_or_lower_too(spec, tmp_path):
+    text = render_unit(spec, target="orin-nx")
+    assert verify_unit(text) == ""
+    score, table = exposure(text, tmp_path)
+    assert score <= 2.0, table
+
+
+def test_the_unit_keeps_the_jetson_gpu_nodes_and_nothing_else():
+    d = directives(render_unit(load_profile("orin-nx").service, target="orin-nx"))
+    assert d["DevicePolicy"] == ["closed"]
+    allowed = [v.rsplit(" ", 1) for v in d["DeviceAllow"]]
+    assert all(mode == "rw" for _, mode in allowed)
+    nodes = [n for n, _ in allowed]
+    assert nodes == list(JETSON_GPU_NODES) and len(set(nodes)) == len(nodes)
+    for node in ("/dev/nvmap", "/dev/nvhost-ctrl-gpu", "/dev/nvhost-gpu", "/dev/nvhost-as-gpu",
+                 "/dev/nvgpu/igpu0/ctrl", "/dev/nvgpu/igpu0/channel", "/dev/nvidiactl"):
+        assert node in nodes, node
+    assert not [n for n in nodes if re.search(r"nvdec|nvenc|nvjpg|vic|dla|pva|fb|dri|video", n)]
+    assert d["SupplementaryGroups"] == ["video"]   # JetPack's udev rules give the nodes to video
+    cpu = directives(render_unit(ServiceSpec(backend="cpu")))
+    assert cpu["DevicePolicy"] == ["closed"] and "DeviceAllow" not in cpu
+
+
+def test_no_privileges_unless_a_low_port_needs_one():
+    d = directives(render_unit(ServiceSpec()))
+    assert d["CapabilityBoundingSet"] == [""] and d["AmbientCapabilities"] == [""]
+    assert d["RestrictRealtime"] == ["yes"] and d["NoNewPrivileges"] == ["yes"]
+    assert d["SystemCallFilter"] == ["@system-service", "~@privileged @resources"]
+    assert d["SystemCallErrorNumber"] == ["EPERM"] and d["ProtectProc"] == ["invisible"]
+    assert not [k for k in d if k.startswith("Limit") and k != "LimitNOFILE"]
+    low = directives(render_unit(ServiceSpec(port=443)))
+    assert low["CapabilityBoundingSet"] == ["CAP_NET_BIND_SERVICE"]
+    assert low["AmbientCapabilities"] == ["CAP_NET_BIND_SERVICE"]
+    assert unit_privileges(ServiceSpec()) == Privileges()

@@ -71,7 +71,12 @@ def runner(dev: SystemdDevice):
     return run
 
 
-def wait_for(pred, timeout: float = 30.0, step: float = 0.1):
+# Bounds for waits that end as soon as what they wait for happens: generous, so a loaded machine
+# (a CPU hog beside the suite) does not fail a healthy device; they cost nothing otherwise.
+GATE_S = 120.0
+
+
+def wait_for(pred, timeout: float = 120.0, step: float = 0.1):
     end = time.monotonic() + timeout
     while True:
         value = pred()
@@ -176,7 +181,7 @@ def test_request_log_line_is_in_the_journal(device):
         out = dev.run(["journalctl", "-u", "colibri", "--no-pager", "-o", "cat"]).stdout
         return [l for l in out.splitlines() if '"path": "/health"' in l and '"status": 200' in l]
 
-    assert wait_for(logged, 10)
+    assert wait_for(logged)
 
 
 def test_kill_9_is_answered_by_a_restart(device):
@@ -216,7 +221,7 @@ def test_a_group_kill_inside_the_device_does_not_reach_the_caller(device):
 
 def test_health_gate_passes_with_the_api_key(device):
     dev, spec, _, _ = device
-    gate = health_gate(runner(dev), spec, timeout=30)
+    gate = health_gate(runner(dev), spec, timeout=GATE_S)
     assert gate.ok and gate.state == "healthy", gate
     # the one-token completion went through with the key, which never was in an argv
     log = dev.run(["journalctl", "-u", "colibri", "--no-pager", "-o", "cat"]).stdout
@@ -236,8 +241,8 @@ def test_a_bad_model_ends_failed(device, host_colibri):
     def failed() -> bool:
         return dev.systemctl("is-failed", "colibri-bad.service", check=False).stdout.strip() == "failed"
 
-    gate = health_gate(runner(dev), bad, unit="colibri-bad.service", timeout=30)
-    assert not gate.ok and gate.state == "failed" and gate.waited_s < 30, gate
+    gate = health_gate(runner(dev), bad, unit="colibri-bad.service", timeout=GATE_S)
+    assert not gate.ok and gate.state == "failed" and gate.waited_s < GATE_S, gate   # not the timeout
     assert "model.colibri" in gate.detail
     assert failed()
     # retried (Restart=on-failure); the restart that would exceed the burst is refused: failed
@@ -265,7 +270,7 @@ def test_the_orin_nx_binary_serves_under_the_same_unit(device, orin_nx_build, tm
     install_release(dev, "/opt/colibri-arm", orin_nx_build / "bin" / "colibri", model, "r1")
     install_unit(dev, arm, "colibri-arm.service", enable=False)
     dev.systemctl("start", "--no-block", "colibri-arm.service")
-    assert wait_for(lambda: health(dev, arm.health_url) == "200", 60), \
+    assert wait_for(lambda: health(dev, arm.health_url) == "200", 300), \
         dev.run(["journalctl", "-u", "colibri-arm", "--no-pager", "-o", "cat"], check=False).stdout
     out = subprocess.run(["curl", "-sS", "--max-time", "60", "-H", "Content-Type: application/json",
                           "-H", f"Authorization: Bearer {API_KEY}", "-d",
@@ -310,7 +315,7 @@ def test_a_taken_port_ends_failed(device):
     taken = ServiceSpec(port=spec.port, restart_sec=0.2, start_limit_burst=3)   # the good one's port
     install_unit(dev, taken, "colibri-taken.service", enable=False)
     dev.systemctl("start", "--no-block", "colibri-taken.service")
-    gate = health_gate(runner(dev), taken, unit="colibri-taken.service", timeout=30)
+    gate = health_gate(runner(dev), taken, unit="colibri-taken.service", timeout=GATE_S)
     assert not gate.ok and gate.state == "failed", gate
     assert "cannot listen" in gate.detail
     assert health(dev, spec.health_url) == "200"    # the running service kept its port
@@ -319,8 +324,11 @@ def test_a_taken_port_ends_failed(device):
 def test_reboot_brings_the_enabled_service_back(device):
     dev, spec, _, _ = device
     old_pid1 = dev.pid
+    boot_id = dev.run(["cat", "/proc/sys/kernel/random/boot_id"]).stdout
+    assert boot_id != Path("/proc/sys/kernel/random/boot_id").read_text()   # the device's own
     dev.reboot()
     assert dev.pid != old_pid1
+    assert dev.run(["cat", "/proc/sys/kernel/random/boot_id"]).stdout not in (boot_id, "")
     assert dev.systemctl("is-enabled", "colibri.service").stdout.strip() == "enabled"
     assert wait_for(lambda: health(dev, spec.health_url) == "200")
     # state on disk kept: the release, the user, and the previous boot's journal
@@ -347,7 +355,7 @@ def test_poweroff_and_kill_leave_nothing_behind(device):
     dev.boot()
     pid1 = dev.pid
     assert stop_devices(dev.dir.parent) == 1
-    assert wait_for(lambda: not os.path.exists(f"/proc/{pid1}"), 10)
+    assert wait_for(lambda: not os.path.exists(f"/proc/{pid1}"))
     dev.kill()                                             # reaps the unshare process
     assert stop_devices(dev.dir.parent) == 0 and not cg.exists()
 

@@ -19,11 +19,10 @@ from kit_support import zig_command
 import yaml
 
 from colibri_kit import toolchain
-from colibri_kit.errors import VerifyError
 from colibri_kit.profiles import load_profile
 from colibri_kit.elf import (EM_AARCH64, EM_CUDA, EM_X86_64, ElfFormatError, archive_members,
                              find_cubins, find_ptx, parse_elf, parse_header, symbols_needing)
-from colibri_kit.verify import verify_build
+from colibri_kit.verify import VerifyError, verify_build
 
 
 THREADS_C = r"""

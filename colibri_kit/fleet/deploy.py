@@ -20,7 +20,8 @@ import sys
 import tempfile
 import threading
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Callable
 
@@ -28,11 +29,13 @@ from colibri_kit import jetson
 from colibri_kit.errors import FleetError, KitError
 from colibri_kit.fleet import release as rel
 from colibri_kit.fleet import service as svc
-from colibri_kit.fleet.fleet import DEFAULT_KEEP, Fleet, Results
+from colibri_kit.fleet.fleet import DEFAULT_KEEP, Fleet, Outcome, Results, Rollout
 from colibri_kit.fleet.inventory import Host
 from colibri_kit.fleet.remote import Remote
+from colibri_kit.fleet.service import ServiceStep
 from colibri_kit.hashing import file_sha256
-from colibri_kit.profiles import Profile
+from colibri_kit.manifest import MANIFEST_NAME, Manifest, ManifestError
+from colibri_kit.profiles import Profile, load_profile
 from colibri_kit.report import table
 from colibri_kit.service import ServiceSpec
 
@@ -42,17 +45,30 @@ MiB = 1 << 20
 
 @dataclass(frozen=True)
 class Artifact:
-    """What gets deployed: the dist tree (verified against its manifest) and an optional model."""
+    """What gets deployed: the dist tree (verified against its manifest, built from ``profile``)
+    and an optional model."""
 
-    target: str
+    profile: Profile
     dist: Path                       # a private snapshot of dist/<target>/, removed with the object
-    manifest_bytes: bytes
-    files: dict[str, str]            # relative path -> sha256 (from the manifest)
+    manifest: Manifest
     sizes: dict[str, int]
     model: Path | None
     model_sha: str | None
     model_size: int
     release_id: str
+
+    @property
+    def target(self) -> str:
+        return self.profile.name
+
+    @property
+    def manifest_bytes(self) -> bytes:
+        return self.manifest.raw
+
+    @property
+    def files(self) -> dict[str, str]:
+        """relative path -> sha256, from the manifest."""
+        return self.manifest.hashes()
 
     @property
     def release_bytes(self) -> int:
@@ -65,21 +81,29 @@ class Artifact:
         return (json.dumps(meta, indent=1, sort_keys=True) + "\n").encode()
 
 
-def prepare(target: str, dist: Path, model: Path | None = None) -> Artifact:
-    """Read and check the local build; the release id is derived from its manifest and model."""
-    manifest_file = dist / "manifest.json"
-    if not manifest_file.exists():
-        raise FleetError(f"{dist} has no manifest.json: build it first (invoke build --target {target})")
-    manifest_bytes = manifest_file.read_bytes()
-    manifest = json.loads(manifest_bytes)
-    if manifest.get("target") not in (None, target):
-        raise FleetError(f"{manifest_file} is for target {manifest.get('target')}, not {target}")
-    files = rel.manifest_hashes(manifest)
+def prepare(profile: Profile | str, dist: Path, model: Path | None = None) -> Artifact:
+    """Read and check the local build of ``profile``: its manifest must name this target and
+    this profile's hash (else: refused, naming both hashes and the command that rebuilds), every
+    file must match it. The release id is derived from the manifest and the model.
+
+    The tasks pass the Profile they loaded. A target name is still accepted (and loaded here)
+    for the callers not moved yet (tests/fleet/test_mender.py)."""
+    if isinstance(profile, str):
+        profile = load_profile(profile)
+    target = profile.name
+    if not (Path(dist) / MANIFEST_NAME).is_file():
+        raise FleetError(f"{dist} has no {MANIFEST_NAME}: build it first (invoke build --target "
+                         f"{target})")
+    try:
+        manifest = Manifest.load(dist)
+        manifest.check_built_from(profile, str(Path(dist) / MANIFEST_NAME))
+    except ManifestError as exc:
+        raise FleetError(str(exc)) from None
     sizes = {}
     # Upload from a private snapshot: a rebuild of dist/ during a long rollout must not change
     # what the remaining hosts receive (the manifest was read once, above).
     snapshot = Path(tempfile.mkdtemp(prefix=f"colibri-release-{target}-"))
-    for relpath, sha in files.items():
+    for relpath, sha in manifest.hashes().items():
         local = dist / relpath
         if not local.is_file():
             shutil.rmtree(snapshot, ignore_errors=True)
@@ -89,20 +113,33 @@ def prepare(target: str, dist: Path, model: Path | None = None) -> Artifact:
         shutil.copy2(local, copy)
         if file_sha256(copy) != sha:
             shutil.rmtree(snapshot, ignore_errors=True)
-            raise FleetError(f"{local} does not match its manifest (sha256 differs): rebuild {target}")
+            raise FleetError(f"{local} does not match its manifest (sha256 differs): rebuild "
+                             f"{target} (invoke build --target {target})")
         sizes[relpath] = copy.stat().st_size
     model_sha = None
     model_size = 0
     if model is not None:
         if not model.is_file():
+            shutil.rmtree(snapshot, ignore_errors=True)
             raise FleetError(f"model file {model} not found")
         model_sha = file_sha256(model)
         model_size = model.stat().st_size
-    digest = hashlib.sha256(manifest_bytes + b"\0" + (model_sha or "").encode()).hexdigest()
+    digest = hashlib.sha256(manifest.raw + b"\0" + (model_sha or "").encode()).hexdigest()
     release_id = rel.validate_release_id(f"{target}-{digest[:12]}")
-    art = Artifact(target, snapshot, manifest_bytes, files, sizes, model, model_sha, model_size, release_id)
+    art = Artifact(profile, snapshot, manifest, sizes, model, model_sha, model_size, release_id)
     weakref.finalize(art, shutil.rmtree, snapshot, True)
     return art
+
+
+class HostState(StrEnum):
+    """The outcome of one host in a deploy, rollback or smoke table."""
+
+    OK = "ok"
+    UNCHANGED = "unchanged"        # already deployed and healthy: nothing uploaded or restarted
+    PLANNED = "planned"            # --dry-run
+    FAILED = "failed"
+    ROLLED_BACK = "rolled-back"    # the service failed its gate; the previous release serves
+    SKIPPED = "skipped"            # not started (canary failed, failure budget spent)
 
 
 @dataclass
@@ -110,15 +147,32 @@ class HostResult:
     host: str
     release: str = "-"
     model: str = "-"
-    result: str = "failed"            # ok | unchanged | failed | rolled-back | skipped | planned
+    result: HostState = HostState.FAILED
     seconds: float = 0.0
     detail: str = ""
-    uploaded: int = 0                  # bytes sent
-    extra: dict[str, str] = field(default_factory=dict)
+    uploaded: int = 0                        # bytes sent
+    previous: str | None = None              # the release current before: what an undo restores
+    service: ServiceStep | None = None       # the service step (None: files only, --no-service)
+    downtime_s: float | None = None          # restart -> health gate passed
+    extra: dict[str, str] = field(default_factory=dict)   # columns other concerns add (smoke)
 
     @property
     def ok(self) -> bool:
-        return self.result in ("ok", "unchanged", "planned")
+        return self.result in (HostState.OK, HostState.UNCHANGED, HostState.PLANNED)
+
+    def column(self, name: str) -> str:
+        """One table cell: the typed fields by name, else what ``extra`` holds."""
+        if name == "service":
+            return "-" if self.service is None else str(self.service)
+        if name == "downtime":
+            return "-" if self.downtime_s is None else f"{self.downtime_s:.1f}s"
+        if name == "previous":
+            return self.previous or "-"
+        return self.extra.get(name, "-")
+
+    def to_json(self) -> dict[str, object]:
+        return {**asdict(self), "result": str(self.result),
+                "service": None if self.service is None else str(self.service)}
 
 
 @dataclass
@@ -261,7 +315,7 @@ def prune(remote: Remote, root: str, keep: int, keep_model: str | None) -> list[
     gone_models = []
     for name in res.stdout.split():
         sha = name.split(".", 1)[0]
-        if rel.SHA256_RE.match(sha) and sha not in used and name in (f"{sha}.colibri", f"{sha}.colibri.partial"):
+        if rel.SHA256_RE.fullmatch(sha) and sha not in used and name in (f"{sha}.colibri", f"{sha}.colibri.partial"):
             gone_models.append(posixpath.join(models_dir, name))
     if gone_models:
         remote.run(["rm", "-f", "--", *gone_models])
@@ -304,9 +358,10 @@ def check_memory(remote: Remote, host: Host, art: Artifact, kv_cache: str = "f32
             f"{left / MiB:.0f} MiB of MemAvailable left")
 
 
-def plan_host(remote: Remote, host: Host, art: Artifact, profile: Profile,
+def plan_host(remote: Remote, host: Host, art: Artifact,
               service: ServiceSpec | None = None) -> list[str]:
     """What a deploy would do on this host (no changes)."""
+    profile = art.profile
     info = rel.identify(remote)
     problems = rel.check_device(info, profile, host.name)
     if problems:
@@ -339,7 +394,7 @@ def plan_host(remote: Remote, host: Host, art: Artifact, profile: Profile,
     return steps
 
 
-def deploy_host(remote: Remote, host: Host, art: Artifact, profile: Profile, *,
+def deploy_host(remote: Remote, host: Host, art: Artifact, *,
                 keep: int = DEFAULT_KEEP, hooks: Hooks | None = None,
                 service: ServiceSpec | None = None,
                 gate_timeout: float = svc.GATE_TIMEOUT_S) -> HostResult:
@@ -349,7 +404,7 @@ def deploy_host(remote: Remote, host: Host, art: Artifact, profile: Profile, *,
     result = HostResult(host=host.name, release=art.release_id,
                         model=art.model_sha[:12] if art.model_sha else "-")
     info = rel.identify(remote)
-    problems = rel.check_device(info, profile, host.name)
+    problems = rel.check_device(info, art.profile, host.name)
     if problems:
         raise FleetError("; ".join(problems))
     check_memory(remote, host, art, service.kv_cache if service else "f32")
@@ -379,32 +434,32 @@ def deploy_host(remote: Remote, host: Host, art: Artifact, profile: Profile, *,
         result.uploaded += _upload_model(remote, art, root, hooks)
     if not have_release:
         result.uploaded += _upload_release(remote, art, root, hooks)
-    if state.current:
-        result.extra["previous"] = state.current
+    result.previous = state.current
     changed = state.current != art.release_id
+    out = None
     if service is None:
         if changed:
             rel.activate(remote, root, art.release_id)
     else:
         out = svc.activate(
-            remote, service.with_root(root), target=profile.name,
+            remote, service.with_root(root), target=art.target,
             switch=lambda: rel.activate(remote, root, art.release_id) if changed else None,
             switch_back=(lambda: rel.rollback(remote, root, to=state.current)[1])
             if state.current and changed else None,
             changed=changed, timeout=gate_timeout)
-        result.extra["service"] = out.state
-        result.extra["downtime"] = "-" if out.downtime_s is None else f"{out.downtime_s:.1f}s"
+        result.service, result.downtime_s = out.state, out.downtime_s
         if not out.ok:
-            result.result = "rolled-back" if out.state == "rolled-back" else "failed"
+            result.result = (HostState.ROLLED_BACK if out.state is ServiceStep.ROLLED_BACK
+                             else HostState.FAILED)
             result.detail = out.detail
             return result
-        if out.state == "healthy":
+        if out.state is ServiceStep.HEALTHY:
             changed = True   # restarted: not "unchanged" even when the files were
-    result.result = "ok" if changed or result.uploaded else "unchanged"
+    result.result = HostState.OK if changed or result.uploaded else HostState.UNCHANGED
     removed = prune(remote, root, keep, art.model_sha)
     result.detail = f"uploaded {result.uploaded / MiB:.1f} MiB" + (
         f", removed {len(removed)} old" if removed else "")
-    if service is not None and result.extra["service"] != "unchanged":
+    if out is not None and out.state is not ServiceStep.UNCHANGED:
         result.detail += f"; {out.detail}"
     return result
 
@@ -416,91 +471,96 @@ def host_results(results: Results[HostResult], release: str = "-") -> list[HostR
         if o.value is not None:
             r = o.value
         elif o.skipped:
-            r = HostResult(host=o.host, release=release, result="skipped",
-                           detail="stopped after too many failures (--max-failures)")
+            r = HostResult(host=o.host, release=release, result=HostState.SKIPPED,
+                           detail=o.why or "not started")
         else:
-            r = HostResult(host=o.host, release=release, result="failed", detail=o.error or "")
+            r = HostResult(host=o.host, release=release, result=HostState.FAILED,
+                           detail=o.error or "")
         r.seconds = o.seconds
         out.append(r)
     return out
 
 
-def deploy(fleet: Fleet, art: Artifact, profile: Profile, *, keep: int = DEFAULT_KEEP,
-           dry_run: bool = False, canary: int = 0,
+def deploy(fleet: Fleet, art: Artifact, profile: Profile | None = None, *,
+           keep: int = DEFAULT_KEEP, dry_run: bool = False, canary: int = 0,
            smoke_fn: Callable[[Fleet], list[HostResult]] | None = None,
            hooks: Hooks | None = None, service: ServiceSpec | None = None,
            gate_timeout: float = svc.GATE_TIMEOUT_S) -> list[HostResult]:
-    """Deploy to every host of the fleet (see deploy_host). ``service``: the unit to install
-    and restart (``profile.service`` from the task unless --no-service); None: files only."""
+    """Deploy to every host of the fleet (see deploy_host), as one rollout: the first
+    ``canary`` hosts, smoke-tested with ``smoke_fn`` (a canary that fails goes back to its
+    previous release, and nothing else starts), then the rest, no host starting once the
+    fleet's ``max_failures`` hosts failed. ``service``: the unit to install and restart
+    (``profile.service`` from the task unless --no-service); None: files only. ``profile``,
+    when given, must be the one ``art`` was prepared from (the same hash): refused otherwise."""
+    if profile is not None and profile.hash != art.profile.hash:
+        raise FleetError(f"release {art.release_id} was prepared from profile {art.profile.name} "
+                         f"{art.profile.short_hash}, not from {profile.name} {profile.short_hash}: "
+                         f"prepare it from the profile you deploy")
     if keep < 1:
         raise FleetError(f"--keep must be at least 1 (got {keep})")
     if dry_run:
         def plan(remote: Remote, host: Host) -> HostResult:
-            steps = plan_host(remote, host, art, profile, service)
+            steps = plan_host(remote, host, art, service)
             return HostResult(host=host.name, release=art.release_id,
                               model=art.model_sha[:12] if art.model_sha else "-",
-                              result="planned", detail="; ".join(steps))
+                              result=HostState.PLANNED, detail="; ".join(steps))
         return host_results(fleet.run(plan), art.release_id)
 
     hooks = hooks or Hooks(progress=_Progress())
 
     def one(remote: Remote, host: Host) -> HostResult:
-        return deploy_host(remote, host, art, profile, keep=keep, hooks=hooks, service=service,
+        return deploy_host(remote, host, art, keep=keep, hooks=hooks, service=service,
                            gate_timeout=gate_timeout)
 
-    results: list[HostResult] = []
-    rest = fleet.hosts
-    if canary > 0:
-        first, rest = fleet.hosts[:canary], fleet.hosts[canary:]
-        results = host_results(fleet.run(one, hosts=first), art.release_id)
-        ok = all(r.ok for r in results)
-        if ok and smoke_fn is not None:
-            smoked = {s.host: s for s in smoke_fn(fleet.only(first))}
-            bad = [h for h in first if h.name in smoked and not smoked[h.name].ok]
-            if bad:
-                ok = False
-                # A canary that fails its smoke test goes back to what it ran before.
-                back = {r.host: r for r in host_results(fleet.run(_undo(results, service, gate_timeout),
-                                                                   hosts=bad))}
-                for r in results:
-                    if r.host in back:
-                        r.result = "failed"
-                        r.detail = (f"canary smoke test failed: {smoked[r.host].detail}; "
-                                    f"{back[r.host].detail}")
-        if not ok:
-            return results + [HostResult(host=h.name, release=art.release_id, result="skipped",
-                                         detail="canary failed") for h in rest]
-    budget = fleet.max_failures
-    left = None if budget is None else max(0, budget - sum(not r.ok for r in results))
-    return results + host_results(fleet.run(one, hosts=rest, max_failures=left), art.release_id)
+    def smoke_canaries(done: list[Outcome[HostResult]]) -> list[Outcome[HostResult]]:
+        if smoke_fn is None or not all(o.ok and o.value is not None and o.value.ok for o in done):
+            return done
+        first = [h for h in fleet.hosts if h.name in {o.host for o in done}]
+        smoked = {r.host: r for r in smoke_fn(fleet.only(first))}
+        bad = [h for h in first if h.name in smoked and not smoked[h.name].ok]
+        if not bad:
+            return done
+        # A canary that fails its smoke test goes back to what it ran before.
+        previous = {o.host: o.value.previous for o in done if o.value is not None}
+        back = {r.host: r for r in host_results(fleet.run(_undo(previous, service, gate_timeout),
+                                                          hosts=bad))}
+        for o in done:
+            if o.host in back and o.value is not None:
+                o.value.result = HostState.FAILED
+                o.value.detail = (f"canary smoke test failed: {smoked[o.host].detail}; "
+                                  f"{back[o.host].detail}")
+        return done
+
+    plan_ = Rollout(canary=max(0, canary), max_failures=fleet.max_failures, hint="--max-failures")
+    return host_results(fleet.rollout(one, plan_, after_canary=smoke_canaries), art.release_id)
 
 
 def rollback(fleet: Fleet, to: str | None = None) -> list[HostResult]:
     """Switch ``current`` back to the previous release (or ``to``) on every host."""
     def one(remote: Remote, host: Host) -> HostResult:
         before, after = rel.rollback(remote, host.root, to)
-        return HostResult(host=host.name, release=after, result="ok",
+        return HostResult(host=host.name, release=after, result=HostState.OK, previous=before,
                           detail=f"was {before or '(none)'}")
     return host_results(fleet.run(one))
 
 
-def _undo(results: list[HostResult], service: ServiceSpec | None = None,
+def _undo(previous: dict[str, str | None], service: ServiceSpec | None = None,
           gate_timeout: float = svc.GATE_TIMEOUT_S) -> Callable[[Remote, Host], HostResult]:
-    previous = {r.host: r.extra.get("previous") for r in results}
-
+    """Put each host back on ``previous[host]`` (the release it ran before this deploy)."""
     def one(remote: Remote, host: Host) -> HostResult:
         prev = previous.get(host.name)
         if not prev:
-            return HostResult(host=host.name, result="failed", detail="no previous release to go back to")
+            return HostResult(host=host.name, result=HostState.FAILED,
+                              detail="no previous release to go back to")
         rel.rollback(remote, host.root, to=prev)
         detail = f"rolled back to {prev}"
         if service is not None and svc.systemd_running(remote):
             gate, _ = svc.restart_and_gate(remote, service.with_root(host.root), timeout=gate_timeout)
             detail += f", service {gate.state}"
             if not gate.ok:
-                return HostResult(host=host.name, release=prev, result="failed",
+                return HostResult(host=host.name, release=prev, result=HostState.FAILED,
                                   detail=f"{detail}: {gate.detail}")
-        return HostResult(host=host.name, release=prev, result="ok", detail=detail)
+        return HostResult(host=host.name, release=prev, result=HostState.OK, detail=detail)
     return one
 
 
@@ -508,6 +568,6 @@ def results_table(results: list[HostResult], extra_cols: list[str] | None = None
     cols = extra_cols or []
     rows = [["host", "release", "model", "result", "time", *cols, "detail"]]
     for r in results:
-        rows.append([r.host, r.release, r.model, r.result, f"{r.seconds:.1f}s",
-                     *(r.extra.get(c, "-") for c in cols), r.detail])
+        rows.append([r.host, r.release, r.model, str(r.result), f"{r.seconds:.1f}s",
+                     *(r.column(c) for c in cols), r.detail])
     return table(rows)

@@ -17,11 +17,13 @@ import yaml
 
 from colibri_kit.errors import FleetError
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+# Every value is checked with fullmatch: ``re.match`` with ``$`` also accepts one trailing
+# newline ("cab-01\n" in a quoted YAML string), which would then reach a command line or a path.
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 # A DNS name, an IPv4 address or a bracket-free IPv6 address: letters, digits, '.', '-', ':'.
-ADDRESS_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.:-]{0,252}$")
-USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
-ROOT_RE = re.compile(r"^/[A-Za-z0-9._/-]*$")
+ADDRESS_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9.:-]{0,252}")
+USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
+ROOT_RE = re.compile(r"/[A-Za-z0-9._/-]*")
 
 DEFAULT_USER = "root"
 DEFAULT_PORT = 22
@@ -91,20 +93,20 @@ def _split(value: str | Iterable[str]) -> list[str]:
 
 
 def validate_name(value: Any, what: str) -> str:
-    if not isinstance(value, str) or not NAME_RE.match(value):
+    if not isinstance(value, str) or not NAME_RE.fullmatch(value):
         raise FleetError(f"{what}: {value!r} is not a valid name (letters, digits, '.', '_', '-'; "
                          f"starts with a letter or digit; at most 64)")
     return value
 
 
 def validate_address(value: Any, what: str) -> str:
-    if not isinstance(value, str) or not ADDRESS_RE.match(value) or ".." in value:
+    if not isinstance(value, str) or not ADDRESS_RE.fullmatch(value) or ".." in value:
         raise FleetError(f"{what}: {value!r} is not a host name or IP address")
     return value
 
 
 def validate_user(value: Any, what: str) -> str:
-    if not isinstance(value, str) or not USER_RE.match(value):
+    if not isinstance(value, str) or not USER_RE.fullmatch(value):
         raise FleetError(f"{what}: {value!r} is not a valid user name")
     return value
 
@@ -117,7 +119,7 @@ def validate_port(value: Any, what: str) -> int:
 
 def validate_root(value: Any, what: str) -> str:
     """An absolute, normalised path of plain characters: it is used in commands and as a prefix."""
-    if (not isinstance(value, str) or not ROOT_RE.match(value) or value == "/"
+    if (not isinstance(value, str) or not ROOT_RE.fullmatch(value) or value == "/"
             or posixpath.normpath(value) != value or "/../" in value + "/" or "/./" in value + "/"):
         raise FleetError(f"{what}: {value!r} must be an absolute, normalised path "
                          f"(letters, digits, '.', '_', '-', '/'), not '/'")

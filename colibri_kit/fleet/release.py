@@ -23,21 +23,22 @@ from dataclasses import dataclass, field
 from colibri_kit import jetson
 from colibri_kit.errors import FleetError
 from colibri_kit.fleet.remote import Remote
+from colibri_kit.manifest import Manifest, ManifestError
 from colibri_kit.profiles import Profile
 
-RELEASE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+RELEASE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")   # checked with fullmatch
+SHA256_RE = re.compile(r"[0-9a-f]{64}")
 L4T_RE = re.compile(r"#\s*R(\d+)\s*\(release\),\s*REVISION:\s*([0-9.]+)")
 
 
 def validate_release_id(value: str) -> str:
-    if not isinstance(value, str) or not RELEASE_ID_RE.match(value) or ".partial" in value:
+    if not isinstance(value, str) or not RELEASE_ID_RE.fullmatch(value) or ".partial" in value:
         raise FleetError(f"{value!r} is not a release id (letters, digits, '.', '_', '-')")
     return value
 
 
 def validate_sha(value: str) -> str:
-    if not isinstance(value, str) or not SHA256_RE.match(value):
+    if not isinstance(value, str) or not SHA256_RE.fullmatch(value):
         raise FleetError(f"{value!r} is not a sha256 hex digest")
     return value
 
@@ -267,7 +268,7 @@ def installed(remote: Remote, root: str) -> InstalledReleases:
             stamp, _, name = line.partition(" ")
             if ".partial-" in name:
                 partials.append(name)
-            elif RELEASE_ID_RE.match(name):
+            elif RELEASE_ID_RE.fullmatch(name):
                 entries.append(ReleaseEntry(name, float(stamp)))
     entries.sort(key=lambda e: (-e.mtime, e.id))
     return InstalledReleases(current=current_release(remote, root), releases=entries, partials=partials)
@@ -279,7 +280,7 @@ def current_release(remote: Remote, root: str) -> str | None:
         return None
     target = res.stdout.strip()
     name = posixpath.basename(target.rstrip("/"))
-    return name if RELEASE_ID_RE.match(name) else None
+    return name if RELEASE_ID_RE.fullmatch(name) else None
 
 
 def remote_size(remote: Remote, path: str) -> int | None:
@@ -310,7 +311,7 @@ def remote_sha256(remote: Remote, paths: list[str], timeout: float = 600.0) -> d
     out: dict[str, str] = {}
     for line in res.stdout.splitlines():
         digest, _, path = line.partition("  ")
-        if SHA256_RE.match(digest):
+        if SHA256_RE.fullmatch(digest):
             out[path] = digest
     return out
 
@@ -327,19 +328,6 @@ def verify_dir(remote: Remote, directory: str, expected: dict[str, str]) -> list
     return bad
 
 
-def manifest_hashes(manifest: dict) -> dict[str, str]:
-    files = manifest.get("files")
-    if not isinstance(files, dict) or not files:
-        raise FleetError("manifest.json has no 'files' map (rebuild with invoke build)")
-    out = {}
-    for rel, spec in files.items():
-        sha = spec.get("sha256") if isinstance(spec, dict) else spec
-        if not isinstance(rel, str) or rel.startswith("/") or ".." in rel.split("/"):
-            raise FleetError(f"manifest.json lists an unsafe path {rel!r}")
-        out[rel] = validate_sha(sha)
-    return out
-
-
 def verify_release(remote: Remote, root: str, release_id: str) -> list[str]:
     """Check an installed release against its own manifest and release.json."""
     directory = release_dir(root, release_id)
@@ -349,7 +337,11 @@ def verify_release(remote: Remote, root: str, release_id: str) -> list[str]:
         return ["manifest.json or release.json missing"]
     if hashlib.sha256(text.encode()).hexdigest() != meta.get("manifest_sha256"):
         return ["manifest.json does not match release.json"]
-    return verify_dir(remote, directory, manifest_hashes(json.loads(text)))
+    try:
+        manifest = Manifest.parse(text.encode(), f"{remote.name}: {directory}/manifest.json")
+    except ManifestError as exc:
+        return [str(exc)]
+    return verify_dir(remote, directory, manifest.hashes())
 
 
 def activate(remote: Remote, root: str, release_id: str) -> None:

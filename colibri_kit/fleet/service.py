@@ -23,6 +23,7 @@ import json
 import posixpath
 import time
 from dataclasses import dataclass, replace
+from enum import StrEnum
 from typing import Callable
 
 from colibri_kit.errors import FleetError, KitError
@@ -34,18 +35,28 @@ GATE_TIMEOUT_S = 90.0      # a model load on a Jetson (mmap of GBs) + the first 
 SYSTEMCTL_TIMEOUT_S = 120.0  # a restart waits for the old process to drain (TimeoutStopSec)
 
 
+class ServiceStep(StrEnum):
+    """What the service step of a deploy did on one host (the deploy table's service column)."""
+
+    HEALTHY = "healthy"            # restarted into the new release, gate passed
+    UNCHANGED = "unchanged"        # same release and unit, already healthy: not restarted
+    SKIPPED = "skipped"            # the device does not run systemd: files only
+    ROLLED_BACK = "rolled-back"    # the gate failed; the previous release serves again
+    FAILED = "failed"              # the gate failed and there was nothing healthy to go back to
+
+
 @dataclass
 class ServiceOutcome:
     """What the service step did on one host, for the deploy table."""
 
-    state: str                  # healthy | rolled-back | failed | skipped | unchanged
+    state: ServiceStep
     detail: str
     downtime_s: float | None = None   # restart -> gate passed (the new release)
     gate: GateResult | None = None
 
     @property
     def ok(self) -> bool:
-        return self.state in ("healthy", "skipped", "unchanged")
+        return self.state in (ServiceStep.HEALTHY, ServiceStep.SKIPPED, ServiceStep.UNCHANGED)
 
 
 def runner(remote: Remote, timeout: float = 30.0) -> Callable[[list[str]], tuple[int, str]]:
@@ -146,16 +157,18 @@ def activate(remote: Remote, spec: ServiceSpec, *, target: str, switch: Callable
     none). ``changed``: the release changes (else the unit is only refreshed)."""
     if not systemd_running(remote):
         switch()
-        return ServiceOutcome("skipped", "service: device not booted with systemd (files only)")
+        return ServiceOutcome(ServiceStep.SKIPPED,
+                              "service: device not booted with systemd (files only)")
     before = install_files(remote, spec, target, unit)
     if not changed and not before and is_active(remote, unit):
         gate = health_gate(runner(remote), spec, unit=unit, timeout=timeout)
         if gate.ok:
-            return ServiceOutcome("unchanged", "service healthy", None, gate)
+            return ServiceOutcome(ServiceStep.UNCHANGED, "service healthy", None, gate)
     switch()
     gate, downtime = restart_and_gate(remote, spec, unit=unit, timeout=timeout)
     if gate.ok:
-        return ServiceOutcome("healthy", f"service healthy after {downtime:.1f}s", downtime, gate)
+        return ServiceOutcome(ServiceStep.HEALTHY, f"service healthy after {downtime:.1f}s",
+                              downtime, gate)
     reason = f"health gate {gate.state}: {gate.detail}"
     old_unit = before.get(unit_path(unit))
     old_spec = spec if unit_path(unit) not in before else spec_of_unit(
@@ -165,20 +178,21 @@ def activate(remote: Remote, spec: ServiceSpec, *, target: str, switch: Callable
         if before.get(unit_path(unit)):
             back, _ = restart_and_gate(remote, old_spec, unit=unit, timeout=timeout)
             reason += f"; previous unit restored ({back.state})"
-        return ServiceOutcome("failed", reason, None, gate)
+        return ServiceOutcome(ServiceStep.FAILED, reason, None, gate)
     restore_files(remote, before)
     try:
         previous = switch_back()
     except FleetError as exc:
         remote.run(["systemctl", "stop", unit], sudo=True, check=False, timeout=SYSTEMCTL_TIMEOUT_S)
-        return ServiceOutcome("failed", f"{reason}; cannot roll back ({exc}); service stopped",
-                              None, gate)
+        return ServiceOutcome(ServiceStep.FAILED,
+                              f"{reason}; cannot roll back ({exc}); service stopped", None, gate)
     back, _ = restart_and_gate(remote, old_spec, unit=unit, timeout=timeout)
     if back.ok:
-        return ServiceOutcome("rolled-back", f"{reason}; rolled back to {previous}, serving",
-                              None, gate)
-    return ServiceOutcome("failed", f"{reason}; rolled back to {previous}, which is not healthy "
-                                    f"either ({back.state}: {back.detail})", None, gate)
+        return ServiceOutcome(ServiceStep.ROLLED_BACK,
+                              f"{reason}; rolled back to {previous}, serving", None, gate)
+    return ServiceOutcome(ServiceStep.FAILED, f"{reason}; rolled back to {previous}, which is not "
+                                              f"healthy either ({back.state}: {back.detail})",
+                          None, gate)
 
 
 # --------------------------------------------------------------------------- invoke service/logs/status

@@ -28,7 +28,7 @@ import numpy as np
 
 from colibri_kit.errors import FleetError, KitError
 from colibri_kit.fleet import release as rel
-from colibri_kit.fleet.deploy import HostResult, host_results
+from colibri_kit.fleet.deploy import HostResult, HostState, host_results
 from colibri_kit.fleet.fleet import Fleet
 from colibri_kit.fleet.inventory import Host
 from colibri_kit.fleet.remote import Remote
@@ -197,7 +197,7 @@ def compare_logits(got: np.ndarray, want: np.ndarray, dtype: str) -> tuple[list[
 def smoke_host(remote: Remote, host: Host, profile: Profile, refs: ReferenceCache, *,
                max_first_token_ms: float | None = None, bench_runs: int = 5,
                extra_fields: list[ExtraFields] | None = None) -> HostResult:
-    res = HostResult(host=host.name, result="failed")
+    res = HostResult(host=host.name, result=HostState.FAILED)
     problems: list[str] = []
     info = rel.identify(remote)
     problems += rel.check_device(info, profile, host.name)
@@ -270,7 +270,7 @@ def smoke_host(remote: Remote, host: Host, profile: Profile, refs: ReferenceCach
         except KitError as exc:
             res.extra["note"] = str(exc)
 
-    res.result = "failed" if problems else "ok"
+    res.result = HostState.FAILED if problems else HostState.OK
     res.detail = "; ".join(problems) if problems else f"device {info.shown}, L4T {info.l4t_version or '?'}"
     if want_text is None:
         res.detail += "; text not checked: the model file has no tokenizer"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from colibri_kit import jetson
 from colibri_kit.errors import KitError
@@ -11,6 +12,7 @@ from colibri_kit.fleet import service as svc
 from colibri_kit.fleet.fleet import Fleet
 from colibri_kit.fleet.inventory import Host
 from colibri_kit.fleet.remote import Remote
+from colibri_kit.profiles import Profile
 from colibri_kit.report import table
 
 
@@ -41,18 +43,24 @@ def _uptime(text: str | None) -> str:
     return f"{d}d {h}h{m:02d}m" if d else f"{h}h{m:02d}m"
 
 
-def _driver_note(info: rel.DeviceInfo, target: str) -> str:
+ProfileFor = Callable[[str], Profile | None]
+
+
+def _driver_note(info: rel.DeviceInfo, profile: Profile | None) -> str:
     """The deployed target's CUDA driver verdict on this device: "" when fine or unknown, else
     a warning naming the driver, where its version comes from, and the fixes."""
-    from colibri_kit.profiles import load_profile
+    if profile is None:
+        return ""
     try:
-        verdict = rel.driver_verdict(info, load_profile(target))
+        verdict = rel.driver_verdict(info, profile)
     except KitError:
         return ""
     return "" if verdict is None or verdict.runs else f"WARNING: {verdict.message}"
 
 
-def host_status(remote: Remote, host: Host) -> HostStatus:
+def host_status(remote: Remote, host: Host, profile_for: ProfileFor | None = None) -> HostStatus:
+    """One device's row. ``profile_for`` maps the target a release names to its Profile (the
+    task passes the profile loader) for the CUDA driver check; None: no driver check."""
     info = rel.identify(remote)
     st = HostStatus(host=host.name, reachable=True,
                     l4t=str(info.l4t_version) if info.l4t_version else
@@ -65,7 +73,7 @@ def host_status(remote: Remote, host: Host) -> HostStatus:
         meta = rel.release_meta(remote, host.root, current) or {}
         st.target = jetson.clean(str(meta.get("target", "-")))
         st.model = jetson.clean(str(meta.get("model_sha256") or "-"))[:12]
-        st.driver = _driver_note(info, st.target)
+        st.driver = _driver_note(info, profile_for(st.target) if profile_for else None)
     else:
         st.detail = "nothing deployed"
     if svc.systemd_running(remote):
@@ -77,10 +85,10 @@ def host_status(remote: Remote, host: Host) -> HostStatus:
     return st
 
 
-def status(fleet: Fleet) -> list[HostStatus]:
+def status(fleet: Fleet, profile_for: ProfileFor | None = None) -> list[HostStatus]:
     return [o.value if o.value is not None else
             HostStatus(host=o.host, reachable=False, detail=o.error or "skipped")
-            for o in fleet.run(host_status)]
+            for o in fleet.run(lambda r, h: host_status(r, h, profile_for))]
 
 
 def status_table(rows: list[HostStatus]) -> str:

@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import os
 import struct
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,19 +44,57 @@ MAGIC = b"CHT1"
 MAX_PROBE = 7  # messages in the longest verified conversation
 
 
+# A checkpoint's template is code from elsewhere: converting renders it about a hundred times on
+# short probe conversations, in a child process with these limits (from_template).
+MAX_RENDER_CHARS = 1 << 20   # one rendering's text (real templates give a few hundred characters)
+RENDER_SECONDS = 30.0        # all renderings of one template together (real ones: well under 1 s)
+RENDER_MEMORY = 1 << 30      # bytes the renderings may allocate
+MAX_TEMPLATE_BYTES = 1 << 20  # a template file (real ones are 1-10 KB)
+
+
 class TemplateError(ModelError):
     """The template cannot be expressed as a chat.template table (the message says why)."""
+
+
+class RenderLimitError(TemplateError):
+    """The template's rendering ran past a limit (size, time or memory)."""
+
+
+def _limit_exceeded(what: str) -> RenderLimitError:
+    return RenderLimitError(f"chat template: rendering {what}; a chat template renders a few hundred "
+                            "characters per message: give a usable one with --chat-template FILE")
 
 
 def _environment() -> Any:
     import jinja2
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+    class Limited(ImmutableSandboxedEnvironment):
+        """transformers' sandbox, plus size checks on the operators that can build huge values
+        in one step ('x' * 3000000000, 10 ** 10 ** 9) before anything is allocated."""
+
+        intercepted_binops = frozenset(["*", "**", "+"])
+
+        def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+            seq = (str, list, tuple)
+            if operator == "*":
+                n, k = (left, right) if isinstance(left, seq) else (right, left)
+                if isinstance(n, seq) and isinstance(k, int) and len(n) * k > MAX_RENDER_CHARS:
+                    raise _limit_exceeded(f"builds a sequence of {len(n) * k} items ({len(n)} x {k})")
+            elif operator == "**" and isinstance(left, int) and isinstance(right, int):
+                if abs(left) > 1 and right > 4096:
+                    raise _limit_exceeded(f"computes {left} ** {right}")
+            elif operator == "+" and isinstance(left, seq) and isinstance(right, seq):
+                if len(left) + len(right) > MAX_RENDER_CHARS:
+                    raise _limit_exceeded(f"builds a sequence of {len(left) + len(right)} items")
+            return super().call_binop(context, operator, left, right)
+
     def raise_exception(message: str) -> None:
         raise jinja2.exceptions.TemplateError(message)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=["jinja2.ext.loopcontrols"])
+    # optimized=False: Jinja's optimizer evaluates constant expressions while compiling (a
+    # template's {{ 'x'|center(3000000000) }} would be built then, outside any limit)
+    env = Limited(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"], optimized=False)
     env.globals["raise_exception"] = raise_exception
     return env
 
@@ -69,6 +109,8 @@ class Renderer:
             self.template = _environment().from_string(template)
         except jinja2.exceptions.TemplateSyntaxError as e:
             raise TemplateError(f"chat template: Jinja syntax error at line {e.lineno}: {e.message}") from e
+        except (SyntaxError, RecursionError, MemoryError) as e:  # Python refuses the compiled code
+            raise TemplateError(f"chat template: cannot be compiled ({type(e).__name__})") from None
         self.bos_token, self.eos_token = bos_token, eos_token
 
     def render(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str | None:
@@ -76,10 +118,18 @@ class Renderer:
         import jinja2
 
         try:
-            return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+            text = self.template.render(messages=messages, add_generation_prompt=add_generation_prompt,
                                         bos_token=self.bos_token, eos_token=self.eos_token)
         except (jinja2.exceptions.TemplateError, TypeError, KeyError, IndexError, AttributeError):
             return None
+        except MemoryError:
+            raise _limit_exceeded(f"needs more than {RENDER_MEMORY >> 20} MiB of memory") from None
+        except (OverflowError, RecursionError) as exc:
+            raise _limit_exceeded(f"failed ({type(exc).__name__})") from None
+        if len(text) > MAX_RENDER_CHARS:
+            raise _limit_exceeded(f"gives {len(text)} characters for a conversation of {len(messages)} "
+                                  "short messages")
+        return text
 
 
 def shapes(max_len: int = MAX_PROBE) -> list[tuple[str, ...]]:
@@ -234,24 +284,101 @@ def _token_text(v: Any) -> str:
     return v if isinstance(v, str) else ""
 
 
-def from_template(template: str, bos_token: str = "", eos_token: str = "") -> ChatTemplate:
+def _table_of(template: str, bos_token: str, eos_token: str) -> dict[str, str]:
     r = Renderer(template, bos_token, eos_token)
     table = derive(r)
     verify(r, table)
+    return table
+
+
+def _in_child(template: str, bos_token: str, eos_token: str) -> dict[str, str]:
+    """_table_of in a forked child with an address-space cap (what it has now + RENDER_MEMORY),
+    a CPU-time cap and a wall deadline; the table or the child's error comes back as JSON."""
+    import json
+    import resource
+    import select
+    import signal
+
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        code = 1
+        try:
+            os.close(read_fd)
+            with open("/proc/self/statm") as f:
+                vm = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+            resource.setrlimit(resource.RLIMIT_AS, (vm + RENDER_MEMORY, vm + RENDER_MEMORY))
+            cpu = int(RENDER_SECONDS) + 1
+            resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
+            try:
+                reply: list[Any] = ["ok", _table_of(template, bos_token, eos_token)]
+            except RenderLimitError as exc:
+                reply = ["limit", str(exc)]
+            except TemplateError as exc:
+                reply = ["template", str(exc)]
+            except MemoryError:
+                reply = ["limit", str(_limit_exceeded(f"needs more than {RENDER_MEMORY >> 20} MiB"))]
+            except BaseException as exc:  # noqa: BLE001 (reported to the parent, never raised here)
+                reply = ["error", f"{type(exc).__name__}: {exc}"[:2000]]
+            data = json.dumps(reply).encode("utf-8")
+            view = memoryview(data)
+            while view:
+                view = view[os.write(write_fd, view):]
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    chunks, deadline = [], time.monotonic() + RENDER_SECONDS
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([read_fd], [], [], left)[0]:
+                os.kill(pid, signal.SIGKILL)
+                raise _limit_exceeded(f"took longer than {RENDER_SECONDS:.0f} s")
+            chunk = os.read(read_fd, 1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(read_fd)
+        _, status = os.waitpid(pid, 0)
+    if not chunks:
+        if os.WIFSIGNALED(status) and os.WTERMSIG(status) in (signal.SIGXCPU, signal.SIGKILL):
+            raise _limit_exceeded(f"took more than {RENDER_SECONDS:.0f} s of CPU")
+        raise _limit_exceeded(f"stopped the renderer (status {status}), e.g. by exhausting memory")
+    kind, value = json.loads(b"".join(chunks))
+    if kind == "ok":
+        return dict(value)
+    if kind == "limit":
+        raise RenderLimitError(value)
+    if kind == "template":
+        raise TemplateError(value)
+    raise TemplateError(f"chat template: rendering failed: {value}")
+
+
+def from_template(template: str, bos_token: str = "", eos_token: str = "") -> ChatTemplate:
+    """Derive and verify the table of ``template``: in a child process with limits on time,
+    memory and output (RENDER_SECONDS, RENDER_MEMORY, MAX_RENDER_CHARS) where the platform can
+    fork, so a hostile template cannot hang or exhaust the converter."""
+    if hasattr(os, "fork") and os.path.exists("/proc/self/statm"):
+        table = _in_child(template, bos_token, eos_token)
+    else:
+        table = _table_of(template, bos_token, eos_token)
     return ChatTemplate(table, hashlib.sha256(template.encode("utf-8")).hexdigest())
 
 
 def from_checkpoint(hf_dir: Path, override: Path | None = None) -> ChatTemplate | None:
     """The checkpoint's template (tokenizer_config.json `chat_template`, or chat_template.jinja),
     or `override`'s text; None when there is none. Raises TemplateError when it cannot be stored."""
-    import json
+    from colibri_kit.model.checkpoint_files import read_json_object, read_text
 
     cfg_path = Path(hf_dir) / "tokenizer_config.json"
-    cfg: dict[str, Any] = json.loads(cfg_path.read_text(encoding="utf-8")) if cfg_path.is_file() else {}
+    cfg: dict[str, Any] = read_json_object(cfg_path) if os.path.lexists(cfg_path) else {}
+    jinja_path = Path(hf_dir) / "chat_template.jinja"
     if override is not None:
-        template = Path(override).read_text(encoding="utf-8")
-    elif (Path(hf_dir) / "chat_template.jinja").is_file():
-        template = (Path(hf_dir) / "chat_template.jinja").read_text(encoding="utf-8")
+        template: Any = read_text(Path(override), MAX_TEMPLATE_BYTES, "chat template")
+    elif os.path.lexists(jinja_path):
+        template = read_text(jinja_path, MAX_TEMPLATE_BYTES, "chat template")
     else:
         template = cfg.get("chat_template")
         if isinstance(template, list):  # named templates: the default one

@@ -9,7 +9,6 @@ appears only when complete (temporary file, then rename).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -22,6 +21,7 @@ from colibri_kit.model.families import HFModel, read_config
 from colibri_kit.model.format import (
     NONE, DType, Flag, Kind, ModelHeader, ModelWriter, padded_dim, tensor_label,
 )
+from colibri_kit.model.checkpoint_files import MAX_CONFIG_BYTES, read_json_object
 from colibri_kit.model.safetensors_io import Checkpoint, TensorView
 from colibri_kit.model.tokenizer import tokenizer_metadata
 
@@ -249,16 +249,12 @@ class Progress:
 
 
 def load_config(hf_dir: Path) -> dict[str, Any]:
+    """config.json as a dict: a regular file of at most 16 MiB, plain JSON (ModelError naming
+    the file otherwise: a link to /dev/zero, a FIFO, 200k-deep nesting, a 5000-digit number)."""
     path = hf_dir / "config.json"
-    try:
-        cfg = json.loads(path.read_text())
-    except OSError as exc:
-        raise ModelError(f"cannot read {path}: {exc.strerror}") from None
-    except ValueError as exc:
-        raise ModelError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(cfg, dict):
-        raise ModelError(f"{path}: not a JSON object")
-    return cfg
+    if not os.path.lexists(path):
+        raise ModelError(f"cannot read {path}: no such file (is {hf_dir} a Hugging Face checkpoint directory?)")
+    return read_json_object(path, MAX_CONFIG_BYTES)
 
 
 def chat_template_blob(hf_dir: Path, override: str | os.PathLike[str] | None) -> bytes | None:

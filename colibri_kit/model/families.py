@@ -58,13 +58,15 @@ def _int(cfg: dict[str, Any], key: str, default: int | None = None) -> int:
     if v is None:
         v = default
     if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-        raise ModelError(f"config.json: key {key} = {v!r} is not a non-negative integer")
+        shown = f"an integer of {len(str(v))} digits" if isinstance(v, int) and abs(v) > 10**30 else repr(v)[:80]
+        raise ModelError(f"config.json: key {key} = {shown} is not a non-negative integer")
     return v
 
 
 def _limit(key: str, value: int, lo: int, hi: int) -> int:
     if not lo <= value <= hi:
-        raise ModelError(f"config.json: key {key} = {value} is outside what the .colibri format holds ({lo}..{hi})")
+        shown = f"an integer of {len(str(value))} digits" if value > 10**30 else value
+        raise ModelError(f"config.json: key {key} = {shown} is outside what the .colibri format holds ({lo}..{hi})")
     return value
 
 
@@ -100,7 +102,8 @@ def rope_theta(cfg: dict[str, Any]) -> float:
         raise ModelError(f"config.json: key partial_rotary_factor = {cfg['partial_rotary_factor']!r} is not supported (only 1.0)")
     if theta is None:
         theta = cfg.get("rope_theta", 10000.0)
-    if not isinstance(theta, (int, float)) or isinstance(theta, bool) or not math.isfinite(theta) or theta <= 0:
+    if (not isinstance(theta, (int, float)) or isinstance(theta, bool)
+            or (isinstance(theta, int) and not 0 < theta < 10**30) or not math.isfinite(theta) or theta <= 0):
         raise ModelError(f"config.json: key rope_theta = {theta!r} is not a positive number")
     return float(theta)
 
@@ -133,7 +136,7 @@ def read_config(cfg: dict[str, Any]) -> HFModel:
     vocab = _limit("vocab_size", _int(cfg, "vocab_size"), 1, fmt.MAX_VOCAB)
     top_k = _int(cfg, "num_experts_per_tok")
     eps = cfg.get("rms_norm_eps", 1e-6)
-    if not isinstance(eps, (int, float)) or not 0 < eps < 1:
+    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not 0 < eps < 1:
         raise ModelError(f"config.json: key rms_norm_eps = {eps!r} is not in (0, 1)")
     for key in ("attention_bias",):
         if cfg.get(key):

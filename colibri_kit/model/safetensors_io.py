@@ -8,9 +8,9 @@ the size of the chunk being converted. Every offset and shape is checked against
 
 from __future__ import annotations
 
-import json
 import math
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -18,6 +18,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from colibri_kit.errors import ModelError
+from colibri_kit.model.checkpoint_files import MAX_CONFIG_BYTES, parse_json, read_json_object
 from colibri_kit.model.format import bf16_bits_to_f32
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -82,9 +83,12 @@ class SafetensorsFile:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         try:
-            size = self.path.stat().st_size
+            st = self.path.stat()
         except OSError as exc:
             raise ModelError(f"cannot read {self.path}: {exc.strerror}") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise ModelError(f"{self.path}: not a regular file (a device, FIFO or directory); give the checkpoint's own file")
+        size = st.st_size
         if size < 8:
             raise ModelError(f"{self.path}: {size} bytes, too short for a safetensors header")
         with open(self.path, "rb") as f:
@@ -92,10 +96,7 @@ class SafetensorsFile:
             if hlen > MAX_HEADER or hlen > size - 8:
                 raise ModelError(f"{self.path}: header length {hlen} runs past the file ({size} bytes)")
             raw_header = f.read(hlen)
-        try:
-            header = json.loads(raw_header)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ModelError(f"{self.path}: header is not valid JSON ({exc})") from None
+        header = parse_json(raw_header, f"{self.path}: header")
         if not isinstance(header, dict):
             raise ModelError(f"{self.path}: header is not a JSON object")
         self.metadata = header.pop("__metadata__", None) or {}
@@ -123,20 +124,20 @@ class SafetensorsFile:
 
 
 def _entry(path: Path, name: str, info: Any, data_len: int) -> Entry:
-    where = f"{path.name}: tensor {name}"
+    where = f"{path.name}: tensor {name[:200]}"
     if not isinstance(info, dict):
         raise ModelError(f"{where}: header entry is not an object")
     dtype = info.get("dtype")
-    if dtype not in _DTYPES:
-        raise ModelError(f"{where}: dtype {dtype!r} not supported (F32, F16, BF16)")
+    if not isinstance(dtype, str) or dtype not in _DTYPES:
+        raise ModelError(f"{where}: dtype {repr(dtype)[:40]} not supported (F32, F16, BF16)")
     shape = info.get("shape")
     if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
                                               for s in shape):
-        raise ModelError(f"{where}: shape {shape!r} is not a list of non-negative integers")
+        raise ModelError(f"{where}: shape {repr(shape)[:120]} is not a list of non-negative integers")
     offs = info.get("data_offsets")
     if (not isinstance(offs, list) or len(offs) != 2
             or not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offs)):
-        raise ModelError(f"{where}: data_offsets {offs!r} is not [begin, end]")
+        raise ModelError(f"{where}: data_offsets {repr(offs)[:120]} is not [begin, end]")
     begin, end = offs
     nbytes = math.prod(shape) * np.dtype(_DTYPES[dtype][0]).itemsize
     if end < begin or end - begin != nbytes:
@@ -155,9 +156,9 @@ class Checkpoint:
         self.where: dict[str, str] = {}
         index = self.dir / INDEX_NAME
         single = self.dir / SINGLE_NAME
-        if index.is_file():
+        if os.path.lexists(index):
             self._load_index(index)
-        elif single.is_file():
+        elif os.path.lexists(single):
             f = SafetensorsFile(single)
             self.files[single.name] = f
             self.where = {k: single.name for k in f.keys()}
@@ -165,16 +166,14 @@ class Checkpoint:
             raise ModelError(f"{self.dir}: no {SINGLE_NAME} or {INDEX_NAME} (only safetensors checkpoints are supported)")
 
     def _load_index(self, index: Path) -> None:
-        try:
-            doc = json.loads(index.read_text())
-            weight_map = doc["weight_map"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise ModelError(f"{index}: not a valid index ({exc.__class__.__name__}: {exc})") from None
+        doc = read_json_object(index, MAX_CONFIG_BYTES)
+        weight_map = doc.get("weight_map")
         if not isinstance(weight_map, dict):
-            raise ModelError(f"{index}: weight_map is not an object")
+            raise ModelError(f"{index}: key weight_map is missing or not an object")
         for name, fname in weight_map.items():
             if not isinstance(fname, str) or Path(fname).name != fname or fname in ("", ".", ".."):
-                raise ModelError(f"{index}: weight_map[{name!r}] = {fname!r} is not a file name in {self.dir}")
+                raise ModelError(f"{index}: key weight_map[{name[:80]!r}] = {str(fname)[:80]!r} is not a file name "
+                                 f"in {self.dir}")
             if fname not in self.files:
                 self.files[fname] = SafetensorsFile(self.dir / fname)
             if name not in self.files[fname].entries:

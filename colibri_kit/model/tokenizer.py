@@ -1,153 +1,48 @@
 """The checkpoint's tokenizer -> the `tokenizer.*` blobs of a `.colibri` file (docs/format.md).
 
 Reads ``tokenizer.json`` (the `tokenizers` library's serialisation), or, where only a
-SentencePiece ``tokenizer.model`` exists, that (through the `sentencepiece` library), plus
-``tokenizer_config.json`` and ``generation_config.json``. Only the configurations the supported
-families really use are accepted; anything else fails naming the key and the supported values:
+SentencePiece ``tokenizer.model`` exists, that (colibri_kit/model/tokenizer_sp.py), plus
+``tokenizer_config.json`` and ``generation_config.json``. When a checkpoint has both,
+tokenizer.json wins: it is what transformers' tokenizer (and so its generation) uses. Only the
+configurations the supported families really use are accepted; anything else fails naming the key
+and the supported values:
 
-- byte-level BPE (Qwen2-MoE / Qwen3-MoE: NFC + Split(Qwen2 regex, Isolated) + ByteLevel;
-  OLMoE, GPT-NeoX style: NFC + ByteLevel(use_regex) with the GPT-2 regex), decoder ByteLevel;
-- SentencePiece-style BPE (Mixtral / Llama): normalizer Prepend("▁") + Replace(" ", "▁"), no
-  pre-tokenizer, byte_fallback, fuse_unk, decoder Replace("▁", " ") + ByteFallback + Fuse +
-  Strip(" ", 1, 0).
+- byte-level BPE: NFC (or none) + Split(regex, Isolated) + ByteLevel, with the regex of Qwen2 /
+  Qwen3-MoE, Llama-3, o200k (gpt-oss, o200k_harmony: case classes, contractions as a suffix,
+  ``\\p{N}{1,3}``) or Qwen3.5 (``\\p{M}`` inside words); OLMoE, GPT-NeoX style: NFC +
+  ByteLevel(use_regex) with the GPT-2 regex; decoder ByteLevel;
+- SentencePiece-style BPE (Mixtral / Llama): normalizer Prepend("▁") + Replace(" ", "▁") or a
+  Metaspace pre-tokenizer, byte_fallback, fuse_unk, decoder Replace("▁", " ") + ByteFallback +
+  Fuse + Strip(" ", 1, 0).
 
 The C tokenizer (runtime/src/text/tokenizer.c) reproduces the `tokenizers` library's ids exactly on
-these configurations (tests/test_tokenizer.py).
+these configurations, and SentencePiece's own ids for a tokenizer.model (tests/test_tokenizer*.py).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import struct
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from colibri_kit.errors import ModelError
-
-# The two pre-tokenizer regexes the families use, as they appear in tokenizer.json.
-# Qwen2 / Qwen3-MoE (Qwen/Qwen1.5-MoE-A2.7B, Qwen/Qwen3-30B-A3B tokenizer.json,
-# pre_tokenizer.pretokenizers[0].pattern.Regex); Llama-3 style differs only in \p{N}{1,3}.
-QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-LLAMA3_REGEX = QWEN2_REGEX.replace(r"|\p{N}|", r"|\p{N}{1,3}|")
-# GPT-2's regex, which ByteLevel(use_regex=true) applies (OLMoE's GPT-NeoX-derived tokenizer).
-GPT2_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
-SPLIT_REGEXES = {QWEN2_REGEX: 1, LLAMA3_REGEX: 3}  # -> max digits per number piece
-
-MODEL_BYTE_BPE, MODEL_SP_BPE = 1, 2
-NORM_NONE, NORM_NFC, NORM_SP = 0, 1, 2
-PRETOK_NONE, PRETOK_GPT2, PRETOK_LLAMA3, PRETOK_METASPACE = 0, 1, 2, 3
-META_ALWAYS, META_FIRST, META_NEVER = 1, 2, 3  # Metaspace prepend_scheme (config word 4)
-DEC_BYTE_LEVEL, DEC_SP = 1, 2
-F_BYTE_FALLBACK, F_FUSE_UNK, F_ADD_BOS, F_ADD_EOS, F_IGNORE_MERGES = 1, 2, 4, 8, 16
-A_SPECIAL, A_LSTRIP, A_RSTRIP, A_NORMALIZED, A_SINGLE_WORD = 1, 2, 4, 8, 16
-V_IN_MODEL, V_BYTE, V_ADDED, V_SPECIAL = 1, 2, 4, 8
-NO_ID = 0xFFFFFFFF
-CONFIG_VERSION = 1
-CONFIG_WORDS = 24  # fixed part of tokenizer.config, then n_stop stop ids
-MAX_TOKEN_BYTES = 1024  # longest vocabulary entry / added token accepted (C checks the same)
-SP = "\u2581"  # ▁
-
-NAMES = {
-    "model": {MODEL_BYTE_BPE: "byte_level_bpe", MODEL_SP_BPE: "sentencepiece_bpe"},
-    "normalizer": {NORM_NONE: "none", NORM_NFC: "nfc", NORM_SP: "prepend_replace_space"},
-    "pre_tokenizer": {PRETOK_NONE: "none", PRETOK_GPT2: "gpt2_regex", PRETOK_LLAMA3: "qwen2_llama3_regex",
-                      PRETOK_METASPACE: "metaspace"},
-    "decoder": {DEC_BYTE_LEVEL: "byte_level", DEC_SP: "sentencepiece"},
-}
-
-
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable character map (the ByteLevel pre-tokenizer's alphabet)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {b: chr(c) for b, c in zip(bs, cs)}
-
-
-_B2U = bytes_to_unicode()
-_U2B = {c: b for b, c in _B2U.items()}
-
-
-@dataclass
-class AddedToken:
-    id: int
-    content: str
-    flags: int
-
-
-@dataclass
-class TokenizerSpec:
-    """Everything the runtime needs, in the form the blobs store it."""
-
-    model: int
-    normalizer: int
-    pre_tokenizer: int
-    digits: int  # max digits per number piece (pre_tokenizer qwen2_llama3_regex)
-    decoder: int
-    flags: int
-    unk_id: int
-    bos_id: int
-    eos_id: int
-    pad_id: int
-    vocab: list[bytes]  # per id: the bytes the piece stands for (byte-level: un-mapped)
-    vocab_flags: list[int]
-    merges: list[tuple[int, int, int]]  # (left, right, merged), in rank order
-    added: list[AddedToken]
-    stop_ids: list[int] = field(default_factory=list)
-    strip: int = 0  # decoder Strip: leading spaces removed
-
-    def blobs(self) -> dict[str, bytes]:
-        cfg = [CONFIG_VERSION, self.model, self.normalizer, self.pre_tokenizer, self.digits, self.decoder,
-               self.flags, self.unk_id, self.bos_id, self.eos_id, self.pad_id, len(self.vocab),
-               len(self.merges), len(self.added), len(self.stop_ids), self.strip]
-        cfg += [0] * (CONFIG_WORDS - len(cfg))
-        config = struct.pack(f"<{CONFIG_WORDS}I", *cfg) + struct.pack(f"<{len(self.stop_ids)}I", *self.stop_ids)
-        offs = [0]
-        for v in self.vocab:
-            offs.append(offs[-1] + len(v))
-        vocab = (struct.pack("<I", len(self.vocab)) + struct.pack(f"<{len(offs)}I", *offs)
-                 + bytes(self.vocab_flags) + b"".join(self.vocab))
-        merges = b"".join(struct.pack("<3I", *m) for m in self.merges)
-        table, text, at = [], [], 0
-        for a in self.added:
-            raw = a.content.encode("utf-8")
-            table.append(struct.pack("<4I", a.id, a.flags, at, len(raw)))
-            text.append(raw)
-            at += len(raw)
-        added = b"".join(table) + b"".join(text)
-        return {"tokenizer.config": config, "tokenizer.vocab": vocab, "tokenizer.merges": merges,
-                "tokenizer.added": added}
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "model": NAMES["model"][self.model], "normalizer": NAMES["normalizer"][self.normalizer],
-            "pre_tokenizer": NAMES["pre_tokenizer"][self.pre_tokenizer], "decoder": NAMES["decoder"][self.decoder],
-            "vocab": len(self.vocab), "merges": len(self.merges), "added_tokens": len(self.added),
-            "special_tokens": [a.content for a in self.added if a.flags & A_SPECIAL][:8],
-            "byte_fallback": bool(self.flags & F_BYTE_FALLBACK), "add_bos": bool(self.flags & F_ADD_BOS),
-            "add_eos": bool(self.flags & F_ADD_EOS),
-            "bos_id": _opt(self.bos_id), "eos_id": _opt(self.eos_id), "unk_id": _opt(self.unk_id),
-            "stop_ids": self.stop_ids,
-        }
-
-
-def _opt(v: int) -> int | None:
-    return None if v == NO_ID else v
-
+from colibri_kit.model.checkpoint_files import MAX_JSON_BYTES, read_json_object
+from colibri_kit.model.tokenizer_spec import *  # noqa: F403 (the spec's names are this module's API too)
+from colibri_kit.model.tokenizer_spec import _B2U, _U2B, _is_byte_token, _opt, special_ids
+from colibri_kit.model.tokenizer_sp import SentencePieceReference, spec_from_sentencepiece
 
 # ----------------------------------------------------------------------------------------------
 # tokenizer.json
 
 
 def _bad(key: str, value: Any, supported: str) -> ModelError:
-    return ModelError(f"tokenizer.json key {key}: {json.dumps(value)[:120]} is not supported; supported: {supported}")
+    try:
+        shown = json.dumps(value)[:120]
+    except (ValueError, RecursionError):  # a huge integer or a deep value: say what it is
+        shown = type(value).__name__
+    return ModelError(f"tokenizer.json key {key}: {shown} is not supported; supported: {supported}")
 
 
 def _parse_normalizer(n: Any) -> int:
@@ -163,7 +58,7 @@ def _parse_normalizer(n: Any) -> int:
         if isinstance(steps, list) and len(steps) == 1:
             return _parse_normalizer(steps[0])
         if (isinstance(steps, list) and len(steps) == 2 and steps[0] == {"type": "Prepend", "prepend": SP}
-                and steps[1].get("type") == "Replace" and steps[1].get("pattern") == {"String": " "}
+                and isinstance(steps[1], dict) and steps[1].get("type") == "Replace" and steps[1].get("pattern") == {"String": " "}
                 and steps[1].get("content") == SP):
             return NORM_SP
         raise _bad("normalizer.normalizers", steps, sup)
@@ -179,8 +74,8 @@ def _byte_level_ok(b: dict[str, Any], key: str, use_regex: bool) -> None:
 
 def _parse_pre_tokenizer(p: Any) -> tuple[int, int]:
     sup = ("null (SentencePiece-style), Metaspace(\"▁\", split=false), ByteLevel(use_regex=true, "
-           "add_prefix_space=false) (GPT-2 regex), or Sequence[Split(Regex=<Qwen2 or Llama-3 regex>, "
-           "behavior=Isolated), ByteLevel(use_regex=false)]")
+           "add_prefix_space=false) (GPT-2 regex), or Sequence[Split(Regex=<the Qwen2, Llama-3, o200k "
+           "or Qwen3.5 regex>, behavior=Isolated), ByteLevel(use_regex=false)]")
     if p is None:
         return PRETOK_NONE, 0
     if not isinstance(p, dict):
@@ -208,16 +103,17 @@ def _parse_pre_tokenizer(p: Any) -> tuple[int, int]:
         split, bl = steps
         if split.get("type") != "Split":
             raise _bad("pre_tokenizer.pretokenizers[0].type", split.get("type"), "Split")
-        regex = (split.get("pattern") or {}).get("Regex")
-        if regex not in SPLIT_REGEXES:
-            raise _bad("pre_tokenizer.pretokenizers[0].pattern", split.get("pattern"),
-                       "the Qwen2 regex or the Llama-3 regex (colibri_kit/model/tokenizer.py)")
+        pattern = split.get("pattern")
+        regex = pattern.get("Regex") if isinstance(pattern, dict) else None
+        if not isinstance(regex, str) or regex not in SPLIT_REGEXES:
+            raise _bad("pre_tokenizer.pretokenizers[0].pattern", pattern,
+                       "the Qwen2, Llama-3, o200k or Qwen3.5 regex (colibri_kit/model/tokenizer.py)")
         if split.get("behavior") != "Isolated" or split.get("invert", False):
             raise _bad("pre_tokenizer.pretokenizers[0].behavior", split.get("behavior"), "Isolated, invert false")
         if bl.get("type") != "ByteLevel":
             raise _bad("pre_tokenizer.pretokenizers[1].type", bl.get("type"), "ByteLevel")
         _byte_level_ok(bl, "pre_tokenizer.pretokenizers[1]", False)
-        return PRETOK_LLAMA3, SPLIT_REGEXES[regex]
+        return SPLIT_REGEXES[regex]
     raise _bad("pre_tokenizer.type", p.get("type"), sup)
 
 
@@ -255,20 +151,29 @@ def _parse_post(p: Any, vocab_of: dict[str, int]) -> tuple[int, int, int]:
     if p.get("type") != "TemplateProcessing":
         raise _bad("post_processor.type", p.get("type"), sup)
     single = p.get("single") or []
+    if not isinstance(single, list) or not all(
+            isinstance(x, dict) and (isinstance(x.get("Sequence"), dict) or isinstance(x.get("SpecialToken"), dict))
+            for x in single):
+        raise _bad("post_processor.single", single, sup)
     kinds = ["A" if "Sequence" in s else "S" for s in single]
     if kinds not in (["A"], ["S", "A"], ["A", "S"], ["S", "A", "S"]):
         raise _bad("post_processor.single", single, sup)
     flags, bos, eos = 0, NO_ID, NO_ID
     specials = p.get("special_tokens") or {}
+    if not isinstance(specials, dict):
+        raise _bad("post_processor.special_tokens", specials, "an object name -> {ids}")
 
     def sid(item: dict[str, Any]) -> int:
-        name = item["SpecialToken"]["id"]
-        ids = (specials.get(name) or {}).get("ids") or []
-        if len(ids) != 1:
-            if name in vocab_of:
+        name = item["SpecialToken"].get("id")
+        entry = specials.get(name) if isinstance(name, str) else None
+        ids = (entry.get("ids") if isinstance(entry, dict) else None) or []
+        if not isinstance(ids, list) or len(ids) != 1:
+            if isinstance(name, str) and name in vocab_of:
                 return vocab_of[name]
             raise _bad("post_processor.special_tokens", name, "one id per special token")
-        return int(ids[0])
+        if not isinstance(ids[0], int) or isinstance(ids[0], bool) or not 0 <= ids[0] < MAX_IDS:
+            raise _bad(f"post_processor.special_tokens[{name!r}].ids", ids, f"one id below {MAX_IDS}")
+        return ids[0]
 
     if kinds[0] == "S":
         flags |= F_ADD_BOS
@@ -283,16 +188,6 @@ def _piece_bytes(s: str, byte_level: bool) -> bytes:
     if byte_level and all(c in _U2B for c in s):
         return bytes(_U2B[c] for c in s)
     return s.encode("utf-8")
-
-
-def _is_byte_token(s: str) -> bool:
-    if len(s) != 6 or not s.startswith("<0x") or not s.endswith(">"):
-        return False
-    try:
-        int(s[3:5], 16)
-    except ValueError:
-        return False
-    return True
 
 
 def spec_from_tokenizer_json(tj: dict[str, Any], tok_config: dict[str, Any] | None = None,
@@ -313,7 +208,7 @@ def spec_from_tokenizer_json(tj: dict[str, Any], tok_config: dict[str, Any] | No
     norm = _parse_normalizer(tj.get("normalizer"))
     pre, digits = _parse_pre_tokenizer(tj.get("pre_tokenizer"))
     dec = _parse_decoder(tj.get("decoder"))
-    if pre in (PRETOK_GPT2, PRETOK_LLAMA3):
+    if pre in BYTE_LEVEL_PRETOKS:
         model_kind = MODEL_BYTE_BPE
         if norm not in (NORM_NONE, NORM_NFC):
             raise _bad("normalizer", tj.get("normalizer"), "null or NFC with a ByteLevel pre-tokenizer")
@@ -337,13 +232,23 @@ def spec_from_tokenizer_json(tj: dict[str, Any], tok_config: dict[str, Any] | No
     added_in = tj.get("added_tokens") or []
     if not isinstance(added_in, list):
         raise _bad("added_tokens", added_in, "a list")
-    n = 1 + max([int(i) for i in vocab_in.values()] + [int(a.get("id", -1)) for a in added_in if isinstance(a, dict)])
+    # every id is checked before anything is sized by it (an id of 2**40 must not allocate)
+    for piece, i in vocab_in.items():
+        if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < MAX_IDS or not isinstance(piece, str):
+            raise _bad("model.vocab", {str(piece)[:40]: i if not isinstance(i, int) or abs(i) < 10**30 else "huge"},
+                       f"string -> integer id in 0..{MAX_IDS - 1}")
+    if len(added_in) > MAX_ADDED:
+        raise _bad("added_tokens", f"{len(added_in)} entries", f"at most {MAX_ADDED} added tokens")
+    for k, a in enumerate(added_in):
+        i = a.get("id") if isinstance(a, dict) else None
+        if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < MAX_IDS:
+            raise _bad(f"added_tokens[{k}].id", i if not isinstance(i, int) or abs(i) < 10**30 else "huge",
+                       f"an integer id in 0..{MAX_IDS - 1}")
+    n = 1 + max(list(vocab_in.values()) + [a["id"] for a in added_in])
     vocab: list[bytes] = [b""] * n
     vflags = [0] * n
     names: list[str | None] = [None] * n
     for piece, i in vocab_in.items():
-        if not isinstance(i, int) or i < 0 or not isinstance(piece, str):
-            raise _bad("model.vocab", {piece: i}, "string -> non-negative integer")
         if names[i] is not None:
             raise _bad("model.vocab", {piece: i}, "one piece per id")
         names[i] = piece
@@ -351,8 +256,8 @@ def spec_from_tokenizer_json(tj: dict[str, Any], tok_config: dict[str, Any] | No
         vflags[i] = V_IN_MODEL | (V_BYTE if (not byte_level and _is_byte_token(piece)) else 0)
     added: list[AddedToken] = []
     for k, a in enumerate(added_in):
-        if not isinstance(a, dict) or not isinstance(a.get("id"), int) or not isinstance(a.get("content"), str) or not a["content"]:
-            raise _bad(f"added_tokens[{k}]", a, "objects with an integer id and a non-empty content")
+        if not isinstance(a.get("content"), str) or not a["content"]:
+            raise _bad(f"added_tokens[{k}].content", a.get("content"), "a non-empty string")
         if a.get("single_word"):
             raise _bad(f"added_tokens[{k}].single_word", True, "false (no supported family uses it)")
         i, content = a["id"], a["content"]
@@ -370,7 +275,10 @@ def spec_from_tokenizer_json(tj: dict[str, Any], tok_config: dict[str, Any] | No
             raise _bad("model.vocab", names[i], f"pieces of at most {MAX_TOKEN_BYTES} bytes")
     vocab_of = {s: i for i, s in enumerate(names) if s is not None}
     merges: list[tuple[int, int, int]] = []
-    for k, mg in enumerate(m.get("merges") or []):
+    merges_in = m.get("merges") or []
+    if not isinstance(merges_in, list):
+        raise _bad("model.merges", type(merges_in).__name__, "a list")
+    for k, mg in enumerate(merges_in):
         if isinstance(mg, str):
             parts = mg.split(" ")
         elif isinstance(mg, list):
@@ -382,7 +290,7 @@ def spec_from_tokenizer_json(tj: dict[str, Any], tok_config: dict[str, Any] | No
         left, right = parts
         try:
             ids = (vocab_in[left], vocab_in[right], vocab_in[left + right])
-        except KeyError as exc:
+        except (KeyError, TypeError) as exc:
             raise _bad(f"model.merges[{k}]", mg, f"pieces that are in model.vocab (missing {exc})") from None
         merges.append(ids)
     flags = 0
@@ -395,145 +303,39 @@ def spec_from_tokenizer_json(tj: dict[str, Any], tok_config: dict[str, Any] | No
     unk = m.get("unk_token")
     unk_id = NO_ID
     if unk is not None:
-        if unk not in vocab_in:
+        if not isinstance(unk, str) or unk not in vocab_in:
             raise _bad("model.unk_token", unk, "a piece of model.vocab")
         unk_id = vocab_in[unk]
     pflags, bos_id, eos_id = _parse_post(tj.get("post_processor"), vocab_of)
     flags |= pflags
-    tc = tok_config or {}
-    gc = gen_config or {}
-
-    def token_id(value: Any, key: str) -> int:
-        if isinstance(value, dict):
-            value = value.get("content")
-        if value is None:
-            return NO_ID
-        if value not in vocab_of:
-            raise ModelError(f"tokenizer_config.json key {key}: {value!r} is not a token of tokenizer.json")
-        return vocab_of[value]
-
-    if bos_id == NO_ID:
-        bos_id = token_id(tc.get("bos_token"), "bos_token")
-    if eos_id == NO_ID:
-        eos_id = token_id(tc.get("eos_token"), "eos_token")
-    pad_id = token_id(tc.get("pad_token"), "pad_token")
-    # transformers lets tokenizer_config.json switch BOS/EOS on or off over the post-processor
-    for key, bit in (("add_bos_token", F_ADD_BOS), ("add_eos_token", F_ADD_EOS)):
-        if key in tc and tc[key] is not None:
-            flags = (flags | bit) if tc[key] else (flags & ~bit)
-    if flags & F_ADD_BOS and bos_id == NO_ID:
-        raise ModelError("tokenizer_config.json key add_bos_token: true, but there is no bos_token")
-    if flags & F_ADD_EOS and eos_id == NO_ID:
-        raise ModelError("tokenizer_config.json key add_eos_token: true, but there is no eos_token")
-    stops: list[int] = []
-    v = gc.get("eos_token_id")
-    for s in (v if isinstance(v, list) else [v] if v is not None else []):
-        if not isinstance(s, int) or not 0 <= s < n:
-            raise ModelError(f"generation_config.json key eos_token_id: {s!r} is not a token id below {n}")
-        if s not in stops:
-            stops.append(s)
-    if not stops and eos_id != NO_ID:
-        stops.append(eos_id)
-    if gc.get("bos_token_id") is not None and bos_id == NO_ID and isinstance(gc["bos_token_id"], int):
-        bos_id = gc["bos_token_id"]
+    flags, bos_id, eos_id, pad_id, stops = special_ids(flags, bos_id, eos_id, vocab_of, n, tok_config, gen_config)
     return TokenizerSpec(model=model_kind, normalizer=norm, pre_tokenizer=pre, digits=digits, decoder=dec,
                          flags=flags, unk_id=unk_id, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, vocab=vocab,
                          vocab_flags=vflags, merges=merges, added=added, stop_ids=stops,
                          strip=1 if dec == DEC_SP else 0)
 
 
-# ----------------------------------------------------------------------------------------------
-# SentencePiece tokenizer.model (only where no tokenizer.json exists)
-
-
-def tokenizer_json_from_sentencepiece(path: Path) -> dict[str, Any]:
-    """The tokenizer.json a SentencePiece BPE model stands for (Llama/Mixtral layout).
-
-    Merges are every pair of pieces whose concatenation is a piece, ranked by the merged piece's
-    score (SentencePiece BPE merges the highest-scoring pair first), as transformers' converter
-    does. Only BPE models with the identity normalizer (Llama's) are accepted."""
-    try:  # optional (the `sentencepiece` extra): only this path needs it
-        from sentencepiece import sentencepiece_model_pb2 as pb
-    except ImportError:
-        raise ModelError(f"{path}: reading a SentencePiece tokenizer.model needs the `sentencepiece` and "
-                         "`protobuf` packages (pip install '.[sentencepiece]'), or provide tokenizer.json") from None
-    proto = pb.ModelProto()
-    try:
-        proto.ParseFromString(path.read_bytes())
-    except Exception as exc:  # noqa: BLE001 (protobuf raises its own DecodeError)
-        raise ModelError(f"{path}: not a SentencePiece model ({exc})") from None
-    ts, ns = proto.trainer_spec, proto.normalizer_spec
-    if ts.model_type != pb.TrainerSpec.BPE:
-        raise ModelError(f"{path}: tokenizer.model key trainer_spec.model_type: "
-                         f"{pb.TrainerSpec.ModelType.Name(ts.model_type)} is not supported; supported: BPE")
-    if ns.precompiled_charsmap or (ns.name not in ("identity", "")):
-        raise ModelError(f"{path}: tokenizer.model key normalizer_spec.name: {ns.name!r} is not supported; "
-                         "supported: identity (Llama/Mixtral)")
-    if not ns.add_dummy_prefix or ns.remove_extra_whitespaces:
-        raise ModelError(f"{path}: tokenizer.model keys normalizer_spec.add_dummy_prefix/remove_extra_whitespaces: "
-                         f"{ns.add_dummy_prefix}/{ns.remove_extra_whitespaces} are not supported; supported: true/false")
-    vocab: dict[str, int] = {}
-    scores: dict[str, float] = {}
-    added = []
-    unk = None
-    for i, p in enumerate(proto.pieces):
-        vocab[p.piece] = i
-        scores[p.piece] = p.score
-        if p.type == pb.ModelProto.SentencePiece.UNKNOWN:
-            unk = p.piece
-        if p.type in (pb.ModelProto.SentencePiece.CONTROL, pb.ModelProto.SentencePiece.UNKNOWN,
-                      pb.ModelProto.SentencePiece.USER_DEFINED):
-            added.append({"id": i, "content": p.piece, "single_word": False, "lstrip": False, "rstrip": False,
-                          "normalized": False, "special": p.type != pb.ModelProto.SentencePiece.USER_DEFINED})
-    normal = {p.piece for p in proto.pieces if p.type == pb.ModelProto.SentencePiece.NORMAL}
-    merges = []
-    for merged in normal:
-        for k in range(1, len(merged)):
-            a, b = merged[:k], merged[k:]
-            if a in vocab and b in vocab:
-                merges.append((vocab[merged], vocab[a], vocab[b], a, b))
-    merges.sort()
-    bos = proto.pieces[ts.bos_id].piece if 0 <= ts.bos_id < len(proto.pieces) else None
-    post = None
-    if bos is not None:
-        post = {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": bos, "type_id": 0}},
-                                                         {"Sequence": {"id": "A", "type_id": 0}}],
-                "pair": [], "special_tokens": {bos: {"id": bos, "ids": [vocab[bos]], "tokens": [bos]}}}
-    return {
-        "version": "1.0", "added_tokens": added,
-        "normalizer": {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": SP},
-                                                           {"type": "Replace", "pattern": {"String": " "}, "content": SP}]},
-        "pre_tokenizer": None, "post_processor": post, "decoder": {"type": "Sequence", "decoders": SP_DECODER},
-        "model": {"type": "BPE", "dropout": None, "unk_token": unk, "continuing_subword_prefix": None,
-                  "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": bool(ts.byte_fallback),
-                  "vocab": vocab, "merges": [[a, b] for _, _, _, a, b in merges]},
-    }
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    if not path.is_file():
+def _read_json(path: Path, max_bytes: int = 16 << 20) -> dict[str, Any] | None:
+    """An optional checkpoint JSON file: None when absent; refused when not a regular file."""
+    if not os.path.lexists(path):
         return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ModelError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise ModelError(f"{path}: expected a JSON object")
-    return data
+    return read_json_object(path, max_bytes)
 
 
 def load_tokenizer(hf_dir: str | Path) -> TokenizerSpec | None:
     """The spec of the checkpoint's tokenizer, or None when it has neither tokenizer.json nor
-    tokenizer.model (the model is then converted without one: `--ids` commands only)."""
+    tokenizer.model (the model is then converted without one: `--ids` commands only).
+    tokenizer.json wins when both exist (transformers' fast tokenizer reads it); a
+    tokenizer.model alone is read as SentencePiece itself encodes (tokenizer_sp.py)."""
     d = Path(hf_dir)
     tok_config = _read_json(d / "tokenizer_config.json")
     gen_config = _read_json(d / "generation_config.json")
-    tj = _read_json(d / "tokenizer.json")
-    if tj is None:
-        if not (d / "tokenizer.model").is_file():
-            return None
-        tj = tokenizer_json_from_sentencepiece(d / "tokenizer.model")
+    tj = _read_json(d / "tokenizer.json", MAX_JSON_BYTES)
     try:
+        if tj is None:
+            if not os.path.lexists(d / "tokenizer.model"):
+                return None
+            return spec_from_sentencepiece(d / "tokenizer.model", tok_config, gen_config)
         return spec_from_tokenizer_json(tj, tok_config, gen_config)
     except ModelError as exc:
         raise ModelError(f"{d}: {exc}") from None
@@ -600,9 +402,14 @@ def spec_from_blobs(blobs: dict[str, bytes]) -> TokenizerSpec:
         raise bad("tokenizer.vocab", "offsets are not 0..size, non-decreasing")
     vocab = [text[offs[i]:offs[i + 1]] for i in range(n_vocab)]
     mg = blob("tokenizer.merges")
-    if len(mg) != 12 * n_merges:
+    entry = 16 if w[6] & F_RANKED_MERGES else 12
+    if len(mg) != entry * n_merges:
         raise bad("tokenizer.merges", f"{len(mg)} bytes for {n_merges} merges")
-    merges = [struct.unpack_from("<3I", mg, 12 * k) for k in range(n_merges)]
+    rows = [struct.unpack_from(f"<{entry // 4}I", mg, entry * k) for k in range(n_merges)]
+    merges = [r[:3] for r in rows]
+    ranks = [r[3] for r in rows] if entry == 16 else None
+    if ranks is not None and any(a > b for a, b in zip(ranks, ranks[1:])):
+        raise bad("tokenizer.merges", "ranks are not non-decreasing")
     if any(i >= n_vocab for m in merges for i in m):
         raise bad("tokenizer.merges", f"an id is not below n_vocab {n_vocab}")
     ad = blob("tokenizer.added")
@@ -620,7 +427,7 @@ def spec_from_blobs(blobs: dict[str, bytes]) -> TokenizerSpec:
             raise bad("tokenizer.added", f"entry {k} is not UTF-8") from None
     return TokenizerSpec(model=w[1], normalizer=w[2], pre_tokenizer=w[3], digits=w[4], decoder=w[5],
                          flags=w[6], unk_id=w[7], bos_id=w[8], eos_id=w[9], pad_id=w[10], vocab=vocab,
-                         vocab_flags=vflags, merges=[tuple(m) for m in merges], added=added,
+                         vocab_flags=vflags, merges=[tuple(m) for m in merges], added=added, merge_ranks=ranks,
                          stop_ids=stops, strip=w[15])
 
 
@@ -646,6 +453,11 @@ def tokenizer_json_from_blobs(blobs: dict[str, bytes]) -> dict[str, Any]:
 
     names = {i: piece(v) for i, v in enumerate(s.vocab) if s.vocab_flags[i] & V_IN_MODEL}
     added_of = {a.id: a.content for a in s.added}
+    # a tokenizer.model's control pieces (<s>, [INST]) are in no table the encoder matches; as
+    # special added tokens here they decode (and are skipped) as the C tokenizer does
+    controls = [AddedToken(i, piece(v), A_SPECIAL) for i, v in enumerate(s.vocab)
+                if s.vocab_flags[i] & V_SPECIAL and not s.vocab_flags[i] & (V_IN_MODEL | V_ADDED) and v]
+    added_of.update({a.id: a.content for a in controls})
 
     def name(i: int) -> str:
         if i in added_of:
@@ -656,7 +468,7 @@ def tokenizer_json_from_blobs(blobs: dict[str, bytes]) -> dict[str, Any]:
 
     if s.normalizer == NORM_NFC:
         normalizer: Any = {"type": "NFC"}
-    elif s.normalizer == NORM_SP:
+    elif s.normalizer in (NORM_SP, NORM_SP_MODEL):  # SP_MODEL: decoding only (see reference_tokenizer)
         normalizer = {"type": "Sequence", "normalizers": [
             {"type": "Prepend", "prepend": SP}, {"type": "Replace", "pattern": {"String": " "}, "content": SP}]}
     elif s.normalizer == NORM_NONE:
@@ -666,10 +478,11 @@ def tokenizer_json_from_blobs(blobs: dict[str, bytes]) -> dict[str, Any]:
     byte_pre = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
     if s.pre_tokenizer == PRETOK_GPT2:
         pre: Any = byte_pre
-    elif s.pre_tokenizer == PRETOK_LLAMA3:
-        regex = {1: QWEN2_REGEX, 3: LLAMA3_REGEX}.get(s.digits)
+    elif s.pre_tokenizer in (PRETOK_LLAMA3, PRETOK_O200K, PRETOK_QWEN35):
+        regex = {v: k for k, v in SPLIT_REGEXES.items()}.get((s.pre_tokenizer, s.digits))
         if regex is None:
-            raise ModelError(f"tokenizer.config: digits {s.digits} is not 1 (Qwen2) or 3 (Llama-3)")
+            raise ModelError(f"tokenizer.config: pre-tokenizer {s.pre_tokenizer} with digits {s.digits} is not "
+                             "one of the Qwen2 (1), Llama-3 (3), o200k (3) or Qwen3.5 (1) regexes")
         pre = {"type": "Sequence", "pretokenizers": [
             {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": False},
             {**byte_pre, "trim_offsets": False, "use_regex": False}]}
@@ -700,7 +513,7 @@ def tokenizer_json_from_blobs(blobs: dict[str, bytes]) -> dict[str, Any]:
                 "special_tokens": {t: {"id": t, "ids": [ids[t]], "tokens": [t]} for t in bos + eos}}
     added = [{"id": a.id, "content": a.content, "single_word": False, "lstrip": bool(a.flags & A_LSTRIP),
               "rstrip": bool(a.flags & A_RSTRIP), "normalized": bool(a.flags & A_NORMALIZED),
-              "special": bool(a.flags & A_SPECIAL)} for a in s.added]
+              "special": bool(a.flags & A_SPECIAL)} for a in s.added + controls]
     return {
         "version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
         "normalizer": normalizer, "pre_tokenizer": pre, "post_processor": post, "decoder": decoder,
@@ -721,10 +534,15 @@ def name_in(names: dict[int, str], i: int) -> str:
 
 
 def reference_tokenizer(blobs: dict[str, bytes]) -> Any:
-    """A ``tokenizers.Tokenizer`` equivalent to the stored tokenizer (needs the `tokenizers`
-    package, a dependency of the kit)."""
+    """A tokenizer with the `tokenizers` interface (``encode(text).ids``, ``decode(ids,
+    skip_special_tokens)``) equivalent to the stored one: a ``tokenizers.Tokenizer`` for what came
+    from a tokenizer.json; for a SentencePiece tokenizer.model (ranked merges, which `tokenizers`
+    cannot express) the kit's own implementation of SentencePiece's algorithm (tokenizer_sp.py)."""
     try:
         from tokenizers import Tokenizer
     except ImportError:
         raise ModelError("the text check needs the `tokenizers` package (pip install tokenizers)") from None
+    spec = spec_from_blobs(blobs)
+    if spec.flags & F_RANKED_MERGES or spec.normalizer == NORM_SP_MODEL:
+        return SentencePieceReference(spec)
     return Tokenizer.from_str(json.dumps(tokenizer_json_from_blobs(blobs), ensure_ascii=False))

@@ -25,6 +25,8 @@ write on a real device, at its real path relative to ``/``, for one SKU of ``dat
 ``usr/sbin/nvpmodel``, ``usr/bin/jetson_clocks``            ``tools/nvpmodel_v2.py`` and
                                                             ``tools/jetson_clocks_v2.py``
 ``usr/sbin/reboot``                                         asks the emulated hardware to reboot
+``proc/sys/kernel/random/boot_id``                          a new random UUID at every boot (bound
+                                                            over the real file on a device)
 ==========================================================  =======================================
 
 There is no kernel: a clock's current frequency (``scaling_cur_freq``, devfreq ``cur_freq``) is a
@@ -48,6 +50,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import uuid
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -66,6 +69,7 @@ MOUNTS: tuple[tuple[str, str], ...] = (
 
 TOOLS = {"usr/sbin/nvpmodel": "nvpmodel_v2.py", "usr/bin/jetson_clocks": "jetson_clocks_v2.py"}
 VIC_NODE = "15340000.vic"
+BOOT_ID = "proc/sys/kernel/random/boot_id"     # relative to the device root
 
 # Short names the fleet and the tests use for the SKU a factory device of that kind is.
 ALIASES = {"orin-nx": "orin-nx-16gb", "orin-nano": "orin-nano-8gb", "agx-orin": "agx-orin-64gb"}
@@ -132,8 +136,10 @@ def _link(path: Path, target: str) -> None:
 REBOOT = """#!/bin/sh
 # Emulated Jetson: reboot power-cycles the device through its emulated hardware
 # (colibri_kit/sim/power.py watches the file named in /etc/colibri-sim/power-request). Outside a
-# device (COLIBRI_SIM_ROOT set: the in-process tests) there is nothing to stop: the boot runs at once.
+# device (COLIBRI_SIM_ROOT set: the in-process tests) there is nothing to stop: the boot runs at
+# once, with a new boot id as a kernel gives each boot.
 if [ -n "$COLIBRI_SIM_ROOT" ]; then
+    cat /proc/sys/kernel/random/uuid > "$COLIBRI_SIM_ROOT/proc/sys/kernel/random/boot_id"
     exec "$COLIBRI_SIM_ROOT/usr/sbin/nvpmodel" --sim-boot
 fi
 req=$(cat /etc/colibri-sim/power-request 2>/dev/null) || {
@@ -222,8 +228,18 @@ def populate(root: Path, module: str) -> None:
     boot(root)
 
 
+def new_boot_id(path: Path) -> str:
+    """A fresh ``/proc/sys/kernel/random/boot_id``: the kernel draws a random UUID at every boot
+    (Documentation/admin-guide/sysctl/kernel.rst, "random"); the kit confirms a reboot by it."""
+    value = str(uuid.uuid4())
+    _put(path, value + "\n", 0o444)
+    return value
+
+
 def boot(root: Path) -> None:
-    """What L4T's nvpmodel.service does at boot, on the tree outside a namespace."""
+    """What L4T's nvpmodel.service does at boot, on the tree outside a namespace (and the new
+    boot id the kernel would have)."""
+    new_boot_id(Path(root) / BOOT_ID)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "COLIBRI_SIM_ROOT": str(root),
            "HOME": "/root"}
     # Run as the device runs it: the script through its own #!/usr/bin/env python3.

@@ -51,6 +51,10 @@ STATE_DIR = Path("/run/colibri-sim")  # root's own /run: no other user can creat
 SIM_USER = "colibri"
 SIM_UID = 4242
 QEMU_LD_PREFIX = "/usr/aarch64-linux-gnu"
+# The most a device may take to boot and answer SSH. Only a bound: every wait returns as soon as
+# the device is up, so it costs nothing on a fast machine and keeps a loaded one (a CPU hog beside
+# the tests, many devices booting at once on two cores) from failing a healthy boot.
+BOOT_TIMEOUT = 180.0
 BINFMT_DIR = Path("/proc/sys/fs/binfmt_misc")
 BINFMT_NAME = "colibri-aarch64"
 AARCH64_MAGIC = (r"\x7f\x45\x4c\x46\x02\x01\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x02\x00\xb7\x00")
@@ -163,7 +167,7 @@ class Device:
                 pass
         self.pid, self.ns = 0, ""
 
-    def reboot(self, timeout: float = 30.0) -> None:
+    def reboot(self, timeout: float = BOOT_TIMEOUT) -> None:
         """Press reset: the OS goes down (sshd and every process it started) and boots again on
         the same disk, in the mode nvpmodel recorded."""
         if not self.running:
@@ -235,7 +239,7 @@ def _free_port() -> int:
 
 
 def _wait_port(port: int, proc: subprocess.Popen[bytes] | None, log: Path,
-               timeout: float = 15.0) -> None:
+               timeout: float = BOOT_TIMEOUT) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
@@ -539,6 +543,12 @@ class EmulatedFleet(FleetFiles):
         if (root / "proc/meminfo").is_file():   # as LXCFS does: a file over one procfs file
             script.append(shlex.join(["mount", "--bind", str(root / "proc/meminfo"),
                                       "/proc/meminfo"]))
+        # A kernel draws a new boot_id at every boot (the kit confirms a reboot by it); procfs
+        # here is the host's, so each boot binds its own (as /proc/meminfo above).
+        boot_id = dev / "boot_id"
+        script.append(f"cat /proc/sys/kernel/random/uuid > {shlex.quote(str(boot_id))}")
+        script.append(shlex.join(["mount", "--bind", str(boot_id),
+                                  "/proc/sys/kernel/random/boot_id"]))
         script.append(shlex.join(["mount", "--bind", str(dev / "disk"), "/opt/colibri"]))
         # What L4T's nvpmodel.service does at every boot: apply the recorded mode, masks too.
         script.append("/usr/sbin/nvpmodel --sim-boot || echo 'nvpmodel boot failed' >&2")

@@ -26,7 +26,8 @@ from pathlib import Path
 from colibri_kit.errors import FleetError
 from colibri_kit.fleet.inventory import Host, write_inventory
 from colibri_kit.sim.device_files import populate
-from colibri_kit.sim.fleet import QEMU_LD_PREFIX, FleetFiles, ensure_binfmt, private_dir, require_root
+from colibri_kit.sim.fleet import (BOOT_TIMEOUT, QEMU_LD_PREFIX, FleetFiles, ensure_binfmt,
+                                   private_dir, require_root)
 from colibri_kit.sim.systemd import SystemdDevice, free_addresses, require_tools, sshd_unit
 
 SSHD_UNIT = "sim-sshd.service"
@@ -96,7 +97,7 @@ class ServiceFleet(FleetFiles):
         self.devices = []
 
     @staticmethod
-    def wait_ssh(dev: SystemdDevice, timeout: float = 30.0) -> None:
+    def wait_ssh(dev: SystemdDevice, timeout: float = BOOT_TIMEOUT) -> None:
         """Until sshd (a unit of the device) accepts connections on the device's port 22."""
         end = time.monotonic() + timeout
         while True:

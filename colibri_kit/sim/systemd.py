@@ -49,6 +49,7 @@ import time
 from pathlib import Path
 
 from colibri_kit.errors import FleetError
+from colibri_kit.sim.fleet import BOOT_TIMEOUT
 
 SYSTEMD = "/lib/systemd/systemd"
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -246,7 +247,7 @@ class SystemdDevice:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None and self.pid > 0
 
-    def boot(self, timeout: float = 60.0) -> str:
+    def boot(self, timeout: float = BOOT_TIMEOUT) -> str:
         """Start the device and wait until systemd reports ``running`` or ``degraded``; returns
         that state. The first boot creates the device's state."""
         require_tools()
@@ -323,7 +324,7 @@ class SystemdDevice:
                 self.proc.wait(10)
         return self._reap()
 
-    def reboot(self, timeout: float = 60.0) -> str:
+    def reboot(self, timeout: float = BOOT_TIMEOUT) -> str:
         """Power off (everything stops, state on disk kept) and boot again."""
         self.poweroff()
         return self.boot(timeout)
@@ -449,6 +450,9 @@ class SystemdDevice:
             "mkdir -p /opt/colibri",
             f"mount --bind {q(str(d / 'opt'))} /opt/colibri",
             *[f"mount --bind {q(str(src))} {q(dst)}" for src, dst in self.binds],
+            "# a new boot_id for every boot, as a kernel draws one (procfs is the host kernel's)",
+            f"cat /proc/sys/kernel/random/uuid > {q(str(d / 'boot_id'))}",
+            f"mount --bind {q(str(d / 'boot_id'))} /proc/sys/kernel/random/boot_id",
             "# a private /dev: journald links /dev/log, which must not land in the host's /dev",
             f"mount -t tmpfs -o mode=0755,nosuid devtmp {q(str(stage))}",
             *[f"touch {q(str(stage / n))} && mount --bind /dev/{n} {q(str(stage / n))}" for n in DEV_NODES],

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from invoke import Context, task
+from invoke import Context
 
 from colibri_kit import build as kit_build
 from colibri_kit import profiles, toolchain
 from colibri_kit.errors import BuildError, KitError
 from colibri_kit.paths import project_root
 from colibri_kit.report import table
-from colibri_kit.tasks._common import user_errors
+from colibri_kit.tasks._common import kit_task, user_errors
 
 
 def _say(target: str):
@@ -20,7 +20,7 @@ def _archs(text: str) -> list[str] | None:
     return [a.strip() for a in text.split(",") if a.strip()] or None
 
 
-@task(name="toolchain", help={
+@kit_task(name="toolchain", help={
     "target": "profile name: install its pinned toolchain (zig, CUDA wheels) and print versions",
     "list": "show the toolchain sets in the cache and their sizes",
 })
@@ -45,7 +45,7 @@ def toolchain_task(c: Context, target: str = "", list: bool = False) -> None:  #
         print(f"  {'total':14} {total / 2**20:8.1f} MiB")
 
 
-@task(name="build", help={
+@kit_task(name="build", help={
     "target": "profile name from targets/ (see `invoke targets`)",
     "all": "build every target and print a summary table",
     "in": "where to build: auto (docker when an engine answers), host or docker",
@@ -63,7 +63,7 @@ def build_task(c: Context, target: str = "", all: bool = False, in_: str = "auto
     if all == bool(target):
         raise BuildError("give exactly one of --target NAME or --all")
     if not all:
-        r = kit_build.build(target, where=in_, debug=debug, cuda_archs=_archs(cuda_archs),
+        r = kit_build.build(profiles.load_profile(target), where=in_, debug=debug, cuda_archs=_archs(cuda_archs),
                             cuda_version=cuda_version or None, nvcc=nvcc or None, jobs=jobs,
                             progress=_say(target))
         print(f"built {r.dist_dir.relative_to(project_root())}/ in {r.seconds:.1f} s ({r.where})")
@@ -72,11 +72,12 @@ def build_task(c: Context, target: str = "", all: bool = False, in_: str = "auto
     results = []
     for name in names:
         try:
-            r = kit_build.build(name, where=in_, debug=debug, jobs=jobs, progress=_say(name))
+            r = kit_build.build(profiles.load_profile(name), where=in_, debug=debug, jobs=jobs,
+                                progress=_say(name))
             m = r.manifest
-            sms = ",".join(f"sm_{s}" for s in (m.get("cuda") or {}).get("sms", [])) or "-"
-            results.append([name, "ok", m["arch"], m["glibc_floor"], sms,
-                            str(m["files"]["bin/colibri"]["size"]), f"{r.seconds:.1f}"])
+            sms = ",".join(f"sm_{s}" for s in m.sms or []) or "-"
+            results.append([name, "ok", m.arch or "?", m.glibc_floor or "?", sms,
+                            str(m.files["bin/colibri"].size), f"{r.seconds:.1f}"])
         except KitError as exc:
             results.append([name, "FAILED", "", "", "", "", str(exc).splitlines()[0][:60]])
     rows = [["target", "status", "arch", "glibc", "sms", "bin bytes", "seconds / error"], *results]

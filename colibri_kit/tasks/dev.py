@@ -12,10 +12,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from invoke import Context, task
+from invoke import Context
 
 from colibri_kit.paths import build_dir
-from colibri_kit.tasks._common import user_errors
+from colibri_kit.profiles import Profile
+from colibri_kit.tasks._common import kit_task, user_errors
 
 # Apart from `invoke sim.up`'s default, so the demo never touches a fleet the user started.
 DEMO_STATE_DIR = "/run/colibri-demo"
@@ -25,7 +26,7 @@ def _step(title: str) -> None:
     print(f"\n=== {title} ===", flush=True)
 
 
-@task(help={
+@kit_task(help={
     "target": "target profile to build and emulate (default orin-nx)",
     "count": "emulated devices to bring up (default 1)",
     "keep_running": "leave the emulated devices running afterwards (stop them with `invoke sim.down`)",
@@ -45,7 +46,7 @@ def demo(c: Context, target: str = "orin-nx", count: int = 1, keep_running: bool
 
     profile = load_profile(target)
     _step(f"1/7 build {target} (cross-compile, embed kernels, verify; qemu runs --version)")
-    build(target)
+    build(profile)
 
     _step("2/7 built-in model tiny-moe-4e2r (4 experts, top-2, 2 layers), padded for the target")
     model = build_dir(target) / "demo" / "tiny-moe-4e2r.colibri"
@@ -84,7 +85,7 @@ def demo(c: Context, target: str = "orin-nx", count: int = 1, keep_running: bool
         tune(c, fleet=fleet_file, restore=True, allow_reboot=True)
         _step("7/7 the service: a device that boots a real systemd, deploy installs colibri.service, "
               "health gate, a chat answer over HTTP")
-        _service_demo(target, model.parent)
+        _service_demo(profile, model.parent)
     finally:
         if keep_running:
             print(f"\nemulated devices left running; stop them with `invoke sim.down --state-dir {DEMO_STATE_DIR}`")
@@ -99,7 +100,7 @@ CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\
           "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 
 
-def _service_demo(target: str, workdir: Path) -> None:
+def _service_demo(profile: Profile, workdir: Path) -> None:
     """One emulated device that boots systemd (sshd as a unit, own address): deploy the release
     with a chat model and the profile's service, served beyond loopback with a fresh API key,
     then ask it a question over HTTP from here. Same library calls as `invoke deploy`."""
@@ -118,10 +119,9 @@ def _service_demo(target: str, workdir: Path) -> None:
     from colibri_kit.model import chat
     from colibri_kit.model.tiny import tiny_header, tiny_tokenizer, write_random_model
     from colibri_kit.paths import dist_dir
-    from colibri_kit.profiles import load_profile
     from colibri_kit.tasks.sim import start_service_fleet
 
-    profile = load_profile(target)
+    target = profile.name
     if profile.service is None:
         print(f"{target} has no service: section; skipped")
         return
@@ -137,8 +137,8 @@ def _service_demo(target: str, workdir: Path) -> None:
         dev = sf.devices[0]
         dev.write("/etc/colibri/api-key", key + "\n", 0o600)   # root-only, as on a real device
         f = Fleet.select(load_inventory(sf.fleet_file))
-        art = deploylib.prepare(target, dist_dir(target), model)
-        results = deploylib.deploy(f, art, profile, service=spec)
+        art = deploylib.prepare(profile, dist_dir(target), model)
+        results = deploylib.deploy(f, art, service=spec)
         print(deploylib.results_table(results, ["service", "downtime"]))
         if not all(r.ok for r in results):
             raise Exit("the service did not pass its health gate", code=1)

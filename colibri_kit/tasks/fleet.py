@@ -5,10 +5,10 @@ from __future__ import annotations
 import json as jsonlib
 from pathlib import Path
 
-from invoke import Context, task
+from invoke import Context
 from invoke.exceptions import Exit
 
-from colibri_kit.errors import FleetError
+from colibri_kit.errors import FleetError, KitError
 from colibri_kit.fleet import deploy as deploylib
 from colibri_kit.fleet import release as rel
 from colibri_kit.fleet import status as statuslib
@@ -16,7 +16,8 @@ from colibri_kit.fleet.fleet import DEFAULT_KEEP, DEFAULT_PARALLEL, Fleet
 from colibri_kit.fleet.inventory import Host, Inventory, load_inventory
 from colibri_kit.fleet.remote import Remote
 from colibri_kit.paths import dist_dir, project_root
-from colibri_kit.tasks._common import user_errors
+from colibri_kit.profiles import Profile, load_profile
+from colibri_kit.tasks._common import kit_task, user_errors
 
 SELECT_HELP = {
     "fleet": "inventory file (default: fleet.path in invoke.yaml, i.e. fleet.yaml)",
@@ -53,6 +54,15 @@ def select_fleet(c: Context, fleet: str, hosts: str = "", group: str = "", targe
                         max_failures=max_failures)
 
 
+def profile_or_none(target: str) -> Profile | None:
+    """The profile a device's release names, for status's driver check (None: not one of
+    targets/, e.g. a release made from another checkout)."""
+    try:
+        return load_profile(target)
+    except KitError:
+        return None
+
+
 def _for_target(f: Fleet, target: str) -> Fleet:
     """Hosts whose target is ``target`` or unset (deploy and smoke name the target to act on)."""
     chosen = [h for h in f.hosts if h.target in (None, target)]
@@ -63,7 +73,7 @@ def _for_target(f: Fleet, target: str) -> Fleet:
 
 def _finish(results: list[deploylib.HostResult], as_json: bool, cols: list[str] | None = None) -> None:
     if as_json:
-        print(jsonlib.dumps([r.__dict__ for r in results], indent=1))
+        print(jsonlib.dumps([r.to_json() for r in results], indent=1))
     else:
         print(deploylib.results_table(results, cols))
     failed = [r.host for r in results if not r.ok]
@@ -71,7 +81,7 @@ def _finish(results: list[deploylib.HostResult], as_json: bool, cols: list[str] 
         raise Exit(f"failed on {len(failed)} of {len(results)} host(s): {', '.join(failed)}", code=1)
 
 
-@task(auto_shortflags=False, help={
+@kit_task(help={
     **SELECT_HELP,
     "target": "target profile to deploy (dist/<target>/ must be built); also selects hosts whose "
               "target is T, or hosts with no target",
@@ -99,12 +109,12 @@ def deploy(c: Context, target: str, model: str = "", fleet: str = "", hosts: str
     unit installed or updated, the service restarted and health-gated (/health + a one-token
     completion); a host whose gate fails is switched back to its previous release (exit 1)."""
     from colibri_kit.fleet import smoke as smokelib
-    from colibri_kit.profiles import load_profile
 
     profile = load_profile(target)
     f = _for_target(select_fleet(c, fleet, hosts, group, "", tags, parallel, accept_new_host_keys,
                                  None if max_failures < 0 else max_failures), target)
-    art = deploylib.prepare(target, Path(dist) if dist else dist_dir(target), Path(model) if model else None)
+    art = deploylib.prepare(profile, Path(dist) if dist else dist_dir(target),
+                            Path(model) if model else None)
 
     def canary_smoke(canaries: Fleet) -> list[deploylib.HostResult]:
         return smokelib.smoke(canaries, profile, model=Path(model) if model else None,
@@ -113,13 +123,13 @@ def deploy(c: Context, target: str, model: str = "", fleet: str = "", hosts: str
 
     service = None if no_service else profile.service
     results = deploylib.deploy(
-        f, art, profile, keep=keep or _cfg(c, "keep", DEFAULT_KEEP), dry_run=dry_run,
+        f, art, keep=keep or _cfg(c, "keep", DEFAULT_KEEP), dry_run=dry_run,
         canary=canary, smoke_fn=canary_smoke if canary else None, service=service,
         gate_timeout=gate_timeout or GATE_TIMEOUT_S)
     _finish(results, json, ["service", "downtime"] if service is not None and not dry_run else None)
 
 
-@task(help={**SELECT_HELP, "to": "switch to this release id instead of the previous one",
+@kit_task(help={**SELECT_HELP, "to": "switch to this release id instead of the previous one",
             "json": "print results as JSON"})
 @user_errors
 def rollback(c: Context, to: str = "", fleet: str = "", hosts: str = "", group: str = "", target: str = "",
@@ -131,13 +141,13 @@ def rollback(c: Context, to: str = "", fleet: str = "", hosts: str = "", group: 
     _finish(deploylib.rollback(f, to or None), json)
 
 
-@task(help={**SELECT_HELP, "json": "print results as JSON"})
+@kit_task(help={**SELECT_HELP, "json": "print results as JSON"})
 @user_errors
 def status(c: Context, fleet: str = "", hosts: str = "", group: str = "", target: str = "", tags: str = "",
            parallel: int = 0, accept_new_host_keys: bool = False, json: bool = False) -> None:
     """Show per host: reachable, current release, model, target, L4T, uptime, service state, requests served."""
     f = select_fleet(c, fleet, hosts, group, target, tags, parallel, accept_new_host_keys)
-    rows = statuslib.status(f)
+    rows = statuslib.status(f, profile_for=profile_or_none)
     if json:
         print(jsonlib.dumps([r.__dict__ for r in rows], indent=1))
     else:
@@ -153,7 +163,7 @@ def _tuning_column(remote: Remote, host: Host) -> dict[str, str]:
     return {"tuning": summary_text(tuning_summary(remote))}
 
 
-@task(help={
+@kit_task(help={
     **SELECT_HELP,
     "target": "target profile to check against (prompt, threshold, device identity); also selects "
               "hosts whose target is T, or hosts with no target",
@@ -172,7 +182,6 @@ def smoke(c: Context, target: str, fleet: str = "", hosts: str = "", group: str 
     """Run the deployed colibri on each device: logits/top-k/greedy vs the NumPy reference, the
     generated text vs `tokenizers` + the reference (models with a tokenizer), latency."""
     from colibri_kit.fleet import smoke as smokelib
-    from colibri_kit.profiles import load_profile
 
     profile = load_profile(target)
     f = _for_target(select_fleet(c, fleet, hosts, group, "", tags, parallel, accept_new_host_keys),
@@ -192,8 +201,8 @@ def smoke(c: Context, target: str, fleet: str = "", hosts: str = "", group: str 
             ok, what = o.value if o is not None and o.value is not None else (
                 False, (o.error if o is not None else None) or "not checked")
             row.extra["http"] = "same" if ok else "FAILED"
-            if not ok and row.result != "skipped":
-                row.result = "failed"
+            if not ok and row.result is not deploylib.HostState.SKIPPED:
+                row.result = deploylib.HostState.FAILED
                 row.detail = f"{row.detail}; http: {what}" if row.detail else f"http: {what}"
         cols.append("http")
     _finish(results, json, cols)
@@ -208,7 +217,7 @@ def _service_table(rows) -> str:
     return table(out)
 
 
-@task(auto_shortflags=False, help={
+@kit_task(help={
     **SELECT_HELP,
     "status": "show colibri.service per host: state, main pid, restarts, requests served (default)",
     "restart": "restart the service and wait for its health gate (/health + a one-token completion)",
@@ -245,7 +254,7 @@ def service(c: Context, status: bool = False, restart: bool = False, stop: bool 
                    f"{len(bad)} of {len(rows)} host(s): {', '.join(bad)}", code=1)
 
 
-@task(auto_shortflags=False, help={
+@kit_task(help={
     **SELECT_HELP,
     "n": "journal lines per host (default 100)",
 })

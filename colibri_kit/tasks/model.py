@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import sys
 
-from invoke import Context, task
+from invoke import Context
 
 from colibri_kit.errors import ModelError
-from colibri_kit.tasks._common import user_errors
+from colibri_kit.tasks._common import kit_task, user_errors
 
 
-@task(name="convert", help={
+@kit_task(name="convert", help={
     "hf-dir": "Hugging Face checkpoint directory (config.json + safetensors, single or sharded)",
     "out": "output .colibri file (written to a temporary file, renamed when complete)",
     "dtype": "weight type of the large matrices: f32, f16, bf16, int8 (per-row scales) or q4 "
@@ -24,17 +24,19 @@ from colibri_kit.tasks._common import user_errors
     "slots": "contexts served at once (colibri serve --slots) for the memory check (default 1)",
 })
 @user_errors
-def convert_task(c: Context, hf_dir: str, out: str, dtype: str = "f32", target: str = "host",
+def convert_task(c: Context, hf_dir: str, out: str = "", dtype: str = "f32", target: str = "host",
                  max_seq_len: int = 0, chat_template: str = "", slots: int = 1) -> None:
     """Convert a Hugging Face MoE checkpoint (mixtral, qwen2_moe, qwen3_moe, olmoe) to .colibri."""
     from colibri_kit.model.convert import convert
 
+    if not out:
+        raise ModelError("give the output file: invoke convert --hf-dir DIR --out FILE.colibri")
     path = convert(hf_dir, out, dtype=dtype, target=target, max_seq_len=max_seq_len or None,
                    progress=True, chat_template=chat_template or None, slots=slots)
     print(path)
 
 
-@task(name="tiny-model", help={
+@kit_task(name="tiny-model", help={
     "out": "output .colibri file",
     "target": "target profile whose embed_pad is used for padding (default host)",
     "dtype": "f32 (default), f16, bf16, int8 or q4",
@@ -50,7 +52,7 @@ def tiny_model_task(c: Context, out: str, target: str = "host", dtype: str = "f3
     print(write_tiny_model(out, pad=pad, dtype=DType.parse(dtype)))
 
 
-@task(name="model-info", help={
+@kit_task(name="model-info", help={
     "file": "a .colibri model file",
     "slots": "contexts served at once, for the footprint (default 1)",
     "kv-cache": "KV cache storage for the footprint: f32 or f16 (colibri --kv-cache; half the "

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from invoke import Context, task
+from invoke import Context
 from invoke.exceptions import Exit
 
 from colibri_kit.paths import dist_dir, project_root
-from colibri_kit.tasks._common import user_errors
+from colibri_kit.tasks._common import kit_task, user_errors
 from colibri_kit.fleet.fleet import DEFAULT_KEEP
 from colibri_kit.tasks.fleet import SELECT_HELP, _cfg, select_fleet
 
 
-@task(help={
+@kit_task(help={
     "target": "target profile (dist/<target>/ must be built and verify against its manifest)",
     "model": "the .colibri model the release serves (shipped content-addressed, by sha256)",
     "format": "package format: mender (the only one so far)",
@@ -25,7 +25,7 @@ from colibri_kit.tasks.fleet import SELECT_HELP, _cfg, select_fleet
     "dist": "package this dist directory instead of dist/<target>/",
 })
 @user_errors
-def package(c: Context, target: str, model: str, format: str = "mender", sign_key: str = "",
+def package(c: Context, target: str, model: str = "", format: str = "mender", sign_key: str = "",
             out: str = "", device_type: str = "", dist: str = "") -> None:
     """Write the verified dist/<target>/ release + model as a Mender artifact (`colibri` module).
 
@@ -36,10 +36,12 @@ def package(c: Context, target: str, model: str, format: str = "mender", sign_ke
     from colibri_kit.fleet.deploy import prepare
     from colibri_kit.profiles import load_profile
 
+    if not model:
+        raise Exit("error: give the model the release serves: --model FILE.colibri", code=1)
     if format != "mender":
         raise Exit(f"error: unknown --format {format!r} (supported: mender)", code=1)
     profile = load_profile(target)
-    art = prepare(target, Path(dist) if dist else dist_dir(target), Path(model))
+    art = prepare(profile, Path(dist) if dist else dist_dir(target), Path(model))
     dest = Path(out) if out else project_root() / "dist" / f"{art.release_id}.mender"
     mender.write_artifact(art, dest, device_type=device_type or mender.device_type_for(profile.name),
                           sign_key=Path(sign_key) if sign_key else None)
@@ -48,7 +50,7 @@ def package(c: Context, target: str, model: str, format: str = "mender", sign_ke
           f"{', signed' if sign_key else ', unsigned'}")
 
 
-@task(auto_shortflags=False, help={
+@kit_task(help={
     **SELECT_HELP,
     "target": "profile whose service settings (port, API key file, model id) the module's health "
               "gate uses; also selects hosts whose target is T, or hosts with no target",
@@ -73,7 +75,7 @@ def mender_module(c: Context, target: str, fleet: str = "", hosts: str = "", gro
         mender.install_module(remote, mender.module_conf(
             root=host.root, unit=UNIT_NAME, health_url=spec.health_url,
             api_key_file=spec.api_key_file, model_id=spec.model_id, gate_timeout=gate_timeout,
-            keep=keep or int(_cfg(c, "keep", DEFAULT_KEEP))))
+            user=spec.user, keep=keep or int(_cfg(c, "keep", DEFAULT_KEEP))))
         return "installed"
 
     failed = []

@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-from invoke import Context, task
+from invoke import Context
 
 import json as jsonlib
 from pathlib import Path
 
 from colibri_kit import profiles, render, verify as verify_mod
-from colibri_kit.errors import VerifyError
 from colibri_kit.paths import dist_dir, project_root
 from colibri_kit.report import table
-from colibri_kit.tasks._common import user_errors
+from colibri_kit.tasks._common import kit_task, user_errors
 
 
-@task(help={"show": "print the resolved profile NAME (after `extends`) as YAML, with its hash"})
+@kit_task(help={"show": "print the resolved profile NAME (after `extends`) as YAML, with its hash"})
 @user_errors
 def targets(c: Context, show: str = "") -> None:
     """List the target profiles (or show one resolved with --show NAME)."""
@@ -33,7 +32,7 @@ def targets(c: Context, show: str = "") -> None:
     print(table(rows))
 
 
-@task(name="render", help={"target": "profile name from targets/ (see `invoke targets`)"})
+@kit_task(name="render", help={"target": "profile name from targets/ (see `invoke targets`)"})
 @user_errors
 def render_header(c: Context, target: str) -> None:  # `invoke render`; avoids the module name
     """Render build/TARGET/include/colibri_config.h from the target profile."""
@@ -45,7 +44,7 @@ def render_header(c: Context, target: str) -> None:  # `invoke render`; avoids t
     print(f"rendered {shown}")
 
 
-@task(name="verify", help={
+@kit_task(name="verify", help={
     "target": "profile name the build must match",
     "dist": "directory to check (default dist/TARGET)",
     "run": "run bin/colibri --version (under qemu for another arch); --no-run skips it",
@@ -59,7 +58,7 @@ def verify_task(c: Context, target: str, dist: str = "", run: bool = True,
     where = Path(dist) if dist else dist_dir(target)
     try:
         report = verify_mod.verify_build(profile, where, run=run)
-    except VerifyError as exc:
+    except verify_mod.VerifyError as exc:
         if json and exc.report is not None:
             print(jsonlib.dumps(exc.report.to_dict(), indent=2))
         raise

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from invoke import Context, task
+from invoke import Context
 
 from colibri_kit.report import table
 from colibri_kit.sim import fleet as simlib
-from colibri_kit.tasks._common import user_errors
+from colibri_kit.tasks._common import kit_task, user_errors
 
 
 def start(count: int, target: str, state_dir: Path, disk_mb: int = 512) -> simlib.EmulatedFleet:
@@ -41,7 +41,7 @@ def start_service_fleet(count: int, target: str, state_dir: Path, name_prefix: s
     return fleet
 
 
-@task(help={
+@kit_task(help={
     "count": "how many emulated devices to start (default 3)",
     "target": "target profile whose module the devices emulate (default orin-nx)",
     "state_dir": f"where keys, configs, pids, fleet.yaml and known_hosts go (default "
@@ -55,7 +55,7 @@ def up(c: Context, count: int = 3, target: str = "orin-nx", state_dir: str = "",
     print(f"next: invoke deploy --fleet {fleet.fleet_file} --target {target} --model MODEL")
 
 
-@task(help={"state_dir": f"state directory given to sim.up (default {simlib.STATE_DIR})"})
+@kit_task(help={"state_dir": f"state directory given to sim.up (default {simlib.STATE_DIR})"})
 @user_errors
 def down(c: Context, state_dir: str = "") -> None:
     """Stop the emulated Jetsons (kills their sshd and sessions; their mounts vanish with them)."""

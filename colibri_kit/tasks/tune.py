@@ -5,24 +5,23 @@ from __future__ import annotations
 
 import json as jsonlib
 
-from invoke import Context, task
+from invoke import Context
 from invoke.exceptions import Exit
 
 from colibri_kit.errors import FleetError
 from colibri_kit.fleet import tune as tunelib
 from colibri_kit.fleet.inventory import Host
-from colibri_kit.fleet.remote import Remote
-from colibri_kit.profiles import load_profile
+from colibri_kit.profiles import TuneSpec, load_profile
 from colibri_kit.report import clean, table
-from colibri_kit.tasks._common import user_errors
+from colibri_kit.tasks._common import kit_task, user_errors
 from colibri_kit.tasks.fleet import SELECT_HELP, select_fleet
 
 
-def _plan(remote: Remote, host: Host) -> tunelib.TunePlan | None:
+def _spec_for(host: Host) -> TuneSpec | None:
+    """The host's profile's tune section (None: the profile has none)."""
     if not host.target:
         raise FleetError(f"{host.name}: no target in the fleet file, so no profile to tune from")
-    spec = load_profile(host.target).tune
-    return None if spec is None else tunelib.plan(remote, spec)
+    return load_profile(host.target).tune
 
 
 def _show(results, as_json: bool) -> None:
@@ -43,6 +42,9 @@ def _show(results, as_json: bool) -> None:
 def _restore_table(results) -> None:
     rows = [["host", "result", "detail"]]
     for o in results:
+        if o.skipped:
+            rows.append([o.host, "skipped", o.why])
+            continue
         rows.append([o.host, "failed" if o.error else o.value.outcome.value,
                      o.error or "; ".join(o.value.notes)])
     print(table(rows))
@@ -56,8 +58,8 @@ def _apply_table(results, stopped: str | None = None) -> None:
     notes = []
     for o in results:
         if o.skipped:
-            rows.append([o.host, "-", "-", f"not started: the rollout stopped after {stopped}",
-                         "SKIPPED"])
+            rows.append([o.host, "-", "-", o.why or f"not started: the rollout stopped after "
+                                                     f"{stopped}", "SKIPPED"])
             continue
         if o.error:
             rows.append([o.host, "-", "-", f"error: {o.error}", "FAIL"])
@@ -76,12 +78,13 @@ def _apply_table(results, stopped: str | None = None) -> None:
         raise Exit(f"tuning not verified on {len(bad)} host(s): {', '.join(bad)}", code=1)
 
 
-@task(help={
+@kit_task(help={
     **SELECT_HELP,
     "dry_run": "check the profile against each device and print the steps, change nothing",
     "allow_reboot": "let nvpmodel reboot a device when its power-mode switch needs it (without "
                     "it such a host is reported and nothing is applied there)",
-    "max_unavailable": "with --allow-reboot: devices rebooting at once (after one canary); 1",
+    "max_unavailable": "with --allow-reboot: devices rebooting at once (after one canary; also "
+                       "for --restore); 1",
     "reboot_timeout": "with --allow-reboot: seconds a device has to come back over SSH in its "
                       "new mode (600); one that does not stops the rollout",
     "show": "print each device's mode, governors, clocks, jetson_clocks and fan; change nothing",
@@ -105,39 +108,36 @@ def tune(c: Context, fleet: str = "", hosts: str = "", group: str = "", target: 
         _show(f.run(lambda r, h: tunelib.read_state_any(r)), json)
         return
     if restore:
-        _restore_table(f.run(lambda r, h: tunelib.restore(r, allow_reboot=allow_reboot)))
+        results, _ = tunelib.restore_fleet(f, allow_reboot=allow_reboot,
+                                           max_unavailable=max_unavailable,
+                                           reboot_timeout=reboot_timeout)
+        _restore_table(results)
         return
 
-    # Phase 1, every host: privileges, profile vs device. Nothing changes anywhere unless all pass.
-    plans = f.run(_plan)
-    if plans.failed:
-        for o in plans.failed:
+    # Phase 1 on every host (privileges, profile vs device), then phase 2 only if all pass.
+    run = tunelib.tune_fleet(f, _spec_for, dry_run=dry_run, allow_reboot=allow_reboot,
+                             max_unavailable=max_unavailable, reboot_timeout=reboot_timeout)
+    if run.refused:
+        for o in run.plans.failed:
             print(clean(f"{o.host}: {o.error}"))
-        raise Exit(f"tune refused on {len(plans.failed)} of {len(plans)} host(s) (see above); "
-                   f"nothing was changed on any host", code=1)
-    rows = [["host", "steps"]]
-    for o in plans:
-        steps = o.value.steps if o.value else ["profile has no tune section: skipped"]
-        for i, step in enumerate(steps or ["nothing to do"]):
-            rows.append([o.host if i == 0 else "", clean(step)])
-    reboots = [o.host for o in plans if o.value is not None and o.value.needs_reboot]
+        raise Exit(f"tune refused on {len(run.plans.failed)} of {len(run.plans)} host(s) (see "
+                   f"above); nothing was changed on any host", code=1)
     if dry_run:
+        rows = [["host", "steps"]]
+        for o in run.plans:
+            steps = o.value.steps if o.value else ["profile has no tune section: skipped"]
+            for i, step in enumerate(steps or ["nothing to do"]):
+                rows.append([o.host if i == 0 else "", clean(step)])
         print(table(rows))
-    if reboots:
+    if run.reboots:
         print()
-        print(clean(f"needs a reboot for its power mode: {', '.join(reboots)}" +
+        print(clean(f"needs a reboot for its power mode: {', '.join(run.reboots)}" +
                     (f" (rolling: one canary, then {max_unavailable} at a time)" if allow_reboot
                      else " (not allowed: nothing will be applied there; add --allow-reboot)")))
     if dry_run:
         print("\ndry run: nothing was changed")
         return
-
-    # Phase 2: apply and verify.
-    by_host = {o.host: o.value for o in plans}
-    results, stopped = tunelib.rollout(f, by_host, allow_reboot=allow_reboot,
-                                       max_unavailable=max_unavailable,
-                                       reboot_timeout=reboot_timeout)
-    _apply_table(results, stopped)
-
+    assert run.results is not None
+    _apply_table(run.results, run.stopped)
 
 TASKS = [tune]

@@ -4,7 +4,8 @@
  * For every input:
  *   1. http_parse_request on the whole input and on every prefix length the server could see
  *      (incremental reads): the outcome is incomplete, an error status, or a head whose fields
- *      lie inside the buffer; a complete head found on a prefix is found again on the whole;
+ *      lie inside the buffer; a complete head found on a prefix is found again on the whole; the
+ *      Host value split into its name by http_split_host, which must lie inside the value;
  *   2. the body after the head (or the whole input when there is no head) goes through
  *      json_parse and, when it parses, oai_decode as a completion and as a chat request;
  *   3. every error body and every string written by the JSON writer (including the raw input as
@@ -42,6 +43,16 @@ static void check_head(const char *buf, size_t len, const http_request *r, long 
     assert(r->path >= buf && r->path + r->path_len <= buf + len && r->path[0] == '/');
     if (r->authorization) assert(r->authorization + r->authorization_len <= buf + len);
     if (r->content_type) assert(r->content_type + r->content_type_len <= buf + len);
+    if (r->origin) assert(r->origin >= buf && r->origin + r->origin_len <= buf + len);
+    if (r->host) {
+        assert(r->host >= buf && r->host + r->host_len <= buf + len);
+        /* the Host policy (routes.c) reads the name http_split_host gives: inside the value */
+        const char *name;
+        size_t name_len;
+        int v6;
+        if (http_split_host(r->host, r->host_len, &name, &name_len, &v6) == 0)
+            assert(name >= r->host && name + name_len <= r->host + r->host_len && name_len > 0);
+    }
     assert(r->minor == 0 || r->minor == 1);
     assert(r->content_length >= -1);
 }

@@ -13,7 +13,7 @@
 #include "core/model.h"
 #include "text/tokenizer.h"
 
-#define MAX_MODELS 8
+#define MAX_MODELS 12
 static struct colibri_model models[MAX_MODELS];
 static int n_models;
 

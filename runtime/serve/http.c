@@ -78,6 +78,14 @@ static int parse_request_line(const char *b, size_t n, http_request *r) {
     return 0;
 }
 
+/* A header that may appear once (http.h): keep its value, or -400 for a second one. */
+static int once(const char **value, size_t *len, const char *v, size_t vn) {
+    if (*value) return -400;
+    *value = v;
+    *len = vn;
+    return 0;
+}
+
 static int parse_header(const char *b, size_t n, http_request *r, int *seen_cl) {
     size_t i = 0;
     while (i < n && is_tchar((unsigned char)b[i])) i++;
@@ -110,12 +118,13 @@ static int parse_header(const char *b, size_t n, http_request *r, int *seen_cl) 
         if (!http_eq(v, vn, "100-continue")) return -400; /* RFC 9110: 417 also allowed */
         r->expect_continue = 1;
     } else if (http_eq(name, name_len, "authorization")) {
-        if (r->authorization) return -400;
-        r->authorization = v;
-        r->authorization_len = vn;
+        return once(&r->authorization, &r->authorization_len, v, vn);
     } else if (http_eq(name, name_len, "content-type")) {
-        r->content_type = v;
-        r->content_type_len = vn;
+        return once(&r->content_type, &r->content_type_len, v, vn);
+    } else if (http_eq(name, name_len, "host")) {
+        return once(&r->host, &r->host_len, v, vn);
+    } else if (http_eq(name, name_len, "origin")) {
+        return once(&r->origin, &r->origin_len, v, vn);
     }
     return 0;
 }
@@ -150,12 +159,49 @@ long http_parse_request(const char *buf, size_t len, size_t max_head, http_reque
     }
 }
 
+static int name_char(unsigned char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+           c == '.' || c == '_';
+}
+
+int http_split_host(const char *h, size_t n, const char **name, size_t *name_len, int *v6) {
+    size_t end;
+    *v6 = 0;
+    if (n && h[0] == '[') {
+        const char *rb = memchr(h, ']', n);
+        if (!rb || rb == h + 1) return -1;
+        *name = h + 1;
+        *name_len = (size_t)(rb - h) - 1;
+        *v6 = 1;
+        for (size_t i = 0; i < *name_len; i++) {
+            char c = (*name)[i];
+            if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F') || c == ':' || c == '.'))
+                return -1;
+        }
+        end = (size_t)(rb - h) + 1;
+    } else {
+        size_t i = 0;
+        while (i < n && name_char((unsigned char)h[i])) i++;
+        if (i == 0) return -1;
+        *name = h;
+        *name_len = i;
+        end = i;
+    }
+    if (end == n) return 0;
+    if (h[end] != ':' || n - end - 1 > 5) return -1; /* RFC 3986 allows an empty port */
+    for (size_t i = end + 1; i < n; i++)
+        if (h[i] < '0' || h[i] > '9') return -1;
+    return 0;
+}
+
 const char *http_status_text(int s) {
     switch (s) {
     case 100: return "Continue";
     case 200: return "OK";
     case 400: return "Bad Request";
+    case 204: return "No Content";
     case 401: return "Unauthorized";
+    case 403: return "Forbidden";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
     case 408: return "Request Timeout";

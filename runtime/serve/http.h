@@ -9,7 +9,10 @@
  * What it accepts (RFC 9112, strictly): `METHOD SP origin-form-target SP HTTP/1.0|1.1 CRLF`,
  * then `name: value CRLF` header lines (token names, no space before the colon, no obsolete line
  * folding, no bare CR or LF), then CRLF. Content-Length must be digits and agree when repeated;
- * Transfer-Encoding request bodies are refused (501): every client we serve sends a length. */
+ * Transfer-Encoding request bodies are refused (501): every client we serve sends a length.
+ * Host, Origin, Authorization and Content-Type may appear once each (a second one is 400: two
+ * values would let two readers of the request disagree); what they must say is the server's
+ * policy (routes.c), not syntax. */
 #ifndef COLIBRI_HTTP_H
 #define COLIBRI_HTTP_H
 
@@ -31,6 +34,10 @@ typedef struct {
     size_t authorization_len;
     const char *content_type;   /* value of Content-Type, or NULL */
     size_t content_type_len;
+    const char *host;           /* value of Host, or NULL (RFC 9112 3.2: at most one) */
+    size_t host_len;
+    const char *origin;         /* value of Origin, or NULL (a browser's request) */
+    size_t origin_len;
 } http_request;
 
 /* The outcome of http_parse_request. */
@@ -40,6 +47,11 @@ typedef struct {
  * complete (r filled), or minus an HTTP status when malformed: -400 bad syntax, -431 head longer
  * than max_head, -501 a Transfer-Encoding body, -505 a version other than 1.0/1.1. */
 long http_parse_request(const char *buf, size_t len, size_t max_head, http_request *r);
+
+/* Split a Host value (RFC 3986: host [":" port]; a name as DNS spells it: letters, digits, '-',
+ * '.', '_'; an IP-literal in brackets) into its name, without brackets, and whether it was an
+ * IP-literal. 0, or -1 when malformed (empty, other characters, a port that is not 0..5 digits). */
+int http_split_host(const char *h, size_t n, const char **name, size_t *name_len, int *v6);
 
 /* "OK", "Bad Request", ... for the statuses the service sends. */
 const char *http_status_text(int status);

@@ -260,7 +260,10 @@ int oai_decode(const json_doc *d, int chat, oai_request *rq, oai_error *e) {
         } else if (!strcmp(name, "top_p")) {
             if (d->nodes[v].type == JSON_NULL) continue;
             rc = get_number(d, v, "top_p", 0, 1, &rq->top_p, e);
-            if (!rc && rq->top_p <= 0) return bad(e, "top_p", "'top_p' must be > 0%s", "");
+            /* the sampler takes a 32-bit float: a value that rounds to 0 there (1e-300) is
+             * as much the client's mistake as 0 itself, so 400, not the sampler's 500 */
+            if (!rc && (float)rq->top_p <= 0)
+                return bad(e, "top_p", "'top_p' must be > 0 and at least 1e-45 (a 32-bit float)%s", "");
         } else if (!strcmp(name, "seed")) {
             if (d->nodes[v].type == JSON_NULL) continue;
             long long s;

@@ -1,8 +1,10 @@
-/* `colibri serve`: the OpenAI-compatible HTTP service (runtime/serve/server.c, docs/serve.md).
+/* `colibri serve`: the OpenAI-compatible HTTP service (runtime/serve/server.h, docs/serve.md).
  *
  *   colibri [--backend B] [--threads T] [--int8-act] [--kv-cache f32|f16] serve MODEL [--host 127.0.0.1] [--port 8080]
  *           [--slots N] [--threads T] [--max-queue Q] [--api-key-file F] [--model-id NAME]
- *           [--max-body BYTES] [--read-timeout MS] [--write-timeout MS] [--drain-timeout MS]
+ *           [--max-body BYTES] [--head-timeout MS] [--read-timeout MS] [--write-timeout MS]
+ *           [--drain-timeout MS] [--max-connections N] [--max-connections-per-address N]
+ *           [--allow-host NAMES] [--allow-origin ORIGINS]
  *
  * Exit status: 0 after SIGTERM/SIGINT and the drain, 1 when the service cannot start (model,
  * key file, address), 2 usage. */
@@ -27,9 +29,20 @@ static int serve_usage(const char *msg) {
             "  --api-key-file F     first line is the key; clients send 'Authorization: Bearer KEY'\n"
             "  --model-id NAME      model name in the API (default: the file name without .colibri)\n"
             "  --max-body BYTES     request body limit (default 1048576)\n"
+            "  --head-timeout MS    deadline for a request's head, from the connection (default 5000)\n"
             "  --read-timeout MS    deadline for a request's head and body (default 10000)\n"
             "  --write-timeout MS   drop a client that stops reading for this long (default 30000)\n"
             "  --drain-timeout MS   on SIGTERM, wait this long for in-flight requests (default 30000)\n"
+            "  --max-connections N  connections held at once (default 256); beyond, the oldest\n"
+            "                       still sending its head is closed to make room\n"
+            "  --max-connections-per-address N\n"
+            "                       connections from one address (IPv6: one /64) still sending their\n"
+            "                       request (default 32); beyond, that address's oldest is closed\n"
+            "  --allow-host NAMES   Host names to answer besides loopback ones, comma-separated, or '*'\n"
+            "                       (a loopback bind answers only loopback names unless given)\n"
+            "  --allow-origin ORIGINS\n"
+            "                       browser origins (scheme://host[:port]) allowed, with CORS; others are\n"
+            "                       refused with 403 (default: none)\n"
             "Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,\n"
             "GET /metrics. One JSON log line per request on stderr. Exit 0 after SIGTERM.\n");
     return 2;
@@ -80,9 +93,20 @@ int cmd_serve(int argc, char **argv) {
             if (!*v || strlen(v) > 100) return serve_usage("--model-id must be 1..100 characters");
             o.model_id = v;
         } else if (!strcmp(a, "--max-body")) RANGE(1024, 1L << 30, o.max_body, "--max-body must be 1024..1073741824");
+        else if (!strcmp(a, "--head-timeout")) RANGE(10, 3600000, o.head_timeout_ms, "--head-timeout must be 10..3600000 ms");
         else if (!strcmp(a, "--read-timeout")) RANGE(10, 3600000, o.read_timeout_ms, "--read-timeout must be 10..3600000 ms");
         else if (!strcmp(a, "--write-timeout")) RANGE(10, 3600000, o.write_timeout_ms, "--write-timeout must be 10..3600000 ms");
         else if (!strcmp(a, "--drain-timeout")) RANGE(0, 3600000, o.drain_timeout_ms, "--drain-timeout must be 0..3600000 ms");
+        else if (!strcmp(a, "--max-connections")) RANGE(16, 65536, o.max_conns, "--max-connections must be 16..65536");
+        else if (!strcmp(a, "--max-connections-per-address"))
+            RANGE(1, 65536, o.max_conns_per_addr, "--max-connections-per-address must be 1..65536");
+        else if (!strcmp(a, "--allow-host") || !strcmp(a, "--allow-origin")) {
+            VALUE();
+            int host = !strcmp(a, "--allow-host");
+            int *n_list = host ? &o.n_allow_host : &o.n_allow_origin;
+            if (*n_list >= SERVE_MAX_ALLOW) return serve_usage("--allow-host / --allow-origin given too often");
+            (host ? o.allow_host : o.allow_origin)[(*n_list)++] = v;
+        }
         else if (a[0] == '-') {
             fprintf(stderr, "colibri serve: unknown option %s\n", a);
             return serve_usage(NULL);

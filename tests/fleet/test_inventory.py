@@ -80,6 +80,15 @@ def test_errors_name_file_and_key(tmp_path: Path, text: str, where: str) -> None
     assert where in str(exc.value)
 
 
+def one_host(key: str, value: str) -> str:
+    """A fleet file of one host whose ``key`` (or its name) is ``value`` (YAML text)."""
+    if key == "name":
+        return f"hosts: {{{value}: {{address: 10.0.0.1}}}}"
+    if key == "address":
+        return f"hosts: {{cab: {{address: {value}}}}}"
+    return f"hosts: {{cab: {{address: 10.0.0.1, {key}: {value}}}}}"
+
+
 @pytest.mark.parametrize("key, value", [
     ("name", "'cab;reboot'"),
     ("name", "'-oProxyCommand=id'"),
@@ -98,12 +107,7 @@ def test_errors_name_file_and_key(tmp_path: Path, text: str, where: str) -> None
     ("target", "'../../etc'"),
 ])
 def test_hostile_values_are_refused(tmp_path: Path, key: str, value: str) -> None:
-    if key == "name":
-        text = f"hosts: {{{value}: {{address: 10.0.0.1}}}}"
-    elif key == "address":
-        text = f"hosts: {{cab: {{address: {value}}}}}"
-    else:
-        text = f"hosts: {{cab: {{address: 10.0.0.1, {key}: {value}}}}}"
+    text = one_host(key, value)
     with pytest.raises(FleetError, match="not a valid|not a host name|must be an absolute"):
         load_inventory(write(tmp_path, text))
 
@@ -119,3 +123,34 @@ def test_release_id_and_sha_accept_good_values() -> None:
     assert validate_sha("a" * 64) == "a" * 64
     with pytest.raises(FleetError):
         validate_sha("A" * 64)
+
+
+# ``re.match`` with ``$`` accepts one trailing newline; a quoted YAML value can carry one, and it
+# would then reach a command line ("ssh user\n@host", a path "/opt/colibri\n/current").
+@pytest.mark.parametrize("key, value", [
+    ("name", '"cab-01\\n"'),
+    ("address", '"192.0.2.11\\n"'),
+    ("user", '"jetson\\n"'),
+    ("root", '"/opt/colibri\\n"'),
+    ("target", '"orin-nx\\n"'),
+    ("tags", '["line-a\\n"]'),
+])
+def test_a_trailing_newline_is_refused(tmp_path: Path, key: str, value: str) -> None:
+    text = one_host(key, value)
+    with pytest.raises(FleetError, match="not a valid|not a host name|must be an absolute"):
+        load_inventory(write(tmp_path, text))
+    # the same value without the newline is accepted
+    load_inventory(write(tmp_path, text.replace("\\n", "")))
+
+
+def test_a_group_name_with_a_trailing_newline_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(FleetError, match="not a valid name"):
+        load_inventory(write(tmp_path, 'hosts: {cab: {address: 10.0.0.1}}\ngroups: {"g\\n": [cab]}\n'))
+
+
+@pytest.mark.parametrize("validate, good", [(validate_release_id, "orin-nx-0123456789ab"),
+                                            (validate_sha, "a" * 64)])
+def test_release_ids_and_shas_with_a_trailing_newline_are_refused(validate, good) -> None:
+    assert validate(good) == good
+    with pytest.raises(FleetError):
+        validate(good + "\n")

@@ -132,7 +132,8 @@ def make_dist(where: Path) -> Path:
     (where / "lib/libcolibri.a").write_bytes(b"!<arch>\n")
     files = {r: {"sha256": hashlib.sha256((where / r).read_bytes()).hexdigest()}
              for r in ("bin/colibri", "lib/libcolibri.a")}
-    (where / "manifest.json").write_text(json.dumps({"target": "orin-nano", "files": files}))
+    (where / "manifest.json").write_text(json.dumps(
+        {"target": "orin-nano", "profile_hash": load_profile("orin-nano").hash, "files": files}))
     return where
 
 
@@ -146,8 +147,8 @@ def test_deploy_refuses_a_model_the_memory_cannot_hold(tmp_path):
     kv = 2 * h.n_layers * h.max_seq_len * h.n_kv_heads * h.head_dim * 4
     nano = local_device(tmp_path / "nano", "orin-nano-4gb", name="nano")
     host = Host(name="nano", address="x", target="orin-nano")
-    art = D.prepare("orin-nano", make_dist(tmp_path / "dist"), model)
-    steps = D.plan_host(nano, host, art, load_profile("orin-nano"))
+    art = D.prepare(load_profile("orin-nano"), make_dist(tmp_path / "dist"), model)
+    steps = D.plan_host(nano, host, art)
     assert any(s.startswith("memory: model needs at least") for s in steps), steps
     # Something else holds the memory: MemAvailable below weights + KV cache.
     avail_kb = (model.stat().st_size + kv) // 1024 - 1
@@ -162,8 +163,8 @@ def test_deploy_refuses_a_model_the_memory_cannot_hold(tmp_path):
 
 def test_status_warns_when_the_deployed_target_cannot_run_on_the_driver(tmp_path):
     xa = local_device(tmp_path / "xa", "xavier-nx", name="xa")
-    note = statuslib._driver_note(rel.identify(xa), "xavier-nx")
+    note = statuslib._driver_note(rel.identify(xa), load_profile("xavier-nx"))
     assert note.startswith("WARNING: CUDA driver 11.4 (stock driver of L4T R35.5.0)")
     nx = local_device(tmp_path / "nx", "orin-nx", name="nx")
-    assert statuslib._driver_note(rel.identify(nx), "orin-nx") == ""      # 12.6 on 12.6
-    assert statuslib._driver_note(rel.identify(nx), "no-such-target") == ""
+    assert statuslib._driver_note(rel.identify(nx), load_profile("orin-nx")) == ""  # 12.6 on 12.6
+    assert statuslib._driver_note(rel.identify(nx), None) == ""     # a target not in targets/

@@ -48,7 +48,8 @@ def make_dist(where: Path, tag: str) -> Path:
     files = {rel_: {"sha256": hashlib.sha256((where / rel_).read_bytes()).hexdigest()}
              for rel_ in ("bin/colibri", "lib/libcolibri.a")}
     (where / "manifest.json").write_text(json.dumps(
-        {"target": "orin-nx", "source_revision": tag, "files": files}, indent=1))
+        {"target": "orin-nx", "profile_hash": load_profile("orin-nx").hash,
+         "source_revision": tag, "files": files}, indent=1))
     return where
 
 
@@ -88,7 +89,7 @@ def current_complete(device: LocalRemote) -> str:
 
 
 def test_deploy_then_noop(device, fleet, profile, tmp_path, model) -> None:
-    art = D.prepare("orin-nx", make_dist(tmp_path / "a", "a"), model)
+    art = D.prepare(profile, make_dist(tmp_path / "a", "a"), model)
     [res] = D.deploy(fleet, art, profile, hooks=D.Hooks())
     assert res.result == "ok", res.detail
     assert current_complete(device) == art.release_id
@@ -100,9 +101,34 @@ def test_deploy_then_noop(device, fleet, profile, tmp_path, model) -> None:
                                                                   "orin-nx")
 
 
+def test_a_dist_built_from_another_profile_is_refused(device, fleet, profile, tmp_path,
+                                                       model) -> None:
+    """deploy loads targets/orin-nx.yaml; a dist whose manifest records another profile hash (the
+    profile changed since the build, or another checkout built it) is refused before anything is
+    uploaded, naming both hashes and the command that rebuilds."""
+    dist = make_dist(tmp_path / "a", "a")
+    manifest = json.loads((dist / "manifest.json").read_text())
+    manifest["profile_hash"] = "f" * 64
+    (dist / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(FleetError) as err:
+        D.prepare(profile, dist, model)
+    msg = str(err.value)
+    assert "f" * 12 in msg and profile.hash in msg and profile.short_hash in msg
+    assert "invoke build --target orin-nx" in msg
+    del manifest["profile_hash"]                       # not written by invoke build
+    (dist / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(FleetError, match="records no profile hash.*invoke build --target orin-nx"):
+        D.prepare(profile, dist, model)
+    # An artifact prepared from one profile is not deployed as another's.
+    art = D.prepare(profile, make_dist(tmp_path / "b", "b"), model)
+    with pytest.raises(FleetError, match="prepared from profile orin-nx"):
+        D.deploy(fleet, art, load_profile("orin-nano"), hooks=D.Hooks())
+    assert not device.path(f"{ROOT}/releases").exists()
+
+
 def test_dry_run_changes_nothing(device, fleet, profile, tmp_path, model) -> None:
-    a = D.prepare("orin-nx", make_dist(tmp_path / "a", "a"), model)
-    b = D.prepare("orin-nx", make_dist(tmp_path / "b", "b"), model)
+    a = D.prepare(profile, make_dist(tmp_path / "a", "a"), model)
+    b = D.prepare(profile, make_dist(tmp_path / "b", "b"), model)
     D.deploy(fleet, a, profile, hooks=D.Hooks())
     [res] = D.deploy(fleet, b, profile, dry_run=True)
     assert res.result == "planned"
@@ -112,8 +138,8 @@ def test_dry_run_changes_nothing(device, fleet, profile, tmp_path, model) -> Non
 
 
 def test_rollback_and_roll_forward(device, fleet, profile, tmp_path, model) -> None:
-    a = D.prepare("orin-nx", make_dist(tmp_path / "a", "a"), model)
-    b = D.prepare("orin-nx", make_dist(tmp_path / "b", "b"), model)
+    a = D.prepare(profile, make_dist(tmp_path / "a", "a"), model)
+    b = D.prepare(profile, make_dist(tmp_path / "b", "b"), model)
     D.deploy(fleet, a, profile, hooks=D.Hooks())
     [res] = D.deploy(fleet, b, profile, hooks=D.Hooks())
     assert res.uploaded < b.release_bytes + model.stat().st_size  # the model was already there
@@ -131,7 +157,7 @@ def test_keep_prunes_old_releases_and_unused_models(device, fleet, profile, tmp_
     for tag in ("k1", "k2", "k3"):
         m = tmp_path / f"{tag}.colibri"
         m.write_bytes(tag.encode() * 100)
-        art = D.prepare("orin-nx", make_dist(tmp_path / tag, tag), m)
+        art = D.prepare(profile, make_dist(tmp_path / tag, tag), m)
         [res] = D.deploy(fleet, art, profile, keep=2, hooks=D.Hooks())
         assert res.result == "ok", res.detail
         ids.append(art.release_id)
@@ -142,9 +168,9 @@ def test_keep_prunes_old_releases_and_unused_models(device, fleet, profile, tmp_
 
 
 def test_corrupted_uploads_are_not_activated(device, fleet, profile, tmp_path, model) -> None:
-    a = D.prepare("orin-nx", make_dist(tmp_path / "a", "a"), model)
+    a = D.prepare(profile, make_dist(tmp_path / "a", "a"), model)
     D.deploy(fleet, a, profile, hooks=D.Hooks())
-    b = D.prepare("orin-nx", make_dist(tmp_path / "b", "b"), model)
+    b = D.prepare(profile, make_dist(tmp_path / "b", "b"), model)
 
     def corrupt_release(host, path):
         if ".partial-" in path:
@@ -156,7 +182,7 @@ def test_corrupted_uploads_are_not_activated(device, fleet, profile, tmp_path, m
 
     other = tmp_path / "other.colibri"
     other.write_bytes(os.urandom(2048))
-    c = D.prepare("orin-nx", make_dist(tmp_path / "c", "c"), other)
+    c = D.prepare(profile, make_dist(tmp_path / "c", "c"), other)
 
     def corrupt_model(host, path):
         if path.endswith(".colibri.partial"):
@@ -168,7 +194,7 @@ def test_corrupted_uploads_are_not_activated(device, fleet, profile, tmp_path, m
 
 
 def test_damaged_installed_release_is_repaired(device, fleet, profile, tmp_path, model) -> None:
-    art = D.prepare("orin-nx", make_dist(tmp_path / "a", "a"), model)
+    art = D.prepare(profile, make_dist(tmp_path / "a", "a"), model)
     D.deploy(fleet, art, profile, hooks=D.Hooks())
     device.path(f"{ROOT}/releases/{art.release_id}/lib/libcolibri.a").write_bytes(b"damaged")
     assert rel.verify_release(device, ROOT, art.release_id) != []
@@ -179,7 +205,7 @@ def test_damaged_installed_release_is_repaired(device, fleet, profile, tmp_path,
 
 def test_wrong_device_kind_is_refused(tmp_path, host, profile, model) -> None:
     xavier = local_device(tmp_path / "xavier", "xavier-nx", name=host.name)
-    art = D.prepare("orin-nx", make_dist(tmp_path / "a", "a"), model)
+    art = D.prepare(profile, make_dist(tmp_path / "a", "a"), model)
     [res] = D.deploy(Fleet([host], connect=lambda h: xavier), art, profile, hooks=D.Hooks())
     assert res.result == "failed" and "wrong device kind" in res.detail and "R35" in res.detail
     assert not xavier.path(f"{ROOT}/releases").exists()
@@ -192,7 +218,7 @@ def test_failure_budget_skips_the_hosts_not_yet_started(device, host, profile, t
         return device
     hosts = [Host(name="dead-1", address="192.0.2.1"), Host(name="dead-2", address="192.0.2.2"),
              host]
-    art = D.prepare("orin-nx", make_dist(tmp_path / "a", "a"), model)
+    art = D.prepare(profile, make_dist(tmp_path / "a", "a"), model)
     results = D.deploy(Fleet(hosts, connect, parallel=1, max_failures=2), art, profile,
                        hooks=D.Hooks())
     assert [r.result for r in results] == ["failed", "failed", "skipped"]
@@ -203,18 +229,22 @@ def test_failure_budget_skips_the_hosts_not_yet_started(device, host, profile, t
 
 
 def test_for_each_bounds_parallelism() -> None:
+    """Waits on events, not on time: the first three items meet at a barrier (so three run at
+    once however slow the machine is), and none of the others may join them while they wait."""
     import threading
 
     active = 0
     peak = 0
     lock = threading.Lock()
+    three = threading.Barrier(3, timeout=60)
 
     def work(i: int) -> int:
         nonlocal active, peak
         with lock:
             active += 1
             peak = max(peak, active)
-        time.sleep(0.05)
+        if i < 3:
+            three.wait()
         with lock:
             active -= 1
         return i * 2
@@ -416,7 +446,7 @@ def test_smoke_checks_logits_greedy_and_text(device, fleet, profile, tmp_path, r
 
     with_tmp(device)
     model = write_tiny_model(tmp_path / f"tiny-{dtype}.colibri", dtype=DType.parse(dtype))
-    art = D.prepare("orin-nx", real_dist(tmp_path / "dist", runtime_binary), model)
+    art = D.prepare(profile, real_dist(tmp_path / "dist", runtime_binary), model)
     [dep] = D.deploy(fleet, art, profile, hooks=D.Hooks())
     assert dep.result == "ok", dep.detail
     [r] = smokelib.smoke(fleet, profile, model=model, bench_runs=1)
@@ -435,7 +465,7 @@ def test_smoke_without_tokenizer_says_text_was_not_checked(device, fleet, profil
 
     with_tmp(device)
     model = write_random_model(tmp_path / "ids-only.colibri", tiny_header(64))  # no tokenizer.*
-    art = D.prepare("orin-nx", real_dist(tmp_path / "dist", runtime_binary), model)
+    art = D.prepare(profile, real_dist(tmp_path / "dist", runtime_binary), model)
     D.deploy(fleet, art, profile, hooks=D.Hooks())
     [r] = smokelib.smoke(fleet, profile, model=model, bench_runs=1)
     assert r.result == "ok", r.detail
@@ -466,7 +496,7 @@ def test_smoke_text_check_with_a_family_tokenizer(device, fleet, profile, tmp_pa
     spec = load_tokenizer(H.train_tokenizer(family, 2000, tmp_path / "tok").parent)
     assert spec is not None
     model = write_text_model(tmp_path / f"{family}.colibri", spec.blobs(), 2048)
-    art = D.prepare("orin-nx", real_dist(tmp_path / "dist", runtime_binary), model)
+    art = D.prepare(profile, real_dist(tmp_path / "dist", runtime_binary), model)
     D.deploy(fleet, art, profile, hooks=D.Hooks())
     [r] = smokelib.smoke(fleet, profile, model=model, bench_runs=1)
     assert r.result == "ok", r.detail

@@ -8,13 +8,16 @@ mender-artifact 3.9) are installed with `mender install` / `mender commit` / `me
 install + commit switches the release and the service answers; a health-gate failure rolls back
 with the old release serving; an artifact for another device type, a corrupted one, and with
 signing an unsigned or wrongly signed one are refused; the installed release equals an SSH
-deploy's (same id, same files, same model by sha). Setup facts: ../shared FACTS.md, "Mender"."""
+deploy's (same id, same files, same model by sha). Setup: docs/fleet.md, "Mender" (the device's Mender files)."""
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -33,7 +36,7 @@ from colibri_kit.fleet.connect import SSHRemote
 from colibri_kit.fleet.inventory import load_inventory
 from colibri_kit.paths import project_root
 from colibri_kit.profiles import load_profile
-from colibri_kit.service import ServiceSpec
+from colibri_kit.service import ServiceSpec, health_gate
 from colibri_kit.sim.fleet import QEMU_LD_PREFIX
 
 from fleet_support import fleet_of
@@ -51,7 +54,7 @@ SPEC = ServiceSpec(port=8080, bind="0.0.0.0", api_key_file=KEY_FILE, model_id="t
 @pytest.fixture(scope="module")
 def mdev(dist_a, tiny_model):
     """One emulated orin-nx with systemd, release A + colibri.service (SSH deploy), the mender
-    client set up as FACTS.md says, and the colibri update module installed over SSH."""
+    client set up as docs/fleet.md, "Mender", says, and the colibri update module installed over SSH."""
     if os.geteuid() != 0:
         pytest.fail("the systemd-booted emulated device needs root (namespaces, overlayfs, cgroups)")
     if shutil.which("mender") is None or shutil.which("mender-artifact") is None:
@@ -156,6 +159,25 @@ def package(tmp: Path, dist: Path, model: Path, **kw) -> tuple[D.Artifact, Path]
     art = D.prepare("orin-nx", dist, model)
     kw.setdefault("device_type", mender.device_type_for("orin-nx"))
     return art, mender.write_artifact(art, tmp / f"{art.release_id}-{time.monotonic_ns()}.mender", **kw)
+
+
+def said(stderr: str) -> str:
+    """The update module's own lines in the Mender client's log (for assertion messages)."""
+    return "\n".join(re.findall(r"colibri update module: ([^\"]*)", stderr)) or stderr[-2000:]
+
+
+def with_binary(dest: Path, dist: Path, data: bytes) -> Path:
+    """A copy of ``dist`` whose bin/colibri is ``data`` (its manifest updated to match)."""
+    shutil.copytree(dist, dest)
+    binary = dest / "bin" / "colibri"
+    binary.write_bytes(data)
+    binary.chmod(0o755)
+    manifest = json.loads((dest / "manifest.json").read_text())
+    entry = manifest["files"]["bin/colibri"]
+    sha = hashlib.sha256(data).hexdigest()
+    manifest["files"]["bin/colibri"] = {**entry, "sha256": sha} if isinstance(entry, dict) else sha
+    (dest / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    return dest
 
 
 def answers(dev) -> list[int]:
@@ -283,15 +305,8 @@ def test_with_signing_unsigned_and_wrongly_signed_artifacts_are_refused(mdev, tm
 def test_a_release_that_fails_the_modules_checks_is_not_installed(mdev, tmp_path, dist_b, tiny_model):
     """The module's own ArtifactInstall checks (here: bin/colibri does not run on the device, as
     a build for another CPU would not) fail the install; the old release stays current."""
-    dist = tmp_path / "x86"
-    shutil.copytree(dist_b, dist)
-    binary = dist / "bin" / "colibri"
-    shutil.copy2("/bin/false", binary)   # runs, but exits 1 like a binary that cannot start
-    manifest = json.loads((dist / "manifest.json").read_text())
-    entry = manifest["files"]["bin/colibri"]
-    sha = hashlib.sha256(binary.read_bytes()).hexdigest()
-    manifest["files"]["bin/colibri"] = {**entry, "sha256": sha} if isinstance(entry, dict) else sha
-    (dist / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    # /bin/false runs, but exits 1 like a binary that cannot start
+    dist = with_binary(tmp_path / "x86", dist_b, Path("/bin/false").read_bytes())
     _, artifact = package(tmp_path, dist, tiny_model)
     err = _refused(mdev, artifact, "binary that does not run")
     assert "bin/colibri does not run on this device" in err, err[-2000:]
@@ -314,7 +329,8 @@ def test_a_commit_prunes_old_releases_and_unused_models(mdev, tmp_path, dist_a, 
         art, artifact = package(tmp_path, dist, tiny_model)
         if art.release_id == current(mdev):
             continue
-        assert mender_cmd(mdev, "install", push(mdev, artifact)).returncode == 0
+        res = mender_cmd(mdev, "install", push(mdev, artifact))
+        assert res.returncode == 0, said(res.stderr)
         res = mender_cmd(mdev, "commit")
         assert res.returncode == 0, res.stderr[-3000:]
         assert f"pruned release {stale.release_id}" in res.stderr or commits == 1, res.stderr[-3000:]
@@ -326,4 +342,292 @@ def test_a_commit_prunes_old_releases_and_unused_models(mdev, tmp_path, dist_a, 
     linked = {mdev.run(["readlink", f"{ROOT}/releases/{r}/model.colibri"]).stdout.strip().rsplit("/", 1)[1]
               for r in releases}
     assert set(ls("models")) == linked
+    assert answers(mdev)
+
+
+# ---------------------------------------------------------------- hostile payloads and an unprivileged login
+# The review of issue #21 (finding 1): the module runs as root; docs/fleet.md has the login own the
+# install root (`sudo chown jetson /opt/colibri`), so the login can rename anything in it at any
+# moment. Each attack below is made by a process of that login (setpriv to its uid, no groups).
+
+LOGIN = "jetson"
+MARKS = "/var/tmp/colibri-test-marks"   # who ran what: one uid per line, appended by probes
+
+
+def fresh_model(tmp: Path, tag: str) -> Path:
+    """Model bytes no other test uses, so the release id and models/<sha> are new (the install
+    checks only sha256; these tests never commit them)."""
+    path = tmp / f"{tag}.colibri"
+    path.write_bytes(f"colibri test model {tag} {time.monotonic_ns()}\n".encode() * 64)
+    return path
+
+
+def reset_marks(dev) -> None:
+    # root's file in the sticky /var/tmp, writable by everyone: fs.protected_regular lets other
+    # users append to it because its owner owns the directory
+    dev.run(["install", "-m", "0666", "/dev/null", MARKS])
+
+
+def marks(dev) -> list[str]:
+    return dev.run(["cat", MARKS]).stdout.split()
+
+
+def probe(tag: str) -> bytes:
+    """A bin/colibri that records the uid it runs as, then answers --version."""
+    return f"#!/bin/sh\nid -u >> {MARKS}\necho 'colibri {tag}'\n".encode()
+
+
+def as_login(dev, script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return dev.run(["setpriv", f"--reuid={LOGIN}", f"--regid={LOGIN}", "--clear-groups", "--",
+                    "python3", "-c", script, *args], timeout=120)
+
+
+def start_as_login(dev, script: str, *args: str) -> int:
+    """Start ``script`` in the background as the login; its pid in the device."""
+    path = f"/var/tmp/colibri-attack-{time.monotonic_ns()}.py"
+    dev.write(path, script, 0o644)
+    argv = " ".join(shlex.quote(a) for a in args)
+    res = dev.sh(f"setpriv --reuid={LOGIN} --regid={LOGIN} --clear-groups -- python3 {path} {argv} "
+                 f">{path}.log 2>&1 & echo $!")
+    return int(res.stdout.strip())
+
+
+def stop(dev, pid: int) -> None:
+    dev.run(["kill", str(pid)], check=False)
+    for _ in range(200):
+        if dev.run(["kill", "-0", str(pid)], check=False).returncode != 0:
+            return
+        time.sleep(0.05)
+
+
+def test_the_self_check_runs_as_the_service_user_never_as_root(mdev, tmp_path, dist_b):
+    """Finding 1(a), first half: ArtifactInstall ran the payload's bin/colibri --version as root.
+    Here that binary records its uid: it must be the service user's."""
+    reset_marks(mdev)
+    dist = with_binary(tmp_path / "probe", dist_b, probe("self-check"))
+    _, artifact = package(tmp_path, dist, fresh_model(tmp_path, "self-check"))
+    res = mender_cmd(mdev, "install", push(mdev, artifact))
+    assert res.returncode == 0, res.stderr[-3000:]
+    service_uid = mdev.run(["id", "-u", SPEC.user]).stdout.strip()
+    assert marks(mdev) == [service_uid], (marks(mdev), service_uid)
+    assert mender_cmd(mdev, "rollback").returncode == 0
+
+
+def test_a_payload_name_with_a_newline_is_refused(mdev, tmp_path, dist_b, monkeypatch):
+    """Finding 1, last sentence: a payload file named "release/lib/libcolibri.a<newline>release/
+    lib/libcolibri.a" reads as two names that SHA256SUMS can list (the real file's line, three
+    times), so the old module installed it without a checksum. Names are now a closed set."""
+    lib = "release/lib/libcolibri.a"
+    real = mender.write_payload
+
+    def smuggle(art, dest: Path) -> None:
+        real(art, dest)
+        with tarfile.open(dest) as tar:
+            members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]
+        sums = next(data for m, data in members if m.name == "SHA256SUMS").decode()
+        line = next(ln for ln in sums.splitlines() if ln.endswith("  " + lib))
+        sums += f"{line}\n{line}\n"
+        with tarfile.open(dest, "w", format=tarfile.PAX_FORMAT) as tar:
+            for m, data in members:
+                if m.name == "SHA256SUMS":
+                    data = sums.encode()
+                    m.size = len(data)
+                tar.addfile(m, io.BytesIO(data))
+            evil = tarfile.TarInfo(f"{lib}\n{lib}")
+            evil.size = 5
+            tar.addfile(evil, io.BytesIO(b"evil\n"))
+
+    monkeypatch.setattr(mender, "write_payload", smuggle)
+    _, artifact = package(tmp_path, dist_b, fresh_model(tmp_path, "newline"))
+    err = _refused(mdev, artifact, "a payload name with a newline")
+    assert "name is not allowed: 'release/lib/libcolibri.a" in err, said(err)
+    odd = mdev.run(["find", ROOT, "-name", "*\n*"]).stdout
+    assert odd == "", odd
+
+
+@pytest.fixture(scope="module")
+def login(mdev):
+    """The docs' setup where the operator logs in as a user: the install root is the login's
+    (here the whole tree, as if that login had deployed it)."""
+    if mdev.run(["id", "-u", LOGIN], check=False).returncode != 0:
+        mdev.run(["useradd", "-M", "-d", "/nonexistent", "-s", "/usr/sbin/nologin", LOGIN])
+    mdev.run(["chown", "-R", f"{LOGIN}:{LOGIN}", ROOT])
+    yield LOGIN
+    mdev.run(["chown", "-R", "root:root", ROOT])
+
+
+def test_a_root_writable_by_others_is_refused(mdev, login, tmp_path, dist_b):
+    mdev.run(["chmod", "0775", ROOT])
+    try:
+        _, artifact = package(tmp_path, dist_b, fresh_model(tmp_path, "group-writable"))
+        err = _refused(mdev, artifact, "a group-writable root")
+        assert f"{ROOT} is writable by its group or others" in err and "chmod go-w" in err, err[-2000:]
+    finally:
+        mdev.run(["chmod", "0755", ROOT])
+
+
+SWAP_STAGE = r'''
+import os, sys, time
+root, evil_file, stop = sys.argv[1:4]
+evil = open(evil_file).read()
+rel = os.path.join(root, "releases")
+done = 0
+while not os.path.exists(stop):
+    try:
+        names = os.listdir(rel)
+    except OSError:
+        continue
+    for name in names:
+        if name != ".mender-stage" and ".partial-" not in name or name.startswith(".evil"):
+            continue
+        stage = os.path.join(rel, name)
+        try:
+            if os.stat(stage).st_uid == os.getuid():     # ours: overwrite the staged binary
+                for sub in ("bin", "release/bin"):
+                    if os.path.isdir(os.path.join(stage, sub)):
+                        tmp = os.path.join(stage, sub, ".evil")
+                        with open(tmp, "w") as f:
+                            f.write(evil)
+                        os.chmod(tmp, 0o755)
+                        os.rename(tmp, os.path.join(stage, sub, "colibri"))
+                        done += 1
+            else:                                         # root's: swap the directory for ours
+                mine = os.path.join(rel, ".evil-%d" % done)
+                for sub in ("bin", "release/bin"):
+                    os.makedirs(os.path.join(mine, sub))
+                    with open(os.path.join(mine, sub, "colibri"), "w") as f:
+                        f.write(evil)
+                    os.chmod(os.path.join(mine, sub, "colibri"), 0o755)
+                os.rename(stage, os.path.join(rel, ".evil-old-%d" % done))
+                os.rename(mine, stage)
+                done += 1
+        except OSError:
+            pass
+print("swaps", done, flush=True)
+'''
+
+
+def test_a_login_swapping_the_staged_release_never_gets_root_to_run_it(mdev, login, tmp_path, dist_b):
+    """Finding 1(a): the login renames the staging directory (or rewrites what it stages) during
+    ArtifactInstall, as fast as it can, so that the self-check runs the login's binary. Whatever
+    it wins, that binary must never run as root (as the service user it gains nothing: the
+    service runs the login's files anyway)."""
+    reset_marks(mdev)
+    stop_file = f"/var/tmp/colibri-stop-{time.monotonic_ns()}"
+    art, artifact = package(tmp_path, dist_b, fresh_model(tmp_path, "swap"))
+    evil = "/var/tmp/colibri-test-evil"
+    mdev.write(evil, probe("evil"), 0o644)
+    pid = start_as_login(mdev, SWAP_STAGE, ROOT, evil, stop_file)
+    try:
+        res = mender_cmd(mdev, "install", push(mdev, artifact))
+    finally:
+        mdev.run(["touch", stop_file])
+        stop(mdev, pid)
+    assert "0" not in marks(mdev), f"root ran the login's binary: {marks(mdev)}\n{res.stderr[-2000:]}"
+    if res.returncode == 0:
+        assert mender_cmd(mdev, "rollback").returncode == 0
+    mdev.sh(f"rm -rf {ROOT}/releases/.evil* {ROOT}/releases/.mender-stage {ROOT}/releases/*.partial-*")
+    if art.release_id != current(mdev):
+        mdev.run(["rm", "-rf", f"{ROOT}/releases/{art.release_id}"])
+
+
+def test_a_model_link_planted_by_the_login_never_redirects_roots_writes(mdev, login, tmp_path, dist_b):
+    """Finding 1(c): the login plants links where the model goes: models/<sha>.colibri -> a
+    root-only file, and models/<sha>.colibri.partial -> a root-only directory (the old module's
+    `mv` then moved the model into it and `chmod 0644` followed the link, opening it)."""
+    victim_dir, victim_file = "/var/lib/colibri-test-victim", "/etc/colibri/colibri-test-secret"
+    mdev.run(["install", "-d", "-m", "0700", victim_dir])
+    mdev.run(["install", "-m", "0600", "/dev/null", victim_file])
+    model = fresh_model(tmp_path, "link")
+    art, artifact = package(tmp_path, dist_b, model)
+    name = f"{ROOT}/models/{art.model_sha}.colibri"
+    as_login(mdev, "import os, sys; os.symlink(sys.argv[1], sys.argv[3]); "
+                   "os.symlink(sys.argv[2], sys.argv[3] + '.partial')", victim_file, victim_dir, name)
+    res = mender_cmd(mdev, "install", push(mdev, artifact))
+    try:
+        assert mdev.run(["stat", "-c", "%a %U", victim_dir]).stdout.split() == ["700", "root"]
+        assert mdev.run(["stat", "-c", "%a %U", victim_file]).stdout.split() == ["600", "root"]
+        assert mdev.run(["ls", "-A", victim_dir]).stdout == ""
+        assert res.returncode == 0, res.stderr[-3000:]
+        # the link was replaced by the model itself, the login's file like the rest of the root
+        assert mdev.run(["stat", "-c", "%F %a %U", name]).stdout.split() == ["regular", "file", "644", LOGIN]
+        assert mdev.run(["sha256sum", name]).stdout.split()[0] == art.model_sha
+        assert mender_cmd(mdev, "rollback").returncode == 0
+    finally:
+        mdev.run(["rm", "-rf", victim_dir, victim_file, name + ".partial"])
+
+
+FAKE_GATE = r'''
+import http.server, json, os, sys
+root, victim, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+class Gate(http.server.BaseHTTPRequestHandler):
+    def answer(self, body):
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def do_GET(self):   # the gate's /health: now point releases elsewhere, then say healthy
+        rel = os.path.join(root, "releases")
+        if self.path == "/health" and not os.path.islink(rel):
+            os.rename(rel, rel + ".moved")
+            os.symlink(victim, rel)
+            print("swapped", flush=True)
+        self.answer(b'{"status": "ok"}')
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        self.answer(json.dumps({"choices": [{"text": "x", "index": 0}]}).encode())
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", port), Gate).serve_forever()
+'''
+
+
+def test_releases_pointed_elsewhere_during_the_gate_prunes_nothing_of_roots(mdev, login, tmp_path, dist_a,
+                                                                            dist_b, tiny_model):
+    """Finding 1(b): during ArtifactCommit's health gate the login points `releases` at a
+    directory of root's; the old prune then deleted root's directories there and every model
+    (no release in the new `releases` links to one), the current one included. To hit the gate
+    every time, the gate's health URL here is a server of the login's that makes the swap when
+    the gate first asks (a real login races the gate instead)."""
+    victim = "/var/lib/colibri-test-victim"
+    for d in ("orin-nx-000000000001", "orin-nx-000000000002"):
+        mdev.run(["install", "-d", "-m", "0755", f"{victim}/{d}"])
+        mdev.run(["install", "-m", "0600", "/dev/null", f"{victim}/{d}/data"])
+    port = 8099
+    old_conf = mdev.path(mender.MODULE_CONF).read_text()
+    mdev.write(mender.MODULE_CONF, mender.module_conf(
+        root=ROOT, unit="colibri.service", health_url=f"http://127.0.0.1:{port}/health",
+        api_key_file=None, model_id=SPEC.model_id, gate_timeout=60, keep=KEEP))
+    dist = dist_a if D.prepare("orin-nx", dist_b, tiny_model).release_id == current(mdev) else dist_b
+    art, artifact = package(tmp_path, dist, tiny_model)
+    pid = start_as_login(mdev, FAKE_GATE, ROOT, victim, str(port))
+    try:
+        for _ in range(200):   # until the login's server listens
+            if mdev.run(["curl", "-s", "-o", "/dev/null", f"http://127.0.0.1:{port}/nothing"],
+                        check=False).returncode == 0:
+                break
+            time.sleep(0.05)
+        res = mender_cmd(mdev, "install", push(mdev, artifact))
+        assert res.returncode == 0, said(res.stderr)
+        res = mender_cmd(mdev, "commit")
+        assert mdev.run(["readlink", f"{ROOT}/releases"], check=False).stdout.strip() == victim, \
+            "the login's server never swapped: " + said(res.stderr)
+        assert res.returncode == 0, said(res.stderr)
+        assert "not pruning" in res.stderr, said(res.stderr)
+        for d in ("orin-nx-000000000001", "orin-nx-000000000002"):
+            assert mdev.run(["test", "-f", f"{victim}/{d}/data"], check=False).returncode == 0, d
+        assert mdev.run(["test", "-f", f"{ROOT}/models/{art.model_sha}.colibri"],
+                        check=False).returncode == 0, "the current model was deleted"
+    finally:
+        stop(mdev, pid)
+        mdev.sh(f"if [ -L {ROOT}/releases ]; then rm -f {ROOT}/releases && "
+                f"mv {ROOT}/releases.moved {ROOT}/releases; fi")
+        mdev.write(mender.MODULE_CONF, old_conf)
+        mdev.run(["rm", "-rf", victim])
+    assert current(mdev) == art.release_id
+    # the login's server said healthy at once: wait for the real service before asking it
+    gate = health_gate(lambda argv: (lambda r: (r.returncode, r.stdout))(mdev.run(argv, check=False)),
+                       SPEC, timeout=120)
+    assert gate.ok, gate.detail
     assert answers(mdev)

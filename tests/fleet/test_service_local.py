@@ -91,14 +91,14 @@ def calls(dev: LocalRemote) -> list[str]:
 
 def deploy(fleet, tmp_path, profile, tag: str, good: bool, service=SPEC) -> D.HostResult:
     dist = tmp_path / f"dist-{tag}"
-    art = D.prepare("orin-nx", dist if dist.exists() else make_dist(dist, tag), model(tmp_path, tag, good))
+    art = D.prepare(profile, dist if dist.exists() else make_dist(dist, tag), model(tmp_path, tag, good))
     return D.deploy(fleet, art, profile, hooks=D.Hooks(), service=service, gate_timeout=5)[0]
 
 
 def test_healthy_deploy_installs_restarts_and_gates(device, fleet, tmp_path, profile):
     r = deploy(fleet, tmp_path, profile, "a", good=True)
-    assert (r.result, r.extra.get("service")) == ("ok", "healthy"), r
-    assert r.extra["downtime"].endswith("s") and "service healthy after" in r.detail
+    assert (r.result, r.service) == ("ok", "healthy"), r
+    assert r.column("downtime").endswith("s") and "service healthy after" in r.detail
     unit = device.path("/etc/systemd/system/colibri.service")
     assert unit.read_text() == render_unit(SPEC.with_root(ROOT), target="orin-nx")
     assert stat.S_IMODE(unit.stat().st_mode) == 0o644
@@ -108,14 +108,14 @@ def test_healthy_deploy_installs_restarts_and_gates(device, fleet, tmp_path, pro
     # the same release again: nothing written, no restart, "unchanged"
     before = len(calls(device))
     again = deploy(fleet, tmp_path, profile, "a", good=True)
-    assert (again.result, again.extra["service"]) == ("unchanged", "unchanged"), again
+    assert (again.result, again.service) == ("unchanged", "unchanged"), again
     assert "restart colibri.service" not in calls(device)[before:]
 
 
 def test_a_failing_release_is_switched_back_and_restarted(device, fleet, tmp_path, profile):
     first = deploy(fleet, tmp_path, profile, "a", good=True)
     r = deploy(fleet, tmp_path, profile, "b", good=False)
-    assert (r.result, r.extra.get("service"), r.ok) == ("rolled-back", "rolled-back", False), r
+    assert (r.result, r.service, r.ok) == ("rolled-back", "rolled-back", False), r
     assert r.detail.startswith("health gate failed: colibri serve: cannot load")
     assert f"rolled back to {first.release}, serving" in r.detail
     assert rel.current_release(device, ROOT) == first.release
@@ -134,7 +134,7 @@ def test_a_changed_unit_is_put_back_on_rollback(device, fleet, tmp_path, profile
 
 def test_a_first_release_that_fails_leaves_no_unit_behind(device, fleet, tmp_path, profile):
     r = deploy(fleet, tmp_path, profile, "b", good=False)
-    assert (r.result, r.extra.get("service")) == ("failed", "failed"), r
+    assert (r.result, r.service) == ("failed", "failed"), r
     assert "colibri serve: cannot load" in r.detail
     assert not device.path("/etc/systemd/system/colibri.service").exists()
     assert "disable --now colibri.service" in calls(device)
@@ -142,10 +142,10 @@ def test_a_first_release_that_fails_leaves_no_unit_behind(device, fleet, tmp_pat
 
 def test_no_service_and_no_systemd_deploy_files_only(device, fleet, tmp_path, profile):
     r = deploy(fleet, tmp_path, profile, "a", good=True, service=None)
-    assert r.result == "ok" and "service" not in r.extra and calls(device) == []
+    assert r.result == "ok" and r.service is None and calls(device) == []
     (device.root / "run/systemd/system").rmdir()                # not booted with systemd
     r = deploy(fleet, tmp_path, profile, "b", good=True)
-    assert (r.result, r.extra.get("service")) == ("ok", "skipped"), r
+    assert (r.result, r.service) == ("ok", "skipped"), r
     assert "not booted with systemd" in r.detail
     assert rel.current_release(device, ROOT) == r.release
     assert calls(device) == [] and not device.path("/etc/systemd/system/colibri.service").exists()
@@ -166,7 +166,7 @@ def test_spec_of_unit_and_requests_served():
 
 
 def test_dry_run_says_what_the_service_step_will_do(device, fleet, tmp_path, profile):
-    art = D.prepare("orin-nx", make_dist(tmp_path / "dist-p", "p"), model(tmp_path, "p", True))
+    art = D.prepare(profile, make_dist(tmp_path / "dist-p", "p"), model(tmp_path, "p", True))
     plan = D.deploy(fleet, art, profile, dry_run=True, service=SPEC)[0]
     assert plan.result == "planned" and "service: install/refresh colibri.service" in plan.detail
     assert calls(device) == [] and not device.path("/etc/systemd/system/colibri.service").exists()

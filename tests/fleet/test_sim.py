@@ -112,6 +112,8 @@ def test_device_reboot_keeps_its_files_disk_port_and_host_key(inventory, sim_fle
                       .stdout.strip())
         assert Path(f"/proc/{sleeper}").exists()
         r.write_bytes("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor", b"powersave\n")
+        boot_id = r.read_text("/proc/sys/kernel/random/boot_id")
+    assert boot_id != Path("/proc/sys/kernel/random/boot_id").read_text()   # the device's own
     boots = device.boots
     sim_fleet.reboot(FAULTY)
     assert device.running and device.boots == boots + 1
@@ -119,6 +121,8 @@ def test_device_reboot_keeps_its_files_disk_port_and_host_key(inventory, sim_fle
     assert not Path(f"/proc/{sleeper}").exists() or \
         b"sleep" not in Path(f"/proc/{sleeper}/cmdline").read_bytes()
     with remote(inventory, FAULTY) as r:  # same port, and the known host key still matches
+        # a new boot, as a kernel says it: a new random boot_id (the kit confirms reboots by it)
+        assert r.read_text("/proc/sys/kernel/random/boot_id") not in (boot_id, None)
         assert r.read_text("/opt/colibri/marker") == "kept across a reboot\n"
         assert r.read_text("/var/lib/nvpmodel/status").startswith("pmode:0001")
         assert r.read_text("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor") == \

@@ -11,8 +11,21 @@
 
 #include "core/le.h"
 
-enum { C_OTHER = 0, C_LETTER = 1, C_NUMBER = 2, C_SPACE = 3, C_NFC_MAYBE = 4 };
+/* Character classes of the pre-tokenizer regexes (unicode_tables.c, colibri_kit/model/unicode_gen.py):
+ * \p{L} = UPPER (Lu Lt) | LOWER (Ll) | LETTER (Lm Lo); \p{M} = MARK; \p{N} = NUMBER; \s = SPACE. */
+enum { C_OTHER = 0, C_SPACE = 1, C_NUMBER = 2, C_UPPER = 3, C_LOWER = 4, C_LETTER = 5, C_MARK = 6 };
+#define C_NFC_MAYBE 8
 #define BAD_CP 0x110000u /* an invalid UTF-8 byte b is the unit BAD_CP + b */
+#define IS_L(k) ((k) >= C_UPPER && (k) <= C_LETTER)
+
+/* Work counter for the tests' linear-time checks (tests/test_tokenizer_unicode.py builds the
+ * tokenizer with -DCOLIBRI_TOK_COUNT_WORK and compares the count of a 64 KiB and a 1 MiB input). */
+#ifdef COLIBRI_TOK_COUNT_WORK
+unsigned long long colibri_tok_work;
+#define WORK(x) (colibri_tok_work += (unsigned long long)(x))
+#else
+#define WORK(x) ((void)0)
+#endif
 
 /* ---- growable buffers (scratch of one call) -------------------------------------------------- */
 
@@ -103,7 +116,7 @@ static const uint8_t *uc_rec(uint32_t cp) {
     if (cp >= BAD_CP) return none;
     return colibri_uc_records[colibri_uc_stage2[(size_t)colibri_uc_stage1[cp >> 8] * 256 + (cp & 255)]];
 }
-static int uc_class(uint32_t cp) { return uc_rec(cp)[0] & 3; }
+static int uc_class(uint32_t cp) { return uc_rec(cp)[0] & 7; }
 static uint8_t uc_ccc(uint32_t cp) { return uc_rec(cp)[1]; }
 
 /* ---- NFC (Unicode Standard Annex #15: decompose, order marks, compose) ---------------------- */
@@ -178,6 +191,20 @@ static uint32_t compose(uint32_t a, uint32_t b) {
     return 0;
 }
 
+/* Stable counting sort of run[0..n) by combining class; `tmp` grows to n code points (reused by
+ * the caller across runs). Returns non-zero when out of memory. */
+static int sort_run(uint32_t *run, size_t n, cps_buf *tmp) {
+    size_t count[257] = {0};
+    tmp->n = 0;
+    for (size_t i = 0; i < n; i++) { count[uc_ccc(run[i]) + 1]++; cb_put(tmp, 0); }
+    if (tmp->oom) return 1;
+    for (int c = 1; c <= 256; c++) count[c] += count[c - 1];
+    for (size_t i = 0; i < n; i++) tmp->p[count[uc_ccc(run[i])]++] = run[i];
+    memcpy(run, tmp->p, n * sizeof *run);
+    WORK(2 * n + 256);
+    return 0;
+}
+
 /* NFC of s[0..n) appended to out. Text without any character that NFC can change is copied. */
 static void nfc(const uint8_t *s, size_t n, bytes_buf *out) {
     int maybe = 0;
@@ -188,20 +215,32 @@ static void nfc(const uint8_t *s, size_t n, bytes_buf *out) {
         maybe = (uc_rec(c)[0] & C_NFC_MAYBE) != 0;
     }
     if (!maybe) { bb_put(out, s, n); return; }
-    cps_buf d = {0};
+    cps_buf d = {0}, scratch = {0};
     for (size_t i = 0; i < n;) {
         uint32_t c;
         i += u8dec(s + i, n - i, &c);
         decompose(c, &d);
     }
-    /* canonical order: stable sort of each run of non-starters by combining class */
-    for (size_t i = 1; i < d.n; i++) {
-        uint32_t c = d.p[i];
-        uint8_t cc = uc_ccc(c);
-        if (!cc) continue;
-        size_t j = i;
-        while (j > 0 && uc_ccc(d.p[j - 1]) > cc) { d.p[j] = d.p[j - 1]; j--; }
-        d.p[j] = c;
+    /* canonical order: stable sort of each run of non-starters by combining class. Linear in
+     * the text whatever it holds: short runs by insertion, long runs (an adversarial prompt of
+     * a million marks) by a stable counting sort over the 256 classes. */
+    for (size_t a = 0; a < d.n;) {
+        if (!uc_ccc(d.p[a])) { a++; WORK(1); continue; }
+        size_t b = a;
+        while (b < d.n && uc_ccc(d.p[b])) b++;
+        WORK(b - a);
+        if (b - a <= 16) {
+            for (size_t i = a + 1; i < b; i++) {
+                uint32_t c = d.p[i];
+                uint8_t cc = uc_ccc(c);
+                size_t j = i;
+                while (j > a && uc_ccc(d.p[j - 1]) > cc) { d.p[j] = d.p[j - 1]; j--; WORK(1); }
+                d.p[j] = c;
+            }
+        } else if (sort_run(d.p + a, b - a, &scratch)) {
+            d.oom = 1;
+        }
+        a = b;
     }
     /* canonical composition */
     size_t w = 0, starter = (size_t)-1;
@@ -209,6 +248,7 @@ static void nfc(const uint8_t *s, size_t n, bytes_buf *out) {
     for (size_t i = 0; i < d.n; i++) {
         uint32_t c = d.p[i];
         int cc = uc_ccc(c);
+        WORK(1);
         if (starter != (size_t)-1 && (last_cc == -1 || (last_cc != 0 && last_cc < cc))) {
             uint32_t comp = compose(d.p[starter], c);
             if (comp) { d.p[starter] = comp; continue; }
@@ -221,19 +261,27 @@ static void nfc(const uint8_t *s, size_t n, bytes_buf *out) {
     uint8_t enc[4];
     for (size_t i = 0; i < w; i++) bb_put(out, enc, u8enc(d.p[i], enc));
     free(d.p);
+    free(scratch.p);
 }
 
 /* ---- pre-tokenizer regexes, hand-compiled --------------------------------------------------- */
 
-static int class_at(const uint8_t *s, size_t n, size_t i, uint32_t *cp, size_t *len) {
+/* What each regex calls a letter: the GPT-2, Qwen2 and Llama-3 regexes \p{L} (a mark is OTHER:
+ * punctuation to them); Qwen3.5's [\p{L}\p{M}] (a mark joins words and leaves the punctuation
+ * class [^\s\p{L}\p{M}\p{N}]). o200k reads the raw classes (its case classes). */
+static const uint8_t MAP_L[8] = {C_OTHER, C_SPACE, C_NUMBER, C_LETTER, C_LETTER, C_LETTER, C_OTHER, C_OTHER};
+static const uint8_t MAP_LM[8] = {C_OTHER, C_SPACE, C_NUMBER, C_LETTER, C_LETTER, C_LETTER, C_LETTER, C_OTHER};
+
+static int class_at(const uint8_t *s, size_t n, size_t i, const uint8_t *map, uint32_t *cp,
+                    size_t *len) {
     *len = u8dec(s + i, n - i, cp);
-    return uc_class(*cp);
+    return map[uc_class(*cp)];
 }
 
-static size_t run_of(const uint8_t *s, size_t n, size_t i, int cls) {
+static size_t run_of(const uint8_t *s, size_t n, size_t i, const uint8_t *map, int cls) {
     uint32_t c;
     size_t l;
-    while (i < n && class_at(s, n, i, &c, &l) == cls) i += l;
+    while (i < n && class_at(s, n, i, map, &c, &l) == cls) i += l;
     return i;
 }
 
@@ -253,12 +301,13 @@ static size_t contraction(const uint8_t *s, size_t n, size_t i, int fold) {
 }
 
 /* \s+(?!\S)|\s+ from i (a space character): the run, less its last character when a non-space
- * follows and the run is longer than one character. `nl`: first try \s*[\r\n]+ (Llama-3 regex). */
+ * follows and the run is longer than one character. `nl`: first try \s*[\r\n]+ (the regexes of
+ * Llama-3 heritage). */
 static size_t spaces(const uint8_t *s, size_t n, size_t i, int nl) {
     size_t j = i, last = i, after_nl = 0;
     uint32_t c;
     size_t l;
-    while (j < n && class_at(s, n, j, &c, &l) == C_SPACE) {
+    while (j < n && class_at(s, n, j, MAP_L, &c, &l) == C_SPACE) {
         last = j;
         j += l;
         if (c == '\r' || c == '\n') after_nl = j;
@@ -272,44 +321,119 @@ static size_t spaces(const uint8_t *s, size_t n, size_t i, int nl) {
 static size_t match_gpt2(const uint8_t *s, size_t n, size_t i) {
     uint32_t c, c2;
     size_t l, l2;
-    int k = class_at(s, n, i, &c, &l);
+    int k = class_at(s, n, i, MAP_L, &c, &l);
     if (c == '\'') {
         size_t e = contraction(s, n, i + 1, 0);
         if (e) return e;
     }
-    if (k == C_LETTER || k == C_NUMBER || k == C_OTHER) return run_of(s, n, i, k);
+    if (k != C_SPACE) return run_of(s, n, i, MAP_L, k);
     if (c == ' ' && i + 1 < n) {
-        int k2 = class_at(s, n, i + 1, &c2, &l2);
-        if (k2 != C_SPACE) return run_of(s, n, i + 1, k2);
+        int k2 = class_at(s, n, i + 1, MAP_L, &c2, &l2);
+        if (k2 != C_SPACE) return run_of(s, n, i + 1, MAP_L, k2);
     }
     return spaces(s, n, i, 0);
 }
 
-/* Qwen2 (digits = 1) and Llama-3 (digits = 3):
+/* Qwen2 (digits = 1), Llama-3 (digits = 3) with map MAP_L, and Qwen3.5 (digits = 1) with MAP_LM:
  * (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,digits}| ?[^\s\p{L}\p{N}]+[\r\n]*
- * |\s*[\r\n]+|\s+(?!\S)|\s+ */
-static size_t match_llama3(const uint8_t *s, size_t n, size_t i, uint32_t digits) {
+ * |\s*[\r\n]+|\s+(?!\S)|\s+    (Qwen3.5: [\p{L}\p{M}] for \p{L}, a mark is no prefix then: a mark
+ * as the optional prefix would be followed by a word that the mark starts anyway) */
+static size_t match_llama3(const uint8_t *s, size_t n, size_t i, uint32_t digits, const uint8_t *map) {
     uint32_t c, c2;
     size_t l, l2;
-    int k = class_at(s, n, i, &c, &l);
+    int k = class_at(s, n, i, map, &c, &l);
     if (c == '\'') {
         size_t e = contraction(s, n, i + 1, 1);
         if (e) return e;
     }
-    if (k == C_LETTER) return run_of(s, n, i, C_LETTER);
+    if (k == C_LETTER) return run_of(s, n, i, map, C_LETTER);
     if (k != C_NUMBER && c != '\r' && c != '\n' && i + l < n &&
-        class_at(s, n, i + l, &c2, &l2) == C_LETTER)
-        return run_of(s, n, i + l, C_LETTER);
+        class_at(s, n, i + l, map, &c2, &l2) == C_LETTER)
+        return run_of(s, n, i + l, map, C_LETTER);
     if (k == C_NUMBER) {
         size_t j = i;
-        for (uint32_t d = 0; d < digits && j < n && class_at(s, n, j, &c2, &l2) == C_NUMBER; d++)
+        for (uint32_t d = 0; d < digits && j < n && class_at(s, n, j, map, &c2, &l2) == C_NUMBER; d++)
             j += l2;
         return j;
     }
     size_t j = (c == ' ' && i + 1 < n) ? i + 1 : i;
-    if (class_at(s, n, j, &c2, &l2) == C_OTHER) {
-        j = run_of(s, n, j, C_OTHER);
+    if (class_at(s, n, j, map, &c2, &l2) == C_OTHER) {
+        j = run_of(s, n, j, map, C_OTHER);
         while (j < n && (s[j] == '\r' || s[j] == '\n')) j++;
+        return j;
+    }
+    return spaces(s, n, i, 1);
+}
+
+/* o200k's word classes: UP = [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}], LO = [\p{Ll}\p{Lm}\p{Lo}\p{M}] */
+static int o2_up(int k) { return k == C_UPPER || k == C_LETTER || k == C_MARK; }
+static int o2_lo(int k) { return k == C_LOWER || k == C_LETTER || k == C_MARK; }
+
+/* the raw class of the unit at i and its length */
+static int raw_at(const uint8_t *s, size_t n, size_t i, size_t *len) {
+    uint32_t c;
+    *len = u8dec(s + i, n - i, &c);
+    return uc_class(c);
+}
+
+/* One word alternative of o200k at `a` (after the optional prefix), Oniguruma's backtracking
+ * spelled out; 0 when it does not match. alt 1: UP* LO+ ; alt 2: UP+ LO* ; both then the
+ * optional (?i:'s|'t|'re|'ve|'m|'ll|'d). UP* takes the longest run; LO+ must then start either
+ * at the run's end (a lower-case letter, and LO+ runs on) or, giving back, at the run's last
+ * character that is both (Lm Lo M): what follows it in the run is upper-case only. For alt 2,
+ * LO* could only extend over a lower-case letter, and then alt 1 would have matched. */
+static size_t o200k_word(const uint8_t *s, size_t n, size_t a, int alt) {
+    size_t l, b = a, last_both = 0;
+    int k = C_OTHER;
+    while (b < n && o2_up(k = raw_at(s, n, b, &l))) {
+        b += l;
+        if (o2_lo(k)) last_both = b;
+    }
+    size_t e;
+    if (alt == 1) {
+        if (b < n && k == C_LOWER) {
+            e = b;
+            while (e < n && o2_lo(raw_at(s, n, e, &l))) e += l;
+        } else if (last_both) {
+            e = last_both;
+        } else {
+            return 0;
+        }
+    } else {
+        if (b == a) return 0;
+        e = b;
+    }
+    if (e < n && s[e] == '\'') {
+        size_t ce = contraction(s, n, e + 1, 1);
+        if (ce) e = ce;
+    }
+    return e;
+}
+
+/* o200k (gpt-oss's o200k_harmony, tiktoken's o200k_base pat_str):
+ * [^\r\n\p{L}\p{N}]?UP*LO+C?|[^\r\n\p{L}\p{N}]?UP+LO*C?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*
+ * |\s*[\r\n]+|\s+(?!\S)|\s+   Each alternative is tried with the prefix, then without. */
+static size_t match_o200k(const uint8_t *s, size_t n, size_t i) {
+    uint32_t c;
+    size_t l, l2;
+    l = u8dec(s + i, n - i, &c);
+    int k = uc_class(c);
+    int prefix = !IS_L(k) && k != C_NUMBER && c != '\r' && c != '\n';
+    for (int alt = 1; alt <= 2; alt++) {
+        size_t e;
+        if (prefix && i + l < n && (e = o200k_word(s, n, i + l, alt))) return e;
+        if ((e = o200k_word(s, n, i, alt))) return e;
+    }
+    size_t j = i;
+    if (k == C_NUMBER) {
+        for (int d = 0; d < 3 && j < n && raw_at(s, n, j, &l2) == C_NUMBER; d++) j += l2;
+        return j;
+    }
+    if (c == ' ' && i + 1 < n) j = i + 1; /*  ?[^\s\p{L}\p{N}]+ : a mark counts as punctuation */
+    int kj = raw_at(s, n, j, &l2);
+    if (kj != C_SPACE && !IS_L(kj) && kj != C_NUMBER) {
+        while (j < n && (kj = raw_at(s, n, j, &l2)) != C_SPACE && !IS_L(kj) && kj != C_NUMBER) j += l2;
+        while (j < n && (s[j] == '\r' || s[j] == '\n' || s[j] == '/')) j++;
         return j;
     }
     return spaces(s, n, i, 1);
@@ -499,36 +623,49 @@ static void bpe_word(const colibri_tokenizer *t, const uint8_t *w, size_t n, bpe
 
 /* ---- added tokens --------------------------------------------------------------------------- */
 
-/* Leftmost, then longest added token (of the wanted `normalized` kind) in s[from..n); returns
- * its index or -1, and the span it covers with lstrip/rstrip whitespace in [*a, *b). */
+/* Leftmost, then longest added token (of the wanted `normalized` kind) in s[from..n), as the
+ * `tokenizers` added vocabulary matches (Aho-Corasick, leftmost-longest); returns its index or
+ * -1, and the span it covers with lstrip/rstrip white space in [*a, *b). The trie walk from a
+ * position is as long as the longest added token that starts there (gpt-oss has 1,090 added
+ * tokens, all "<|...|>": a byte that starts none costs one table look-up). */
 static int find_added(const colibri_tokenizer *t, const uint8_t *s, size_t from, size_t n,
                       int normalized, size_t *a, size_t *b) {
+    const colibri_added_node *nodes = t->trie;
     for (size_t i = from; i < n; i++) {
-        uint32_t lo = t->added_first[s[i]], hi = t->added_first[s[i] + 1];
-        for (uint32_t k = lo; k < hi; k++) {
-            const colibri_added_token *at = &t->added[k];
-            if (((at->flags & COLIBRI_TOK_A_NORMALIZED) != 0) != normalized) continue;
-            if (at->len > n - i || memcmp(s + i, at->text, at->len) != 0) continue;
-            size_t st = i, en = i + at->len;
-            if (at->flags & COLIBRI_TOK_A_LSTRIP) { /* absorb white space before it */
-                while (st > from) {
-                    size_t p = st - 1;
-                    while (p > from && (s[p] & 0xC0) == 0x80 && st - p < 4) p--;
-                    uint32_t c;
-                    size_t l = u8dec(s + p, n - p, &c);
-                    if (p + l != st || uc_class(c) != C_SPACE) break;
-                    st = p;
-                }
-            }
-            if (at->flags & COLIBRI_TOK_A_RSTRIP) {
-                uint32_t c;
-                size_t l;
-                while (en < n && class_at(s, n, en, &c, &l) == C_SPACE) en += l;
-            }
-            *a = st;
-            *b = en;
-            return (int)k;
+        uint32_t node = t->trie_root[s[i]];
+        WORK(1);
+        if (!node) continue;
+        int best = -1;
+        for (size_t k = i;;) {
+            WORK(1);
+            if (nodes[node].tok[normalized] >= 0) best = nodes[node].tok[normalized];
+            if (++k >= n) break;
+            uint32_t c = nodes[node].child;
+            while (c && nodes[c].byte != s[k]) c = nodes[c].sibling;
+            if (!c) break;
+            node = c;
         }
+        if (best < 0) continue;
+        const colibri_added_token *at = &t->added[best];
+        size_t st = i, en = i + at->len;
+        if (at->flags & COLIBRI_TOK_A_LSTRIP) { /* absorb white space before it */
+            while (st > from) {
+                size_t p = st - 1;
+                while (p > from && (s[p] & 0xC0) == 0x80 && st - p < 4) p--;
+                uint32_t c;
+                size_t l = u8dec(s + p, n - p, &c);
+                if (p + l != st || uc_class(c) != C_SPACE) break;
+                st = p;
+            }
+        }
+        if (at->flags & COLIBRI_TOK_A_RSTRIP) {
+            uint32_t c;
+            size_t l;
+            while (en < n && class_at(s, n, en, MAP_L, &c, &l) == C_SPACE) en += l;
+        }
+        *a = st;
+        *b = en;
+        return best;
     }
     return -1;
 }
@@ -541,6 +678,7 @@ typedef struct {
 } enc_state;
 
 static const uint8_t META[3] = {0xE2, 0x96, 0x81}; /* U+2581 "▁" */
+static const uint8_t REPL[3] = {0xEF, 0xBF, 0xBD}; /* U+FFFD */
 
 /* `first`: the piece starts at offset 0 of the original text (Metaspace prepend_scheme first). */
 static void pretok_and_bpe(enc_state *e, const uint8_t *s, size_t n, int first) {
@@ -562,8 +700,10 @@ static void pretok_and_bpe(enc_state *e, const uint8_t *s, size_t n, int first) 
         return;
     }
     for (size_t i = 0; i < n && !e->out.oom;) {
-        size_t j = t->pretok == COLIBRI_TOK_PRE_GPT2 ? match_gpt2(s, n, i)
-                                                     : match_llama3(s, n, i, t->digits);
+        size_t j = t->pretok == COLIBRI_TOK_PRE_GPT2    ? match_gpt2(s, n, i)
+                 : t->pretok == COLIBRI_TOK_PRE_O200K   ? match_o200k(s, n, i)
+                 : t->pretok == COLIBRI_TOK_PRE_QWEN35  ? match_llama3(s, n, i, t->digits, MAP_LM)
+                                                        : match_llama3(s, n, i, t->digits, MAP_L);
         if (j <= i) j = i + 1; /* cannot happen: every unit matches an alternative */
         bpe_word(t, s + i, j - i, &e->sc, &e->out);
         i = j;
@@ -583,6 +723,16 @@ static void encode_segment(enc_state *e, const uint8_t *s, size_t n, int first) 
         for (size_t i = 0; i < n; i++) {
             if (s[i] == ' ') bb_put(&e->norm, META, 3);
             else bb_put(&e->norm, s + i, 1);
+        }
+    } else if (t->normalizer == COLIBRI_TOK_NORM_SP_MODEL) { /* + invalid UTF-8 -> U+FFFD */
+        bb_put(&e->norm, META, 3);
+        for (size_t i = 0; i < n;) {
+            uint32_t c;
+            size_t l = s[i] < 0x80 ? 1 : u8dec(s + i, n - i, &c);
+            if (s[i] == ' ') bb_put(&e->norm, META, 3);
+            else if (s[i] >= 0x80 && c >= BAD_CP) bb_put(&e->norm, REPL, 3);
+            else bb_put(&e->norm, s + i, l);
+            i += l;
         }
     } else {
         bb_put(&e->norm, s, n);
@@ -633,7 +783,6 @@ colibri_status colibri_tokenizer_encode(const colibri_tokenizer *t, const char *
 
 /* ---- decoding ------------------------------------------------------------------------------- */
 
-static const uint8_t REPL[3] = {0xEF, 0xBF, 0xBD}; /* U+FFFD */
 
 /* Append s[0..n) with each maximal invalid UTF-8 subpart replaced by U+FFFD (what Rust's
  * String::from_utf8_lossy does, which the ByteLevel decoder uses). */
@@ -781,13 +930,6 @@ static uint32_t table_size(uint32_t n) {
     return s;
 }
 
-static int cmp_added(const void *x, const void *y) {
-    const colibri_added_token *a = x, *b = y;
-    if (a->text[0] != b->text[0]) return a->text[0] < b->text[0] ? -1 : 1;
-    if (a->len != b->len) return a->len > b->len ? -1 : 1; /* longest first */
-    return a->id < b->id ? -1 : a->id > b->id;
-}
-
 colibri_status colibri_tokenizer_load(colibri_tokenizer *t, const colibri_tokenizer_blobs *b,
                                       uint32_t vocab_limit, char *why, size_t wl) {
     memset(t, 0, sizeof *t);
@@ -814,14 +956,19 @@ colibri_status colibri_tokenizer_load(colibri_tokenizer *t, const colibri_tokeni
     t->n_vocab = w[11]; t->n_merges = w[12]; t->n_added = w[13]; t->n_stop = w[14]; t->strip = w[15];
     int bl = t->model == COLIBRI_TOK_MODEL_BYTE_BPE;
     if ((t->model != COLIBRI_TOK_MODEL_BYTE_BPE && t->model != COLIBRI_TOK_MODEL_SP_BPE) ||
-        t->normalizer > COLIBRI_TOK_NORM_SP || t->pretok > COLIBRI_TOK_PRE_METASPACE ||
+        t->normalizer > COLIBRI_TOK_NORM_SP_MODEL || t->pretok > COLIBRI_TOK_PRE_QWEN35 ||
         ((t->pretok == COLIBRI_TOK_PRE_LLAMA3 || t->pretok == COLIBRI_TOK_PRE_METASPACE) &&
          (t->digits < 1 || t->digits > 3)) ||
+        (t->pretok == COLIBRI_TOK_PRE_O200K && t->digits != 3) ||
+        (t->pretok == COLIBRI_TOK_PRE_QWEN35 && t->digits != 1) ||
         (t->decoder != COLIBRI_TOK_DEC_BYTE_LEVEL && t->decoder != COLIBRI_TOK_DEC_SP) ||
         (bl != (t->decoder == COLIBRI_TOK_DEC_BYTE_LEVEL)) ||
-        (bl != (t->pretok == COLIBRI_TOK_PRE_GPT2 || t->pretok == COLIBRI_TOK_PRE_LLAMA3)) ||
+        (bl != (t->pretok == COLIBRI_TOK_PRE_GPT2 || t->pretok == COLIBRI_TOK_PRE_LLAMA3 ||
+                t->pretok == COLIBRI_TOK_PRE_O200K || t->pretok == COLIBRI_TOK_PRE_QWEN35)) ||
+        (bl && t->normalizer > COLIBRI_TOK_NORM_NFC) ||
         (t->pretok == COLIBRI_TOK_PRE_METASPACE && t->normalizer != COLIBRI_TOK_NORM_NONE) ||
-        t->flags > 31 || t->strip > 1)
+        (t->normalizer == COLIBRI_TOK_NORM_SP_MODEL && t->pretok != COLIBRI_TOK_PRE_NONE) ||
+        t->flags > 63 || t->strip > 1)
         return fail(why, wl, COLIBRI_E_BAD_TOKENIZER,
                     "tokenizer.config: unsupported combination model %u, normalizer %u, "
                     "pre-tokenizer %u (digits %u), decoder %u, flags 0x%x, strip %u",
@@ -917,8 +1064,10 @@ colibri_status colibri_tokenizer_load(colibri_tokenizer *t, const colibri_tokeni
         }
         if (!dup) t->vocab_slot[h] = i + 1;
     }
-    /* merges: (left, right, merged) in rank order; a later duplicate pair wins, as in tokenizers */
-    if (ml != 12 * (uint64_t)t->n_merges || t->n_merges > (1u << 26)) {
+    /* merges: (left, right, merged[, rank]) in rank order; a later duplicate pair wins, as in
+     * tokenizers. Without F_RANKED_MERGES the rank is the position. */
+    size_t entry = (t->flags & COLIBRI_TOK_F_RANKED_MERGES) ? 16 : 12;
+    if (ml != entry * (uint64_t)t->n_merges || t->n_merges > (1u << 26)) {
         st = fail(why, wl, COLIBRI_E_BAD_TOKENIZER, "tokenizer.merges: %zu bytes for %u merges", ml,
                   t->n_merges);
         goto bad;
@@ -930,19 +1079,27 @@ colibri_status colibri_tokenizer_load(colibri_tokenizer *t, const colibri_tokeni
         t->merge_rank = malloc((size_t)sz * sizeof *t->merge_rank);
         t->merge_new = malloc((size_t)sz * sizeof *t->merge_new);
         if (!t->merge_key || !t->merge_rank || !t->merge_new) goto oom;
+        uint32_t prev_rank = 0;
         for (uint32_t r = 0; r < t->n_merges; r++) {
-            uint32_t a = rd32(mer + 12 * (size_t)r), b = rd32(mer + 12 * (size_t)r + 4),
-                     c = rd32(mer + 12 * (size_t)r + 8);
+            const uint8_t *e = mer + entry * (size_t)r;
+            uint32_t a = rd32(e), b = rd32(e + 4), c = rd32(e + 8);
+            uint32_t rank = entry == 16 ? rd32(e + 12) : r;
             if (a >= t->n_vocab || b >= t->n_vocab || c >= t->n_vocab) {
                 st = fail(why, wl, COLIBRI_E_BAD_TOKENIZER, "tokenizer.merges: merge %u names id >= %u", r,
                           t->n_vocab);
                 goto bad;
             }
+            if (rank < prev_rank || rank >= t->n_merges) {
+                st = fail(why, wl, COLIBRI_E_BAD_TOKENIZER, "tokenizer.merges: merge %u has rank %u "
+                          "(ranks must not decrease and stay below %u)", r, rank, t->n_merges);
+                goto bad;
+            }
+            prev_rank = rank;
             uint64_t key = ((uint64_t)a << 32 | b) + 1;
             uint32_t h = (uint32_t)mix64(key) & t->merge_mask;
             while (t->merge_key[h] && t->merge_key[h] != key) h = (h + 1) & t->merge_mask;
             t->merge_key[h] = key;
-            t->merge_rank[h] = r;
+            t->merge_rank[h] = rank;
             t->merge_new[h] = c;
         }
     }
@@ -968,10 +1125,31 @@ colibri_status colibri_tokenizer_load(colibri_tokenizer *t, const colibri_tokeni
         }
         t->added[i] = (colibri_added_token){id, fl, len, text + off};
     }
-    qsort(t->added, t->n_added, sizeof *t->added, cmp_added);
-    for (uint32_t b = 0, k = 0; b <= 256; b++) {
-        while (k < t->n_added && t->added[k].text[0] < b) k++;
-        t->added_first[b] = k;
+    /* the trie: node 0 is "none"; at most one node per byte of added text */
+    t->trie = calloc(text_len + 1, sizeof *t->trie);
+    if (!t->trie) goto oom;
+    t->n_nodes = 1;
+    for (uint32_t i = 0; i < t->n_added; i++) {
+        const colibri_added_token *at = &t->added[i];
+        uint32_t *link = &t->trie_root[at->text[0]], node = 0;
+        for (uint32_t k = 0; k < at->len; k++) {
+            node = *link;
+            while (node && t->trie[node].byte != at->text[k]) node = t->trie[node].sibling;
+            if (!node) {
+                if (t->n_nodes > text_len) {
+                    st = fail(why, wl, COLIBRI_E_BAD_TOKENIZER, "tokenizer.added: tokens overlap in the text");
+                    goto bad;
+                }
+                node = t->n_nodes++;
+                t->trie[node] = (colibri_added_node){.child = 0, .sibling = *link, .tok = {-1, -1},
+                                                     .byte = at->text[k]};
+                *link = node;
+            }
+            link = &t->trie[node].child;
+        }
+        int kind = (at->flags & COLIBRI_TOK_A_NORMALIZED) != 0;
+        int32_t *slot = &t->trie[node].tok[kind];
+        if (*slot < 0 || t->added[*slot].id > at->id) *slot = (int32_t)i; /* same text: lowest id */
     }
     return COLIBRI_OK;
 oom:
@@ -986,6 +1164,7 @@ void colibri_tokenizer_free(colibri_tokenizer *t) {
     free(t->vocab_off);
     free(t->stop_ids);
     free(t->added);
+    free(t->trie);
     free(t->merge_key);
     free(t->merge_rank);
     free(t->merge_new);

@@ -4,8 +4,10 @@
  * model at the same time (each call allocates its own scratch memory).
  *
  * Two families, reproducing the `tokenizers` library's ids exactly:
- *   byte-level BPE (Qwen2/Qwen3-MoE, OLMoE): NFC, the model's pre-tokenizer regex, BPE on bytes;
- *   SentencePiece-style BPE (Mixtral/Llama): "▁" for spaces, BPE on characters, byte fallback.
+ *   byte-level BPE (Qwen2/Qwen3-MoE, Qwen3.5, gpt-oss's o200k, OLMoE): NFC or none, the model's
+ *   pre-tokenizer regex, BPE on bytes;
+ *   SentencePiece-style BPE (Mixtral/Llama): "▁" for spaces, BPE on characters, byte fallback;
+ *   from a tokenizer.model alone, SentencePiece's own ids (merges by score, ties leftmost).
  * Added/special tokens are matched before anything else (leftmost, then longest). */
 #ifndef COLIBRI_TOKENIZER_H
 #define COLIBRI_TOKENIZER_H
@@ -18,15 +20,22 @@
 
 /* tokenizer.config words (colibri_kit/model/tokenizer.py writes them) */
 enum { COLIBRI_TOK_MODEL_BYTE_BPE = 1, COLIBRI_TOK_MODEL_SP_BPE = 2 };
-enum { COLIBRI_TOK_NORM_NONE = 0, COLIBRI_TOK_NORM_NFC = 1, COLIBRI_TOK_NORM_SP = 2 };
+/* NORM_SP_MODEL: SentencePiece's normalizer of a tokenizer.model (identity rules): "▁" before the
+ * text, spaces -> "▁", each invalid UTF-8 byte -> U+FFFD */
+enum { COLIBRI_TOK_NORM_NONE = 0, COLIBRI_TOK_NORM_NFC = 1, COLIBRI_TOK_NORM_SP = 2,
+       COLIBRI_TOK_NORM_SP_MODEL = 3 };
+/* LLAMA3: the Qwen2 (digits 1) and Llama-3 (digits 3) regexes; O200K: gpt-oss; QWEN35: Qwen3.5 */
 enum { COLIBRI_TOK_PRE_NONE = 0, COLIBRI_TOK_PRE_GPT2 = 1, COLIBRI_TOK_PRE_LLAMA3 = 2,
-       COLIBRI_TOK_PRE_METASPACE = 3 };
+       COLIBRI_TOK_PRE_METASPACE = 3, COLIBRI_TOK_PRE_O200K = 4, COLIBRI_TOK_PRE_QWEN35 = 5 };
 /* Metaspace prepend_scheme (config word 4 with COLIBRI_TOK_PRE_METASPACE) */
 enum { COLIBRI_TOK_META_ALWAYS = 1, COLIBRI_TOK_META_FIRST = 2, COLIBRI_TOK_META_NEVER = 3 };
 enum { COLIBRI_TOK_DEC_BYTE_LEVEL = 1, COLIBRI_TOK_DEC_SP = 2 };
 enum {
     COLIBRI_TOK_F_BYTE_FALLBACK = 1, COLIBRI_TOK_F_FUSE_UNK = 2, COLIBRI_TOK_F_ADD_BOS = 4,
-    COLIBRI_TOK_F_ADD_EOS = 8, COLIBRI_TOK_F_IGNORE_MERGES = 16
+    COLIBRI_TOK_F_ADD_EOS = 8, COLIBRI_TOK_F_IGNORE_MERGES = 16,
+    /* merges carry their rank (16-byte entries), ranks may repeat: equal ranks merge leftmost
+     * first (SentencePiece's equal scores) */
+    COLIBRI_TOK_F_RANKED_MERGES = 32
 };
 enum { COLIBRI_TOK_A_SPECIAL = 1, COLIBRI_TOK_A_LSTRIP = 2, COLIBRI_TOK_A_RSTRIP = 4,
        COLIBRI_TOK_A_NORMALIZED = 8 };
@@ -41,6 +50,14 @@ typedef struct {
     const uint8_t *text;
 } colibri_added_token;
 
+/* a node of the added tokens' byte trie: first child, next sibling, the added token ending
+ * here (index into added[], -1 none) for non-normalized [0] and normalized [1] tokens */
+typedef struct {
+    uint32_t child, sibling;
+    int32_t tok[2];
+    uint8_t byte;
+} colibri_added_node;
+
 typedef struct colibri_tokenizer {
     uint32_t model, normalizer, pretok, digits, decoder, flags, strip;
     uint32_t unk_id, bos_id, eos_id, pad_id;
@@ -49,8 +66,10 @@ typedef struct colibri_tokenizer {
     const uint8_t *vocab_flags;   /* n_vocab (in the mapping) */
     const uint8_t *vocab_bytes;   /* in the mapping */
     uint32_t *stop_ids;
-    colibri_added_token *added;   /* sorted: by first byte, then longest first */
-    uint32_t added_first[257];    /* added[added_first[b] .. added_first[b+1]) start with byte b */
+    colibri_added_token *added;   /* in file order */
+    colibri_added_node *trie;     /* the added tokens' bytes, [1, n_nodes) */
+    uint32_t n_nodes;
+    uint32_t trie_root[256];      /* node of the first byte b of some added token, 0 = none */
     uint32_t byte_id[256];        /* id of the piece that is byte b (byte-level) or <0xBB> (SP) */
     /* open-addressing hash tables, built at load */
     uint64_t *merge_key;          /* (left << 32 | right) + 1, 0 = empty */
@@ -90,7 +109,8 @@ colibri_status colibri_tokenizer_piece(const colibri_tokenizer *t, int32_t id, c
                                        size_t cap, size_t *len_out);
 
 /* Unicode tables (unicode_tables.c, generated) */
-extern const char colibri_unicode_version[];
+extern const char colibri_unicode_version[];     /* of the character classes */
+extern const char colibri_unicode_nfc_version[]; /* of the NFC data */
 extern const uint8_t colibri_uc_records[][2];
 extern const uint16_t colibri_uc_stage1[];
 extern const uint8_t colibri_uc_stage2[];

@@ -1,0 +1,68 @@
+/* Counters, histograms and their Prometheus text (metrics.h). */
+#include "metrics.h"
+
+static const double FIRST_TOKEN_BUCKETS[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
+static const double TOKEN_BUCKETS[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5};
+#define N_FT (sizeof FIRST_TOKEN_BUCKETS / sizeof FIRST_TOKEN_BUCKETS[0])
+#define N_TOK (sizeof TOKEN_BUCKETS / sizeof TOKEN_BUCKETS[0])
+
+static void hist_add(histogram *h, const double *bounds, size_t n, double v) {
+    h->count++;
+    h->sum += v;
+    for (size_t i = 0; i < n; i++)
+        if (v <= bounds[i]) { h->bucket[i]++; break; }
+}
+
+void metrics_status(metrics *m, int status) {
+    if (status >= 100 && status < 600) m->by_status[status]++;
+}
+
+void metrics_first_token(metrics *m, double s) { hist_add(&m->first_token, FIRST_TOKEN_BUCKETS, N_FT, s); }
+
+void metrics_next_token(metrics *m, double s) { hist_add(&m->per_token, TOKEN_BUCKETS, N_TOK, s); }
+
+static void hist_text(json_buf *b, const char *name, const char *help, const histogram *h,
+                      const double *bounds, size_t n) {
+    jb_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    unsigned long long acc = 0;
+    for (size_t i = 0; i < n; i++) {
+        acc += h->bucket[i];
+        jb_printf(b, "%s_bucket{le=\"%g\"} %llu\n", name, bounds[i], acc);
+    }
+    jb_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name, h->count, name,
+              h->sum, name, h->count);
+}
+
+static void counter(json_buf *b, const char *name, const char *help, unsigned long long v) {
+    jb_printf(b, "# HELP %s %s\n# TYPE %s counter\n%s %llu\n", name, help, name, name, v);
+}
+
+static void gauge(json_buf *b, const char *name, const char *help, int v) {
+    jb_printf(b, "# HELP %s %s\n# TYPE %s gauge\n%s %d\n", name, help, name, name, v);
+}
+
+void metrics_text(json_buf *b, const metrics *m, const metrics_gauges *g) {
+    jb_puts(b, "# HELP colibri_requests_total HTTP requests answered, by status code.\n"
+               "# TYPE colibri_requests_total counter\n");
+    for (int s = 100; s < 600; s++)
+        if (m->by_status[s]) jb_printf(b, "colibri_requests_total{code=\"%d\"} %llu\n", s, m->by_status[s]);
+    counter(b, "colibri_prompt_tokens_total", "Prompt tokens processed.", m->prompt_tokens);
+    counter(b, "colibri_generated_tokens_total", "Tokens generated.", m->generated_tokens);
+    counter(b, "colibri_requests_cancelled_total", "Generations stopped because the client left.", m->cancelled);
+    counter(b, "colibri_requests_rejected_total", "Requests refused with 503 because the queue was full.",
+            m->rejected_queue_full);
+    counter(b, "colibri_connections_evicted_total",
+            "Connections still sending their request head, closed to make room for a new one.", m->conns_evicted);
+    counter(b, "colibri_connections_refused_total", "Connections refused at once for lack of room.",
+            m->conns_refused);
+    hist_text(b, "colibri_first_token_seconds", "Time from request to first generated token.",
+              &m->first_token, FIRST_TOKEN_BUCKETS, N_FT);
+    hist_text(b, "colibri_token_seconds", "Time between consecutive generated tokens.", &m->per_token,
+              TOKEN_BUCKETS, N_TOK);
+    gauge(b, "colibri_queue_depth", "Requests waiting for a slot.", g->queued);
+    gauge(b, "colibri_queue_capacity", "Most requests that may wait.", g->max_queue);
+    gauge(b, "colibri_slots_busy", "Slots generating.", g->slots_busy);
+    gauge(b, "colibri_slots", "Slots (contexts sharing the model).", g->slots);
+    gauge(b, "colibri_draining", "1 after SIGTERM while in-flight requests finish.", g->draining);
+    gauge(b, "colibri_connections", "Open client connections.", g->connections);
+}

@@ -1,0 +1,36 @@
+/* The options of `colibri serve` (server.h; the CLI fills them in tools/cmd_serve.c, and
+ * docs/serve.md explains each). Plain data, apart so that the service's own files can read them
+ * without depending on its start-up. */
+#ifndef COLIBRI_SERVE_OPTIONS_H
+#define COLIBRI_SERVE_OPTIONS_H
+
+#include "colibri.h"
+
+#define SERVE_MAX_ALLOW 16      /* --allow-host / --allow-origin given this many times at most */
+
+typedef struct {
+    const char *model_path;
+    const char *model_id;       /* name in /v1/models and responses; NULL = file name sans .colibri */
+    const char *host;           /* default 127.0.0.1 */
+    int port;                   /* default 8080; 0 = any free port (printed on stderr) */
+    int slots;                  /* default 1 */
+    int threads;                /* compute threads per slot; 0 = online CPUs / slots (min 1) */
+    int max_queue;              /* waiting requests beyond the busy slots; default 16 */
+    const char *api_key_file;   /* required when host is not a loopback address */
+    long max_body;              /* request body limit in bytes; default 1 MiB */
+    int head_timeout_ms;        /* deadline for the request head, from accept; default 5000 */
+    int read_timeout_ms;        /* deadline for the whole request head + body; default 10000 */
+    int write_timeout_ms;       /* a client that stops reading for this long is dropped; 30000 */
+    int drain_timeout_ms;       /* SIGTERM: wait this long for in-flight requests; default 30000 */
+    int max_conns;              /* connections open at once; default 256 */
+    int max_conns_per_addr;     /* of them, still sending their request, per address; default 32 */
+    const char *allow_host[SERVE_MAX_ALLOW];   /* comma-separated Host names besides loopback ones; "*" any */
+    int n_allow_host;
+    const char *allow_origin[SERVE_MAX_ALLOW]; /* comma-separated browser origins; "*" any */
+    int n_allow_origin;
+    colibri_backend backend;
+    int int8_activations;
+    colibri_kv_dtype kv_dtype;  /* --kv-cache; COLIBRI_KV_F32 by default */
+} server_options;
+
+#endif

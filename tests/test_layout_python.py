@@ -1,0 +1,115 @@
+"""The Python package's shape (issue 19, "Python spine"): no import circles inside colibri_kit,
+and the product package imports nothing from the project's benchmarks/, tests/ or scripts/.
+
+How it is checked: every module under colibri_kit/ is parsed with ``ast`` (nothing is imported
+or run), every ``import``/``from ... import`` anywhere in it is collected (at the top, inside
+functions, under ``if TYPE_CHECKING:``: a circle through a type-only import is still a circle a
+reader must untangle), relative imports are resolved, ``from package import name`` counts as an
+import of the submodule when ``name`` is one, and the strongly connected components of that graph
+are computed (Tarjan, shared with the runtime's include check). Any component with more than one
+module is a circle."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from test_runtime_layout import find_cycles
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "colibri_kit"
+OUTSIDE = ("benchmarks", "tests", "scripts")
+# Product modules that still reach into benchmarks/, tests/ or scripts/ (by import, or by loading a
+# file from there): the one known exception.
+KNOWN_OUTSIDE = {"colibri_kit.gpucheck"}   # issue 20 removes it
+# Calls that load code from a path (importlib.util.spec_from_file_location, runpy.run_path,
+# importlib.machinery.SourceFileLoader) or change where imports come from (sys.path).
+LOADERS = {"spec_from_file_location", "run_path", "SourceFileLoader", "SourcelessFileLoader"}
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def imported_names(name: str, path: Path) -> set[str]:
+    """Every module name ``path`` imports (absolute; a ``from X import y`` gives X.y and X)."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                parts = parts[:len(parts) - (node.level - 1)]
+                base = ".".join(parts + ([base] if base else []))
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+    return names
+
+
+def import_graph() -> dict[str, set[str]]:
+    mods = modules()
+
+    def owner(name: str) -> str | None:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph = {}
+    for name, path in mods.items():
+        targets = {owner(n) for n in imported_names(name, path) if n.split(".")[0] == "colibri_kit"}
+        # The package's own __init__ (imported by every submodule import) is not an edge back.
+        graph[name] = {t for t in targets if t and t != name and not name.startswith(t + ".")}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module: the runtime's include check's
+    Tarjan (tests/test_runtime_layout.py), over module names."""
+    return find_cycles(graph)   # type: ignore[arg-type]
+
+
+def test_the_checker_finds_a_circle() -> None:
+    """The check itself can fail: a three-module circle and a self-contained pair are told apart."""
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_colibri_kit_has_no_import_circles() -> None:
+    graph = import_graph()
+    assert len(graph) > 40 and "colibri_kit.errors" in graph      # the whole package was read
+    assert circles(graph) == []
+
+
+def test_errors_imports_nothing_from_the_kit() -> None:
+    """Every module imports errors.py; so it imports none of them."""
+    assert import_graph()["colibri_kit.errors"] == set()
+
+
+def reaches_outside(name: str, path: Path) -> list[str]:
+    found = [n for n in imported_names(name, path) if n.split(".")[0] in OUTSIDE]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call):
+            fn = node.func
+            called = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")
+            if called in LOADERS:
+                found.append(f"{called}() at line {node.lineno}")
+        if isinstance(node, ast.Attribute) and node.attr == "path" and \
+                isinstance(node.value, ast.Name) and node.value.id == "sys":
+            found.append(f"sys.path at line {node.lineno}")
+    return found
+
+
+def test_the_product_imports_nothing_from_benchmarks_tests_or_scripts() -> None:
+    offenders = {name: reaches_outside(name, path) for name, path in modules().items()}
+    offenders = {name: what for name, what in offenders.items() if what}
+    assert set(offenders) - KNOWN_OUTSIDE == set(), offenders
