@@ -13,6 +13,10 @@
 #         UI (LLAMA_BUILD_UI=OFF, and LLAMA_USE_PREBUILT_UI=OFF: no download from Hugging Face);
 #         its HTTP API is what the serve benchmark uses. A DEST built before llama-server was added
 #         is reconfigured and gets it (the other targets stay built).
+# On a host with AMX (Sapphire Rapids and later Xeons) llama-bench of this build crashes with its
+# repacked weights (q8_0: SIGSEGV, q4_0: SIGILL, seen 2026-12-01): benchmark with
+# `--llama-bench-args "--repack 0"` (docs/runtime.md, "Against llama.cpp"); benchmarks/serve.py passes
+# llama-server `--no-repack` there.
 set -euo pipefail
 
 VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"   # vendors llama.cpp 0c1e570 (FACTS.md)
