@@ -1,13 +1,14 @@
 """Benchmark: `colibri serve` with 1, 2, 4 and 8 concurrent streaming clients, beside llama.cpp's
 `llama-server` on the same checkpoint, threads and slots (continuous batching on in both).
 
-    python benchmarks/serve.py [--dtype int8] [--threads 2] [--slots 8] [--requests 16]
+    python benchmarks/serve.py [--shape mixtral] [--dtype int8] [--threads 2] [--slots 8] [--requests 16]
                                [--levels 1,2,4,8] [--kinds short,unique,shared] [--system 512]
-                               [--prompt 32] [--gen 64] [--llama-cpp DIR] [--no-batching]
+                               [--prompt 32] [--gen 64] [--llama-cpp DIR] [--llama-server-args A]
+                               [--no-batching]
                                [--work /tmp/colibri-bench]
 
-1. the bench model of benchmarks/runtime.py (random Mixtral, hidden 1024, 8 layers, 8 experts
-   top-2, FFN 2816, vocab 32000), converted once into --work (shared with that benchmark) for
+1. a bench model of benchmarks/runtime.py (--shape: random Mixtral, hidden 1024, 8 layers, 8
+   experts top-2, FFN 2816, vocab 32000; or Qwen3-30B-A3B's geometry, --layers of it), converted once into --work (shared with that benchmark) for
    colibri (--dtype) and, with --llama-cpp DIR (a tree built by scripts/build-llama-cpp.sh, which
    builds llama-server), to GGUF q8_0 (int8), f16 or f32 by DIR/convert_hf_to_gguf.py;
 2. dist/host/bin/colibri (the kit's host build) serving it (`colibri serve --slots S --threads T`)
@@ -212,6 +213,15 @@ class Engine:
             self.log.close()
 
 
+def amx_host() -> bool:
+    """AMX in /proc/cpuinfo's flags: this llama.cpp build crashes with repacked weights there
+    (scripts/build-llama-cpp.sh)."""
+    try:
+        return " amx_int8" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
 def free_port() -> int:
     import socket
 
@@ -242,7 +252,7 @@ def llama_engine(server: Path, gguf: Path, args: argparse.Namespace, log_path: P
     port = free_port()
     argv = [str(server), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-t",
             str(args.threads), "-tb", str(args.threads), "-np", str(args.slots), "-c",
-            str(args.slots * 1024)]
+            str(args.slots * 1024), *args.llama_server_args.split()]
 
     def ready(e: Engine) -> int:
         end = time.monotonic() + 300
@@ -275,12 +285,14 @@ def measure(engine: Engine, model_id: str, args: argparse.Namespace, vocab: int)
 
 
 def concurrency(args: argparse.Namespace) -> None:
-    from runtime import bandwidth_gbs, converted, gguf_model, hf_checkpoint
+    from runtime import SHAPES, bandwidth_gbs, converted, geometry, gguf_model, hf_checkpoint
 
     from colibri_kit.build import build
 
     args.work.mkdir(parents=True, exist_ok=True)
-    hf = hf_checkpoint(args.work)
+    shape = SHAPES[args.shape]
+    layers = args.layers or shape.layers
+    hf = hf_checkpoint(args.work, shape, layers)
     model = converted(hf, args.work, args.dtype)
     binary = build("host", where="host", progress=log).dist_dir / "bin" / "colibri"
     model_id = model.name[: -len(".colibri")]
@@ -293,7 +305,8 @@ def concurrency(args: argparse.Namespace) -> None:
         if not server.exists():
             raise SystemExit(f"--llama-cpp {args.llama_cpp}: {server} is missing; build it with "
                              f"scripts/build-llama-cpp.sh")
-        gguf = gguf_model(args.llama_cpp, hf, args.work, {"int8": "q8_0"}.get(args.dtype, args.dtype))
+        gguf = gguf_model(args.llama_cpp, hf, args.work, {"int8": "q8_0"}.get(args.dtype, args.dtype),
+                          geometry(shape, layers)["vocab_size"])
         engines.append(lambda: llama_engine(server, gguf, args, args.work / "serve-llama.log"))
     rows = []
     for start in engines:
@@ -308,7 +321,8 @@ def concurrency(args: argparse.Namespace) -> None:
     print(f"model {model.name} ({info['dtype']}; llama-server: GGUF "
           f"{ {'int8': 'q8_0'}.get(args.dtype, args.dtype)}), {args.slots} slots, {args.threads} "
           f"thread(s), {args.requests} requests per row, prompt: --system {args.system} + "
-          f"--prompt {args.prompt} ids, gen {args.gen}")
+          f"--prompt {args.prompt} ids, gen {args.gen}"
+          + (f", llama-server {args.llama_server_args}" if args.llama_cpp and args.llama_server_args else ""))
     print(f"weight-read bound: dense {dense / 1e6:.1f} MB + experts {experts / 1e6:.1f} MB "
           f"(E={E}, k={k}) at {gbs:.1f} GB/s read bandwidth ({args.threads} thread(s)); "
           + ", ".join(f"N={n}: {E * (1 - (1 - k / E) ** n):.2f} experts/layer, "
@@ -399,6 +413,9 @@ def hostile(args: argparse.Namespace) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dtype", default="int8", choices=["f32", "f16", "int8"])
+    ap.add_argument("--shape", default="mixtral", choices=["mixtral", "qwen3-30b-a3b"],
+                    help="benchmarks/runtime.py's geometry (shared checkpoints in --work)")
+    ap.add_argument("--layers", type=int, help="decoder layers (default: the shape's bench default)")
     ap.add_argument("--slots", type=int, default=8, help="both servers' slots (parallel sequences)")
     ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1),
                     help="compute threads of each server")
@@ -409,6 +426,9 @@ def main() -> None:
     ap.add_argument("--levels", default="1,2,4,8")
     ap.add_argument("--kinds", default="short,unique,shared")
     ap.add_argument("--llama-cpp", type=Path, help="a llama.cpp tree built by scripts/build-llama-cpp.sh")
+    ap.add_argument("--llama-server-args", default="--no-repack" if amx_host() else "",
+                    help="more llama-server arguments (default on an AMX host: --no-repack, which "
+                         "this llama.cpp build needs there)")
     ap.add_argument("--no-batching", action="store_true", help="colibri's per-slot passes instead")
     ap.add_argument("--work", type=Path, default=Path("/tmp/colibri-bench"))
     ap.add_argument("--json", action="store_true", help="one JSON object per row on stdout too")
