@@ -10,7 +10,8 @@ computing everything again; a warm system prompt from the command line and from 
 systemd unit (the profile's service.warm_prompts, base64 on ExecStart) is restored for the first
 request; the cache stays within its bytes (LRU evictions); a sliding-window model, whose
 snapshots restore only whole, keeps a shared prefix met twice as its own entry and reuses it.
-`--no-batching` keeps the per-slot path. Join/leave under load, cancellation, the queue and the
+The same through the real `openai` client, batched on 3 threads against each alone on 1, while
+a sixth client leaves mid-answer. `--no-batching` keeps the per-slot path. Join/leave under load, cancellation, the queue and the
 drain run with batching on in test_serve_load.py (batching is the default)."""
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import subprocess
 import threading
 from pathlib import Path
 
+import openai
 import pytest
 from serve_support import Server, write_chat_model, write_load_model
 
@@ -120,6 +122,71 @@ def test_requests_batched_together_equal_each_alone(host_colibri: Path, load_mod
     passes = after["colibri_batch_passes_total"] - before["colibri_batch_passes_total"]
     seqs = after["colibri_batch_sequences_total"] - before["colibri_batch_sequences_total"]
     assert passes > 0 and seqs / passes > 2, (passes, seqs)  # passes did carry several requests
+
+
+def openai_ids(client: openai.OpenAI, model: str, body: dict) -> list[int]:
+    """One request through the `openai` client (streamed or not); its generated ids."""
+    args = {k: v for k, v in body.items() if k != "stream"}
+    if not body.get("stream"):
+        return client.completions.create(model=model, **args).choices[0].token_ids
+    chunks = client.completions.create(model=model, stream=True, **args)
+    return [i for c in chunks if c.choices for i in (c.choices[0].token_ids or [])]
+
+
+def test_openai_clients_batched_on_more_threads_while_one_leaves(host_colibri: Path, load_model: Path) -> None:
+    """Real `openai` clients, five at once on a 3-thread engine, and a sixth that joins with them
+    and leaves after its first tokens: the five get the ids each gets alone on a 1-thread server
+    with one slot (batch and thread invariance together); the one that left is cancelled and its
+    slot comes back."""
+    rng = random.Random(126)
+    bodies = [{"prompt": [rng.randrange(2000) for _ in range(n)], "max_tokens": m, "stream": i % 2 == 0,
+               **({"temperature": 0} if i == 0 else {"temperature": 0.8, "seed": 77 + i, "top_p": 0.9})}
+              for i, (n, m) in enumerate([(5, 40), (120, 25), (33, 70), (1, 50), (64, 30)])]
+    alone_srv = Server(host_colibri, load_model, "--slots", "1", "--threads", "1").start()
+    try:
+        client = openai.OpenAI(base_url=alone_srv.base + "/v1", api_key="unused-on-loopback", max_retries=0)
+        alone = [openai_ids(client, load_model.stem, b) for b in bodies]
+    finally:
+        assert alone_srv.stop() == 0
+    srv = Server(host_colibri, load_model, "--slots", "6", "--threads", "3").start()
+    try:
+        client = openai.OpenAI(base_url=srv.base + "/v1", api_key="unused-on-loopback", max_retries=0,
+                               timeout=600)
+        before = srv.metrics()
+        got: list[list[int] | None] = [None] * len(bodies)
+        left: list[int] = []
+        go = threading.Barrier(len(bodies) + 1)
+
+        def run(i: int) -> None:
+            go.wait()
+            got[i] = openai_ids(client, load_model.stem, bodies[i])
+
+        def leave() -> None:
+            go.wait()
+            stream = client.completions.create(model=load_model.stem, prompt=[7] * 50, max_tokens=400,
+                                               temperature=0, stream=True)
+            for chunk in stream:
+                left.extend((chunk.choices[0].token_ids or []) if chunk.choices else [])
+                if len(left) >= 3:
+                    break
+            stream.close()  # the client goes away mid-answer
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(bodies))]
+        threads.append(threading.Thread(target=leave))
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(600)
+        entry = srv.wait_log(lambda e: e.get("finish_reason") == "cancelled", timeout=120)
+        after = srv.metrics()
+    finally:
+        assert srv.stop() == 0
+    assert got == alone
+    assert len(left) >= 3 and entry["completion_tokens"] < 400
+    assert after["colibri_requests_cancelled_total"] - before["colibri_requests_cancelled_total"] == 1
+    passes = after["colibri_batch_passes_total"] - before["colibri_batch_passes_total"]
+    seqs = after["colibri_batch_sequences_total"] - before["colibri_batch_sequences_total"]
+    assert passes > 0 and seqs / passes > 1.5, (passes, seqs)
 
 
 def test_no_batching_is_the_per_slot_path(host_colibri: Path, load_model: Path) -> None:
