@@ -11,6 +11,7 @@
 #include "cpu/kernels.h"
 #include "kinds.h"
 #include "linear.h"
+#include "moe_experts.h"
 #include "route.h"
 
 /* ---- the format side ------------------------------------------------------------------------ */
@@ -52,8 +53,6 @@ void colibri_moe_cache(const struct colibri_model *m, uint32_t l, colibri_cache_
 
 /* ---- the forward step ----------------------------------------------------------------------- */
 
-static float silu(float v) { return v / (1.0f + expf(-v)); }
-
 #ifdef COLIBRI_DEBUG
 static void record_routing(colibri_ctx *ctx, int l, const colibri_batch *bt) {
     const struct colibri_model *m = ctx->model;
@@ -76,8 +75,8 @@ void colibri_moe_forward(colibri_ctx *ctx, int l, const colibri_batch *bt) {
     const colibri_layer *ly = &m->layers[l];
     colibri_buffers *b = &ctx->b;
     int n = bt->n;
-    size_t dp = m->embed_dim_pad, E = m->num_experts, K = m->top_k, F = m->expert_size;
-    size_t Fs = m->shared_expert_size, T = (size_t)b->chunk;
+    size_t dp = m->embed_dim_pad, E = m->num_experts, K = m->top_k;
+    size_t Fs = m->shared_expert_size;
 
     /* Preprocess: the block input, normalised once for the router and every expert. */
     for (int j = 0; j < n; j++)
@@ -94,8 +93,8 @@ void colibri_moe_forward(colibri_ctx *ctx, int l, const colibri_batch *bt) {
     record_routing(ctx, l, bt);
 #endif
 
-    /* Dispatch: count per expert, prefix offsets, copy each token's row into its experts'
-     * contiguous groups (tokens in ascending order inside a group). */
+    /* Dispatch: count per expert, prefix offsets, each (token, choice) its slot in its
+     * expert's contiguous group (tokens in ascending order inside a group). */
     memset(b->counts, 0, E * sizeof(int32_t));
     for (size_t i = 0; i < (size_t)n * K; i++) b->counts[b->topk_idx[i]]++;
     b->offsets[0] = 0;
@@ -108,37 +107,12 @@ void colibri_moe_forward(colibri_ctx *ctx, int l, const colibri_batch *bt) {
             int32_t e = b->topk_idx[j * K + i];
             int32_t slot = b->offsets[e] + b->fill[e]++;
             b->slot_of[j * K + i] = slot;
-            memcpy(b->xs + (size_t)slot * dp, b->h + j * dp, dp * sizeof(float));
+            b->slot_tok[slot] = j;
         }
 
-    /* Compute: gate and up projections of every active expert's group (and the shared
-     * expert) in one parallel job, SwiGLU, then the down projections in a second job. */
-    colibri_mm_job up = {.ctx = ctx};
-    for (size_t e = 0; e < E; e++) {
-        int c = b->counts[e];
-        if (!c) continue;
-        size_t off = (size_t)b->offsets[e];
-        colibri_mm_add(&up, &ly->w1[e], b->xs + off * dp, dp, c, b->gate + off * F, F, off);
-        colibri_mm_add(&up, &ly->w3[e], b->xs + off * dp, dp, c, b->up + off * F, F, off);
-    }
-    if (Fs) {
-        colibri_mm_add(&up, &ly->shared_w1, b->h, dp, n, b->sgate, Fs, T * K);
-        colibri_mm_add(&up, &ly->shared_w3, b->h, dp, n, b->sup, Fs, T * K);
-    }
-    colibri_mm_run(&up);
-
-    for (size_t i = 0; i < (size_t)n * K * F; i++) b->gate[i] = silu(b->gate[i]) * b->up[i];
-    for (size_t i = 0; i < (size_t)n * Fs; i++) b->sgate[i] = silu(b->sgate[i]) * b->sup[i];
-
-    colibri_mm_job down = {.ctx = ctx};
-    for (size_t e = 0; e < E; e++) {
-        int c = b->counts[e];
-        if (!c) continue;
-        size_t off = (size_t)b->offsets[e];
-        colibri_mm_add(&down, &ly->w2[e], b->gate + off * F, F, c, b->ys + off * dp, dp, off);
-    }
-    if (Fs) colibri_mm_add(&down, &ly->shared_w2, b->sgate, Fs, n, b->sout, dp, T * K);
-    colibri_mm_run(&down);
+    /* Compute: every active expert's SwiGLU FFN over its group, expert-major (moe_experts.c),
+     * and the shared expert; the outputs land in ys (slot order) and sout. */
+    colibri_moe_experts(ctx, ly, n);
 
     /* Combine in a fixed order: choice 0..K-1 of each token, then the shared expert. */
     for (int j = 0; j < n; j++) {

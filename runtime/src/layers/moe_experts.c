@@ -1,0 +1,79 @@
+/* The routed experts of a pass, expert-major (moe_experts.h).
+ *
+ * Dispatch grouped the pass's n x top_k (token, choice) slots contiguously per expert, experts
+ * ascending. Compute walks that order in passes of whole experts whose slots fit the arena's
+ * budget (b->slots, at least a chunk: an expert holds at most n slots, since a token chooses it
+ * at most once): each pass copies its slots' token rows into xs, runs the gate and up
+ * projections of its experts as one parallel job, SwiGLU, then the down projections into ys. So
+ * every active expert's weights are read once per chunk, for all the tokens that chose it (with
+ * 512-token chunks and 128 experts top-8, ~32 tokens per expert rather than ~4 per 64-token
+ * chunk), and the arena holds one pass's inputs and activations, not the whole chunk's.
+ *
+ * Bits: each output value y[slot, r] is one weight row's dot with one input row, and the kernels
+ * give it the same bits whatever the other rows of its call (prefill == decode rests on that);
+ * which pass or call a slot falls into only regroups rows, so the logits are those of the
+ * one-job form, for any chunk, budget and thread count. */
+#include <math.h>
+#include <string.h>
+
+#include "cpu/kernels.h"
+#include "linear.h"
+#include "moe_experts.h"
+
+static float silu(float v) { return v / (1.0f + expf(-v)); }
+
+/* Experts [e0, e1): their slots [offsets[e0], offsets[e1]) (at most b->slots of them), and the
+ * shared expert over the pass's n tokens when `shared`. */
+static void expert_pass(colibri_ctx *ctx, const colibri_layer *ly, size_t e0, size_t e1,
+                        int shared, int n) {
+    const struct colibri_model *m = ctx->model;
+    colibri_buffers *b = &ctx->b;
+    size_t dp = m->embed_dim_pad, F = m->expert_size, Fs = shared ? m->shared_expert_size : 0;
+    size_t s0 = (size_t)b->offsets[e0], ns = (size_t)b->offsets[e1] - s0;
+    size_t qrest = (size_t)b->slots; /* int8 rows past the pass's slots (the shared expert) */
+
+    for (size_t s = 0; s < ns; s++)
+        memcpy(b->xs + s * dp, b->h + (size_t)b->slot_tok[s0 + s] * dp, dp * sizeof(float));
+
+    colibri_mm_job up = {.ctx = ctx};
+    for (size_t e = e0; e < e1; e++) {
+        int c = b->counts[e];
+        if (!c) continue;
+        size_t off = (size_t)b->offsets[e] - s0; /* the expert's first row in this pass */
+        colibri_mm_add(&up, &ly->w1[e], b->xs + off * dp, dp, c, b->gate + off * F, F, off);
+        colibri_mm_add(&up, &ly->w3[e], b->xs + off * dp, dp, c, b->up + off * F, F, off);
+    }
+    if (Fs) {
+        colibri_mm_add(&up, &ly->shared_w1, b->h, dp, n, b->sgate, Fs, qrest);
+        colibri_mm_add(&up, &ly->shared_w3, b->h, dp, n, b->sup, Fs, qrest);
+    }
+    colibri_mm_run(&up);
+
+    for (size_t i = 0; i < ns * F; i++) b->gate[i] = silu(b->gate[i]) * b->up[i];
+    for (size_t i = 0; i < (size_t)n * Fs; i++) b->sgate[i] = silu(b->sgate[i]) * b->sup[i];
+
+    colibri_mm_job down = {.ctx = ctx};
+    for (size_t e = e0; e < e1; e++) {
+        int c = b->counts[e];
+        if (!c) continue;
+        size_t off = (size_t)b->offsets[e] - s0;
+        colibri_mm_add(&down, &ly->w2[e], b->gate + off * F, F, c, b->ys + (s0 + off) * dp, dp,
+                       off);
+    }
+    if (Fs) colibri_mm_add(&down, &ly->shared_w2, b->sgate, Fs, n, b->sout, dp, qrest);
+    colibri_mm_run(&down);
+}
+
+void colibri_moe_experts(colibri_ctx *ctx, const colibri_layer *ly, int n) {
+    const colibri_buffers *b = &ctx->b;
+    size_t E = ctx->model->num_experts;
+    int shared = ctx->model->shared_expert_size != 0;
+    for (size_t e0 = 0; e0 < E;) {
+        /* the longest run of experts from e0 whose slots fit the budget (one always does) */
+        size_t e1 = e0 + 1;
+        while (e1 < E && b->offsets[e1 + 1] - b->offsets[e0] <= b->slots) e1++;
+        if (b->offsets[e1] > b->offsets[e0] || shared) expert_pass(ctx, ly, e0, e1, shared, n);
+        shared = 0; /* the shared expert runs with the first pass */
+        e0 = e1;
+    }
+}
