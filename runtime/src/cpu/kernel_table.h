@@ -55,6 +55,11 @@ typedef struct {
      * value sum out[i] += w * h[i] (a multiply then an add); NULL: the portable loops */
     void (*to_f16)(const float *x, size_t n, uint16_t *out);
     void (*axpy_f16)(float *out, float w, const uint16_t *h, size_t n);
+    /* attention's value sum (colibri_wsum_rows): out[d] += w[i] * rows[i][d] for i = 0..nr-1 in
+     * order, each term a multiply (of the exactly widened value when f16) then an add, never
+     * fused; NULL: the portable loop */
+    void (*wsum_rows)(float *out, const float *w, const void *const *rows, int nr, size_t n,
+                      int f16);
     /* colibri_quantize_row with colibri_quantize_row_scalar's bits (int8.h); NULL: the scalar */
     void (*quantize)(const float *x, size_t n, int8_t *q, float *scale);
 } colibri_cpu_kernels;
