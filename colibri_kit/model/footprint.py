@@ -172,8 +172,8 @@ def estimate_file_bytes(h: ModelHeader, dtype: DType | None = None) -> int:
     hh = replace(h, dtype=int(dtype if dtype is not None else h.dtype))
     specs = expected_tensors(hh)
     pos = data_start(hh)
-    for s in specs.values():
-        dt = DType.F32 if s.f32_only else DType(hh.dtype)
+    for s in specs.values():  # each tensor in its own dtype (f32, the model's, the experts')
+        dt = DType(s.dtype)
         for n in (data_nbytes(dt, s.rows, s.cols), scale_bytes(dt, s.rows, s.cols)):
             if n:
                 pos = align_up(pos, PAGE if n >= LARGE_TENSOR else ALIGN) + n

@@ -4,6 +4,7 @@
 #include "kernels.h"
 #include "cpu_features.h"
 #include "kernels_q4.h"
+#include "kernels_mxfp4.h"
 #include "core/half.h"
 
 #include <math.h>
@@ -991,6 +992,10 @@ void colibri_rows_dot(const colibri_tensor *w, uint32_t r0, uint32_t r1, const f
         colibri_q4_rows_dot(w, r0, r1, x, n, ldx, y, ldy, scratch);
         return;
     }
+    if (w->dtype == COLIBRI_DT_MXFP4) { /* gpt-oss's mxfp4: kernels_mxfp4.c */
+        colibri_mxfp4_rows_dot(w, r0, r1, x, n, ldx, y, ldy);
+        return;
+    }
     size_t cols = w->cols, rowbytes = cols * colibri_dtype_size(w->dtype);
     const uint8_t *base = (const uint8_t *)w->data;
     if (n == 1) { /* decode: stream the rows once, converting in registers */
@@ -1120,6 +1125,10 @@ void colibri_rows_dot_q8(const colibri_tensor *w, uint32_t r0, uint32_t r1, cons
 void colibri_row_f32(const colibri_tensor *w, uint32_t r, float *out) {
     if (w->dtype == COLIBRI_DT_Q4) { /* grouped 4-bit: kernels_q4.c */
         colibri_q4_row_f32(w, r, out);
+        return;
+    }
+    if (w->dtype == COLIBRI_DT_MXFP4) {
+        colibri_mxfp4_row_f32(w, r, out);
         return;
     }
     size_t cols = w->cols;
