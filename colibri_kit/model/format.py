@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections import Counter
 import os
 import struct
 import tempfile
@@ -1500,6 +1501,35 @@ def _check_span(where: str, name: str, offset: int, nbytes: int, data_offset: in
         raise ModelError(f"{where}: field {name} {offset} + {nbytes} bytes runs past the end of the tensor data ({size} bytes)")
 
 
+def features(h: ModelHeader) -> list[str]:
+    """What the model computes beyond attention + moe, in words (model-info's "features" line):
+    sliding windows, attention sinks, biases, YaRN, the clamped SwiGLU, the experts' dtype."""
+    recs = h.layer_records()
+    out = []
+    windows = sorted({r.window for r in recs if r.mixer == Mixer.SLIDING_ATTENTION})
+    if windows:
+        n = sum(r.mixer == Mixer.SLIDING_ATTENTION for r in recs)
+        out.append(f"sliding window {'/'.join(map(str, windows))} in {n} of {len(recs)} layers")
+    if any(r.mixer_flags & MixerFlag.SINKS for r in recs):
+        out.append("attention sinks")
+    if h.has(Flag.QKV_BIAS) or any(r.mixer_flags & MixerFlag.O_BIAS for r in recs):
+        out.append("q/k/v" + ("/o" if any(r.mixer_flags & MixerFlag.O_BIAS for r in recs) else "") + " biases")
+    if h.yarn is not None:
+        y = h.yarn
+        out.append(f"YaRN RoPE (factor {y.factor:g}, original context {y.original_max_position}, beta "
+                   f"{y.beta_fast:g}/{y.beta_slow:g}, attention factor {y.attention_factor:.6g})")
+    if any(r.ffn_params[0] & FfnFlag.ROUTER_BIAS for r in recs):
+        out.append("router bias")
+    if any(r.ffn_params[0] & FfnFlag.EXPERT_BIAS for r in recs):
+        out.append("expert biases")
+    swi = {r.swiglu for r in recs if r.ffn_params[0] & FfnFlag.CLAMPED_SWIGLU}
+    for alpha, limit in sorted(swi):
+        out.append(f"clamped SwiGLU (alpha {alpha:.6g}, limit {limit:.6g})")
+    if h.expert_dtype is not None:
+        out.append(f"experts {DType(h.expert_dtype).name.lower()}")
+    return out
+
+
 def header_json(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Validated header of a model file as a dict (for `invoke model-info`)."""
     from colibri_kit.model.tokenizer import describe_blobs
@@ -1507,6 +1537,9 @@ def header_json(path: str | os.PathLike[str]) -> dict[str, Any]:
     m = read_model(path)
     d = m.header.to_json()
     d["tensors"] = len(m.records)
+    d["tensor_dtypes"] = {DType(dt).name.lower(): n for dt, n in
+                          sorted(Counter(r.dtype for r in m.records.values()).items())}
+    d["features"] = features(m.header)
     d["metadata"] = {name: m._meta[name][1] for name in m.metadata_names()}  # name -> bytes
     d["tokenizer"] = describe_blobs(m.metadata("tokenizer.config"))  # None: no tokenizer (--ids only)
     return d

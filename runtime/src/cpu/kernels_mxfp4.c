@@ -31,7 +31,6 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
-#include <stdlib.h>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define MX_HAVE_AVX2 1
@@ -690,10 +689,8 @@ int colibri_mxfp4_selftest(char *msg, size_t len) {
                 float lay = pass ? scalar_a8_dot(q + i * NB * 16, s + i * NB, xq + j * NB * 32, xd + j * NB, COLS / 32) +
                                        a8_tail(q + i * NB * 16, s + i * NB, xq + j * NB * 32, xd + j * NB, COLS)
                                  : scalar_dot(q + i * NB * 16, s + i * NB, x + j * COLS, COLS);
-                int okk = fabs(got - ref) <= 1e-5 * (mag + 1e-30) && memcmp(&lay, &got, sizeof got) == 0 &&
+                ok &= fabs(got - ref) <= 1e-5 * (mag + 1e-30) && memcmp(&lay, &got, sizeof got) == 0 &&
                       memcmp(&y1[j * ROWS + i], &got, sizeof got) == 0;
-                if (!okk && getenv("MXDBG")) fprintf(stderr, "pass %d r %u j %d got %.9g ref %.9g mag %g lay %.9g dec %.9g\n", pass, i, j, got, ref, mag, lay, y1[j*ROWS+i]);
-                ok &= okk;
             }
         }
     }
