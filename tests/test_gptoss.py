@@ -404,3 +404,77 @@ def test_tiny_model_in_mxfp4(host_colibri: Path, tmp_path: Path) -> None:
     ids = list(range(1, 60, 3))
     got = c_logits(host_colibri, model, tmp_path / "l.f32", ids, threads=3)
     assert H.rel_err(got, Reference(model).forward(ids)) <= C_VS_REFERENCE
+
+
+# ---- the real checkpoints' geometry on the real Jetsons ------------------------------------------
+
+# openai/gpt-oss-20b's config.json (the fields the converter reads; the released file also carries
+# quantization_config.modules_to_not_convert: attention, router, embeddings and LM head stay bf16).
+GPT_OSS_20B = {
+    "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "attention_bias": True,
+    "head_dim": 64, "hidden_act": "silu", "hidden_size": 2880, "intermediate_size": 2880,
+    "layer_types": ["sliding_attention", "full_attention"] * 12, "max_position_embeddings": 131072,
+    "num_attention_heads": 64, "num_experts_per_tok": 4, "experts_per_token": 4, "num_hidden_layers": 24,
+    "num_key_value_heads": 8, "num_local_experts": 32, "eos_token_id": 200002, "pad_token_id": 199999,
+    "quantization_config": {"quant_method": "mxfp4"}, "rms_norm_eps": 1e-05,
+    "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+                     "original_max_position_embeddings": 4096, "rope_type": "yarn", "truncate": False},
+    "rope_theta": 150000, "sliding_window": 128, "swiglu_limit": 7.0, "tie_word_embeddings": False,
+    "vocab_size": 201088,
+}
+# openai/gpt-oss-120b: the same layer shape, 36 layers of 128 experts
+GPT_OSS_120B = {**GPT_OSS_20B, "num_hidden_layers": 36, "num_local_experts": 128,
+                "layer_types": ["sliding_attention", "full_attention"] * 18}
+
+
+@pytest.fixture
+def jetson_targets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The project's Jetson profiles plus the child profile docs/targets.md's memory rule tells a
+    fleet of 16 GB Orin NX modules to write (`extends: orin-nx`, memory.total_mb 16384)."""
+    from colibri_kit.paths import targets_dir
+
+    tdir = tmp_path / "proj" / "targets"
+    shutil.copytree(targets_dir(), tdir)
+    (tdir / "orin-nx-16gb.yaml").write_text("name: orin-nx-16gb\ndescription: Jetson Orin NX 16GB\n"
+                                            "extends: orin-nx\nmemory: {total_mb: 16384}\n")
+    monkeypatch.setenv("COLIBRI_PROJECT_ROOT", str(tmp_path / "proj"))
+    return tdir
+
+
+def released_header(cfg: dict, dtype: str, target: str) -> ModelHeader:
+    """The header `invoke convert` builds for a released checkpoint (experts kept mxfp4)."""
+    from colibri_kit.model.convert import build_header, target_limits
+    from colibri_kit.model.families import read_config
+    from colibri_kit.model.gptoss import expert_dtype
+
+    m = read_config(cfg)
+    h = build_header(m, DType.parse(dtype), target_limits(target), None, "gpt-oss")
+    h.expert_dtype = expert_dtype(m, None, DType.parse(dtype))
+    return h
+
+
+def test_released_gpt_oss_fits_the_jetsons_that_can_hold_it(jetson_targets: Path, tmp_path: Path) -> None:
+    """gpt-oss-20b as released (mxfp4 experts) fits Orin NX 16GB, AGX Orin and Thor, not Orin NX
+    8GB (refused by `convert` before a weight is read, with the numbers); gpt-oss-120b fits Thor
+    only. The KV cache keeps 128 rows in the 12 sliding layers (docs/models.md, "gpt-oss")."""
+    h = released_header(GPT_OSS_20B, "q4", "orin-nx-16gb")
+    assert h.expert_dtype == DType.MXFP4 and h.yarn is not None and h.yarn.factor == 32
+    kvd = h.n_kv_heads * h.head_dim
+    assert kv_cache_bytes(h) == 2 * 4 * kvd * 12 * (128 + h.max_seq_len)
+    expert_bytes = 24 * 32 * 3 * 2880 * (2880 // 32) * 17  # 16 bytes + 1 scale per block of 32
+    assert expert_bytes < estimate_file_bytes(h) < expert_bytes + 1.2e9  # + embeddings, attention
+    for target, dtype, fits in [("orin-nx-16gb", "q4", True), ("orin-nx-16gb", "bf16", True),
+                                ("agx-orin", "bf16", True), ("agx-thor", "bf16", True),
+                                ("orin-nx", "q4", False)]:
+        fp = footprint(released_header(GPT_OSS_20B, dtype, target), target)
+        assert fp.fits == fits, (target, dtype, fp)
+        assert fp.backend == "cpu" and "sliding_attention" in fp.cpu_fallback  # CUDA: not this round
+    for target, fits in [("agx-orin", False), ("agx-thor", True)]:
+        assert footprint(released_header(GPT_OSS_120B, "q4", target), target).fits == fits, target
+    hf = tmp_path / "gpt-oss-20b"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps(GPT_OSS_20B))  # no weights needed to refuse
+    with pytest.raises(ModelError, match=r"does not fit target 'orin-nx'.*as q4, experts mxfp4.*"
+                                         r"no dtype or context length fits"):
+        convert(hf, tmp_path / "m.colibri", dtype="q4", target="orin-nx", progress=False)
+    assert not (tmp_path / "m.colibri").exists()
