@@ -337,24 +337,7 @@ def rel_err(got: np.ndarray, want: np.ndarray) -> float:
 
 def write_safetensors(path: Path, tensors: dict[str, np.ndarray], dtype: str = "F32") -> None:
     """A safetensors file written by hand (NumPy arrays, F32 or BF16 from f32 values)."""
-    from colibri_kit.model.format import f32_to_bf16_bits
-
-    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
-    blobs = []
-    pos = 0
-    for name, arr in tensors.items():
-        a = np.ascontiguousarray(arr, dtype=np.float32)
-        blob = f32_to_bf16_bits(a).astype("<u2").tobytes() if dtype == "BF16" else a.astype("<f4").tobytes()
-        header[name] = {"dtype": dtype, "shape": list(a.shape), "data_offsets": [pos, pos + len(blob)]}
-        blobs.append(blob)
-        pos += len(blob)
-    hjson = json.dumps(header).encode()
-    hjson += b" " * (-len(hjson) % 8)
-    with open(path, "wb") as f:
-        f.write(len(hjson).to_bytes(8, "little"))
-        f.write(hjson)
-        for b in blobs:
-            f.write(b)
+    write_safetensors_typed(path, {name: (dtype, arr) for name, arr in tensors.items()})
 
 
 def read_all(directory: Path) -> dict[str, np.ndarray]:
