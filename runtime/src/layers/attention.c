@@ -26,8 +26,8 @@
 
 /* ---- the format side ------------------------------------------------------------------------ */
 
-/* What both attention kinds require of their record: no parameters, no flags (none defined yet),
- * a window only for the sliding kind. */
+/* What both attention kinds require of their record: no parameters, only the flags this runtime
+ * defines (sinks, output bias), a window only for the sliding kind. */
 static colibri_status check_mixer(const colibri_layer_desc *d, uint32_t l, const char *name,
                                  int window_allowed, char *why, size_t len) {
     for (int i = 0; i < 4; i++)
@@ -35,11 +35,11 @@ static colibri_status check_mixer(const colibri_layer_desc *d, uint32_t l, const
             return fail(why, len, COLIBRI_E_BAD_LAYER,
                         "layer %u (%s): mixer_params[%d] = %u, must be 0", l, name, i,
                         d->mixer_params[i]);
-    if (d->mixer_flags)
+    if (d->mixer_flags & ~COLIBRI_MIXER_KNOWN_FLAGS)
         return fail(why, len, COLIBRI_E_UNSUPPORTED,
-                    "layer %u (%s): mixer_flags = 0x%x, none are defined in this runtime (a newer "
-                    "format feature, e.g. attention sinks: update the runtime)", l, name,
-                    d->mixer_flags);
+                    "layer %u (%s): mixer_flags = 0x%x has bits 0x%x this runtime does not define "
+                    "(a newer format feature: update the runtime)", l, name, d->mixer_flags,
+                    d->mixer_flags & ~COLIBRI_MIXER_KNOWN_FLAGS);
     if (!window_allowed && d->window)
         return fail(why, len, COLIBRI_E_BAD_LAYER,
                     "layer %u (%s): window = %u, must be 0 for full attention", l, name, d->window);
@@ -63,9 +63,10 @@ colibri_status colibri_sliding_validate(const struct colibri_model *m, uint32_t 
 int colibri_attention_tensor(const struct colibri_model *m, uint32_t l, uint32_t tk,
                              uint32_t *rows, uint32_t *cols) {
     uint32_t dp = m->embed_dim_pad, qd = m->n_heads * m->head_dim, kvd = m->n_kv_heads * m->head_dim;
-    uint32_t f = m->flags;
-    (void)l;
+    uint32_t f = m->flags, mf = m->layers[l].desc.mixer_flags;
     switch (tk) {
+    case COLIBRI_K_ATTN_SINKS: *rows = 1; *cols = m->n_heads; return (mf & COLIBRI_MIXER_SINKS) != 0;
+    case COLIBRI_K_BO: *rows = 1; *cols = dp; return (mf & COLIBRI_MIXER_O_BIAS) != 0;
     case COLIBRI_K_ATTN_NORM: *rows = 1; *cols = dp; return 1;
     case COLIBRI_K_WQ: *rows = qd; *cols = dp; return 1;
     case COLIBRI_K_WK: case COLIBRI_K_WV: *rows = kvd; *cols = dp; return 1;
@@ -161,6 +162,9 @@ static void att_task(void *arg, int t, int nt) {
     float *sc = b->scores + (size_t)t * m->max_seq_len;
     float scale = 1.0f / sqrtf((float)dh);
     size_t esz = b->kv_f16 ? sizeof(uint16_t) : sizeof(float);
+    /* attention sinks (gpt-oss): head h's learned logit joins the softmax's max and sum, and
+     * gets no value row (transformers' eager_attention_forward drops its column) */
+    const float *sinks = m->layers[job->layer].attn_sinks.data;
     unsigned long lo, hi;
     colibri_split((unsigned long)job->bt->n * H, t, nt, &lo, &hi);
     for (unsigned long pair = lo; pair < hi; pair++) {
@@ -184,11 +188,13 @@ static void att_task(void *arg, int t, int nt) {
             sc[i] *= scale;
             mx = fmaxf(mx, sc[i]);
         }
+        if (sinks) mx = fmaxf(mx, sinks[hh]);
         float sum = 0.0f;
         for (int i = 0; i < keys; i++) {
             sc[i] = expf(sc[i] - mx);
             sum += sc[i];
         }
+        if (sinks) sum += expf(sinks[hh] - mx);
         float inv = 1.0f / sum;
         for (int i = 0; i < keys; i++) sc[i] *= inv;
         float *out = b->att + j * qd + hh * dh;
@@ -264,5 +270,11 @@ void colibri_attention_forward(colibri_ctx *ctx, int l, const colibri_batch *bt)
     colibri_mm_job out = {.ctx = ctx};
     colibri_mm_add(&out, &ly->wo, b->att, qd, n, b->tmp, dp, 0);
     colibri_mm_run(&out);
-    for (size_t i = 0; i < (size_t)n * dp; i++) b->x[i] += b->tmp[i];
+    if (ly->bo.data) { /* o_proj's bias (gpt-oss): x += (WO a + bo) */
+        const float *bo = ly->bo.data;
+        for (int j = 0; j < n; j++)
+            for (size_t d = 0; d < dp; d++) b->x[j * dp + d] += b->tmp[j * dp + d] + bo[d];
+    } else {
+        for (size_t i = 0; i < (size_t)n * dp; i++) b->x[i] += b->tmp[i];
+    }
 }

@@ -16,24 +16,44 @@
 
 /* ---- the format side ------------------------------------------------------------------------ */
 
+/* ffn_params[0]: the COLIBRI_MOE_* bits this runtime has; [1], [2]: the clamped SwiGLU's alpha
+ * and limit (finite, > 0) when its bit is set, else 0; [3]: 0. */
 colibri_status colibri_moe_validate(const struct colibri_model *m, uint32_t l, char *why,
                                     size_t len) {
     const colibri_layer_desc *d = &m->layers[l].desc;
-    for (int i = 0; i < 4; i++)
-        if (d->ffn_params[i])
+    uint32_t f = d->ffn_params[0];
+    if (f & ~COLIBRI_MOE_KNOWN_FLAGS)
+        return fail(why, len, COLIBRI_E_UNSUPPORTED,
+                    "layer %u (moe): ffn_params[0] = 0x%x has bits 0x%x this runtime does not "
+                    "define (a newer format feature: update the runtime)", l, f,
+                    f & ~COLIBRI_MOE_KNOWN_FLAGS);
+    int swiglu = (f & COLIBRI_MOE_CLAMPED_SWIGLU) != 0;
+    for (int i = 1; i < 4; i++) {
+        if (swiglu && i < 3) {
+            float v = colibri_f32_of(d->ffn_params[i]);
+            if (!(isfinite(v) && v > 0.0f))
+                return fail(why, len, COLIBRI_E_BAD_LAYER,
+                            "layer %u (moe): ffn_params[%d] (SwiGLU %s) = %g, must be finite and > 0",
+                            l, i, i == 1 ? "alpha" : "limit", (double)v);
+        } else if (d->ffn_params[i]) {
             return fail(why, len, COLIBRI_E_BAD_LAYER, "layer %u (moe): ffn_params[%d] = %u, must be 0",
                         l, i, d->ffn_params[i]);
+        }
+    }
     return COLIBRI_OK;
 }
 
 int colibri_moe_tensor(const struct colibri_model *m, uint32_t l, uint32_t tk, uint32_t *rows,
                        uint32_t *cols) {
-    uint32_t dp = m->embed_dim_pad, f = m->flags;
-    int shared = (f & COLIBRI_FLAG_SHARED_EXPERT) != 0;
-    (void)l;
+    uint32_t dp = m->embed_dim_pad, f = m->flags, p = m->layers[l].desc.ffn_params[0];
+    int shared = (f & COLIBRI_FLAG_SHARED_EXPERT) != 0, eb = (p & COLIBRI_MOE_EXPERT_BIAS) != 0;
     switch (tk) {
     case COLIBRI_K_FFN_NORM: *rows = 1; *cols = dp; return 1;
     case COLIBRI_K_ROUTER: *rows = m->num_experts; *cols = dp; return 1;
+    case COLIBRI_K_ROUTER_BIAS: *rows = 1; *cols = m->num_experts;
+        return (p & COLIBRI_MOE_ROUTER_BIAS) != 0;
+    case COLIBRI_K_EXPERT_B1: case COLIBRI_K_EXPERT_B3: *rows = 1; *cols = m->expert_size; return eb;
+    case COLIBRI_K_EXPERT_B2: *rows = 1; *cols = dp; return eb;
     case COLIBRI_K_EXPERT_W1: case COLIBRI_K_EXPERT_W3: *rows = m->expert_size; *cols = dp; return 1;
     case COLIBRI_K_EXPERT_W2: *rows = dp; *cols = m->expert_size; return 1;
     case COLIBRI_K_SHARED_W1: case COLIBRI_K_SHARED_W3:
@@ -85,6 +105,7 @@ void colibri_moe_forward(colibri_ctx *ctx, int l, const colibri_batch *bt) {
 
     /* Route: router logits (f32 weights) then top-k per token. */
     colibri_rows_dot(&ly->router, 0, (uint32_t)E, b->h, n, dp, b->router, E, b->scratch);
+    if (ly->router_bias.data) colibri_add_bias(b->router, E, n, ly->router_bias.data, E);
     for (int j = 0; j < n; j++)
         colibri_route_token(b->router + j * E, (int)E, (int)K,
                             m->routing == COLIBRI_WEIGHTS_RENORM, b->topk_idx + j * K,

@@ -17,10 +17,27 @@
 #include <string.h>
 
 #include "cpu/kernels.h"
+#include "kinds.h"
 #include "linear.h"
 #include "moe_experts.h"
 
 static float silu(float v) { return v / (1.0f + expf(-v)); }
+
+/* gpt-oss's activation (transformers' GptOssExperts._apply_gate): the gate clamped above at
+ * `limit`, the up projection to [-limit, limit], (up + 1) * gate * sigmoid(alpha * gate). */
+static void clamped_swiglu(float *gate, const float *up, size_t n, float alpha, float limit) {
+    for (size_t i = 0; i < n; i++) {
+        float g = gate[i] > limit ? limit : gate[i];
+        float u = up[i] > limit ? limit : up[i] < -limit ? -limit : up[i];
+        float glu = g * (1.0f / (1.0f + expf(-(g * alpha))));
+        gate[i] = (u + 1.0f) * glu;
+    }
+}
+
+void colibri_add_bias(float *y, size_t ld, int count, const float *bias, size_t width) {
+    for (int r = 0; r < count; r++)
+        for (size_t i = 0; i < width; i++) y[(size_t)r * ld + i] += bias[i];
+}
 
 /* Experts [e0, e1): their slots [offsets[e0], offsets[e1]) (at most b->slots of them), and the
  * shared expert over the pass's n tokens when `shared`. */
@@ -49,7 +66,17 @@ static void expert_pass(colibri_ctx *ctx, const colibri_layer *ly, size_t e0, si
     }
     colibri_mm_run(&up);
 
-    for (size_t i = 0; i < ns * F; i++) b->gate[i] = silu(b->gate[i]) * b->up[i];
+    const uint32_t fp = ly->desc.ffn_params[0];
+    for (size_t e = e0; ly->b1[0].data && e < e1; e++) { /* expert biases (gpt-oss) */
+        size_t off = (size_t)b->offsets[e] - s0;
+        colibri_add_bias(b->gate + off * F, F, b->counts[e], ly->b1[e].data, F);
+        colibri_add_bias(b->up + off * F, F, b->counts[e], ly->b3[e].data, F);
+    }
+    if (fp & COLIBRI_MOE_CLAMPED_SWIGLU)
+        clamped_swiglu(b->gate, b->up, ns * F, colibri_f32_of(ly->desc.ffn_params[1]),
+                       colibri_f32_of(ly->desc.ffn_params[2]));
+    else
+        for (size_t i = 0; i < ns * F; i++) b->gate[i] = silu(b->gate[i]) * b->up[i];
     for (size_t i = 0; i < (size_t)n * Fs; i++) b->sgate[i] = silu(b->sgate[i]) * b->sup[i];
 
     colibri_mm_job down = {.ctx = ctx};
@@ -62,6 +89,8 @@ static void expert_pass(colibri_ctx *ctx, const colibri_layer *ly, size_t e0, si
     }
     if (Fs) colibri_mm_add(&down, &ly->shared_w2, b->sgate, Fs, n, b->sout, dp, qrest);
     colibri_mm_run(&down);
+    for (size_t e = e0; ly->b2[0].data && e < e1; e++)
+        colibri_add_bias(b->ys + (size_t)b->offsets[e] * dp, dp, b->counts[e], ly->b2[e].data, dp);
 }
 
 void colibri_moe_experts(colibri_ctx *ctx, const colibri_layer *ly, int n) {
