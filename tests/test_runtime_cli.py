@@ -160,6 +160,26 @@ def test_prefill_in_chunks_equals_one_call(host_colibri: Path, tmp_path: Path) -
     assert np.fromfile(out, dtype="<f4").tobytes() == got[:560].tobytes()
 
 
+def test_attention_key_blocks(host_colibri: Path, tmp_path: Path) -> None:
+    """Attention over blocks of 64 keys (layers/attention.c, kernels.h colibri_dot_rows and
+    colibri_wsum_rows): head_dim 70 (a 64-lane strip of the value sum, then a tail) and 150
+    positions (three key blocks): the reference's logits, and with f32 and f16 caches the same
+    bits in one call as token by token, at 1 and 3 threads."""
+    model = write_random_model(tmp_path / "hd70.colibri", header(max_seq_len=160, head_dim=70),
+                               seed=11)
+    ids = [(i * 41 + 3) % 300 for i in range(150)]
+    got = c_logits(host_colibri, model, ids, tmp_path / "one.bin")
+    assert rel_err(got, Reference(model).forward(ids)) < F32_TOL
+    for kv in ("f32", "f16"):
+        outs = []
+        for threads, extra in (("1", []), ("3", ["--decode-from", "20"])):
+            out = tmp_path / f"{kv}-{threads}.bin"
+            run(host_colibri, "--threads", threads, "--kv-cache", kv, "forward", str(model), "--ids",
+                ",".join(map(str, ids)), *extra, "--logits-out", str(out))
+            outs.append(out.read_bytes())
+        assert len(outs[0]) == 150 * 300 * 4 and outs[1] == outs[0]
+
+
 def test_prefill_chunks_int8_activations(host_colibri: Path, tmp_path: Path) -> None:
     """The int8-activation rows of a multi-pass chunk (expert inputs in rows 0..slots-1, the
     shared expert's after them): one call == token-by-token decode, bit for bit, at 1 and 3
