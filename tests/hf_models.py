@@ -44,6 +44,10 @@ class Case:
 
 def _cases() -> dict[str, Case]:
     common = dict(num_hidden_layers=2, max_position_embeddings=256, rms_norm_eps=1e-6)
+    hybrid = dict(max_position_embeddings=256, rms_norm_eps=1e-6, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=24, linear_conv_kernel_dim=4, linear_key_head_dim=10,
+                  linear_value_head_dim=14, linear_num_key_heads=2, linear_num_value_heads=4,
+                  moe_intermediate_size=40, shared_expert_intermediate_size=32, tie_word_embeddings=False)
     cases = [
         Case("mixtral", "mixtral", dict(
             common, vocab_size=320, hidden_size=72, intermediate_size=40, num_attention_heads=6,
@@ -84,6 +88,19 @@ def _cases() -> dict[str, Case]:
             num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, sliding_window=7,
             tie_word_embeddings=False), seed=18,
              notes="sliding_window 7: every layer attends to the last 7 positions (a ring of 7)"),
+        # The hybrids (Gated DeltaNet + gated attention, tests/test_qwen35.py): hidden 72 (not a
+        # multiple of 16), 7-8 layers so both kinds appear several times, DeltaNet heads 2 key /
+        # 4 value of 10 / 14 lanes (not multiples of the 4-lane kernel), attention heads of 24
+        # with a rotary width of 6, a shared expert with its sigmoid gate.
+        Case("qwen3_5_moe", "qwen3_5_moe_text", dict(
+            hybrid, vocab_size=300, hidden_size=72, num_hidden_layers=7, num_experts=6,
+            num_experts_per_tok=2, layer_types=["linear_attention"] * 3 + ["full_attention"]
+            + ["linear_attention"] * 2 + ["full_attention"]), seed=19,
+             notes="Qwen3_5MoeForCausalLM, explicit layer_types (L L L F L L F)"),
+        Case("qwen3_next", "qwen3_next", dict(
+            hybrid, vocab_size=288, hidden_size=72, num_hidden_layers=8, num_experts=7,
+            num_experts_per_tok=3, full_attention_interval=4, norm_topk_prob=True), seed=20,
+             notes="Qwen3NextForCausalLM, full_attention_interval 4, fused in_proj_qkvz/ba, top-3"),
     ]
     return {c.name: c for c in cases}
 
@@ -91,6 +108,11 @@ def _cases() -> dict[str, Case]:
 CASES = _cases()
 FAMILY_CASES = ["mixtral", "mixtral_tied", "qwen2_moe", "qwen2_moe_norm", "qwen3_moe", "olmoe"]
 SLIDING_CASES = ["mixtral_sliding"]  # sliding-window attention layers (docs/models.md)
+HYBRID_CASES = ["qwen3_5_moe", "qwen3_next"]  # Gated DeltaNet + gated attention (tests/test_qwen35.py)
+# Their prompt: longer than the DeltaNet chunk transformers' chunked rule uses (64) and than the
+# runtime's pass (64), so both cross a chunk boundary.
+HYBRID_PROMPT = [(i * 37 + 5) % 251 + 1 for i in range(80)]
+ZERO_CENTRED_TYPES = ("qwen3_5_moe_text", "qwen3_next")  # RMSNorm computes x * (1 + w)
 ALL_CASES = FAMILY_CASES + ["mixtral_bf16_sharded"] + SLIDING_CASES
 DTYPES = ["f32", "f16", "bf16", "int8"]
 
@@ -116,6 +138,7 @@ def _reinit(model: Any, seed: int) -> None:
 
     gen = torch.Generator().manual_seed(seed)
     cfg = model.config
+    zero_centred = cfg.model_type in ZERO_CENTRED_TYPES
     d, v = cfg.hidden_size, cfg.vocab_size
     e_n = getattr(cfg, "num_local_experts", None) or cfg.num_experts
 
@@ -133,8 +156,18 @@ def _reinit(model: Any, seed: int) -> None:
     with torch.no_grad():
         for name, p in sorted(model.named_parameters()):
             n = randn(*p.shape)
-            if name.endswith("norm.weight") or "layernorm" in name:
+            if name.endswith("linear_attn.norm.weight"):  # the gated norm multiplies by w
                 val = 1.0 + 0.1 * n
+            elif name.endswith("norm.weight") or "layernorm" in name:
+                val = (0.0 if zero_centred else 1.0) + 0.1 * n
+            elif name.endswith("A_log"):  # decays exp(-A * softplus(a + dt)) over a useful range
+                val = torch.log(0.5 + 4.0 * torch.rand(p.shape, generator=gen))
+            elif name.endswith("dt_bias"):
+                val = 0.5 * n
+            elif name.endswith("conv1d.weight"):
+                val = n * (1.0 / math.sqrt(p.shape[-1]))
+            elif name.endswith("out_proj.weight"):
+                val = n * (0.5 / math.sqrt(p.shape[-1]))
             elif "embed_tokens" in name:
                 val = embed
             elif name.endswith(".bias"):
@@ -292,14 +325,14 @@ def fuse_experts(tensors: dict[str, np.ndarray], n_layers: int, n_experts: int, 
 class Expected:
     """transformers' answers for one checkpoint: prompt logits, greedy ids, routed experts."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, prompt: list[int] = LOGIT_PROMPT) -> None:
         import torch
 
         model = load_hf(path)
-        self.logits = hf_logits(model, LOGIT_PROMPT)
+        self.logits = hf_logits(model, prompt)
         self.greedy = hf_greedy(model, GREEDY_PROMPT, GREEDY_NEW)
         with torch.no_grad():
-            out = model(torch.tensor([LOGIT_PROMPT]), output_router_logits=True)
+            out = model(torch.tensor([prompt]), output_router_logits=True)
         top_k = model.config.num_experts_per_tok
         self.experts = [torch.topk(torch.softmax(r.float(), -1), top_k, -1).indices.numpy()
                         for r in out.router_logits]  # per layer [tokens, k]
@@ -309,7 +342,7 @@ def expect(cache: dict[str, Expected], root: Path, name: str) -> Expected:
     """transformers' answers for case ``name``, computed once per session (``cache`` is the
     session fixture ``hf_expected``)."""
     if name not in cache:
-        cache[name] = Expected(checkpoint(name, root))
+        cache[name] = Expected(checkpoint(name, root), HYBRID_PROMPT if name in HYBRID_CASES else LOGIT_PROMPT)
     return cache[name]
 
 
@@ -346,7 +379,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 TOKENIZER_FAMILY = {"mixtral": "mixtral", "mixtral_tied": "mixtral", "mixtral_bf16_sharded": "mixtral",
                     "mixtral_sliding": "mixtral",
-                    "qwen2_moe": "qwen2", "qwen2_moe_norm": "qwen2", "qwen3_moe": "qwen3", "olmoe": "olmoe"}
+                    "qwen2_moe": "qwen2", "qwen2_moe_norm": "qwen2", "qwen3_moe": "qwen3", "olmoe": "olmoe",
+                    "qwen3_5_moe": "qwen3", "qwen3_next": "qwen3"}
 TOKENIZER_CORPUS = Path(__file__).resolve().parent / "data" / "tokenizer_corpus.json"
 _PROSE = (
     "The engineers deploy the model to every device in the fleet. Each device answers a prompt, "

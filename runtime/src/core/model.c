@@ -20,12 +20,12 @@
 _Static_assert(COLIBRI_EMBED_DIM_PAD > 0 && COLIBRI_EMBED_DIM_PAD % 16 == 0,
                "COLIBRI_EMBED_DIM_PAD must be a positive multiple of 16 (docs/format.md)");
 _Static_assert(COLIBRI_TOP_K >= 1 && COLIBRI_TOP_K <= 16, "COLIBRI_TOP_K must be in 1..16");
-_Static_assert(COLIBRI_MAX_EXPERTS >= 1 && COLIBRI_MAX_EXPERTS <= 256,
-               "COLIBRI_MAX_EXPERTS must be in 1..256");
+_Static_assert(COLIBRI_MAX_EXPERTS >= 1 && COLIBRI_MAX_EXPERTS <= 512,
+               "COLIBRI_MAX_EXPERTS must be in 1..512");
 
 /* Format limits (docs/format.md, "Limits enforced by readers"). */
 #define LIM_D 65536u
-#define LIM_E 256u
+#define LIM_E 512u /* Qwen3-Next: 512 routed experts */
 #define LIM_TOPK 16u
 #define LIM_L 1024u
 #define LIM_HEADS 1024u
@@ -75,6 +75,16 @@ static const char *kind_name(uint32_t kind) {
     case COLIBRI_K_SHARED_W3: return "SHARED_W3";
     case COLIBRI_K_SHARED_W2: return "SHARED_W2";
     case COLIBRI_K_SHARED_GATE: return "SHARED_GATE";
+    case COLIBRI_K_ATTN_GATE: return "ATTN_GATE";
+    case COLIBRI_K_DN_QKV: return "DN_QKV";
+    case COLIBRI_K_DN_Z: return "DN_Z";
+    case COLIBRI_K_DN_B: return "DN_B";
+    case COLIBRI_K_DN_A: return "DN_A";
+    case COLIBRI_K_DN_CONV: return "DN_CONV";
+    case COLIBRI_K_DN_A_LOG: return "DN_A_LOG";
+    case COLIBRI_K_DN_DT_BIAS: return "DN_DT_BIAS";
+    case COLIBRI_K_DN_NORM: return "DN_NORM";
+    case COLIBRI_K_DN_OUT: return "DN_OUT";
     default: return NULL;
     }
 }
@@ -89,6 +99,10 @@ static int must_be_f32(uint32_t kind) {
     case COLIBRI_K_OUTPUT_NORM: case COLIBRI_K_ATTN_NORM: case COLIBRI_K_BQ: case COLIBRI_K_BK:
     case COLIBRI_K_BV: case COLIBRI_K_Q_NORM: case COLIBRI_K_K_NORM: case COLIBRI_K_FFN_NORM:
     case COLIBRI_K_ROUTER: case COLIBRI_K_SHARED_GATE: return 1;
+    /* gated_deltanet: the beta/decay projections feed exp() and the recurrence (as the router
+     * feeds top-k), the rest are small vectors */
+    case COLIBRI_K_DN_B: case COLIBRI_K_DN_A: case COLIBRI_K_DN_CONV: case COLIBRI_K_DN_A_LOG:
+    case COLIBRI_K_DN_DT_BIAS: case COLIBRI_K_DN_NORM: return 1;
     default: return 0;
     }
 }
@@ -136,6 +150,16 @@ static colibri_tensor *slot_for(struct colibri_model *m, uint32_t kind, uint32_t
     case COLIBRI_K_SHARED_W3: return &l->shared_w3;
     case COLIBRI_K_SHARED_W2: return &l->shared_w2;
     case COLIBRI_K_SHARED_GATE: return &l->shared_gate;
+    case COLIBRI_K_ATTN_GATE: return &l->attn_gate;
+    case COLIBRI_K_DN_QKV: return &l->dn_qkv;
+    case COLIBRI_K_DN_Z: return &l->dn_z;
+    case COLIBRI_K_DN_B: return &l->dn_b;
+    case COLIBRI_K_DN_A: return &l->dn_a;
+    case COLIBRI_K_DN_CONV: return &l->dn_conv;
+    case COLIBRI_K_DN_A_LOG: return &l->dn_a_log;
+    case COLIBRI_K_DN_DT_BIAS: return &l->dn_dt_bias;
+    case COLIBRI_K_DN_NORM: return &l->dn_norm;
+    case COLIBRI_K_DN_OUT: return &l->dn_out;
     default: return NULL;
     }
 }
@@ -537,7 +561,9 @@ static const uint32_t layer_tensor_kinds[] = {
     COLIBRI_K_ATTN_NORM, COLIBRI_K_WQ, COLIBRI_K_WK, COLIBRI_K_WV, COLIBRI_K_WO, COLIBRI_K_BQ,
     COLIBRI_K_BK, COLIBRI_K_BV, COLIBRI_K_Q_NORM, COLIBRI_K_K_NORM, COLIBRI_K_FFN_NORM,
     COLIBRI_K_ROUTER, COLIBRI_K_SHARED_W1, COLIBRI_K_SHARED_W3, COLIBRI_K_SHARED_W2,
-    COLIBRI_K_SHARED_GATE,
+    COLIBRI_K_SHARED_GATE, COLIBRI_K_ATTN_GATE, COLIBRI_K_DN_QKV, COLIBRI_K_DN_Z, COLIBRI_K_DN_B,
+    COLIBRI_K_DN_A, COLIBRI_K_DN_CONV, COLIBRI_K_DN_A_LOG, COLIBRI_K_DN_DT_BIAS, COLIBRI_K_DN_NORM,
+    COLIBRI_K_DN_OUT,
 };
 
 static colibri_status check_complete(struct colibri_model *m, char *why, size_t len) {
@@ -590,7 +616,7 @@ static colibri_status validate(struct colibri_model *m, char *why, size_t len) {
     colibri_status s = parse_header(m, m->base, m->size, why, len);
     if (s) return s;
     if ((s = parse_meta(m, why, len))) return s;
-    uint64_t want = (uint64_t)m->n_layers * (16u + 3u * m->num_experts) + 3u;
+    uint64_t want = (uint64_t)m->n_layers * (32u + 3u * m->num_experts) + 3u;
     if (m->n_tensors > want)
         return fail(why, len, COLIBRI_E_BAD_TENSOR, "n_tensors = %u is more than this geometry has",
                     m->n_tensors);
