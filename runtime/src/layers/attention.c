@@ -264,7 +264,8 @@ void colibri_attention_forward(colibri_ctx *ctx, int l, const colibri_batch *bt)
         colibri_rmsnorm(b->h + j * dp, b->x + j * dp, ly->attn_norm.data, m->embed_dim, dp,
                         m->norm_eps);
 
-    colibri_mm_job job = {.ctx = ctx};
+    colibri_mm_job job;
+    colibri_mm_init(&job, ctx);
     colibri_mm_add(&job, &ly->wq, b->h, dp, n, b->q, qd, 0);
     colibri_mm_add(&job, &ly->wk, b->h, dp, n, b->k, kvd, 0);
     colibri_mm_add(&job, &ly->wv, b->h, dp, n, b->v, kvd, 0);
@@ -325,7 +326,8 @@ void colibri_attention_forward(colibri_ctx *ctx, int l, const colibri_batch *bt)
     for (size_t i = 0; gated && i < (size_t)n * qd; i++)
         b->att[i] *= 1.0f / (1.0f + expf(-b->mix[i]));
 
-    colibri_mm_job out = {.ctx = ctx};
+    colibri_mm_job out;
+    colibri_mm_init(&out, ctx);
     colibri_mm_add(&out, &ly->wo, b->att, qd, n, b->tmp, dp, 0);
     colibri_mm_run(&out);
     for (size_t i = 0; i < (size_t)n * dp; i++) b->x[i] += b->tmp[i];

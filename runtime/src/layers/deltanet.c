@@ -290,7 +290,8 @@ void colibri_deltanet_forward(colibri_ctx *ctx, int l, const colibri_batch *bt) 
     for (int j = 0; j < n; j++)
         colibri_rmsnorm(b->h + j * dp, b->x + j * dp, ly->attn_norm.data, m->embed_dim, dp,
                         m->norm_eps);
-    colibri_mm_job in = {.ctx = ctx};
+    colibri_mm_job in;
+    colibri_mm_init(&in, ctx);
     colibri_mm_add(&in, &ly->dn_qkv, b->h, dp, n, p.qkv, g->c, 0);
     colibri_mm_add(&in, &ly->dn_z, b->h, dp, n, p.z, g->vd, 0);
     colibri_mm_add(&in, &ly->dn_b, b->h, dp, n, p.bb, g->hv, 0);
@@ -301,7 +302,8 @@ void colibri_deltanet_forward(colibri_ctx *ctx, int l, const colibri_batch *bt) 
     prepare(&p);
     colibri_pool_run(&ctx->pool, recur_task, &p);
 
-    colibri_mm_job out = {.ctx = ctx};
+    colibri_mm_job out;
+    colibri_mm_init(&out, ctx);
     colibri_mm_add(&out, &ly->dn_out, p.o, g->vd, n, b->tmp, dp, 0);
     colibri_mm_run(&out);
     for (size_t i = 0; i < (size_t)n * dp; i++) b->x[i] += b->tmp[i];
