@@ -112,6 +112,13 @@ HYBRID_CASES = ["qwen3_5_moe", "qwen3_next"]  # Gated DeltaNet + gated attention
 # Their prompt: longer than the DeltaNet chunk transformers' chunked rule uses (64) and than the
 # runtime's pass (64), so both cross a chunk boundary.
 HYBRID_PROMPT = [(i * 37 + 5) % 251 + 1 for i in range(80)]
+# Their bounds against transformers' f32 logits: f32 is every family's; a rounded weight type
+# moves these 7-8 layer models more than the 2-layer ones above (its error passes through every
+# layer and the recurrence, and routes flip in the deeper layers, whose router margins the planted
+# structure no longer spreads). Measured (docs/models.md, "Accuracy"): qwen3_5_moe f16 3.9e-3,
+# bf16 3.5e-2, int8 1.2e-1; qwen3_next 8.4e-4, 1.3e-2, 3.3e-2. That the runtime computes exactly
+# what the rounded weights give is checked against the NumPy reference (1e-5) for every type.
+HYBRID_TOLERANCE = {"f32": 1e-4, "f16": 6e-3, "bf16": 5e-2, "int8": 1.8e-1}
 ZERO_CENTRED_TYPES = ("qwen3_5_moe_text", "qwen3_next")  # RMSNorm computes x * (1 + w)
 ALL_CASES = FAMILY_CASES + ["mixtral_bf16_sharded"] + SLIDING_CASES
 DTYPES = ["f32", "f16", "bf16", "int8"]
@@ -325,14 +332,20 @@ def fuse_experts(tensors: dict[str, np.ndarray], n_layers: int, n_experts: int, 
 class Expected:
     """transformers' answers for one checkpoint: prompt logits, greedy ids, routed experts."""
 
-    def __init__(self, path: Path, prompt: list[int] = LOGIT_PROMPT) -> None:
+    def __init__(self, path: Path, prompt: list[int] = LOGIT_PROMPT, threads: int | None = None) -> None:
         import torch
 
         model = load_hf(path)
-        self.logits = hf_logits(model, prompt)
-        self.greedy = hf_greedy(model, GREEDY_PROMPT, GREEDY_NEW)
-        with torch.no_grad():
-            out = model(torch.tensor([prompt]), output_router_logits=True)
+        before = torch.get_num_threads()
+        if threads:  # the hybrids' per-token torch.conv1d costs 26 ms on 2 busy threads, 1 ms on one
+            torch.set_num_threads(threads)
+        try:
+            self.logits = hf_logits(model, prompt)
+            self.greedy = hf_greedy(model, GREEDY_PROMPT, GREEDY_NEW)
+            with torch.no_grad():
+                out = model(torch.tensor([prompt]), output_router_logits=True)
+        finally:
+            torch.set_num_threads(before)
         top_k = model.config.num_experts_per_tok
         self.experts = [torch.topk(torch.softmax(r.float(), -1), top_k, -1).indices.numpy()
                         for r in out.router_logits]  # per layer [tokens, k]
@@ -342,7 +355,9 @@ def expect(cache: dict[str, Expected], root: Path, name: str) -> Expected:
     """transformers' answers for case ``name``, computed once per session (``cache`` is the
     session fixture ``hf_expected``)."""
     if name not in cache:
-        cache[name] = Expected(checkpoint(name, root), HYBRID_PROMPT if name in HYBRID_CASES else LOGIT_PROMPT)
+        hybrid = name in HYBRID_CASES
+        cache[name] = Expected(checkpoint(name, root), HYBRID_PROMPT if hybrid else LOGIT_PROMPT,
+                               threads=1 if hybrid else None)
     return cache[name]
 
 
