@@ -29,6 +29,7 @@
 #include "core/context.h"
 #include "core/le.h"
 #include "cpu/kernels.h"
+#include "deltanet.h"
 #include "kinds.h"
 #include "linear.h"
 
@@ -200,12 +201,11 @@ static inline void st4(float *p, v4f v) { memcpy(p, &v, sizeof v); }
 
 #define DV_MAX LIM_HEAD_DIM
 
-/* One token through one value head's state S [Dk, Dv]:
- *   S *= decay; mem = S^T k; d = (v - mem) * beta; S += k d^T; o = S^T q
- * Each lane's sums run over the key index in order 0..Dk-1. */
-static void delta_step(float *restrict S, size_t dk, size_t dv, const float *restrict q,
-                       const float *restrict k, const float *restrict v, float beta, float decay,
-                       float *restrict o) {
+/* deltanet.h: one token through one value head's state. Each lane's sums run over the key index
+ * in order 0..Dk-1. */
+void colibri_delta_step(float *restrict S, size_t dk, size_t dv, const float *restrict q,
+                        const float *restrict k, const float *restrict v, float beta, float decay,
+                        float *restrict o) {
     v4f mem[DV_MAX / 4], acc[DV_MAX / 4];
     float mem_t[4], acc_t[4], d[DV_MAX];
     const size_t v4 = dv / 4 * 4;
@@ -261,7 +261,7 @@ static void recur_task(void *arg, int t, int nt) {
             const float *u = p->u + (size_t)j * g->c;
             float *o = p->o + (size_t)j * g->vd + h * g->dv;
             const float *z = p->z + (size_t)j * g->vd + h * g->dv;
-            delta_step(S, g->dk, g->dv, u + kh * g->dk, u + g->kd + kh * g->dk,
+            colibri_delta_step(S, g->dk, g->dv, u + kh * g->dk, u + g->kd + kh * g->dk,
                        u + 2 * g->kd + h * g->dv, p->bb[(size_t)j * g->hv + h],
                        p->aa[(size_t)j * g->hv + h], o);
             colibri_rmsnorm(o, o, nw, g->dv, g->dv, m->norm_eps);
