@@ -33,25 +33,18 @@ static void l2(float *x, int n, float scale) {
     for (int i = 0; i < n; i++) x[i] *= inv * scale;
 }
 
-typedef float v4f __attribute__((vector_size(16)));
-static inline v4f ld4(const float *p) {
-    v4f v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-static inline void st4(float *p, v4f v) { memcpy(p, &v, sizeof v); }
 
-/* y += a x */
+/* y += a x (the runtime's four lanes, layers/deltanet.h) */
 static void axpy(float *restrict y, float a, const float *restrict x, int n) {
     int i = 0;
-    for (; i + 4 <= n; i += 4) st4(y + i, ld4(y + i) + a * ld4(x + i));
+    for (; i + 4 <= n; i += 4) colibri_st4(y + i, colibri_ld4(y + i) + a * colibri_ld4(x + i));
     for (; i < n; i++) y[i] += a * x[i];
 }
 
 static float dot(const float *a, const float *b, int n) {
-    v4f acc = {0, 0, 0, 0};
+    colibri_v4f acc = {0, 0, 0, 0};
     int i = 0;
-    for (; i + 4 <= n; i += 4) acc += ld4(a + i) * ld4(b + i);
+    for (; i + 4 <= n; i += 4) acc += colibri_ld4(a + i) * colibri_ld4(b + i);
     float s = (acc[0] + acc[1]) + (acc[2] + acc[3]);
     for (; i < n; i++) s += a[i] * b[i];
     return s;

@@ -15,7 +15,6 @@ import argparse
 import json
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,25 +22,17 @@ sys.path.insert(0, str(ROOT))
 
 
 def main() -> None:
-    from colibri_kit.profiles import load_profile
-    from colibri_kit.render import write_config
-    sys.path.insert(0, str(ROOT / "tests"))
-    from kit_support import runtime_library_sources
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from route import build_against_runtime
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tokens", default="64,512")
-    ap.add_argument("--heads", type=int, default=32)
-    ap.add_argument("--dk", type=int, default=128)
-    ap.add_argument("--dv", type=int, default=128)
-    ap.add_argument("--chunk", type=int, default=64)
+    ap.add_argument("--tokens", default="64,512", help="prompt lengths, comma-separated")
+    ap.add_argument("--heads", type=int, default=32, help="value heads (Qwen3.5-35B-A3B: 32)")
+    ap.add_argument("--dk", type=int, default=128, help="key head dim")
+    ap.add_argument("--dv", type=int, default=128, help="value head dim")
+    ap.add_argument("--chunk", type=int, default=64, help="chunk length of the chunked form (transformers: 64)")
     a = ap.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="colibri-deltanet-"))
-    write_config(load_profile("host"), work / "include")
-    rt = ROOT / "runtime"
-    exe = work / "deltanet_forms"
-    subprocess.run(["cc", "-std=c11", "-O2", "-D_GNU_SOURCE", f"-I{rt / 'include'}", f"-I{rt / 'src'}",
-                    f"-I{work / 'include'}", "-o", str(exe), str(ROOT / "benchmarks" / "deltanet_forms.c"),
-                    *runtime_library_sources(), "-lm", "-lpthread", "-ldl"], check=True)
+    exe = build_against_runtime("deltanet_forms")
     print(f"{'tokens':>6} {'recurrent us/token':>19} {'chunked us/token':>17} {'max rel diff':>13}")
     for t in a.tokens.split(","):
         out = subprocess.run([str(exe), str(a.heads), str(a.dk), str(a.dv), t, str(a.chunk)],

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from test_cuda_host import _emu_cli, cuda_host_build  # noqa: F401  (the emulated-GPU build fixture)
+from test_sliding import _patched  # one u32 of a layer record rewritten
 
 import hf_models as H
 from colibri_kit.errors import ModelError
@@ -260,14 +261,6 @@ def hybrid_header(layers: tuple[LayerRecord, ...], **kw: object) -> ModelHeader:
 
 DN = LayerRecord(Mixer.GATED_DELTANET, Ffn.MOE, 4, 0, (2, 4, 10, 14))
 GATED = LayerRecord(Mixer.ATTENTION, Ffn.MOE, 0, int(MixerFlag.OUTPUT_GATE | MixerFlag.PARTIAL_ROPE), (6, 0, 0, 0))
-
-
-def _patched(src: Path, dst: Path, layer: int, offset: int, value: int) -> Path:
-    raw = bytearray(src.read_bytes())
-    at = int.from_bytes(raw[144:152], "little") + 64 * layer + offset
-    raw[at: at + 4] = value.to_bytes(4, "little")
-    dst.write_bytes(bytes(raw))
-    return dst
 
 
 @pytest.mark.parametrize("layer,offset,value,py_needle,c_needle", [

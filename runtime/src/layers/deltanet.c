@@ -188,17 +188,7 @@ static void prepare(dn_pass *p) {
     }
 }
 
-/* Four lanes at a time (GCC/Clang vector extension: one SSE register on x86_64, one NEON register
- * on aarch64; element-wise IEEE operations, the same as the scalar tail's); unaligned loads
- * through memcpy. */
-typedef float v4f __attribute__((vector_size(16)));
-static inline v4f ld4(const float *p) {
-    v4f v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-static inline void st4(float *p, v4f v) { memcpy(p, &v, sizeof v); }
-
+/* Four lanes at a time: deltanet.h's colibri_v4f. */
 #define DV_MAX LIM_HEAD_DIM
 
 /* deltanet.h: one token through one value head's state. Each lane's sums run over the key index
@@ -206,18 +196,18 @@ static inline void st4(float *p, v4f v) { memcpy(p, &v, sizeof v); }
 void colibri_delta_step(float *restrict S, size_t dk, size_t dv, const float *restrict q,
                         const float *restrict k, const float *restrict v, float beta, float decay,
                         float *restrict o) {
-    v4f mem[DV_MAX / 4], acc[DV_MAX / 4];
+    colibri_v4f mem[DV_MAX / 4], acc[DV_MAX / 4];
     float mem_t[4], acc_t[4], d[DV_MAX];
     const size_t v4 = dv / 4 * 4;
-    const v4f zero = {0, 0, 0, 0};
+    const colibri_v4f zero = {0, 0, 0, 0};
     for (size_t i = 0; i < v4 / 4; i++) mem[i] = acc[i] = zero;
     for (size_t i = v4; i < dv; i++) mem_t[i - v4] = acc_t[i - v4] = 0.0f;
     for (size_t r = 0; r < dk; r++) {
         float *row = S + r * dv;
         const float kr = k[r];
         for (size_t i = 0; i < v4; i += 4) {
-            v4f s = ld4(row + i) * decay;
-            st4(row + i, s);
+            colibri_v4f s = colibri_ld4(row + i) * decay;
+            colibri_st4(row + i, s);
             mem[i / 4] += s * kr;
         }
         for (size_t i = v4; i < dv; i++) {
@@ -225,14 +215,14 @@ void colibri_delta_step(float *restrict S, size_t dk, size_t dv, const float *re
             mem_t[i - v4] += row[i] * kr;
         }
     }
-    for (size_t i = 0; i < v4; i += 4) st4(d + i, (ld4(v + i) - mem[i / 4]) * beta);
+    for (size_t i = 0; i < v4; i += 4) colibri_st4(d + i, (colibri_ld4(v + i) - mem[i / 4]) * beta);
     for (size_t i = v4; i < dv; i++) d[i] = (v[i] - mem_t[i - v4]) * beta;
     for (size_t r = 0; r < dk; r++) {
         float *row = S + r * dv;
         const float kr = k[r], qr = q[r];
         for (size_t i = 0; i < v4; i += 4) {
-            v4f s = ld4(row + i) + kr * ld4(d + i);
-            st4(row + i, s);
+            colibri_v4f s = colibri_ld4(row + i) + kr * colibri_ld4(d + i);
+            colibri_st4(row + i, s);
             acc[i / 4] += s * qr;
         }
         for (size_t i = v4; i < dv; i++) {
@@ -240,7 +230,7 @@ void colibri_delta_step(float *restrict S, size_t dk, size_t dv, const float *re
             acc_t[i - v4] += row[i] * qr;
         }
     }
-    for (size_t i = 0; i < v4; i += 4) st4(o + i, acc[i / 4]);
+    for (size_t i = 0; i < v4; i += 4) colibri_st4(o + i, acc[i / 4]);
     for (size_t i = v4; i < dv; i++) o[i] = acc_t[i - v4];
 }
 
@@ -262,8 +252,8 @@ static void recur_task(void *arg, int t, int nt) {
             float *o = p->o + (size_t)j * g->vd + h * g->dv;
             const float *z = p->z + (size_t)j * g->vd + h * g->dv;
             colibri_delta_step(S, g->dk, g->dv, u + kh * g->dk, u + g->kd + kh * g->dk,
-                       u + 2 * g->kd + h * g->dv, p->bb[(size_t)j * g->hv + h],
-                       p->aa[(size_t)j * g->hv + h], o);
+                               u + 2 * g->kd + h * g->dv, p->bb[(size_t)j * g->hv + h],
+                               p->aa[(size_t)j * g->hv + h], o);
             colibri_rmsnorm(o, o, nw, g->dv, g->dv, m->norm_eps);
             for (size_t i = 0; i < g->dv; i++) o[i] *= silu(z[i]);
         }
