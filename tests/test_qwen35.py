@@ -269,7 +269,7 @@ GATED = LayerRecord(Mixer.ATTENTION, Ffn.MOE, 0, int(MixerFlag.OUTPUT_GATE | Mix
     (0, 16 + 8, 0, "mixer_params[2] (key head dim) 0", "mixer_params[2] (key head dim) = 0"),
     (0, 12, 1, "mixer_flags 0x1, none are defined", "mixer_flags = 0x1, none are defined"),
     (1, 16, 7, "rotary width of PARTIAL_ROPE must be even", "rotary width of PARTIAL_ROPE must be even"),
-    (1, 12, 0x700, "mixer_flags 0x700 has bits", "mixer_flags = 0x700 has bits"),
+    (1, 12, 0x700, "mixer_flags 0x700, bits 0x400 are not defined", "mixer_flags = 0x700 has bits 0x400"),
 ])
 def test_both_readers_refuse_bad_hybrid_records(host_colibri: Path, tmp_path: Path, layer: int,
                                                 offset: int, value: int, py_needle: str, c_needle: str) -> None:

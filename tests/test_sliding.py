@@ -185,7 +185,7 @@ def _patched(src: Path, dst: Path, layer: int, offset: int, value: int) -> Path:
 @pytest.mark.parametrize("what,offset,value,py_needle,c_needle", [
     ("no window", 8, 0, "window 0, must be at least 1", "window = 0, must be at least 1"),
     ("unknown mixer", 0, 9, "field mixer 9", "mixer kind 9 is not one this runtime has"),
-    ("attention sinks (not yet)", 12, 1, "field mixer_flags 0x1", "mixer_flags = 0x1"),
+    ("undefined mixer flag", 12, 0x80, "field mixer_flags 0x80", "mixer_flags = 0x80"),
     ("mixer parameter", 16, 3, "field mixer_params[0] 3", "mixer_params[0] = 3"),
     ("reserved", 48, 1, "field reserved must be zero", "record byte 48 is reserved"),
 ])

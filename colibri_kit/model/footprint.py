@@ -40,9 +40,9 @@ from typing import Any
 
 from colibri_kit.errors import ModelError
 from colibri_kit.model.format import (
-    ALIGN, LARGE_TENSOR, PAGE, QWEN_ATTENTION_FLAGS, DType, Ffn, Flag, Mixer, ModelHeader, align_up,
-    data_nbytes, data_start, expected_tensors, kv_staged, layer_kv_positions, layer_state_floats,
-    pass_needs, read_model, scale_bytes,
+    ALIGN, LARGE_TENSOR, PAGE, QWEN_ATTENTION_FLAGS, DType, Ffn, Flag, Mixer, MixerFlag, ModelHeader,
+    align_up, data_nbytes, data_start, expected_tensors, kv_staged, layer_kv_positions,
+    layer_state_floats, pass_needs, read_model, scale_bytes,
 )
 
 MIB = 1 << 20
@@ -149,7 +149,8 @@ def cuda_arena_bytes(h: ModelHeader, copy_weights: bool = False, weights_bytes: 
 
 def cuda_unsupported(h: ModelHeader) -> str:
     """Why the CUDA backend does not run this model ("" when it does): it runs attention + moe
-    layers, a sliding window as long as the context being full attention, up to 256 experts
+    layers, a sliding window as long as the context being full attention, up to 256 experts,
+    without gpt-oss's mxfp4 weights, YaRN, sinks and biases or Qwen's gated attention
     (runtime/src/cuda/cuda_backend.c cb_check_model)."""
     if h.num_experts > CUDA_MAX_SORT:
         return (f"{h.num_experts} experts: the CUDA router kernels sort at most {CUDA_MAX_SORT} "
@@ -162,6 +163,15 @@ def cuda_unsupported(h: ModelHeader) -> str:
                     "only (a sliding window as long as the context counts as attention)")
         if r.mixer_flags & QWEN_ATTENTION_FLAGS:
             return f"layer {i} is gated attention (output gate / partial RoPE), which the CUDA backend does not run yet"
+    if DType.MXFP4 in (h.dtype, h.expert_dtype):
+        return "mxfp4 weights, which the CUDA kernels do not read yet (gpt-oss)"
+    if h.has(Flag.ROPE_YARN):
+        return "YaRN RoPE, which the CUDA kernels do not compute yet (gpt-oss)"
+    for i, r in enumerate(h.layer_records()):
+        if r.mixer_flags or r.ffn_params[0]:
+            what = ("attention sinks" if r.mixer_flags & MixerFlag.SINKS else "an attention output bias"
+                    if r.mixer_flags else "router/expert biases or the clamped SwiGLU")
+            return f"layer {i} has {what}, which the CUDA kernels do not compute yet (gpt-oss)"
     return ""
 
 
@@ -188,8 +198,8 @@ def estimate_file_bytes(h: ModelHeader, dtype: DType | None = None) -> int:
     hh = replace(h, dtype=int(dtype if dtype is not None else h.dtype))
     specs = expected_tensors(hh)
     pos = data_start(hh)
-    for s in specs.values():
-        dt = DType.F32 if s.f32_only else DType(hh.dtype)
+    for s in specs.values():  # each tensor in its own dtype (f32, the model's, the experts')
+        dt = DType(s.dtype)
         for n in (data_nbytes(dt, s.rows, s.cols), scale_bytes(dt, s.rows, s.cols)):
             if n:
                 pos = align_up(pos, PAGE if n >= LARGE_TENSOR else ALIGN) + n
@@ -305,6 +315,10 @@ def suggestions(h: ModelHeader, target: str, slots: int = 1) -> list[str]:
         fp = footprint(replace(h, dtype=int(dt)), target, slots=slots)
         if fp.fits:
             out.append(f"--dtype {dt.name.lower()} ({fp.total / MIB:,.0f} MiB)")
+    if DType.MXFP4 not in (h.dtype, h.expert_dtype):  # the experts alone in 4.25 bits per weight
+        fp = footprint(replace(h, expert_dtype=int(DType.MXFP4)), target, slots=slots)
+        if fp.fits:
+            out.append(f"--expert-dtype mxfp4 ({fp.total / MIB:,.0f} MiB)")
     lo, hi = 0, (h.max_seq_len - 1) // 256  # shorter contexts, in whole 256-position steps
     while lo < hi:  # the arena grows with max_seq_len: the longest that fits
         mid = (lo + hi + 1) // 2
@@ -335,11 +349,12 @@ def check_fits(h: ModelHeader, target: str, weights_bytes: int | None = None,
     how = ", one device copy shared by the slots" if fp.weights_mode == "copied" else ""
     upload = f" + upload staging {fp.upload / MIB:,.0f} MiB" if fp.upload else ""
     what = suggestions(h, target, slots)
+    experts = "" if h.expert_dtype is None else f", experts {DType(h.expert_dtype).name.lower()}"
     hint = ("would fit: " + ", ".join(what)) if what else \
         "no dtype or context length fits this target; choose a smaller model or a larger target"
     raise ModelError(
         f"model does not fit target {target!r}: needs {fp.total / MIB:,.0f} MiB (weights "
-        f"{fp.weights / MIB:,.0f} MiB as {DType(h.dtype).name.lower()}{how} + {slots} slot(s) x "
+        f"{fp.weights / MIB:,.0f} MiB as {DType(h.dtype).name.lower()}{experts}{how} + {slots} slot(s) x "
         f"arena {fp.arena / MIB:,.0f} MiB incl. KV cache {fp.kv_cache / MIB:,.0f} MiB at "
         f"max_seq_len {h.max_seq_len}{f' and recurrent state {fp.state / MIB:,.0f} MiB' if fp.state else ''}"
         f"{upload}), the target has {fp.available / MIB:,.0f} MiB available "

@@ -16,10 +16,16 @@ full attention, a ring of min(W, max_seq_len) rows for a sliding window of W pos
 p in row p % rows), so a prompt several windows long wraps it as the runtime's does; a
 gated_deltanet layer (Qwen3.5, Qwen3-Next) keeps its convolution's last W-1 inputs and one
 [Dk, Dv] delta-rule state per value head, updated one token at a time.
+
+gpt-oss's parts follow transformers' GptOssForCausalLM: YaRN RoPE (``rope_frequencies``),
+attention sinks, q/k/v/o biases, the router bias with top-k then softmax over the chosen logits
+(equal to softmax, top-k, renormalise), expert biases and the clamped SwiGLU; mxfp4 weights are
+dequantised exactly (format.dequantize_mxfp4).
 """
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import Sequence
@@ -28,9 +34,35 @@ import numpy as np
 
 from colibri_kit.errors import ModelError
 from colibri_kit.model.format import (
-    NONE, ColibriModel, DeltaNetGeometry, Flag, Kind, Mixer, MixerFlag, Routing, layer_kv_positions,
-    layer_window, read_model, rotary_width,
+    NONE, ColibriModel, DeltaNetGeometry, FfnFlag, Flag, Kind, Mixer, MixerFlag, ModelHeader, Routing,
+    layer_kv_positions, layer_window, read_model, rotary_width,
 )
+
+
+def rope_frequencies(h: ModelHeader) -> tuple[np.ndarray, float]:
+    """The frequency of each RoPE pair (float64, Dh/2 values) and the factor cos and sin are
+    multiplied by, as runtime/src/layers/rope.c computes them: theta^(-2i/Dh), or with the
+    ROPE_YARN flag transformers' _compute_yarn_parameters (modeling_rope_utils.py): a ramp
+    between the plain frequencies and them divided by ``factor``, over the pairs between the
+    correction dimensions of beta_fast and beta_slow, and YaRN's attention factor."""
+    dim, base = h.head_dim, float(h.rope_theta)
+    plain = base ** (-2.0 * np.arange(dim // 2, dtype=np.float64) / dim)
+    y = h.yarn
+    if y is None:
+        return plain, 1.0
+
+    def correction_dim(rotations: float) -> float:
+        return dim * math.log(y.original_max_position / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = correction_dim(y.beta_fast), correction_dim(y.beta_slow)
+    if y.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0.0), min(high, dim - 1.0)
+    if low == high:
+        high += 0.001
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - low) / (high - low), 0.0, 1.0)
+    keep = 1.0 - ramp  # the share of the plain frequency
+    return (plain / y.factor) * (1.0 - keep) + plain * keep, float(np.float32(y.attention_factor))
 
 
 @dataclass(frozen=True)
@@ -66,9 +98,8 @@ class Reference:
         self.cache = cache
         self.w: dict[tuple[int, int, int], np.ndarray] = {}
         self.group = h.n_heads // h.n_kv_heads
-        half = h.head_dim // 2
-        # Frequency of pair i is theta^(-2i/Dh).
-        self.inv_freq = (h.rope_theta ** (-2.0 * np.arange(half, dtype=np.float64) / h.head_dim))
+        # Frequency of pair i: theta^(-2i/Dh), or YaRN's; cos and sin times rope_scale
+        self.inv_freq, self.rope_scale = rope_frequencies(h)
         # per layer: [rows, Hkv, Dh], rows as the layer's kind keeps them
         self.windows = [layer_window(h, i) for i in range(h.n_layers)]
         self.k_cache = [np.zeros((layer_kv_positions(h, i), h.n_kv_heads, h.head_dim), self.dtype)
@@ -95,8 +126,8 @@ class Reference:
                 self.w[key] = w
         return w
 
-    def vec(self, kind: Kind, layer: int = NONE) -> np.ndarray:
-        return self.W(kind, layer)[0]
+    def vec(self, kind: Kind, layer: int = NONE, expert: int = NONE) -> np.ndarray:
+        return self.W(kind, layer, expert)[0]
 
     # -- building blocks -------------------------------------------------------------------
     def rmsnorm(self, x: np.ndarray, weight: np.ndarray, n: int) -> np.ndarray:
@@ -113,6 +144,8 @@ class Reference:
             self.h.rope_theta ** (-2.0 * np.arange(half, dtype=np.float64) / r)
         ang = pos * inv
         cos, sin = np.cos(ang).astype(self.dtype), np.sin(ang).astype(self.dtype)
+        if self.rope_scale != 1.0:  # YaRN's attention factor, applied in float as transformers does
+            cos, sin = cos * self.dtype.type(self.rope_scale), sin * self.dtype.type(self.rope_scale)
         a, b = v[:, :half], v[:, half:r]
         return np.concatenate([a * cos - b * sin, b * cos + a * sin, v[:, r:]], axis=1)
 
@@ -121,9 +154,32 @@ class Reference:
         silu = g / (1 + np.exp(-g))
         return w2 @ (silu * (w3 @ x))
 
+    def expert(self, layer: int, e: int, x: np.ndarray) -> np.ndarray:
+        """Routed expert ``e`` of ``layer`` on x: SwiGLU, or gpt-oss's with biases and clamps."""
+        r = self.h.layer(layer)
+        w1, w3, w2 = (self.W(k, layer, e) for k in (Kind.EXPERT_W1, Kind.EXPERT_W3, Kind.EXPERT_W2))
+        if not r.ffn_params[0]:
+            return self.ffn(w1, w3, w2, x)
+        g, u = w1 @ x, w3 @ x
+        if r.ffn_params[0] & FfnFlag.EXPERT_BIAS:
+            g, u = g + self.vec(Kind.EXPERT_B1, layer, e), u + self.vec(Kind.EXPERT_B3, layer, e)
+        if r.ffn_params[0] & FfnFlag.CLAMPED_SWIGLU:  # transformers' GptOssExperts._apply_gate
+            alpha, limit = (self.dtype.type(v) for v in r.swiglu)
+            g = np.minimum(g, limit)
+            u = np.clip(u, -limit, limit)
+            a = (u + 1) * (g * (1 / (1 + np.exp(-(g * alpha)))))
+        else:
+            a = (g / (1 + np.exp(-g))) * u
+        y = w2 @ a
+        if r.ffn_params[0] & FfnFlag.EXPERT_BIAS:
+            y = y + self.vec(Kind.EXPERT_B2, layer, e)
+        return y
+
     def route(self, layer: int, x: np.ndarray) -> Route:
         h = self.h
         r = self.W(Kind.ROUTER, layer) @ x
+        if h.layer(layer).ffn_params[0] & FfnFlag.ROUTER_BIAS:
+            r = r + self.vec(Kind.ROUTER_BIAS, layer)
         p = np.exp(r - np.max(r))
         p = p / np.sum(p)
         order = np.argsort(-p, kind="stable")[: h.top_k]  # stable sort: ties to the lower index
@@ -170,18 +226,23 @@ class Reference:
         rows = np.arange(first, pos + 1) % len(kc)
         out = np.empty((h.n_heads, dh), self.dtype)
         scale = self.dtype.type(1.0 / np.sqrt(dh))
+        flags = h.layer(layer).mixer_flags
+        sinks = self.vec(Kind.ATTN_SINKS, layer) if flags & MixerFlag.SINKS else None
         for head in range(h.n_heads):
             kv = head // self.group
             keys = kc[rows, kv]  # [positions, Dh]
             vals = vc[rows, kv]
             s = (keys @ q[head]) * scale
-            a = np.exp(s - np.max(s))
-            a = a / np.sum(a)
-            out[head] = a @ vals
+            # a sink joins the softmax as one more logit and gets no value (gpt-oss)
+            mx = np.max(s) if sinks is None else max(np.max(s), sinks[head])
+            a = np.exp(s - mx)
+            total = np.sum(a) + (0 if sinks is None else np.exp(sinks[head] - mx))
+            out[head] = (a / total) @ vals
         out = out.reshape(-1)
-        if record.mixer_flags & MixerFlag.OUTPUT_GATE:  # Qwen3.5 / Qwen3-Next gated attention
+        if flags & MixerFlag.OUTPUT_GATE:  # Qwen3.5 / Qwen3-Next gated attention
             out = out * self.sigmoid(self.W(Kind.ATTN_GATE, layer) @ hn)
-        return self.W(Kind.WO, layer) @ out
+        o = self.W(Kind.WO, layer) @ out
+        return o + self.vec(Kind.BO, layer) if flags & MixerFlag.O_BIAS else o
 
     def sigmoid(self, v: np.ndarray) -> np.ndarray:
         return 1 / (1 + np.exp(-v))
@@ -230,8 +291,7 @@ class Reference:
         route = self.route(layer, hn)
         y = np.zeros_like(x)
         for e, wt in zip(route.experts, route.weights):
-            y += self.dtype.type(wt) * self.ffn(self.W(Kind.EXPERT_W1, layer, e), self.W(Kind.EXPERT_W3, layer, e),
-                                                self.W(Kind.EXPERT_W2, layer, e), hn)
+            y += self.dtype.type(wt) * self.expert(layer, e, hn)
         if h.has(Flag.SHARED_EXPERT):
             s = self.ffn(self.W(Kind.SHARED_W1, layer), self.W(Kind.SHARED_W3, layer),
                          self.W(Kind.SHARED_W2, layer), hn)

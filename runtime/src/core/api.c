@@ -147,6 +147,7 @@ colibri_status colibri_ctx_new(colibri_ctx **out, colibri_model *model,
 
     ctx->simd = colibri_kernels_init();
     ctx->use_q8 = opt.int8_activations && (m->dtype == COLIBRI_DT_INT8 || m->dtype == COLIBRI_DT_Q4);
+    ctx->mx_a8 = opt.int8_activations && m->has_mxfp4; /* kernels_mxfp4.c quantises per block */
     if (!ctx->cuda) {
         int threads = ctx->opt.threads;
         int kv_f16 = opt.kv_dtype == COLIBRI_KV_F16;

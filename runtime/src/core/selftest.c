@@ -10,6 +10,7 @@
 #include "colibri.h"
 #include "colibri_config.h"
 #include "cpu/kernels.h"
+#include "cpu/kernels_mxfp4.h"
 #include "cpu/kernels_q4.h"
 #include "model.h"
 #include "layers/route.h"
@@ -332,6 +333,7 @@ int colibri_selftest(int verbose) {
     check_kernels(&r, simd);
     check_kv_rounding(&r);
     { char qmsg[160]; int ok = colibri_q4_selftest(qmsg, sizeof qmsg); check(&r, ok, qmsg); }
+    { char mmsg[192]; int ok = colibri_mxfp4_selftest(mmsg, sizeof mmsg); check(&r, ok, mmsg); }
     check_model(&r);
     if (verbose) printf("%s: %d check(s) failed\n", r.failed ? "FAILED" : "passed", r.failed);
     return r.failed;

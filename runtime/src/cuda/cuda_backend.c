@@ -868,6 +868,25 @@ static int cb_check_model(const struct colibri_model *m, char *why, size_t why_l
             return -1;
         }
     }
+    /* gpt-oss's features (#23) have CPU kernels only so far: such a model runs on the CPU */
+    if (m->has_mxfp4) {
+        snprintf(why, why_len, "mxfp4 weights, which the CUDA kernels do not read yet (gpt-oss)");
+        return -1;
+    }
+    if (m->flags & COLIBRI_FLAG_ROPE_YARN) {
+        snprintf(why, why_len, "YaRN RoPE, which the CUDA kernels do not compute yet (gpt-oss)");
+        return -1;
+    }
+    for (uint32_t l = 0; l < m->n_layers; l++) {
+        const colibri_layer_desc *d = &m->layers[l].desc;
+        if (d->mixer_flags || d->ffn_params[0]) {
+            snprintf(why, why_len, "layer %u has %s, which the CUDA kernels do not compute yet "
+                     "(gpt-oss)", l, d->mixer_flags & COLIBRI_MIXER_SINKS ? "attention sinks"
+                     : d->mixer_flags ? "an attention output bias"
+                     : "router/expert biases or the clamped SwiGLU");
+            return -1;
+        }
+    }
     for (uint32_t l = 0; l < m->n_layers; l++) {
         const colibri_layer *ly = &m->layers[l];
         int dt;

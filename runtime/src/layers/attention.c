@@ -52,11 +52,13 @@ static colibri_status qwen_check(const struct colibri_model *m, const colibri_la
 }
 /* ---- end of the Qwen block ------------------------------------------------------------------ */
 
-/* What both attention kinds require of their record: known flags only, parameters only where a
- * flag defines them, a window only for the sliding kind. */
+/* What both attention kinds require of their record: only the flags this runtime defines
+ * (gpt-oss's sinks and output bias, Qwen's gate and partial RoPE), parameters only where a flag
+ * defines them, a window only for the sliding kind. */
 static colibri_status check_mixer(const struct colibri_model *m, const colibri_layer_desc *d,
                                   uint32_t l, const char *name, int window_allowed, char *why,
                                   size_t len) {
+    const uint32_t known = COLIBRI_MIXER_KNOWN_FLAGS | QWEN_ATTENTION_FLAGS;
     colibri_status s;
     for (int i = 0; i < 4; i++) {
         int used = i == 0 && (d->mixer_flags & COLIBRI_MIXER_FLAG_PARTIAL_ROPE);
@@ -65,11 +67,11 @@ static colibri_status check_mixer(const struct colibri_model *m, const colibri_l
                         "layer %u (%s): mixer_params[%d] = %u, must be 0", l, name, i,
                         d->mixer_params[i]);
     }
-    if (d->mixer_flags & ~(uint32_t)QWEN_ATTENTION_FLAGS)
+    if (d->mixer_flags & ~known)
         return fail(why, len, COLIBRI_E_UNSUPPORTED,
-                    "layer %u (%s): mixer_flags = 0x%x has bits this runtime does not define (a "
-                    "newer format feature, e.g. attention sinks: update the runtime)", l, name,
-                    d->mixer_flags);
+                    "layer %u (%s): mixer_flags = 0x%x has bits 0x%x this runtime does not define "
+                    "(a newer format feature: update the runtime)", l, name, d->mixer_flags,
+                    d->mixer_flags & ~known);
     if ((s = qwen_check(m, d, l, name, why, len))) return s;
     if (!window_allowed && d->window)
         return fail(why, len, COLIBRI_E_BAD_LAYER,
@@ -94,8 +96,10 @@ colibri_status colibri_sliding_validate(const struct colibri_model *m, uint32_t 
 int colibri_attention_tensor(const struct colibri_model *m, uint32_t l, uint32_t tk,
                              uint32_t *rows, uint32_t *cols) {
     uint32_t dp = m->embed_dim_pad, qd = m->n_heads * m->head_dim, kvd = m->n_kv_heads * m->head_dim;
-    uint32_t f = m->flags;
+    uint32_t f = m->flags, mf = m->layers[l].desc.mixer_flags;
     switch (tk) {
+    case COLIBRI_K_ATTN_SINKS: *rows = 1; *cols = m->n_heads; return (mf & COLIBRI_MIXER_SINKS) != 0;
+    case COLIBRI_K_BO: *rows = 1; *cols = dp; return (mf & COLIBRI_MIXER_O_BIAS) != 0;
     case COLIBRI_K_ATTN_NORM: *rows = 1; *cols = dp; return 1;
     case COLIBRI_K_ATTN_GATE: *rows = qd; *cols = dp;
         return (m->layers[l].desc.mixer_flags & COLIBRI_MIXER_FLAG_OUTPUT_GATE) != 0;
@@ -214,6 +218,9 @@ static void att_task(void *arg, int t, int nt) {
     const kv_rows vs = {c->v, b->vstage, c->kv_staged, p0, row};
     float *sc = b->scores + (size_t)t * m->max_seq_len;
     float scale = 1.0f / sqrtf((float)dh);
+    /* attention sinks (gpt-oss): head h's learned logit joins the softmax's max and sum, and
+     * gets no value row (transformers' eager_attention_forward drops its column) */
+    const float *sinks = m->layers[job->layer].attn_sinks.data;
     unsigned long lo, hi;
     colibri_split((unsigned long)job->bt->n * H, t, nt, &lo, &hi);
     for (unsigned long pair = lo; pair < hi; pair++) {
@@ -230,11 +237,13 @@ static void att_task(void *arg, int t, int nt) {
                     scale;
             mx = fmaxf(mx, sc[i]);
         }
+        if (sinks) mx = fmaxf(mx, sinks[hh]);
         float sum = 0.0f;
         for (int i = 0; i < keys; i++) {
             sc[i] = expf(sc[i] - mx);
             sum += sc[i];
         }
+        if (sinks) sum += expf(sinks[hh] - mx);
         float inv = 1.0f / sum;
         float *out = b->att + j * qd + hh * dh;
         memset(out, 0, dh * sizeof(float));
@@ -330,5 +339,11 @@ void colibri_attention_forward(colibri_ctx *ctx, int l, const colibri_batch *bt)
     colibri_mm_init(&out, ctx);
     colibri_mm_add(&out, &ly->wo, b->att, qd, n, b->tmp, dp, 0);
     colibri_mm_run(&out);
-    for (size_t i = 0; i < (size_t)n * dp; i++) b->x[i] += b->tmp[i];
+    if (ly->bo.data) { /* o_proj's bias (gpt-oss): x += (WO a + bo) */
+        const float *bo = ly->bo.data;
+        for (int j = 0; j < n; j++)
+            for (size_t d = 0; d < dp; d++) b->x[j * dp + d] += b->tmp[j * dp + d] + bo[d];
+    } else {
+        for (size_t i = 0; i < (size_t)n * dp; i++) b->x[i] += b->tmp[i];
+    }
 }

@@ -35,17 +35,33 @@ enum {
 /* Layer record field `ffn`. */
 enum { COLIBRI_FFN_MOE = 1 /* routed experts (+ the shared expert when the header says so) */ };
 
+/* mixer_flags of the attention kinds (bits 0..7: gpt-oss; docs/format.md, "Layer table"). */
+enum {
+    COLIBRI_MIXER_SINKS = 1u << 0,  /* ATTN_SINKS [1, H]: one logit per head in the softmax */
+    COLIBRI_MIXER_O_BIAS = 1u << 1  /* BO [1, Dp]: output-projection bias */
+};
+#define COLIBRI_MIXER_KNOWN_FLAGS 0x3u
+/* ffn_params[0] of the moe kind (bits 0..7: gpt-oss); with CLAMPED_SWIGLU, ffn_params[1] and
+ * [2] are the f32 bits of its alpha and limit. */
+enum {
+    COLIBRI_MOE_ROUTER_BIAS = 1u << 0,   /* ROUTER_BIAS [1, E] added to the router logits */
+    COLIBRI_MOE_EXPERT_BIAS = 1u << 1,   /* EXPERT_B1/B3 [1, F], EXPERT_B2 [1, Dp] per expert */
+    COLIBRI_MOE_CLAMPED_SWIGLU = 1u << 2 /* (clamp(up) + 1) * g * sigmoid(alpha * g), g = min(gate, limit) */
+};
+#define COLIBRI_MOE_KNOWN_FLAGS 0x7u
+
 /* One layer's record, as validated (docs/format.md, "Layer table"). Version 1 and 2 files, which
  * have no table, read as {ATTENTION, MOE, 0, ...} for every layer. */
 typedef struct {
     uint32_t mixer, ffn;
     uint32_t window;          /* sliding kinds: W positions (a token at p sees max(0, p-W+1)..p);
                                  gated_deltanet: the convolution's kernel width (p-W+1..p) */
-    uint32_t mixer_flags;     /* COLIBRI_MIXER_FLAG_* (bit 0 is kept for attention sinks, #23) */
+    uint32_t mixer_flags;     /* attention kinds: COLIBRI_MIXER_* bits 0..7 (sinks, output bias),
+                                 COLIBRI_MIXER_FLAG_* bits 8..15 (Qwen's gate, partial RoPE) */
     uint32_t mixer_params[4]; /* per-kind parameters: attention: [0] the rotary width with
                                  PARTIAL_ROPE; gated_deltanet: key heads, value heads, key head
                                  dim, value head dim (`window` is its convolution's width) */
-    uint32_t ffn_params[4];   /* zero for MOE */
+    uint32_t ffn_params[4];   /* MOE: [0] COLIBRI_MOE_* bits, [1..2] SwiGLU alpha/limit (f32) */
 } colibri_layer_desc;
 
 /* What a layer keeps per sequence, planned into the context's arena (core/arena.c) and counted

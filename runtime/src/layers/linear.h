@@ -19,6 +19,7 @@ typedef struct {
     const float *x;
     size_t ldx;
     const int8_t *xq; /* int8 activations instead of x (int8 weights with use_q8) */
+    int a8;           /* mxfp4 weights with --int8-act: the kernel quantises x per block itself */
     const float *xqs;
     size_t ldq;
     int n;
