@@ -41,7 +41,7 @@ from colibri_kit.model.format import (
 
 def rope_frequencies(h: ModelHeader) -> tuple[np.ndarray, float]:
     """The frequency of each RoPE pair (float64, Dh/2 values) and the factor cos and sin are
-    multiplied by, as runtime/src/layers/rope.c computes them: theta^(-2i/Dh), or with the
+    multiplied by, as runtime/src/core/rope.c computes them: theta^(-2i/Dh), or with the
     ROPE_YARN flag transformers' _compute_yarn_parameters (modeling_rope_utils.py): a ramp
     between the plain frequencies and them divided by ``factor``, over the pairs between the
     correction dimensions of beta_fast and beta_slow, and YaRN's attention factor."""

@@ -14,7 +14,6 @@
 #include <unistd.h>
 
 #include "colibri_config.h"
-#include "layers/rope.h"
 #include "le.h"
 #include "text/tokenizer.h"
 
@@ -322,9 +321,7 @@ static colibri_status parse_header(struct colibri_model *m, const uint8_t *b, ui
         return fail(why, len, COLIBRI_E_UNSUPPORTED,
                     "flags = 0x%x sets ROPE_YARN, which needs format version 3", m->flags);
     if ((m->flags & COLIBRI_FLAG_ROPE_YARN) &&
-        (s = colibri_rope_check_yarn(m->yarn.factor, m->yarn.beta_fast, m->yarn.beta_slow,
-                                     m->yarn.attention_factor, m->yarn.original, m->yarn.truncate,
-                                     why, len)))
+        (s = colibri_rope_check_yarn(&m->yarn, why, len)))
         return s;
     if ((m->flags & COLIBRI_FLAG_QK_NORM_HEAD) && (m->flags & COLIBRI_FLAG_QK_NORM_FULL))
         return fail(why, len, COLIBRI_E_ABSURD_DIM, "flags set both QK_NORM_HEAD and QK_NORM_FULL");
@@ -681,7 +678,9 @@ static colibri_status validate(struct colibri_model *m, char *why, size_t len) {
         m->layers[i].b2 = v + 5 * e;
     }
     if ((s = parse_layers(m, why, len))) return s;
-    if ((s = colibri_rope_setup(m, why, len))) return s;
+    if ((s = colibri_rope_setup(&m->rope, m->head_dim, m->rope_theta,
+                                (m->flags & COLIBRI_FLAG_ROPE_YARN) ? &m->yarn : NULL, why, len)))
+        return s;
     for (uint32_t i = 0; i < m->n_tensors; i++)
         if ((s = parse_record(m, m->base + COLIBRI_HEADER_SIZE + (size_t)i * COLIBRI_RECORD_SIZE, i,
                               why, len)))
@@ -737,7 +736,7 @@ void colibri_model_close(struct colibri_model *m) {
     if (m->mapped && m->base) munmap((void *)m->base, m->size);
     free(m->layers);
     free(m->expert_views);
-    free(m->rope_freq);
+    colibri_rope_free(&m->rope);
     if (m->tokenizer) colibri_tokenizer_free(m->tokenizer);
     free(m->tokenizer);
     memset(m, 0, sizeof *m);

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "colibri.h"
+#include "rope.h"        /* the RoPE table computed at load */
 #include "layers/kinds.h" /* the layer record and the kind table (includes nothing of the core) */
 
 #include "../../kernels/colibri_abi.h" /* COLIBRI_DT_* weight dtype codes, shared with the kernels */
@@ -91,11 +92,8 @@ struct colibri_model {
     uint32_t n_layers, n_heads, n_kv_heads, head_dim, top_k, routing, dtype;
     uint32_t embed_dim_pad, pad_multiple, flags, shared_expert_size;
     float norm_eps, rope_theta;
-    /* RoPE, computed at load (layers/rope.c): frequency of pair i (Dh/2 values, in double) and the
-     * factor cos and sin are multiplied by (1 for plain RoPE; YaRN's attention factor) */
-    double *rope_freq;
-    float rope_scale;
-    struct { float factor, beta_fast, beta_slow, attention_factor; uint32_t original, truncate; } yarn;
+    struct colibri_rope rope;     /* computed at load (core/rope.c) */
+    struct colibri_yarn yarn;     /* header bytes 152..175 when ROPE_YARN is set */
     int has_mxfp4;                /* some tensor is mxfp4: --int8-act has a path for it */
     uint32_t n_tensors, family, bos_token_id, eos_token_id;
     uint64_t data_offset, file_size;

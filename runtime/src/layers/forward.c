@@ -7,14 +7,14 @@
 #include "cpu/kernels.h"
 #include "kinds.h"
 #include "linear.h"
-#include "rope.h"
+#include "core/rope.h"
 
 /* cos (first Dh/2) and sin (second Dh/2) of each row's position, shared by the attention layers
  * (plain RoPE or YaRN: rope.c) */
 static void rope_tables(colibri_ctx *ctx, const colibri_batch *bt) {
     const struct colibri_model *m = ctx->model;
     for (int j = 0; j < bt->n; j++)
-        colibri_rope_row(m, bt->pos[j], ctx->b.rope + (size_t)j * m->head_dim);
+        colibri_rope_row(&m->rope, bt->pos[j], ctx->b.rope + (size_t)j * m->head_dim);
 }
 
 void colibri_cpu_forward_chunk(colibri_ctx *ctx, const int32_t *ids, int n, float *logits,

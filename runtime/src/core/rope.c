@@ -11,27 +11,24 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "core/le.h" /* fail() */
-#include "core/model.h"
+#include "le.h" /* fail() */
 
 static const double PI = 3.14159265358979323846;
 
-colibri_status colibri_rope_check_yarn(float factor, float beta_fast, float beta_slow,
-                                       float attention_factor, uint32_t original,
-                                       uint32_t truncate, char *why, size_t len) {
+colibri_status colibri_rope_check_yarn(const struct colibri_yarn *y, char *why, size_t len) {
     const char *names[] = {"factor", "beta_fast", "beta_slow", "attention_factor"};
-    float vals[] = {factor, beta_fast, beta_slow, attention_factor};
+    float vals[] = {y->factor, y->beta_fast, y->beta_slow, y->attention_factor};
     for (int i = 0; i < 4; i++)
         if (!(isfinite(vals[i]) && vals[i] > 0.0f))
             return fail(why, len, COLIBRI_E_ABSURD_DIM,
                         "header field rope.yarn.%s = %g is not finite and > 0", names[i],
                         (double)vals[i]);
-    if (original < 1)
+    if (y->original < 1)
         return fail(why, len, COLIBRI_E_ABSURD_DIM,
                     "header field rope.yarn.original_max_position = 0, must be at least 1");
-    if (truncate > 1)
+    if (y->truncate > 1)
         return fail(why, len, COLIBRI_E_ABSURD_DIM,
-                    "header field rope.yarn.truncate = %u, must be 0 or 1", truncate);
+                    "header field rope.yarn.truncate = %u, must be 0 or 1", y->truncate);
     return COLIBRI_OK;
 }
 
@@ -41,18 +38,20 @@ static double correction_dim(double rotations, double dim, double base, double o
     return dim * log(original / (rotations * 2.0 * PI)) / (2.0 * log(base));
 }
 
-colibri_status colibri_rope_setup(struct colibri_model *m, char *why, size_t len) {
-    size_t half = m->head_dim / 2;
-    m->rope_freq = malloc(half * sizeof *m->rope_freq);
-    if (!m->rope_freq) return fail(why, len, COLIBRI_E_NO_MEMORY, "out of memory for the RoPE table");
-    m->rope_scale = 1.0f;
-    double dim = (double)m->head_dim, base = (double)m->rope_theta;
-    for (size_t i = 0; i < half; i++) m->rope_freq[i] = pow(base, -2.0 * (double)i / dim);
-    if (!(m->flags & COLIBRI_FLAG_ROPE_YARN)) return COLIBRI_OK;
-    double factor = m->yarn.factor, orig = m->yarn.original;
-    double low = correction_dim(m->yarn.beta_fast, dim, base, orig);
-    double high = correction_dim(m->yarn.beta_slow, dim, base, orig);
-    if (m->yarn.truncate) {
+colibri_status colibri_rope_setup(struct colibri_rope *r, uint32_t head_dim, float theta,
+                                  const struct colibri_yarn *yarn, char *why, size_t len) {
+    size_t half = head_dim / 2;
+    r->head_dim = head_dim;
+    r->freq = malloc(half * sizeof *r->freq);
+    if (!r->freq) return fail(why, len, COLIBRI_E_NO_MEMORY, "out of memory for the RoPE table");
+    r->scale = 1.0f;
+    double dim = (double)head_dim, base = (double)theta;
+    for (size_t i = 0; i < half; i++) r->freq[i] = pow(base, -2.0 * (double)i / dim);
+    if (!yarn) return COLIBRI_OK;
+    double factor = yarn->factor, orig = yarn->original;
+    double low = correction_dim(yarn->beta_fast, dim, base, orig);
+    double high = correction_dim(yarn->beta_slow, dim, base, orig);
+    if (yarn->truncate) {
         low = floor(low);
         high = ceil(high);
     }
@@ -60,23 +59,28 @@ colibri_status colibri_rope_setup(struct colibri_model *m, char *why, size_t len
     if (high > dim - 1.0) high = dim - 1.0;
     if (low == high) high += 0.001; /* transformers: "prevent singularity" */
     for (size_t i = 0; i < half; i++) {
-        double extrapolation = m->rope_freq[i], interpolation = extrapolation / factor;
+        double extrapolation = r->freq[i], interpolation = extrapolation / factor;
         double ramp = ((double)i - low) / (high - low);
         ramp = ramp < 0.0 ? 0.0 : ramp > 1.0 ? 1.0 : ramp;
         double keep = 1.0 - ramp; /* the share of the plain frequency */
-        m->rope_freq[i] = interpolation * (1.0 - keep) + extrapolation * keep;
+        r->freq[i] = interpolation * (1.0 - keep) + extrapolation * keep;
     }
-    m->rope_scale = m->yarn.attention_factor;
+    r->scale = yarn->attention_factor;
     return COLIBRI_OK;
 }
 
-void colibri_rope_row(const struct colibri_model *m, int32_t p, float *cs) {
-    size_t half = m->head_dim / 2;
+void colibri_rope_free(struct colibri_rope *r) {
+    free(r->freq);
+    r->freq = NULL;
+}
+
+void colibri_rope_row(const struct colibri_rope *r, int32_t p, float *cs) {
+    size_t half = r->head_dim / 2;
     for (size_t i = 0; i < half; i++) {
-        double a = (double)p * m->rope_freq[i];
+        double a = (double)p * r->freq[i];
         cs[i] = (float)cos(a);
         cs[half + i] = (float)sin(a);
     }
-    if (m->rope_scale != 1.0f)
-        for (size_t i = 0; i < 2 * half; i++) cs[i] *= m->rope_scale;
+    if (r->scale != 1.0f)
+        for (size_t i = 0; i < 2 * half; i++) cs[i] *= r->scale;
 }
