@@ -157,7 +157,8 @@ void colibri_moe_forward(colibri_ctx *ctx, int l, const colibri_batch *bt) {
 
     /* Compute: gate and up projections of every active expert's group (and the shared
      * expert) in one parallel job, SwiGLU, then the down projections in a second job. */
-    colibri_mm_job up = {.ctx = ctx};
+    colibri_mm_job up;
+    colibri_mm_init(&up, ctx);
     for (size_t e = 0; e < E; e++) {
         int c = b->counts[e];
         if (!c) continue;
@@ -184,7 +185,8 @@ void colibri_moe_forward(colibri_ctx *ctx, int l, const colibri_batch *bt) {
         for (size_t i = 0; i < (size_t)n * K * F; i++) b->gate[i] = silu(b->gate[i]) * b->up[i];
     for (size_t i = 0; i < (size_t)n * Fs; i++) b->sgate[i] = silu(b->sgate[i]) * b->sup[i];
 
-    colibri_mm_job down = {.ctx = ctx};
+    colibri_mm_job down;
+    colibri_mm_init(&down, ctx);
     for (size_t e = 0; e < E; e++) {
         int c = b->counts[e];
         if (!c) continue;
