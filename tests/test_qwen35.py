@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_cuda_host import _emu_cli, cuda_host_build  # noqa: F401  (the emulated-GPU build fixture)
+from test_cuda_host import _emu_cli
 from test_sliding import _patched  # one u32 of a layer record rewritten
 
 import hf_models as H
@@ -343,7 +343,7 @@ def test_generate_chat_and_serve(host_colibri: Path, hf_root: Path, tmp_path: Pa
 
 # ---- the CUDA backend falls back (emulated GPU) ---------------------------------------------------
 
-def test_cuda_backend_falls_back_for_what_it_does_not_run(cuda_host_build, tmp_path: Path) -> None:  # noqa: F811
+def test_cuda_backend_falls_back_for_what_it_does_not_run(cuda_host_build, tmp_path: Path) -> None:
     """In the GPU's host emulation (tests/test_cuda_host.py): --backend cuda refuses, naming the
     reason, a gated_deltanet layer, gated attention alone, and 512 experts (its router sorts 256);
     --backend auto runs each on the CPU with the reason, and the footprint says the same."""
