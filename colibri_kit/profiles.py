@@ -32,7 +32,7 @@ from colibri_kit.service import ServiceSpec, parse_service, service_dict
 ARCHES = ("aarch64", "x86_64")
 ROUTING_MODES = ("softmax_topk", "linear_score")
 STREAM_COUNTS = (1, 2)
-MAX_EXPERTS_LIMIT = 256  # the bitonic top-k network in the runtime is sized for this
+MAX_EXPERTS_LIMIT = 512  # the bitonic top-k network in the runtime is sized for this (Qwen3-Next: 512)
 TOP_K_LIMIT = 16         # the .colibri format's limit (docs/format.md, "Limits enforced by readers")
 
 # SMs each pinned CUDA version can compile for (the nvidia-cuda-nvrtc wheels the kit installs, and

@@ -64,9 +64,11 @@ def write_models(binary: Path, out: Path, hf: bool) -> list[Path]:
 
         root = out / "hf"
         root.mkdir(exist_ok=True)
-        # every family the writing checkout has (sliding windows, gpt-oss: compare binaries that
-        # both read them), with the released gpt-oss checkpoint's mxfp4 experts kept as mxfp4
-        for name in H.ALL_CASES + list(getattr(H, "GPTOSS_CASES", [])):
+        # every family the writing checkout has (sliding windows, gpt-oss, the Qwen3.5 / Next
+        # hybrids: compare binaries that both read them), with the released gpt-oss checkpoint's
+        # mxfp4 experts kept as mxfp4
+        for name in (H.ALL_CASES + list(getattr(H, "GPTOSS_CASES", []))
+                     + list(getattr(H, "HYBRID_CASES", []))):
             ck = H.checkpoint(name, root)
             extra = {"expert_dtype": "mxfp4"} if name.endswith("mxfp4") else {}
             for d in DTYPES:

@@ -381,6 +381,7 @@ void colibri_get_runtime_info(const colibri_ctx *ctx, colibri_runtime_info *i) {
         i->arena_bytes = ctx->arena_bytes;
         snprintf(i->kv_dtype, sizeof i->kv_dtype, "%s", ctx->b.kv_f16 ? "f16" : "f32");
         i->kv_cache_bytes = ctx->b.kv_bytes;
+        i->state_bytes = ctx->b.state_bytes;
     }
     i->position = ctx->pos;
 }

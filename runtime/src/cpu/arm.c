@@ -445,12 +445,7 @@ static void neon_wsum_rows(float *out, const float *w, const void *const *rows, 
     } else {
         NEON_WSUM_STRIP(NEON_LOAD_F32, float)
     }
-    for (; d < n; d++)
-        for (int i = 0; i < nr; i++) {
-            float v = f16 ? half_to_float(((const uint16_t *)rows[i])[d]) : ((const float *)rows[i])[d];
-            float p = w[i] * v;
-            out[d] += p;
-        }
+    wsum_rows_tail(out, w, rows, nr, d, n, f16);
 }
 
 void colibri_arm_kernels(colibri_cpu_kernels *k) {

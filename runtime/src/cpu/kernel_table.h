@@ -106,6 +106,17 @@ static inline int8_t q8_one(float v) {
     return (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v);
 }
 
+/* The SIMD value sums' last outputs d0..n-1: the portable multiply then add, rows in order. */
+static inline void wsum_rows_tail(float *out, const float *w, const void *const *rows, int nr,
+                                  size_t d0, size_t n, int f16) {
+    for (size_t d = d0; d < n; d++)
+        for (int i = 0; i < nr; i++) {
+            float v = f16 ? half_to_float(((const uint16_t *)rows[i])[d]) : ((const float *)rows[i])[d];
+            float p = w[i] * v; /* its own statement: never contracted into an FMA */
+            out[d] += p;
+        }
+}
+
 #define CVT_F32(v) (v)
 #define CVT_I8(v) ((float)(v))
 

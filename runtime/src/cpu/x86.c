@@ -484,12 +484,7 @@ __attribute__((target("avx2,fma,f16c"))) static void avx2_wsum_rows(float *out, 
     } else {
         AVX2_WSUM_STRIP(AVX_LOAD_F32, float)
     }
-    for (; d < n; d++)
-        for (int i = 0; i < nr; i++) {
-            float v = f16 ? half_to_float(((const uint16_t *)rows[i])[d]) : ((const float *)rows[i])[d];
-            float p = w[i] * v;
-            out[d] += p;
-        }
+    wsum_rows_tail(out, w, rows, nr, d, n, f16);
 }
 
 /* ---- int8 activations (int8.h): the scalar quantisation's bits, 16 or 8 values at a time ----

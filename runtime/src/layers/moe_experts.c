@@ -52,7 +52,8 @@ static void expert_pass(colibri_ctx *ctx, const colibri_layer *ly, size_t e0, si
     for (size_t s = 0; s < ns; s++)
         memcpy(b->xs + s * dp, b->h + (size_t)b->slot_tok[s0 + s] * dp, dp * sizeof(float));
 
-    colibri_mm_job up = {.ctx = ctx};
+    colibri_mm_job up;
+    colibri_mm_init(&up, ctx);
     for (size_t e = e0; e < e1; e++) {
         int c = b->counts[e];
         if (!c) continue;
@@ -79,7 +80,8 @@ static void expert_pass(colibri_ctx *ctx, const colibri_layer *ly, size_t e0, si
         for (size_t i = 0; i < ns * F; i++) b->gate[i] = silu(b->gate[i]) * b->up[i];
     for (size_t i = 0; i < (size_t)n * Fs; i++) b->sgate[i] = silu(b->sgate[i]) * b->sup[i];
 
-    colibri_mm_job down = {.ctx = ctx};
+    colibri_mm_job down;
+    colibri_mm_init(&down, ctx);
     for (size_t e = e0; e < e1; e++) {
         int c = b->counts[e];
         if (!c) continue;
