@@ -31,6 +31,7 @@ typedef struct {
     colibri_backend backend;
     int int8_activations;
     colibri_kv_dtype kv_dtype;  /* --kv-cache; COLIBRI_KV_F32 by default */
+    int deadline_ms;            /* --deadline-ms: a request's budget when it gives none; 0 none */
 } server_options;
 
 #endif
