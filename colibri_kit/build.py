@@ -390,7 +390,7 @@ def build(profile: Profile | str, *, where: str = "auto", debug: bool = False,
 
     The tasks resolve the target name (``profiles.load_profile``) and pass the Profile; the
     build and its verification use that one Profile. A name is still accepted for the callers
-    outside the tasks that pass one (benchmarks/, colibri_kit/gpucheck.py, the test fixtures).
+    outside the tasks that pass one (benchmarks/, scripts/gpu_check_prepare.py, the test fixtures).
     """
     if isinstance(profile, str):
         profile = profiles.load_profile(profile)

@@ -83,6 +83,15 @@ class CudaSpec:
     archs: tuple[str, ...]    # ("sm_87",): one cubin each, plus PTX
     igpu: bool                # integrated GPU sharing DRAM with the CPU (every Jetson)
     spills: str = "warn"      # a kernel spilling registers: "warn" (build output) or "error"
+    # the device may need NVIDIA's cuda-compat driver for this CUDA (its BSP driver is older on
+    # some accepted L4T releases): the runtime then opens /usr/local/cuda-<version>/compat/
+    # libcuda.so.1 by path when present (colibri_config.h COLIBRI_CUDA_COMPAT_LIBCUDA)
+    compat_driver: bool = False
+
+    @property
+    def compat_libcuda(self) -> str:
+        """The cuda-compat package's libcuda.so.1 for this CUDA version, or ""."""
+        return f"/usr/local/cuda-{self.version}/compat/libcuda.so.1" if self.compat_driver else ""
 
     @property
     def sm_numbers(self) -> tuple[int, ...]:
@@ -585,7 +594,7 @@ def _device(c: _Checker, v: Any, k: tuple[str, ...]) -> DeviceSpec:
 
 
 def _cuda(c: _Checker, v: Any, k: tuple[str, ...]) -> CudaSpec:
-    m = c.mapping(v, k, ("version", "archs"), ("igpu", "spills"))
+    m = c.mapping(v, k, ("version", "archs"), ("igpu", "spills", "compat_driver"))
     version = c.string(m["version"], (*k, "version"))
     c.enum(version, (*k, "version"), CUDA_VERSIONS)
     archs = c.typed(m["archs"], (*k, "archs"), list, "a list of SMs such as [sm_87]")
@@ -602,7 +611,9 @@ def _cuda(c: _Checker, v: Any, k: tuple[str, ...]) -> CudaSpec:
         raise c.fail((*k, "archs"), f"duplicate SMs in {archs}")
     igpu = c.typed(m.get("igpu", False), (*k, "igpu"), bool, "true or false")
     spills = c.enum(m.get("spills", "warn"), (*k, "spills"), SPILL_POLICIES)
-    return CudaSpec(version=version, archs=tuple(archs), igpu=igpu, spills=spills)
+    compat = c.typed(m.get("compat_driver", False), (*k, "compat_driver"), bool, "true or false")
+    return CudaSpec(version=version, archs=tuple(archs), igpu=igpu, spills=spills,
+                    compat_driver=compat)
 
 
 def _colibri(c: _Checker, v: Any, k: tuple[str, ...]) -> ColibriSpec:
@@ -696,7 +707,8 @@ def _resolved_dict(p: Profile) -> dict[str, Any]:
         "cuda": None if p.cuda is None else
         {"version": p.cuda.version, "archs": list(p.cuda.archs), "igpu": p.cuda.igpu,
          # only when set: the default keeps every existing profile's hash
-         **({"spills": p.cuda.spills} if p.cuda.spills != "warn" else {})},
+         **({"spills": p.cuda.spills} if p.cuda.spills != "warn" else {}),
+         **({"compat_driver": True} if p.cuda.compat_driver else {})},
         "colibri": {"embed_pad": p.colibri.embed_pad, "stream_count": p.colibri.stream_count,
                     "routing_mode": p.colibri.routing_mode, "top_k": p.colibri.top_k,
                     "max_experts": p.colibri.max_experts},

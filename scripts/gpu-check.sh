@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
 # GPU check for a machine with an NVIDIA GPU and no network (docs/cuda.md, "GPU check").
 #
-#   scripts/gpu-check.sh --prepare DIR [--sm N] [--binary PATH]
+#   scripts/gpu-check.sh --prepare DIR [--sm N] [--binary PATH] [--models PATTERNS] [--bench "P G R"]
+#                        [--large-args "..."] [--no-large] [--call-budget "S1 S2"]
 #       here (no GPU needed): a host build with the sm_N cubin + PTX (default sm_90: H100/H200),
-#       a model of every family x weight type with its expected CPU logits and greedy ids, and the
-#       run script, into DIR (checked to be <= 64 MiB; the size is printed).
-#   scripts/gpu-check.sh DIR [--skip-large] [--large-args "..."] [--bench "..."] [--probe-mib N]
-#       on the GPU machine (bash + python3's standard library + DIR only): forward --backend cuda
-#       vs the CPU logits, greedy equality, decode tok/s with/without the CUDA graph (and weights
-#       mapped on a Jetson) vs the performance model, the copy bandwidth, a large synth model's
-#       decode bandwidth. One report: DIR/report.{txt,json}. Exit 0: every check passed, 1: not.
+#       a model of every family x weight type and the coverage models with their expected CPU
+#       logits and greedy ids, the run script and the run plan, into DIR (<= 64 MiB, printed).
+#   scripts/gpu-check.sh DIR [--call 1|2|all] [--out DIR2] [--only STEPS] [--list]
+#       on the GPU machine (bash + python3's standard library + DIR only): the plan's steps, each
+#       with its own timeout; call 1 correctness (logits, greedy ids, determinism, sanitizers),
+#       call 2 speed and coverage (benches vs the performance model, the large model, coverage
+#       models). Each finished step is appended to DIR2/report.jsonl (and report.txt) at once.
+#       Exit 0: every check passed, 1: not, 2: DIR is not a prepared directory.
 set -euo pipefail
 
 usage() {
-    sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
     exit "${1:-2}"
 }
 
@@ -37,7 +39,7 @@ case "$1" in
         fi
         [[ -n $py ]] || { echo "gpu-check: --prepare needs the kit's Python (numpy, PyYAML): set PYTHON" >&2; exit 2; }
         cd "$root"
-        PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" exec "$py" -m colibri_kit.gpucheck "$@"
+        exec "$py" "$here/gpu_check_prepare.py" "$@"
         ;;
     -*) usage ;;
 esac

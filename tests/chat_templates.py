@@ -5,6 +5,8 @@ the Hugging Face Hub; the copies here were checked against the public sources na
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 # Qwen2 / Qwen1.5-MoE / Qwen2-57B-A14B-Instruct (ChatML with a default system message).
 # Source: tokenizer_config.json of Qwen/Qwen2-57B-A14B-Instruct; the same string appears in
 # public code, e.g. the Qwen2 fine-tuning TEMPLATE and MothMalone/SLMS-KD-Benchmarks configs.
@@ -205,3 +207,34 @@ SYSTEM_IN_LAST_TURN = """{%- if messages[0]['role'] == 'system' %}
         {{- ' ' + message['content'] + eos_token}}
     {%- endif %}
 {%- endfor %}"""
+
+
+# ---- the new families: the templates as files (verbatim), tests/data/chat_templates/ ----------
+# gpt-oss.jinja: openai/gpt-oss-20b's chat_template.jinja as transformers' converter
+#   (src/transformers/models/gpt_oss/convert_gpt_oss_weights_to_hf.py, write_tokenizer: "Updated
+#   Harmony chat template") writes it; the first release (llama.cpp's
+#   models/templates/openai-gpt-oss-120b.jinja) put "\n\n" after the developer instructions
+#   unconditionally, the updated text only before tools, as openai-harmony renders.
+# qwen3_5-moe.jinja: Qwen/Qwen3.5-35B-A3B's chat_template.jinja, as copied into
+#   mlx-community/Qwen3.5-35B-A3B-4bit, with the SHA256 published beside that copy.
+# qwen3-2507-instruct.jinja / qwen3-2507-thinking.jinja: the Qwen3 2507 templates (Instruct and
+#   Thinking) that Qwen3-Next-80B-A3B-Instruct / -Thinking ship (the Thinking one opens <think> in
+#   the generation prompt; MERA's published Qwen3-Next-80B-A3B-Thinking submission shows the
+#   same text), as unsloth's chat_templates.py carries them ("qwen3-instruct", "qwen3-thinking").
+TEMPLATE_DIR = Path(__file__).resolve().parent / "data" / "chat_templates"
+TEMPLATE_FILES = {"gpt-oss": "gpt-oss.jinja", "qwen3_5-moe": "qwen3_5-moe.jinja",
+                  "qwen3-next-instruct": "qwen3-2507-instruct.jinja",
+                  "qwen3-next-thinking": "qwen3-2507-thinking.jinja"}
+# name -> (bos_token, eos_token) of the checkpoints' tokenizer_config.json
+NEW_TEMPLATES = {"gpt-oss": ("<|startoftext|>", "<|return|>"), "qwen3_5-moe": ("", "<|im_end|>"),
+                 "qwen3-next-instruct": ("", "<|im_end|>"), "qwen3-next-thinking": ("", "<|im_end|>")}
+SHA256 = {
+    "qwen3_5-moe": "a4aee8afcf2e0711942cf848899be66016f8d14a889ff9ede07bca099c28f715",  # published
+    "gpt-oss": "b474759b33c21342e73abceae7fe3789f062e289f69749801f722a508f92180a",
+    "qwen3-next-instruct": "db733d157125e57af0ab7b0529d50bd2abd61315b431c53213221930db441edb",
+    "qwen3-next-thinking": "3802169b2a02b81e6adb7ab4f64f91ff02db753c8c3a64a01c35192d3a61d8d7",
+}
+
+
+def template_text(name: str) -> str:
+    return (TEMPLATE_DIR / TEMPLATE_FILES[name]).read_text(encoding="utf-8")

@@ -19,9 +19,6 @@ from test_runtime_layout import find_cycles
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "colibri_kit"
 OUTSIDE = ("benchmarks", "tests", "scripts")
-# Product modules that still reach into benchmarks/, tests/ or scripts/ (by import, or by loading a
-# file from there): the one known exception.
-KNOWN_OUTSIDE = {"colibri_kit.gpucheck"}   # issue 20 removes it
 # Calls that load code from a path (importlib.util.spec_from_file_location, runpy.run_path,
 # importlib.machinery.SourceFileLoader) or change where imports come from (sys.path).
 LOADERS = {"spec_from_file_location", "run_path", "SourceFileLoader", "SourcelessFileLoader"}
@@ -112,4 +109,4 @@ def reaches_outside(name: str, path: Path) -> list[str]:
 def test_the_product_imports_nothing_from_benchmarks_tests_or_scripts() -> None:
     offenders = {name: reaches_outside(name, path) for name, path in modules().items()}
     offenders = {name: what for name, what in offenders.items() if what}
-    assert set(offenders) - KNOWN_OUTSIDE == set(), offenders
+    assert offenders == {}

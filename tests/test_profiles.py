@@ -406,7 +406,7 @@ def test_invoke_targets_lists_and_shows():
     assert shown.returncode == 0, shown.stderr
     doc = yaml.safe_load(shown.stdout)
     assert doc["hash"] == load_profile("xavier-nx").hash
-    assert doc["cuda"] == {"version": "11.8", "archs": ["sm_72"], "igpu": True}
+    assert doc["cuda"] == {"version": "11.8", "archs": ["sm_72"], "igpu": True, "compat_driver": True}
     assert doc["tune"]["nvpmodel_mode"] == "MODE_20W_6CORE"
 
 

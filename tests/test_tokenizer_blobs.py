@@ -124,14 +124,15 @@ def test_model_info_shows_tokenizer_and_chat_template(trained: dict[str, Path], 
     assert doc["tokenizer"]["model"] == "byte_level_bpe" and doc["tokenizer"]["vocab"] == len(spec.vocab)
     tpl = doc["chat_template"]
     sha = hashlib.sha256(template.encode()).hexdigest()
-    assert tpl["source_sha256"] == sha and tpl["roles"] == ["system", "user", "assistant"]
+    # ChatML renders any role name: a developer message too (colibri_kit/model/chat.py probes it)
+    assert tpl["source_sha256"] == sha and tpl["roles"] == ["system", "developer", "user", "assistant"]
     assert "start.system" in tpl["keys"] and "gen.user" in tpl["keys"] and "source.sha256" not in tpl["keys"]
     assert tpl["system_message"] and tpl["generation_prompt"]
     # the example is what jinja2 renders for [user "Hello"] with the generation prompt
     assert tpl["example"] == chat.Renderer(template, bos, eos).render(
         [{"role": "user", "content": "Hello"}], True)
     assert f"tokenizer: byte_level_bpe, {len(spec.vocab)} pieces" in r.stderr
-    assert f"chat template: system, user, assistant (sha256 {sha[:12]})" in r.stderr
+    assert f"chat template: system, developer, user, assistant (sha256 {sha[:12]})" in r.stderr
     r = info(bare)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)

@@ -434,6 +434,7 @@ def deploy_host(remote: Remote, host: Host, art: Artifact, *,
         result.uploaded += _upload_model(remote, art, root, hooks)
     if not have_release:
         result.uploaded += _upload_release(remote, art, root, hooks)
+    _check_loaded_driver(remote, host, art, result)
     result.previous = state.current
     changed = state.current != art.release_id
     out = None
@@ -462,6 +463,25 @@ def deploy_host(remote: Remote, host: Host, art: Artifact, *,
     if out is not None and out.state is not ServiceStep.UNCHANGED:
         result.detail += f"; {out.detail}"
     return result
+
+
+def _check_loaded_driver(remote: Remote, host: Host, art: Artifact, result: HostResult) -> None:
+    """The driver check on the answer of the binary itself: the release's colibri says which
+    libcuda it loaded and that driver's version (release.loaded_driver); one that cannot run the
+    build refuses the release before ``current`` moves (it stays uploaded, not current). A device
+    where the binary opens no GPU keeps the file-based verdict of check_device."""
+    profile = art.profile
+    if profile.cuda is None or "bin/colibri" not in art.files:
+        return
+    binary = posixpath.join(rel.release_dir(host.root, art.release_id), "bin", "colibri")
+    answer = rel.loaded_driver(remote, binary)
+    if answer is None:
+        return
+    verdict = rel.loaded_driver_verdict(answer, profile)
+    result.extra["driver"] = f"{answer['driver_version']} ({answer['libcuda']})"
+    if not verdict.runs:
+        raise FleetError(f"{host.name}: {verdict.message}; release {art.release_id} not "
+                         f"activated, the previous release stays current")
 
 
 def host_results(results: Results[HostResult], release: str = "-") -> list[HostResult]:

@@ -190,6 +190,35 @@ def driver_verdict(info: DeviceInfo, profile: Profile) -> jetson.DriverVerdict |
                                 v.notes)
 
 
+def loaded_driver(remote: Remote, binary: str) -> dict | None:
+    """What the deployed binary itself loads: `colibri gpuprobe --json` (a 1 MiB copy) names the
+    libcuda it opened (the profile's cuda-compat driver by path, else the system's) and that
+    driver's cuDriverGetVersion. None when it opens no GPU (no driver, an emulated device)."""
+    res = remote.run([binary, "gpuprobe", "--mib", "1", "--iters", "1", "--json"], check=False,
+                     timeout=120)
+    if res.exit_code != 0:
+        return None
+    try:
+        answer = json.loads(res.stdout)
+        int(answer["driver_version"]), str(answer["libcuda"]), int(answer["sm"])
+    except (ValueError, KeyError, TypeError):
+        return None
+    return answer
+
+
+def loaded_driver_verdict(answer: dict, profile: Profile) -> jetson.DriverVerdict:
+    """Whether the driver the binary loaded (loaded_driver's answer) runs the profile's build:
+    the rule of driver_verdict, on the version the driver reports instead of the one the device's
+    files suggest."""
+    driver = jetson.CudaVersion.parse(int(answer["driver_version"]))
+    build = jetson.CudaVersion.parse(profile.cuda.version)
+    sm = f"sm_{int(answer['sm'])}"
+    v = jetson.check_cuda_driver(driver, build, sm, profile.sms, build_ptx_isa(build))
+    where = jetson.clean(str(answer["libcuda"]))
+    return jetson.DriverVerdict(v.runs, v.how, f"colibri loaded {where} (CUDA driver {driver}): "
+                                f"{v.message}", v.notes)
+
+
 def check_device(info: DeviceInfo, profile: Profile, host_name: str) -> list[str]:
     """Problems (empty when the device is the kind ``profile`` targets)."""
     problems = []

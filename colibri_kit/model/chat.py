@@ -2,8 +2,8 @@
 
 The runtime has no Jinja engine. Instead the converter renders the template with jinja2 (set up
 the way transformers' `apply_chat_template` sets it up: sandboxed, `trim_blocks`,
-`lstrip_blocks`, `raise_exception`) on probe conversations whose contents are unique markers,
-and keeps the text the template puts around the contents:
+`lstrip_blocks`, `raise_exception`, `strftime_now`) on probe conversations whose contents are
+unique markers, and keeps the text the template puts around the contents:
 
     start.R          before the first message when it has role R (BOS text included)
     between.R.S      between a message of role R and the next one of role S
@@ -11,16 +11,32 @@ and keeps the text the template puts around the contents:
     end.R            after the last message (role R), no generation prompt
     gen.R            after the last message (role R) with the generation prompt
 
-Conversations have the shape every supported family uses: an optional system message, then
-user and assistant alternating, starting with user (a system message alone is refused when the
-template drops it). An entry is absent when the template refuses
-that step (e.g. Mixtral's original template raises on a system message); the runtime then refuses
-such a conversation naming the step. The table is checked against jinja2 on every conversation
-of that shape up to 7 messages, with and without the generation prompt, and on contents with
-surrounding spaces and newlines; a template whose text depends on anything else (contents it
-trims or inspects, positions further away than the neighbouring message, a system message placed
-into a later turn) is refused, naming the first conversation that differs. `--chat-template
-FILE` replaces the checkpoint's template.
+Conversations have the shape every supported family uses: an optional system or developer
+message, then user and assistant alternating, starting with user. An entry is absent when the
+template refuses that step (Mixtral's original template raises on a system message, Qwen's on a
+developer one); the runtime then refuses such a conversation naming the step.
+
+What the templates of gpt-oss (harmony) and Qwen3 / Qwen3.5 / Qwen3-Next need besides (docs/format.md):
+    placeholders     in a text, NUL + name + NUL: `strftime:FMT` (the template's strftime_now(FMT),
+                     the current date in gpt-oss's system message) and `reasoning_effort`
+                     (`default.reasoning_effort` holds the template's default, "medium")
+    KEY|enable_thinking=true|false   the text of KEY when enable_thinking is set so (Qwen3.5's
+                     generation prompt opens or closes the <think> block)
+    xf.KEY           what is done to the content after KEY: strip (Jinja's trim), lstrip_nl,
+                     after_think (the text after the last </think>), comma-separated, in order
+    refuse.KEY       contents the template treats specially that the table cannot reproduce,
+                     one rule a line: empty, has:S, wrap:A|B; the runtime refuses them, saying so
+    empty.KEY = drop an empty first (system/developer) message is left out (gpt-oss)
+    output.format    harmony or think: how the model's output splits into channels (harmony.c)
+Tools, tool calls, images and other template variables (builtin_tools, model_identity) are not
+expressible: the runtime never sets them, as if the caller had left them undefined.
+
+The table is checked against jinja2 on every conversation of that shape up to 7 messages, with
+and without the generation prompt, for every enable_thinking value and reasoning effort the
+template uses, on contents with surrounding spaces and newlines; a template whose text depends on
+anything else (contents it inspects beyond the rules above, positions further away than the
+neighbouring message, a system message placed into a later turn) is refused, naming the first
+conversation that differs. `--chat-template FILE` replaces the checkpoint's template.
 
 Blob `chat.template` (docs/format.md): "CHT1", u32 entry count, then per entry u32 key length,
 key (ASCII), u32 value length, value (UTF-8); little-endian; keys sorted.
@@ -39,7 +55,10 @@ from typing import Any
 
 from colibri_kit.errors import ModelError
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "developer", "user", "assistant")
+FIRST_ROLES = ("system", "developer")  # may open a conversation
+EFFORTS = ("low", "medium", "high")     # openai-harmony's ReasoningEffort values
+VAR = "\x00"                            # placeholder delimiter in the table's texts
 MAGIC = b"CHT1"
 MAX_PROBE = 7  # messages in the longest verified conversation
 
@@ -99,28 +118,57 @@ def _environment() -> Any:
     return env
 
 
+@dataclass(frozen=True)
+class Options:
+    """What the runtime passes to the template besides the messages (colibri_chat_options)."""
+
+    enable_thinking: bool | None = None  # None: undefined in the template (its default)
+    reasoning_effort: str | None = None  # None: undefined (the template's default)
+    now: float = 0.0                     # the time strftime_now formats (local time)
+
+
+def _strftime_at(now: float) -> Any:
+    return lambda fmt: time.strftime(fmt, time.localtime(now))
+
+
+def _placeholder(name: str) -> str:
+    return f"{VAR}{name}{VAR}"
+
+
 class Renderer:
     """A compiled template plus the special-token strings it refers to."""
 
     def __init__(self, template: str, bos_token: str = "", eos_token: str = "") -> None:
         import jinja2
+        from jinja2 import meta
 
+        env = _environment()
         try:
-            self.template = _environment().from_string(template)
+            self.template = env.from_string(template)
+            names = meta.find_undeclared_variables(env.parse(template))
         except jinja2.exceptions.TemplateSyntaxError as e:
             raise TemplateError(f"chat template: Jinja syntax error at line {e.lineno}: {e.message}") from e
         except (SyntaxError, RecursionError, MemoryError) as e:  # Python refuses the compiled code
             raise TemplateError(f"chat template: cannot be compiled ({type(e).__name__})") from None
-        self.bos_token, self.eos_token = bos_token, eos_token
+        self.bos_token, self.eos_token, self.source = bos_token, eos_token, template
+        # the template variables colibri sets (the others stay undefined: tools, builtin_tools, ...)
+        self.uses = frozenset(n for n in ("enable_thinking", "reasoning_effort", "strftime_now") if n in names)
 
-    def render(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str | None:
-        """The text, or None when the template refuses the conversation (raise_exception etc.)."""
+    def render(self, messages: list[dict[str, str]], add_generation_prompt: bool, opts: Options = Options(),
+               strftime: Any = None, effort: str | None = None) -> str | None:
+        """The text, or None when the template refuses the conversation (raise_exception etc.).
+        strftime / effort: what strftime_now and reasoning_effort give instead of opts' (probing)."""
         import jinja2
 
+        extra: dict[str, Any] = {"strftime_now": strftime or _strftime_at(opts.now)}
+        if opts.enable_thinking is not None:
+            extra["enable_thinking"] = opts.enable_thinking
+        if effort is not None or opts.reasoning_effort is not None:
+            extra["reasoning_effort"] = effort if effort is not None else opts.reasoning_effort
         try:
             text = self.template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                        bos_token=self.bos_token, eos_token=self.eos_token)
-        except (jinja2.exceptions.TemplateError, TypeError, KeyError, IndexError, AttributeError):
+                                        bos_token=self.bos_token, eos_token=self.eos_token, **extra)
+        except (jinja2.exceptions.TemplateError, TypeError, KeyError, IndexError, AttributeError, ValueError):
             return None
         except MemoryError:
             raise _limit_exceeded(f"needs more than {RENDER_MEMORY >> 20} MiB of memory") from None
@@ -133,15 +181,29 @@ class Renderer:
 
 
 def shapes(max_len: int = MAX_PROBE) -> list[tuple[str, ...]]:
-    """Every role sequence of the supported shape: [system] user assistant user ... (1..max_len)."""
+    """Every role sequence of the supported shape: [system|developer] user assistant user ...
+    (1..max_len messages), and a lone system or developer message."""
     out = []
     for n in range(1, max_len + 1):
         turns = tuple(("user", "assistant")[i % 2] for i in range(n))
         out.append(turns)
         if n < max_len:
-            out.append(("system",) + turns)
-    out.append(("system",))
+            out += [(first,) + turns for first in FIRST_ROLES]
+    out += [(first,) for first in FIRST_ROLES]
     return out
+
+
+def _shape_ok(roles: tuple[str, ...]) -> bool:
+    return bool(roles) and roles in set(shapes(len(roles)))
+
+
+def step_keys(roles: tuple[str, ...] | list[str], gen: bool) -> list[str]:
+    """The table key before each message's content, then the one after the last message."""
+    keys = [f"start.{roles[0]}"]
+    for i in range(1, len(roles)):
+        keys.append(f"{'last' if i == len(roles) - 1 else 'between'}.{roles[i - 1]}.{roles[i]}")
+    keys.append(f"{'gen' if gen else 'end'}.{roles[-1]}")
+    return keys
 
 
 def _marker(i: int) -> str:
@@ -162,28 +224,69 @@ def _segments(text: str, n: int) -> list[str] | None:
     return segs
 
 
-def derive(r: Renderer) -> dict[str, str]:
-    """The table, from the minimal probe for each entry (verify() checks it on everything)."""
+# ---- what the runtime does to a message's content before it goes between the fixed texts ----
+# Each is what a real template does (tests/data/chat_templates): Python's str.strip() (Jinja's
+# `trim`, Qwen3.5), .lstrip('\n') (Qwen3's last assistant turn), and the Qwen3 families'
+# content.split('</think>')[-1].lstrip('\n') on earlier assistant turns. Each gives a substring.
+OPS = ("strip", "lstrip_nl", "after_think")
+
+
+def _apply(ops: tuple[str, ...], s: str) -> str:
+    for op in ops:
+        if op == "strip":
+            s = s.strip()
+        elif op == "lstrip_nl":
+            s = s.lstrip("\n")
+        elif op == "after_think" and "</think>" in s:
+            s = s.split("</think>")[-1].lstrip("\n")
+    return s
+
+
+PIPELINES = [()] + [(a,) for a in OPS] + [(a, b) for a in OPS for b in OPS if a != b]
+
+# Contents the table must render as jinja2 does, whatever transform the slot has.
+PLAIN_PROBES = ["message: hello", "  padded  \n\n", "\n\nnewlines first\n", "\t\u3000wide\u00a0\u2003", "a\nb"]
+# Contents real templates inspect (raise_exception on, or move elsewhere): where the table cannot
+# give jinja2's text, the runtime refuses such a content with this rule: "empty", "has:S" (the
+# transformed content contains S) or "wrap:A|B" (it starts with A and ends with B).
+RULE_PROBES = [
+    ("", "empty"),
+    ("<think>\nreason\n</think>\n\nanswer", "has:</think>"), ("a </think> b", "has:</think>"),
+    ("<think>open", "has:<think>"),
+    ("x<|channel|>analysis<|message|>y", "has:<|channel|>analysis<|message|>"),
+    ("x<|channel|>final<|message|>y", "has:<|channel|>final<|message|>"),
+    ("<tool_response>\nresult\n</tool_response>", "wrap:<tool_response>|</tool_response>"),
+]
+
+
+def _rule_hits(rule: str, s: str) -> bool:
+    kind, _, arg = rule.partition(":")
+    if kind == "empty":
+        return s == ""
+    if kind == "has":
+        return arg in s
+    a, _, b = arg.partition("|")
+    return s.startswith(a) and s.endswith(b)
+
+
+def _fixed_table(r: Renderer, opts: Options, strftime: Any, effort: str | None) -> dict[str, str]:
+    """The fixed texts, from the minimal probe for each entry (verify() checks them)."""
     table: dict[str, str] = {}
     for roles in shapes(4):
         for gen in (False, True):
             msgs = [{"role": role, "content": _marker(i)} for i, role in enumerate(roles)]
-            text = r.render(msgs, gen)
+            text = r.render(msgs, gen, opts, strftime, effort)
             if text is None:
                 continue
             segs = _segments(text, len(roles))
-            if segs is None and roles == ("system",):
-                continue  # a lone system message that the template drops: not renderable
+            if segs is None and roles[0] in FIRST_ROLES and _segments(text, 0) is not None and \
+                    _marker(0) not in text:
+                continue  # the template drops this first message (e.g. Qwen3 a developer one)
             if segs is None:
                 raise TemplateError(
-                    "chat template does not put each message's content into the text once and "
-                    f"unchanged (conversation {list(roles)})")
-            keys = [f"start.{roles[0]}"]
-            for i in range(1, len(roles)):
-                kind = "last" if i == len(roles) - 1 else "between"
-                keys.append(f"{kind}.{roles[i - 1]}.{roles[i]}")
-            keys.append(f"{'gen' if gen else 'end'}.{roles[-1]}")
-            for key, seg in zip(keys, segs):
+                    "chat template does not put each message's content into the text once and unchanged "
+                    f"(conversation {list(roles)})")
+            for key, seg in zip(step_keys(roles, gen), segs):
                 if key in table and table[key] != seg:
                     raise TemplateError(
                         f"chat template: the text at {key!r} depends on more than the neighbouring "
@@ -196,49 +299,206 @@ def derive(r: Renderer) -> dict[str, str]:
     return table
 
 
-def render_table(table: dict[str, str], messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+def _transforms(r: Renderer, table: dict[str, str], strftime: Any, effort: str | None) -> dict[str, str]:
+    """For each content slot, the transform (and the refusal rules) under which the table gives
+    jinja2's text for every probe content, other messages being markers."""
+    cases: dict[str, list[tuple[tuple[str, ...], int, bool]]] = {}
+    for roles in shapes(4):
+        for gen in (False, True):
+            for i, key in enumerate(step_keys(roles, gen)[:-1]):
+                cases.setdefault(key, []).append((roles, i, gen))
+    out: dict[str, str] = {}
+    rules: dict[str, set[str]] = {}
+    for key, where in sorted(cases.items()):
+        if key not in table:
+            continue
+        renders = []  # (messages, gen, jinja2's text, rule or None)
+        for roles, i, gen in where:
+            base = [{"role": role, "content": _marker(j)} for j, role in enumerate(roles)]
+            if _render_or_none(table, base, gen, strftime, effort) is None:
+                continue  # a step the table does not have (the template refuses it)
+            for content, rule in [(c, None) for c in PLAIN_PROBES] + RULE_PROBES:
+                msgs = [dict(m) for m in base]
+                msgs[i]["content"] = content
+                renders.append((msgs, gen, i, r.render(msgs, gen, Options(), strftime, effort), rule))
+        best: tuple[int, tuple[str, ...], set[str]] | None = None
+        for ops in PIPELINES:
+            trial = {**table, f"xf.{key}": ",".join(ops)}
+            failed: set[str] = set()
+            ok = True
+            for msgs, gen, i, want, rule in renders:
+                try:
+                    got: str | None = render_table(trial, msgs, gen, Options(), strftime, effort)
+                except TemplateError:
+                    got = None
+                if got == want:
+                    continue
+                if rule is None:
+                    ok = False
+                    break
+                if rule == "empty" and i == 0 and len(msgs) > 1 and want is not None and \
+                        want == _render_or_none(trial, msgs[1:], gen, strftime, effort):
+                    failed.add("drop")
+                    continue
+                if rule == "empty" and i == 0 and len(msgs) == 1 and "drop" in failed:
+                    continue  # a lone empty first message: refused with empty.KEY = drop
+                failed.add(rule)
+            if ok and (best is None or len(failed) < best[0]):
+                best = (len(failed), ops, failed)
+        if best is None:
+            raise TemplateError(f"chat template changes the content at {key!r} in a way colibri cannot store "
+                                f"(tried {', '.join('+'.join(p) or 'as is' for p in PIPELINES)})")
+        _, ops, failed = best
+        if ops:
+            out[f"xf.{key}"] = ",".join(ops)
+        if "drop" in failed:
+            out[f"empty.{key}"] = "drop"
+            failed.discard("drop")
+        rules.setdefault(key.split(".")[-1], set()).update(failed)
+    # a rule found for one slot of a role holds for every slot of it: what a template inspects in
+    # a content can matter in longer conversations than the probes (Qwen's tool-response scan)
+    for key in cases:
+        if key in table and rules.get(key.split(".")[-1]):
+            out[f"refuse.{key}"] = "\n".join(sorted(rules[key.split(".")[-1]]))
+    return out
+
+
+def _render_or_none(table: dict[str, str], msgs: list[dict[str, str]], gen: bool, strftime: Any,
+                    effort: str | None) -> str | None:
+    if not msgs:
+        return None
+    try:
+        return render_table(table, msgs, gen, Options(), strftime, effort)
+    except TemplateError:
+        return None
+
+
+def derive(r: Renderer) -> dict[str, str]:
+    """The table: fixed texts (with the date and reasoning effort as placeholders), per-variant
+    texts for enable_thinking, content transforms and refusal rules, the output format."""
+    date = (lambda fmt: _placeholder(f"strftime:{fmt}"))
+    effort = _placeholder("reasoning_effort") if "reasoning_effort" in r.uses else None
+    table = _fixed_table(r, Options(), date, effort)
+    if effort is not None and not any(effort in v for v in table.values()):
+        effort = None  # referenced only where colibri never goes (tools)
+    if effort is not None:
+        probe = [{"role": "user", "content": _marker(0)}]
+        mark, plain = r.render(probe, True, Options(), date, effort), r.render(probe, True, Options(), date)
+        default = None
+        if mark is not None and plain is not None and mark.count(effort) == 1:
+            a, b = mark.split(effort)
+            if plain.startswith(a) and plain.endswith(b) and len(plain) >= len(a) + len(b):
+                default = plain[len(a):len(plain) - len(b)]
+        if default is None or VAR in default:
+            raise TemplateError("chat template uses reasoning_effort in a way colibri cannot store "
+                                "(not as text put in place)")
+        table["default.reasoning_effort"] = default
+    if "enable_thinking" in r.uses:
+        for value in (True, False):
+            variant = _fixed_table(r, Options(enable_thinking=value), date, effort)
+            if set(variant) != set(table):
+                raise TemplateError("chat template: enable_thinking changes which conversations it "
+                                    "accepts; colibri stores only text that changes with it")
+            for k, v in variant.items():
+                if v != table[k]:
+                    table[f"{k}|enable_thinking={'true' if value else 'false'}"] = v
+    table.update(_transforms(r, table, date, effort))
+    source = r.source
+    gen = table.get("gen.user", "")
+    if "<|channel|>" in source and gen.endswith("<|start|>assistant"):
+        table["output.format"] = "harmony"
+    elif "<think>" in source and "</think>" in source:
+        table["output.format"] = "think"
+    return table
+
+
+def _substitute(value: str, opts: Options, table: dict[str, str], strftime: Any, effort: str | None) -> str:
+    if VAR not in value:
+        return value
+    parts = value.split(VAR)
+    out = [parts[0]]
+    for name, text in zip(parts[1::2], parts[2::2]):
+        if name == "reasoning_effort":
+            out.append(effort if effort is not None else
+                       opts.reasoning_effort or table.get("default.reasoning_effort", ""))
+        elif name.startswith("strftime:"):
+            out.append((strftime or _strftime_at(opts.now))(name[len("strftime:"):]))
+        out.append(text)
+    return "".join(out)
+
+
+def _lookup(table: dict[str, str], key: str, opts: Options) -> str | None:
+    if opts.enable_thinking is not None:
+        v = table.get(f"{key}|enable_thinking={'true' if opts.enable_thinking else 'false'}")
+        if v is not None:
+            return v
+    return table.get(key)
+
+
+def render_table(table: dict[str, str], messages: list[dict[str, str]], add_generation_prompt: bool,
+                 opts: Options = Options(), strftime: Any = None, effort: str | None = None) -> str:
     """What the C runtime does with the table (runtime/src/text/chat.c); raises on a refused step."""
     roles = [m["role"] for m in messages]
-    if not messages or tuple(roles) not in set(shapes(len(roles))):
-        raise TemplateError(f"conversation roles {roles}: expected an optional system message, then "
-                            "user and assistant alternating, starting with user")
+    if opts.reasoning_effort is not None and opts.reasoning_effort not in EFFORTS:
+        raise TemplateError(f"reasoning effort {opts.reasoning_effort!r}: expected one of {', '.join(EFFORTS)}")
+    if not _shape_ok(tuple(roles)):
+        raise TemplateError(f"conversation roles {roles}: expected an optional system or developer message, "
+                            "then user and assistant alternating, starting with user")
+    first = step_keys(roles, add_generation_prompt)[0]
+    if messages[0]["content"] == "" and table.get(f"empty.{first}") == "drop":
+        if len(messages) == 1:
+            raise TemplateError(f"an empty {roles[0]} message alone: the chat template leaves it out")
+        messages = messages[1:]
+        roles = roles[1:]
+    keys = step_keys(roles, add_generation_prompt)
     out = []
-    for i, m in enumerate(messages):
-        if i == 0:
-            key = f"start.{m['role']}"
-        else:
-            key = f"{'last' if i == len(messages) - 1 else 'between'}.{roles[i - 1]}.{m['role']}"
-        if key not in table:
+    for i, key in enumerate(keys):
+        text = _lookup(table, key, opts)
+        if text is None:
             raise TemplateError(f"the chat template does not allow this step ({key})")
-        out += [table[key], m["content"]]
-    key = f"{'gen' if add_generation_prompt else 'end'}.{roles[-1]}"
-    if key not in table:
-        raise TemplateError(f"the chat template does not allow this step ({key})")
-    out.append(table[key])
+        out.append(_substitute(text, opts, table, strftime, effort))
+        if i == len(messages):
+            break
+        content = _apply(tuple(x for x in table.get(f"xf.{key}", "").split(",") if x), messages[i]["content"])
+        for rule in table.get(f"refuse.{key}", "").split("\n"):
+            if rule and _rule_hits(rule, content):
+                raise TemplateError(f"message {i} ({roles[i]}): the chat template treats this content specially "
+                                    f"({rule}); colibri does not render it")
+        out.append(content)
     return "".join(out)
 
 
 def verify(r: Renderer, table: dict[str, str]) -> None:
-    """Every conversation shape up to MAX_PROBE messages, two kinds of content, both modes."""
-    contents = [lambda i: f"message {i}: hello", lambda i: f"  padded {i}\n\n"]
-    for roles, gen, content in itertools.product(shapes(), (False, True), contents):
+    """Every conversation shape up to MAX_PROBE messages, three kinds of content, with and
+    without the generation prompt, every enable_thinking value and reasoning effort the template
+    uses, at a fixed time: the table gives jinja2's text or refuses where jinja2 refuses."""
+    contents = [lambda i: f"message {i}: hello", lambda i: f"  padded {i}\n\n",
+                lambda i: PLAIN_PROBES[i % len(PLAIN_PROBES)]]
+    thinking = (None, True, False) if "enable_thinking" in r.uses else (None,)
+    efforts = (None, "low", "high") if "default.reasoning_effort" in table else (None,)
+    now = 1767225600.0 + 86399  # 2025-12-31T23:59:59Z: a date whose local day differs by zone
+    for roles, gen, content, think, effort in itertools.product(shapes(), (False, True), contents, thinking, efforts):
+        opts = Options(enable_thinking=think, reasoning_effort=effort, now=now)
         msgs = [{"role": role, "content": content(i)} for i, role in enumerate(roles)]
-        want = r.render(msgs, gen)
+        want = r.render(msgs, gen, opts)
         try:
-            got = render_table(table, msgs, gen)
+            got: str | None = render_table(table, msgs, gen, opts)
         except TemplateError:
             got = None
-        if got is None and roles == ("system",):
-            continue  # derive() left it out: the template drops a lone system message
+        if got is None and roles[0] in FIRST_ROLES and (len(roles) == 1 or f"start.{roles[0]}" not in table):
+            continue  # the template drops this first message (a lone one, Qwen3's developer): refused
+        if want is not None and VAR in want:
+            raise TemplateError("chat template output contains NUL characters")
         if want != got:
             what = ("renders it but the table refuses it" if got is None else
                     "refuses it but the table renders it" if want is None else
                     "renders it differently from the table")
             raise TemplateError(
                 f"chat template cannot be stored as a table: jinja2 {what} for conversation "
-                f"{[m['role'] for m in msgs]} (generation prompt {gen}, contents like "
-                f"{msgs[0]['content']!r}); it depends on message contents or on positions beyond "
-                "the neighbouring message. Give a simpler template with --chat-template FILE.")
+                f"{[m['role'] for m in msgs]} (generation prompt {gen}, enable_thinking {think}, "
+                f"reasoning effort {effort}, contents like {msgs[0]['content']!r}); it depends on "
+                "message contents or on positions beyond the neighbouring message. Give a simpler "
+                "template with --chat-template FILE.")
 
 
 def encode(table: dict[str, str]) -> bytes:
@@ -399,11 +659,17 @@ def describe(blob: bytes | None) -> dict[str, Any] | None:
         return None
     table = decode(blob)
     sha = table.pop("source.sha256", None)
-    roles = sorted({part for key in table for part in key.split(".")[1:] if part in ROLES}, key=ROLES.index)
+    roles = sorted({part for key in table for part in key.split("|")[0].split(".")[1:] if part in ROLES},
+                   key=ROLES.index)
     try:
-        example: str | None = render_table(table, [{"role": "user", "content": "Hello"}], True)
+        example: str | None = render_table(table, [{"role": "user", "content": "Hello"}], True,
+                                           Options(now=time.time()))
     except TemplateError:
         example = None  # e.g. a template that refuses a lone user message
     return {"roles": roles, "keys": sorted(table), "source_sha256": sha,
             "system_message": "start.system" in table,
-            "generation_prompt": any(k.startswith("gen.") for k in table), "example": example}
+            "generation_prompt": any(k.startswith("gen.") for k in table), "example": example,
+            "output_format": table.get("output.format"),
+            "options": sorted({"enable_thinking" for k in table if "|enable_thinking=" in k}
+                              | ({"reasoning_effort"} if "default.reasoning_effort" in table else set())
+                              | ({"date"} if any(VAR + "strftime:" in v for v in table.values()) else set()))}

@@ -43,9 +43,13 @@ from colibri_kit.model.format import (
 MIB = 1 << 20
 # runtime/src/core/context.h COLIBRI_CHUNK: tokens per CPU pass.
 CPU_CHUNK = 64
-# runtime/src/cuda/cuda_backend.c: CB_ALIGN, CB_MAX_CHUNK, CB_PART_BUDGET; colibri_abi.h: KV split.
+# runtime/src/cuda/cuda_backend.c: CB_ALIGN, CB_MAX_CHUNK, CB_MIN_CHUNK, CB_ACT_BUDGET,
+# CB_LOGIT_ROWS, CB_PART_BUDGET; colibri_abi.h: KV split.
 CUDA_ALIGN = 256
-CUDA_MAX_CHUNK = 32
+CUDA_MAX_CHUNK = 256
+CUDA_MIN_CHUNK = 32
+CUDA_ACT_BUDGET = 32 << 20    # a device pass's per-token buffers at most (cb_token_bytes)
+CUDA_LOGIT_ROWS = 32
 CUDA_PRM_BYTES = 256  # cuda_backend.c CB_PRM_BYTES: the decode graph's parameter block
 CUDA_PART_BUDGET = 64 << 20   # cuda_backend.c CB_PART_BUDGET
 CUDA_KV_SPLIT = 256           # runtime/kernels/colibri_abi.h COLIBRI_CU_KV_SPLIT
@@ -110,16 +114,21 @@ def cuda_arena_bytes(h: ModelHeader, copy_weights: bool = False, weights_bytes: 
     def part_tokens(chunk: int) -> int:  # decode's one; every chunk token for too-wide heads
         return 1 if Dh <= CUDA_FA_MAX_DH else chunk
 
+    per_token = 4 * (2 * Dp + H * Dh + (H * Dh + 2 * kvd) + H * Dh + E + 4 * k + k * F + k * Dp
+                     + 2 + ((Fs + Dp + 1) if h.has(Flag.SHARED_EXPERT) else 0))
     c = min(CUDA_MAX_CHUNK, S)
+    while c > CUDA_MIN_CHUNK and c * per_token > CUDA_ACT_BUDGET:
+        c //= 2
     while c > 1 and part_tokens(c) * H * ranges * (Dh + 2) * 4 > CUDA_PART_BUDGET:
         c //= 2
+    logit_rows = min(c, CUDA_LOGIT_ROWS)
     sizes = [c * Dp * 4, c * Dp * 4, c * H * Dh * 4, c * (H * Dh + 2 * kvd) * 4, c * H * Dh * 4,
              part_tokens(c) * H * ranges * (Dh + 2) * 4, c * E * 4,
              c * k * 4, c * k * 4, (E + 1) * 4, E * 4, c * k * 4, c * k * 4, c * k * F * 4,
              c * k * Dp * 4]
     if h.has(Flag.SHARED_EXPERT):
         sizes += [c * Fs * 4, c * Dp * 4, c * 4]
-    sizes += [2 * 4, c * V * 4, c * 4, c * 4, CUDA_PRM_BYTES, S * (Dh // 2) * 2 * 4,
+    sizes += [2 * 4, logit_rows * V * 4, c * 4, c * 4, CUDA_PRM_BYTES, S * (Dh // 2) * 2 * 4,
               L * S * kvd * kv_size, L * S * kvd * kv_size, L * (6 * E + 6) * 8]
     if copy_weights:
         sizes.append(weights_bytes)

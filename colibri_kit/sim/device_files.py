@@ -33,7 +33,7 @@ write on a real device, at its real path relative to ``/``, for one SKU of ``dat
                                                             files (bound over /proc on a device)
 ``boot/extlinux/extlinux.conf``                             L4T's (``data/extlinux/``)
 ``proc/cmdline``, ``sys/devices/system/cpu/isolated``       written at every boot from it by
-                                                            ``usr/lib/colibri-sim/kernel-boot``
+                                                            ``usr/sbin/colibri-sim-colibri-sim-kernel-boot``
                                                             (``tools/kernel_boot.py``: L4TLauncher's
                                                             and the kernel's rules)
 ==========================================================  =======================================
@@ -64,6 +64,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import uuid
 from pathlib import Path
@@ -82,9 +84,25 @@ MOUNTS: tuple[tuple[str, str], ...] = (
     ("var/lib/nvpmodel", "bind"),
 )
 
+# Mounted only when the device tree has them (install_cuda_driver writes them): the CUDA
+# driver's directories.
+OPTIONAL_MOUNTS: tuple[tuple[str, str], ...] = (
+    ("usr/lib", "overlay-ro"),
+    ("usr/local", "overlay-ro"),
+)
+
 TOOLS = {"usr/sbin/nvpmodel": "nvpmodel_v2.py", "usr/bin/jetson_clocks": "jetson_clocks_v2.py",
-         "usr/lib/colibri-sim/kernel-boot": "kernel_boot.py"}
-KERNEL_BOOT = "usr/lib/colibri-sim/kernel-boot"   # relative to the device root
+         "usr/sbin/colibri-sim-kernel-boot": "kernel_boot.py"}
+KERNEL_BOOT = "usr/sbin/colibri-sim-kernel-boot"   # relative to the device root
+
+# Where a Jetson's CUDA driver lives. L4T's BSP driver: /usr/lib/aarch64-linux-gnu/tegra/
+# libcuda.so.1.1 with the libcuda.so.1 link, found through /etc/ld.so.conf.d/nvidia-tegra.conf
+# (the paths device logs in public issues show). NVIDIA's cuda-compat-X-Y package:
+# /usr/local/cuda-X.Y/compat/ with libcuda.so.1 and the JIT compiler
+# libnvidia-ptxjitcompiler.so.1 beside it (dpkg -L cuda-compat-12-2 as pasted in a public issue:
+# libcuda.so.<ver> + libcuda.so.1, libnvidia-ptxjitcompiler.so.<ver> + .so.1,
+# libnvidia-nvvm.so.4, libcudadebugger.so.1; the Jetson package's file versions are unchecked).
+BSP_CUDA_DIR = "usr/lib/aarch64-linux-gnu/tegra"
 VIC_NODE = "15340000.vic"
 BOOT_ID = "proc/sys/kernel/random/boot_id"     # relative to the device root
 
@@ -157,7 +175,7 @@ REBOOT = """#!/bin/sh
 # once, with a new boot id as a kernel gives each boot.
 if [ -n "$COLIBRI_SIM_ROOT" ]; then
     cat /proc/sys/kernel/random/uuid > "$COLIBRI_SIM_ROOT/proc/sys/kernel/random/boot_id"
-    "$COLIBRI_SIM_ROOT/usr/lib/colibri-sim/kernel-boot" || exit 1
+    "$COLIBRI_SIM_ROOT/usr/sbin/colibri-sim-kernel-boot" || exit 1
     exec "$COLIBRI_SIM_ROOT/usr/sbin/nvpmodel" --sim-boot
 fi
 req=$(cat /etc/colibri-sim/power-request 2>/dev/null) || {
@@ -329,4 +347,24 @@ def boot(root: Path) -> None:
 def mount_plan(root: Path) -> list[tuple[str, Path, str]]:
     """[(kind, source under root, real path)] in the order ``enter`` mounts them."""
     root = Path(root)
-    return [(kind, root / rel, Path("/" + rel)) for rel, kind in MOUNTS]
+    optional = [(rel, kind) for rel, kind in OPTIONAL_MOUNTS if (root / rel).is_dir()]
+    return [(kind, root / rel, Path("/" + rel)) for rel, kind in (*MOUNTS, *optional)]
+
+
+def install_cuda_driver(root: Path, libcuda: Path, ptxjit: Path | None = None,
+                        compat: str | None = None) -> str:
+    """Put a (stand-in) CUDA driver library where a Jetson has it: the BSP's (compat None) or
+    NVIDIA's cuda-compat package for CUDA ``compat`` (e.g. "11.8"), with its JIT compiler when
+    given. Returns the device path of the libcuda.so.1 it installed."""
+    if compat is not None and not re.fullmatch(r"\d+\.\d+", compat):
+        raise ValueError(f"bad CUDA version {compat!r}")
+    rel = BSP_CUDA_DIR if compat is None else f"usr/local/cuda-{compat}/compat"
+    d = Path(root) / rel
+    d.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(libcuda, d / "libcuda.so.1.1")
+    _link(d / "libcuda.so.1", "libcuda.so.1.1")
+    _link(d / "libcuda.so", "libcuda.so.1")
+    if ptxjit is not None:
+        shutil.copy2(ptxjit, d / "libnvidia-ptxjitcompiler.so.1.1")
+        _link(d / "libnvidia-ptxjitcompiler.so.1", "libnvidia-ptxjitcompiler.so.1.1")
+    return f"/{rel}/libcuda.so.1"

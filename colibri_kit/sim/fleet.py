@@ -553,7 +553,7 @@ class EmulatedFleet(FleetFiles):
         script.append(shlex.join(["mount", "--bind", str(dev / "disk"), "/opt/colibri"]))
         # The kernel's boot (its command line from extlinux.conf, isolated CPUs, IRQ affinity),
         # then what L4T's nvpmodel.service does at every boot: apply the recorded mode, masks too.
-        script.append("/usr/lib/colibri-sim/kernel-boot || echo 'kernel boot failed' >&2")
+        script.append("/usr/sbin/colibri-sim-kernel-boot || echo 'kernel boot failed' >&2")
         script.append("/usr/sbin/nvpmodel --sim-boot || echo 'nvpmodel boot failed' >&2")
         script.append('echo $$ > ' + shlex.quote(str(dev / "os.pid")))
         script.append(shlex.join(["exec", "/usr/sbin/sshd", "-D", "-e", "-f", str(config)]))

@@ -116,6 +116,10 @@ typedef struct {
                                  the tensor cores (sm_80+ image); "simt": the GEMV kernels */
     char kv_dtype[4];         /* "f32" or "f16": how the KV cache is stored */
     size_t kv_cache_bytes;    /* K and V caches for max_seq_len positions, inside arena_bytes */
+    char cuda_libcuda[256];   /* the driver library loaded (the profile's cuda-compat driver or
+                                 the system's libcuda.so.1), as the dynamic loader found it */
+    char cuda_weights_why[96];/* COLIBRI_CUDA_WEIGHTS=map given but the weights copied: why */
+    int cuda_chunk;           /* tokens per device pass (prefill) */
 } colibri_runtime_info;
 
 void colibri_default_options(colibri_options *opt);
@@ -228,6 +232,39 @@ typedef size_t (*colibri_detok_fn)(void *user, const int32_t *ids, int n, char *
  * non-zero to cancel (no final call then). */
 typedef int (*colibri_token_fn)(void *user, int32_t id, const char *text, size_t len);
 
+/* Reasoning models write more than the answer (docs/runtime.md "Reasoning output"): gpt-oss
+ * writes harmony messages on channels (analysis, final, commentary), Qwen3 / Qwen3.5 / Qwen3-Next
+ * a <think> block before the answer. With colibri_generate_params.reasoning set, the output is
+ * split, as it streams, into what the user reads and the rest: */
+typedef enum {
+    COLIBRI_REASONING_NONE = 0,    /* all output is content (on_token gets everything) */
+    COLIBRI_REASONING_HARMONY = 1, /* harmony messages, parsed from the ids (harmony.c) */
+    COLIBRI_REASONING_THINK = 2    /* <think> ... </think> then the answer, parsed from the text */
+} colibri_reasoning_format;
+
+typedef enum {
+    COLIBRI_TEXT_CONTENT = 0,   /* the answer: harmony's final channel (and commentary without a
+                                   recipient: preambles), the text after </think> */
+    COLIBRI_TEXT_REASONING = 1, /* harmony's analysis channel, the text inside <think> */
+    COLIBRI_TEXT_TOOL_CALL = 2  /* a harmony message to a recipient (to=functions.NAME): its
+                                   arguments; colibri renders no tools, so only a model that
+                                   calls one unasked writes it */
+} colibri_text_kind;
+
+typedef struct {
+    int32_t id;              /* the token that made it final (-1: the end) */
+    colibri_text_kind kind;
+    const char *text;        /* valid UTF-8, not NUL-terminated */
+    size_t len;
+    int message;             /* harmony: index of the message it belongs to (0, 1, ...); else 0 */
+    const char *channel;     /* harmony: the message's channel ("analysis", "final", ...), else "" */
+    const char *recipient;   /* harmony: "functions.NAME" for a tool call, else "" */
+} colibri_chunk;
+
+/* Called with every piece of parsed output, of any kind, in order (several times per token at
+ * most when a boundary falls inside its text). Return non-zero to cancel. */
+typedef int (*colibri_chunk_fn)(void *user, const colibri_chunk *c);
+
 typedef struct {
     const int32_t *prompt;            /* n_prompt >= 1 ids */
     int n_prompt;
@@ -240,8 +277,14 @@ typedef struct {
     int ignore_eos;                   /* 1: do not stop at the model's EOS id */
     colibri_detok_fn detok;           /* NULL: no text (callback gets len 0) */
     void *detok_user;
-    colibri_token_fn on_token;        /* may be NULL */
+    colibri_token_fn on_token;        /* may be NULL; with reasoning set: the content text only */
     void *user;
+    /* appended (code built before keeps its offsets): */
+    colibri_reasoning_format reasoning; /* NONE (default): no splitting */
+    int starts_in_reasoning;          /* THINK: the prompt left a <think> block open (Qwen3.5's
+                                         and Qwen3-Next-Thinking's generation prompts) */
+    colibri_chunk_fn on_chunk;        /* may be NULL: every kind of text, with its kind */
+    void *chunk_user;
 } colibri_generate_params;
 
 typedef struct {
@@ -261,6 +304,12 @@ colibri_status colibri_generate_params_for_text(colibri_ctx *ctx, colibri_genera
 /* A colibri_detok_fn over the context's tokenizer (user must be the colibri_ctx *): the text a
  * user sees, special tokens skipped, as transformers' decode(skip_special_tokens=True). */
 size_t colibri_detok_ctx(void *ctx, const int32_t *ids, int n, char *out, size_t cap);
+/* The chat setup after colibri_generate_params_for_text, for a prompt rendered with the model's
+ * chat template (prompt: that text): reasoning = the template's output format
+ * (colibri_chat_reasoning_format), starts_in_reasoning = the prompt ends inside <think>; a
+ * harmony model also stops at <|return|> and <|call|> whatever generation_config says. */
+colibri_status colibri_generate_params_for_chat(colibri_ctx *ctx, colibri_generate_params *p,
+                                                const char *prompt, size_t len);
 /* out_ids must hold max_new ids. Allocates its working buffers (logits of one prefill chunk,
  * sampler, text) per call and frees them before returning; the forward passes allocate nothing.
  * A prompt longer than max_seq_len fails with COLIBRI_E_SEQ_TOO_LONG naming both numbers. */
@@ -273,12 +322,27 @@ const char *colibri_finish_name(colibri_finish f);
  * The model's chat template, stored at conversion as a table of the text around each message
  * (colibri_kit/model/chat.py, docs/format.md "chat.template"); the rendering is byte-identical
  * to transformers' apply_chat_template(tokenize=False) for the conversations it accepts: an
- * optional system message, then user and assistant alternating, starting with user. The text
+ * optional system (or developer) message, then user and assistant alternating, starting with
+ * user. Tools, tool calls and images are not rendered. The text
  * already holds the BOS text where the template puts it: tokenize it without adding BOS. */
 typedef struct {
-    const char *role;     /* "system", "user" or "assistant" */
+    const char *role;     /* "system", "developer" (gpt-oss), "user" or "assistant" */
     const char *content;  /* UTF-8, NUL-terminated */
 } colibri_chat_message;
+
+/* What the template gets besides the messages (transformers' apply_chat_template kwargs). A
+ * template that does not use one ignores it, as jinja2 does. */
+typedef struct {
+    int add_generation_prompt; /* 1 (default): end with the assistant's turn opened */
+    int enable_thinking;       /* -1 (default): the template's own default; 0 / 1: Qwen3's and
+                                  Qwen3.5's switch (the generation prompt closes or opens <think>) */
+    const char *reasoning_effort; /* NULL: the template's default (gpt-oss: "medium"); "low",
+                                     "medium" or "high" */
+    int64_t now;               /* the time of "Current date:" (gpt-oss; strftime_now in the
+                                  template, local time): Unix seconds, 0 = the current time */
+} colibri_chat_options;
+
+void colibri_default_chat_options(colibri_chat_options *o);
 
 /* Writes at most cap bytes (NUL-terminated when it fits) and sets *len to the full length;
  * when *len >= cap call again with a larger buffer. Reads only the model: thread safe.
@@ -287,8 +351,16 @@ typedef struct {
 colibri_status colibri_chat_render(const colibri_model *m, const colibri_chat_message *msgs, int n,
                                    int add_generation_prompt, char *out, size_t cap, size_t *len,
                                    char *why, size_t why_len);
+/* The same with options (NULL: colibri_default_chat_options). COLIBRI_E_UNSUPPORTED also when a
+ * content is one the template treats specially and the table cannot reproduce (why says which:
+ * e.g. an assistant message with "</think>" in Qwen3's last turn). */
+colibri_status colibri_chat_render_ex(const colibri_model *m, const colibri_chat_message *msgs, int n,
+                                      const colibri_chat_options *opt, char *out, size_t cap,
+                                      size_t *len, char *why, size_t why_len);
 /* 1 when the model carries a chat template (colibri_chat_render can render), else 0. */
 int colibri_chat_available(const colibri_model *m);
+/* How the model's chat output is split (the template's output.format): NONE without one. */
+colibri_reasoning_format colibri_chat_reasoning_format(const colibri_model *m);
 
 /* ---- Text: the model's own tokenizer (format version 2; docs/runtime.md "Tokenizer") --------
  * Ids are exactly those of the Hugging Face `tokenizers` library for the model's tokenizer.json.

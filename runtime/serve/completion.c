@@ -30,6 +30,7 @@ typedef struct {
     double deadline_ms;         /* the answer's budget from t_req; <= 0 none */
     double elapsed_ms;          /* t_req to the end of generation */
     json_buf text;              /* non-streaming: the answer's text */
+    json_buf reasoning;         /* non-streaming: a reasoning model's reasoning */
     json_buf chunk;             /* streaming: one event */
 } completion;
 
@@ -80,6 +81,22 @@ static int on_token(void *user, int32_t id, const char *text, size_t len) {
     jb_puts(b, "\"logprobs\": null, \"finish_reason\": null, \"token_ids\": [");
     if (id >= 0) jb_printf(b, "%d", (int)id);
     jb_puts(b, "]}]}");
+    return send_chunk(k) ? 1 : 0;
+}
+
+/* A reasoning model's reasoning (docs/serve.md): "reasoning_content", the field vLLM and
+ * llama.cpp's server use, in the message or in a delta of its own. */
+static int on_reasoning(void *user, const char *text, size_t len) {
+    completion *k = user;
+    if (!k->rq->stream) {
+        jb_raw(&k->reasoning, text, len);
+        return 0;
+    }
+    chunk_head(k);
+    json_buf *b = &k->chunk;
+    jb_puts(b, "{\"index\": 0, \"delta\": {\"reasoning_content\": ");
+    jb_str(b, text, len);
+    jb_puts(b, "}, \"logprobs\": null, \"finish_reason\": null}]}");
     return send_chunk(k) ? 1 : 0;
 }
 
@@ -136,6 +153,10 @@ static void respond_completion(completion *k, int finish) {
     if (rq->chat) {
         jb_puts(&b, "\"message\": {\"role\": \"assistant\", \"content\": ");
         jb_str(&b, k->text.buf ? k->text.buf : "", k->text.len);
+        if (rq->reasoning) {
+            jb_puts(&b, ", \"reasoning_content\": ");
+            jb_str(&b, k->reasoning.buf ? k->reasoning.buf : "", k->reasoning.len);
+        }
         jb_puts(&b, "}, ");
     } else {
         jb_puts(&b, "\"text\": ");
@@ -307,7 +328,11 @@ static int run_on_slot(conn *c, slot *s, oai_request *rq, uint64_t rid, double t
     p.stop_ids = S->tinfo.stop_ids;
     p.n_stop_ids = S->tinfo.n_stop;
     p.text = S->tinfo.has_tokenizer;
-    gen_callbacks cb = {on_token, gen_cancelled, &k};
+    if (rq->chat) {
+        p.reasoning = (colibri_reasoning_format)rq->reasoning;
+        p.starts_in_reasoning = rq->starts_in_reasoning;
+    }
+    gen_callbacks cb = {on_token, gen_cancelled, &k, on_reasoning};
     char gerr[256] = "";
     if (rq->stream) {
         stream_start(c);
@@ -327,6 +352,7 @@ static int run_on_slot(conn *c, slot *s, oai_request *rq, uint64_t rid, double t
     finish_answer(&k, finish, gerr);
     free(k.out);
     jb_free(&k.text);
+    jb_free(&k.reasoning);
     jb_free(&k.chunk);
     return 0;
 }

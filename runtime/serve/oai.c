@@ -197,6 +197,13 @@ static int decode_messages(const json_doc *d, int node, oai_request *rq, oai_err
             else if (!strcmp(name, "content")) content = v;
             else if (!strcmp(name, "name")) {
                 if (d->nodes[v].type != JSON_STRING) return wrong_type(e, d, v, "messages.name", "a string");
+            } else if (!strcmp(name, "reasoning_content")) {
+                /* what this server returned as reasoning, sent back with the history: the
+                 * templates drop it from earlier turns (checked against the role below) */
+                if (d->nodes[v].type == JSON_NULL) continue;
+                if (d->nodes[v].type != JSON_STRING)
+                    return wrong_type(e, d, v, "messages.reasoning_content", "a string");
+                m->has_reasoning = d->nodes[v].len > 0;
             } else return bad(e, "messages", "unknown field in a message: '%s'", name);
         }
         if (role == JSON_NONE || d->nodes[role].type != JSON_STRING)
@@ -207,7 +214,45 @@ static int decode_messages(const json_doc *d, int node, oai_request *rq, oai_err
         m->role = r;
         if (content == JSON_NONE) return bad(e, "messages.content", "each message needs 'content'%s", "");
         if (decode_content(d, content, rq, m, &used, e)) return -1;
+        if (m->has_reasoning && strcmp(r, "assistant"))
+            return bad(e, "messages.reasoning_content", "only assistant messages carry 'reasoning_content'%s", "");
         rq->n_messages++;
+    }
+    /* the chat templates put reasoning back only into a final assistant turn, which colibri's
+     * stored templates cannot: refuse rather than drop it silently */
+    if (rq->n_messages && rq->messages[rq->n_messages - 1].has_reasoning)
+        return bad(e, "messages.reasoning_content", "'reasoning_content' in the last message (an "
+                   "assistant turn to continue) is not supported; send it in earlier turns only%s", "");
+    return 0;
+}
+
+static int decode_effort(const json_doc *d, int v, const char *param, oai_request *rq, oai_error *e) {
+    if (d->nodes[v].type == JSON_NULL) return 0;
+    const char *s = d->nodes[v].type == JSON_STRING ? d->nodes[v].str : NULL;
+    if (!s || (strcmp(s, "low") && strcmp(s, "medium") && strcmp(s, "high")))
+        return bad(e, param, "'%s' must be \"low\", \"medium\" or \"high\"", param);
+    rq->reasoning_effort = s;
+    return 0;
+}
+
+/* vLLM's chat_template_kwargs: the template variables colibri's stored templates know */
+static int decode_template_kwargs(const json_doc *d, int v, oai_request *rq, oai_error *e) {
+    if (d->nodes[v].type == JSON_NULL) return 0;
+    if (d->nodes[v].type != JSON_OBJECT) return wrong_type(e, d, v, "chat_template_kwargs", "an object");
+    for (int f = d->nodes[v].child; f != JSON_NONE; f = d->nodes[d->nodes[f].next].next) {
+        const char *name = d->nodes[f].str;
+        int x = d->nodes[f].next;
+        if (!strcmp(name, "enable_thinking")) {
+            if (d->nodes[x].type == JSON_NULL) continue;
+            if (d->nodes[x].type != JSON_TRUE && d->nodes[x].type != JSON_FALSE)
+                return wrong_type(e, d, x, "chat_template_kwargs.enable_thinking", "a boolean");
+            rq->enable_thinking = d->nodes[x].type == JSON_TRUE;
+        } else if (!strcmp(name, "reasoning_effort")) {
+            if (decode_effort(d, x, "chat_template_kwargs.reasoning_effort", rq, e)) return -1;
+        } else {
+            return bad(e, "chat_template_kwargs", "unsupported template variable '%s' (enable_thinking, "
+                       "reasoning_effort)", name);
+        }
     }
     return 0;
 }
@@ -231,6 +276,7 @@ int oai_decode(const json_doc *d, int chat, oai_request *rq, oai_error *e) {
     rq->chat = chat;
     rq->max_tokens = -1;
     rq->deadline_ms = -1;
+    rq->enable_thinking = -1;
     rq->temperature = 1.0;
     rq->top_p = 1.0;
     if (d->n == 0 || d->nodes[0].type != JSON_OBJECT)
@@ -284,6 +330,10 @@ int oai_decode(const json_doc *d, int chat, oai_request *rq, oai_error *e) {
             rc = get_number(d, v, "deadline_ms", 0, OAI_MAX_DEADLINE_MS, &rq->deadline_ms, e);
             if (!rc && !(rq->deadline_ms > 0))
                 return bad(e, "deadline_ms", "'deadline_ms' must be > 0 (milliseconds)%s", "");
+        } else if (chat && !strcmp(name, "reasoning_effort")) {
+            rc = decode_effort(d, v, "reasoning_effort", rq, e);
+        } else if (chat && !strcmp(name, "chat_template_kwargs")) {
+            rc = decode_template_kwargs(d, v, rq, e);
         } else if (!strcmp(name, "user")) {
             if (d->nodes[v].type != JSON_STRING) return wrong_type(e, d, v, "user", "a string");
         } else if (!strcmp(name, "n") || !strcmp(name, "presence_penalty") ||

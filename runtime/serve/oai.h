@@ -23,6 +23,7 @@ typedef struct {
     const char *role;      /* "system", "developer", "user" or "assistant" */
     const char *content;   /* NUL-terminated; text parts joined */
     size_t content_len;
+    int has_reasoning;     /* a non-empty "reasoning_content" came with it (assistant) */
 } oai_message;
 
 typedef struct {
@@ -47,6 +48,12 @@ typedef struct {
     size_t stop_len[OAI_MAX_STOP];
     int n_stop;
     double deadline_ms;    /* colibri extension: the answer's time budget in ms from arrival; -1 none */
+    /* chat, for the template (docs/serve.md "Reasoning models") */
+    const char *reasoning_effort; /* NULL, "low", "medium" or "high" */
+    int enable_thinking;   /* -1: not given; chat_template_kwargs.enable_thinking */
+    /* set when the chat is rendered: how the model's output splits */
+    int reasoning;         /* a colibri_reasoning_format (oai.c stays apart from the runtime) */
+    int starts_in_reasoning;
 } oai_request;
 
 typedef struct {

@@ -146,6 +146,13 @@ static int bridge_token(void *user, int32_t id, const char *text, size_t len) {
     return id >= 0 && b->cb->cancelled(b->cb->user);
 }
 
+static int bridge_chunk(void *user, const colibri_chunk *c) {
+    bridge *b = user;
+    /* content comes through on_token; a tool call (colibri renders no tools) is not passed on */
+    if (c->kind != COLIBRI_TEXT_REASONING || !b->cb->on_reasoning) return 0;
+    return b->cb->on_reasoning(b->cb->user, c->text, c->len);
+}
+
 int slot_generate(slot *s, const int32_t *ids, int n, const gen_params *p, const gen_callbacks *cb,
                   char *err, size_t errlen) {
     if (cb->cancelled(cb->user)) return FINISH_CANCELLED;
@@ -169,9 +176,18 @@ int slot_generate(slot *s, const int32_t *ids, int n, const gen_params *p, const
     g.detok_user = s->ctx;
     g.on_token = bridge_token;
     g.user = &br;
+    if (p->text && p->reasoning) {
+        /* the split output: the runtime's own detokenizer (it holds a trailing U+FFFD back and
+         * makes it final at the end itself), reasoning through on_chunk */
+        g.detok = colibri_detok_ctx;
+        g.reasoning = p->reasoning;
+        g.starts_in_reasoning = p->starts_in_reasoning;
+        g.on_chunk = bridge_chunk;
+        g.chunk_user = &br;
+    }
     colibri_generate_result r;
     colibri_status st = colibri_generate(s->ctx, &g, out, &r);
-    if (!st && p->text && r.finish != COLIBRI_FINISH_CANCELLED && r.stop_string < 0) {
+    if (!st && p->text && !p->reasoning && r.finish != COLIBRI_FINISH_CANCELLED && r.stop_string < 0) {
         /* text_detok holds back trailing U+FFFD (they may still become a character); at the
          * end they are final: send what the whole answer decodes to beyond what was sent */
         char *all = NULL;

@@ -61,6 +61,8 @@ typedef struct {
     const int32_t *stop_ids;    /* the tokenizer's end ids (generation config) */
     int n_stop_ids;
     int text;                   /* the model has a tokenizer: stream text, not only ids */
+    colibri_reasoning_format reasoning; /* chat: split the answer (on_token gets the content) */
+    int starts_in_reasoning;
 } gen_params;
 
 typedef struct {
@@ -69,6 +71,9 @@ typedef struct {
     int (*on_token)(void *user, int32_t id, const char *text, size_t len);
     int (*cancelled)(void *user);   /* polled between tokens */
     void *user;
+    /* with gen_params.reasoning: the reasoning text (harmony's analysis channel, the <think>
+     * block) as it becomes final, before the same step's on_token; may be NULL */
+    int (*on_reasoning)(void *user, const char *text, size_t len);
 } gen_callbacks;
 
 enum { FINISH_LENGTH, FINISH_STOP, FINISH_CANCELLED, FINISH_ERROR };

@@ -25,7 +25,7 @@ int text_tokenize(const colibri_ctx *ctx, oai_request *rq, int add_special, oai_
     return 0;
 }
 
-int text_render_chat(const colibri_ctx *ctx, const colibri_model *model, oai_request *rq, oai_error *e) {
+int text_render_chat(colibri_ctx *ctx, const colibri_model *model, oai_request *rq, oai_error *e) {
     colibri_chat_message *msgs = calloc((size_t)rq->n_messages, sizeof *msgs);
     if (!msgs) {
         oai_set_error(e, 500, "server_error", NULL, NULL, "out of memory");
@@ -39,11 +39,22 @@ int text_render_chat(const colibri_ctx *ctx, const colibri_model *model, oai_req
     char why[256] = "";
     size_t need = 0;
     char *text = NULL;
-    colibri_status st = colibri_chat_render(model, msgs, rq->n_messages, 1, NULL, 0, &need, why, sizeof why);
+    colibri_chat_options o;
+    colibri_default_chat_options(&o);
+    o.enable_thinking = rq->enable_thinking;
+    o.reasoning_effort = rq->reasoning_effort;
+    colibri_status st = colibri_chat_render_ex(model, msgs, rq->n_messages, &o, NULL, 0, &need, why, sizeof why);
     if (!st) {
         text = malloc(need + 1);
-        st = text ? colibri_chat_render(model, msgs, rq->n_messages, 1, text, need + 1, &need, why, sizeof why)
+        st = text ? colibri_chat_render_ex(model, msgs, rq->n_messages, &o, text, need + 1, &need, why, sizeof why)
                   : COLIBRI_E_NO_MEMORY;
+    }
+    if (!st) { /* how the answer splits: the template's format, and whether it opened <think> */
+        colibri_generate_params gp;
+        colibri_default_generate_params(&gp);
+        colibri_generate_params_for_chat(ctx, &gp, text, need);
+        rq->reasoning = gp.reasoning;
+        rq->starts_in_reasoning = gp.starts_in_reasoning;
     }
     free(msgs);
     if (st) {

@@ -20,7 +20,7 @@ int text_tokenize(const colibri_ctx *ctx, oai_request *rq, int add_special, oai_
 /* rq->messages -> the model's chat template (with the generation prompt) -> rq->ids. The
  * template's text carries its own BOS, so it is tokenized without adding special tokens. A
  * conversation the template refuses is 400 unsupported_conversation. */
-int text_render_chat(const colibri_ctx *ctx, const colibri_model *model, oai_request *rq, oai_error *e);
+int text_render_chat(colibri_ctx *ctx, const colibri_model *model, oai_request *rq, oai_error *e);
 
 /* colibri_detok_fn for the generation loop (user = the slot's colibri_ctx). The tokenizer
  * decodes bytes that are not (yet) UTF-8 to U+FFFD, and such a trailing U+FFFD may become a

@@ -3,6 +3,11 @@
  *   colibri [--backend B] [--threads N] generate MODEL (--ids 1,2,3 | --prompt T [--chat]
  *       [--system S]) [--max-new N] [--temperature X] [--top-k K] [--top-p P] [--min-p P]
  *       [--repeat-penalty R] [--repeat-last-n N] [--seed S] [--stop STR]... [--ignore-eos] [--json]
+ *       [--show-reasoning] [--reasoning-effort low|medium|high] [--thinking on|off]
+ *
+ * With --chat the output of a reasoning model (gpt-oss's harmony channels, the Qwen3 families'
+ * <think> block) is split: stdout gets the answer, --show-reasoning puts the reasoning before
+ * it between "<reasoning>" and "</reasoning>" lines, --json carries both ("text", "reasoning").
  *
  * --ids keeps the original contract: greedy unless sampling options are given, EOS does not
  * stop it, and stdout is one JSON object {"ids", "new_ids", "prompt_len", "max_new",
@@ -19,9 +24,49 @@
 
 #define MAX_STOPS 16
 
+/* --chat's options for reasoning models, apart so the option table can take them as a group */
+typedef struct {
+    int show_reasoning;
+    int thinking;                 /* -1: the template's default */
+    const char *reasoning_effort; /* NULL: the template's default */
+} chat_cli;
+
+#define CHAT_USAGE \
+    "         [--show-reasoning] [--reasoning-effort low|medium|high] [--thinking on|off]\n"
+#define CHAT_HELP                                                                              \
+    "  --chat: a reasoning model's answer goes to stdout; --show-reasoning prints its reasoning\n" \
+    "  (harmony's analysis channel, the <think> block) first, between <reasoning> lines.\n"     \
+    "  --reasoning-effort (gpt-oss) and --thinking (Qwen3, Qwen3.5) go to the chat template.\n"
+
+/* One of chat_cli's options at argv[*i]: 1 taken (value too), 0 not one, -1 bad value. */
+static int chat_option(chat_cli *c, int argc, char **argv, int *i) {
+    const char *a = argv[*i], *v = *i + 1 < argc ? argv[*i + 1] : NULL;
+    if (!strcmp(a, "--show-reasoning")) { c->show_reasoning = 1; return 1; }
+    if (!strcmp(a, "--reasoning-effort")) {
+        if (!v || (strcmp(v, "low") && strcmp(v, "medium") && strcmp(v, "high"))) {
+            fprintf(stderr, "colibri: --reasoning-effort must be low, medium or high\n");
+            return -1;
+        }
+        c->reasoning_effort = v;
+        ++*i;
+        return 1;
+    }
+    if (!strcmp(a, "--thinking")) {
+        if (!v || (strcmp(v, "on") && strcmp(v, "off"))) {
+            fprintf(stderr, "colibri: --thinking must be on or off\n");
+            return -1;
+        }
+        c->thinking = !strcmp(v, "on");
+        ++*i;
+        return 1;
+    }
+    return 0;
+}
+
 typedef struct {
     colibri_backend backend;
     int threads, int8_act, json, ignore_eos, chat;
+    chat_cli ch;
     colibri_kv_dtype kv;
     const char *model, *ids, *prompt, *system;
     long max_new;
@@ -38,10 +83,10 @@ static int gen_usage(const char *msg) {
             "         (--ids 1,2,3 | --prompt TEXT [--chat] [--system TEXT])\n"
             "         [--max-new N] [--temperature X] [--top-k K] [--top-p P] [--min-p P]\n"
             "         [--repeat-penalty R] [--repeat-last-n N] [--seed S] [--stop STR]...\n"
-            "         [--ignore-eos] [--json]\n"
+            "         [--ignore-eos] [--json]\n" CHAT_USAGE
             "  temperature 0 (default) is greedy; the other sampling options apply when > 0.\n"
             "  --ids prints JSON ids (EOS does not stop it); --prompt streams text to stdout,\n"
-            "  --json prints ids, text, finish reason and timings instead.\n");
+            "  --json prints ids, text, finish reason and timings instead.\n" CHAT_HELP);
     return 2;
 }
 
@@ -71,6 +116,9 @@ static int parse(gen_cli *c, int argc, char **argv, int skip) {
         if (i == skip) continue;
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         long num;
+        int taken = chat_option(&c->ch, argc, argv, &i);
+        if (taken < 0) return gen_usage(NULL);
+        if (taken) continue;
 #define VALUE() do { if (!v) return gen_usage("missing value after an option"); i++; } while (0)
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { gen_usage(NULL); return -1; }
         else if (!strcmp(a, "--backend")) {
@@ -147,6 +195,8 @@ static int parse(gen_cli *c, int argc, char **argv, int skip) {
     if (c->ids && (c->chat || c->system)) return gen_usage("--chat and --system need --prompt");
     if (c->ids && c->n_stops) return gen_usage("--stop needs --prompt (text)");
     if (c->system && !c->chat) return gen_usage("--system needs --chat");
+    if (!c->chat && (c->ch.show_reasoning || c->ch.thinking >= 0 || c->ch.reasoning_effort))
+        return gen_usage("--show-reasoning, --reasoning-effort and --thinking need --chat");
     return 0;
 }
 
@@ -206,36 +256,76 @@ done:
 
 /* argv as main got it; argv[skip] is the word "generate" (global options may precede it). */
 typedef struct {
-    int json;
-    char *text;  /* --json: everything emitted */
+    char *s;
     size_t len, cap;
+} buf;
+
+typedef struct {
+    int json, show_reasoning, in_reasoning, tool_calls;
+    buf text, reasoning, tools; /* --json: the content, the reasoning, the tool calls (JSON) */
     int failed;
 } stream_out;
 
-static int on_text(void *user, int32_t id, const char *text, size_t len) {
+static int buf_add(buf *b, const char *s, size_t n) {
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = (b->len + n + 1) * 2;
+        char *t = realloc(b->s, cap);
+        if (!t) return -1;
+        b->s = t;
+        b->cap = cap;
+    }
+    memcpy(b->s + b->len, s, n);
+    b->len += n;
+    return 0;
+}
+
+static int say(const char *s, size_t n) {
+    if (n && fwrite(s, 1, n, stdout) != n) return 1; /* stdout gone: cancel */
+    fflush(stdout);
+    return 0;
+}
+
+/* --chat: every piece of the split output */
+static int on_chunk(void *user, const colibri_chunk *c) {
     stream_out *o = user;
-    if (!o->json) {
-        if (len && fwrite(text, 1, len, stdout) != len) return 1; /* stdout gone: cancel */
-        fflush(stdout);
+    if (o->json) {
+        buf *b = c->kind == COLIBRI_TEXT_CONTENT ? &o->text : c->kind == COLIBRI_TEXT_REASONING
+                                                              ? &o->reasoning : &o->tools;
+        if (buf_add(b, c->text, c->len)) { o->failed = 1; return 1; }
         return 0;
     }
-    if (o->len + len + 1 > o->cap) {
-        size_t cap = (o->len + len + 1) * 2;
-        char *t = realloc(o->text, cap);
-        if (!t) { o->failed = 1; return 1; }
-        o->text = t;
-        o->cap = cap;
+    if (c->kind == COLIBRI_TEXT_TOOL_CALL) {
+        if (!o->tool_calls++)
+            fprintf(stderr, "colibri: the model called a tool (%s), which colibri does not run\n",
+                    c->recipient);
+        if (!o->show_reasoning) return 0;
     }
-    memcpy(o->text + o->len, text, len);
-    o->len += len;
+    int reasoning = c->kind != COLIBRI_TEXT_CONTENT;
+    if (reasoning && !o->show_reasoning) return 0;
+    if (reasoning != o->in_reasoning && o->show_reasoning) {
+        if (say(reasoning ? "<reasoning>\n" : "\n</reasoning>\n", reasoning ? 12 : 14)) return 1;
+        o->in_reasoning = reasoning;
+    }
+    return say(c->text, c->len);
+}
+
+static int on_text(void *user, int32_t id, const char *text, size_t len) {
+    stream_out *o = user;
+    if (!o->json) return say(text, len);
+    if (buf_add(&o->text, text, len)) { o->failed = 1; return 1; }
     return 0;
 }
 
 /* The prompt's ids: the chat template's text (which carries its own BOS) or the plain text with
  * the tokenizer's special tokens added, as transformers' tokenizer(prompt) does. */
-static int prompt_ids(const gen_cli *c, colibri_ctx *ctx, int32_t **ids, size_t *n) {
+static int prompt_ids(const gen_cli *c, colibri_ctx *ctx, int32_t **ids, size_t *n,
+                      char **rendered_out, size_t *rendered_len) {
     char why[512] = "";
     char *rendered = NULL;
+    colibri_chat_options co;
+    colibri_default_chat_options(&co);
+    co.enable_thinking = c->ch.thinking;
+    co.reasoning_effort = c->ch.reasoning_effort;
     const char *text = c->prompt;
     size_t text_len = strlen(c->prompt);
     int add_special = 1;
@@ -245,13 +335,13 @@ static int prompt_ids(const gen_cli *c, colibri_ctx *ctx, int32_t **ids, size_t 
         if (c->system) msgs[nm++] = (colibri_chat_message){"system", c->system};
         msgs[nm++] = (colibri_chat_message){"user", c->prompt};
         size_t need = 0;
-        colibri_status s = colibri_chat_render(colibri_ctx_model(ctx), msgs, nm, 1, NULL, 0, &need,
-                                               why, sizeof why);
+        colibri_status s = colibri_chat_render_ex(colibri_ctx_model(ctx), msgs, nm, &co, NULL, 0,
+                                                  &need, why, sizeof why);
         if (!s) {
             rendered = malloc(need + 1);
             if (!rendered) return 1;
-            s = colibri_chat_render(colibri_ctx_model(ctx), msgs, nm, 1, rendered, need + 1, &need,
-                                    why, sizeof why);
+            s = colibri_chat_render_ex(colibri_ctx_model(ctx), msgs, nm, &co, rendered, need + 1,
+                                       &need, why, sizeof why);
         }
         if (s) {
             fprintf(stderr, "colibri: --chat: %s\n", why);
@@ -269,7 +359,12 @@ static int prompt_ids(const gen_cli *c, colibri_ctx *ctx, int32_t **ids, size_t 
         s = *ids ? colibri_tokenize(ctx, text, text_len, add_special, *ids, need, n)
                  : COLIBRI_E_NO_MEMORY;
     }
-    free(rendered);
+    if (rendered_out && rendered) {
+        *rendered_out = rendered;
+        *rendered_len = text_len;
+    } else {
+        free(rendered);
+    }
     if (s) {
         fprintf(stderr, "colibri: %s: %s\n", c->model, colibri_strerror(s));
         return 1;
@@ -294,8 +389,9 @@ static int run_prompt(const gen_cli *c, colibri_ctx *ctx) {
         return 1;
     }
     int32_t *ids = NULL, *out = NULL;
-    size_t n = 0;
-    if (prompt_ids(c, ctx, &ids, &n)) { free(ids); return 1; }
+    size_t n = 0, rendered_len = 0;
+    char *rendered = NULL;
+    if (prompt_ids(c, ctx, &ids, &n, &rendered, &rendered_len)) { free(ids); free(rendered); return 1; }
     int rc = 1;
     out = malloc(((size_t)c->max_new + 1) * sizeof *out);
     if (!out || n > (size_t)INT32_MAX) goto done;
@@ -306,25 +402,31 @@ static int run_prompt(const gen_cli *c, colibri_ctx *ctx) {
     p.max_new = (int)c->max_new;
     p.sampling = c->sampling;
     p.ignore_eos = c->ignore_eos;
-    colibri_generate_params_for_text(ctx, &p); /* detokenizer + generation_config eos ids */
+    /* detokenizer + generation_config eos ids; with --chat the template's output format */
+    if (c->chat) colibri_generate_params_for_chat(ctx, &p, rendered, rendered_len);
+    else colibri_generate_params_for_text(ctx, &p);
+    free(rendered);
     if (c->ignore_eos) p.n_stop_ids = 0;
     p.stop_strings = c->stops;
     p.n_stop_strings = c->n_stops;
-    stream_out so = {c->json, NULL, 0, 0, 0};
-    p.on_token = on_text;
-    p.user = &so;
+    stream_out so;
+    memset(&so, 0, sizeof so);
+    so.json = c->json;
+    so.show_reasoning = c->ch.show_reasoning;
+    if (p.reasoning) {
+        p.on_chunk = on_chunk;
+        p.chunk_user = &so;
+    } else {
+        p.on_token = on_text;
+        p.user = &so;
+    }
     colibri_generate_result r;
     colibri_status s = colibri_generate(ctx, &p, out, &r);
-    if (s) {
+    if (s || so.failed) {
         if (!c->json) fputc('\n', stdout);
-        fprintf(stderr, "colibri: %s: %s\n", colibri_strerror(s), colibri_last_error(ctx));
-        free(so.text);
-        goto done;
-    }
-    if (so.failed) {
-        fprintf(stderr, "colibri: out of memory for the generated text\n");
-        free(so.text);
-        goto done;
+        if (s) fprintf(stderr, "colibri: %s: %s\n", colibri_strerror(s), colibri_last_error(ctx));
+        else fprintf(stderr, "colibri: out of memory for the generated text\n");
+        goto done_text;
     }
     fallback_note(ctx);
     if (c->json) {
@@ -333,16 +435,37 @@ static int run_prompt(const gen_cli *c, colibri_ctx *ctx) {
         printf("], \"ids\": [");
         put_ids(out, (size_t)r.n_new);
         printf("], \"text\": ");
-        cli_json_string(stdout, so.text ? so.text : "", so.len);
+        cli_json_string(stdout, so.text.s ? so.text.s : "", so.text.len);
+        if (p.reasoning) {
+            /* the split output, and all of it as the model wrote it (markers included) */
+            printf(", \"reasoning\": ");
+            cli_json_string(stdout, so.reasoning.s ? so.reasoning.s : "", so.reasoning.len);
+            printf(", \"tool_call_text\": ");
+            cli_json_string(stdout, so.tools.s ? so.tools.s : "", so.tools.len);
+            printf(", \"reasoning_format\": \"%s\", \"raw\": ",
+                   p.reasoning == COLIBRI_REASONING_HARMONY ? "harmony" : "think");
+            size_t need = 0;
+            colibri_detokenize(ctx, out, (size_t)r.n_new, 0, NULL, 0, &need);
+            char *raw = malloc(need + 1);
+            if (raw && colibri_detokenize(ctx, out, (size_t)r.n_new, 0, raw, need + 1, &need) == COLIBRI_OK)
+                cli_json_string(stdout, raw, need);
+            else
+                printf("\"\"");
+            free(raw);
+        }
         printf(", \"finish_reason\": \"%s\", \"prompt_tokens\": %zu, \"new_tokens\": %d, "
                "\"prefill_ms\": %.3f, \"decode_ms\": %.3f, \"decode_tok_s\": %.3f}\n",
                colibri_finish_name(r.finish), n, r.n_new, r.prefill_ms, r.decode_ms,
                r.n_new > 1 && r.decode_ms > 0 ? (r.n_new - 1) / (r.decode_ms / 1e3) : 0.0);
     } else {
+        if (so.in_reasoning) fputs("\n</reasoning>", stdout);
         fputc('\n', stdout);
     }
-    free(so.text);
     rc = 0;
+done_text:
+    free(so.text.s);
+    free(so.reasoning.s);
+    free(so.tools.s);
 done:
     free(ids);
     free(out);
@@ -355,6 +478,7 @@ int colibri_cmd_generate(int argc, char **argv, int skip) {
     memset(&c, 0, sizeof c);
     c.backend = COLIBRI_BACKEND_AUTO;
     c.max_new = -1;
+    c.ch.thinking = -1;
     colibri_default_sampling(&c.sampling);
     int rc = parse(&c, argc, argv, skip);
     if (rc) return rc < 0 ? 0 : rc; /* -1: --help */

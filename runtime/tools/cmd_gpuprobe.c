@@ -52,13 +52,17 @@ int cmd_gpuprobe(int argc, char **argv) {
     }
     for (char *p = bw.device_name; *p; p++)
         if (*p == '"' || *p == '\\' || (unsigned char)*p < 0x20) *p = '?';
-    if (json)
+    if (json) {
         printf("{\"device\": \"%s\", \"sm\": %d, \"driver_version\": %d, \"integrated\": %s, "
-               "\"bytes\": %zu, \"iters\": %d, \"seconds\": %.6f, \"copy_gbps\": %.3f}\n",
+               "\"bytes\": %zu, \"iters\": %d, \"seconds\": %.6f, \"copy_gbps\": %.3f, "
+               "\"libcuda\": ",
                bw.device_name, bw.sm, bw.driver_version, bw.integrated ? "true" : "false",
                bw.bytes, bw.iters, bw.seconds, bw.gbps);
-    else
-        printf("%s (sm_%d, driver %d): device copy %.1f GB/s (read + write, %d x %ld MiB)\n",
-               bw.device_name, bw.sm, bw.driver_version, bw.gbps, bw.iters, mib);
+        cli_json_string(stdout, bw.libcuda, strlen(bw.libcuda));
+        printf("}\n");
+    } else {
+        printf("%s (sm_%d, driver %d, %s): device copy %.1f GB/s (read + write, %d x %ld MiB)\n",
+               bw.device_name, bw.sm, bw.driver_version, bw.libcuda, bw.gbps, bw.iters, mib);
+    }
     return 0;
 }

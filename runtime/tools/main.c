@@ -95,9 +95,14 @@ static void print_backend_json(FILE *f, colibri_ctx *ctx) {
     cli_json_string(f, r.cuda_device, strlen(r.cuda_device));
     fprintf(f, ", \"cuda_sm\": %d, \"cuda_driver_version\": %d, \"cuda_image\": \"%s\", "
             "\"cuda_weights\": \"%s\", \"cuda_integrated\": %s, \"cuda_device_bytes\": %zu, "
-            "\"cuda_prefill\": \"%s\"}",
+            "\"cuda_prefill\": \"%s\", \"cuda_chunk\": %d, \"cuda_libcuda\": ",
             r.cuda_sm, r.cuda_driver_version, r.cuda_image, r.cuda_weights,
-            r.cuda_integrated ? "true" : "false", r.cuda_device_bytes, r.cuda_prefill);
+            r.cuda_integrated ? "true" : "false", r.cuda_device_bytes, r.cuda_prefill,
+            r.cuda_chunk);
+    cli_json_string(f, r.cuda_libcuda, strlen(r.cuda_libcuda));
+    fprintf(f, ", \"cuda_weights_why\": ");
+    cli_json_string(f, r.cuda_weights_why, strlen(r.cuda_weights_why));
+    fprintf(f, "}");
 }
 
 /* --backend auto fell back to the CPU: say why in one line on stderr (stdout stays JSON or raw

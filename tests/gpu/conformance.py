@@ -1,5 +1,6 @@
-"""The kernel conformance checks, shared by the real GPU (test_kernels_pycuda.py, pycuda) and the
-host emulation (test_kernels_emu.py): each check runs one kernel of
+"""The kernel conformance checks, shared by the real GPU (test_kernels_gpu.py: pycuda or the
+driver; run_conformance.py without pytest) and the host emulation (test_kernels_emu.py): each
+check runs one kernel of
 runtime/kernels/colibri_kernels.cu through `gpu` and compares it with kernel_reference.py.
 
 `gpu` provides: put(array) -> device pointer, zeros(shape, dtype), get(ptr, shape, dtype),
@@ -662,3 +663,75 @@ def check_grouped_experts(gpu, dtype, n, k, E, F, Dp, mma: bool = False):
         np.testing.assert_allclose(gpu.get(xd, (n, Dp)), want, rtol=1e-5, atol=1e-5)
 
 
+
+
+# ---------------------------------------------------------------- every check, named
+
+def _mma_or_absent(check, kernel: str):
+    """A tensor-core check on sm_80+; below, the image must lack the kernel (the backend then
+    keeps the SIMT kernels)."""
+    def run(gpu):
+        if gpu.sm < 80:
+            assert not gpu.has_function(kernel), f"sm_{gpu.sm} image has {kernel}"
+            return
+        check(gpu)
+    return run
+
+
+def cases() -> list[tuple[str, object]]:
+    """(id, check(gpu)) for every kernel check at every shape and option the suite runs: what
+    test_kernels_gpu.py parametrizes over and run_conformance.py (no pytest) walks."""
+    out: list[tuple[str, object]] = []
+
+    def add(name, fn, *args, **kw):
+        out.append(("-".join([name, *(getattr(a, "name", str(a)) for a in args),
+                              *(f"{k}={v}" for k, v in kw.items())]),
+                    lambda gpu, fn=fn, args=args, kw=kw: fn(gpu, *args, **kw)))
+
+    for dt in DTYPES:
+        for shape in EMBED_SHAPES:
+            add("embed", check_embed, dt, *shape)
+    add("f16_every_value", check_f16_every_value)
+    for shape in RMSNORM_SHAPES:
+        for in_place in (False, True):
+            add("rmsnorm", check_rmsnorm, *shape, in_place)
+    for dt in DTYPES:
+        for shape in LINEAR_SHAPES:
+            add("linear", check_linear, dt, *shape)
+    add("linear_strided_rows_into_kv_cache", check_linear_strided_rows_into_kv_cache)
+    for shape in QK_ROPE_SHAPES:
+        for kv_f16 in (False, True):
+            add("qk_rope_kv", check_qk_rope_kv, *shape, kv_f16)
+    add("f16_kv_store", check_f16_kv_store)
+    for shape in ATTENTION_SHAPES:
+        for kv_f16 in (False, True):
+            add("attention", check_attention, *shape, kv_f16)
+    for shape in PREFILL_SHAPES:
+        for kv_f16 in (False, True):
+            add("attention_prefill", check_attention_prefill, *shape, kv_f16)
+    for shape in TOPK_SHAPES:
+        for renorm in (True, False):
+            add("router_topk", check_router_topk, *shape, renorm)
+    for E, k in ((16, 12), (60, 16)):
+        add("router_topk_nan", check_router_topk_nan, E, k)
+    for dt in DTYPES:
+        for shape in FFN_ROUTE_SHAPES:
+            for nan in (False, True):
+                add("ffn_route", check_ffn_route, dt, *shape, nan=nan)
+    for shape in DISPATCH_SHAPES:
+        add("dispatch", check_dispatch, *shape)
+    for dt in DTYPES:
+        for shape in EXPERT_SHAPES:
+            add("grouped_experts", check_grouped_experts, dt, *shape)
+    for dt in MMA_DTYPES:
+        for shape in EXPERT_MMA_SHAPES:
+            name, fn = f"grouped_experts_mma-{dt.name}-" + "-".join(map(str, shape)), \
+                _mma_or_absent(lambda g, dt=dt, s=shape: check_grouped_experts(g, dt, *s, mma=True),
+                               "cb_expert_up_mma")
+            out.append((name, fn))
+    for dt in MMA_DTYPES:
+        for shape in LINEAR_MMA_SHAPES:
+            out.append((f"linear_mma-{dt.name}-" + "-".join(map(str, shape)),
+                        _mma_or_absent(lambda g, dt=dt, s=shape: check_linear(g, dt, *s, mma=True),
+                                       "cb_linear_mma")))
+    return out

@@ -183,20 +183,23 @@ static int test_plan(void) {
     fake_model_init(&f, COLIBRI_DT_F16);
     colibri_cuda_plan_t p;
     CHECK(colibri_cuda_plan(&f.m, 0, &p) == 0, "plan ok");
-    CHECK(p.chunk == 32, "chunk %d", p.chunk);
+    /* a 64-position cache: one pass covers it (the activation budget allows 256 tokens), and
+     * the logits come down 32 rows at a time */
+    CHECK(p.chunk == 64 && p.logit_rows == 32, "chunk %d, logit rows %d", p.chunk, p.logit_rows);
+    const size_t c = 64;
     /* the buffers in layout order: each aligned, each at or after the end of the previous one */
     const size_t at[] = {p.x, p.h, p.q, p.qkv, p.att, p.part, p.router, p.top_idx, p.top_w, p.offsets,
                          p.active, p.perm, p.slot_of, p.act, p.expert_out, p.shared_act,
                          p.shared_out, p.shared_gate, p.shared_offsets, p.logits, p.ids, p.iota,
                          p.prm, p.rope, p.kcache,
                          p.vcache, p.tables};
-    /* qkv staging: 32 tokens x (H*Dh 32 + 2 x Hkv*Dh 16) floats; partials: decode's 1 token (the
+    /* qkv staging: c tokens x (H*Dh 32 + 2 x Hkv*Dh 16) floats; partials: decode's 1 token (the
      * tiled prefill kernel keeps none) x 4 heads x 1 KV range (64 positions) x (Dh 8 + 2) */
-    const size_t need[] = {32 * 32 * 4, 32 * 32 * 4, 32 * 32 * 4, 32 * 64 * 4, 32 * 32 * 4,
+    const size_t need[] = {c * 32 * 4, c * 32 * 4, c * 32 * 4, c * 64 * 4, c * 32 * 4,
                            1 * 4 * 1 * 10 * 4,
-                           32 * 8 * 4, 32 * 2 * 4, 32 * 2 * 4, 9 * 4, 8 * 4, 32 * 2 * 4, 32 * 2 * 4,
-                           32 * 2 * 20 * 4, 32 * 2 * 32 * 4, 32 * 12 * 4, 32 * 32 * 4, 32 * 4, 8,
-                           32 * 50 * 4, 32 * 4, 32 * 4, 256, 64 * 8 * 4, 2 * 64 * 16 * 4, 2 * 64 * 16 * 4,
+                           c * 8 * 4, c * 2 * 4, c * 2 * 4, 9 * 4, 8 * 4, c * 2 * 4, c * 2 * 4,
+                           c * 2 * 20 * 4, c * 2 * 32 * 4, c * 12 * 4, c * 32 * 4, c * 4, 8,
+                           32 * 50 * 4, c * 4, c * 4, 256, 64 * 8 * 4, 2 * 64 * 16 * 4, 2 * 64 * 16 * 4,
                            2 * (6 * 8 + 6) * 8};
     const int nb = (int)(sizeof at / sizeof at[0]);
     for (int i = 0; i < nb; i++) {
@@ -215,10 +218,11 @@ static int test_plan(void) {
               ph.kcache == p.kcache && p.total - ph.total == p.kv_bytes / 2,
           "f16 cache: %zu bytes, total %zu vs %zu", ph.kv_bytes, ph.total, p.total);
     /* long context, many heads, Dh 128: the tiled prefill keeps no partials, decode's one token's
-     * (32 heads x 128 KV ranges x 130 floats) fit 64 MiB, so the chunk stays 32 */
+     * (32 heads x 128 KV ranges x 130 floats) fit 64 MiB; this small model's per-token buffers fit
+     * the activation budget at the 256-token maximum */
     f.m.max_seq_len = 32768; f.m.n_heads = 32; f.m.n_kv_heads = 8; f.m.head_dim = 128;
     CHECK(colibri_cuda_plan(&f.m, 0, &p) == 0, "long plan");
-    CHECK(p.chunk == 32 && p.router - p.part >= (size_t)32 * 128 * 130 * 4 &&
+    CHECK(p.chunk == 256 && p.router - p.part >= (size_t)32 * 128 * 130 * 4 &&
               p.router - p.part < (size_t)2 * 32 * 128 * 130 * 4,
           "chunk %d, partials %zu bytes", p.chunk, p.router - p.part);
     /* heads wider than the tiled kernel's 128: prefill runs split-KV, the partials are per chunk
@@ -228,6 +232,15 @@ static int test_plan(void) {
     CHECK(p.chunk == 8 && (size_t)p.chunk * 32 * 128 * 258 * 4 <= (64u << 20) &&
               (size_t)(2 * p.chunk) * 32 * 128 * 258 * 4 > (64u << 20),
           "chunk %d", p.chunk);
+    /* a wide model's per-token buffers (Dp 7168, 8 of 64 experts of 2048, 64 heads of 128) pass
+     * the 32 MiB budget at 256 and 128 tokens: 64 */
+    {
+        colibri_model wide = f.m;
+        wide.head_dim = 128; wide.n_heads = 64; wide.n_kv_heads = 8; wide.embed_dim_pad = 7168;
+        wide.num_experts = 64; wide.top_k = 8; wide.expert_size = 2048;
+        CHECK(colibri_cuda_plan(&wide, 0, &p) == 0 && p.chunk == 64, "wide model chunk %d",
+              p.chunk);
+    }
     f.m.head_dim = 8;
     f.m.max_seq_len = 8; f.m.n_heads = 4; f.m.n_kv_heads = 2;
     CHECK(colibri_cuda_plan(&f.m, 0, &p) == 0 && p.chunk == 8, "short cache chunk %d", p.chunk);

@@ -3,7 +3,7 @@ argument, plus `backend_forward`: the kernels composed in exactly the order
 runtime/src/cuda/cuda_backend.c issues them.
 
 Two uses:
-* tests/gpu/test_kernels_pycuda.py compares each GPU kernel with its function here;
+* tests/gpu/test_kernels_gpu.py compares each GPU kernel with its function here;
 * tests/test_cuda_host.py checks, on the CPU, that `backend_forward` (i.e. the backend's plan of
   kernels, buffers, strides and KV-cache layout) reproduces colibri_kit.model.reference, so the
   per-kernel references are known to add up to the model's forward pass.

@@ -15,7 +15,16 @@
  *   STUB_HTOD_FAIL_AT  the Nth cuMemcpyHtoDAsync_v2 call (1-based) returns 1 (INVALID_VALUE)
  *                      and copies nothing (an upload failing part way)
  *   STUB_ALLOCHOST_FAIL_AT  the Nth cuMemAllocHost_v2 call (1-based) returns 2 (OUT_OF_MEMORY)
+ *   STUB_HOST_REGISTER / STUB_RO_REGISTER  CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED (99) /
+ *                    READ_ONLY_HOST_REGISTER_SUPPORTED (113), default 1 (0 on some Tegra parts)
+ *   STUB_REGISTER_RC cuMemHostRegister_v2's result (default 0)
  *   STUB_LOG         file receiving one line per cuLaunchKernel / memcpy / event call
+ * Built with -DSTUB_DRIVER_VERSION=N, cuDriverGetVersion answers N (default 12060): two builds
+ * stand for a JetPack BSP driver and NVIDIA's cuda-compat upgrade of it. With -DSTUB_JIT_CHECK,
+ * loading a PTX image opens "libnvidia-ptxjitcompiler.so.1" by soname, as the real driver's JIT
+ * does: absent, CUDA_ERROR_JIT_COMPILER_NOT_FOUND (221); a JIT compiler of another driver version
+ * (its stub_ptxjit_version(), tests/gpu/stub_ptxjit.c), CUDA_ERROR_INVALID_PTX (218), so a
+ * compat libcuda loaded without its own JIT library fails as it would on a device.
  * Built with -DSTUB_OMIT_LAUNCH it lacks cuLaunchKernel (a driver missing an entry point); with
  * -DSTUB_OMIT_GRAPH it lacks the CUDA-graph entry points (a driver older than CUDA 11.4).
  *
@@ -36,6 +45,7 @@
  * Built with -DSTUB_EMULATE and linked with tests/gpu/emu/cuda_emu.cpp, cuLaunchKernel runs the
  * kernel in the host emulation, so the real binary's `--backend cuda` path runs end to end on a
  * CPU (tests/test_cuda_host.py compares it with `--backend cpu`). */
+#include <dlfcn.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -92,7 +102,10 @@ static int stream_index(void *s) { return s ? (int)((char *)s - g_stream) : -1; 
 static int capturing(void *s) { int i = stream_index(s); return i >= 0 && g_capturing[i]; }
 
 CUresult cuInit(unsigned flags) { (void)flags; return env_int("STUB_CUINIT_RC", 0); }
-CUresult cuDriverGetVersion(int *v) { *v = 12060; return 0; }
+#ifndef STUB_DRIVER_VERSION
+#define STUB_DRIVER_VERSION 12060
+#endif
+CUresult cuDriverGetVersion(int *v) { *v = STUB_DRIVER_VERSION; return 0; }
 CUresult cuDeviceGetCount(int *n) { *n = 1; return 0; }
 CUresult cuDeviceGet(int *d, int i) { *d = i; return 0; }
 CUresult cuDeviceGetAttribute(int *v, int attr, int dev) {
@@ -103,6 +116,9 @@ CUresult cuDeviceGetAttribute(int *v, int attr, int dev) {
     case 76: *v = sm % 10; break;
     case 18: *v = env_int("STUB_INTEGRATED", 0); break;
     case 19: *v = 1; break;
+    case 99: *v = env_int("STUB_HOST_REGISTER", 1); break;
+    case 113: *v = env_int("STUB_RO_REGISTER", 1); break;
+    case 16: *v = 132; break; /* multiprocessors (an H200's) */
     default: *v = 0;
     }
     return 0;
@@ -127,8 +143,19 @@ CUresult cuModuleLoadDataEx(void **mod, const void *img, unsigned n, int *o, voi
     (void)n; (void)o; (void)v;
     *mod = &g_mod;
     g_image = img;
+#ifdef STUB_JIT_CHECK
+    if (memcmp(img, "\x7f" "ELF", 4) != 0) { /* PTX: the JIT compiler library, by soname */
+        void *jit = dlopen("libnvidia-ptxjitcompiler.so.1", RTLD_NOW | RTLD_LOCAL);
+        if (!jit) return 221; /* CUDA_ERROR_JIT_COMPILER_NOT_FOUND */
+        int (*version)(void) = (int (*)(void))dlsym(jit, "stub_ptxjit_version");
+        const int same = version && version() == STUB_DRIVER_VERSION;
+        dlclose(jit);
+        if (!same) return 218; /* CUDA_ERROR_INVALID_PTX */
+    }
+#endif
     return env_int("STUB_LOAD_RC", 0);
 }
+CUresult cuModuleLoadData(void **mod, const void *img) { return cuModuleLoadDataEx(mod, img, 0, 0, 0); }
 CUresult cuModuleUnload(void *mod) { (void)mod; return 0; }
 
 /* Does the loaded image define kernel `name`? As the driver answers cuModuleGetFunction
@@ -184,6 +211,14 @@ CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void *s, size_t n) {
     memcpy((void *)(uintptr_t)d, s, n);
     return 0;
 }
+CUresult cuMemcpyDtoH_v2(void *d, CUdeviceptr s, size_t n) {
+    memcpy(d, (const void *)(uintptr_t)s, n);
+    return 0;
+}
+CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) {
+    memset((void *)(uintptr_t)d, v, n);
+    return 0;
+}
 static int g_htod_async; /* cuMemcpyHtoDAsync_v2 calls so far */
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *s, size_t n, void *st) {
     if (capturing(st)) return 900; /* CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED */
@@ -209,13 +244,14 @@ CUresult cuMemFreeHost(void *p) {
 }
 CUresult cuMemcpyDtoHAsync_v2(void *d, CUdeviceptr s, size_t n, void *st) {
     if (capturing(st)) return 900;
+    logf_("dtoh async %zu", n);
     memcpy(d, (const void *)(uintptr_t)s, n);
     return 0;
 }
 CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned flags) {
     logf_("register %zu flags %u", n, flags);
     (void)p;
-    return 0;
+    return env_int("STUB_REGISTER_RC", 0);
 }
 CUresult cuMemHostUnregister(void *p) { (void)p; return 0; }
 CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *d, void *p, unsigned flags) {
@@ -334,9 +370,22 @@ CUresult cuEventDestroy_v2(void *e) {
 }
 /* copies and launches complete before the call returns here, so an event is always reached */
 CUresult cuEventSynchronize(void *e) { (void)e; return 0; }
+/* the host clock between two records (the emulation runs each launch before the call returns) */
+#include <time.h>
+static double g_ev_time[8];
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+CUresult cuEventElapsedTime(float *ms, void *start, void *stop) {
+    *ms = (float)(g_ev_time[(char *)stop - g_event] - g_ev_time[(char *)start - g_event]);
+    return 0;
+}
 CUresult cuEventRecord(void *e, void *s) {
     const int si = stream_index(s), ei = (int)((char *)e - g_event);
     logf_("record event %d stream %d", ei, si);
+    g_ev_time[ei] = now_ms();
     g_ev_stream[ei] = capturing(s) ? si : -1;
     g_ev_ops[ei] = capturing(s) ? g_ops[si] : 0;
     return 0;

@@ -6,7 +6,7 @@ __shfl_xor_sync).
 This checks the kernels' logic where no GPU is available: indexing and strides, token tiling, the
 fixed-shape reductions, the bitonic top-k network and its tie rule, the dispatch permutation, the
 grouped expert tables. It does not check NVRTC's code generation or the GPU's arithmetic (FMA
-contraction, expf): those are the pycuda suite's job on a real GPU (test_kernels_pycuda.py). Every
+contraction, expf): those are the GPU suite's job on a real GPU (test_kernels_gpu.py). Every
 call is checked against the kernel signatures of the PTX the real NVRTC produces.
 """
 
@@ -37,7 +37,7 @@ KERNELS = ROOT / "runtime" / "kernels" / "colibri_kernels.cu"
 
 
 class EmuGpu:
-    """Same interface as test_kernels_pycuda.Gpu; "device" memory is 256-aligned host memory.
+    """Same interface as gpu_session.Gpu; "device" memory is 256-aligned host memory.
     exact_f32: the kernels' f32 arithmetic is IEEE single operation by operation (built with
     -ffp-contract=off: no FMA contraction on any host), so bit-identity checks against NumPy f32
     expressions hold (a GPU contracts a*b + c into FMAs: those checks are the emulation's)."""

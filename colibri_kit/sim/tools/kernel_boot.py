@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The boot of an emulated Jetson's kernel: what the bootloader and the kernel leave in /proc and
 /sys that ``invoke tune``'s real-time steps read (standard library only; never imports
-colibri_kit: it is copied onto the emulated device as /usr/lib/colibri-sim/kernel-boot and runs at
+colibri_kit: it is copied onto the emulated device as /usr/sbin/colibri-sim-kernel-boot and runs at
 every boot, before nvpmodel's). COLIBRI_SIM_ROOT, when set, prefixes every path (the in-process
 devices); on an sshd device the paths are the real ones, bound over the host's.
 

@@ -147,13 +147,7 @@ colibri_status colibri_ctx_new(colibri_ctx **out, colibri_model *model,
 
     ctx->simd = colibri_kernels_init();
     ctx->use_q8 = opt.int8_activations && (m->dtype == COLIBRI_DT_INT8 || m->dtype == COLIBRI_DT_Q4);
-    if (ctx->cuda) {
-        ctx->cuda_logits = malloc((size_t)COLIBRI_CHUNK * m->vocab_size * sizeof(float));
-        if (!ctx->cuda_logits)
-            return init_fail(ctx, &opt, set_err(ctx, COLIBRI_E_NO_MEMORY,
-                                                "cannot allocate the logits buffer (vocab %u)",
-                                                m->vocab_size));
-    } else {
+    if (!ctx->cuda) {
         int threads = ctx->opt.threads;
         int kv_f16 = opt.kv_dtype == COLIBRI_KV_F16;
         size_t bytes = colibri_arena_plan(m, threads, ctx->use_q8, kv_f16, &ctx->b, NULL);
@@ -241,19 +235,11 @@ colibri_status colibri_forward(colibri_ctx *ctx, const int32_t *ids, int n, floa
 colibri_status colibri_forward_last(colibri_ctx *ctx, const int32_t *ids, int n, float *logits) {
     colibri_status st = check_forward(ctx, ids, n, logits);
     if (st) return st;
-    const struct colibri_model *m = ctx->model;
-    size_t V = m->vocab_size;
-    if (ctx->cuda) { /* the backend writes every row: chunks through the context's buffer */
-        int pos = ctx->pos, c = 0;
-        for (int done = 0; done < n; done += c) {
-            c = n - done < COLIBRI_CHUNK ? n - done : COLIBRI_CHUNK;
-            char why[192] = "";
-            if (colibri_cuda_forward(ctx->cuda, ids + done, c, pos + done, ctx->cuda_logits, why,
-                                     sizeof why) != 0)
-                return set_err(ctx, COLIBRI_E_BACKEND, "CUDA forward failed: %s", why);
-        }
-        memcpy(logits, ctx->cuda_logits + (size_t)(c - 1) * V, V * sizeof *logits);
-        ctx->pos = pos + n;
+    if (ctx->cuda) { /* the backend computes and downloads the last row only */
+        char why[192] = "";
+        if (colibri_cuda_forward_last(ctx->cuda, ids, n, ctx->pos, logits, why, sizeof why) != 0)
+            return set_err(ctx, COLIBRI_E_BACKEND, "CUDA forward failed: %s", why);
+        ctx->pos += n;
     } else {
         for (int done = 0; done < n;) {
             int c = n - done < ctx->b.chunk ? n - done : ctx->b.chunk;
@@ -277,7 +263,6 @@ void colibri_free(colibri_ctx *ctx) {
     if (!ctx) return;
     if (ctx->pool_started) colibri_pool_stop(&ctx->pool);
     if (ctx->cuda) colibri_cuda_close(ctx->cuda);
-    free(ctx->cuda_logits);
     free(ctx->arena);
     model_unref(ctx->model);
     free(ctx);
@@ -364,6 +349,9 @@ void colibri_get_runtime_info(const colibri_ctx *ctx, colibri_runtime_info *i) {
         i->cuda_device_bytes = ci.device_bytes;
         snprintf(i->kv_dtype, sizeof i->kv_dtype, "%s", ci.kv_f16 ? "f16" : "f32");
         i->kv_cache_bytes = ci.kv_cache_bytes;
+        snprintf(i->cuda_libcuda, sizeof i->cuda_libcuda, "%s", ci.libcuda);
+        snprintf(i->cuda_weights_why, sizeof i->cuda_weights_why, "%s", ci.weights_why);
+        i->cuda_chunk = ci.chunk;
     } else {
         i->arena_bytes = ctx->arena_bytes;
         snprintf(i->kv_dtype, sizeof i->kv_dtype, "%s", ctx->b.kv_f16 ? "f16" : "f32");

@@ -59,7 +59,6 @@ struct colibri_ctx {
     int use_q8;               /* int8 activations for int8 weights */
     const char *simd;
     colibri_cuda *cuda;       /* non-NULL when the CUDA backend runs this context */
-    float *cuda_logits;       /* CUDA: [COLIBRI_CHUNK, vocab] for colibri_forward_last */
     char fallback[192];
     char err[512];
 };

@@ -46,7 +46,15 @@
 #define CB_TOKEN_TILE ((unsigned)COLIBRI_CU_TOKEN_TILE)
 #define CB_WIDE ((unsigned)COLIBRI_CU_WIDE_THREADS)
 #define CB_HEAD ((unsigned)COLIBRI_CU_HEAD_THREADS)
-#define CB_MAX_CHUNK 32       /* tokens per device pass at most */
+/* Tokens per device pass (prefill): as many as the activation budget allows, up to CB_MAX_CHUNK
+ * (a tensor-core tile reads each weight row once per 32 tokens of an expert, so longer passes
+ * read the weights fewer times per prompt); never fewer than CB_MIN_CHUNK for the budget's sake,
+ * the chunk the backend had before (issue 20). The logits come down CB_LOGIT_ROWS rows at a time
+ * (a prompt's last row only in colibri_cuda_forward_last), so they do not grow with the pass. */
+#define CB_MAX_CHUNK 256
+#define CB_MIN_CHUNK 32
+#define CB_ACT_BUDGET ((size_t)32 << 20) /* a pass's per-token buffers, bytes */
+#define CB_LOGIT_ROWS 32
 #define CB_PART_BUDGET (64u << 20) /* split-attention partials bound, bytes */
 #define CB_KV_SPLIT ((size_t)COLIBRI_CU_KV_SPLIT)
 /* The decode graph's parameter block (plan.prm), in ints: the step's token id and position are
@@ -109,6 +117,16 @@ static size_t cb_part_tokens(size_t chunk, size_t Dh) {
     return Dh <= (size_t)COLIBRI_CU_FA_MAX_DH ? 1 : chunk;
 }
 
+/* Bytes of the per-token buffers of a pass (everything colibri_cuda_plan sizes by the chunk but
+ * the split-KV partials and the logits): the activation budget's measure. */
+static size_t cb_token_bytes(const struct colibri_model *m) {
+    const size_t H = m->n_heads, Dh = m->head_dim, Dp = m->embed_dim_pad, E = m->num_experts;
+    const size_t k = m->top_k, F = m->expert_size, kvd = (size_t)m->n_kv_heads * Dh;
+    size_t b = 2 * Dp + H * Dh + (H * Dh + 2 * kvd) + H * Dh + E + 4 * k + k * F + k * Dp + 2;
+    if (m->flags & COLIBRI_FLAG_SHARED_EXPERT) b += m->shared_expert_size + Dp + 1;
+    return b * 4;
+}
+
 int colibri_cuda_plan(const struct colibri_model *m, int kv_f16, colibri_cuda_plan_t *p) {
     memset(p, 0, sizeof *p);
     const size_t S = m->max_seq_len, H = m->n_heads, Dh = m->head_dim, Dp = m->embed_dim_pad;
@@ -123,9 +141,11 @@ int colibri_cuda_plan(const struct colibri_model *m, int kv_f16, colibri_cuda_pl
     const size_t ranges = (S + CB_KV_SPLIT - 1) / CB_KV_SPLIT;
     const size_t kv_bytes = kv_f16 ? 2 : 4; /* f16 cache: IEEE half bits */
     size_t c = CB_MAX_CHUNK < S ? CB_MAX_CHUNK : S;
+    while (c > CB_MIN_CHUNK && c * cb_token_bytes(m) > CB_ACT_BUDGET) c /= 2;
     while (c > 1 && cb_part_tokens(c, Dh) * H * ranges * (Dh + 2) * sizeof(float) > CB_PART_BUDGET)
         c /= 2;
     p->chunk = (int)c;
+    p->logit_rows = (int)(c < CB_LOGIT_ROWS ? c : CB_LOGIT_ROWS);
     p->kv_f16 = kv_f16 != 0;
     size_t at = 0;
     p->x = cb_take(&at, c * Dp * 4);
@@ -149,7 +169,7 @@ int colibri_cuda_plan(const struct colibri_model *m, int kv_f16, colibri_cuda_pl
         p->shared_gate = cb_take(&at, c * 4);
     }
     p->shared_offsets = cb_take(&at, 2 * 4);
-    p->logits = cb_take(&at, c * V * 4);
+    p->logits = cb_take(&at, (size_t)p->logit_rows * V * 4);
     p->ids = cb_take(&at, c * 4);
     p->iota = cb_take(&at, c * 4);
     p->prm = cb_take(&at, CB_PRM_BYTES);
@@ -199,6 +219,9 @@ typedef struct {
     cuMemAllocHost_v2_t MemAllocHost;
     cuMemFreeHost_t MemFreeHost;
     cuGetErrorString_t GetErrorString;
+    cuCtxSynchronize_t CtxSynchronize;
+    void *companions[2];       /* the cuda-compat driver's JIT/NVVM libraries, preloaded */
+    char path[256];            /* the library loaded, as the dynamic loader found it */
     /* optional (CUDA graphs); all set or all NULL */
     cuStreamBeginCapture_v2_t StreamBeginCapture;
     cuStreamEndCapture_t StreamEndCapture;
@@ -230,23 +253,75 @@ static const struct { const char *name; size_t off; } cb_symbols[] = {
     CB_SYM(EventDestroy, "cuEventDestroy_v2"), CB_SYM(EventRecord, "cuEventRecord"),
     CB_SYM(EventSynchronize, "cuEventSynchronize"), CB_SYM(MemAllocHost, "cuMemAllocHost_v2"),
     CB_SYM(MemFreeHost, "cuMemFreeHost"),
-    CB_SYM(GetErrorString, "cuGetErrorString"),
+    CB_SYM(GetErrorString, "cuGetErrorString"), CB_SYM(CtxSynchronize, "cuCtxSynchronize"),
 #undef CB_SYM
 };
 
-/* The library name; tests point it at a stand-in to exercise failure paths a machine without a
- * GPU cannot otherwise produce (COLIBRI_LIBCUDA is read only by this function). */
-static const char *cb_libcuda_name(void) {
-    const char *env = getenv("COLIBRI_LIBCUDA");
-    return env && *env ? env : "libcuda.so.1";
+/* The profile's cuda-compat driver (templates/colibri_config.h.j2, `cuda.compat_driver`): a
+ * Jetson target whose CUDA is newer than some of its L4T releases' BSP driver (xavier-nx's 11.8 on
+ * JetPack 5's 11.4; orin's 12.6 on R36.3's 12.2) names NVIDIA's upgrade driver by its path, so
+ * neither the service unit nor a shell needs LD_LIBRARY_PATH. */
+#ifndef COLIBRI_CUDA_COMPAT_LIBCUDA
+#define COLIBRI_CUDA_COMPAT_LIBCUDA ""
+#endif
+
+/* Libraries NVIDIA's cuda-compat package installs beside its libcuda.so.1 (dpkg -L cuda-compat-*:
+ * libnvidia-ptxjitcompiler.so.1, libnvidia-nvvm.so.4, libcudadebugger.so.1), which that libcuda
+ * opens by soname when it JIT-compiles PTX. NVIDIA's instructions put the compat directory on
+ * LD_LIBRARY_PATH; loading libcuda by its path does not, so the companions are loaded first, by
+ * path: glibc's dlopen then finds them already loaded under their soname (the approach of
+ * CUDA.jl's compat-driver loader, JuliaGPU/CUDA.jl#1859). A missing companion is skipped: the
+ * BSP's own is found, as it would be without the compat directory. */
+static const char *const cb_compat_companions[] = {"libnvidia-ptxjitcompiler.so.1",
+                                                   "libnvidia-nvvm.so.4"};
+
+const char *colibri_cuda_libcuda_choice(const char *env, const char *compat, int compat_present,
+                                        int *is_compat) {
+    *is_compat = 0;
+    if (env && *env) return env; /* tests' stand-in, or an operator's explicit choice */
+    if (compat && *compat && compat_present) {
+        *is_compat = 1;
+        return compat;
+    }
+    return "libcuda.so.1";
+}
+
+static void cb_driver_unload(cb_driver *d) {
+    if (d->lib) dlclose(d->lib);
+    for (size_t i = 0; i < sizeof d->companions / sizeof d->companions[0]; i++)
+        if (d->companions[i]) dlclose(d->companions[i]);
+    d->lib = NULL;
+    memset(d->companions, 0, sizeof d->companions);
+}
+
+/* Preload the companions from the compat driver's directory (see cb_compat_companions). */
+static void cb_preload_companions(cb_driver *d, const char *libcuda) {
+    const char *slash = strrchr(libcuda, '/');
+    if (!slash) return;
+    for (size_t i = 0; i < sizeof cb_compat_companions / sizeof cb_compat_companions[0]; i++) {
+        char path[320];
+        snprintf(path, sizeof path, "%.*s/%s", (int)(slash - libcuda), libcuda,
+                 cb_compat_companions[i]);
+        if (access(path, R_OK) == 0) d->companions[i] = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    }
 }
 
 static int cb_driver_load(cb_driver *d, char *why, size_t why_len) {
     memset(d, 0, sizeof *d);
-    const char *name = cb_libcuda_name();
+    const char *compat = COLIBRI_CUDA_COMPAT_LIBCUDA;
+    int is_compat = 0;
+    const char *name = colibri_cuda_libcuda_choice(getenv("COLIBRI_LIBCUDA"), compat,
+                                                   compat[0] && access(compat, R_OK) == 0,
+                                                   &is_compat);
+    if (is_compat) cb_preload_companions(d, name);
     d->lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
     if (!d->lib) {
-        snprintf(why, why_len, "%s not found (no NVIDIA driver)", name);
+        if (is_compat) /* present but unusable: say so, never fall back silently to the BSP's */
+            snprintf(why, why_len, "cannot load the cuda-compat driver %s: %.160s", name,
+                     dlerror());
+        else
+            snprintf(why, why_len, "%s not found (no NVIDIA driver)", name);
+        cb_driver_unload(d);
         return -1;
     }
     for (size_t i = 0; i < sizeof cb_symbols / sizeof cb_symbols[0]; i++) {
@@ -254,12 +329,17 @@ static int cb_driver_load(cb_driver *d, char *why, size_t why_len) {
         if (!fn) {
             snprintf(why, why_len, "%s lacks %s (driver too old or not an NVIDIA driver)", name,
                      cb_symbols[i].name);
-            dlclose(d->lib);
-            d->lib = NULL;
+            cb_driver_unload(d);
             return -1;
         }
         memcpy((char *)d + cb_symbols[i].off, &fn, sizeof fn);
     }
+    /* the file the loader opened (a bare name resolves through its search path) */
+    Dl_info where;
+    void *sym = NULL;
+    memcpy(&sym, &d->Init, sizeof sym);
+    snprintf(d->path, sizeof d->path, "%s",
+             dladdr(sym, &where) && where.dli_fname ? where.dli_fname : name);
     /* CUDA graphs (driver >= 11.4 for cuGraphInstantiateWithFlags): optional, all or none, so
      * an older driver still runs, with one launch per kernel */
     static const struct { const char *name; size_t off; } graph_syms[] = {
@@ -335,7 +415,8 @@ struct colibri_cuda {
     colibri_cuda_plan_t plan;
     CUdeviceptr arena;
     CUdeviceptr wbase;       /* dv->wbase */
-    float *host_logits;      /* page-locked (cuMemAllocHost): plan.chunk x vocab logits */
+    float *host_logits;      /* page-locked (cuMemAllocHost): plan.logit_rows x vocab logits */
+    int pass;                /* tokens per device pass: plan.chunk, or COLIBRI_CUDA_CHUNK below it */
     /* decode graph: captured on the first one-token forward, then launched once per token;
      * graph_off: the driver lacks the entry points, or a capture failed (plain launches) */
     CUgraphExec graph;
@@ -399,10 +480,13 @@ static int cb_linear_at(colibri_cuda *cu, CUstream s, CUdeviceptr y, int ys, CUd
 /* Every linear layer but the router (Q/K/V into their staging rows, WO, shared gate, LM head):
  * on the tensor cores in a prefill pass when colibri_cuda_use_mma says so (cb_linear_mma, same
  * arguments; grid 64 rows x 32 tokens), else the GEMV. */
-static int cb_linear(colibri_cuda *cu, CUstream s, CUdeviceptr y, int ys, CUdeviceptr x, int xs,
-                     int n, const colibri_tensor *w, CUdeviceptr bias, int accumulate, char *why,
-                     size_t why_len) {
-    if (colibri_cuda_use_mma(cu->tc[CB_T_LINEAR] != NULL, n, (int)w->dtype)) {
+/* n_pass: the tokens of the device pass the n rows belong to, which picks the kernel (the LM head
+ * of a prompt's last row alone runs the kernel its whole pass would: the same bits as that row of
+ * the full head, since a row's sums never depend on the other rows of its tile). */
+static int cb_linear_of(colibri_cuda *cu, CUstream s, CUdeviceptr y, int ys, CUdeviceptr x,
+                        int xs, int n, int n_pass, const colibri_tensor *w, CUdeviceptr bias,
+                        int accumulate, char *why, size_t why_len) {
+    if (colibri_cuda_use_mma(cu->tc[CB_T_LINEAR] != NULL, n_pass, (int)w->dtype)) {
         CUdeviceptr wd = cb_dev(cu, w->data), sc = cb_dev(cu, w->scales), pos_d = 0;
         int dt = (int)w->dtype, rows = (int)w->rows, cols = (int)w->cols;
         void *a[] = {&y, &ys, &x, &xs, &n, &wd, &sc, &dt, &rows, &cols, &bias, &accumulate, &pos_d};
@@ -412,6 +496,12 @@ static int cb_linear(colibri_cuda *cu, CUstream s, CUdeviceptr y, int ys, CUdevi
                             COLIBRI_CU_MMA_THREADS, s, a, why, why_len);
     }
     return cb_linear_at(cu, s, y, ys, x, xs, n, w, bias, accumulate, 0, why, why_len);
+}
+
+static int cb_linear(colibri_cuda *cu, CUstream s, CUdeviceptr y, int ys, CUdeviceptr x, int xs,
+                     int n, const colibri_tensor *w, CUdeviceptr bias, int accumulate, char *why,
+                     size_t why_len) {
+    return cb_linear_of(cu, s, y, ys, x, xs, n, n, w, bias, accumulate, why, why_len);
 }
 
 /* pos_d, pos_rows: x and y start *pos_d * pos_rows rows further (0: they do not) */
@@ -589,24 +679,51 @@ static int cb_upload_tables(colibri_cuda *cu, char *why, size_t why_len) {
     return 0;
 }
 
-/* Integrated GPU: register the mmapped data section for device access (no second copy).
- * Returns 0 when mapped; non-zero (and nothing held) when the caller should copy instead. */
-static int cb_map_weights(colibri_cuda_device *cu) {
+/* COLIBRI_CUDA_WEIGHTS=map: register the mmapped data section for device access (no second
+ * copy). The device must say it can (CU_DEVICE_ATTRIBUTE_INTEGRATED: the GPU reads the same DRAM,
+ * so mapped reads do not cross PCIe; CAN_MAP_HOST_MEMORY; HOST_REGISTER_SUPPORTED, which NVIDIA
+ * documents as 0 on some Tegra parts and L4T releases; READ_ONLY_HOST_REGISTER_SUPPORTED, since
+ * the mapping is read-only and registering it writable would fail). Returns 0 when mapped;
+ * otherwise non-zero, nothing held, and `why` says why the caller copies instead. */
+static int cb_map_weights(colibri_cuda_device *cu, char *why, size_t why_len) {
     const struct colibri_model *m = cu->m;
-    if (!m->mapped) return -1;
+    static const struct { int attr; const char *name; } need[] = {
+        {CU_DEVICE_ATTRIBUTE_INTEGRATED, "not an integrated GPU (mapped reads would cross PCIe)"},
+        {CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY, "CAN_MAP_HOST_MEMORY is 0"},
+        {CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED, "HOST_REGISTER_SUPPORTED is 0"},
+        {CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED,
+         "READ_ONLY_HOST_REGISTER_SUPPORTED is 0"},
+    };
+    for (size_t i = 0; i < sizeof need / sizeof need[0]; i++) {
+        int v = 0;
+        if (cu->d.DeviceGetAttribute(&v, need[i].attr, cu->dev) != CUDA_SUCCESS || !v) {
+            snprintf(why, why_len, "%s", need[i].name);
+            return -1;
+        }
+    }
+    if (!m->mapped) {
+        snprintf(why, why_len, "the model is not a mapped file");
+        return -1;
+    }
     const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     const uintptr_t data = (uintptr_t)(m->base + m->data_offset);
     const uintptr_t lo = data / page * page;
     const uintptr_t hi = ((uintptr_t)(m->base + m->file_size) + page - 1) / page * page;
-    if (lo < (uintptr_t)m->base) return -1;
-    void *p = (void *)lo;
-    if (cu->d.MemHostRegister(p, hi - lo,
-                              CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_READ_ONLY) !=
-        CUDA_SUCCESS)
+    if (lo < (uintptr_t)m->base) {
+        snprintf(why, why_len, "the data section does not start on a mapped page");
         return -1;
+    }
+    void *p = (void *)lo;
+    CUresult r = cu->d.MemHostRegister(p, hi - lo,
+                                       CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_READ_ONLY);
+    if (r != CUDA_SUCCESS) {
+        cb_fail_d(&cu->d, r, "cuMemHostRegister", why, why_len);
+        return -1;
+    }
     CUdeviceptr dp = 0;
-    if (cu->d.MemHostGetDevicePointer(&dp, p, 0) != CUDA_SUCCESS) {
+    if ((r = cu->d.MemHostGetDevicePointer(&dp, p, 0)) != CUDA_SUCCESS) {
         cu->d.MemHostUnregister(p);
+        cb_fail_d(&cu->d, r, "cuMemHostGetDevicePointer", why, why_len);
         return -1;
     }
     cu->registered = p;
@@ -782,6 +899,7 @@ int colibri_cuda_device_open(colibri_cuda_device **out, const struct colibri_mod
     }
     cu->info.sm = major * 10 + minor;
     cu->info.integrated = integrated;
+    snprintf(cu->info.libcuda, sizeof cu->info.libcuda, "%s", cu->d.path);
 
     int img = colibri_cuda_pick_image(colibri_kernel_images, colibri_kernel_image_count,
                                       cu->info.sm, why, why_len);
@@ -837,8 +955,11 @@ int colibri_cuda_device_open(colibri_cuda_device **out, const struct colibri_mod
         snprintf(why, why_len, "COLIBRI_CUDA_WEIGHTS must be copy or map, got '%.32s'", wmode);
         goto fail;
     }
-    const int want_map = integrated && can_map && wmode && strcmp(wmode, "map") == 0;
-    const int mapped = want_map ? cb_map_weights(cu) == 0 : 0;
+    const int want_map = wmode && strcmp(wmode, "map") == 0;
+    (void)can_map; /* cb_map_weights checks every attribute the mapping needs */
+    const int mapped = want_map ? cb_map_weights(cu, cu->info.weights_why,
+                                                 sizeof cu->info.weights_why) == 0
+                                : 0;
     if (!mapped) {
         cu->weights_bytes = (size_t)(m->file_size - m->data_offset);
         if (cu->weights_bytes &&
@@ -858,6 +979,12 @@ int colibri_cuda_device_open(colibri_cuda_device **out, const struct colibri_mod
             goto fail;
         }
         if (cb_upload_weights(cu, up, done, why, why_len)) goto fail;
+        /* the pageable fallback's cuMemcpyHtoD may return before its DMA has landed (NVIDIA's
+         * "API synchronization behavior"): every copy is complete before any kernel runs */
+        if ((r = cu->d.CtxSynchronize()) != CUDA_SUCCESS) {
+            cb_fail_d(&cu->d, r, "weights upload (cuCtxSynchronize)", why, why_len);
+            goto fail;
+        }
         cu->d.EventDestroy(done[0]);
         cu->d.EventDestroy(done[1]);
         cu->d.StreamDestroy(up);
@@ -892,7 +1019,7 @@ void colibri_cuda_device_close(colibri_cuda_device *cu) {
             cu->d.CtxPopCurrent(&popped);
             cu->d.CtxDestroy(cu->ctx);
         }
-        dlclose(cu->d.lib);
+        cb_driver_unload(&cu->d);
     }
     free(cu);
 }
@@ -930,6 +1057,12 @@ int colibri_cuda_open_on(colibri_cuda **out, colibri_cuda_device *dv, int stream
     }
 
     cu->nstreams = stream_count >= 2 ? 2 : 1;
+    {
+        /* COLIBRI_CUDA_STREAMS=1|2 overrides the build's COLIBRI_STREAM_COUNT: gpu-check runs the
+         * second stream's path (every Jetson profile's) on a host build, whose profile has 1 */
+        const char *env = getenv("COLIBRI_CUDA_STREAMS");
+        if (env && (strcmp(env, "1") == 0 || strcmp(env, "2") == 0)) cu->nstreams = atoi(env);
+    }
     for (int s = 0; s < cu->nstreams; s++)
         if ((r = cu->d.StreamCreate(&cu->stream[s], CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS) {
             cb_fail(cu, r, "cuStreamCreate", why, why_len);
@@ -952,7 +1085,7 @@ int colibri_cuda_open_on(colibri_cuda **out, colibri_cuda_device *dv, int stream
         goto fail;
     }
     {
-        const size_t bytes = (size_t)cu->plan.chunk * m->vocab_size * sizeof(float);
+        const size_t bytes = (size_t)cu->plan.logit_rows * m->vocab_size * sizeof(float);
         if ((r = cu->d.MemAllocHost((void **)&cu->host_logits, bytes)) != CUDA_SUCCESS) {
             cu->host_logits = NULL;
             cb_fail(cu, r, "cuMemAllocHost(logits buffer)", why, why_len);
@@ -1001,6 +1134,20 @@ int colibri_cuda_open_on(colibri_cuda **out, colibri_cuda_device *dv, int stream
             goto fail;
         }
     }
+    /* The tables above went up with cuMemcpyHtoD from pageable memory, which may return before
+     * the DMA has landed, on the legacy stream, which the kernels' non-blocking streams do not
+     * wait for: complete them before any kernel can run. */
+    if ((r = cu->d.CtxSynchronize()) != CUDA_SUCCESS) {
+        cb_fail(cu, r, "setup copies (cuCtxSynchronize)", why, why_len);
+        goto fail;
+    }
+    /* COLIBRI_CUDA_CHUNK=N: passes of at most N tokens (tests compare chunk schedules) */
+    cu->pass = cu->plan.chunk;
+    {
+        const char *env = getenv("COLIBRI_CUDA_CHUNK");
+        if (env && atoi(env) > 0 && atoi(env) < cu->pass) cu->pass = atoi(env);
+    }
+    cu->info.chunk = cu->pass;
     /* COLIBRI_CUDA_GRAPH=0: plain launches in decode too, to measure what the graph saves */
     const char *gmode = getenv("COLIBRI_CUDA_GRAPH");
     cu->graph_off = cu->d.GraphLaunch == NULL || (gmode && strcmp(gmode, "0") == 0);
@@ -1029,6 +1176,21 @@ int colibri_cuda_open(colibri_cuda **out, const struct colibri_model *m, int str
         return -1;
     }
     (*out)->owns_dv = 1;
+    return 0;
+}
+
+/* Output norm and LM head of `rows` rows of the pass (from row row0) into the logits buffer's
+ * first rows; n_pass picks the LM head's kernel (cb_linear_of). */
+static int cb_head(colibri_cuda *cu, int row0, int rows, int n_pass, char *why, size_t why_len) {
+    const struct colibri_model *m = cu->m;
+    const int Dp = (int)m->embed_dim_pad, D = (int)m->embed_dim, V = (int)m->vocab_size;
+    const CUdeviceptr off = (CUdeviceptr)row0 * (CUdeviceptr)Dp * 4;
+    const CUdeviceptr x = cu->arena + cu->plan.x + off, h = cu->arena + cu->plan.h + off;
+    CUstream s0 = cu->stream[0];
+    if (cb_rmsnorm(cu, s0, h, Dp, x, Dp, rows, &m->output_norm, Dp, D, why, why_len) ||
+        cb_linear_of(cu, s0, cu->arena + cu->plan.logits, V, h, Dp, rows, n_pass, &m->lm_head, 0,
+                     0, why, why_len))
+        return -1;
     return 0;
 }
 
@@ -1174,17 +1336,33 @@ static int cb_issue_chunk(colibri_cuda *cu, int n, int pos, int graph, char *why
             if (cb_launch(cu, CB_F_COMBINE, (unsigned)n, 1, CB_WIDE, s0, a, why, why_len)) return -1;
         }
     }
-    if (cb_rmsnorm(cu, s0, h, Dp, x, Dp, n, &m->output_norm, Dp, D, why, why_len) ||
-        cb_linear(cu, s0, A + p->logits, V, h, Dp, n, &m->lm_head, 0, 0, why, why_len))
-        return -1;
+    (void)V;
+    /* a decode step's graph ends with its one row of logits; a pass leaves them to cb_head */
+    return graph ? cb_head(cu, 0, 1, 1, why, why_len) : 0;
+}
+
+/* `rows` logits rows of the pass from row row0 (cb_head), down through the page-locked
+ * host_logits (a DMA the driver queues; from pageable memory it would stage it through its own
+ * buffer), then to `out`. */
+static int cb_download(colibri_cuda *cu, int row0, int rows, int n_pass, float *out, char *why,
+                       size_t why_len) {
+    if (cb_head(cu, row0, rows, n_pass, why, why_len)) return -1;
+    CUstream s0 = cu->stream[0];
+    const size_t bytes = (size_t)rows * cu->m->vocab_size * sizeof(float);
+    CB_CHECK(cu->d.MemcpyDtoHAsync(cu->host_logits, cu->arena + cu->plan.logits, bytes, s0),
+             "logits download");
+    CB_CHECK(cu->d.StreamSynchronize(s0), "cuStreamSynchronize");
+    memcpy(out, cu->host_logits, bytes);
     return 0;
 }
 
-/* Plain launches: upload the ids and shared-expert offsets, issue the kernels, fetch the logits.
- * The logits come down into the page-locked host_logits, so the copy is a DMA the driver queues
- * (from pageable memory it would stage it through its own buffer), then to the caller's array. */
-static int cb_forward_chunk(colibri_cuda *cu, const int32_t *ids, int n, int pos, float *logits,
-                            char *why, size_t why_len) {
+/* One device pass of plain launches: upload the ids and the shared-expert offsets, issue the
+ * layers, then the logits: every row (out_all, n x vocab, in plan.logit_rows blocks), the last
+ * row only (out_last), or none (a prompt pass before its last: nothing to wait for, the next
+ * pass follows on the same stream; the uploads' pageable sources are staged before the calls
+ * return, NVIDIA's "API synchronization behavior" for asynchronous host-to-device copies). */
+static int cb_forward_pass(colibri_cuda *cu, const int32_t *ids, int n, int pos, float *out_all,
+                           float *out_last, char *why, size_t why_len) {
     const CUdeviceptr A = cu->arena;
     CUstream s0 = cu->stream[0];
     CB_CHECK(cu->d.MemcpyHtoDAsync(A + cu->plan.ids, ids, (size_t)n * sizeof *ids, s0),
@@ -1193,11 +1371,12 @@ static int cb_forward_chunk(colibri_cuda *cu, const int32_t *ids, int n, int pos
     CB_CHECK(cu->d.MemcpyHtoDAsync(A + cu->plan.shared_offsets, shared_off, sizeof shared_off, s0),
              "offsets upload");
     if (cb_issue_chunk(cu, n, pos, 0, why, why_len)) return -1;
-    const size_t bytes = (size_t)n * cu->m->vocab_size * sizeof(float);
-    CB_CHECK(cu->d.MemcpyDtoHAsync(cu->host_logits, A + cu->plan.logits, bytes, s0),
-             "logits download");
-    CB_CHECK(cu->d.StreamSynchronize(s0), "cuStreamSynchronize");
-    memcpy(logits, cu->host_logits, bytes);
+    if (out_last) return cb_download(cu, n - 1, 1, n, out_last, why, why_len);
+    const size_t V = cu->m->vocab_size;
+    for (int r = 0; out_all && r < n; r += cu->plan.logit_rows) {
+        const int rows = n - r < cu->plan.logit_rows ? n - r : cu->plan.logit_rows;
+        if (cb_download(cu, r, rows, n, out_all + (size_t)r * V, why, why_len)) return -1;
+    }
     return 0;
 }
 
@@ -1242,8 +1421,9 @@ static int cb_decode_graph(colibri_cuda *cu, int32_t id, int pos, float *logits,
     return 0;
 }
 
-int colibri_cuda_forward(colibri_cuda *cu, const int32_t *ids, int n, int pos, float *logits,
-                         char *why, size_t why_len) {
+/* Both forwards: every row of logits, or (last) the last token's only. */
+static int cb_forward(colibri_cuda *cu, const int32_t *ids, int n, int pos, float *logits,
+                      int last, char *why, size_t why_len) {
     const struct colibri_model *m = cu->m;
     if (n <= 0 || pos < 0 || (uint64_t)pos + (uint64_t)n > m->max_seq_len) {
         snprintf(why, why_len, "positions %d..%d outside the KV cache (%u)", pos, pos + n - 1,
@@ -1263,14 +1443,25 @@ int colibri_cuda_forward(colibri_cuda *cu, const int32_t *ids, int n, int pos, f
         rc = cb_decode_graph(cu, ids[0], pos, logits, why, why_len);
         n = 0; /* done */
     }
-    for (int t = 0; t < n && rc == 0; t += cu->plan.chunk) {
-        const int c = n - t < cu->plan.chunk ? n - t : cu->plan.chunk;
-        rc = cb_forward_chunk(cu, ids + t, c, pos + t, logits + (size_t)t * m->vocab_size, why,
-                              why_len);
+    for (int t = 0; t < n && rc == 0; t += cu->pass) {
+        const int c = n - t < cu->pass ? n - t : cu->pass;
+        float *all = last ? NULL : logits + (size_t)t * m->vocab_size;
+        float *tail = last && t + c == n ? logits : NULL;
+        rc = cb_forward_pass(cu, ids + t, c, pos + t, all, tail, why, why_len);
     }
     CUcontext popped;
     cu->d.CtxPopCurrent(&popped);
     return rc;
+}
+
+int colibri_cuda_forward(colibri_cuda *cu, const int32_t *ids, int n, int pos, float *logits,
+                         char *why, size_t why_len) {
+    return cb_forward(cu, ids, n, pos, logits, 0, why, why_len);
+}
+
+int colibri_cuda_forward_last(colibri_cuda *cu, const int32_t *ids, int n, int pos,
+                              float *logits, char *why, size_t why_len) {
+    return cb_forward(cu, ids, n, pos, logits, 1, why, why_len);
 }
 
 /* The KV cache needs no clearing: position p is always written before it is read. */
@@ -1316,7 +1507,7 @@ static double cb_now(void) {
 static int cb_probe_run(colibri_cuda *cu, size_t bytes, int iters, colibri_cuda_bandwidth *out,
                         char *why, size_t why_len) {
     cuMemcpyDtoD_v2_t dtod = (cuMemcpyDtoD_v2_t)dlsym(cu->d.lib, "cuMemcpyDtoD_v2");
-    cuCtxSynchronize_t sync = (cuCtxSynchronize_t)dlsym(cu->d.lib, "cuCtxSynchronize");
+    cuCtxSynchronize_t sync = cu->d.CtxSynchronize;
     if (!dtod || !sync) {
         snprintf(why, why_len, "the driver lacks cuMemcpyDtoD_v2 or cuCtxSynchronize");
         return -1;
@@ -1388,6 +1579,7 @@ int colibri_cuda_copy_bandwidth(size_t bytes, int iters, colibri_cuda_bandwidth 
         goto done;
     }
     out->sm = major * 10 + minor;
+    snprintf(out->libcuda, sizeof out->libcuda, "%s", cu->d.path);
     if ((r = cu->d.CtxCreate(&cu->ctx, 0, cu->dev)) != CUDA_SUCCESS) {
         cb_fail(cu, r, "cuCtxCreate", why, why_len);
         goto done;
@@ -1395,7 +1587,7 @@ int colibri_cuda_copy_bandwidth(size_t bytes, int iters, colibri_cuda_bandwidth 
     rc = cb_probe_run(cu, bytes, iters, out, why, why_len);
 done:
     if (cu->ctx) cu->d.CtxDestroy(cu->ctx);
-    if (cu->d.lib) dlclose(cu->d.lib);
+    if (cu->d.lib) cb_driver_unload(&cu->d);
     free(cu);
     return rc;
 }

@@ -33,6 +33,12 @@ typedef struct {
                              than 4 tokens; "simt": it has not */
     int kv_f16;           /* 1: the KV cache holds IEEE half bits (--kv-cache f16), else f32 */
     size_t kv_cache_bytes;/* K and V caches for max_seq_len positions, inside device_bytes */
+    char libcuda[256];    /* the driver library loaded (its path as the dynamic loader found
+                             it): the profile's cuda-compat libcuda.so.1, or the system's */
+    char weights_why[96]; /* why the weights were copied when COLIBRI_CUDA_WEIGHTS=map asked
+                             for a mapping (a device attribute, or cuMemHostRegister's error);
+                             "" when mapped or not asked */
+    int chunk;            /* tokens per device pass (prefill) */
 } colibri_cuda_info;
 
 /* The model's GPU, shared by all its contexts: the driver, one CUDA context, the kernels and the
@@ -59,6 +65,12 @@ int colibri_cuda_open(colibri_cuda **out, const struct colibri_model *model, int
 /* n tokens from KV position pos; logits (n x vocab floats) to host memory. 0 on success. */
 int colibri_cuda_forward(colibri_cuda *cu, const int32_t *ids, int n, int pos, float *logits,
                          char *why, size_t why_len);
+/* The same, but only the last token's logits (vocab floats) are computed and come down: the
+ * output norm and the LM head run for that one row (with the kernel a pass of its size picks, so
+ * its bits are colibri_cuda_forward's last row), the passes before it end at the last layer with
+ * no download and no synchronisation (colibri_forward_last, a prompt). */
+int colibri_cuda_forward_last(colibri_cuda *cu, const int32_t *ids, int n, int pos,
+                              float *logits, char *why, size_t why_len);
 
 void colibri_cuda_reset(colibri_cuda *cu);
 void colibri_cuda_get_info(const colibri_cuda *cu, colibri_cuda_info *info);
@@ -72,6 +84,7 @@ void colibri_cuda_close(colibri_cuda *cu);
 typedef struct {
     char device_name[128];
     int sm, driver_version, integrated;
+    char libcuda[256]; /* the driver library loaded (colibri_cuda_info.libcuda) */
     size_t bytes;
     int iters;
     double seconds; /* the timed copies together */
@@ -109,7 +122,9 @@ int colibri_cuda_use_mma(int have_mma, int n, int dtype);
  * decode graph's parameter block (CB_PRM_*: the step's token id and position, written before
  * each graph launch, and the constant shared-expert offsets {0, 1}). */
 typedef struct {
-    int chunk;                 /* tokens per device pass */
+    int chunk;                 /* tokens per device pass: up to 256, bounded by a 32 MiB
+                                  activation budget (never below 32 for it) and the partials' */
+    int logit_rows;            /* rows of the logits buffer: min(chunk, 32) */
     int kv_f16;                /* K/V cache values are IEEE half (2 bytes), else f32 */
     size_t qkv;                /* Q/K/V projections' staging rows [chunk, H*Dh + 2*Hkv*Dh] */
     size_t kv_bytes;           /* K and V caches together */
@@ -120,6 +135,13 @@ typedef struct {
     size_t kcache, vcache, tables;
     size_t total;
 } colibri_cuda_plan_t;
+
+/* Which driver library to open: `env` (COLIBRI_LIBCUDA) when set, else the profile's cuda-compat
+ * driver `compat` (COLIBRI_CUDA_COMPAT_LIBCUDA) when that file exists (compat_present), else the
+ * system's "libcuda.so.1". Returns the name for dlopen; *is_compat says whether its companion
+ * libraries (cb_compat_companions) must be preloaded from its directory. */
+const char *colibri_cuda_libcuda_choice(const char *env, const char *compat, int compat_present,
+                                        int *is_compat);
 
 /* Lay out a context's arena for model m (the weights are the device's, not in it; an f16 KV
  * cache when kv_f16). -1: geometry the kernels cannot run (E > 256, top_k > 16, H not a

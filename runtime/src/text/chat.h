@@ -12,5 +12,10 @@ colibri_status colibri_chat_render_blob(const uint8_t *blob, size_t blob_len,
                                         const colibri_chat_message *msgs, int n,
                                         int add_generation_prompt, char *out, size_t cap,
                                         size_t *len, char *why, size_t why_len);
+/* The same with options (opt NULL: colibri_default_chat_options). */
+colibri_status colibri_chat_render_blob_ex(const uint8_t *blob, size_t blob_len,
+                                           const colibri_chat_message *msgs, int n,
+                                           const colibri_chat_options *opt, char *out, size_t cap,
+                                           size_t *len, char *why, size_t why_len);
 
 #endif

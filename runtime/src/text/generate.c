@@ -12,6 +12,7 @@
 
 #include "colibri.h"
 #include "core/context.h"
+#include "harmony.h"
 #include "tokenizer.h"
 
 static double now_ms(void) {
@@ -99,47 +100,137 @@ const char *colibri_finish_name(colibri_finish f) {
     }
 }
 
-/* The per-call working state. */
-typedef struct {
-    const colibri_generate_params *p;
-    char *text;
-    size_t cap, emitted;
-    int32_t *hist; /* prompt + generated ids */
-    char *clean;   /* the emitted piece with invalid UTF-8 replaced (3 x its size) */
-    size_t clean_cap;
-} gen_state;
-
-/* Hand text[from..to) to the callback as valid UTF-8. */
-static int emit(gen_state *g, int32_t id, size_t from, size_t to, int *oom) {
+/* Hand text[from..to) to the callbacks as valid UTF-8, as one kind. The content part of a step
+ * is collected for on_token (one call per token). */
+static int deliver(colibri_out *g, int32_t id, colibri_text_kind kind, size_t from, size_t to) {
     const colibri_generate_params *p = g->p;
-    if (!p->on_token) return 0;
     size_t n = to - from;
+    if (n == 0) return 0;
     if (3 * n > g->clean_cap) {
         char *c = realloc(g->clean, 3 * n);
-        if (!c) { *oom = 1; return 1; }
+        if (!c) { g->oom = 1; return 1; }
         g->clean = c;
         g->clean_cap = 3 * n;
     }
-    size_t m = n ? colibri_utf8_sanitize(g->text + from, n, g->clean) : 0;
-    return p->on_token(p->user, id, m ? g->clean : "", m);
+    size_t m = colibri_utf8_sanitize(g->text + from, n, g->clean);
+    if (kind == COLIBRI_TEXT_CONTENT && p->on_token) {
+        if (g->content_len + m > g->content_cap) {
+            size_t cap = (g->content_len + m) * 2;
+            char *c = realloc(g->content, cap);
+            if (!c) { g->oom = 1; return 1; }
+            g->content = c;
+            g->content_cap = cap;
+        }
+        memcpy(g->content + g->content_len, g->clean, m);
+        g->content_len += m;
+    }
+    if (!p->on_chunk) return 0;
+    colibri_chunk c = {id, kind, g->clean, m, 0, "", ""};
+    if (p->reasoning == COLIBRI_REASONING_HARMONY) {
+        c.message = g->harmony.n_messages - 1;
+        c.channel = g->harmony.channel;
+        c.recipient = g->harmony.recipient;
+    }
+    return p->on_chunk(p->chunk_user, &c);
 }
 
-/* Decode the generated ids; *found = index of a stop string that appeared (else -1). Returns
- * the end of the text that is final now (>= emitted), or (size_t)-1 when out of memory. */
-static size_t advance_text(gen_state *g, const int32_t *ids, int n, int *found, size_t *len_out) {
+/* <think> splitting over the final text: text[think_pos..to) is classified (to: what is final
+ * now; at the end everything). A tag cut by `to`, and newlines that may precede </think>, wait
+ * for more text. The newlines the chat templates put inside the tags and after </think> are
+ * dropped (their reasoning_content.strip('\n') and content.lstrip('\n')). */
+static size_t tag_prefix_tail(const char *t, size_t from, size_t to, const char *tag) {
+    size_t n = strlen(tag);
+    for (size_t k = n - 1; k > 0; k--)
+        if (to - from >= k && !memcmp(t + to - k, tag, k)) return k;
+    return 0;
+}
+
+static int think_split(colibri_out *g, int32_t id, size_t to, int at_end) {
+    const char *t = g->text;
+    for (;;) {
+        size_t pos = g->think_pos;
+        if (g->think_skip_nl) {
+            while (pos < to && t[pos] == '\n') pos++;
+            if (pos < to) g->think_skip_nl = 0;
+            g->think_pos = pos;
+        }
+        if (pos >= to) return 0;
+        if (g->think_state == THINK_START) {
+            size_t avail = to - pos;
+            if (avail >= 7 && !memcmp(t + pos, "<think>", 7)) {
+                g->think_pos = pos + 7;
+                g->think_state = THINK_REASONING;
+                g->think_skip_nl = 1;
+                continue;
+            }
+            if (!at_end && avail < 7 && !memcmp(t + pos, "<think>", avail)) return 0;
+            g->think_state = THINK_CONTENT;
+            continue;
+        }
+        if (g->think_state == THINK_CONTENT) {
+            g->think_pos = to;
+            return deliver(g, id, COLIBRI_TEXT_CONTENT, pos, to);
+        }
+        /* reasoning */
+        const char *close = NULL;
+        for (size_t i = pos; i + 8 <= to; i++)
+            if (!memcmp(t + i, "</think>", 8)) { close = t + i; break; }
+        if (close) {
+            size_t e = (size_t)(close - t), f = e;
+            while (f > pos && t[f - 1] == '\n') f--;
+            if (deliver(g, id, COLIBRI_TEXT_REASONING, pos, f)) return 1;
+            g->think_pos = e + 8;
+            g->think_state = THINK_CONTENT;
+            g->think_skip_nl = 1;
+            continue;
+        }
+        size_t e = to;
+        if (!at_end) {
+            e -= tag_prefix_tail(t, pos, to, "</think>");
+            while (e > pos && t[e - 1] == '\n') e--;
+        }
+        g->think_pos = e;
+        return deliver(g, id, COLIBRI_TEXT_REASONING, pos, e);
+    }
+}
+
+/* text[from..to) became final: split it by the output format, then call on_token once. */
+static int emit(colibri_out *g, int32_t id, size_t from, size_t to, int at_end) {
     const colibri_generate_params *p = g->p;
+    g->content_len = 0;
+    int cancel = 0;
+    if (p->reasoning == COLIBRI_REASONING_THINK)
+        cancel = think_split(g, id, to, at_end);
+    else if (p->reasoning == COLIBRI_REASONING_HARMONY)
+        cancel = g->in_message ? deliver(g, id, colibri_harmony_kind(&g->harmony), from, to) : 0;
+    else
+        cancel = deliver(g, id, COLIBRI_TEXT_CONTENT, from, to);
+    if (g->oom) return 1;
+    if (p->on_token)
+        cancel |= p->on_token(p->user, id, g->content_len ? g->content : "", g->content_len);
+    return cancel;
+}
+
+/* Decode the current segment's ids; *found = index of a stop string that appeared (else -1).
+ * Returns the end of the text that is final now (>= emitted), or (size_t)-1 when out of memory. */
+static size_t advance_text(colibri_out *g, int *found) {
+    const colibri_generate_params *p = g->p;
+    const int32_t *ids = g->ids + g->seg;
+    int n = g->n_ids - g->seg;
     *found = -1;
-    size_t len = p->detok(p->detok_user, ids, n, g->text, g->cap);
+    size_t len = g->raw ? g->raw(g->raw_user, ids, n, g->text, g->cap)
+                        : p->detok(p->detok_user, ids, n, g->text, g->cap);
     if (len > g->cap) {
         size_t cap = len + len / 2 + 64;
         char *t = realloc(g->text, cap);
         if (!t) return (size_t)-1;
         g->text = t;
         g->cap = cap;
-        len = p->detok(p->detok_user, ids, n, g->text, g->cap);
+        len = g->raw ? g->raw(g->raw_user, ids, n, g->text, g->cap)
+                     : p->detok(p->detok_user, ids, n, g->text, g->cap);
         if (len > g->cap) len = g->cap;
     }
-    *len_out = len;
+    g->len = len;
     /* earliest stop string, searched from where a new match could begin */
     size_t best = len;
     for (int s = 0; s < p->n_stop_strings; s++) {
@@ -165,6 +256,109 @@ static size_t advance_text(gen_state *g, const int32_t *ids, int n, int *found, 
         if (len - k < safe) safe = len - k;
     }
     return safe < g->emitted ? g->emitted : safe;
+}
+
+static size_t raw_detok(void *ctx, const int32_t *ids, int n, char *out, size_t cap) {
+    size_t len = 0;
+    colibri_status s = colibri_detokenize((const colibri_ctx *)ctx, ids, (size_t)n, 0, out, cap, &len);
+    return s == COLIBRI_OK || s == COLIBRI_E_BUFFER_TOO_SMALL ? len : 0;
+}
+
+colibri_status colibri_out_begin(colibri_out *g, colibri_ctx *ctx, const colibri_generate_params *p,
+                                 int32_t *ids, char *why, size_t why_len) {
+    memset(g, 0, sizeof *g);
+    g->p = p;
+    g->ids = ids;
+    if (p->reasoning == COLIBRI_REASONING_HARMONY) {
+        colibri_harmony_ids hid;
+        if (!ctx || colibri_harmony_ids_of(ctx->model->tokenizer, &hid))
+            return snprintf(why, why_len, "harmony output needs the model's tokenizer to have the "
+                                          "harmony tokens (<|start|>, <|channel|>, <|message|>, "
+                                          "<|end|>, <|return|>, <|call|>)"),
+                   COLIBRI_E_UNSUPPORTED;
+        colibri_harmony_init(&g->harmony, &hid);
+        /* the content as openai-harmony decodes it: special tokens inside are text */
+        g->raw = raw_detok;
+        g->raw_user = ctx;
+        g->tok = ctx->model->tokenizer;
+    }
+    g->think_state = p->starts_in_reasoning ? THINK_REASONING : THINK_START;
+    g->think_skip_nl = p->starts_in_reasoning;
+    return COLIBRI_OK;
+}
+
+/* End the current text segment: what was held back is final. */
+static int flush_segment(colibri_out *g, int32_t id) {
+    size_t to = g->len > g->emitted ? g->len : g->emitted;
+    int c = emit(g, id, g->emitted, to, 1);
+    g->emitted = to;
+    return c;
+}
+
+int colibri_out_push(colibri_out *g, int32_t id, int *stop_string) {
+    const colibri_generate_params *p = g->p;
+    g->n_ids++;
+    *stop_string = -1;
+    if (p->reasoning == COLIBRI_REASONING_HARMONY) {
+        char piece[COLIBRI_TOK_MAX_PIECE];
+        size_t pl = 0;
+        if (colibri_tokenizer_piece(g->tok, id, piece, sizeof piece, &pl)) pl = 0;
+        colibri_harmony_event ev = colibri_harmony_push(&g->harmony, id, piece, pl);
+        if (ev != COLIBRI_HEV_CONTENT) {
+            int c = 0;
+            if (g->in_message && (ev == COLIBRI_HEV_END || ev == COLIBRI_HEV_STOP)) {
+                c = flush_segment(g, id);
+                g->in_message = 0;
+            } else if (p->on_token) {
+                c = p->on_token(p->user, id, "", 0);
+            }
+            if (ev == COLIBRI_HEV_BEGIN) {
+                g->in_message = 1;
+                g->seg = g->n_ids; /* the content starts after <|message|> */
+                g->emitted = g->len = g->think_pos = 0;
+            }
+            if (ev == COLIBRI_HEV_STOP) g->stopped = 1;
+            return g->oom ? 1 : c;
+        }
+    }
+    size_t safe = g->emitted;
+    if (p->detok || g->raw) {
+        safe = advance_text(g, stop_string);
+        if (safe == (size_t)-1) { g->oom = 1; return 1; }
+    }
+    int cancel = emit(g, id, g->emitted, safe, 0);
+    g->emitted = safe;
+    if (*stop_string >= 0) g->len = safe; /* the stop string and what follows it are dropped */
+    return g->oom ? 1 : cancel;
+}
+
+void colibri_out_end(colibri_out *g) {
+    if (g->p->reasoning != COLIBRI_REASONING_HARMONY || g->in_message) flush_segment(g, -1);
+    else if (g->p->on_token) g->p->on_token(g->p->user, -1, "", 0);
+}
+
+void colibri_out_free(colibri_out *g) {
+    free(g->text);
+    free(g->clean);
+    free(g->content);
+}
+
+colibri_status colibri_generate_params_for_chat(colibri_ctx *ctx, colibri_generate_params *p,
+                                                const char *prompt, size_t len) {
+    colibri_status s = colibri_generate_params_for_text(ctx, p);
+    if (s) return s;
+    p->reasoning = colibri_chat_reasoning_format(ctx->model);
+    p->starts_in_reasoning = 0;
+    if (p->reasoning == COLIBRI_REASONING_THINK && prompt) {
+        /* the prompt ends inside an open <think> when its last <think> follows its last </think> */
+        long open = -1, close = -1;
+        for (size_t i = 0; i + 7 <= len; i++) {
+            if (!memcmp(prompt + i, "<think>", 7)) open = (long)i;
+            if (i + 8 <= len && !memcmp(prompt + i, "</think>", 8)) close = (long)i;
+        }
+        p->starts_in_reasoning = open > close;
+    }
+    return COLIBRI_OK;
 }
 
 static colibri_status check_params(colibri_ctx *ctx, const colibri_generate_params *p,
@@ -221,28 +415,27 @@ colibri_status colibri_generate(colibri_ctx *ctx, const colibri_generate_params 
     if (s) return s;
     const struct colibri_model *m = ctx->model;
     uint32_t V = m->vocab_size;
-    gen_state g = {p, NULL, 0, 0, NULL, NULL, 0};
-    int oom = 0;
+    colibri_out g;
+    int32_t *hist = malloc(((size_t)p->n_prompt + (size_t)p->max_new) * sizeof *hist);
     float *logits = malloc((size_t)V * sizeof *logits); /* the last token's row only */
-    g.hist = malloc(((size_t)p->n_prompt + (size_t)p->max_new) * sizeof *g.hist);
     colibri_sampler *smp = NULL;
-    if (!logits || !g.hist || colibri_sampler_new(&smp, V, &p->sampling) != COLIBRI_OK) {
+    s = colibri_out_begin(&g, ctx, p, hist ? hist + p->n_prompt : NULL, ctx->err, sizeof ctx->err);
+    if (s) goto done;
+    if (!logits || !hist || colibri_sampler_new(&smp, V, &p->sampling) != COLIBRI_OK) {
         s = COLIBRI_E_NO_MEMORY;
         snprintf(ctx->err, sizeof ctx->err, "cannot allocate generation buffers (vocab %u)", V);
         goto done;
     }
-    memcpy(g.hist, p->prompt, (size_t)p->n_prompt * sizeof *g.hist);
+    memcpy(hist, p->prompt, (size_t)p->n_prompt * sizeof *hist);
     int nh = p->n_prompt;
 
     double t0 = now_ms();
     colibri_reset(ctx);
     s = colibri_forward_last(ctx, p->prompt, p->n_prompt, logits);
     if (s) goto done;
-    float *row = logits;
     double t1 = 0;
-    size_t len = 0;
     while (r->n_new < p->max_new) {
-        int32_t id = colibri_sampler_sample(smp, row, g.hist, nh);
+        int32_t id = colibri_sampler_sample(smp, logits, hist, nh);
         if (r->n_new == 0) t1 = now_ms();
         if (is_stop(p, m, id)) {
             r->finish = COLIBRI_FINISH_STOP;
@@ -250,28 +443,22 @@ colibri_status colibri_generate(colibri_ctx *ctx, const colibri_generate_params 
             break;
         }
         out[r->n_new++] = id;
-        g.hist[nh++] = id;
-        size_t safe = g.emitted;
+        hist[nh++] = id;
         int found = -1;
-        if (p->detok) {
-            safe = advance_text(&g, g.hist + p->n_prompt, r->n_new, &found, &len);
-            if (safe == (size_t)-1) {
-                s = COLIBRI_E_NO_MEMORY;
-                snprintf(ctx->err, sizeof ctx->err, "cannot grow the generated text buffer");
-                goto done;
-            }
-        }
-        int cancel = emit(&g, id, g.emitted, safe, &oom);
-        if (oom) {
+        int cancel = colibri_out_push(&g, id, &found);
+        if (g.oom) {
             s = COLIBRI_E_NO_MEMORY;
             snprintf(ctx->err, sizeof ctx->err, "cannot grow the generated text buffer");
             goto done;
         }
-        g.emitted = safe;
         if (found >= 0) {
             r->finish = COLIBRI_FINISH_STOP;
             r->stop_string = found;
-            len = safe; /* the stop string and what follows it are dropped */
+            break;
+        }
+        if (g.stopped) { /* harmony <|return|> / <|call|> (kept in out_ids: the format's end) */
+            r->finish = COLIBRI_FINISH_STOP;
+            r->stop_id = id;
             break;
         }
         if (cancel) { r->finish = COLIBRI_FINISH_CANCELLED; break; }
@@ -279,20 +466,17 @@ colibri_status colibri_generate(colibri_ctx *ctx, const colibri_generate_params 
         if ((uint32_t)ctx->pos >= m->max_seq_len) { r->finish = COLIBRI_FINISH_CONTEXT; break; }
         s = colibri_forward(ctx, &id, 1, logits);
         if (s) goto done;
-        row = logits;
     }
     if (r->finish == COLIBRI_FINISH_NONE) r->finish = COLIBRI_FINISH_LENGTH;
     if (r->n_new == 0 && t1 == 0) t1 = now_ms();
     /* the end: whatever was held back is final now */
-    if (r->finish != COLIBRI_FINISH_CANCELLED)
-        emit(&g, -1, g.emitted, len > g.emitted ? len : g.emitted, &oom);
+    if (r->finish != COLIBRI_FINISH_CANCELLED) colibri_out_end(&g);
     r->prefill_ms = t1 - t0;
     r->decode_ms = now_ms() - t1;
 done:
     free(logits);
-    free(g.hist);
-    free(g.text);
-    free(g.clean);
+    free(hist);
+    colibri_out_free(&g);
     colibri_sampler_free(smp);
     return s;
 }
