@@ -33,7 +33,7 @@ write on a real device, at its real path relative to ``/``, for one SKU of ``dat
                                                             files (bound over /proc on a device)
 ``boot/extlinux/extlinux.conf``                             L4T's (``data/extlinux/``)
 ``proc/cmdline``, ``sys/devices/system/cpu/isolated``       written at every boot from it by
-                                                            ``usr/sbin/colibri-sim-colibri-sim-kernel-boot``
+                                                            ``usr/sbin/colibri-sim-kernel-boot``
                                                             (``tools/kernel_boot.py``: L4TLauncher's
                                                             and the kernel's rules)
 ==========================================================  =======================================
