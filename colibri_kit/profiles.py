@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -27,7 +27,8 @@ import yaml
 
 from colibri_kit import paths
 from colibri_kit.errors import ProfileError
-from colibri_kit.service import ServiceSpec, parse_service, service_dict
+from colibri_kit.service import (RealtimeOptions, ServiceError, ServiceSpec, parse_service,
+                                 service_dict)
 
 ARCHES = ("aarch64", "x86_64")
 ROUTING_MODES = ("softmax_topk", "linear_score")
@@ -488,12 +489,27 @@ def _build(data: dict[str, Any], origin: Origin, leaf: Path) -> Profile:
     digest = hashlib.sha256(_canonical_json(_resolved_dict(draft)).encode()).hexdigest()
     memory = c.optional(data, "memory", (), lambda v, k: _memory(c, v, k))
     realtime = c.optional(data, "realtime", (), lambda v, k: _realtime(c, v, k))
+    if realtime is not None and service is not None:
+        fields["service"] = _service_realtime(c, service, realtime)   # not hashed, as realtime
     if realtime is not None and tune is None:
         for key in ("isolate", "irq_affinity"):
             if getattr(realtime, key):
                 raise c.fail(("realtime", key), "true needs a tune section (invoke tune applies "
                                                 "it with the profile's tune settings)")
     return Profile(**fields, hash=digest, memory=memory, realtime=realtime)
+
+
+def _service_realtime(c: _Checker, service: ServiceSpec, rt: RealtimeSpec) -> ServiceSpec:
+    """The service runs the realtime section's runtime options (the unit renders them)."""
+    try:
+        return replace(service, realtime=RealtimeOptions(
+            cpus=rt.cpus, policy=rt.policy, priority=rt.priority, lock_memory=rt.lock_memory,
+            barrier=rt.barrier))
+    except ServiceError as exc:
+        key, _, msg = str(exc).partition(": ")
+        where = ("realtime", key.split(".", 1)[1]) if key.startswith("realtime.") else \
+            ("service", key)
+        raise c.fail(where, msg or str(exc)) from None
 
 
 def realtime_dict(rt: RealtimeSpec) -> dict[str, Any]:
