@@ -79,13 +79,19 @@ def _cases() -> dict[str, Case]:
             num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
             tie_word_embeddings=False), seed=17, torch_dtype="bfloat16", max_shard_size="40KB",
              notes="bf16 weights, sharded safetensors with an index"),
+        Case("mixtral_sliding", "mixtral", dict(
+            common, vocab_size=304, hidden_size=56, intermediate_size=48, num_attention_heads=4,
+            num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, sliding_window=7,
+            tie_word_embeddings=False), seed=18,
+             notes="sliding_window 7: every layer attends to the last 7 positions (a ring of 7)"),
     ]
     return {c.name: c for c in cases}
 
 
 CASES = _cases()
 FAMILY_CASES = ["mixtral", "mixtral_tied", "qwen2_moe", "qwen2_moe_norm", "qwen3_moe", "olmoe"]
-ALL_CASES = FAMILY_CASES + ["mixtral_bf16_sharded"]
+SLIDING_CASES = ["mixtral_sliding"]  # sliding-window attention layers (docs/models.md)
+ALL_CASES = FAMILY_CASES + ["mixtral_bf16_sharded"] + SLIDING_CASES
 DTYPES = ["f32", "f16", "bf16", "int8"]
 
 
@@ -339,6 +345,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # colibri_kit/model/tokenizer.py). Nothing is downloaded.
 
 TOKENIZER_FAMILY = {"mixtral": "mixtral", "mixtral_tied": "mixtral", "mixtral_bf16_sharded": "mixtral",
+                    "mixtral_sliding": "mixtral",
                     "qwen2_moe": "qwen2", "qwen2_moe_norm": "qwen2", "qwen3_moe": "qwen3", "olmoe": "olmoe"}
 TOKENIZER_CORPUS = Path(__file__).resolve().parent / "data" / "tokenizer_corpus.json"
 _PROSE = (

@@ -153,9 +153,10 @@ def test_max_seq_len_caps(hf_root: Path, tmp_path: Path) -> None:
     assert read_model(conv(src, tmp_path / "a.colibri", max_seq_len=100)).header.max_seq_len == 100
     assert read_model(conv(src, tmp_path / "b.colibri", max_seq_len=100000)).header.max_seq_len == 256
     cfg = cfg_of(src)
-    cfg["sliding_window"] = 50  # within the window, sliding attention equals full attention
+    cfg["sliding_window"] = 50  # sliding-window layers (a ring of 50 rows), not a shorter context
     v = H.copy_with(src, tmp_path / "sw" / "mixtral", None, cfg)
-    assert read_model(conv(v, tmp_path / "c.colibri")).header.max_seq_len == 50
+    h = read_model(conv(v, tmp_path / "c.colibri")).header
+    assert h.max_seq_len == 256 and {(r.mixer_name, r.window) for r in h.layers} == {("sliding_attention", 50)}
 
 
 @pytest.mark.slow

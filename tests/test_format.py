@@ -17,9 +17,10 @@ from colibri_kit.model.format import (
 )
 from colibri_kit.model.tiny import TINY_NAME, tiny_header, write_random_model, write_tiny_model
 
-# sha256 of tiny-moe-4e2r (pad 64, f32; with its chat template since issue #21). Pinned: C tests and device smoke tests rely on the same
-# bytes everywhere; a change to tiny.py or the writer must be deliberate.
-TINY_SHA256 = "1e133b5cf32f14aefadbca51f31b944ce43e615eeaf372540dd98024694ee0d6"
+# sha256 of tiny-moe-4e2r (pad 64, f32; with its chat template since issue #21, and the layer table
+# of format version 3). Pinned: C tests and device smoke tests rely on the same bytes everywhere;
+# a change to tiny.py or the writer must be deliberate.
+TINY_SHA256 = "baf3ce06aa3b02cfdb0306cf780b181d248c26948042647cf4d2a4dad6e73654"
 
 ALL_FEATURES = int(Flag.SHARED_EXPERT | Flag.SHARED_EXPERT_GATE | Flag.QKV_BIAS | Flag.QK_NORM_HEAD
                    | Flag.TIED_EMBEDDINGS)
@@ -54,7 +55,7 @@ def test_header_bytes_at_documented_offsets(tmp_path: Path) -> None:
     raw = path.read_bytes()
     assert raw[:8] == b"COLIBRI\0"
     # seed part: version, num_experts, expert_size, vocab_size, max_seq_len, embed_dim
-    assert struct.unpack_from("<6I", raw, 8) == (2, 4, 64, 256, 128, 48)
+    assert struct.unpack_from("<6I", raw, 8) == (3, 4, 64, 256, 128, 48)
     # header_size, n_layers, n_heads, n_kv_heads, head_dim, top_k, routing, dtype, Dp, pad, flags, Fs
     assert struct.unpack_from("<12I", raw, 32) == (256, 2, 4, 2, 12, 2, 0, 0, 64, 32, 0, 0)
     eps, theta = struct.unpack_from("<ff", raw, 80)
@@ -71,7 +72,13 @@ def test_header_bytes_at_documented_offsets(tmp_path: Path) -> None:
         assert name.rstrip(b"\0") and off >= 64 * meta_count and off + size <= meta_size
     else:
         assert meta_offset == meta_size == 0
-    assert raw[144:192] == bytes(48)
+    # version 3: the layer table right after the tensor table, one 64-byte record per layer
+    layer_table = struct.unpack_from("<Q", raw, 144)[0]
+    assert layer_table == 256 + 64 * n_tensors and layer_table + 2 * 64 <= data_offset
+    assert raw[152:192] == bytes(40)
+    for layer in range(2):  # mixer 1 (attention), ffn 1 (moe), window 0, the rest zero
+        rec = raw[layer_table + 64 * layer: layer_table + 64 * (layer + 1)]
+        assert struct.unpack_from("<4I", rec) == (1, 1, 0, 0) and rec[16:] == bytes(48)
     assert raw[192:256].rstrip(b"\0") == TINY_NAME.encode()
     # First record: ATTN_NORM of layer 0 (table sorted by layer, kind, expert; globals last).
     kind, layer, expert, dtype, rows, cols = struct.unpack_from("<6I", raw, 256)
@@ -248,8 +255,9 @@ def _record_offset(raw: bytes, kind: Kind, layer: int = NONE, expert: int = NONE
 
 HEADER_CASES = [
     ("magic", 0, "<8s", b"COLIBRX\0"),
-    ("version", 8, "<I", 3),
+    ("version", 8, "<I", 4),
     ("version", 8, "<I", 0),
+    ("reserved", 8, "<I", 2),  # a version-2 header with a layer table offset
     ("num_experts", 12, "<I", 0),
     ("num_experts", 12, "<I", 100000),
     ("expert_size", 16, "<I", 10**7),
@@ -277,7 +285,9 @@ HEADER_CASES = [
     ("file_size", 104, "<Q", 123),
     ("family", 112, "<I", 9),
     ("bos_token_id", 116, "<I", 256),
-    ("reserved", 150, "<B", 1),
+    ("reserved", 160, "<B", 1),
+    ("layer_table_offset", 144, "<Q", 4096),
+    ("layer_table_offset", 144, "<Q", 2880 + 64),
     ("meta_offset", 128, "<Q", 4096),
     ("name", 192, "<2s", b"\xff\xfe"),
 ]

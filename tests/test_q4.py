@@ -260,7 +260,8 @@ def test_q4_needs_format_version_2(tmp_path: Path, host_colibri: Path) -> None:
     readers (a version-1 reader would refuse dtype 4 anyway)."""
     h = ModelHeader(num_experts=2, expert_size=40, vocab_size=64, max_seq_len=16, embed_dim=40,
                     n_layers=1, n_heads=2, n_kv_heads=1, head_dim=8, top_k=1, routing=0,
-                    dtype=int(DType.Q4), embed_dim_pad=64, pad_multiple=64, name="q4-v1")
+                    dtype=int(DType.Q4), embed_dim_pad=64, pad_multiple=64, name="q4-v1",
+                    version=2)  # no layer table (version 3) to drop
     path = write_random_model(tmp_path / "q4.colibri", h, seed=2)  # no metadata section
     assert read_model(path).header.version == 2 and read_model(path).header.meta_count == 0
     raw = bytearray(path.read_bytes())

@@ -3,12 +3,15 @@ reference (colibri_kit.model.reference) on the built-in tiny model and on random
 with the kit's writer: every dtype, both routing semantics, shared expert with gate, QKV bias,
 per-head and full-width q/k norms, tied embeddings, GQA, hidden sizes that are not a multiple of
 the pad. Also: bitwise determinism across thread counts, greedy generation, bad input (each a
-clean exit 1 with one line), usage errors (exit 2), `info`, `bench --json` and `selftest`.
+clean exit 1 with one line, each thing said once), usage errors (exit 2), the command table
+(every command's --help, the global options before or after any command), `info` (the layer
+list), `bench --json` and `selftest`.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import struct
 import subprocess
 from pathlib import Path
@@ -320,6 +323,80 @@ def test_usage_errors_exit_2(host_colibri: Path, models: dict[str, Path]) -> Non
         proc = run(host_colibri, *args, check=False)
         assert proc.returncode == 2, (args, proc.stderr)
         assert "usage:" in proc.stderr
+
+
+def commands(binary: Path) -> list[str]:
+    """The command table as `colibri --help` lists it (a line "  NAME ARGS" per command)."""
+    out = run(binary, "--help").stdout
+    body = out.split("commands", 1)[1].split("global options", 1)[0]
+    return [ln.split()[0] for ln in body.splitlines()[1:] if ln.startswith("  ") and not ln.startswith("   ")]
+
+
+def test_every_command_answers_help_with_its_own_usage(host_colibri: Path) -> None:
+    names = commands(host_colibri)
+    assert {"info", "forward", "generate", "bench", "bench-contexts", "dump-routing", "tokenize",
+            "detokenize", "serve", "selftest", "gpuprobe", "synth"} <= set(names)
+    for name in names:
+        for flag in ("--help", "-h"):
+            proc = run(host_colibri, name, flag, check=False)
+            assert proc.returncode == 0, (name, proc.stderr)
+            assert proc.stdout.startswith("usage: colibri") and proc.stderr == "", (name, proc.stderr)
+            assert re.search(rf"colibri {name}\b", proc.stdout), (name, proc.stdout[:200])  # its own synopsis
+            # and the global options: what they mean, or that the command does not use them
+            assert "--kv-cache f32|f16" in proc.stdout or "global options are accepted" in proc.stdout
+    general = run(host_colibri, "--help")
+    assert general.stdout.startswith("usage: colibri --version") and general.returncode == 0
+
+
+def test_global_options_parse_before_or_after_the_command(host_colibri: Path,
+                                                          models: dict[str, Path]) -> None:
+    """One parser for --backend/--threads/--int8-act/--kv-cache, wherever they stand."""
+    model = str(models["tiny-int8"])
+    want = run(host_colibri, "tokenize", model, "--text", "hi").stdout
+    for args in (["--kv-cache", "f16", "tokenize", model, "--text", "hi"],
+                 ["tokenize", model, "--text", "hi", "--threads", "2", "--backend", "cpu"],
+                 ["--int8-act", "tokenize", model, "--kv-cache", "f16", "--text", "hi"]):
+        assert run(host_colibri, *args).stdout == want, args
+    assert run(host_colibri, "tokenize", model, "--text", "--threads").stdout != want  # a value
+    for where in ("before", "after"):
+        g = ["--backend", "cpu", "--threads", "3", "--kv-cache", "f16", "--int8-act"]
+        args = [*g, "info", model] if where == "before" else ["info", model, *g]
+        backend = json.loads(run(host_colibri, *args).stdout)["backend"]
+        assert (backend["threads"], backend["kv_dtype"]) == (3, "f16"), where
+        gen = run(host_colibri, *(g if where == "before" else []), "generate", model, "--ids", "1,2",
+                  "--max-new", "3", *(g if where == "after" else []))
+        assert len(json.loads(gen.stdout)["new_ids"]) == 3
+    for args in (["--threads", "0", "tokenize", model, "--text", "hi"],
+                 ["tokenize", model, "--text", "hi", "--kv-cache", "f8"],
+                 ["synth", "x.colibri", "--backend", "tpu"], ["gpuprobe", "--threads", "65"]):
+        proc = run(host_colibri, *args, check=False)
+        assert proc.returncode == 2 and "usage:" in proc.stderr, (args, proc.stderr)
+
+
+def test_errors_say_each_thing_once(host_colibri: Path, models: dict[str, Path], tmp_path: Path) -> None:
+    bad = tmp_path / "bad.colibri"
+    bad.write_bytes(b"garbage!" * 64)
+    model = str(models["tiny-f32"])  # max_seq_len 128
+    cases = {
+        "magic": (["info", str(bad)], "bad magic", "not a .colibri model (bad magic): the first 8 bytes"),
+        "too long": (["forward", model, "--ids", ",".join(["1"] * 129)], "max_seq_len:",
+                     "sequence longer than max_seq_len: 0 cached + 129 new tokens > max_seq_len 128"),
+        "no gpu": (["--backend", "cuda", "info", model], "unavailable", "backend unavailable or failed: CUDA"),
+    }
+    for name, (args, once, text) in cases.items():
+        proc = run(host_colibri, *args, check=False)
+        if name == "no gpu" and proc.returncode == 0:
+            continue  # a machine with a GPU
+        assert proc.returncode == 1 and proc.stderr.count("\n") == 1, (name, proc.stderr)
+        assert proc.stderr.count(once) == 1 and text in proc.stderr, (name, proc.stderr)
+
+
+def test_info_lists_the_layers(host_colibri: Path, models: dict[str, Path]) -> None:
+    from colibri_kit.model.format import header_json
+
+    info = json.loads(run(host_colibri, "--backend", "cpu", "info", str(models["tiny-f32"])).stdout)
+    assert info["layer_pattern"] == "2 x [attention + moe]" == header_json(models["tiny-f32"])["layer_pattern"]
+    assert info["layers"] == [{"mixer": "attention", "ffn": "moe", "window": 0, "kv_positions": 128}] * 2
 
 
 def test_backend_cuda_without_gpu_is_a_clean_error(host_colibri: Path, models: dict[str, Path]) -> None:

@@ -106,10 +106,7 @@ def build_header(m: HFModel, dtype: DType, limits: TargetModelLimits, max_seq_le
     cap = DEFAULT_MAX_SEQ if max_seq_len is None else max_seq_len
     if cap < 1:
         raise ModelError(f"--max-seq-len {cap}: must be at least 1")
-    seq = min(m.max_positions, cap, 1_048_576)
-    if m.sliding_window is not None:
-        # Within the window, sliding-window attention equals full causal attention: cap the cache.
-        seq = min(seq, m.sliding_window)
+    seq = min(m.max_positions, cap, 1_048_576)  # a sliding window keeps min(W, seq) rows
     raw_name = name.encode("utf-8")[:64].decode("utf-8", "ignore")
     return ModelHeader(
         num_experts=m.experts, expert_size=m.expert_ffn, vocab_size=m.vocab, max_seq_len=seq,
@@ -118,7 +115,7 @@ def build_header(m: HFModel, dtype: DType, limits: TargetModelLimits, max_seq_le
         embed_dim_pad=padded_dim(m.hidden, limits.embed_pad), pad_multiple=limits.embed_pad,
         flags=int(m.flags), shared_expert_size=m.shared_ffn, norm_eps=m.norm_eps,
         rope_theta=m.rope_theta, family=int(m.family), bos_token_id=m.bos, eos_token_id=m.eos,
-        name=raw_name)
+        name=raw_name, layers=m.layer_records())
 
 
 def plan_tensors(m: HFModel, ck: Checkpoint) -> list[Item]:

@@ -2,8 +2,9 @@
 `.colibri` header, and where its tensors live in the checkpoint.
 
 Each family is refused outright when its config asks for something the runtime does not compute
-(another activation, rope scaling, sliding-window layers, clipped qkv, dense layers between MoE
-layers, attention output bias), with a message naming the config key.
+(another activation, rope scaling, Qwen's sliding-window layers, clipped qkv, dense layers between
+MoE layers, attention output bias), with a message naming the config key. Mixtral's
+``sliding_window`` becomes sliding-window attention layers (docs/models.md, "Sliding window").
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 from colibri_kit.errors import ModelError
 from colibri_kit.model import format as fmt
-from colibri_kit.model.format import Family, Flag, Routing
+from colibri_kit.model.format import DEFAULT_LAYER, Family, Ffn, Flag, LayerRecord, Mixer, Routing
 
 MODEL_TYPES = {"mixtral": Family.MIXTRAL, "qwen2_moe": Family.QWEN2_MOE,
                "qwen3_moe": Family.QWEN3_MOE, "olmoe": Family.OLMOE}
@@ -45,6 +46,14 @@ class HFModel:
     bos: int
     eos: int
     moe_prefix: str  # "mlp" or "block_sparse_moe" (mixtral's per-expert layout)
+
+    def layer_records(self) -> tuple[LayerRecord, ...]:
+        """Each layer's kinds for the layer table: Mixtral with ``sliding_window`` W attends to
+        the last W positions in every layer (transformers' MixtralModel builds one sliding-window
+        mask for all layers); the rest is attention + moe."""
+        if self.sliding_window is None:
+            return (DEFAULT_LAYER,) * self.layers
+        return (LayerRecord(Mixer.SLIDING_ATTENTION, Ffn.MOE, self.sliding_window),) * self.layers
 
 
 def _req(cfg: dict[str, Any], key: str) -> Any:
@@ -151,7 +160,7 @@ def read_config(cfg: dict[str, Any]) -> HFModel:
         moe_prefix = "block_sparse_moe"
         sw = cfg.get("sliding_window")
         if sw is not None:
-            sliding = _limit("sliding_window", _int(cfg, "sliding_window"), 1, 1 << 40)
+            sliding = _limit("sliding_window", _int(cfg, "sliding_window"), 1, 0xFFFFFFFF)
     else:
         experts_key = "num_experts"
         ffn_key = "intermediate_size" if family == Family.OLMOE else "moe_intermediate_size"

@@ -16,9 +16,11 @@
 - arena: what the runtime allocates per context, computed with the runtime's own plan: the CPU
   arena of runtime/src/core/arena.c (colibri_arena_plan) on CPU-only targets, the device arena of
   runtime/src/cuda/cuda_backend.c (colibri_cuda_plan, without the weights region, counted above) on
-  CUDA targets. Both hold
-  the KV cache for the model's max_seq_len (the context length, chosen at convert time), which
-  is reported apart. `kv_dtype` "f16" (`colibri --kv-cache f16`) stores it in half the bytes,
+  CUDA targets (a model with a layer kind the CUDA backend does not run yet falls back to the
+  CPU, `--backend auto`, so its footprint there is the CPU one: `cpu_fallback` says why). Both
+  hold every layer's KV cache, as its kind keeps it (docs/runtime.md, "Layer kinds"): max_seq_len
+  rows (the context length, chosen at convert time) for full attention, the window for a sliding
+  window; it is reported apart. `kv_dtype` "f16" (`colibri --kv-cache f16`) stores it in half the bytes,
   on either backend;
 - slots: contexts served at once (`colibri serve --slots`), each with its own arena.
 
@@ -36,8 +38,8 @@ from typing import Any
 
 from colibri_kit.errors import ModelError
 from colibri_kit.model.format import (
-    ALIGN, HEADER_SIZE, LARGE_TENSOR, PAGE, RECORD_SIZE, DType, Flag, ModelHeader, align_up,
-    data_nbytes, expected_tensors, read_model, scale_bytes,
+    ALIGN, LARGE_TENSOR, PAGE, DType, Ffn, Flag, Mixer, ModelHeader, align_up, data_nbytes,
+    data_start, expected_tensors, kv_staged, layer_kv_positions, read_model, scale_bytes,
 )
 
 MIB = 1 << 20
@@ -84,13 +86,17 @@ def cpu_arena_bytes(h: ModelHeader, threads: int = DEFAULT_THREADS, int8_act: bo
     T = min(h.max_seq_len, CPU_CHUNK)
     dp, qd = h.embed_dim_pad, h.n_heads * h.head_dim
     kvd, E, K = h.n_kv_heads * h.head_dim, h.num_experts, h.top_k
-    F, Fs, S, L = h.expert_size, h.shared_expert_size, h.max_seq_len, h.n_layers
+    F, Fs, S = h.expert_size, h.shared_expert_size, h.max_seq_len
     max_cols = max(dp, qd, F, Fs, 16)
     q8 = int8_act and h.dtype in (DType.INT8, DType.Q4)
-    for n in (T * dp, T * dp, T * qd, T * kvd, T * kvd, T * qd, T * dp, T * h.head_dim):
-        take(n)
-    take(L * S * kvd, kv_size)
-    take(L * S * kvd, kv_size)
+    for n in (T * dp, T * dp, T * qd, T * kvd, T * kvd, T * qd, T * dp, T * h.head_dim, T):
+        take(n)  # ... the RoPE table, the rows' positions
+    stage = T * kvd if kv_staged(h) else 0  # a pass's K/V rows on their way to a short ring
+    take(stage, kv_size)
+    take(stage, kv_size)
+    rows = kv_rows(h)  # every layer's K rows, then V rows, as its kind keeps them
+    take(rows * kvd, kv_size)
+    take(rows * kvd, kv_size)
     for n in (T * E, T * K, T * K, E, E + 1, E, T * K,
               T * K * dp, T * K * F, T * K * F, T * K * dp, T * Fs, T * Fs, T * dp):
         take(n)
@@ -135,9 +141,28 @@ def cuda_arena_bytes(h: ModelHeader, copy_weights: bool = False, weights_bytes: 
     return sum(align_up(n, CUDA_ALIGN) for n in sizes)
 
 
+def cuda_unsupported(h: ModelHeader) -> str:
+    """Why the CUDA backend does not run this model ("" when it does): it runs attention + moe
+    layers, a sliding window as long as the context being full attention
+    (runtime/src/cuda/cuda_backend.c cb_check_model)."""
+    for i, r in enumerate(h.layer_records()):
+        full = r.mixer == Mixer.ATTENTION or (r.mixer == Mixer.SLIDING_ATTENTION
+                                              and r.window >= h.max_seq_len)
+        if not full or r.ffn != Ffn.MOE:
+            return (f"layer {i} is {r.label()}: the CUDA backend runs attention + moe layers "
+                    "only (a sliding window as long as the context counts as attention)")
+    return ""
+
+
+def kv_rows(h: ModelHeader) -> int:
+    """K (or V) rows of every layer together: max_seq_len per full attention layer, the window
+    (at most max_seq_len) per sliding-window layer."""
+    return sum(layer_kv_positions(h, i) for i in range(h.n_layers))
+
+
 def kv_cache_bytes(h: ModelHeader, kv_dtype: str = "f32") -> int:
-    """K and V caches for max_seq_len positions, inside either arena."""
-    return 2 * h.n_layers * h.max_seq_len * h.n_kv_heads * h.head_dim * kv_value_bytes(kv_dtype)
+    """K and V caches of every layer (runtime/src/core/arena.c), inside either arena."""
+    return 2 * kv_rows(h) * h.n_kv_heads * h.head_dim * kv_value_bytes(kv_dtype)
 
 
 def estimate_file_bytes(h: ModelHeader, dtype: DType | None = None) -> int:
@@ -146,7 +171,7 @@ def estimate_file_bytes(h: ModelHeader, dtype: DType | None = None) -> int:
     4096 for 64 KiB and larger). A version-2 metadata section (tokenizer blobs) follows it."""
     hh = replace(h, dtype=int(dtype if dtype is not None else h.dtype))
     specs = expected_tensors(hh)
-    pos = align_up(HEADER_SIZE + RECORD_SIZE * len(specs), PAGE)
+    pos = data_start(hh)
     for s in specs.values():
         dt = DType.F32 if s.f32_only else DType(hh.dtype)
         for n in (data_nbytes(dt, s.rows, s.cols), scale_bytes(dt, s.rows, s.cols)):
@@ -169,6 +194,7 @@ class Footprint:
     # mapped file registered with the GPU (CUDA, COLIBRI_CUDA_WEIGHTS=map). Each is one copy,
     # shared by every slot.
     weights_mode: str = "file"
+    cpu_fallback: str = ""  # a CUDA target whose backend does not run the model: why
 
     @property
     def upload(self) -> int:
@@ -188,7 +214,7 @@ class Footprint:
                 "arena_bytes": self.arena, "kv_cache_bytes": self.kv_cache, "slots": self.slots,
                 "total_bytes": self.total, "available_bytes": self.available, "fits": self.fits,
                 "kv_dtype": self.kv_dtype, "weights_mode": self.weights_mode,
-                "upload_bytes": self.upload}
+                "upload_bytes": self.upload, "cpu_fallback": self.cpu_fallback}
 
     def weights_text(self) -> str:
         """The weights' part of the total, in words."""
@@ -203,7 +229,8 @@ class Footprint:
         return (f"{self.target}: {self.total / MIB:,.1f} MiB = {self.weights_text()} + "
                 f"{self.slots} x arena {self.arena / MIB:,.1f} (KV cache {self.kv_cache / MIB:,.1f} "
                 f"{self.kv_dtype}) "
-                f"[{self.backend}]; {avail}")
+                f"[{self.backend}{', CUDA falls back: ' + self.cpu_fallback if self.cpu_fallback else ''}]; "
+                f"{avail}")
 
 
 def _target_memory(target: str) -> tuple[str, int | None, str]:
@@ -229,6 +256,9 @@ def footprint(h: ModelHeader, target: str, weights_bytes: int | None = None, slo
     if cuda_weights not in CUDA_WEIGHTS:
         raise ModelError(f"cuda_weights must be one of {', '.join(CUDA_WEIGHTS)}, got {cuda_weights!r}")
     backend, avail, target_kv = _target_memory(target)
+    fallback = cuda_unsupported(h) if backend == "cuda" else ""
+    if fallback:  # --backend auto runs it on the CPU
+        backend = "cpu"
     kv_dtype = target_kv if kv_dtype is None else kv_dtype
     kv_value_bytes(kv_dtype)
     weights = estimate_file_bytes(h) if weights_bytes is None else weights_bytes
@@ -236,7 +266,7 @@ def footprint(h: ModelHeader, target: str, weights_bytes: int | None = None, slo
         cpu_arena_bytes(h, threads, kv_dtype=kv_dtype)
     mode = "file" if backend == "cpu" else "copied" if cuda_weights == "copy" else "mapped"
     return Footprint(target, backend, weights, arena, kv_cache_bytes(h, kv_dtype), slots, avail,
-                     kv_dtype, mode)
+                     kv_dtype, mode, fallback)
 
 
 def model_footprint(path: str | os.PathLike[str], target: str, slots: int = 1,

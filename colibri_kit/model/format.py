@@ -15,15 +15,17 @@ import struct
 import tempfile
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Iterator, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 import numpy as np
 
 from colibri_kit.errors import ModelError
 
 MAGIC = b"COLIBRI\0"
-VERSION = 2  # written; readers accept every version in READ_VERSIONS
-READ_VERSIONS = (1, 2)  # version 1 = version 2 without a metadata section
+VERSION = 3  # written; readers accept every version in READ_VERSIONS
+# version 2 = version 3 without the layer table (every layer attention + MoE);
+# version 1 = version 2 without a metadata section
+READ_VERSIONS = (1, 2, 3)
 HEADER_SIZE = 256
 RECORD_SIZE = 64
 ALIGN = 64  # every tensor and scale vector
@@ -105,6 +107,19 @@ class Routing(enum.IntEnum):
     PLAIN = 1  # softmax over E, top-k, weights used as they are
 
 
+class Mixer(enum.IntEnum):
+    """Layer record field ``mixer`` (runtime/src/layers/kinds.h): how a layer mixes positions."""
+
+    ATTENTION = 1  # causal grouped-query attention over every position
+    SLIDING_ATTENTION = 2  # the same over the last `window` positions (a ring of W rows)
+
+
+class Ffn(enum.IntEnum):
+    """Layer record field ``ffn``: the block after the mixer."""
+
+    MOE = 1  # routed experts (+ the shared expert when the header's flags say so)
+
+
 # Limits enforced by readers (docs/format.md, "Limits"): beyond them a file is refused as absurd.
 MAX_EMBED = 65536
 MAX_EXPERTS = 256
@@ -162,13 +177,24 @@ D_ROWS = frozenset({Kind.WO, Kind.EXPERT_W2, Kind.SHARED_W2})
 EXPERT_KINDS = (Kind.EXPERT_W1, Kind.EXPERT_W3, Kind.EXPERT_W2)
 GLOBAL_KINDS = frozenset({Kind.TOK_EMBED, Kind.OUTPUT_NORM, Kind.LM_HEAD})
 
-_HEADER = struct.Struct("<8s" + "I" * 18 + "ff" + "II" + "QQ" + "III" + "IQQ" + "48s" + "64s")
+_HEADER = struct.Struct("<8s" + "I" * 18 + "ff" + "II" + "QQ" + "III" + "IQQ" + "Q40s" + "64s")
 _RECORD = struct.Struct("<IIIIII" + "QQQQ" + "II")
-assert _HEADER.size == HEADER_SIZE and _RECORD.size == RECORD_SIZE
+LAYER_RECORD_SIZE = 64  # version 3: one per layer, right after the tensor table
+_LAYER = struct.Struct("<IIII" + "4I" + "4I" + "16s")
+assert _HEADER.size == HEADER_SIZE and _RECORD.size == RECORD_SIZE and _LAYER.size == LAYER_RECORD_SIZE
 
 
 def align_up(n: int, a: int) -> int:
     return (n + a - 1) // a * a
+
+
+def data_start(h: "ModelHeader") -> int:
+    """Where the writer puts the tensor data: after the tensor table and (version 3) the layer
+    table, on a page boundary."""
+    tables = HEADER_SIZE + RECORD_SIZE * len(expected_tensors(h))
+    if h.version >= 3:
+        tables += LAYER_RECORD_SIZE * h.n_layers
+    return align_up(tables, PAGE)
 
 
 def padded_dim(dim: int, pad: int) -> int:
@@ -229,10 +255,22 @@ class ModelHeader:
     meta_count: int = 0
     meta_offset: int = 0
     meta_size: int = 0
-    reserved: bytes = field(default=b"\0" * 48, repr=False)
+    # Layer table (version 3; docs/format.md "Layer table"): the offset is filled in by the writer.
+    layer_table_offset: int = 0
+    reserved: bytes = field(default=b"\0" * 40, repr=False)
+    # The layer records (not header bytes: the table the offset points at). Empty: every layer
+    # is attention + MoE, as in version 1 and 2 files.
+    layers: tuple["LayerRecord", ...] = field(default=(), repr=False)
 
     def has(self, flag: Flag) -> bool:
         return bool(self.flags & flag)
+
+    def layer(self, i: int) -> "LayerRecord":
+        """Layer ``i``'s record (attention + MoE when the header carries none)."""
+        return self.layers[i] if self.layers else DEFAULT_LAYER
+
+    def layer_records(self) -> tuple["LayerRecord", ...]:
+        return self.layers or (DEFAULT_LAYER,) * self.n_layers
 
     def pack(self) -> bytes:
         name = self.name.encode("utf-8")
@@ -247,7 +285,7 @@ class ModelHeader:
                 self.norm_eps, self.rope_theta, self.n_tensors, self.tensor_table_offset,
                 self.data_offset, self.file_size, self.family, self.bos_token_id,
                 self.eos_token_id, self.meta_count, self.meta_offset, self.meta_size,
-                self.reserved, name)
+                self.layer_table_offset, self.reserved, name)
         except struct.error as exc:
             raise ModelError(f"header does not fit the format: {exc}") from None
 
@@ -262,15 +300,18 @@ class ModelHeader:
             norm_eps=v[19], rope_theta=v[20], n_tensors=v[21], tensor_table_offset=v[22],
             data_offset=v[23], file_size=v[24], family=v[25], bos_token_id=v[26],
             eos_token_id=v[27], meta_count=v[28], meta_offset=v[29], meta_size=v[30],
-            reserved=v[31], name=_decode_name(v[32]))
+            layer_table_offset=v[31], reserved=v[32], name=_decode_name(v[33]))
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-friendly view (names for enums and flags) for `invoke model-info`."""
-        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("magic", "reserved")}
+        d = {f.name: getattr(self, f.name) for f in fields(self)
+             if f.name not in ("magic", "reserved", "layers")}
         d["routing"] = Routing(self.routing).name.lower() if self.routing in (0, 1) else self.routing
         d["dtype"] = DType(self.dtype).name.lower() if self.dtype in DType._value2member_map_ else self.dtype
         d["family"] = Family(self.family).name.lower() if self.family in Family._value2member_map_ else self.family
         d["flags"] = [f.name for f in Flag if self.flags & f]
+        d["layers"] = [r.to_json() for r in self.layer_records()]
+        d["layer_pattern"] = layer_pattern(self.layer_records())
         return d
 
     def validate_geometry(self) -> None:
@@ -282,6 +323,9 @@ class ModelHeader:
                              + " and ".join(str(v) for v in READ_VERSIONS))
         if self.version < 2 and (self.meta_count or self.meta_offset or self.meta_size):
             raise ModelError("header field reserved: must be zero (a version-1 file has no metadata section)")
+        if self.version < 3 and self.layer_table_offset:
+            raise ModelError(f"header field reserved: must be zero (a version-{self.version} file has no "
+                             "layer table)")
         if self.header_size != HEADER_SIZE:
             raise ModelError(f"header field header_size: {self.header_size}, expected {HEADER_SIZE}")
         if self.tensor_table_offset != HEADER_SIZE:
@@ -336,6 +380,28 @@ class ModelHeader:
                 raise ModelError(f"header field {key}: {tok}, must be < vocab_size {self.vocab_size} or 0xFFFFFFFF")
         if any(self.reserved):
             raise ModelError("header field reserved: must be zero")
+        self.validate_layers()
+
+    def validate_layers(self) -> None:
+        """Each layer record against its kinds' rules (the table in LAYER_KINDS)."""
+        if self.layers and len(self.layers) != self.n_layers:
+            raise ModelError(f"layer table: {len(self.layers)} records for n_layers {self.n_layers}")
+        if self.version < 3 and any(r != DEFAULT_LAYER for r in self.layers):
+            raise ModelError(f"layer table: layers other than attention + moe need format version 3, "
+                             f"the header says {self.version}")
+        for i, r in enumerate(self.layers):
+            where = f"layer {i}"
+            mixer, ffn = MIXERS.get(r.mixer), FFNS.get(r.ffn)
+            if mixer is None:
+                raise ModelError(f"{where}: field mixer {r.mixer}, allowed "
+                                 + ", ".join(f"{int(k)} ({k.name.lower()})" for k in Mixer))
+            if ffn is None:
+                raise ModelError(f"{where}: field ffn {r.ffn}, allowed "
+                                 + ", ".join(f"{int(k)} ({k.name.lower()})" for k in Ffn))
+            if any(r.reserved):
+                raise ModelError(f"{where}: field reserved must be zero")
+            mixer.check(self, i, r)
+            ffn.check(self, i, r)
 
     def validate(self, actual_size: int) -> None:
         """Check every header field, including the table and data placement against the file size."""
@@ -348,6 +414,9 @@ class ModelHeader:
         table_end = HEADER_SIZE + self.n_tensors * RECORD_SIZE
         if table_end > actual_size:
             raise ModelError(f"header field n_tensors: table of {self.n_tensors} records ends past the file ({actual_size} bytes)")
+        if self.version >= 3:
+            _check_layer_table(self, actual_size)
+            table_end += self.n_layers * LAYER_RECORD_SIZE
         if self.data_offset % PAGE or self.data_offset < table_end or self.data_offset > actual_size:
             raise ModelError(
                 f"header field data_offset: {self.data_offset}, must be 4096-aligned, >= {table_end} "
@@ -373,6 +442,182 @@ class ModelHeader:
     def tensor_end(self) -> int:
         """Where tensor data must end: the metadata section (if any) follows it."""
         return self.meta_offset if self.meta_count else self.file_size
+
+
+# ----------------------------------------------------------------------------------------------
+# Layer table (version 3): what each layer is
+
+
+@dataclass(frozen=True)
+class LayerRecord:
+    """One layer's 64-byte record (docs/format.md, "Layer table")."""
+
+    mixer: int = Mixer.ATTENTION
+    ffn: int = Ffn.MOE
+    window: int = 0  # sliding kinds: the positions a token sees
+    mixer_flags: int = 0  # none defined yet (bit 0 is kept for attention sinks)
+    mixer_params: tuple[int, int, int, int] = (0, 0, 0, 0)
+    ffn_params: tuple[int, int, int, int] = (0, 0, 0, 0)
+    reserved: bytes = field(default=bytes(16), repr=False)
+
+    def pack(self) -> bytes:
+        try:
+            return _LAYER.pack(self.mixer, self.ffn, self.window, self.mixer_flags,
+                               *self.mixer_params, *self.ffn_params, self.reserved)
+        except struct.error as exc:
+            raise ModelError(f"layer record does not fit the format: {exc}") from None
+
+    @classmethod
+    def unpack(cls, buf: bytes) -> "LayerRecord":
+        v = _LAYER.unpack(buf)
+        return cls(v[0], v[1], v[2], v[3], tuple(v[4:8]), tuple(v[8:12]), v[12])  # type: ignore[arg-type]
+
+    @property
+    def mixer_name(self) -> str:
+        kind = MIXERS.get(self.mixer)
+        return kind.name if kind else f"mixer {self.mixer}"
+
+    @property
+    def ffn_name(self) -> str:
+        kind = FFNS.get(self.ffn)
+        return kind.name if kind else f"ffn {self.ffn}"
+
+    def label(self) -> str:
+        """``attention + moe``, ``sliding_attention(128) + moe``."""
+        w = f"({self.window})" if self.window else ""
+        return f"{self.mixer_name}{w} + {self.ffn_name}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"mixer": self.mixer_name, "ffn": self.ffn_name, "window": self.window}
+
+
+DEFAULT_LAYER = LayerRecord()  # every layer of a version 1 or 2 file
+
+
+@dataclass(frozen=True)
+class LayerKind:
+    """One row of the layer-kind table, as runtime/src/layers/kinds.c has it: the name, the check
+    of a record, the tensors of a layer of this kind (kind, expert, rows, cols) and the K/V rows
+    it keeps per context (the footprint's cache)."""
+
+    name: str
+    check: Callable[["ModelHeader", int, LayerRecord], None]
+    tensors: Callable[["ModelHeader"], list[tuple["Kind", int, int, int]]]
+    kv_positions: Callable[["ModelHeader", LayerRecord], int]
+
+
+def _params_zero(where: str, values: tuple[int, ...], field_name: str) -> None:
+    for i, v in enumerate(values):
+        if v:
+            raise ModelError(f"{where}: field {field_name}[{i}] {v}, must be 0")
+
+
+def _check_mixer(where: str, r: LayerRecord) -> None:
+    """What both attention kinds require: no parameters, no flags (none defined yet)."""
+    _params_zero(where, r.mixer_params, "mixer_params")
+    if r.mixer_flags:
+        raise ModelError(f"{where}: field mixer_flags {r.mixer_flags:#x}, none are defined "
+                         "(a newer format feature: update the kit)")
+
+
+def _check_attention(h: "ModelHeader", i: int, r: LayerRecord) -> None:
+    where = f"layer {i} (attention)"
+    _check_mixer(where, r)
+    if r.window:
+        raise ModelError(f"{where}: field window {r.window}, must be 0 for full attention")
+
+
+def _check_sliding(h: "ModelHeader", i: int, r: LayerRecord) -> None:
+    where = f"layer {i} (sliding_attention)"
+    _check_mixer(where, r)
+    if r.window < 1:
+        raise ModelError(f"{where}: field window {r.window}, must be at least 1")
+
+
+def _attention_tensors(h: "ModelHeader") -> list[tuple["Kind", int, int, int]]:
+    dp, hq, hkv = h.embed_dim_pad, h.n_heads * h.head_dim, h.n_kv_heads * h.head_dim
+    out = [(Kind.ATTN_NORM, NONE, 1, dp), (Kind.WQ, NONE, hq, dp), (Kind.WK, NONE, hkv, dp),
+           (Kind.WV, NONE, hkv, dp), (Kind.WO, NONE, dp, hq)]
+    if h.has(Flag.QKV_BIAS):
+        out += [(Kind.BQ, NONE, 1, hq), (Kind.BK, NONE, 1, hkv), (Kind.BV, NONE, 1, hkv)]
+    if h.has(Flag.QK_NORM_HEAD):
+        out += [(Kind.Q_NORM, NONE, 1, h.head_dim), (Kind.K_NORM, NONE, 1, h.head_dim)]
+    elif h.has(Flag.QK_NORM_FULL):
+        out += [(Kind.Q_NORM, NONE, 1, hq), (Kind.K_NORM, NONE, 1, hkv)]
+    return out
+
+
+def _check_moe(h: "ModelHeader", i: int, r: LayerRecord) -> None:
+    _params_zero(f"layer {i} (moe)", r.ffn_params, "ffn_params")
+
+
+def _moe_tensors(h: "ModelHeader") -> list[tuple["Kind", int, int, int]]:
+    dp, e_n, f = h.embed_dim_pad, h.num_experts, h.expert_size
+    out = [(Kind.FFN_NORM, NONE, 1, dp), (Kind.ROUTER, NONE, e_n, dp)]
+    out += [(Kind.EXPERT_W1, e, f, dp) for e in range(e_n)]
+    out += [(Kind.EXPERT_W3, e, f, dp) for e in range(e_n)]
+    out += [(Kind.EXPERT_W2, e, dp, f) for e in range(e_n)]
+    if h.has(Flag.SHARED_EXPERT):
+        fs = h.shared_expert_size
+        out += [(Kind.SHARED_W1, NONE, fs, dp), (Kind.SHARED_W3, NONE, fs, dp),
+                (Kind.SHARED_W2, NONE, dp, fs)]
+        if h.has(Flag.SHARED_EXPERT_GATE):
+            out.append((Kind.SHARED_GATE, NONE, 1, dp))
+    return out
+
+
+MIXERS: dict[int, LayerKind] = {
+    Mixer.ATTENTION: LayerKind("attention", _check_attention, _attention_tensors,
+                               lambda h, r: h.max_seq_len),
+    # a ring of W rows (a window that covers the context is a full cache)
+    Mixer.SLIDING_ATTENTION: LayerKind("sliding_attention", _check_sliding, _attention_tensors,
+                                       lambda h, r: min(r.window, h.max_seq_len)),
+}
+FFNS: dict[int, LayerKind] = {
+    Ffn.MOE: LayerKind("moe", _check_moe, _moe_tensors, lambda h, r: 0),
+}
+
+
+def layer_kv_positions(h: "ModelHeader", i: int) -> int:
+    """K and V rows layer ``i`` keeps per context (runtime/src/core/arena.c)."""
+    r = h.layer(i)
+    return MIXERS[r.mixer].kv_positions(h, r) + FFNS[r.ffn].kv_positions(h, r)
+
+
+def layer_window(h: "ModelHeader", i: int) -> int | None:
+    """The positions a token of layer ``i`` attends to (None: all before it)."""
+    r = h.layer(i)
+    return r.window if r.mixer == Mixer.SLIDING_ATTENTION else None
+
+
+def kv_staged(h: "ModelHeader") -> bool:
+    """Does some layer keep a ring shorter than the context? (Then the runtime's arena has a
+    stage for a pass's K/V rows, runtime/src/layers/attention.c.)"""
+    return any(layer_kv_positions(h, i) < h.max_seq_len for i in range(h.n_layers)
+               if h.layer(i).mixer == Mixer.SLIDING_ATTENTION)
+
+
+def layer_pattern(records: tuple[LayerRecord, ...] | list[LayerRecord]) -> str:
+    """The layer list in short: its shortest repeating period, e.g. ``2 x [attention + moe]``
+    or ``12 x [sliding_attention(128) + moe, attention + moe]``."""
+    n = len(records)
+    for p in range(1, n + 1):
+        if n % p == 0 and all(records[i] == records[i % p] for i in range(n)):
+            return f"{n // p} x [{', '.join(r.label() for r in records[:p])}]"
+    return ""  # n == 0
+
+
+def _check_layer_table(h: "ModelHeader", actual_size: int) -> None:
+    """The layer table starts right after the tensor records and ends by the data."""
+    at, end = h.layer_table_offset, h.layer_table_offset + h.n_layers * LAYER_RECORD_SIZE
+    want = HEADER_SIZE + h.n_tensors * RECORD_SIZE
+    if at != want:
+        raise ModelError(f"header field layer_table_offset: {at}, but field n_tensors {h.n_tensors} "
+                         f"ends the tensor table at {want}, where the layer table must start")
+    if end > min(actual_size, h.data_offset):
+        raise ModelError(f"header field layer_table_offset: the {h.n_layers}-record layer table "
+                         f"[{at}, {end}) runs past data_offset {h.data_offset} or the end of the file "
+                         f"({actual_size} bytes)")
 
 
 def _in_range(name: str, value: int, lo: int, hi: int) -> None:
@@ -452,42 +697,17 @@ class TensorSpec:
 def expected_tensors(h: ModelHeader) -> dict[tuple[int, int, int], TensorSpec]:
     """Every tensor the header's geometry and flags require, keyed by (kind, layer, expert),
     in table order (layer, kind, expert)."""
-    dp, hq, hkv = h.embed_dim_pad, h.n_heads * h.head_dim, h.n_kv_heads * h.head_dim
+    dp = h.embed_dim_pad
     specs: list[TensorSpec] = []
 
     def add(kind: Kind, rows: int, cols: int, layer: int = NONE, expert: int = NONE) -> None:
         specs.append(TensorSpec(kind, layer, expert, rows, cols, kind in F32_KINDS))
 
-    for layer in range(h.n_layers):
-        add(Kind.ATTN_NORM, 1, dp, layer)
-        add(Kind.WQ, hq, dp, layer)
-        add(Kind.WK, hkv, dp, layer)
-        add(Kind.WV, hkv, dp, layer)
-        add(Kind.WO, dp, hq, layer)
-        if h.has(Flag.QKV_BIAS):
-            add(Kind.BQ, 1, hq, layer)
-            add(Kind.BK, 1, hkv, layer)
-            add(Kind.BV, 1, hkv, layer)
-        if h.has(Flag.QK_NORM_HEAD):
-            add(Kind.Q_NORM, 1, h.head_dim, layer)
-            add(Kind.K_NORM, 1, h.head_dim, layer)
-        elif h.has(Flag.QK_NORM_FULL):
-            add(Kind.Q_NORM, 1, hq, layer)
-            add(Kind.K_NORM, 1, hkv, layer)
-        add(Kind.FFN_NORM, 1, dp, layer)
-        add(Kind.ROUTER, h.num_experts, dp, layer)
-        for e in range(h.num_experts):
-            add(Kind.EXPERT_W1, h.expert_size, dp, layer, e)
-        for e in range(h.num_experts):
-            add(Kind.EXPERT_W3, h.expert_size, dp, layer, e)
-        for e in range(h.num_experts):
-            add(Kind.EXPERT_W2, dp, h.expert_size, layer, e)
-        if h.has(Flag.SHARED_EXPERT):
-            add(Kind.SHARED_W1, h.shared_expert_size, dp, layer)
-            add(Kind.SHARED_W3, h.shared_expert_size, dp, layer)
-            add(Kind.SHARED_W2, dp, h.shared_expert_size, layer)
-            if h.has(Flag.SHARED_EXPERT_GATE):
-                add(Kind.SHARED_GATE, 1, dp, layer)
+    for layer in range(h.n_layers):  # each layer's tensors, as its kinds say
+        r = h.layer(layer)
+        for lk in (MIXERS.get(r.mixer), FFNS.get(r.ffn)):  # unknown kinds: validate_layers refuses
+            for kind, expert, rows, cols in (lk.tensors(h) if lk else ()):
+                add(kind, rows, cols, layer, expert)
     add(Kind.TOK_EMBED, h.vocab_size, dp)
     add(Kind.OUTPUT_NORM, 1, dp)
     if not h.has(Flag.TIED_EMBEDDINGS):
@@ -630,10 +850,13 @@ class ModelWriter:
         self.metadata: dict[str, bytes] = {}
         for name, blob in (metadata or {}).items():
             self.add_metadata(name, blob)
+        if header.version >= 3:  # the layer table is written even when every layer is the default
+            header.layers = header.layer_records()
         header.validate_geometry()
         self.specs = expected_tensors(header)
         header.n_tensors = len(self.specs)
-        header.data_offset = align_up(HEADER_SIZE + RECORD_SIZE * header.n_tensors, PAGE)
+        header.layer_table_offset = HEADER_SIZE + RECORD_SIZE * header.n_tensors if header.version >= 3 else 0
+        header.data_offset = data_start(header)
         self.records: dict[tuple[int, int, int], TensorRecord] = {}
         self._pos = header.data_offset
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -766,6 +989,9 @@ class ModelWriter:
             self._f.write(self.header.pack())
             for key in self.specs:  # table order = expected_tensors order (layer, kind, expert)
                 self._f.write(self.records[key].pack())
+            if self.header.version >= 3:  # the layer table follows the tensor table
+                for layer in self.header.layers:
+                    self._f.write(layer.pack())
             self._f.flush()
             os.fsync(self._f.fileno())
             self._f.close()
@@ -867,12 +1093,23 @@ def read_model(path: str | os.PathLike[str]) -> ColibriModel:
     data = np.memmap(path, dtype=np.uint8, mode="r")
     header = ModelHeader.unpack(bytes(data[:HEADER_SIZE]))
     try:
+        if header.magic == MAGIC and header.version == 3:  # first: a layer's kinds decide its tensors
+            header.layers = _read_layers(header, data, size)
         header.validate(size)
         records = _read_table(header, data, size)
         meta = _read_meta(header, data)
     except ModelError as exc:
         raise ModelError(f"{path}: {exc}") from None
     return ColibriModel(path, header, records, data, meta)
+
+
+def _read_layers(h: ModelHeader, data: np.ndarray, size: int) -> tuple[LayerRecord, ...]:
+    """The version-3 layer records (placement checked first; contents by validate_layers)."""
+    _in_range("n_layers", h.n_layers, 1, MAX_LAYERS)
+    _check_layer_table(h, size)
+    at = h.layer_table_offset
+    return tuple(LayerRecord.unpack(bytes(data[at + i * LAYER_RECORD_SIZE: at + (i + 1) * LAYER_RECORD_SIZE]))
+                 for i in range(h.n_layers))
 
 
 def check_meta_name(name: str) -> bytes:

@@ -10,6 +10,10 @@ dequantised to float32 (or float64) once at load.
     ref.routing                           # experts chosen, per token, per layer
     Reference("model.colibri", kv_dtype="f16")  # K and V rounded to float16 in the cache, as
                                                 # the runtime's --kv-cache f16 stores them
+
+Each layer's cache is what its kind keeps (docs/runtime.md, "Layer kinds"): max_seq_len rows for
+full attention, a ring of min(W, max_seq_len) rows for a sliding window of W positions (position
+p in row p % rows), so a prompt several windows long wraps it as the runtime's does.
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ from typing import Sequence
 import numpy as np
 
 from colibri_kit.errors import ModelError
-from colibri_kit.model.format import NONE, ColibriModel, Flag, Kind, Routing, read_model
+from colibri_kit.model.format import (
+    NONE, ColibriModel, Flag, Kind, Routing, layer_kv_positions, layer_window, read_model,
+)
 
 
 @dataclass(frozen=True)
@@ -60,8 +66,11 @@ class Reference:
         half = h.head_dim // 2
         # Frequency of pair i is theta^(-2i/Dh).
         self.inv_freq = (h.rope_theta ** (-2.0 * np.arange(half, dtype=np.float64) / h.head_dim))
-        self.k_cache = np.zeros((h.n_layers, h.max_seq_len, h.n_kv_heads, h.head_dim), self.dtype)
-        self.v_cache = np.zeros_like(self.k_cache)
+        # per layer: [rows, Hkv, Dh], rows as the layer's kind keeps them
+        self.windows = [layer_window(h, i) for i in range(h.n_layers)]
+        self.k_cache = [np.zeros((layer_kv_positions(h, i), h.n_kv_heads, h.head_dim), self.dtype)
+                        for i in range(h.n_layers)]
+        self.v_cache = [np.zeros_like(k) for k in self.k_cache]
         self.pos = 0
         self.routing: list[list[Route]] = []  # [token][layer], since the last reset
 
@@ -135,14 +144,20 @@ class Reference:
         if self.kv_f16:
             k = k.astype(np.float16).astype(self.dtype)
             v = v.astype(np.float16).astype(self.dtype)
-        self.k_cache[layer, pos] = k
-        self.v_cache[layer, pos] = v.reshape(h.n_kv_heads, dh)
+        kc, vc = self.k_cache[layer], self.v_cache[layer]
+        kc[pos % len(kc)] = k
+        vc[pos % len(vc)] = v.reshape(h.n_kv_heads, dh)
+        # causal: positions 0..pos; a sliding window of W: max(0, pos - W + 1)..pos (transformers'
+        # sliding_window_overlay keeps kv_idx > q_idx - sliding_window)
+        window = self.windows[layer]
+        first = 0 if window is None else max(0, pos - window + 1)
+        rows = np.arange(first, pos + 1) % len(kc)
         out = np.empty((h.n_heads, dh), self.dtype)
         scale = self.dtype.type(1.0 / np.sqrt(dh))
         for head in range(h.n_heads):
             kv = head // self.group
-            keys = self.k_cache[layer, : pos + 1, kv]  # [pos+1, Dh]
-            vals = self.v_cache[layer, : pos + 1, kv]
+            keys = kc[rows, kv]  # [positions, Dh]
+            vals = vc[rows, kv]
             s = (keys @ q[head]) * scale
             a = np.exp(s - np.max(s))
             a = a / np.sum(a)
@@ -170,8 +185,8 @@ class Reference:
     def reset(self) -> None:
         self.pos = 0
         self.routing = []
-        self.k_cache[:] = 0
-        self.v_cache[:] = 0
+        for c in (*self.k_cache, *self.v_cache):
+            c[:] = 0
 
     def step(self, token: int) -> np.ndarray:
         """One token at the current position -> logits [V]."""

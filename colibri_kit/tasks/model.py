@@ -60,11 +60,13 @@ def tiny_model_task(c: Context, out: str, target: str = "host", dtype: str = "f3
 })
 @user_errors
 def model_info_task(c: Context, file: str, slots: int = 1, kv_cache: str = "") -> None:
-    """Validate a .colibri file and print its header, metadata blobs, tokenizer and chat template
-    ("chat_template": roles and keys present, the source template's sha256, an example rendering;
-    null when none) as JSON, with its memory footprint on every target ("footprint": weights +
-    slots x arena incl. KV cache, and whether it fits); the same footprint as one line per target
-    on stderr, after a line naming the tokenizer and template."""
+    """Validate a .colibri file and print its header, layer list ("layers": each layer's mixer,
+    FFN and window; "layer_pattern": the shortest repeating period), metadata blobs, tokenizer and
+    chat template ("chat_template": roles and keys present, the source template's sha256, an
+    example rendering; null when none) as JSON, with its memory footprint on every target
+    ("footprint": weights + slots x arena incl. KV cache, and whether it fits); the same footprint
+    as one line per target on stderr, after a line naming the layers and one naming the tokenizer
+    and template."""
     from colibri_kit.model import chat
     from colibri_kit.model.footprint import kv_value_bytes, model_footprint
     from colibri_kit.model.format import header_json, read_model
@@ -81,6 +83,7 @@ def model_info_task(c: Context, file: str, slots: int = 1, kv_cache: str = "") -
     json.dump(doc, sys.stdout, indent=2)
     print()
     tok, tpl = doc.get("tokenizer"), doc["chat_template"]
+    print(f"layers: {doc['layer_pattern']}", file=sys.stderr)
     print("tokenizer: " + (f"{tok['model']}, {tok['vocab']} pieces, {tok['merges']} merges" if tok else
                            "none (--ids commands only)")
           + "; chat template: " + (f"{', '.join(tpl['roles'])} (sha256 {str(tpl['source_sha256'])[:12]})"

@@ -1,6 +1,7 @@
 """Write the loader fuzzer's seed corpus: small valid models (pad 64, the host build's
 COLIBRI_EMBED_DIM_PAD) with different dtypes and flags, two with a metadata section holding a
-small tokenizer (byte-level BPE and SentencePiece-style, format version 2), and corrupted variants.
+small tokenizer (byte-level BPE and SentencePiece-style), one of format version 2 (no layer
+table), and corrupted variants (header fields, tensor records, layer records).
 
     python3 runtime/fuzz/make_corpus.py runtime/fuzz/corpus
 """
@@ -12,16 +13,16 @@ import sys
 from pathlib import Path
 
 from colibri_kit.model import tokenizer as T
-from colibri_kit.model.format import DType, Family, Flag, ModelHeader, Routing
+from colibri_kit.model.format import VERSION, DType, Family, Flag, ModelHeader, Routing
 from colibri_kit.model.tiny import write_random_model
 
 
-def micro(dtype: DType, flags: int = 0, shared: int = 0) -> ModelHeader:
+def micro(dtype: DType, flags: int = 0, shared: int = 0, version: int = VERSION) -> ModelHeader:
     return ModelHeader(num_experts=2, expert_size=4, vocab_size=8, max_seq_len=4, embed_dim=12,
                        n_layers=1, n_heads=2, n_kv_heads=1, head_dim=4, top_k=1,
                        routing=Routing.RENORMALISE, dtype=int(dtype), embed_dim_pad=64,
                        pad_multiple=64, flags=flags, shared_expert_size=shared,
-                       family=Family.OTHER, name="fuzz-seed")
+                       family=Family.OTHER, name="fuzz-seed", version=version)
 
 
 def micro_tokenizer(sentencepiece: bool) -> T.TokenizerSpec:
@@ -66,6 +67,7 @@ def main(out: Path) -> None:
         "f16-shared-gate-bias": micro(DType.F16, int(Flag.SHARED_EXPERT | Flag.SHARED_EXPERT_GATE
                                                      | Flag.QKV_BIAS), shared=4),
         "bf16-qknorm-tied": micro(DType.BF16, int(Flag.QK_NORM_FULL | Flag.TIED_EMBEDDINGS)),
+        "v2-f32": micro(DType.F32, version=2),
     }
     for name, h in seeds.items():
         write_random_model(out / f"{name}.colibri", h, seed=1)
@@ -83,11 +85,19 @@ def main(out: Path) -> None:
     (out / "bad-truncated.colibri").write_bytes(raw[: len(raw) - 100])
     (out / "bad-header-only.colibri").write_bytes(raw[:256])
     patch("bad-magic.colibri", 0, "<I", 0)
-    patch("bad-version.colibri", 8, "<I", 3)
+    patch("bad-version.colibri", 8, "<I", 4)
     patch("bad-offset.colibri", 256 + 24, "<Q", 1 << 40)
     patch("bad-scale-offset.colibri", 256 + 40, "<Q", len(raw))
     patch("bad-dims.colibri", 12, "<I", 1 << 20)
     patch("bad-pad.colibri", 68, "<I", 32)
+    # the layer table (version 3): where it is, and what a record may hold
+    layers = struct.unpack_from("<Q", raw, 144)[0]
+    patch("bad-layer-table-offset.colibri", 144, "<Q", layers + 64)
+    patch("bad-layer-mixer.colibri", layers, "<I", 0)
+    patch("bad-layer-ffn.colibri", layers + 4, "<I", 7)
+    patch("bad-layer-window.colibri", layers + 8, "<I", 5)  # full attention has none
+    patch("bad-layer-flags.colibri", layers + 12, "<I", 1)
+    patch("bad-layer-reserved.colibri", layers + 48, "<I", 1)
 
 
 if __name__ == "__main__":

@@ -51,7 +51,8 @@ typedef enum {
     COLIBRI_E_NOT_BUILT = 15,      /* feature not compiled in (e.g. routing dump without DEBUG) */
     COLIBRI_E_NO_TOKENIZER = 16,   /* text call on a model without a tokenizer (re-convert it) */
     COLIBRI_E_BAD_TOKENIZER = 17,  /* the model's tokenizer section is invalid */
-    COLIBRI_E_BUFFER_TOO_SMALL = 18 /* output buffer too small; the size needed is returned */
+    COLIBRI_E_BUFFER_TOO_SMALL = 18, /* output buffer too small; the size needed is returned */
+    COLIBRI_E_BAD_LAYER = 19       /* layer table: a record that breaks its kind's rules */
 } colibri_status;
 
 typedef enum {
@@ -140,6 +141,20 @@ void colibri_model_free(colibri_model *m);
 /* The model a context runs (no reference taken). */
 colibri_model *colibri_ctx_model(const colibri_ctx *ctx);
 void colibri_model_get_info(const colibri_model *m, colibri_model_info *info);
+
+/* One layer of the model, as its record in the file's layer table says (docs/format.md; every
+ * layer of a version 1 or 2 file is attention + moe). */
+typedef struct {
+    char mixer[24];        /* "attention" (full causal), "sliding_attention" */
+    char ffn[16];          /* "moe" */
+    uint32_t window;       /* sliding_attention: W (a token at p attends to max(0, p-W+1)..p) */
+    uint32_t kv_positions; /* K and V rows the layer keeps per context: max_seq_len for full
+                              attention, min(W, max_seq_len) for a sliding window (a ring) */
+} colibri_layer_info;
+
+/* Layer `layer` (< n_layers): COLIBRI_OK, or COLIBRI_E_INVALID_ARG. Reads only the model. */
+colibri_status colibri_model_layer_info(const colibri_model *m, uint32_t layer,
+                                        colibri_layer_info *info);
 
 /* Run n tokens starting at the current KV position; write n x vocab_size logits (row-major,
  * host memory). Allocates nothing. On failure the KV position is unchanged. */

@@ -51,7 +51,7 @@ static void refuse(const char *what, size_t len, void (*mutate)(uint8_t *), coli
 
 static uint8_t *rec(uint8_t *b, int i) { return b + 256 + 64 * i; }
 static void m_magic(uint8_t *b) { b[0] = 'X'; }
-static void m_version(uint8_t *b) { put32(b + 8, 3); }
+static void m_version(uint8_t *b) { put32(b + 8, 4); }
 static void m_experts(uint8_t *b) { put32(b + 12, 100000); }
 static void m_vocab0(uint8_t *b) { put32(b + 20, 0); }
 static void m_heads(uint8_t *b) { put32(b + 40, 5); } /* 5 % 2 kv heads */
@@ -72,8 +72,8 @@ static void test_loader(void) {
     refuse("valid model", orig_len, NULL, COLIBRI_OK, "");
     refuse("truncated to 100 bytes", 100, NULL, COLIBRI_E_TRUNCATED, "256-byte header");
     refuse("truncated by one byte", orig_len - 1, NULL, COLIBRI_E_TRUNCATED, "truncated");
-    refuse("wrong magic", orig_len, m_magic, COLIBRI_E_BAD_MAGIC, "magic");
-    refuse("wrong version", orig_len, m_version, COLIBRI_E_BAD_VERSION, "version 3");
+    refuse("wrong magic", orig_len, m_magic, COLIBRI_E_BAD_MAGIC, "first 8 bytes");
+    refuse("wrong version", orig_len, m_version, COLIBRI_E_BAD_VERSION, "version 4");
     refuse("absurd num_experts", orig_len, m_experts, COLIBRI_E_ABSURD_DIM, "num_experts");
     refuse("zero vocab", orig_len, m_vocab0, COLIBRI_E_ABSURD_DIM, "vocab_size");
     refuse("heads not a multiple of kv heads", orig_len, m_heads, COLIBRI_E_ABSURD_DIM, "n_kv_heads");

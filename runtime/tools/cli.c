@@ -74,8 +74,61 @@ int cli_open(const char *model, colibri_backend backend, int threads, int int8_a
     opt.error_len = sizeof err;
     colibri_status s = colibri_init_ex(ctx, model, &opt);
     if (s) {
-        fprintf(stderr, "colibri: %s: %s: %s\n", model, colibri_strerror(s), err);
+        cli_report(model, s, err);
         return 1;
     }
     return 0;
+}
+
+int cli_open_globals(const char *model, const cli_globals *g, colibri_ctx **ctx) {
+    return cli_open(model, g->backend, g->threads, g->int8_act, g->kv, ctx);
+}
+
+void cli_report(const char *what, colibri_status s, const char *detail) {
+    if (detail && detail[0])
+        fprintf(stderr, "colibri: %s: %s: %s\n", what, colibri_strerror(s), detail);
+    else
+        fprintf(stderr, "colibri: %s: %s\n", what, colibri_strerror(s));
+}
+
+void cli_default_globals(cli_globals *g) {
+    memset(g, 0, sizeof *g);
+    g->backend = COLIBRI_BACKEND_AUTO;
+    g->kv = COLIBRI_KV_F32;
+}
+
+int cli_global(cli_globals *g, int argc, char **argv, int *i) {
+    const char *a = argv[*i], *v = *i + 1 < argc ? argv[*i + 1] : NULL;
+    int takes_value = !strcmp(a, "--backend") || !strcmp(a, "--threads") || !strcmp(a, "--kv-cache");
+    if (!strcmp(a, "--int8-act")) {
+        g->int8_act = 1;
+        return 1;
+    }
+    if (!takes_value) return 0;
+    if (!v) {
+        fprintf(stderr, "colibri: %s needs a value\n", a);
+        return -1;
+    }
+    ++*i;
+    long n;
+    if (!strcmp(a, "--backend")) {
+        if (!strcmp(v, "cpu")) g->backend = COLIBRI_BACKEND_CPU;
+        else if (!strcmp(v, "cuda")) g->backend = COLIBRI_BACKEND_CUDA;
+        else if (!strcmp(v, "auto")) g->backend = COLIBRI_BACKEND_AUTO;
+        else {
+            fprintf(stderr, "colibri: --backend must be cpu, cuda or auto\n");
+            return -1;
+        }
+        g->backend_given = 1;
+    } else if (!strcmp(a, "--threads")) {
+        if (cli_long(v, 1, 64, &n)) {
+            fprintf(stderr, "colibri: --threads must be 1..64\n");
+            return -1;
+        }
+        g->threads = (int)n;
+    } else if (cli_kv_dtype(v, &g->kv)) {
+        fprintf(stderr, "colibri: " CLI_KV_USAGE "\n");
+        return -1;
+    }
+    return 1;
 }

@@ -1,5 +1,6 @@
-/* Small helpers shared by the colibri CLI's subcommands (the tools/ directory): number and id-list parsing,
- * a monotonic clock, JSON string output and opening a context with a one-line error. */
+/* What the colibri CLI's subcommands (the tools/ directory) share: the global options (one
+ * parser, one struct), the command table's row type, number and id-list parsing, a monotonic
+ * clock, JSON string output and opening a context with a one-line error. */
 #ifndef COLIBRI_TOOLS_CLI_H
 #define COLIBRI_TOOLS_CLI_H
 
@@ -8,6 +9,46 @@
 #include <stdio.h>
 
 #include "colibri.h"
+
+/* The options every command takes, before or after the command word (docs/runtime.md, "CLI"). */
+typedef struct {
+    colibri_backend backend;
+    int backend_given;       /* a command with another default (bench-contexts: cpu) keeps it */
+    int threads;             /* 0: not given (the command's default: online CPUs, or per command) */
+    int int8_act;
+    colibri_kv_dtype kv;
+} cli_globals;
+
+#define CLI_GLOBAL_OPTIONS "[--backend cpu|cuda|auto] [--threads N] [--int8-act] [--kv-cache f32|f16]"
+#define CLI_GLOBAL_HELP                                                                          \
+    "global options (before or after the command):\n"                                          \
+    "  --backend cpu|cuda|auto  auto (default): CUDA when it comes up, else the CPU (the reason\n" \
+    "                           is printed); cuda: fail without it\n"                           \
+    "  --threads N              CPU threads, 1..64 (default: online CPUs)\n"                     \
+    "  --int8-act               int8/q4 weights: int8 activations (integer dot products)\n"      \
+    "  --kv-cache f32|f16       KV cache storage (f16: half the memory)\n"
+
+void cli_default_globals(cli_globals *g);
+
+/* If argv[*i] is a global option, take it (and its value: *i moves past it) into g and return
+ * 1; 0 when it is not one; -1 when its value is bad or missing (the reason is printed on
+ * stderr; the caller prints its usage and exits 2). */
+int cli_global(cli_globals *g, int argc, char **argv, int *i);
+
+/* One row of the command table (tools/main.c). run gets the globals parsed before the command
+ * word and argv from the command word on (argv[0] is the word); it parses its own options and
+ * any global option after the word (cli_global), answers --help with its usage on stdout and
+ * exit 0, and returns the exit status (0 ok, 1 failure, 2 usage). */
+typedef struct {
+    const char *name;
+    int (*run)(const cli_globals *g, int argc, char **argv);
+    const char *args;    /* what follows the command word, for the general usage */
+    const char *summary; /* one line */
+} cli_command;
+
+/* "colibri: WHAT: STATUS: DETAIL" on stderr (": DETAIL" only when there is one), so a failure
+ * says each thing once. */
+void cli_report(const char *what, colibri_status s, const char *detail);
 
 /* Decimal integer in [lo, hi], the whole string (NULL is rejected). 0, or -1 when bad. */
 int cli_long(const char *s, long lo, long hi, long *out);
@@ -27,6 +68,8 @@ void cli_json_string(FILE *f, const char *s, size_t n);
  * stderr and returns 1 (0 on success). */
 int cli_open(const char *model, colibri_backend backend, int threads, int int8_act,
              colibri_kv_dtype kv, colibri_ctx **ctx);
+/* The same with the global options. */
+int cli_open_globals(const char *model, const cli_globals *g, colibri_ctx **ctx);
 
 /* --kv-cache VALUE: "f32" or "f16". 0, or -1 for anything else (the caller prints the usage). */
 int cli_kv_dtype(const char *s, colibri_kv_dtype *out);

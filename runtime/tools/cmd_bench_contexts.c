@@ -41,56 +41,63 @@ static void *bench_thread(void *arg) {
     return NULL;
 }
 
-static int bc_usage(const char *msg) {
+/* On stdout for --help, on stderr after a usage error (then exit 2). */
+static int bc_usage_to(FILE *f, const char *msg) {
     if (msg) fprintf(stderr, "colibri: %s\n", msg);
-    fprintf(stderr, "usage: colibri bench-contexts MODEL [--contexts N] [--gen N] [--prompt-len N]"
-                    " [--threads T] [--kv-cache f32|f16] [--json]\n"
-                    "  one shared model, N contexts decoding at once; --threads is per context\n");
+    fprintf(f, "usage: colibri bench-contexts MODEL [--contexts N] [--gen N] [--prompt-len N] [--json]\n"
+               "  one shared model, N contexts (1..64, default 1) decoding --gen tokens (32) after\n"
+               "  --prompt-len (16) at once; here --threads is per context (default 1) and\n"
+               "  --backend defaults to cpu\n" CLI_GLOBAL_HELP);
     return 2;
 }
 
-int colibri_cmd_bench_contexts(int argc, char **argv, int skip) {
+static int bc_usage(const char *msg) { return bc_usage_to(stderr, msg); }
+
+/* argv[0] is the word "bench-contexts"; g: the global options before it. */
+int colibri_cmd_bench_contexts(const cli_globals *g0, int argc, char **argv) {
     const char *model = NULL;
-    long n = 1, gen = 32, plen = 16, threads = 1;
+    long n = 1, gen = 32, plen = 16;
     int json = 0;
-    colibri_backend backend = COLIBRI_BACKEND_CPU;
-    colibri_kv_dtype kv = COLIBRI_KV_F32;
+    cli_globals g = *g0;
     for (int i = 1; i < argc; i++) {
-        if (i == skip) continue;
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         long *dst = !strcmp(a, "--contexts") ? &n : !strcmp(a, "--gen") ? &gen
-                  : !strcmp(a, "--prompt-len") ? &plen : !strcmp(a, "--threads") ? &threads : NULL;
-        if (dst) {
+                  : !strcmp(a, "--prompt-len") ? &plen : NULL;
+        int r;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            bc_usage_to(stdout, NULL);
+            return 0;
+        } else if (dst) {
             if (!v || cli_long(v, 1, dst == &n ? MAX_CTX : 1048576, dst))
-                return bc_usage("--contexts 1..64, --gen/--prompt-len/--threads >= 1");
+                return bc_usage("--contexts 1..64, --gen/--prompt-len >= 1");
             i++;
         } else if (!strcmp(a, "--json")) json = 1;
-        else if (!strcmp(a, "--backend")) {
-            if (!v) return bc_usage("missing value after --backend");
-            backend = !strcmp(v, "cuda") ? COLIBRI_BACKEND_CUDA : !strcmp(v, "auto")
-                      ? COLIBRI_BACKEND_AUTO : COLIBRI_BACKEND_CPU;
-            i++;
-        } else if (!strcmp(a, "--kv-cache")) {
-            if (cli_kv_dtype(v, &kv)) return bc_usage(CLI_KV_USAGE);
-            i++;
-        } else if (a[0] == '-') return bc_usage("unknown option");
-        else if (model) return bc_usage("too many arguments");
+        else if ((r = cli_global(&g, argc, argv, &i)) != 0) {
+            if (r < 0) return bc_usage(NULL);
+        } else if (a[0] == '-') {
+            fprintf(stderr, "colibri bench-contexts: unknown option %s\n", a);
+            return bc_usage(NULL);
+        } else if (model) return bc_usage("too many arguments");
         else model = a;
     }
     if (!model) return bc_usage("MODEL is required");
+    long threads = g.threads ? g.threads : 1;
+    colibri_backend backend = g.backend_given ? g.backend : COLIBRI_BACKEND_CPU;
+    colibri_kv_dtype kv = g.kv;
     char err[512] = "";
     colibri_options opt;
     colibri_default_options(&opt);
     opt.backend = backend;
     opt.threads = (int)threads;
     opt.kv_dtype = kv;
+    opt.int8_activations = g.int8_act;
     opt.error = err;
     opt.error_len = sizeof err;
     double t0 = cli_now_ms();
     colibri_model *m;
     colibri_status s = colibri_model_load(&m, model, &opt);
     if (s) {
-        fprintf(stderr, "colibri: %s: %s: %s\n", model, colibri_strerror(s), err);
+        cli_report(model, s, err);
         return 1;
     }
     double load_ms = cli_now_ms() - t0;
@@ -111,7 +118,9 @@ int colibri_cmd_bench_contexts(int argc, char **argv, int skip) {
         s = colibri_ctx_new(&jobs[made].ctx, m, &opt);
         create_ms[made] = cli_now_ms() - a;
         if (s) {
-            fprintf(stderr, "colibri: context %d: %s: %s\n", made, colibri_strerror(s), err);
+            char what[32];
+            snprintf(what, sizeof what, "context %d", made);
+            cli_report(what, s, err);
             rc = 1;
             break;
         }

@@ -1,6 +1,6 @@
 /* `colibri generate`: ids or text in, sampled ids or streamed text out (colibri_generate).
  *
- *   colibri [--backend B] [--threads N] generate MODEL (--ids 1,2,3 | --prompt T [--chat]
+ *   colibri [global options] generate MODEL (--ids 1,2,3 | --prompt T [--chat]
  *       [--system S]) [--max-new N] [--temperature X] [--top-k K] [--top-p P] [--min-p P]
  *       [--repeat-penalty R] [--repeat-last-n N] [--seed S] [--stop STR]... [--ignore-eos] [--json]
  *       [--show-reasoning] [--reasoning-effort low|medium|high] [--thinking on|off]
@@ -64,10 +64,9 @@ static int chat_option(chat_cli *c, int argc, char **argv, int *i) {
 }
 
 typedef struct {
-    colibri_backend backend;
-    int threads, int8_act, json, ignore_eos, chat;
+    cli_globals g;
+    int json, ignore_eos, chat;
     chat_cli ch;
-    colibri_kv_dtype kv;
     const char *model, *ids, *prompt, *system;
     long max_new;
     colibri_sampling sampling;
@@ -75,20 +74,23 @@ typedef struct {
     int n_stops;
 } gen_cli;
 
-static int gen_usage(const char *msg) {
+/* On stdout for --help, on stderr after a usage error (then exit 2). */
+static int gen_usage_to(FILE *f, const char *msg) {
     if (msg) fprintf(stderr, "colibri: %s\n", msg);
-    fprintf(stderr,
-            "usage: colibri [--backend cpu|cuda|auto] [--threads N] [--int8-act] [--kv-cache f32|f16]\n"
-            "       generate MODEL\n"
+    fprintf(f,
+            "usage: colibri generate MODEL\n"
             "         (--ids 1,2,3 | --prompt TEXT [--chat] [--system TEXT])\n"
             "         [--max-new N] [--temperature X] [--top-k K] [--top-p P] [--min-p P]\n"
             "         [--repeat-penalty R] [--repeat-last-n N] [--seed S] [--stop STR]...\n"
             "         [--ignore-eos] [--json]\n" CHAT_USAGE
             "  temperature 0 (default) is greedy; the other sampling options apply when > 0.\n"
             "  --ids prints JSON ids (EOS does not stop it); --prompt streams text to stdout,\n"
-            "  --json prints ids, text, finish reason and timings instead.\n" CHAT_HELP);
+            "  --json prints ids, text, finish reason and timings instead.\n" CHAT_HELP
+            CLI_GLOBAL_HELP);
     return 2;
 }
+
+static int gen_usage(const char *msg) { return gen_usage_to(stderr, msg); }
 
 static int num_float(const char *s, float *out) {
     char *end;
@@ -109,32 +111,20 @@ static int num_u64(const char *s, uint64_t *out) {
     return 0;
 }
 
-static int parse(gen_cli *c, int argc, char **argv, int skip) {
+/* argv[0] is the word "generate"; global options may follow it too. */
+static int parse(gen_cli *c, int argc, char **argv) {
     int npos = 0;
     int sampling_given = 0;
     for (int i = 1; i < argc; i++) {
-        if (i == skip) continue;
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         long num;
-        int taken = chat_option(&c->ch, argc, argv, &i);
+        int r, taken = chat_option(&c->ch, argc, argv, &i);
         if (taken < 0) return gen_usage(NULL);
         if (taken) continue;
 #define VALUE() do { if (!v) return gen_usage("missing value after an option"); i++; } while (0)
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { gen_usage(NULL); return -1; }
-        else if (!strcmp(a, "--backend")) {
-            VALUE();
-            if (!strcmp(v, "cpu")) c->backend = COLIBRI_BACKEND_CPU;
-            else if (!strcmp(v, "cuda")) c->backend = COLIBRI_BACKEND_CUDA;
-            else if (!strcmp(v, "auto")) c->backend = COLIBRI_BACKEND_AUTO;
-            else return gen_usage("--backend must be cpu, cuda or auto");
-        } else if (!strcmp(a, "--threads")) {
-            VALUE();
-            if (cli_long(v, 1, 64, &num)) return gen_usage("--threads must be 1..64");
-            c->threads = (int)num;
-        } else if (!strcmp(a, "--int8-act")) c->int8_act = 1;
-        else if (!strcmp(a, "--kv-cache")) {
-            VALUE();
-            if (cli_kv_dtype(v, &c->kv)) return gen_usage(CLI_KV_USAGE);
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { gen_usage_to(stdout, NULL); return -1; }
+        else if ((r = cli_global(&c->g, argc, argv, &i)) != 0) {
+            if (r < 0) return gen_usage(NULL);
         } else if (!strcmp(a, "--json")) c->json = 1;
         else if (!strcmp(a, "--chat")) c->chat = 1;
         else if (!strcmp(a, "--ignore-eos")) c->ignore_eos = 1;
@@ -254,7 +244,6 @@ done:
     return rc;
 }
 
-/* argv as main got it; argv[skip] is the word "generate" (global options may precede it). */
 typedef struct {
     char *s;
     size_t len, cap;
@@ -472,18 +461,18 @@ done:
     return rc;
 }
 
-/* argv as main got it; argv[skip] is the word "generate" (global options may precede it). */
-int colibri_cmd_generate(int argc, char **argv, int skip) {
+/* argv[0] is the word "generate"; g: the global options before it. */
+int colibri_cmd_generate(const cli_globals *g, int argc, char **argv) {
     gen_cli c;
     memset(&c, 0, sizeof c);
-    c.backend = COLIBRI_BACKEND_AUTO;
+    c.g = *g;
     c.max_new = -1;
     c.ch.thinking = -1;
     colibri_default_sampling(&c.sampling);
-    int rc = parse(&c, argc, argv, skip);
+    int rc = parse(&c, argc, argv);
     if (rc) return rc < 0 ? 0 : rc; /* -1: --help */
     colibri_ctx *ctx;
-    if (cli_open(c.model, c.backend, c.threads, c.int8_act, c.kv, &ctx)) return 1;
+    if (cli_open_globals(c.model, &c.g, &ctx)) return 1;
     rc = c.prompt ? run_prompt(&c, ctx) : run_ids(&c, ctx);
     colibri_free(ctx);
     return rc;

@@ -12,26 +12,33 @@
 #include "cli.h"
 #include "cuda/cuda_backend.h"
 
-static int gpuprobe_usage(const char *msg) {
+/* On stdout for --help, on stderr after a usage error (then exit 2). */
+static int gpuprobe_usage_to(FILE *f, const char *msg) {
     if (msg) fprintf(stderr, "colibri gpuprobe: %s\n", msg);
-    fprintf(stderr,
+    fprintf(f,
             "usage: colibri gpuprobe [--mib N] [--iters N] [--json]\n"
             "  device-to-device copy bandwidth of GPU 0 (bytes read + bytes written per second)\n"
             "  --mib N     size of each of the two device buffers, MiB (default 512, 1..65536)\n"
             "  --iters N   timed copies (default 50, 1..10000)\n"
-            "  --json      one JSON object instead of a line of text\n");
+            "  --json      one JSON object instead of a line of text\n"
+            "  (the global options are accepted and unused)\n");
     return 2;
 }
 
+static int gpuprobe_usage(const char *msg) { return gpuprobe_usage_to(stderr, msg); }
+
 /* argv[0] is "gpuprobe" */
-int cmd_gpuprobe(int argc, char **argv) {
+int cmd_gpuprobe(const cli_globals *g, int argc, char **argv) {
     long mib = 512, iters = 50;
-    int json = 0;
+    int json = 0, r;
+    cli_globals globals = *g;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            gpuprobe_usage(NULL);
+            gpuprobe_usage_to(stdout, NULL);
             return 0;
+        } else if ((r = cli_global(&globals, argc, argv, &i)) != 0) {
+            if (r < 0) return gpuprobe_usage(NULL);
         } else if (!strcmp(a, "--json")) {
             json = 1;
         } else if (!strcmp(a, "--mib")) {

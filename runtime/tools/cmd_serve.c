@@ -1,7 +1,7 @@
 /* `colibri serve`: the OpenAI-compatible HTTP service (runtime/serve/server.h, docs/serve.md).
  *
- *   colibri [--backend B] [--threads T] [--int8-act] [--kv-cache f32|f16] serve MODEL [--host 127.0.0.1] [--port 8080]
- *           [--slots N] [--threads T] [--max-queue Q] [--api-key-file F] [--model-id NAME]
+ *   colibri [global options] serve MODEL [--host 127.0.0.1] [--port 8080]
+ *           [--slots N] [--max-queue Q] [--api-key-file F] [--model-id NAME]
  *           [--max-body BYTES] [--head-timeout MS] [--read-timeout MS] [--write-timeout MS]
  *           [--drain-timeout MS] [--max-connections N] [--max-connections-per-address N]
  *           [--allow-host NAMES] [--allow-origin ORIGINS]
@@ -17,10 +17,11 @@
 #include "colibri.h"
 #include "../serve/server.h"
 
-static int serve_usage(const char *msg) {
+/* On stdout for --help, on stderr after a usage error (then exit 2). */
+static int serve_usage_to(FILE *f, const char *msg) {
     if (msg) fprintf(stderr, "colibri serve: %s\n", msg);
-    fprintf(stderr,
-            "usage: colibri [--backend cpu|cuda|auto] [--int8-act] [--kv-cache f32|f16] serve MODEL [options]\n"
+    fprintf(f,
+            "usage: colibri serve MODEL [options]\n"
             "  --host ADDR          address to listen on (default 127.0.0.1; beyond loopback needs --api-key-file)\n"
             "  --port N             TCP port (default 8080; 0 picks a free one, printed in the ready line)\n"
             "  --slots N            concurrent generations, one context each over the shared model (default 1)\n"
@@ -44,45 +45,28 @@ static int serve_usage(const char *msg) {
             "                       browser origins (scheme://host[:port]) allowed, with CORS; others are\n"
             "                       refused with 403 (default: none)\n"
             "Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,\n"
-            "GET /metrics. One JSON log line per request on stderr. Exit 0 after SIGTERM.\n");
+            "GET /metrics. One JSON log line per request on stderr. Exit 0 after SIGTERM.\n"
+            "Here --threads (a global option) is per slot (default: online CPUs / slots).\n"
+            CLI_GLOBAL_HELP);
     return 2;
 }
 
-/* Is this command line a `serve` command? The first argument that is neither an option nor the
- * value of a global option (--backend, --threads, --kv-cache) names the command. */
-int cmd_serve_wanted(int argc, char **argv) {
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--backend") || !strcmp(argv[i], "--threads") ||
-            !strcmp(argv[i], "--kv-cache")) { i++; continue; }
-        if (argv[i][0] == '-') continue;
-        return !strcmp(argv[i], "serve");
-    }
-    return 0;
-}
+static int serve_usage(const char *msg) { return serve_usage_to(stderr, msg); }
 
-int cmd_serve(int argc, char **argv) {
+/* argv[0] is the word "serve"; g: the global options before it (more may follow). */
+int cmd_serve(const cli_globals *g, int argc, char **argv) {
     server_options o;
     server_default_options(&o);
-    int seen_cmd = 0;
+    cli_globals globals = *g;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         long n;
+        int r;
 #define VALUE() do { if (!v) return serve_usage("missing value after an option"); i++; } while (0)
 #define RANGE(lo, hi, field, what) do { VALUE(); if (cli_long(v, lo, hi, &n)) return serve_usage(what); field = n; } while (0)
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { serve_usage(NULL); return 0; }
-        else if (!strcmp(a, "--backend")) {
-            VALUE();
-            if (!strcmp(v, "cpu")) o.backend = COLIBRI_BACKEND_CPU;
-            else if (!strcmp(v, "cuda")) o.backend = COLIBRI_BACKEND_CUDA;
-            else if (!strcmp(v, "auto")) o.backend = COLIBRI_BACKEND_AUTO;
-            else return serve_usage("--backend must be cpu, cuda or auto");
-        } else if (!strcmp(a, "--int8-act")) o.int8_activations = 1;
-        else if (!strcmp(a, "--kv-cache")) {
-            VALUE();
-            if (cli_kv_dtype(v, &o.kv_dtype)) return serve_usage(CLI_KV_USAGE);
-        }
-        else if (!strcmp(a, "--threads")) RANGE(1, 64, o.threads, "--threads must be 1..64");
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { serve_usage_to(stdout, NULL); return 0; }
+        else if ((r = cli_global(&globals, argc, argv, &i)) != 0) { if (r < 0) return serve_usage(NULL); }
         else if (!strcmp(a, "--host")) { VALUE(); o.host = v; }
         else if (!strcmp(a, "--port")) RANGE(0, 65535, o.port, "--port must be 0..65535");
         else if (!strcmp(a, "--slots")) RANGE(1, 64, o.slots, "--slots must be 1..64");
@@ -110,13 +94,16 @@ int cmd_serve(int argc, char **argv) {
         else if (a[0] == '-') {
             fprintf(stderr, "colibri serve: unknown option %s\n", a);
             return serve_usage(NULL);
-        } else if (!seen_cmd) seen_cmd = 1; /* "serve" itself */
-        else if (!o.model_path) o.model_path = a;
+        } else if (!o.model_path) o.model_path = a;
         else return serve_usage("too many arguments");
 #undef RANGE
 #undef VALUE
     }
     if (!o.model_path) return serve_usage("MODEL is required");
+    o.backend = globals.backend;
+    o.threads = globals.threads;
+    o.int8_activations = globals.int8_act;
+    o.kv_dtype = globals.kv;
     if (o.threads == 0) {
         long cpus = sysconf(_SC_NPROCESSORS_ONLN);
         o.threads = cpus > o.slots ? (int)(cpus / o.slots) : 1;

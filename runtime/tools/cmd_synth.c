@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli.h"
 #include "colibri_config.h"
 #include "core/le_write.h"
 #include "core/model.h"
@@ -175,20 +176,26 @@ static int synth_write(const char *path, const synth_geom *g) {
     return rc;
 }
 
-static int synth_usage(const char *msg) {
+/* On stdout for --help, on stderr after a usage error (then exit 2). */
+static int synth_usage_to(FILE *f, const char *msg) {
     if (msg) fprintf(stderr, "colibri synth: %s\n", msg);
-    fprintf(stderr,
+    fprintf(f,
             "usage: colibri synth OUT [options]   random Mixtral-shaped model (no shared expert)\n"
             "  --dim D (2048) --layers L (8) --experts E (8) --top-k K (2) --ffn F (5632)\n"
             "  --heads H (16) --kv-heads H (4) --head-dim N (128) --vocab V (32000) --seq S (256)\n"
             "  --pad P (this build's COLIBRI_EMBED_DIM_PAD) --dtype f32|f16|bf16|int8 (f16)\n"
             "  --seed N (1): same options and seed, same bytes\n"
-            "  The defaults read ~1.4 GB of f16 weights per decoded token (file ~4.9 GB).\n");
+            "  The defaults read ~1.4 GB of f16 weights per decoded token (file ~4.9 GB).\n"
+            "  It writes format version 1: every layer attention + moe.\n"
+            "  (the global options are accepted and unused)\n");
     return 2;
 }
 
+static int synth_usage(const char *msg) { return synth_usage_to(stderr, msg); }
+
 /* argv[0] is "synth" */
-int cmd_synth(int argc, char **argv) {
+int cmd_synth(const cli_globals *gl, int argc, char **argv) {
+    cli_globals globals = *gl;
     synth_geom g = {2048, 8, 8, 2, 5632, 16, 4, 128, 32000, 256, COLIBRI_EMBED_DIM_PAD,
                     COLIBRI_DT_F16, 1};
     const char *out = NULL;
@@ -209,9 +216,12 @@ int cmd_synth(int argc, char **argv) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int done = 0;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            synth_usage(NULL);
+            synth_usage_to(stdout, NULL);
             return 0;
         }
+        int r = cli_global(&globals, argc, argv, &i);
+        if (r < 0) return synth_usage(NULL);
+        if (r) continue;
         for (size_t j = 0; j < sizeof nums / sizeof nums[0] && !done; j++) {
             if (strcmp(a, nums[j].opt)) continue;
             char *end;

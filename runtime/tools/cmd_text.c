@@ -12,11 +12,12 @@
 #include "cli.h"
 #include "colibri.h"
 
-int colibri_cmd_text(int argc, char **argv);
+int colibri_cmd_text(const cli_globals *g, int argc, char **argv);
 
-static int text_usage(const char *msg) {
+/* On stdout for --help, on stderr after a usage error (then exit 2). */
+static int text_usage_to(FILE *f, const char *msg) {
     if (msg) fprintf(stderr, "colibri: %s\n", msg);
-    fprintf(stderr,
+    fprintf(f,
             "usage: colibri tokenize MODEL (--text T | --text-file F) [--no-special]\n"
             "         prints {\"ids\": [...]}; BOS/EOS are added as the model's tokenizer does\n"
             "         unless --no-special; any bytes are accepted (invalid UTF-8: byte rules)\n"
@@ -24,9 +25,12 @@ static int text_usage(const char *msg) {
             "       colibri detokenize MODEL (--ids 1,2,3 | --ids-file F) [--skip-special]\n"
             "         prints the text exactly (no newline added); --skip-special drops special tokens;\n"
             "         F (- for standard input) holds {\"ids\": [...]} as tokenize prints it, a JSON\n"
-            "         array, or ids separated by commas or white space\n");
+            "         array, or ids separated by commas or white space\n"
+            "  (both read only the model's tokenizer: the global options are accepted and unused)\n");
     return 2;
 }
+
+static int text_usage(const char *msg) { return text_usage_to(stderr, msg); }
 
 static char *read_file(const char *path, size_t *len) {
     int is_stdin = !strcmp(path, "-");
@@ -181,27 +185,24 @@ static int do_detokenize(const char *model, const int32_t *ids, size_t n, int sk
     return s ? 1 : 0;
 }
 
-/* Returns -1 when argv is not a text command (the caller goes on), else the exit status. */
-int colibri_cmd_text(int argc, char **argv) {
+/* argv[0] is the word "tokenize" or "detokenize"; the global options (g, and any after the
+ * word) are parsed as for every command; these two run on one CPU thread. */
+int colibri_cmd_text(const cli_globals *g, int argc, char **argv) {
     const char *pos[2] = {0}, *text = NULL, *file = NULL, *ids = NULL, *ids_file = NULL;
     int npos = 0, special = 1, skip = 0;
-    int cmd_at = 0;
-    for (int i = 1; i < argc && !cmd_at; i++) {
-        if (!strcmp(argv[i], "--backend") || !strcmp(argv[i], "--threads")) i++;
-        else if (argv[i][0] != '-') cmd_at = i;
-    }
-    if (!cmd_at || (strcmp(argv[cmd_at], "tokenize") && strcmp(argv[cmd_at], "detokenize")))
-        return -1;
-    int tokenize = !strcmp(argv[cmd_at], "tokenize");
-    for (int i = cmd_at + 1; i < argc; i++) {
+    cli_globals globals = *g;
+    int tokenize = !strcmp(argv[0], "tokenize");
+    for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { text_usage(NULL); return 0; }
+        int r;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { text_usage_to(stdout, NULL); return 0; }
         if (tokenize && !strcmp(a, "--text")) { if (!v) return text_usage("--text needs a value"); text = v; i++; }
         else if (tokenize && !strcmp(a, "--text-file")) { if (!v) return text_usage("--text-file needs a path"); file = v; i++; }
         else if (tokenize && !strcmp(a, "--no-special")) special = 0;
         else if (!tokenize && !strcmp(a, "--ids")) { if (!v) return text_usage("--ids needs a value"); ids = v; i++; }
         else if (!tokenize && !strcmp(a, "--ids-file")) { if (!v) return text_usage("--ids-file needs a path (- for standard input)"); ids_file = v; i++; }
         else if (!tokenize && !strcmp(a, "--skip-special")) skip = 1;
+        else if ((r = cli_global(&globals, argc, argv, &i)) != 0) { if (r < 0) return text_usage(NULL); }
         else if (a[0] == '-' && a[1]) { fprintf(stderr, "colibri: unknown option %s\n", a); return text_usage(NULL); }
         else if (npos < 1) pos[npos++] = a;
         else return text_usage("too many arguments");

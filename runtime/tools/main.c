@@ -1,17 +1,12 @@
 /* colibri: command-line front end of the runtime.
  *
- *   colibri --version
- *   colibri [--backend cpu|cuda|auto] [--threads N] [--int8-act] [--kv-cache f32|f16] COMMAND ...
- *     info MODEL                                   JSON: geometry, dtype, padding, backend
- *     forward MODEL --ids 1,2,3 [--last] [--logits-out F]   raw little-endian f32 [n, V] (--last:
- *                                  [1, V], colibri_forward_last) or a JSON summary;
- *                                  [--decode-from K]: ids before K in one call, then one call
- *                                  per token (decode steps: the GPU's CUDA-graph path)
- *     generate MODEL --ids 1,2 --max-new N         greedy or sampled; JSON {"ids", "new_ids", ...}
- *                                                  (tools/cmd_generate.c; `generate --help`)
- *     bench MODEL [--prompt-len N] [--gen N] [--runs N] [--json]
- *     selftest                                     built-in checks, no model needed
- *     dump-routing MODEL --ids ... --out F         routing decisions (builds with COLIBRI_DEBUG)
+ *   colibri --version | --help
+ *   colibri [global options] COMMAND [command options]    (global options may also follow it)
+ *
+ * The commands are one table (`commands` below: name, run, arguments, summary); each parses its
+ * own options, takes the global ones anywhere (cli_global, tools/cli.c) and answers --help with
+ * its own usage. `info`, `forward`, `bench`, `dump-routing` and `selftest` live here; the rest in
+ * tools/cmd_*.c.
  *
  * Exit status: 0 success, 1 bad input or a runtime failure (one line on stderr), 2 usage. */
 #include <errno.h>
@@ -27,46 +22,109 @@
 #include "colibri.h"
 #include "colibri_config.h"
 
-int colibri_cmd_generate(int argc, char **argv, int skip); /* cmd_generate.c */
-int colibri_cmd_bench_contexts(int argc, char **argv, int skip); /* cmd_bench_contexts.c */
+/* the commands of the other files (tools/cmd_*.c) */
+int colibri_cmd_generate(const cli_globals *g, int argc, char **argv);
+int colibri_cmd_bench_contexts(const cli_globals *g, int argc, char **argv);
+int colibri_cmd_text(const cli_globals *g, int argc, char **argv);
+int cmd_serve(const cli_globals *g, int argc, char **argv);
+int cmd_gpuprobe(const cli_globals *g, int argc, char **argv);
+int cmd_synth(const cli_globals *g, int argc, char **argv);
 
 #define STR2(x) #x
 #define STR(x) STR2(x)
 
+/* What the model commands of this file parse (each allows a subset, `allowed` below). */
 typedef struct {
-    colibri_backend backend;
-    int threads;
-    int int8_act;
-    colibri_kv_dtype kv;
-    const char *cmd, *model, *ids, *logits_out, *out;
-    long max_new, prompt_len, gen, runs;
+    cli_globals g;
+    const char *model, *ids, *logits_out, *out;
+    long prompt_len, gen, runs;
     int json;
     int last; /* forward --last: only the last token's logits (colibri_forward_last) */
     long decode_from; /* forward --decode-from K: ids[K..] one call each; -1: one call */
+    const char *synopsis; /* the command's usage line */
 } cli;
 
-static int usage(const char *msg) {
+enum {
+    O_IDS = 1 << 0, O_LAST = 1 << 1, O_DECODE_FROM = 1 << 2, O_LOGITS_OUT = 1 << 3,
+    O_OUT = 1 << 4, O_PROMPT_LEN = 1 << 5, O_GEN = 1 << 6, O_RUNS = 1 << 7, O_JSON = 1 << 8,
+    O_MODEL = 1 << 9
+};
+
+/* A command's usage: its synopsis (what follows `colibri`, then what its options mean), then the
+ * global options. On stdout for --help (exit 0); on stderr after a usage error (exit 2). */
+static int cmd_usage(FILE *f, const char *synopsis, const char *msg) {
     if (msg) fprintf(stderr, "colibri: %s\n", msg);
-    fprintf(stderr,
-            "usage: colibri --version\n"
-            "       colibri [--backend cpu|cuda|auto] [--threads N] [--int8-act] [--kv-cache f32|f16]\n"
-            "               COMMAND ...\n"
-            "  info MODEL\n"
-            "  forward MODEL --ids 1,2,3 [--last | --decode-from K] [--logits-out FILE]\n"
-            "  generate MODEL (--ids 1,2,3 --max-new N | --prompt T) [sampling...]  (generate --help)\n"
-            "  bench MODEL [--prompt-len N] [--gen N] [--runs N] [--json]\n"
-            "  dump-routing MODEL --ids 1,2,3 --out FILE\n"
-            "  bench-contexts MODEL [--contexts N] [--gen N] [--threads T] [--json]\n"
-            "  tokenize MODEL (--text T | --text-file F) [--no-special]\n"
-            "  detokenize MODEL --ids 1,2,3 [--skip-special]\n"
-            "  selftest\n"
-            "  serve MODEL [--host H] [--port P] [--slots N] [--max-queue Q] [--api-key-file F] (serve --help)\n"
-            "  gpuprobe [--mib N] [--iters N] [--json]      GPU copy bandwidth (gpuprobe --help)\n"
-            "  synth OUT [geometry options]                 random model for speed checks (synth --help)\n");
+    fprintf(f, "usage: colibri %s\n%s", synopsis, CLI_GLOBAL_HELP);
     return 2;
 }
 
-/* "1,2,3" -> ids (malloc'd). Returns count, or -1 with a message. */
+static int usage(const cli *c, const char *msg) { return cmd_usage(stderr, c->synopsis, msg); }
+
+/* Parse argv (argv[0] is the command word) for a command that allows `allowed`. Returns 0 to go
+ * on, -1 after --help (exit 0), 2 after a usage error. */
+static int parse_cmd(cli *c, const cli_globals *g, unsigned allowed, const char *synopsis,
+                     int argc, char **argv) {
+    memset(c, 0, sizeof *c);
+    c->g = *g;
+    c->synopsis = synopsis;
+    c->decode_from = -1;
+    c->prompt_len = 32;
+    c->gen = 32;
+    c->runs = 5;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int r;
+#define TAKES(flag, name) ((allowed & (flag)) && !strcmp(a, name))
+#define VALUE()                                                                                 \
+    do {                                                                                        \
+        if (!v) return usage(c, "missing value after an option");                              \
+        i++;                                                                                    \
+    } while (0)
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            cmd_usage(stdout, synopsis, NULL);
+            return -1;
+        } else if ((r = cli_global(&c->g, argc, argv, &i)) != 0) {
+            if (r < 0) return usage(c, NULL);
+        } else if (TAKES(O_JSON, "--json")) {
+            c->json = 1;
+        } else if (TAKES(O_LAST, "--last")) {
+            c->last = 1;
+        } else if (TAKES(O_DECODE_FROM, "--decode-from")) {
+            VALUE();
+            if (cli_long(v, 0, INT_MAX, &c->decode_from)) return usage(c, "--decode-from must be >= 0");
+        } else if (TAKES(O_IDS, "--ids")) {
+            VALUE();
+            c->ids = v;
+        } else if (TAKES(O_LOGITS_OUT, "--logits-out")) {
+            VALUE();
+            c->logits_out = v;
+        } else if (TAKES(O_OUT, "--out")) {
+            VALUE();
+            c->out = v;
+        } else if (TAKES(O_PROMPT_LEN, "--prompt-len")) {
+            VALUE();
+            if (cli_long(v, 1, 1048576, &c->prompt_len)) return usage(c, "--prompt-len must be >= 1");
+        } else if (TAKES(O_GEN, "--gen")) {
+            VALUE();
+            if (cli_long(v, 0, 1048576, &c->gen)) return usage(c, "--gen must be >= 0");
+        } else if (TAKES(O_RUNS, "--runs")) {
+            VALUE();
+            if (cli_long(v, 1, 100000, &c->runs)) return usage(c, "--runs must be >= 1");
+        } else if (a[0] == '-' && a[1]) {
+            fprintf(stderr, "colibri %s: unknown option %s\n", argv[0], a);
+            return usage(c, NULL);
+        } else if ((allowed & O_MODEL) && !c->model) {
+            c->model = a;
+        } else {
+            return usage(c, (allowed & O_MODEL) ? "too many arguments" : "takes no arguments");
+        }
+#undef VALUE
+#undef TAKES
+    }
+    if ((allowed & O_MODEL) && !c->model) return usage(c, "MODEL is required");
+    return 0;
+}
+
 static int argmax(const float *v, uint32_t n) {
     uint32_t best = 0;
     for (uint32_t i = 1; i < n; i++)
@@ -115,9 +173,50 @@ static void note_fallback(colibri_ctx *ctx) {
         fprintf(stderr, "colibri: CUDA unavailable (%s); running on CPU\n", r.fallback_reason);
 }
 
+static int same_layer(const colibri_layer_info *a, const colibri_layer_info *b) {
+    return !strcmp(a->mixer, b->mixer) && !strcmp(a->ffn, b->ffn) && a->window == b->window;
+}
+
+static void put_layer_label(FILE *f, const colibri_layer_info *l) {
+    if (l->window) fprintf(f, "%s(%u) + %s", l->mixer, l->window, l->ffn);
+    else fprintf(f, "%s + %s", l->mixer, l->ffn);
+}
+
+/* "layers": each layer's kinds; "layer_pattern": the shortest period that repeats, e.g.
+ * "12 x [sliding_attention(128) + moe, attention + moe]" (as the kit's model-info prints it) */
+static void print_layers_json(FILE *f, const colibri_model *m, uint32_t n) {
+    fprintf(f, "\"layers\": [");
+    for (uint32_t l = 0; l < n; l++) {
+        colibri_layer_info li;
+        colibri_model_layer_info(m, l, &li);
+        fprintf(f, "%s{\"mixer\": \"%s\", \"ffn\": \"%s\", \"window\": %u, \"kv_positions\": %u}",
+                l ? ", " : "", li.mixer, li.ffn, li.window, li.kv_positions);
+    }
+    uint32_t p = 1;
+    for (; p < n; p++) {
+        if (n % p) continue;
+        int repeats = 1;
+        for (uint32_t l = p; l < n && repeats; l++) {
+            colibri_layer_info a, b;
+            colibri_model_layer_info(m, l, &a);
+            colibri_model_layer_info(m, l % p, &b);
+            repeats = same_layer(&a, &b);
+        }
+        if (repeats) break;
+    }
+    fprintf(f, "], \"layer_pattern\": \"%u x [", n / p);
+    for (uint32_t l = 0; l < p; l++) {
+        colibri_layer_info li;
+        colibri_model_layer_info(m, l, &li);
+        if (l) fputs(", ", f);
+        put_layer_label(f, &li);
+    }
+    fputs("]\"", f);
+}
+
 static int cmd_info(const cli *c) {
     colibri_ctx *ctx;
-    if (cli_open(c->model, c->backend, c->threads, c->int8_act, c->kv, &ctx)) return 1;
+    if (cli_open_globals(c->model, &c->g, &ctx)) return 1;
     colibri_model_info m;
     colibri_get_model_info(ctx, &m);
     printf("{\"name\": ");
@@ -138,6 +237,8 @@ static int cmd_info(const cli *c) {
            (unsigned long long)m.file_size, COLIBRI_TARGET_NAME,
            COLIBRI_ROUTING_MODE == COLIBRI_ROUTING_SOFTMAX_TOPK ? "softmax_topk" : "linear_score");
     print_backend_json(stdout, ctx);
+    printf(", ");
+    print_layers_json(stdout, colibri_ctx_model(ctx), m.n_layers);
     printf("}\n");
     colibri_free(ctx);
     return 0;
@@ -145,11 +246,11 @@ static int cmd_info(const cli *c) {
 
 /* Load the model and the ids; run them; logits (n x V) malloc'd for the caller. */
 static int run_ids(const cli *c, colibri_ctx **ctx, int32_t **ids, int *n, float **logits) {
-    if (!c->ids) return usage("--ids is required");
+    if (!c->ids) return usage(c, "--ids is required");
     size_t count;
-    if (cli_ids(c->ids, ids, &count)) return usage("--ids must be comma-separated integers, e.g. 1,2,3");
+    if (cli_ids(c->ids, ids, &count)) return usage(c, "--ids must be comma-separated integers, e.g. 1,2,3");
     *n = (int)count;
-    if (cli_open(c->model, c->backend, c->threads, c->int8_act, c->kv, ctx)) return 1; /* the caller frees *ids */
+    if (cli_open_globals(c->model, &c->g, ctx)) return 1; /* the caller frees *ids */
     colibri_model_info m;
     colibri_get_model_info(*ctx, &m);
     *logits = malloc((size_t)(c->last ? 1 : *n) * m.vocab_size * sizeof(float));
@@ -257,7 +358,7 @@ static double peak_rss_mb(void) {
 static int cmd_bench(const cli *c) {
     double t0 = cli_now_ms();
     colibri_ctx *ctx;
-    if (cli_open(c->model, c->backend, c->threads, c->int8_act, c->kv, &ctx)) return 1;
+    if (cli_open_globals(c->model, &c->g, &ctx)) return 1;
     double load_ms = cli_now_ms() - t0;
     colibri_model_info m;
     colibri_get_model_info(ctx, &m);
@@ -347,7 +448,7 @@ static int cmd_bench(const cli *c) {
 }
 
 static int cmd_dump_routing(const cli *c) {
-    if (!c->out) return usage("--out FILE is required");
+    if (!c->out) return usage(c, "--out FILE is required");
     colibri_ctx *ctx = NULL;
     int32_t *ids = NULL;
     float *logits = NULL;
@@ -379,94 +480,113 @@ static int print_version(void) {
     return 0;
 }
 
-int cmd_serve_wanted(int argc, char **argv); /* tools/cmd_serve.c */
-int cmd_serve(int argc, char **argv);
-int colibri_cmd_text(int argc, char **argv); /* cmd_text.c */
-int cmd_gpuprobe(int argc, char **argv);     /* tools/cmd_gpuprobe.c */
-int cmd_synth(int argc, char **argv);        /* tools/cmd_synth.c */
+/* The model commands of this file: parse, then run. */
+#define SYN_INFO "info MODEL\n  JSON: geometry, dtype, padding, layers, backend (arena, KV cache bytes)"
+#define SYN_FORWARD                                                                               \
+    "forward MODEL --ids 1,2,3 [--last | --decode-from K] [--logits-out FILE]\n"               \
+    "  runs the ids from position 0; --logits-out writes raw little-endian f32 [n, vocab]\n"    \
+    "  (else a JSON summary: the top 5 ids per position); --last: only the last token's\n"      \
+    "  logits (colibri_forward_last); --decode-from K: ids before K in one call, then one call\n" \
+    "  per token (decode steps)"
+#define SYN_BENCH                                                                                 \
+    "bench MODEL [--prompt-len N] [--gen N] [--runs N] [--json]\n"                              \
+    "  load ms, prefill and first-token ms (p50/p99), decode tok/s, peak RSS; defaults 32, 32, 5"
+#define SYN_ROUTING                                                                               \
+    "dump-routing MODEL --ids 1,2,3 --out FILE\n"                                               \
+    "  every routing decision as JSON lines (a build with -DCOLIBRI_DEBUG)"
+#define SYN_SELFTEST "selftest\n  built-in checks that need no model file"
+
+static int run_info(const cli_globals *g, int argc, char **argv) {
+    cli c;
+    int rc = parse_cmd(&c, g, O_MODEL, SYN_INFO, argc, argv);
+    return rc ? (rc < 0 ? 0 : rc) : cmd_info(&c);
+}
+
+static int run_forward(const cli_globals *g, int argc, char **argv) {
+    cli c;
+    int rc = parse_cmd(&c, g, O_MODEL | O_IDS | O_LAST | O_DECODE_FROM | O_LOGITS_OUT, SYN_FORWARD,
+                       argc, argv);
+    return rc ? (rc < 0 ? 0 : rc) : cmd_forward(&c);
+}
+
+static int run_bench(const cli_globals *g, int argc, char **argv) {
+    cli c;
+    int rc = parse_cmd(&c, g, O_MODEL | O_PROMPT_LEN | O_GEN | O_RUNS | O_JSON, SYN_BENCH, argc,
+                       argv);
+    return rc ? (rc < 0 ? 0 : rc) : cmd_bench(&c);
+}
+
+static int run_dump_routing(const cli_globals *g, int argc, char **argv) {
+    cli c;
+    int rc = parse_cmd(&c, g, O_MODEL | O_IDS | O_OUT, SYN_ROUTING, argc, argv);
+    return rc ? (rc < 0 ? 0 : rc) : cmd_dump_routing(&c);
+}
+
+static int run_selftest(const cli_globals *g, int argc, char **argv) {
+    cli c;
+    int rc = parse_cmd(&c, g, 0, SYN_SELFTEST, argc, argv);
+    return rc ? (rc < 0 ? 0 : rc) : colibri_selftest(1) == 0 ? 0 : 1;
+}
+
+static const cli_command commands[] = {
+    {"info", run_info, "MODEL", "JSON: geometry, dtype, padding, layers, backend"},
+    {"forward", run_forward, "MODEL --ids 1,2,3 [--last | --decode-from K] [--logits-out FILE]",
+     "logits of the ids (raw f32 or a JSON summary)"},
+    {"generate", colibri_cmd_generate, "MODEL (--ids 1,2,3 --max-new N | --prompt T) [sampling...]",
+     "greedy or sampled ids or text"},
+    {"bench", run_bench, "MODEL [--prompt-len N] [--gen N] [--runs N] [--json]",
+     "load, prefill, first-token and decode speed"},
+    {"bench-contexts", colibri_cmd_bench_contexts, "MODEL [--contexts N] [--gen N] [--json]",
+     "one shared model, N contexts decoding at once"},
+    {"dump-routing", run_dump_routing, "MODEL --ids 1,2,3 --out FILE",
+     "routing decisions as JSON lines (COLIBRI_DEBUG builds)"},
+    {"tokenize", colibri_cmd_text, "MODEL (--text T | --text-file F) [--no-special]",
+     "text -> {\"ids\": [...]} with the model's tokenizer"},
+    {"detokenize", colibri_cmd_text, "MODEL (--ids 1,2,3 | --ids-file F) [--skip-special]",
+     "ids -> text"},
+    {"serve", cmd_serve, "MODEL [--host H] [--port P] [--slots N] [--max-queue Q] ...",
+     "the OpenAI-compatible HTTP service"},
+    {"selftest", run_selftest, "", "built-in checks, no model needed"},
+    {"gpuprobe", cmd_gpuprobe, "[--mib N] [--iters N] [--json]", "GPU copy bandwidth"},
+    {"synth", cmd_synth, "OUT [geometry options]", "a random model for speed checks"},
+};
+#define N_COMMANDS (sizeof commands / sizeof commands[0])
+
+static int general_usage(FILE *f, const char *msg) {
+    if (msg) fprintf(stderr, "colibri: %s\n", msg);
+    fprintf(f, "usage: colibri --version\n"
+               "       colibri " CLI_GLOBAL_OPTIONS " COMMAND ...\n"
+               "commands (`colibri COMMAND --help` for each one's options):\n");
+    for (size_t i = 0; i < N_COMMANDS; i++)
+        fprintf(f, "  %s%s%s\n      %s\n", commands[i].name, commands[i].args[0] ? " " : "",
+                commands[i].args, commands[i].summary);
+    fputs(CLI_GLOBAL_HELP, f);
+    return 2;
+}
 
 int main(int argc, char **argv) {
-    if (argc > 1 && !strcmp(argv[1], "gpuprobe")) return cmd_gpuprobe(argc - 1, argv + 1);
-    if (argc > 1 && !strcmp(argv[1], "synth")) return cmd_synth(argc - 1, argv + 1);
-    if (cmd_serve_wanted(argc, argv)) return cmd_serve(argc, argv);
-    int text_rc = colibri_cmd_text(argc, argv); /* tokenize / detokenize */
-    if (text_rc >= 0) return text_rc;
-    cli c;
-    memset(&c, 0, sizeof c);
-    c.backend = COLIBRI_BACKEND_AUTO;
-    c.max_new = -1;
-    c.decode_from = -1;
-    c.prompt_len = 32;
-    c.gen = 32;
-    c.runs = 5;
-    const char *pos[3] = {0};
-    int npos = 0;
-    for (int i = 1; i < argc; i++) {
+    cli_globals g;
+    cli_default_globals(&g);
+    int i = 1;
+    for (; i < argc; i++) { /* the global options before the command word */
         const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        long num;
-#define NEED_VALUE() do { if (!v) return usage("missing value after an option"); i++; } while (0)
+        int r;
         if (!strcmp(a, "--version")) return print_version();
-        else if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(NULL); return 0; }
-        else if (!strcmp(a, "--backend")) {
-            NEED_VALUE();
-            if (!strcmp(v, "cpu")) c.backend = COLIBRI_BACKEND_CPU;
-            else if (!strcmp(v, "cuda")) c.backend = COLIBRI_BACKEND_CUDA;
-            else if (!strcmp(v, "auto")) c.backend = COLIBRI_BACKEND_AUTO;
-            else return usage("--backend must be cpu, cuda or auto");
-        } else if (!strcmp(a, "--threads")) {
-            NEED_VALUE();
-            if (cli_long(v, 1, 64, &num)) return usage("--threads must be 1..64");
-            c.threads = (int)num;
-        } else if (!strcmp(a, "--int8-act")) c.int8_act = 1;
-        else if (!strcmp(a, "--kv-cache")) {
-            NEED_VALUE();
-            if (cli_kv_dtype(v, &c.kv)) return usage(CLI_KV_USAGE);
-        } else if (!strcmp(a, "--json")) c.json = 1;
-        else if (!strcmp(a, "--last")) c.last = 1;
-        else if (!strcmp(a, "--decode-from")) {
-            NEED_VALUE();
-            if (cli_long(v, 0, INT_MAX, &c.decode_from)) return usage("--decode-from must be >= 0");
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            general_usage(stdout, NULL);
+            return 0;
         }
-        else if (!strcmp(a, "--ids")) { NEED_VALUE(); c.ids = v; }
-        else if (!strcmp(a, "--logits-out")) { NEED_VALUE(); c.logits_out = v; }
-        else if (!strcmp(a, "--out")) { NEED_VALUE(); c.out = v; }
-        else if (!strcmp(a, "--max-new")) {
-            NEED_VALUE();
-            if (cli_long(v, 0, 1048576, &c.max_new)) return usage("--max-new must be 0..1048576");
-        } else if (!strcmp(a, "--prompt-len")) {
-            NEED_VALUE();
-            if (cli_long(v, 1, 1048576, &c.prompt_len)) return usage("--prompt-len must be >= 1");
-        } else if (!strcmp(a, "--gen")) {
-            NEED_VALUE();
-            if (cli_long(v, 0, 1048576, &c.gen)) return usage("--gen must be >= 0");
-        } else if (!strcmp(a, "--runs")) {
-            NEED_VALUE();
-            if (cli_long(v, 1, 100000, &c.runs)) return usage("--runs must be >= 1");
-        } else if (a[0] == '-' && a[1]) {
+        if ((r = cli_global(&g, argc, argv, &i)) < 0) return general_usage(stderr, NULL);
+        if (r) continue;
+        if (a[0] == '-' && a[1]) {
             fprintf(stderr, "colibri: unknown option %s\n", a);
-            return usage(NULL);
-        } else {
-            if (npos == 0 && !strcmp(a, "generate")) return colibri_cmd_generate(argc, argv, i);
-            if (npos == 0 && !strcmp(a, "bench-contexts"))
-                return colibri_cmd_bench_contexts(argc, argv, i);
-            if (npos == 2) return usage("too many arguments");
-            pos[npos++] = a;
+            return general_usage(stderr, NULL);
         }
-#undef NEED_VALUE
+        break;
     }
-    if (npos == 0) return usage("a command is required");
-    c.cmd = pos[0];
-    if (!strcmp(c.cmd, "selftest")) {
-        if (npos != 1) return usage("selftest takes no model");
-        return colibri_selftest(1) == 0 ? 0 : 1;
-    }
-    if (npos != 2) return usage("MODEL is required");
-    c.model = pos[1];
-    if (!strcmp(c.cmd, "info")) return cmd_info(&c);
-    if (!strcmp(c.cmd, "forward")) return cmd_forward(&c);
-    if (!strcmp(c.cmd, "bench")) return cmd_bench(&c);
-    if (!strcmp(c.cmd, "dump-routing")) return cmd_dump_routing(&c);
-    fprintf(stderr, "colibri: unknown command %s\n", c.cmd);
-    return usage(NULL);
+    if (i == argc) return general_usage(stderr, "a command is required");
+    for (size_t k = 0; k < N_COMMANDS; k++)
+        if (!strcmp(argv[i], commands[k].name)) return commands[k].run(&g, argc - i, argv + i);
+    fprintf(stderr, "colibri: unknown command %s\n", argv[i]);
+    return general_usage(stderr, NULL);
 }

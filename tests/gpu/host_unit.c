@@ -149,6 +149,8 @@ static void fake_model_init(fake_model *f, uint32_t dtype) {
     m->layers = f->layers;
     for (int l = 0; l < 2; l++) {
         colibri_layer *ly = &f->layers[l];
+        ly->desc.mixer = COLIBRI_MIXER_ATTENTION; /* what the loader reads from a layer table */
+        ly->desc.ffn = COLIBRI_FFN_MOE;
         tensor(f, &ly->attn_norm, 0, 1, Dp);
         tensor(f, &ly->wq, dtype, HD, Dp);
         tensor(f, &ly->wk, dtype, kvd, Dp);

@@ -140,7 +140,7 @@ colibri_status colibri_ctx_new(colibri_ctx **out, colibri_model *model,
             ctx->cuda = NULL;
             if (opt.backend == COLIBRI_BACKEND_CUDA)
                 return init_fail(ctx, &opt,
-                                 set_err(ctx, COLIBRI_E_BACKEND, "CUDA backend unavailable: %s", why));
+                                 set_err(ctx, COLIBRI_E_BACKEND, "CUDA: %s", why));
             snprintf(ctx->fallback, sizeof ctx->fallback, "%s", why[0] ? why : "unknown");
         }
     }
@@ -150,6 +150,10 @@ colibri_status colibri_ctx_new(colibri_ctx **out, colibri_model *model,
     if (!ctx->cuda) {
         int threads = ctx->opt.threads;
         int kv_f16 = opt.kv_dtype == COLIBRI_KV_F16;
+        ctx->b.cache = calloc(m->n_layers, sizeof *ctx->b.cache);
+        if (!ctx->b.cache)
+            return init_fail(ctx, &opt, set_err(ctx, COLIBRI_E_NO_MEMORY,
+                                                "cannot allocate %u layer caches", m->n_layers));
         size_t bytes = colibri_arena_plan(m, threads, ctx->use_q8, kv_f16, &ctx->b, NULL);
         if (posix_memalign(&ctx->arena, 4096, bytes) != 0) {
             ctx->arena = NULL;
@@ -166,6 +170,7 @@ colibri_status colibri_ctx_new(colibri_ctx **out, colibri_model *model,
         size_t kv_hi = (size_t)((uint8_t *)ctx->b.router - (uint8_t *)ctx->arena);
         memset(ctx->arena, 0, kv_lo);
         memset((uint8_t *)ctx->arena + kv_hi, 0, bytes - kv_hi);
+        if (ctx->b.state_bytes) memset(ctx->b.state, 0, ctx->b.state_bytes); /* recurrent kinds */
         if (colibri_pool_start(&ctx->pool, threads) != 0) {
             ctx->pool_started = 1;
             return init_fail(ctx, &opt,
@@ -207,7 +212,7 @@ static colibri_status check_forward(colibri_ctx *ctx, const int32_t *ids, int n,
                            i, m->vocab_size - 1);
     if ((long)ctx->pos + n > (long)m->max_seq_len)
         return set_err(ctx, COLIBRI_E_SEQ_TOO_LONG,
-                       "sequence too long: %d cached + %d new tokens > max_seq_len %u", ctx->pos, n,
+                       "%d cached + %d new tokens > max_seq_len %u", ctx->pos, n,
                        m->max_seq_len);
     return COLIBRI_OK;
 }
@@ -219,7 +224,7 @@ colibri_status colibri_forward(colibri_ctx *ctx, const int32_t *ids, int n, floa
     if (ctx->cuda) {
         char why[192] = "";
         if (colibri_cuda_forward(ctx->cuda, ids, n, ctx->pos, logits, why, sizeof why) != 0)
-            return set_err(ctx, COLIBRI_E_BACKEND, "CUDA forward failed: %s", why);
+            return set_err(ctx, COLIBRI_E_BACKEND, "CUDA forward: %s", why);
         ctx->pos += n;
     } else {
         for (int done = 0; done < n;) {
@@ -238,7 +243,7 @@ colibri_status colibri_forward_last(colibri_ctx *ctx, const int32_t *ids, int n,
     if (ctx->cuda) { /* the backend computes and downloads the last row only */
         char why[192] = "";
         if (colibri_cuda_forward_last(ctx->cuda, ids, n, ctx->pos, logits, why, sizeof why) != 0)
-            return set_err(ctx, COLIBRI_E_BACKEND, "CUDA forward failed: %s", why);
+            return set_err(ctx, COLIBRI_E_BACKEND, "CUDA forward: %s", why);
         ctx->pos += n;
     } else {
         for (int done = 0; done < n;) {
@@ -255,6 +260,9 @@ colibri_status colibri_reset(colibri_ctx *ctx) {
     if (!ctx) return COLIBRI_E_INVALID_ARG;
     ctx->pos = 0;
     ctx->calls = 0;
+    /* K/V rows need no clearing (a position is written before it is read); a recurrent state
+     * starts from zero */
+    if (ctx->b.state_bytes) memset(ctx->b.state, 0, ctx->b.state_bytes);
     if (ctx->cuda) colibri_cuda_reset(ctx->cuda);
     return COLIBRI_OK;
 }
@@ -264,6 +272,7 @@ void colibri_free(colibri_ctx *ctx) {
     if (ctx->pool_started) colibri_pool_stop(&ctx->pool);
     if (ctx->cuda) colibri_cuda_close(ctx->cuda);
     free(ctx->arena);
+    free(ctx->b.cache);
     model_unref(ctx->model);
     free(ctx);
 }
@@ -291,6 +300,7 @@ const char *colibri_strerror(colibri_status s) {
                "convert --hf-dir <checkpoint> --target <target> --out <file>`";
     case COLIBRI_E_BAD_TOKENIZER: return "the model's tokenizer section is invalid";
     case COLIBRI_E_BUFFER_TOO_SMALL: return "output buffer too small";
+    case COLIBRI_E_BAD_LAYER: return "model layer table is invalid";
     }
     return "unknown status";
 }
@@ -326,6 +336,20 @@ void colibri_model_get_info(const colibri_model *m, colibri_model_info *i) {
     i->rope_theta = m->rope_theta;
     memcpy(i->name, m->name, sizeof i->name);
     i->file_size = m->file_size;
+}
+
+colibri_status colibri_model_layer_info(const colibri_model *m, uint32_t layer,
+                                        colibri_layer_info *i) {
+    if (!m || !i || layer >= m->n_layers) return COLIBRI_E_INVALID_ARG;
+    const colibri_layer *l = &m->layers[layer];
+    colibri_cache_need need;
+    memset(i, 0, sizeof *i);
+    snprintf(i->mixer, sizeof i->mixer, "%s", l->mixer->name);
+    snprintf(i->ffn, sizeof i->ffn, "%s", l->ffn->name);
+    i->window = l->desc.window;
+    l->mixer->cache(m, layer, &need);
+    i->kv_positions = need.kv_positions;
+    return COLIBRI_OK;
 }
 
 void colibri_get_runtime_info(const colibri_ctx *ctx, colibri_runtime_info *i) {

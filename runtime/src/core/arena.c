@@ -24,6 +24,16 @@ static size_t max3(size_t a, size_t b, size_t c) {
     return m > c ? m : c;
 }
 
+/* What layer l keeps per sequence: its mixer's cache plus its FFN's (none has one yet). */
+static void layer_need(const struct colibri_model *m, uint32_t l, colibri_cache_need *need) {
+    colibri_cache_need f;
+    m->layers[l].mixer->cache(m, l, need);
+    m->layers[l].ffn->cache(m, l, &f);
+    need->kv_positions += f.kv_positions;
+    need->kv_staged |= f.kv_staged;
+    need->state_floats += f.state_floats;
+}
+
 size_t colibri_arena_plan(const struct colibri_model *m, int threads, int q8, int kv_f16,
                           colibri_buffers *b, uint8_t *base) {
     carver c = {base, 0};
@@ -31,6 +41,7 @@ size_t colibri_arena_plan(const struct colibri_model *m, int threads, int q8, in
     size_t dp = m->embed_dim_pad, qd = (size_t)m->n_heads * m->head_dim;
     size_t kvd = (size_t)m->n_kv_heads * m->head_dim, E = m->num_experts, K = m->top_k;
     size_t F = m->expert_size, Fs = m->shared_expert_size, S = m->max_seq_len, L = m->n_layers;
+    size_t kv_size = kv_f16 ? sizeof(uint16_t) : sizeof(float); /* f16: half the bytes */
     size_t max_cols = max3(dp, qd, max3(F, Fs, 16));
 
     b->chunk = (int)T;
@@ -43,11 +54,37 @@ size_t colibri_arena_plan(const struct colibri_model *m, int threads, int q8, in
     b->att = take(&c, T * qd, sizeof(float));
     b->tmp = take(&c, T * dp, sizeof(float));
     b->rope = take(&c, T * m->head_dim, sizeof(float));
-    size_t kv_size = kv_f16 ? sizeof(uint16_t) : sizeof(float); /* f16: half the bytes */
+    b->pos = take(&c, T, sizeof(int32_t));
+    /* Each layer's cache as its kinds ask (kinds.h): K rows of every layer, then V rows, then
+     * the fixed-size states (recurrent kinds). */
+    size_t rows = 0, states = 0;
+    int staged = 0;
+    for (uint32_t l = 0; l < L; l++) {
+        colibri_cache_need need;
+        layer_need(m, l, &need);
+        rows += need.kv_positions;
+        states += need.state_floats;
+        staged |= need.kv_staged;
+    }
+    /* a pass's K/V rows on their way to a ring shorter than the context (one for every layer) */
+    b->kstage = take(&c, staged ? T * kvd : 0, kv_size);
+    b->vstage = take(&c, staged ? T * kvd : 0, kv_size);
     b->kv_f16 = kv_f16;
-    b->kv_bytes = 2 * L * S * kvd * kv_size;
-    b->kcache = take(&c, L * S * kvd, kv_size);
-    b->vcache = take(&c, L * S * kvd, kv_size);
+    b->kv_bytes = 2 * rows * kvd * kv_size;
+    b->kcache = take(&c, rows * kvd, kv_size);
+    b->vcache = take(&c, rows * kvd, kv_size);
+    b->state = take(&c, states, sizeof(float));
+    b->state_bytes = states * sizeof(float);
+    for (size_t l = 0, at = 0, st = 0; base && l < L; l++) {
+        colibri_cache_need need;
+        layer_need(m, (uint32_t)l, &need);
+        b->cache[l] = (colibri_layer_cache){(uint8_t *)b->kcache + at * kvd * kv_size,
+                                            (uint8_t *)b->vcache + at * kvd * kv_size,
+                                            need.kv_positions, need.kv_staged,
+                                            need.state_floats ? b->state + st : NULL};
+        at += need.kv_positions;
+        st += need.state_floats;
+    }
     b->router = take(&c, T * E, sizeof(float));
     b->topk_idx = take(&c, T * K, sizeof(int32_t));
     b->topk_w = take(&c, T * K, sizeof(float));

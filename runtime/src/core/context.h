@@ -22,9 +22,18 @@ typedef struct {
     float *att;               /* [chunk, H*Dh] attention output */
     float *tmp;               /* [chunk, Dp] block output before the residual add */
     float *rope;              /* [chunk, Dh] cos (first Dh/2) and sin (second Dh/2) per token */
-    void *kcache, *vcache;    /* [L, max_seq_len, Hkv*Dh] float, or uint16_t half when kv_f16 */
-    int kv_f16;               /* COLIBRI_KV_F16: rounded on write, widened on read (forward.c) */
-    size_t kv_bytes;          /* both caches */
+    int32_t *pos;             /* [chunk] the position of each row of a pass (colibri_batch) */
+    /* The layers' caches (kinds.h), planned from the layer list: every layer's K rows in one
+     * region, then every layer's V rows, float or uint16_t half when kv_f16; cache[l] views
+     * layer l's part. */
+    void *kcache, *vcache;
+    void *kstage, *vstage;    /* [chunk, Hkv*Dh] a pass's K/V rows for layers whose ring is shorter
+                                 than the context (kv_staged); none when no layer is */
+    float *state;             /* recurrent kinds' fixed-size states (zeroed at init and reset) */
+    size_t state_bytes;
+    colibri_layer_cache *cache; /* [L], allocated with the context (not in the arena) */
+    int kv_f16;               /* COLIBRI_KV_F16: rounded on write, widened on read (attention.c) */
+    size_t kv_bytes;          /* both K/V regions */
     float *router;            /* [chunk, E] router logits */
     int32_t *topk_idx;        /* [chunk, K] */
     float *topk_w;            /* [chunk, K] */
@@ -63,7 +72,8 @@ struct colibri_ctx {
     char err[512];
 };
 
-/* arena.c: size and carve the buffers for this model, thread count and KV storage. */
+/* arena.c: size and carve the buffers for this model, thread count and KV storage. With base
+ * NULL only the size is computed; with base, b->cache (n_layers entries) is filled too. */
 size_t colibri_arena_plan(const struct colibri_model *m, int threads, int q8, int kv_f16,
                           colibri_buffers *b, uint8_t *base);
 

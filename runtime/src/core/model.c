@@ -93,39 +93,20 @@ static int must_be_f32(uint32_t kind) {
     }
 }
 
-/* Is the tensor kind part of a model with these flags, and with which shape? */
-static int expected_shape(const struct colibri_model *m, uint32_t kind, uint32_t *rows,
-                          uint32_t *cols) {
-    uint32_t dp = m->embed_dim_pad, qd = m->n_heads * m->head_dim, kvd = m->n_kv_heads * m->head_dim;
-    uint32_t f = m->flags;
-    int shared = (f & COLIBRI_FLAG_SHARED_EXPERT) != 0;
+/* Is the tensor kind part of the model (a per-layer kind: of layer `layer`, as its mixer and FFN
+ * kinds say, kinds.h), and with which shape? */
+static int expected_shape(const struct colibri_model *m, uint32_t layer, uint32_t kind,
+                          uint32_t *rows, uint32_t *cols) {
+    uint32_t dp = m->embed_dim_pad;
     switch (kind) {
     case COLIBRI_K_TOK_EMBED: *rows = m->vocab_size; *cols = dp; return 1;
     case COLIBRI_K_OUTPUT_NORM: *rows = 1; *cols = dp; return 1;
     case COLIBRI_K_LM_HEAD: *rows = m->vocab_size; *cols = dp;
-        return !(f & COLIBRI_FLAG_TIED_EMBEDDINGS);
-    case COLIBRI_K_ATTN_NORM: case COLIBRI_K_FFN_NORM: *rows = 1; *cols = dp; return 1;
-    case COLIBRI_K_WQ: *rows = qd; *cols = dp; return 1;
-    case COLIBRI_K_WK: case COLIBRI_K_WV: *rows = kvd; *cols = dp; return 1;
-    case COLIBRI_K_WO: *rows = dp; *cols = qd; return 1;
-    case COLIBRI_K_BQ: *rows = 1; *cols = qd; return (f & COLIBRI_FLAG_QKV_BIAS) != 0;
-    case COLIBRI_K_BK: case COLIBRI_K_BV: *rows = 1; *cols = kvd;
-        return (f & COLIBRI_FLAG_QKV_BIAS) != 0;
-    case COLIBRI_K_Q_NORM: case COLIBRI_K_K_NORM:
-        *rows = 1;
-        if (f & COLIBRI_FLAG_QK_NORM_HEAD) { *cols = m->head_dim; return 1; }
-        if (f & COLIBRI_FLAG_QK_NORM_FULL) { *cols = kind == COLIBRI_K_Q_NORM ? qd : kvd; return 1; }
-        return 0;
-    case COLIBRI_K_ROUTER: *rows = m->num_experts; *cols = dp; return 1;
-    case COLIBRI_K_EXPERT_W1: case COLIBRI_K_EXPERT_W3: *rows = m->expert_size; *cols = dp; return 1;
-    case COLIBRI_K_EXPERT_W2: *rows = dp; *cols = m->expert_size; return 1;
-    case COLIBRI_K_SHARED_W1: case COLIBRI_K_SHARED_W3:
-        *rows = m->shared_expert_size; *cols = dp; return shared;
-    case COLIBRI_K_SHARED_W2: *rows = dp; *cols = m->shared_expert_size; return shared;
-    case COLIBRI_K_SHARED_GATE: *rows = 1; *cols = dp;
-        return (f & COLIBRI_FLAG_SHARED_EXPERT_GATE) != 0;
-    default: return 0;
+        return !(m->flags & COLIBRI_FLAG_TIED_EMBEDDINGS);
+    default: break;
     }
+    const colibri_layer *l = &m->layers[layer];
+    return l->mixer->tensor(m, layer, kind, rows, cols) || l->ffn->tensor(m, layer, kind, rows, cols);
 }
 
 /* Where the view of (kind, layer, expert) lives in the model struct. */
@@ -180,11 +161,11 @@ static colibri_status parse_header(struct colibri_model *m, const uint8_t *b, ui
                     "file is %llu bytes, shorter than the 256-byte header (truncated?)",
                     (unsigned long long)size);
     if (memcmp(b, "COLIBRI\0", 8) != 0)
-        return fail(why, len, COLIBRI_E_BAD_MAGIC, "bad magic: not a .colibri file");
+        return fail(why, len, COLIBRI_E_BAD_MAGIC, "the first 8 bytes are not \"COLIBRI\\0\"");
     m->version = rd32(b + 8);
-    if (m->version != 1 && m->version != 2)
+    if (m->version < 1 || m->version > 3)
         return fail(why, len, COLIBRI_E_BAD_VERSION,
-                    "format version %u is not supported (this runtime reads versions 1 and 2)",
+                    "format version %u is not supported (this runtime reads versions 1 to 3)",
                     m->version);
     m->num_experts = rd32(b + 12);
     m->expert_size = rd32(b + 16);
@@ -218,6 +199,15 @@ static colibri_status parse_header(struct colibri_model *m, const uint8_t *b, ui
         m->meta_count = rd32(b + 124);
         m->meta_offset = rd64(b + 128);
         m->meta_size = rd64(b + 136);
+    }
+    /* Versions 1 and 2 left these bytes unread (reserved), and still do; version 3 reads the
+     * layer table's offset and refuses anything in the bytes it keeps reserved. */
+    if (m->version >= 3) {
+        m->layer_table_offset = rd64(b + 144);
+        for (uint32_t at = 152; at < 192; at++)
+            if (b[at] != 0)
+                return fail(why, len, COLIBRI_E_BAD_VERSION,
+                            "header byte %u is reserved in format version 3 and must be 0", at);
     }
 
     if (header_size != COLIBRI_HEADER_SIZE)
@@ -315,11 +305,22 @@ static colibri_status parse_header(struct colibri_model *m, const uint8_t *b, ui
     if (table_offset != COLIBRI_HEADER_SIZE)
         return fail(why, len, COLIBRI_E_OUT_OF_RANGE, "tensor_table_offset = %u, expected 256",
                     table_offset);
+    /* the tensor table, then (version 3) the layer table, then the data */
+    uint64_t tables = (uint64_t)m->n_tensors * COLIBRI_RECORD_SIZE;
+    if (m->version >= 3) {
+        if (m->layer_table_offset != COLIBRI_HEADER_SIZE + tables)
+            return fail(why, len, COLIBRI_E_OUT_OF_RANGE,
+                        "layer_table_offset = %llu, but n_tensors = %u ends the tensor table at %llu, "
+                        "where the layer table must start", (unsigned long long)m->layer_table_offset,
+                        m->n_tensors, (unsigned long long)(COLIBRI_HEADER_SIZE + tables));
+        tables += (uint64_t)m->n_layers * COLIBRI_LAYER_RECORD_SIZE;
+    }
     if (m->data_offset % 4096 != 0 || m->data_offset < 4096 || m->data_offset > size ||
-        (uint64_t)m->n_tensors * COLIBRI_RECORD_SIZE > m->data_offset - COLIBRI_HEADER_SIZE)
+        tables > m->data_offset - COLIBRI_HEADER_SIZE)
         return fail(why, len, COLIBRI_E_OUT_OF_RANGE,
-                    "data_offset = %llu with n_tensors = %u does not fit the file (%llu bytes)",
-                    (unsigned long long)m->data_offset, m->n_tensors, (unsigned long long)size);
+                    "data_offset = %llu with n_tensors = %u%s does not fit the file (%llu bytes)",
+                    (unsigned long long)m->data_offset, m->n_tensors,
+                    m->version >= 3 ? " and the layer table" : "", (unsigned long long)size);
     m->tensor_end = m->file_size;
     if (m->meta_count == 0) {
         if (m->meta_offset != 0 || m->meta_size != 0)
@@ -405,6 +406,45 @@ int colibri_model_meta(const struct colibri_model *m, const char *name, const ui
     return 0;
 }
 
+/* The layer table (version 3; every layer of an older file is attention + MoE): each record's
+ * kinds must be ones this runtime has, reserved words zero, and each kind checks the rest. */
+static colibri_status parse_layers(struct colibri_model *m, char *why, size_t len) {
+    for (uint32_t l = 0; l < m->n_layers; l++) {
+        colibri_layer_desc *d = &m->layers[l].desc;
+        memset(d, 0, sizeof *d);
+        if (m->version < 3) {
+            d->mixer = COLIBRI_MIXER_ATTENTION;
+            d->ffn = COLIBRI_FFN_MOE;
+        } else {
+            const uint8_t *r = m->base + m->layer_table_offset + (size_t)l * COLIBRI_LAYER_RECORD_SIZE;
+            d->mixer = rd32(r);
+            d->ffn = rd32(r + 4);
+            d->window = rd32(r + 8);
+            d->mixer_flags = rd32(r + 12);
+            for (int i = 0; i < 4; i++) {
+                d->mixer_params[i] = rd32(r + 16 + 4 * i);
+                d->ffn_params[i] = rd32(r + 32 + 4 * i);
+            }
+            for (int i = 48; i < 64; i++)
+                if (r[i] != 0)
+                    return fail(why, len, COLIBRI_E_BAD_LAYER,
+                                "layer %u: record byte %d is reserved and must be 0", l, i);
+        }
+        colibri_layer *ly = &m->layers[l];
+        ly->mixer = colibri_mixer_kind(d->mixer);
+        ly->ffn = colibri_ffn_kind(d->ffn);
+        if (!ly->mixer || !ly->ffn)
+            return fail(why, len, COLIBRI_E_UNSUPPORTED,
+                        "layer %u: %s kind %u is not one this runtime has (the model needs a newer "
+                        "colibri, or the file is damaged)", l, ly->mixer ? "ffn" : "mixer",
+                        ly->mixer ? d->ffn : d->mixer);
+        colibri_status s;
+        if ((s = ly->mixer->validate(m, l, why, len)) || (s = ly->ffn->validate(m, l, why, len)))
+            return s;
+    }
+    return COLIBRI_OK;
+}
+
 static colibri_status parse_record(struct colibri_model *m, const uint8_t *r, uint32_t idx,
                                    char *why, size_t len) {
     uint32_t kind = rd32(r), layer = rd32(r + 4), expert = rd32(r + 8), dtype = rd32(r + 12);
@@ -420,10 +460,16 @@ static colibri_status parse_record(struct colibri_model *m, const uint8_t *r, ui
         return fail(why, len, COLIBRI_E_BAD_TENSOR, "tensor %s layer %u: bad expert index %u", name,
                     layer, expert);
     uint32_t er, ec;
-    if (!expected_shape(m, kind, &er, &ec))
+    if (!expected_shape(m, layer, kind, &er, &ec)) {
+        if (is_global(kind))
+            return fail(why, len, COLIBRI_E_BAD_TENSOR,
+                        "tensor %s is present but the header flags (0x%x) exclude it", name,
+                        m->flags);
         return fail(why, len, COLIBRI_E_BAD_TENSOR,
-                    "tensor %s layer %d is present but the header flags (0x%x) exclude it", name,
-                    (int)layer, m->flags);
+                    "tensor %s layer %u is present but the layer's kinds (%s + %s) and the header "
+                    "flags (0x%x) exclude it", name, layer, m->layers[layer].mixer->name,
+                    m->layers[layer].ffn->name, m->flags);
+    }
     if (rows != er || cols != ec)
         return fail(why, len, COLIBRI_E_BAD_TENSOR,
                     "tensor %s layer %d expert %d has shape [%u, %u], expected [%u, %u]", name,
@@ -480,10 +526,19 @@ static colibri_status parse_record(struct colibri_model *m, const uint8_t *r, ui
 static colibri_status require(const struct colibri_model *m, const colibri_tensor *t, uint32_t kind,
                               int layer, int expert, char *why, size_t len) {
     uint32_t r, c;
-    if (!expected_shape(m, kind, &r, &c) || t->data) return COLIBRI_OK;
+    if (!expected_shape(m, layer < 0 ? COLIBRI_NO_INDEX : (uint32_t)layer, kind, &r, &c) || t->data)
+        return COLIBRI_OK;
     return fail(why, len, COLIBRI_E_BAD_TENSOR, "tensor %s layer %d expert %d is missing",
                 kind_name(kind), layer, expert);
 }
+
+/* Every per-layer tensor kind of docs/format.md (the layer's kinds say which ones it has). */
+static const uint32_t layer_tensor_kinds[] = {
+    COLIBRI_K_ATTN_NORM, COLIBRI_K_WQ, COLIBRI_K_WK, COLIBRI_K_WV, COLIBRI_K_WO, COLIBRI_K_BQ,
+    COLIBRI_K_BK, COLIBRI_K_BV, COLIBRI_K_Q_NORM, COLIBRI_K_K_NORM, COLIBRI_K_FFN_NORM,
+    COLIBRI_K_ROUTER, COLIBRI_K_SHARED_W1, COLIBRI_K_SHARED_W3, COLIBRI_K_SHARED_W2,
+    COLIBRI_K_SHARED_GATE,
+};
 
 static colibri_status check_complete(struct colibri_model *m, char *why, size_t len) {
     colibri_status s;
@@ -494,17 +549,10 @@ static colibri_status check_complete(struct colibri_model *m, char *why, size_t 
     for (uint32_t i = 0; i < m->n_layers; i++) {
         colibri_layer *l = &m->layers[i];
         int li = (int)i;
-        const struct { const colibri_tensor *t; uint32_t kind; } need[] = {
-            {&l->attn_norm, COLIBRI_K_ATTN_NORM}, {&l->wq, COLIBRI_K_WQ}, {&l->wk, COLIBRI_K_WK},
-            {&l->wv, COLIBRI_K_WV}, {&l->wo, COLIBRI_K_WO}, {&l->bq, COLIBRI_K_BQ},
-            {&l->bk, COLIBRI_K_BK}, {&l->bv, COLIBRI_K_BV}, {&l->q_norm, COLIBRI_K_Q_NORM},
-            {&l->k_norm, COLIBRI_K_K_NORM}, {&l->ffn_norm, COLIBRI_K_FFN_NORM},
-            {&l->router, COLIBRI_K_ROUTER}, {&l->shared_w1, COLIBRI_K_SHARED_W1},
-            {&l->shared_w3, COLIBRI_K_SHARED_W3}, {&l->shared_w2, COLIBRI_K_SHARED_W2},
-            {&l->shared_gate, COLIBRI_K_SHARED_GATE},
-        };
-        for (size_t k = 0; k < sizeof need / sizeof need[0]; k++)
-            if ((s = require(m, need[k].t, need[k].kind, li, -1, why, len))) return s;
+        for (size_t k = 0; k < sizeof layer_tensor_kinds / sizeof layer_tensor_kinds[0]; k++) {
+            uint32_t kind = layer_tensor_kinds[k];
+            if ((s = require(m, slot_for(m, kind, i, 0), kind, li, -1, why, len))) return s;
+        }
         for (uint32_t e = 0; e < m->num_experts; e++)
             if ((s = require(m, &l->w1[e], COLIBRI_K_EXPERT_W1, li, (int)e, why, len)) ||
                 (s = require(m, &l->w3[e], COLIBRI_K_EXPERT_W3, li, (int)e, why, len)) ||
@@ -556,6 +604,7 @@ static colibri_status validate(struct colibri_model *m, char *why, size_t len) {
         m->layers[i].w3 = v + m->num_experts;
         m->layers[i].w2 = v + 2 * (size_t)m->num_experts;
     }
+    if ((s = parse_layers(m, why, len))) return s;
     for (uint32_t i = 0; i < m->n_tensors; i++)
         if ((s = parse_record(m, m->base + COLIBRI_HEADER_SIZE + (size_t)i * COLIBRI_RECORD_SIZE, i,
                               why, len)))

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "colibri.h"
+#include "layers/kinds.h" /* the layer record and the kind table (includes nothing of the core) */
 
 #include "../../kernels/colibri_abi.h" /* COLIBRI_DT_* weight dtype codes, shared with the kernels */
 
@@ -37,6 +38,8 @@ enum {
 #define COLIBRI_HEADER_SIZE 256u
 #define COLIBRI_RECORD_SIZE 64u
 #define COLIBRI_NO_INDEX 0xFFFFFFFFu
+/* Format version 3: the layer table, n_layers 64-byte records right after the tensor table. */
+#define COLIBRI_LAYER_RECORD_SIZE 64u
 /* Metadata section (format version 2, docs/format.md): 64-byte entries, then 64-aligned blobs. */
 #define COLIBRI_META_ENTRY_SIZE 64u
 #define COLIBRI_META_NAME_SIZE 48u
@@ -53,6 +56,8 @@ typedef struct {
 } colibri_tensor;
 
 typedef struct {
+    colibri_layer_desc desc;                  /* the layer's record (kinds.h) */
+    const colibri_layer_kind *mixer, *ffn;    /* its kinds' table entries, set at validation */
     colibri_tensor attn_norm, wq, wk, wv, wo;
     colibri_tensor bq, bk, bv, q_norm, k_norm; /* optional, per flags */
     colibri_tensor ffn_norm, router;
@@ -73,6 +78,7 @@ struct colibri_model {
      * base + meta_offset; tensor data must end by tensor_end (= meta_offset, or file_size) */
     uint32_t meta_count;
     uint64_t meta_offset, meta_size, tensor_end;
+    uint64_t layer_table_offset; /* version 3: where the layer records start; 0 before */
     struct colibri_tokenizer *tokenizer; /* built from the tokenizer.* blobs; NULL when none */
 
     colibri_tensor tok_embed, output_norm, lm_head; /* lm_head == tok_embed when tied */

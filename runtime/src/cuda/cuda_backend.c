@@ -840,6 +840,20 @@ static int cb_check_model(const struct colibri_model *m, char *why, size_t why_l
         return -1;
     }
     for (uint32_t l = 0; l < m->n_layers; l++) {
+        /* the kernels compute attention + moe layers (kinds.h); a sliding window that covers the
+         * context is full attention */
+        const colibri_layer_desc *d = &m->layers[l].desc;
+        if (!(d->mixer == COLIBRI_MIXER_ATTENTION ||
+              (d->mixer == COLIBRI_MIXER_SLIDING_ATTENTION && d->window >= m->max_seq_len)) ||
+            d->ffn != COLIBRI_FFN_MOE) {
+            const colibri_layer_kind *mk = m->layers[l].mixer, *fk = m->layers[l].ffn;
+            snprintf(why, why_len, "layer %u is %s%s + %s, a layer kind the CUDA backend does not "
+                     "run yet (it runs attention + moe)", l, mk ? mk->name : "?",
+                     d->window ? " (window shorter than the context)" : "", fk ? fk->name : "?");
+            return -1;
+        }
+    }
+    for (uint32_t l = 0; l < m->n_layers; l++) {
         const colibri_layer *ly = &m->layers[l];
         int dt;
         if (cb_expert_dtype(ly->w1, ly->w3, (int)m->num_experts, &dt) ||

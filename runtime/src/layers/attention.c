@@ -1,0 +1,261 @@
+/* Attention layers: RMSNorm, Q/K/V projections (optional bias and q/k norm), RoPE, the layer's KV
+ * cache, causal grouped-query attention, the output projection added to the residual stream.
+ * Two kinds share this file:
+ *   attention          a token at position p attends to positions 0..p; the cache keeps
+ *                      max_seq_len rows (row = position);
+ *   sliding_attention  it attends to max(0, p-W+1)..p, W = the layer's window (transformers'
+ *                      sliding_window_overlay: kv_idx > q_idx - sliding_window, masking_utils.py);
+ *                      the cache is a ring of min(W, max_seq_len) rows (position p in row p % R).
+ *
+ * Attention heads of every (token, head) pair are split over the pool in a fixed partition; each
+ * pair is computed start to finish by one thread, so results are bitwise identical for any thread
+ * count. A pass's K and V are stored before any attention reads them, and every read goes through
+ * the cache's representation (f32, or f16 with --kv-cache f16), so a token attends to the same
+ * bits whether it came in a long prompt or alone (prefill == decode). A ring shorter than the
+ * context cannot take a whole pass first (a 64-token chunk would overwrite rows its own first
+ * tokens still read), so such a layer stores the pass's rows in the arena's stage, reads positions
+ * of this pass from there (the same bytes) and commits them to the ring after attention. */
+#include <math.h>
+#include <string.h>
+
+#include "core/context.h"
+#include "core/le.h"
+#include "cpu/kernels.h"
+#include "kinds.h"
+#include "linear.h"
+
+/* ---- the format side ------------------------------------------------------------------------ */
+
+/* What both attention kinds require of their record: no parameters, no flags (none defined yet),
+ * a window only for the sliding kind. */
+static colibri_status check_mixer(const colibri_layer_desc *d, uint32_t l, const char *name,
+                                 int window_allowed, char *why, size_t len) {
+    for (int i = 0; i < 4; i++)
+        if (d->mixer_params[i])
+            return fail(why, len, COLIBRI_E_BAD_LAYER,
+                        "layer %u (%s): mixer_params[%d] = %u, must be 0", l, name, i,
+                        d->mixer_params[i]);
+    if (d->mixer_flags)
+        return fail(why, len, COLIBRI_E_UNSUPPORTED,
+                    "layer %u (%s): mixer_flags = 0x%x, none are defined in this runtime (a newer "
+                    "format feature, e.g. attention sinks: update the runtime)", l, name,
+                    d->mixer_flags);
+    if (!window_allowed && d->window)
+        return fail(why, len, COLIBRI_E_BAD_LAYER,
+                    "layer %u (%s): window = %u, must be 0 for full attention", l, name, d->window);
+    return COLIBRI_OK;
+}
+
+colibri_status colibri_attention_validate(const struct colibri_model *m, uint32_t l, char *why,
+                                          size_t len) {
+    return check_mixer(&m->layers[l].desc, l, "attention", 0, why, len);
+}
+
+colibri_status colibri_sliding_validate(const struct colibri_model *m, uint32_t l, char *why,
+                                        size_t len) {
+    const colibri_layer_desc *d = &m->layers[l].desc;
+    if (d->window == 0)
+        return fail(why, len, COLIBRI_E_BAD_LAYER,
+                    "layer %u (sliding_attention): window = 0, must be at least 1", l);
+    return check_mixer(d, l, "sliding_attention", 1, why, len);
+}
+
+int colibri_attention_tensor(const struct colibri_model *m, uint32_t l, uint32_t tk,
+                             uint32_t *rows, uint32_t *cols) {
+    uint32_t dp = m->embed_dim_pad, qd = m->n_heads * m->head_dim, kvd = m->n_kv_heads * m->head_dim;
+    uint32_t f = m->flags;
+    (void)l;
+    switch (tk) {
+    case COLIBRI_K_ATTN_NORM: *rows = 1; *cols = dp; return 1;
+    case COLIBRI_K_WQ: *rows = qd; *cols = dp; return 1;
+    case COLIBRI_K_WK: case COLIBRI_K_WV: *rows = kvd; *cols = dp; return 1;
+    case COLIBRI_K_WO: *rows = dp; *cols = qd; return 1;
+    case COLIBRI_K_BQ: *rows = 1; *cols = qd; return (f & COLIBRI_FLAG_QKV_BIAS) != 0;
+    case COLIBRI_K_BK: case COLIBRI_K_BV: *rows = 1; *cols = kvd;
+        return (f & COLIBRI_FLAG_QKV_BIAS) != 0;
+    case COLIBRI_K_Q_NORM: case COLIBRI_K_K_NORM:
+        *rows = 1;
+        if (f & COLIBRI_FLAG_QK_NORM_HEAD) { *cols = m->head_dim; return 1; }
+        if (f & COLIBRI_FLAG_QK_NORM_FULL) { *cols = tk == COLIBRI_K_Q_NORM ? qd : kvd; return 1; }
+        return 0;
+    default: return 0;
+    }
+}
+
+void colibri_attention_cache(const struct colibri_model *m, uint32_t l, colibri_cache_need *need) {
+    (void)l;
+    memset(need, 0, sizeof *need);
+    need->kv_positions = m->max_seq_len;
+}
+
+/* A ring of W rows; a window that covers the context is a full cache (and computes as one). */
+void colibri_sliding_cache(const struct colibri_model *m, uint32_t l, colibri_cache_need *need) {
+    uint32_t w = m->layers[l].desc.window;
+    memset(need, 0, sizeof *need);
+    need->kv_positions = w < m->max_seq_len ? w : m->max_seq_len;
+    need->kv_staged = w < m->max_seq_len;
+}
+
+/* ---- the forward step ----------------------------------------------------------------------- */
+
+/* Rotate-half RoPE on each head of one token: pair lane i with lane i + Dh/2. */
+static void rope_apply(float *v, int heads, int dh, const float *cs) {
+    int half = dh / 2;
+    for (int hh = 0; hh < heads; hh++) {
+        float *x = v + (size_t)hh * dh;
+        for (int i = 0; i < half; i++) {
+            float x1 = x[i], x2 = x[i + half], c = cs[i], s = cs[half + i];
+            x[i] = x1 * c - x2 * s;
+            x[i + half] = x2 * c + x1 * s;
+        }
+    }
+}
+
+static void qk_norm(float *v, int heads, int dh, const colibri_tensor *w, int per_head, float eps) {
+    const float *g = w->data;
+    if (per_head)
+        for (int hh = 0; hh < heads; hh++)
+            colibri_rmsnorm(v + (size_t)hh * dh, v + (size_t)hh * dh, g, (size_t)dh, (size_t)dh, eps);
+    else
+        colibri_rmsnorm(v, v, g, (size_t)heads * dh, (size_t)heads * dh, eps);
+}
+
+typedef struct {
+    colibri_ctx *ctx;
+    const colibri_batch *bt;
+    int layer;
+    uint32_t window; /* 0: every position */
+} att_job;
+
+/* Where a query of this pass reads the K or V row of position s: the stage holds this pass's
+ * rows (positions p0..) when the layer is staged; otherwise, and for earlier positions, the
+ * cache's row `slot` (= s % R, walked by the caller as a slot that wraps). */
+typedef struct {
+    const uint8_t *cache, *stage;
+    int staged, p0;
+    size_t row; /* bytes of a row */
+} kv_rows;
+
+static inline const void *kv_row(const kv_rows *r, int s, int slot) {
+    return r->staged && s >= r->p0 ? r->stage + (size_t)(s - r->p0) * r->row
+                                   : r->cache + (size_t)slot * r->row;
+}
+
+static inline int wrap(int slot, int R) { return slot == R ? 0 : slot; }
+
+static void att_task(void *arg, int t, int nt) {
+    att_job *job = arg;
+    colibri_ctx *ctx = job->ctx;
+    const struct colibri_model *m = ctx->model;
+    colibri_buffers *b = &ctx->b;
+    const colibri_layer_cache *c = &job->bt->cache[job->layer];
+    size_t dh = m->head_dim, H = m->n_heads, qd = H * dh, kvd = (size_t)m->n_kv_heads * dh;
+    size_t group = H / m->n_kv_heads;
+    size_t row = kvd * (b->kv_f16 ? sizeof(uint16_t) : sizeof(float));
+    const int R = (int)c->kv_positions;
+    const int p0 = job->bt->pos[0]; /* one sequence: this pass holds positions p0..p0+n-1 */
+    const kv_rows ks = {c->k, b->kstage, c->kv_staged, p0, row};
+    const kv_rows vs = {c->v, b->vstage, c->kv_staged, p0, row};
+    float *sc = b->scores + (size_t)t * m->max_seq_len;
+    float scale = 1.0f / sqrtf((float)dh);
+    unsigned long lo, hi;
+    colibri_split((unsigned long)job->bt->n * H, t, nt, &lo, &hi);
+    for (unsigned long pair = lo; pair < hi; pair++) {
+        size_t j = pair / H, hh = pair % H, g = hh / group;
+        int p = job->bt->pos[j]; /* causal: positions first..p */
+        int first = job->window && (int64_t)p - job->window + 1 > 0 ? p - (int)job->window + 1 : 0;
+        int keys = p - first + 1, slot0 = first % R;
+        const float *q = b->q + j * qd + hh * dh;
+        float mx = -INFINITY;
+        for (int i = 0, s = first, slot = slot0; i < keys; i++, s++, slot = wrap(slot + 1, R)) {
+            const void *kr = kv_row(&ks, s, slot);
+            sc[i] = (b->kv_f16 ? colibri_dot_f16((const uint16_t *)kr + g * dh, q, dh)
+                               : colibri_dot_f32(q, (const float *)kr + g * dh, dh)) *
+                    scale;
+            mx = fmaxf(mx, sc[i]);
+        }
+        float sum = 0.0f;
+        for (int i = 0; i < keys; i++) {
+            sc[i] = expf(sc[i] - mx);
+            sum += sc[i];
+        }
+        float inv = 1.0f / sum;
+        float *out = b->att + j * qd + hh * dh;
+        memset(out, 0, dh * sizeof(float));
+        for (int i = 0, s = first, slot = slot0; i < keys; i++, s++, slot = wrap(slot + 1, R)) {
+            const void *vr = kv_row(&vs, s, slot);
+            float w = sc[i] * inv;
+            if (b->kv_f16) /* widened exactly, same multiply-then-add per element */
+                colibri_axpy_f16(out, w, (const uint16_t *)vr + g * dh, dh);
+            else {
+                const float *v = (const float *)vr + g * dh;
+                for (size_t d = 0; d < dh; d++) out[d] += w * v[d];
+            }
+        }
+    }
+}
+
+void colibri_attention_forward(colibri_ctx *ctx, int l, const colibri_batch *bt) {
+    const struct colibri_model *m = ctx->model;
+    const colibri_layer *ly = &m->layers[l];
+    const colibri_layer_cache *c = &bt->cache[l];
+    colibri_buffers *b = &ctx->b;
+    int n = bt->n;
+    size_t dp = m->embed_dim_pad, dh = m->head_dim, H = m->n_heads, Hkv = m->n_kv_heads;
+    size_t qd = H * dh, kvd = Hkv * dh, row = kvd * (b->kv_f16 ? sizeof(uint16_t) : sizeof(float));
+
+    for (int j = 0; j < n; j++)
+        colibri_rmsnorm(b->h + j * dp, b->x + j * dp, ly->attn_norm.data, m->embed_dim, dp,
+                        m->norm_eps);
+
+    colibri_mm_job job = {.ctx = ctx};
+    colibri_mm_add(&job, &ly->wq, b->h, dp, n, b->q, qd, 0);
+    colibri_mm_add(&job, &ly->wk, b->h, dp, n, b->k, kvd, 0);
+    colibri_mm_add(&job, &ly->wv, b->h, dp, n, b->v, kvd, 0);
+    colibri_mm_run(&job);
+
+    for (int j = 0; j < n; j++) {
+        float *q = b->q + j * qd, *k = b->k + j * kvd, *v = b->v + j * kvd;
+        if (ly->bq.data) {
+            const float *bq = ly->bq.data, *bk = ly->bk.data, *bv = ly->bv.data;
+            for (size_t i = 0; i < qd; i++) q[i] += bq[i];
+            for (size_t i = 0; i < kvd; i++) k[i] += bk[i];
+            for (size_t i = 0; i < kvd; i++) v[i] += bv[i];
+        }
+        if (ly->q_norm.data) {
+            int per_head = (m->flags & COLIBRI_FLAG_QK_NORM_HEAD) != 0;
+            qk_norm(q, (int)H, (int)dh, &ly->q_norm, per_head, m->norm_eps);
+            qk_norm(k, (int)Hkv, (int)dh, &ly->k_norm, per_head, m->norm_eps);
+        }
+        const float *cs = b->rope + j * dh;
+        rope_apply(q, (int)H, (int)dh, cs);
+        rope_apply(k, (int)Hkv, (int)dh, cs);
+        /* The cache holds what attention reads, for this token too, so prefill and decode
+         * see the same (rounded) keys and values: its row, or its row of the stage. */
+        size_t at = c->kv_staged ? (size_t)j : (size_t)bt->pos[j] % c->kv_positions;
+        uint8_t *kd = (uint8_t *)(c->kv_staged ? b->kstage : c->k) + at * row;
+        uint8_t *vd = (uint8_t *)(c->kv_staged ? b->vstage : c->v) + at * row;
+        if (b->kv_f16) {
+            colibri_f32_to_f16(k, kvd, (uint16_t *)(void *)kd);
+            colibri_f32_to_f16(v, kvd, (uint16_t *)(void *)vd);
+        } else {
+            memcpy(kd, k, row);
+            memcpy(vd, v, row);
+        }
+    }
+
+    att_job aj = {ctx, bt, l, ly->desc.mixer == COLIBRI_MIXER_SLIDING_ATTENTION ? ly->desc.window : 0};
+    colibri_pool_run(&ctx->pool, att_task, &aj);
+    /* A staged ring takes the pass's rows now, in order (with more rows than the ring, the last
+     * R remain: all that later positions can still see). */
+    for (int j = 0; c->kv_staged && j < n; j++) {
+        size_t slot = (size_t)bt->pos[j] % c->kv_positions;
+        memcpy((uint8_t *)c->k + slot * row, (const uint8_t *)b->kstage + (size_t)j * row, row);
+        memcpy((uint8_t *)c->v + slot * row, (const uint8_t *)b->vstage + (size_t)j * row, row);
+    }
+
+    colibri_mm_job out = {.ctx = ctx};
+    colibri_mm_add(&out, &ly->wo, b->att, qd, n, b->tmp, dp, 0);
+    colibri_mm_run(&out);
+    for (size_t i = 0; i < (size_t)n * dp; i++) b->x[i] += b->tmp[i];
+}

@@ -1,0 +1,109 @@
+/* Layer kinds: what each layer of a model is, and the table the loader, the arena planner and the
+ * forward pass consult (docs/runtime.md, "Layer kinds"; docs/format.md, "Layer table").
+ *
+ * A layer is a token mixer (attention, later recurrent kinds) followed by a feed-forward block
+ * (MoE, later dense). Each kind is one entry of a table: its name, a check of its layer record,
+ * the tensors a layer of this kind has, the per-sequence cache it needs, and its forward step.
+ * A new kind is its own file (the functions below), one row of the table in kinds.c and one
+ * enum value here; nothing else in the runtime changes.
+ *
+ * This header includes nothing of the runtime (the structs it names are forward-declared), so the
+ * model loader, the CUDA backend and the kinds' own files can all include it without a circle. */
+#ifndef COLIBRI_LAYERS_KINDS_H
+#define COLIBRI_LAYERS_KINDS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "colibri.h"
+
+/* Layer record field `mixer` (docs/format.md). 0 is never a kind: a zeroed record is refused. */
+enum {
+    COLIBRI_MIXER_ATTENTION = 1,         /* causal grouped-query attention over every position */
+    COLIBRI_MIXER_SLIDING_ATTENTION = 2  /* the same over the last `window` positions */
+};
+/* Layer record field `ffn`. */
+enum { COLIBRI_FFN_MOE = 1 /* routed experts (+ the shared expert when the header says so) */ };
+
+/* One layer's record, as validated (docs/format.md, "Layer table"). Version 1 and 2 files, which
+ * have no table, read as {ATTENTION, MOE, 0, ...} for every layer. */
+typedef struct {
+    uint32_t mixer, ffn;
+    uint32_t window;          /* sliding kinds: W positions (a token at p sees max(0, p-W+1)..p) */
+    uint32_t mixer_flags;     /* none defined yet (bit 0 is kept for attention sinks, #23) */
+    uint32_t mixer_params[4]; /* per-kind parameters; zero for both attention kinds */
+    uint32_t ffn_params[4];   /* zero for MOE */
+} colibri_layer_desc;
+
+/* What a layer keeps per sequence, planned into the context's arena (core/arena.c) and counted
+ * by the kit's footprint (colibri_kit/model/footprint.py), byte for byte. */
+typedef struct {
+    uint32_t kv_positions; /* rows of K and of V (Hkv*Dh values each); 0: none */
+    int kv_staged;         /* 1: the rows are a ring shorter than the context; a pass writes its
+                              tokens' K/V to the arena's stage first and commits them after
+                              attention (so a chunk never overwrites rows it still reads) */
+    size_t state_floats;   /* a fixed-size recurrent state (f32); 0 for the attention kinds */
+} colibri_cache_need;
+
+/* One layer's cache in one sequence: views into the arena. */
+typedef struct {
+    void *k, *v;           /* [kv_positions, Hkv*Dh], float or IEEE half (--kv-cache f16);
+                              position p lives in row p % kv_positions */
+    uint32_t kv_positions;
+    int kv_staged;
+    float *state;          /* [state_floats], or NULL */
+} colibri_layer_cache;
+
+/* The tokens of one pass: rows 0..n-1 of the context's chunk buffers (x, h, q, ...). Today they
+ * are consecutive positions of one sequence; continuous batching (#26) adds per-row sequence
+ * indices with one cache array per sequence, and a kind that reads pos[] and its cache through
+ * this struct needs no other change. */
+typedef struct {
+    int n;
+    const int32_t *pos;          /* [n] each row's position in its sequence */
+    colibri_layer_cache *cache;  /* [n_layers] the sequence's caches */
+} colibri_batch;
+
+struct colibri_model;
+struct colibri_ctx;
+
+typedef struct {
+    uint32_t kind;
+    const char *name; /* as `colibri info`, docs and the kit spell it */
+    /* The layer record of layer `l` against the header; a reason naming the field on failure. */
+    colibri_status (*validate)(const struct colibri_model *m, uint32_t l, char *why, size_t len);
+    /* 1 when a layer of this kind has tensor kind `tk` (docs/format.md), with its shape. */
+    int (*tensor)(const struct colibri_model *m, uint32_t l, uint32_t tk, uint32_t *rows,
+                  uint32_t *cols);
+    /* The per-sequence cache of layer `l`. */
+    void (*cache)(const struct colibri_model *m, uint32_t l, colibri_cache_need *need);
+    /* Layer `l` on the batch: reads and updates the residual stream ctx->b.x. */
+    void (*forward)(struct colibri_ctx *ctx, int l, const colibri_batch *bt);
+} colibri_layer_kind;
+
+/* The table's entry for a mixer / FFN kind value, or NULL when this runtime has none. */
+const colibri_layer_kind *colibri_mixer_kind(uint32_t kind);
+const colibri_layer_kind *colibri_ffn_kind(uint32_t kind);
+
+/* ---- the kinds (one file each; the table in kinds.c points at these) ---- */
+
+/* attention.c: full and sliding-window causal grouped-query attention */
+colibri_status colibri_attention_validate(const struct colibri_model *m, uint32_t l, char *why,
+                                          size_t len);
+colibri_status colibri_sliding_validate(const struct colibri_model *m, uint32_t l, char *why,
+                                        size_t len);
+int colibri_attention_tensor(const struct colibri_model *m, uint32_t l, uint32_t tk,
+                             uint32_t *rows, uint32_t *cols);
+void colibri_attention_cache(const struct colibri_model *m, uint32_t l, colibri_cache_need *need);
+void colibri_sliding_cache(const struct colibri_model *m, uint32_t l, colibri_cache_need *need);
+void colibri_attention_forward(struct colibri_ctx *ctx, int l, const colibri_batch *bt);
+
+/* moe.c: the four MoE stages (preprocess, route, dispatch, compute) */
+colibri_status colibri_moe_validate(const struct colibri_model *m, uint32_t l, char *why,
+                                    size_t len);
+int colibri_moe_tensor(const struct colibri_model *m, uint32_t l, uint32_t tk, uint32_t *rows,
+                       uint32_t *cols);
+void colibri_moe_cache(const struct colibri_model *m, uint32_t l, colibri_cache_need *need);
+void colibri_moe_forward(struct colibri_ctx *ctx, int l, const colibri_batch *bt);
+
+#endif

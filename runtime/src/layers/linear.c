@@ -1,0 +1,56 @@
+/* Matrix jobs and RMSNorm shared by the layer kinds (linear.h). */
+#include "linear.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "cpu/kernels.h"
+
+static void mm_task(void *arg, int t, int nt) {
+    colibri_mm_job *job = arg;
+    colibri_buffers *b = &job->ctx->b;
+    float *scratch = b->scratch + (size_t)t * 2 * b->max_cols;
+    for (int s = 0; s < job->nseg; s++) {
+        const colibri_mm_seg *g = &job->seg[s];
+        unsigned long lo, hi;
+        colibri_split(g->w->rows, t, nt, &lo, &hi);
+        if (lo == hi) continue;
+        if (g->xq)
+            colibri_rows_dot_q8(g->w, (uint32_t)lo, (uint32_t)hi, g->xq, g->xqs, g->n, g->ldq, g->y,
+                                g->ldy);
+        else
+            colibri_rows_dot(g->w, (uint32_t)lo, (uint32_t)hi, g->x, g->n, g->ldx, g->y, g->ldy,
+                             scratch);
+    }
+}
+
+void colibri_mm_add(colibri_mm_job *job, const colibri_tensor *w, const float *x, size_t ldx,
+                    int n, float *y, size_t ldy, size_t qrow) {
+    colibri_ctx *ctx = job->ctx;
+    colibri_mm_seg *g = &job->seg[job->nseg++];
+    memset(g, 0, sizeof *g);
+    g->w = w;
+    g->x = x;
+    g->ldx = ldx;
+    g->n = n;
+    g->y = y;
+    g->ldy = ldy;
+    if (ctx->use_q8 && (w->dtype == COLIBRI_DT_INT8 || w->dtype == COLIBRI_DT_Q4) && n > 0) {
+        colibri_buffers *b = &ctx->b;
+        g->ldq = b->max_cols;
+        g->xq = b->xq + qrow * g->ldq;
+        g->xqs = b->xqs + qrow;
+        for (int j = 0; j < n; j++)
+            colibri_quantize_row(x + (size_t)j * ldx, w->cols, b->xq + (qrow + (size_t)j) * g->ldq,
+                                 b->xqs + qrow + (size_t)j);
+    }
+}
+
+void colibri_mm_run(colibri_mm_job *job) { colibri_pool_run(&job->ctx->pool, mm_task, job); }
+
+void colibri_rmsnorm(float *out, const float *x, const float *w, size_t d, size_t n, float eps) {
+    double ss = 0.0;
+    for (size_t i = 0; i < d; i++) ss += (double)x[i] * x[i];
+    float inv = (float)(1.0 / sqrt(ss / (double)d + (double)eps));
+    for (size_t i = 0; i < n; i++) out[i] = w[i] * (x[i] * inv);
+}
