@@ -343,8 +343,15 @@ static int run_on_slot(conn *c, slot *s, oai_request *rq, uint64_t rid, double t
             send_chunk(&k);
         }
     }
+    colibri_runtime_info before, after;
+    colibri_get_runtime_info(s->ctx, &before); /* this thread holds the slot: its context */
     int finish = slot_generate(s, rq->ids, rq->n_ids, &p, &cb, gerr, sizeof gerr);
     k.elapsed_ms = now_ms() - t_req;
+    colibri_get_runtime_info(s->ctx, &after);
+    pthread_mutex_lock(&S->mu);
+    S->m.gen_minor_faults += after.minor_faults - before.minor_faults;
+    S->m.gen_major_faults += after.major_faults - before.major_faults;
+    pthread_mutex_unlock(&S->mu);
     pool_release(&S->pool, s);
     count_deadline(&k, finish);
     c->completion_tokens = k.n_out;

@@ -17,6 +17,7 @@ typedef struct {
     unsigned long long conns_refused;   /* connections refused at once (no room, even after eviction) */
     unsigned long long deadline_answered; /* answers that had a deadline (the request's or --deadline-ms) */
     unsigned long long deadline_missed;   /* of them, finished after it */
+    unsigned long long gen_minor_faults, gen_major_faults; /* the slots' workers, while generating */
     histogram first_token, per_token;
 } metrics;
 

@@ -211,11 +211,12 @@ int colibri_pool_start_ex(colibri_pool *p, int n, const colibri_pool_config *cfg
 int colibri_pool_start(colibri_pool *p, int n) { return colibri_pool_start_ex(p, n, NULL, NULL, 0); }
 
 int colibri_pool_enter(colibri_pool *p, char *err, size_t err_len) {
-    if (!p->cfg.cpus && p->cfg.policy == SCHED_OTHER) return 0;
+    if (!p->cfg.cpus && p->cfg.policy == SCHED_OTHER && !p->cfg.lock_stacks) return 0;
     pthread_t self = pthread_self();
     if (p->caller_set && pthread_equal(self, p->caller)) return 0;
     const char *what = NULL;
     int e = setup_thread(&p->cfg, 0, &what);
+    if (!e && p->cfg.lock_stacks && (e = touch_stack())) what = "mlock";
     if (e) {
         setup_error(p, 0, what, e, err, err_len);
         return -1;

@@ -56,8 +56,9 @@ struct colibri_pool {
 int colibri_pool_start_ex(colibri_pool *p, int n, const colibri_pool_config *cfg, char *err,
                           size_t err_len);
 int colibri_pool_start(colibri_pool *p, int n);
-/* The calling thread becomes worker 0: pinned to cfg.cpus[0] and given the policy, once per
- * thread (a later call from the same thread costs one comparison). -1 with err on failure. */
+/* The calling thread becomes worker 0: pinned to cfg.cpus[0], given the policy and (lock_stacks)
+ * the top of its stack locked, once per thread (a later call from the same thread costs one
+ * comparison). -1 with err on failure. */
 int colibri_pool_enter(colibri_pool *p, char *err, size_t err_len);
 void colibri_pool_run(colibri_pool *p, colibri_task_fn fn, void *arg);
 void colibri_pool_stop(colibri_pool *p);
