@@ -2,6 +2,8 @@
 #include "cli.h"
 
 #include <errno.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -98,9 +100,30 @@ void cli_options(const cli_globals *g, colibri_options *opt) {
     opt->barrier = g->barrier;
 }
 
+int cli_lock_process(const cli_globals *g) {
+    if (!g->lock_memory) return 0;
+    /* The process owns its memory policy (a library does not): every page it has and will map
+     * stays resident, thread stacks and heaps included. Without MCL_FUTURE a request thread's
+     * recycled stack (glibc frees it when a thread exits) faults again in its first pass. */
+    if (mlockall(MCL_CURRENT | MCL_FUTURE) == 0) return 0;
+    int e = errno;
+    struct rlimit rl;
+    char limit[48] = "unknown";
+    if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0) {
+        if (rl.rlim_cur == RLIM_INFINITY) snprintf(limit, sizeof limit, "unlimited");
+        else snprintf(limit, sizeof limit, "%llu KiB", (unsigned long long)rl.rlim_cur / 1024);
+    }
+    fprintf(stderr, "colibri: --mlock: mlockall: %s; RLIMIT_MEMLOCK is %s (ulimit -l): raise it, "
+                    "e.g. LimitMEMLOCK=infinity in the systemd unit (the kit renders it from the "
+                    "profile's realtime.lock_memory), or give the process CAP_IPC_LOCK\n",
+            strerror(e), limit);
+    return 1;
+}
+
 int cli_open_globals(const char *model, const cli_globals *g, colibri_ctx **ctx) {
     colibri_options opt;
     cli_options(g, &opt);
+    if (cli_lock_process(g)) return 1;
     return open_with(model, &opt, ctx);
 }
 

@@ -90,6 +90,9 @@ int cli_open(const char *model, colibri_backend backend, int threads, int int8_a
              colibri_kv_dtype kv, colibri_ctx **ctx);
 /* The same with the global options (real-time mode included). */
 int cli_open_globals(const char *model, const cli_globals *g, colibri_ctx **ctx);
+/* --mlock: lock every page of the process, present and future (mlockall MCL_CURRENT |
+ * MCL_FUTURE); 0, or 1 after printing why it cannot (the limit and the unit setting). */
+int cli_lock_process(const cli_globals *g);
 /* The colibri_options the global options say (error buffer not set). */
 void cli_options(const cli_globals *g, colibri_options *opt);
 
