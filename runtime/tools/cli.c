@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -100,30 +101,54 @@ void cli_options(const cli_globals *g, colibri_options *opt) {
     opt->barrier = g->barrier;
 }
 
-int cli_lock_process(const cli_globals *g) {
+/* RLIMIT_MEMLOCK's soft value as text ("8192 KiB", "unlimited"). */
+static void memlock_text(char *out, size_t len, struct rlimit *rl) {
+    snprintf(out, len, "unknown");
+    if (getrlimit(RLIMIT_MEMLOCK, rl) != 0) return;
+    if (rl->rlim_cur == RLIM_INFINITY) snprintf(out, len, "unlimited");
+    else snprintf(out, len, "%llu KiB", (unsigned long long)rl->rlim_cur / 1024);
+}
+
+/* CAP_IPC_LOCK (bit 14 of CapEff in /proc/self/status): mlock beyond RLIMIT_MEMLOCK. */
+static int has_ipc_lock(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    unsigned long long eff = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "CapEff: %llx", &eff) == 1) break;
+    if (f) fclose(f);
+    return (int)(eff >> 14 & 1);
+}
+
+#define MEMLOCK_FIX "raise it, e.g. LimitMEMLOCK=infinity in the systemd unit (the kit renders " \
+                    "it from the profile's realtime.lock_memory), or give the process CAP_IPC_LOCK"
+
+int cli_lock_process(const cli_globals *g, const char *model) {
     if (!g->lock_memory) return 0;
+    struct rlimit rl;
+    char limit[48];
+    memlock_text(limit, sizeof limit, &rl);
+    struct stat st;
+    /* Fail before loading with the reason, not with mmap's EAGAIN under MCL_FUTURE. */
+    if (model && !stat(model, &st) && rl.rlim_cur != RLIM_INFINITY &&
+        (unsigned long long)st.st_size > (unsigned long long)rl.rlim_cur && !has_ipc_lock()) {
+        fprintf(stderr, "colibri: --mlock: the model (%.1f MiB) is larger than RLIMIT_MEMLOCK "
+                        "%s (ulimit -l): " MEMLOCK_FIX "\n", (double)st.st_size / (1 << 20), limit);
+        return 1;
+    }
     /* The process owns its memory policy (a library does not): every page it has and will map
      * stays resident, thread stacks and heaps included. Without MCL_FUTURE a request thread's
      * recycled stack (glibc frees it when a thread exits) faults again in its first pass. */
     if (mlockall(MCL_CURRENT | MCL_FUTURE) == 0) return 0;
-    int e = errno;
-    struct rlimit rl;
-    char limit[48] = "unknown";
-    if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0) {
-        if (rl.rlim_cur == RLIM_INFINITY) snprintf(limit, sizeof limit, "unlimited");
-        else snprintf(limit, sizeof limit, "%llu KiB", (unsigned long long)rl.rlim_cur / 1024);
-    }
-    fprintf(stderr, "colibri: --mlock: mlockall: %s; RLIMIT_MEMLOCK is %s (ulimit -l): raise it, "
-                    "e.g. LimitMEMLOCK=infinity in the systemd unit (the kit renders it from the "
-                    "profile's realtime.lock_memory), or give the process CAP_IPC_LOCK\n",
-            strerror(e), limit);
+    fprintf(stderr, "colibri: --mlock: mlockall: %s; RLIMIT_MEMLOCK is %s (ulimit -l): "
+                    MEMLOCK_FIX "\n", strerror(errno), limit);
     return 1;
 }
 
 int cli_open_globals(const char *model, const cli_globals *g, colibri_ctx **ctx) {
     colibri_options opt;
     cli_options(g, &opt);
-    if (cli_lock_process(g)) return 1;
+    if (cli_lock_process(g, model)) return 1;
     return open_with(model, &opt, ctx);
 }
 

@@ -91,8 +91,9 @@ int cli_open(const char *model, colibri_backend backend, int threads, int int8_a
 /* The same with the global options (real-time mode included). */
 int cli_open_globals(const char *model, const cli_globals *g, colibri_ctx **ctx);
 /* --mlock: lock every page of the process, present and future (mlockall MCL_CURRENT |
- * MCL_FUTURE); 0, or 1 after printing why it cannot (the limit and the unit setting). */
-int cli_lock_process(const cli_globals *g);
+ * MCL_FUTURE), after checking that `model` (may be NULL) fits RLIMIT_MEMLOCK; 0, or 1 after
+ * printing why it cannot (the limit and the unit setting that raises it). */
+int cli_lock_process(const cli_globals *g, const char *model);
 /* The colibri_options the global options say (error buffer not set). */
 void cli_options(const cli_globals *g, colibri_options *opt);
 

@@ -121,7 +121,7 @@ int cmd_serve(const cli_globals *g, int argc, char **argv) {
     o.sched_priority = globals.sched_priority;
     o.lock_memory = globals.lock_memory;
     o.barrier = globals.barrier;
-    if (cli_lock_process(&globals)) return 1;
+    if (cli_lock_process(&globals, o.model_path)) return 1;
     if (o.threads == 0) {
         long cpus = sysconf(_SC_NPROCESSORS_ONLN);
         o.threads = cpus > o.slots ? (int)(cpus / o.slots) : 1;

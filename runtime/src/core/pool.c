@@ -33,6 +33,10 @@
 #define SPIN_ROUNDS 4000
 #define SPIN_GRACE_NS 5000000L        /* spin mode: sleep after 5 ms without a job */
 #define STACK_TOUCH (64 * 1024)       /* lock_stacks: bytes of stack faulted in and locked */
+/* lock_stacks: a helper's whole stack. A pass needs a few KiB of it (the kernels keep their
+ * buffers in the arena); under a process-wide mlockall(MCL_FUTURE) (colibri --mlock) every byte
+ * of a stack is locked, so glibc's default (RLIMIT_STACK, 8 MiB) would cost 8 MiB each. */
+#define HELPER_STACK (512 * 1024)
 
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -187,14 +191,25 @@ int colibri_pool_start_ex(colibri_pool *p, int n, const colibri_pool_config *cfg
     p->threads = calloc((size_t)p->n - 1, sizeof *p->threads);
     p->workers = calloc((size_t)p->n - 1, sizeof *p->workers);
     if (!p->threads || !p->workers) return fail(p, err, err_len, "out of memory for the worker threads");
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    if (p->cfg.lock_stacks) pthread_attr_setstacksize(&attr, HELPER_STACK);
     for (int t = 1; t < p->n; t++) {
         colibri_worker *wa = &p->workers[t - 1];
         wa->pool = p;
         wa->t = t;
-        if (pthread_create(&p->threads[t - 1], NULL, worker_main, wa) != 0)
-            return fail(p, err, err_len, "cannot create the worker threads");
+        int e = pthread_create(&p->threads[t - 1], &attr, worker_main, wa);
+        if (e != 0) {
+            pthread_attr_destroy(&attr);
+            char why[192];
+            snprintf(why, sizeof why, "cannot create the worker threads: %s%s", strerror(e),
+                     p->cfg.lock_stacks && e == EAGAIN ? " (their locked stacks exceed "
+                     "RLIMIT_MEMLOCK? LimitMEMLOCK= in a systemd unit)" : "");
+            return fail(p, err, err_len, why);
+        }
         p->started++;
     }
+    pthread_attr_destroy(&attr);
     pthread_mutex_lock(&p->mu);
     while (p->ready < p->started) pthread_cond_wait(&p->done, &p->mu);
     pthread_mutex_unlock(&p->mu);
