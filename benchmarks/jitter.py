@@ -136,6 +136,11 @@ def llama_cell(bench: Path, model: Path, mode: str, cpus: list[int], args) -> di
     for name, test in (("first", ["-p", str(args.prompt_len), "-n", "0"]),
                        ("token", ["-p", "0", "-n", "1", "-d", str(args.prompt_len)])):
         proc = subprocess.run([*common, *test], capture_output=True, text=True)
+        if proc.returncode in (-4, 132) and "--repack" not in common:
+            # SIGILL: llama.cpp's repacked q8_0 path on AMX hosts (FACTS.md): without repacking
+            common.extend(["--repack", "0"])
+            out["note"] = "--repack 0 (SIGILL with repacking on this CPU)"
+            proc = subprocess.run([*common, *test], capture_output=True, text=True)
         if proc.returncode:
             raise SystemExit(f"llama-bench {' '.join(test + rt)} failed ({proc.returncode}): "
                              f"{proc.stderr.strip()[-500:]}")
@@ -217,8 +222,11 @@ def main() -> None:
     print(f"machine: {os.cpu_count()} CPUs; inference on CPU {cpu_list(cpus)}, hogs on "
           f"{cpu_list(hog_cores) or '-'}; load average {os.getloadavg()[0]:.1f}; "
           f"{args.samples} samples per cell, prompt {args.prompt_len}, decode {args.gen}")
+    peer_rows = [r for k, r in results.items() if k.endswith("llama.cpp")]
     print("model: random Mixtral 1024x8 layers, 8 experts top-2, vocab 32000; colibri int8, "
-          "llama.cpp q8_0" + (f" (build {results.get(next(iter(k for k in results if 'llama' in k), ''), {}).get('build', '?')})" if llama else ""))
+          "llama.cpp q8_0" + (f" (llama.cpp build {peer_rows[0]['build']}"
+                               f"{', ' + peer_rows[0]['note'] if 'note' in peer_rows[0] else ''})"
+                               if peer_rows else ""))
     head = (f"{'load':<7}{'mode':<9}{'engine':<10}"
             f"{'first token ms p50/p99/p99.9/max':>34}{'p99/p50':>8}{'p99.9/p50':>10}"
             f"{'token ms p50/p99/p99.9/max':>30}{'p99/p50':>8}{'p99.9/p50':>10}{'faults/tok':>11}")
