@@ -1,9 +1,16 @@
-"""Benchmark: the Colibri CPU runtime against Hugging Face transformers on one random Mixtral.
+"""Benchmark: the Colibri CPU runtime against Hugging Face transformers and llama.cpp on random
+checkpoints of real layer shapes.
 
     python benchmarks/runtime.py [--threads 2] [--dtypes f32,f16,int8] [--work /tmp/colibri-bench]
+    python benchmarks/runtime.py --shape qwen3-30b-a3b --dtypes int8,q4 --prompt-lens 64,512 \
+        --skip-transformers --llama-cpp /work/llama-build/llama.cpp
 
-1. builds (once, cached in --work) a random-weight MixtralForCausalLM with transformers (hidden
-   1024, 8 layers, 8 experts top-2, FFN 2816, 16 heads / 4 KV heads, vocab 32000) and saves it;
+1. builds (once, cached in --work) a random-weight checkpoint with transformers and saves it:
+   `--shape mixtral` (default) a MixtralForCausalLM (hidden 1024, 8 layers, 8 experts top-2,
+   FFN 2816, 16 heads / 4 KV heads, vocab 32000); `--shape qwen3-30b-a3b` a Qwen3MoeForCausalLM
+   with Qwen3-30B-A3B's published config.json (hidden 2048, 32 / 4 heads of 128, q/k norm, 128
+   experts top-8, expert FFN 768, vocab 151,936, rope 1e6) and `--layers` of its 48 layers (4 by
+   default: what a 23 GiB, 2-core machine converts in minutes), saved in bf16 as published;
 2. converts it with `colibri_kit.model.convert` for the host target, once per dtype;
 3. builds dist/host/bin/colibri (the kit's host build) and runs `colibri bench --json`;
 4. runs transformers on the same checkpoint, prompt and thread count (f32, KV cache, greedy);
@@ -15,7 +22,8 @@ With `--llama-cpp DIR` (DIR = a llama.cpp source tree built by scripts/build-lla
 also converts the same checkpoint to GGUF with DIR/convert_hf_to_gguf.py (f32, f16, q8_0; q4_0 by
 DIR/build/bin/llama-quantize when the colibri converter offers a 4-bit dtype), runs
 `llama-bench` on each in the same interleaved repeats, and prints the ratio table: colibri /
-llama.cpp decode and prefill tok/s per weight type, against the goals of the speed issue.
+llama.cpp decode and prefill tok/s per weight type and prompt length (`--prompt-lens`, e.g.
+64,512), against the goals of the speed issues, and each figure's share of the decode roofline.
 
 Speed figures are printed, not asserted (they vary +-15-30% on a shared machine).
 """
@@ -29,15 +37,41 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-GEOMETRY = dict(hidden_size=1024, num_hidden_layers=8, num_local_experts=8, num_experts_per_tok=2,
-                intermediate_size=2816, num_attention_heads=16, num_key_value_heads=4,
-                vocab_size=32000, max_position_embeddings=4096, rope_theta=10000.0,
-                rms_norm_eps=1e-5, tie_word_embeddings=False)
+
+@dataclass(frozen=True)
+class Shape:
+    """One benchmark geometry: the transformers class that builds it and its config."""
+    name: str
+    model_class: str  # transformers class name
+    config_class: str
+    config: dict
+    layers: int  # default --layers
+    dtype: str  # torch dtype the checkpoint is saved in
+
+
+SHAPES = {
+    "mixtral": Shape("mixtral", "MixtralForCausalLM", "MixtralConfig", dict(
+        hidden_size=1024, num_hidden_layers=8, num_local_experts=8, num_experts_per_tok=2,
+        intermediate_size=2816, num_attention_heads=16, num_key_value_heads=4, vocab_size=32000,
+        max_position_embeddings=4096, rope_theta=10000.0, rms_norm_eps=1e-5,
+        tie_word_embeddings=False), layers=8, dtype="float32"),
+    # Qwen/Qwen3-30B-A3B's config.json as published (model card: 48 layers, 32 Q / 4 KV heads,
+    # 128 experts, 8 activated; the same values in the public configs quoted by vLLM's and
+    # others' tests): every field that shapes the compute, only the layer count is ours.
+    "qwen3-30b-a3b": Shape("qwen3-30b-a3b", "Qwen3MoeForCausalLM", "Qwen3MoeConfig", dict(
+        hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_hidden_layers=48,
+        num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128,
+        num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+        vocab_size=151936, max_position_embeddings=40960, rope_theta=1000000.0,
+        rms_norm_eps=1e-6, attention_bias=False, tie_word_embeddings=False,
+        bos_token_id=151643, eos_token_id=151645), layers=4, dtype="bfloat16"),
+}
 
 BANDWIDTH_C = r"""
 #include <pthread.h>
@@ -86,16 +120,26 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def hf_checkpoint(work: Path) -> Path:
-    out = work / "hf-mixtral"
+def geometry(shape: Shape, layers: int) -> dict:
+    return {**shape.config, "num_hidden_layers": layers}
+
+
+def hf_checkpoint(work: Path, shape: Shape, layers: int) -> Path:
+    out = work / (f"hf-{shape.name}" if shape.name == "mixtral" else f"hf-{shape.name}-{layers}l")
     if (out / ".complete").exists():
         return out
     import torch
-    from transformers import MixtralConfig, MixtralForCausalLM
+    import transformers
 
-    log(f"building random Mixtral {GEOMETRY} ...")
+    geo = geometry(shape, layers)
+    log(f"building random {shape.model_class} {geo} ...")
     torch.manual_seed(0)
-    model = MixtralForCausalLM(MixtralConfig(**GEOMETRY)).eval()
+    torch.set_default_dtype(getattr(torch, shape.dtype))  # bf16: half the memory and disk
+    try:
+        config = getattr(transformers, shape.config_class)(**geo)
+        model = getattr(transformers, shape.model_class)(config).eval()
+    finally:
+        torch.set_default_dtype(torch.float32)
     with torch.no_grad():  # unit-scale activations, spread router logits
         for name, p in model.named_parameters():
             if p.dim() == 1:
@@ -103,8 +147,11 @@ def hf_checkpoint(work: Path) -> Path:
             elif "embed_tokens" in name:
                 p.copy_(torch.randn_like(p))
             else:
-                p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5 * (3.0 if ".gate." in name else 1.0))
+                router = ".gate." in name or name.endswith("mlp.gate.weight")
+                p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5 * (3.0 if router else 1.0))
     model.save_pretrained(out)
+    if shape.name != "mixtral":
+        qwen_tokenizer(out)
     (out / ".complete").write_text("ok\n")
     return out
 
@@ -131,6 +178,33 @@ def hf_tokenizer(hf: Path, vocab: int) -> None:
          "unk_token": "<unk>", "add_bos_token": True, "add_eos_token": False}))
 
 
+def qwen_tokenizer(hf: Path) -> None:
+    """Qwen's real byte-level BPE (151,643 ranks, shipped in the `dashscope` package as
+    qwen.tiktoken; FACTS.md) with Qwen2's pre-tokenizer regex, turned into a tokenizer.json by
+    transformers' TikTokenConverter. llama.cpp's converter recognises it as "qwen2" by its hash
+    of a test text's token ids, as it does the published Qwen tokenizers; the embedding has
+    151,936 rows, the tail padding as in the published model."""
+    if (hf / "tokenizer.json").exists():
+        return
+    import importlib.util
+
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    spec = importlib.util.find_spec("dashscope")  # not imported: only its data file is needed
+    if spec is None or spec.origin is None:
+        raise SystemExit("the qwen3 shapes need Qwen's tokenizer ranks: pip install --no-deps dashscope==2.0.2")
+    ranks = Path(spec.origin).parent / "resources" / "qwen.tiktoken"
+    pattern = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tok = TikTokenConverter(vocab_file=str(ranks), pattern=pattern,
+                            extra_special_tokens=specials).converted()
+    tok.save(str(hf / "tokenizer.json"))
+    (hf / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "Qwen2TokenizerFast", "eos_token": "<|im_end|>",
+         "pad_token": "<|endoftext|>", "bos_token": None}))
+
+
 def llama_cpp_tools(root: Path) -> tuple[Path, Path, Path]:
     """convert_hf_to_gguf.py, llama-bench and llama-quantize of a build made by
     scripts/build-llama-cpp.sh (DIR is its llama.cpp source tree)."""
@@ -143,14 +217,16 @@ def llama_cpp_tools(root: Path) -> tuple[Path, Path, Path]:
     return conv, bench, quant
 
 
-def gguf_model(root: Path, hf: Path, work: Path, gtype: str) -> Path:
+def gguf_model(root: Path, hf: Path, work: Path, gtype: str, vocab: int) -> Path:
     """The checkpoint as GGUF: f32/f16/q8_0 straight from the converter, q4_0 quantised from the
-    f16 GGUF by llama-quantize (how llama.cpp users make it)."""
+    f16 GGUF by llama-quantize --pure (every matrix q4_0, as colibri's q4 file; without --pure
+    the LM head and the embedding would be q6_K)."""
     conv, quant = root / "convert_hf_to_gguf.py", root / "build" / "bin" / "llama-quantize"
-    out = work / f"mixtral-{gtype}.gguf"
+    out = work / f"{hf.name.removeprefix('hf-')}-{gtype}.gguf"
     if out.exists():
         return out
-    hf_tokenizer(hf, GEOMETRY["vocab_size"])
+    if not (hf / "tokenizer.json").exists():
+        hf_tokenizer(hf, vocab)
     log(f"converting to {out.name} ...")
     tmp = out.with_suffix(".part")
     if gtype in ("f32", "f16", "q8_0"):
@@ -158,25 +234,27 @@ def gguf_model(root: Path, hf: Path, work: Path, gtype: str) -> Path:
         subprocess.run([sys.executable, str(conv), str(hf), "--outtype", gtype, "--outfile", str(tmp)],
                        check=True, env=env, stdout=subprocess.DEVNULL)
     else:
-        subprocess.run([str(quant), str(gguf_model(root, hf, work, "f16")), str(tmp), gtype],
-                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run([str(quant), "--pure", str(gguf_model(root, hf, work, "f16", vocab)), str(tmp),
+                        gtype], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     tmp.rename(out)
     return out
 
 
-def llama_bench(binary: Path, model: Path, threads: int, prompt: int, gen: int, runs: int,
+def llama_bench(binary: Path, model: Path, threads: int, prompts: list[int], gen: int, runs: int,
                 extra: list[str]) -> dict:
-    """llama-bench's prompt (pp) and generation (tg) tests as tok/s. Its pp computes the logits of
-    the last prompt token only, colibri's prefill those of every prompt token (the API returns
-    them): the prefill ratio counts that against colibri."""
-    proc = subprocess.run([str(binary), "-m", str(model), "-t", str(threads), "-p", str(prompt),
-                           "-n", str(gen), "-r", str(runs), "-o", "json", *extra],
-                          capture_output=True, text=True, check=True)
+    """llama-bench's prompt (pp) and generation (tg) tests as tok/s, one pp test per prompt
+    length. Its pp computes the logits of the last prompt token only, as colibri bench does."""
+    proc = subprocess.run([str(binary), "-m", str(model), "-t", str(threads), "-p",
+                           ",".join(map(str, prompts)), "-n", str(gen), "-r", str(runs), "-o",
+                           "json", *extra], capture_output=True, text=True, check=True)
     rows = json.loads(proc.stdout)
-    pp = next(r for r in rows if r["n_prompt"] and not r["n_gen"])
     tg = next(r for r in rows if r["n_gen"] and not r["n_prompt"])
-    return {"prefill_tok_s": pp["avg_ts"], "decode_tok_s": tg["avg_ts"],
-            "build": f"{rows[0].get('build_commit', '?')}", "cpu_info": rows[0].get("cpu_info", "")}
+    out = {"decode_tok_s": tg["avg_ts"], "build": f"{rows[0].get('build_commit', '?')}",
+           "cpu_info": rows[0].get("cpu_info", "")}
+    for r in rows:
+        if r["n_prompt"] and not r["n_gen"]:
+            out[f"prefill_tok_s_{r['n_prompt']}"] = r["avg_ts"]
+    return out
 
 
 def four_bit_dtypes() -> list[str]:
@@ -205,7 +283,7 @@ def pairs(dtypes: list[str]) -> list[tuple[str, str, float, float]]:
 def converted(hf: Path, work: Path, dtype: str) -> Path:
     from colibri_kit.model.convert import convert
 
-    out = work / f"mixtral-{dtype}.colibri"
+    out = work / f"{hf.name.removeprefix('hf-')}-{dtype}.colibri"
     if not out.exists():
         log(f"converting to {out.name} ...")
         convert(hf, out, dtype=dtype, target="host", max_seq_len=1024, progress=False)
@@ -277,18 +355,27 @@ def file_pmd_mapped_kb(path: Path) -> int:
         return kb
 
 
-def colibri_bench(binary: Path, model: Path, threads: int, prompt: int, gen: int, runs: int,
-                  *flags: str) -> dict:
-    proc = subprocess.run([str(binary), "--backend", "cpu", "--threads", str(threads), *flags, "bench",
-                           str(model), "--prompt-len", str(prompt), "--gen", str(gen), "--runs",
-                           str(runs), "--json"], capture_output=True, text=True, check=True)
-    return json.loads(proc.stdout)
+def colibri_bench(binary: Path, model: Path, threads: int, prompts: list[int], gen: int,
+                  runs: int, *flags: str) -> dict:
+    """`colibri bench --json` once per prompt length: decode after the first prompt, prefill
+    tok/s of every prompt (the last token's logits, as llama-bench's pp)."""
+    out: dict = {}
+    for k, prompt in enumerate(prompts):
+        proc = subprocess.run([str(binary), "--backend", "cpu", "--threads", str(threads), *flags,
+                               "bench", str(model), "--prompt-len", str(prompt), "--gen",
+                               str(gen if k == 0 else 0), "--runs", str(runs), "--json"],
+                              capture_output=True, text=True, check=True)
+        doc = json.loads(proc.stdout)
+        if k == 0:
+            out.update(doc)
+        out[f"prefill_tok_s_{prompt}"] = prompt * 1e3 / doc["prefill_ms_p50"]
+    return out
 
 
 class Transformers:
     """The same checkpoint in transformers (f32, KV cache, greedy), loaded once."""
 
-    def __init__(self, hf: Path, threads: int) -> None:
+    def __init__(self, hf: Path, threads: int, vocab: int) -> None:
         import torch
         from transformers import AutoModelForCausalLM
 
@@ -296,11 +383,12 @@ class Transformers:
         t0 = time.perf_counter()
         self.model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
         self.load_ms = (time.perf_counter() - t0) * 1e3
+        self.vocab = vocab
 
     def bench(self, prompt: int, gen: int, runs: int) -> dict:
         import torch
 
-        ids = torch.tensor([[(i * 7919 + 13) % GEOMETRY["vocab_size"] for i in range(prompt)]])
+        ids = torch.tensor([[(i * 7919 + 13) % self.vocab for i in range(prompt)]])
         prefill, decode = [], []
         with torch.no_grad():
             for r in range(runs + 1):  # run 0 warms up, like colibri bench
@@ -327,9 +415,13 @@ def best(samples: list[dict]) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="mixtral")
+    ap.add_argument("--layers", type=int, help="decoder layers (default: the shape's bench default)")
     ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--dtypes", default="f32,f16,int8")
-    ap.add_argument("--prompt-len", type=int, default=64)
+    ap.add_argument("--prompt-lens", default="64",
+                    help="comma-separated prompt lengths; decode follows the first")
+    ap.add_argument("--prompt-len", type=int, help="one prompt length (same as --prompt-lens N)")
     ap.add_argument("--gen", type=int, default=32)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "colibri-bench")
@@ -343,6 +435,11 @@ def main() -> None:
     ap.add_argument("--llama-bench-args", default="",
                     help="extra llama-bench arguments (e.g. '--repack 0' where q8_0 hits SIGILL on AMX hosts)")
     args = ap.parse_args()
+    shape = SHAPES[args.shape]
+    layers = args.layers or shape.layers
+    geo = geometry(shape, layers)
+    vocab = geo["vocab_size"]
+    prompts = [args.prompt_len] if args.prompt_len else [int(p) for p in args.prompt_lens.split(",")]
     if args.llama_cpp:
         args.llama_cpp = args.llama_cpp.resolve()
         llama_cpp_tools(args.llama_cpp)  # fail before the long work
@@ -354,17 +451,17 @@ def main() -> None:
     from colibri_kit.build import build
 
     binary = build("host", where="host", progress=lambda m: None).dist_dir / "bin" / "colibri"
-    hf = hf_checkpoint(args.work)
+    hf = hf_checkpoint(args.work, shape, layers)
     variants = [(d, ()) for d in args.dtypes.split(",")]
     for d in args.dtypes.split(","):  # int8 activations + integer dot products
         if d == "int8" or "4" in d:
             variants.append((d, ("--int8-act",)))
     models = {d: converted(hf, args.work, d) for d in args.dtypes.split(",")}
-    hf_model = None if args.skip_transformers else Transformers(hf, args.threads)
+    hf_model = None if args.skip_transformers else Transformers(hf, args.threads, vocab)
     ggufs: dict[str, Path] = {}
     if args.llama_cpp:
         for _, gtype, _, _ in pairs(args.dtypes.split(",")):
-            ggufs[gtype] = gguf_model(args.llama_cpp, hf, args.work, gtype)
+            ggufs[gtype] = gguf_model(args.llama_cpp, hf, args.work, gtype, vocab)
     if args.cold_cache:
         for path in models.values():
             drop_page_cache(path)
@@ -384,15 +481,15 @@ def main() -> None:
         for dtype, flags in variants:
             label = dtype + (" int8-act" if flags else "")
             samples.setdefault(label, []).append(
-                colibri_bench(binary, models[dtype], args.threads, args.prompt_len, args.gen,
-                              args.runs, *flags))
+                colibri_bench(binary, models[dtype], args.threads, prompts, args.gen, args.runs,
+                              *flags))
         if hf_model:
             samples.setdefault("transformers f32", []).append(
-                hf_model.bench(args.prompt_len, args.gen, args.runs))
+                hf_model.bench(prompts[0], args.gen, args.runs))
         for gtype, path in ggufs.items():
             samples.setdefault(f"llama.cpp {gtype}", []).append(
                 llama_bench(args.llama_cpp / "build" / "bin" / "llama-bench", path, args.threads,
-                            args.prompt_len, args.gen, args.runs, args.llama_bench_args.split()))
+                            prompts, args.gen, args.runs, args.llama_bench_args.split()))
     # The roofline takes the best read bandwidth any of the three layouts reached: what the
     # memory can deliver to a streaming reader on this machine, whatever the page size.
     bw = max(bws + thp_bws + file_bws)
@@ -403,14 +500,17 @@ def main() -> None:
           + (f", mmapped {big.name} {max(file_bws):.1f} GB/s "
              f"({file_pmd_mapped_kb(big) >> 10} MiB of it in 2 MiB mappings)" if file_bws else "")
           + f"; roofline bandwidth {bw:.1f} GB/s")
-    print(f"model: random Mixtral {GEOMETRY['hidden_size']}x{GEOMETRY['num_hidden_layers']} layers, "
-          f"{GEOMETRY['num_local_experts']} experts top-{GEOMETRY['num_experts_per_tok']}, "
-          f"FFN {GEOMETRY['intermediate_size']}, vocab {GEOMETRY['vocab_size']}; "
-          f"prompt {args.prompt_len}, generate {args.gen}, runs {args.runs}, best of {args.repeat}")
+    experts = geo.get("num_local_experts") or geo.get("num_experts")
+    ffn = geo.get("moe_intermediate_size") or geo["intermediate_size"]
+    print(f"model: random {shape.model_class} hidden {geo['hidden_size']}, {layers} layers, "
+          f"{experts} experts top-{geo['num_experts_per_tok']}, expert FFN {ffn}, "
+          f"{geo['num_attention_heads']}/{geo['num_key_value_heads']} heads, vocab {vocab}; "
+          f"prompts {prompts}, generate {args.gen}, runs {args.runs}, best of {args.repeat}")
     print(f"{'engine':<22}{'load ms':>9}{'prefill ms':>12}{'decode tok/s':>14}"
           f"{'MB/token':>10}{'roofline tok/s':>16}{'of roofline':>13}")
     results: dict[str, dict] = {"bandwidth_gbs": {"best": bw, "anonymous": bws, "anonymous_thp": thp_bws,
-                                                  "mmapped_file": file_bws}}
+                                                  "mmapped_file": file_bws},
+                                "shape": shape.name, "layers": layers, "prompts": prompts}
     for dtype, flags in variants:
         label = dtype + (" int8-act" if flags else "")
         r = best(samples[label])
@@ -433,38 +533,45 @@ def main() -> None:
             print(f"colibri f32 vs transformers f32: decode x{c['decode_tok_s'] / t['decode_tok_s']:.2f}, "
                   f"prefill x{t['prefill_ms_p50'] / c['prefill_ms_p50']:.2f}")
     if ggufs:
-        ratio_table(samples, models, results, args, bw)
+        ratio_table(samples, models, results, args, bw, prompts)
     print(json.dumps(results))
 
 
 def ratio_table(samples: dict[str, list[dict]], models: dict[str, Path], results: dict,
-                args: argparse.Namespace, bw: float) -> None:
-    """colibri / llama.cpp per weight type: each engine's best decode and best prefill over the
-    interleaved repeats, the goal, and both engines' share of the decode roofline (bytes per
-    token of the colibri model; q8_0 / q4_0 blocks carry 6% / 12% more scale bytes)."""
+                args: argparse.Namespace, bw: float, prompts: list[int]) -> None:
+    """colibri / llama.cpp per weight type: each engine's best decode and best prefill (per
+    prompt length) over the interleaved repeats, the goal, and each figure's share of the
+    roofline: decode tok/s over bandwidth / bytes per token (the colibri model's; q8_0 / q4_0
+    blocks carry 6% / 12% more scale bytes), prefill tok/s over the same bound times the tokens
+    per chunk a full weight pass serves (colibri reads the weights once per 64-token chunk)."""
     first = samples[next(k for k in samples if k.startswith("llama.cpp"))][0]
     print(f"llama.cpp {first['build']} ({first['cpu_info']}) vs colibri, {args.threads} threads, "
-          f"prompt {args.prompt_len}, decode {args.gen}, best of {args.repeat} interleaved repeats")
-    print(f"{'colibri':<16}{'llama.cpp':<10}{'decode tok/s c / l':>22}{'ratio':>7}{'goal':>6}"
-          f"{'prefill tok/s c / l':>22}{'ratio':>7}{'goal':>6}{'roofline c / l':>17}{'ft p99/p50':>12}")
+          f"decode {args.gen} after {prompts[0]}, best of {args.repeat} interleaved repeats")
+    head = f"{'colibri':<16}{'llama.cpp':<10}{'decode tok/s c / l':>22}{'ratio':>7}{'goal':>6}"
+    for p in prompts:
+        head += f"{f'pp{p} tok/s c / l':>22}{'ratio':>7}"
+    print(head + f"{'decode roofline c / l':>23}{'ft p99/p50':>12}")
     table = []
+    mark = lambda ok: " " if ok else "*"  # noqa: E731
     for label, gtype, dgoal, pgoal in pairs(args.dtypes.split(",")):
         c, lc = samples[label], samples[f"llama.cpp {gtype}"]
         cd = max(x["decode_tok_s"] for x in c)
-        cp = max(args.prompt_len * 1e3 / x["prefill_ms_p50"] for x in c)
-        ld, lp = max(x["decode_tok_s"] for x in lc), max(x["prefill_tok_s"] for x in lc)
+        ld = max(x["decode_tok_s"] for x in lc)
         roof = bw * 1e9 / weight_bytes_per_decode_token(models[label.split()[0]])
         ft = best(c)["first_token_ms_p99"] / best(c)["first_token_ms_p50"]  # goal <= 1.06
         row = {"colibri": label, "llama_cpp": gtype, "decode": [cd, ld], "decode_ratio": cd / ld,
-               "decode_goal": dgoal, "prefill": [cp, lp], "prefill_ratio": cp / lp,
-               "prefill_goal": pgoal, "roofline_tok_s": roof, "first_token_p99_over_p50": ft}
+               "decode_goal": dgoal, "prefill_goal": pgoal, "roofline_tok_s": roof,
+               "decode_roofline_share": [cd / roof, ld / roof], "first_token_p99_over_p50": ft}
+        line = f"{label:<16}{gtype:<10}{cd:>12.1f} / {ld:>7.1f}{cd / ld:>7.2f}{dgoal:>5.1f}{mark(cd / ld >= dgoal)}"
+        for p in prompts:
+            cp = max(x[f"prefill_tok_s_{p}"] for x in c)
+            lp = max(x[f"prefill_tok_s_{p}"] for x in lc)
+            row[f"prefill_{p}"] = [cp, lp]
+            row[f"prefill_{p}_ratio"] = cp / lp
+            line += f"{cp:>12.1f} / {lp:>7.1f}{cp / lp:>6.2f}{mark(cp / lp >= pgoal)}"
         table.append(row)
-        mark = lambda ok: " " if ok else "*"  # noqa: E731
-        print(f"{label:<16}{gtype:<10}{cd:>12.1f} / {ld:>7.1f}{cd / ld:>7.2f}{dgoal:>5.1f}"
-              f"{mark(cd / ld >= dgoal)}{cp:>12.1f} / {lp:>7.1f}{cp / lp:>7.2f}{pgoal:>5.1f}"
-              f"{mark(cp / lp >= pgoal)}{100 * cd / roof:>9.0f}% / {100 * ld / roof:>3.0f}%{ft:>11.3f}"
-              f"{mark(ft <= 1.06)}")
-    print("* = goal not met in this run")
+        print(line + f"{100 * cd / roof:>13.0f}% / {100 * ld / roof:>3.0f}%{ft:>11.3f}{mark(ft <= 1.06)}")
+    print("* = goal not met in this run (prefill goal: 1.0x)")
     results["llama_cpp_ratios"] = table
 
 

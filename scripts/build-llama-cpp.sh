@@ -9,6 +9,9 @@
 # usage: scripts/build-llama-cpp.sh [DEST]      (default DEST: ./llama-build)
 # result: DEST/llama.cpp/build/bin/{llama-bench,llama-quantize} and DEST/llama.cpp/convert_hf_to_gguf.py
 #         -> pass DEST/llama.cpp to `benchmarks/runtime.py --llama-cpp`.
+# On a host with AMX (Sapphire Rapids and later Xeons) llama-bench of this build crashes with its
+# repacked weights (q8_0: SIGSEGV, q4_0: SIGILL, seen 2026-12-01): benchmark with
+# `--llama-bench-args "--repack 0"` (docs/runtime.md, "Against llama.cpp").
 set -euo pipefail
 
 VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"   # vendors llama.cpp 0c1e570 (FACTS.md)

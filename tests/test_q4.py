@@ -197,6 +197,32 @@ def test_q4_bitwise_across_threads_and_runs(host_colibri: Path, tmp_path: Path) 
     assert H.rel_err(got, want) <= C_VS_REFERENCE
 
 
+def test_q4_simd_levels_give_the_same_bits(host_colibri: Path, tmp_path: Path) -> None:
+    """The AVX-512 and VNNI q4 kernels keep the q4 lane layout (docs/runtime.md, "Kernels"): a q4
+    model gives the same logits bit for bit with the kernels capped at AVX2 as with the best this
+    CPU has, with f32 and with int8 activations, at 1 and 2 threads. The geometry has rows of more
+    than 16 groups (one block of scales), tails past the last full group, and row counts that
+    are no multiple of 4. (On a CPU without AVX-512 both runs take the AVX2 kernels; the q4
+    self-test still checks them against the scalar layout.)"""
+    import os
+
+    h = ModelHeader(num_experts=4, expert_size=200, vocab_size=300, max_seq_len=64, embed_dim=600,
+                    n_layers=2, n_heads=6, n_kv_heads=2, head_dim=100, top_k=2, routing=0,
+                    dtype=int(DType.Q4), embed_dim_pad=640, pad_multiple=64, name="q4-levels")
+    model = write_random_model(tmp_path / "levels.colibri", h, seed=9)
+    ids = ",".join(str(i % 300) for i in PROMPT * 2)
+    for extra in ([], ["--int8-act"]):
+        outs = {}
+        for level in ("", "avx2"):
+            for threads in ("1", "2"):
+                out = tmp_path / f"{level or 'best'}-{threads}.bin"
+                subprocess.run([str(host_colibri), "--backend", "cpu", "--threads", threads, *extra,
+                                "forward", str(model), "--ids", ids, "--logits-out", str(out)],
+                               check=True, timeout=300, env={**os.environ, "COLIBRI_CPU_SIMD": level})
+                outs[level, threads] = out.read_bytes()
+        assert len(set(outs.values())) == 1, (extra, [k for k, v in outs.items() if v != outs["", "1"]])
+
+
 def test_q4_selftest_and_forward_allocates_nothing(host_colibri: Path, tmp_path: Path,
                                                    tmp_path_factory: pytest.TempPathFactory) -> None:
     out = run(host_colibri, "selftest").stdout

@@ -425,6 +425,31 @@ static void test_kernels_q8_shapes(void) {
     }
 }
 
+/* The family's int8 quantisation gives the scalar one's bytes and scale: random rows of every
+ * length class (SIMD blocks, tails), ties at k + 0.5 (round to even), values past the clamp
+ * after rounding, and an all-zero row. */
+static void test_quantize_bits(void) {
+    const char *simd = colibri_kernels_init();
+    static const size_t lens[] = {1, 7, 8, 15, 16, 17, 33, 64, 2049};
+    static float x[2049];
+    static int8_t a[2049], b[2049];
+    int ok = 1;
+    for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
+        for (int kind = 0; kind < 3; kind++) {
+            size_t n = lens[li];
+            for (size_t i = 0; i < n; i++)
+                x[i] = kind == 0 ? krand() * 3.0f /* random */
+                       : kind == 1 ? (float)((int)(i % 255) - 127) + (i % 2 ? 0.5f : -0.5f) /* ties */
+                                   : 0.0f;
+            if (kind == 1) x[n / 2] = 127.0f; /* max |x| = 127: scale 1, so x * inv = x */
+            float sa = -1, sb = -2;
+            colibri_quantize_row(x, n, a, &sa);
+            colibri_quantize_row_scalar(x, n, b, &sb);
+            ok &= memcmp(a, b, n) == 0 && memcmp(&sa, &sb, sizeof sa) == 0;
+        }
+    EXPECT(ok, "kernels %s int8 quantisation == scalar bytes and scale (9 lengths, ties, zeros)", simd);
+}
+
 int main(void) {
     char path[256];
     snprintf(path, sizeof path, "/tmp/colibri-unit-%ld.colibri", (long)getpid());
@@ -442,6 +467,7 @@ int main(void) {
     test_api(path);
     test_kernels();
     test_kernels_q8_shapes();
+    test_quantize_bits();
     int st = colibri_selftest(0);
     EXPECT(st == 0, "selftest (%d failed)", st);
     unlink(path);

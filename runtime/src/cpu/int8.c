@@ -3,9 +3,12 @@
 
 #include <math.h>
 
-void colibri_quantize_row(const float *x, size_t n, int8_t *q, float *scale) {
+void colibri_quantize_row_scalar(const float *x, size_t n, int8_t *q, float *scale) {
     float amax = 0.0f;
-    for (size_t i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[i]));
+    for (size_t i = 0; i < n; i++) { /* fmaxf(amax, |x|) without a libm call per element */
+        float a = fabsf(x[i]);
+        if (a > amax) amax = a;
+    }
     float s = amax > 0.0f ? amax / 127.0f : 1.0f, inv = 1.0f / s;
     for (size_t i = 0; i < n; i++) {
         float v = nearbyintf(x[i] * inv);

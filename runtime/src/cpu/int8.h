@@ -6,7 +6,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Symmetric per-row int8 quantisation: q = round(x / s), s = max|x| / 127 (s = 1 when x == 0). */
+/* Symmetric per-row int8 quantisation: q = round(x * (1 / s)) to nearest even, clamped to
+ * [-127, 127], s = max|x| / 127 (s = 1 when x == 0). colibri_quantize_row (kernels.c) runs the
+ * kernel family's SIMD version, which gives the bits of the scalar one (elementwise operations
+ * and an exact maximum; NaN activations give unspecified bytes). */
 void colibri_quantize_row(const float *x, size_t n, int8_t *q, float *scale);
+void colibri_quantize_row_scalar(const float *x, size_t n, int8_t *q, float *scale);
 
 #endif
