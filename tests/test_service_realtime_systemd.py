@@ -84,8 +84,21 @@ def wait(dev: SystemdDevice, pred, tries: int = 1200):
     return pred()
 
 
+CURSOR = "/var/tmp/colibri-test-journal-cursor"   # on the device: where the latest start() began
+
+
 def journal(dev: SystemdDevice) -> str:
-    return dev.run(["journalctl", "-u", "colibri.service", "-o", "cat", "--no-pager"]).stdout
+    """The unit's journal since the latest start() (an earlier start's lines, e.g. its ready
+    event, are not in it: rotating and vacuuming cannot drop entries under a second old)."""
+    return dev.run(["sh", "-c", f'exec journalctl -u colibri.service -o cat --no-pager '
+                                f'--after-cursor "$(cat {CURSOR})"']).stdout
+
+
+def mark_journal(dev: SystemdDevice) -> None:
+    """Remember the journal's last entry: journal() shows what follows it."""
+    out = dev.run(["journalctl", "-n", "1", "--show-cursor", "-q", "-o", "cat", "--no-pager"]).stdout
+    cursor = next(l for l in reversed(out.splitlines()) if l.startswith("-- cursor: "))
+    dev.write(CURSOR, cursor[len("-- cursor: "):])
 
 
 @pytest.fixture(scope="module")
@@ -111,8 +124,7 @@ def start(dev: SystemdDevice, host_colibri: Path, model: Path, spec: ServiceSpec
     """Install and start the unit: 'active' once serve is ready, or 'failed'."""
     dev.systemctl("stop", "colibri.service", check=False)
     dev.systemctl("reset-failed", "colibri.service", check=False)
-    dev.run(["journalctl", "--rotate"], check=False)
-    dev.run(["journalctl", "--vacuum-time=1s"], check=False)
+    mark_journal(dev)
     install(dev, host_colibri, model, spec, text or render_unit(spec))
     dev.systemctl("start", "colibri.service", check=False)
 
