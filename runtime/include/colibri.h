@@ -83,7 +83,8 @@ typedef enum {
 typedef enum {
     COLIBRI_BARRIER_SLEEP = 0, /* spin briefly (~4000 pauses), then sleep in the kernel */
     COLIBRI_BARRIER_SPIN = 1   /* spin while passes keep coming (a core each, no wake-up
-                                  latency); sleep only after 5 ms without one */
+                                  latency); sleep only after 5 ms without one; a wait past
+                                  100 us also yields (the peer was preempted) */
 } colibri_barrier;
 
 typedef struct colibri_ctx colibri_ctx;

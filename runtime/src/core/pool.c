@@ -9,7 +9,12 @@
  * have passed without a new job (longer than the gap between two tokens of a generation:
  * sampling, a callback), and only then sleeps, so an idle service does not keep a core busy
  * (a busy SCHED_FIFO thread that never sleeps would also be throttled by the kernel's RT
- * bandwidth limit); the caller always spins for the helpers.
+ * bandwidth limit); the caller always spins for the helpers. A spin that has waited longer than
+ * SPIN_YIELD_NS (far more than the imbalance of one job between workers that both run) means the
+ * other side was preempted: from then each check also calls sched_yield, so on a machine with
+ * more runnable threads than cores the spinner hands its core to them (perhaps the preempted
+ * worker itself) instead of burning its time slice; on isolated cores with nothing else runnable
+ * sched_yield returns at once and the spin goes on.
  *
  * Real-time start-up: each helper pins itself, takes the policy and (lock_stacks) faults in and
  * locks the top of its stack before it reports ready, so colibri_pool_start_ex returns only when
@@ -32,6 +37,7 @@
 
 #define SPIN_ROUNDS 4000
 #define SPIN_GRACE_NS 5000000L        /* spin mode: sleep after 5 ms without a job */
+#define SPIN_YIELD_NS 100000L         /* spin mode: sched_yield at each check after 100 us */
 #define STACK_TOUCH (64 * 1024)       /* lock_stacks: bytes of stack faulted in and locked */
 /* lock_stacks: a helper's whole stack. A pass needs a few KiB of it (the kernels keep their
  * buffers in the arena); under a process-wide mlockall(MCL_FUTURE) (colibri --mlock) every byte
@@ -109,6 +115,7 @@ static void *worker_main(void *v) {
                     long now = now_ns();
                     if (!idle_since) idle_since = now;
                     else if (now - idle_since > SPIN_GRACE_NS) break;
+                    else if (now - idle_since > SPIN_YIELD_NS) sched_yield();
                 }
             }
         } else {
@@ -257,7 +264,15 @@ void colibri_pool_run(colibri_pool *p, colibri_task_fn fn, void *arg) {
     fn(arg, 0, p->n);
 
     if (p->cfg.spin) { /* the helpers' share is as short as the caller's: wait for it awake */
-        while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0) cpu_relax();
+        long since = 0;
+        for (unsigned i = 1; atomic_load_explicit(&p->pending, memory_order_acquire) > 0; i++) {
+            cpu_relax();
+            if ((i & 1023) == 0) { /* a helper still busy after SPIN_YIELD_NS was preempted */
+                long now = now_ns();
+                if (!since) since = now;
+                else if (now - since > SPIN_YIELD_NS) sched_yield();
+            }
+        }
         return;
     }
     for (int i = 0; i < SPIN_ROUNDS; i++) {
