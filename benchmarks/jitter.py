@@ -201,13 +201,15 @@ def main() -> None:
     from colibri_kit.build import build
 
     binary = build("host", where="host", progress=lambda m: None).dist_dir / "bin" / "colibri"
-    hf = peer.hf_checkpoint(args.work)
+    shape = peer.SHAPES["mixtral"]
+    hf = peer.hf_checkpoint(args.work, shape, shape.layers)
     model = peer.converted(hf, args.work, "int8")
     llama = None
     if args.llama_cpp:
         root = args.llama_cpp.resolve()
         peer.llama_cpp_tools(root)
-        llama = (root / "build" / "bin" / "llama-bench", peer.gguf_model(root, hf, args.work, "q8_0"))
+        gguf = peer.gguf_model(root, hf, args.work, "q8_0", shape.config["vocab_size"])
+        llama = (root / "build" / "bin" / "llama-bench", gguf)
 
     results: dict[str, dict] = {}
     for load in loads:
