@@ -154,6 +154,13 @@ def ratios(d: dict) -> tuple[float, float]:
     return d["p99"] / d["p50"], d["p999"] / d["p50"]
 
 
+def summary(r: dict) -> str:
+    """One cell in a progress line: p50 and p99/p50 of the first token and of a token."""
+    f, t = r["first"], r["token"]
+    return (f"  first token p50 {f['p50']:.2f} ms, p99/p50 {ratios(f)[0]:.3f}; token p50 "
+            f"{t['p50']:.2f} ms, p99/p50 {ratios(t)[0]:.3f}")
+
+
 def verdict(load: str, mode: str, d: dict) -> str:
     goal = GOALS.get(load) if mode == "realtime" else None
     if not goal:
@@ -217,9 +224,11 @@ def main() -> None:
             for mode in modes:
                 log(f"{load} / {mode}: colibri")
                 results[f"{load}/{mode}/colibri"] = colibri_cell(binary, model, mode, cpus, args)
+                log(summary(results[f"{load}/{mode}/colibri"]))
                 if llama:
                     log(f"{load} / {mode}: llama.cpp")
                     results[f"{load}/{mode}/llama.cpp"] = llama_cell(*llama, mode, cpus, args)
+                    log(summary(results[f"{load}/{mode}/llama.cpp"]))
 
     print(f"machine: {os.cpu_count()} CPUs; inference on CPU {cpu_list(cpus)}, hogs on "
           f"{cpu_list(hog_cores) or '-'}; load average {os.getloadavg()[0]:.1f}; "
