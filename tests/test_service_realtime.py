@@ -7,12 +7,11 @@ without it)."""
 from __future__ import annotations
 
 import dataclasses
-import re
-import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
+from unit_support import directives, exposure
 
 from colibri_kit.errors import ProfileError
 from colibri_kit.profiles import load_profile
@@ -20,25 +19,6 @@ from colibri_kit.service import (Privileges, RealtimeOptions, ServiceError, Serv
                                  render_unit, unit_privileges, verify_unit)
 
 BASE_SYSCALLS = ["@system-service", "~@privileged @resources"]
-
-
-def directives(text: str) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for line in text.splitlines():
-        if line and not line.startswith(("#", "[")):
-            key, _, value = line.partition("=")
-            out.setdefault(key, []).append(value)
-    return out
-
-
-def exposure(text: str, tmp_path: Path) -> tuple[float, str]:
-    path = tmp_path / "colibri.service"
-    path.write_text(text)
-    proc = subprocess.run(["systemd-analyze", "security", "--offline=yes", "--no-pager", str(path)],
-                          capture_output=True, text=True, timeout=60)
-    found = re.search(r"Overall exposure level for colibri\.service: (\d+\.\d+)", proc.stdout)
-    assert found, proc.stdout + proc.stderr
-    return float(found.group(1)), proc.stdout
 
 
 def test_the_example_profile_renders_its_options_and_only_their_limits(tmp_path) -> None:

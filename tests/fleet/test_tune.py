@@ -16,12 +16,12 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from fleet_support import Recording
 
 from colibri_kit.errors import FleetError
 from colibri_kit.fleet import tune as tunelib
 from colibri_kit.fleet.connect import SUDO_PASSWORD_ENV, SSHRemote
 from colibri_kit.fleet.inventory import Host, write_inventory
-from colibri_kit.fleet.remote import Result
 from colibri_kit.profiles import TuneSpec, load_profile
 from colibri_kit.sim.fleet import BOOT_TIMEOUT
 
@@ -108,25 +108,6 @@ def invoke(*args: str, env: dict[str, str] | None = None) -> subprocess.Complete
     # a speed target: a reboot under --reboot-timeout fits in it on a loaded machine).
     return subprocess.run([sys.executable, "-m", "invoke", "tune", *args], cwd=PROJECT, env=full,
                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=900)
-
-
-class Recording:
-    """Passes every call to the real remote and records it (to prove what a run did not do)."""
-
-    def __init__(self, inner: SSHRemote) -> None:
-        self.inner, self.name, self.calls = inner, inner.name, []
-
-    def run(self, argv, **kw) -> Result:
-        self.calls.append(tuple(argv))
-        return self.inner.run(argv, **kw)
-
-    def __getattr__(self, name: str):
-        method = getattr(self.inner, name)
-
-        def call(*args, **kw):
-            self.calls.append((name, *args[:1]))
-            return method(*args, **kw)
-        return call
 
 
 def test_tune_with_reboot_show_verify_restore_round_trip(fleet, tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from fleet_support import Recording
 
 from colibri_kit.errors import FleetError
 from colibri_kit.fleet import tune as tunelib
@@ -83,31 +84,6 @@ def tree(dev: LocalRemote) -> dict[str, bytes]:
 @pytest.fixture
 def nx(tmp_path: Path) -> LocalRemote:
     return local_device(tmp_path / "nx", "orin-nx", name="nx")
-
-
-class Recording:
-    """Passes every call to the real remote and records it (to prove what a run did not do)."""
-
-    def __init__(self, inner: LocalRemote) -> None:
-        self.inner, self.name, self.calls = inner, inner.name, []
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        pass
-
-    def run(self, argv, **kw) -> Result:
-        self.calls.append(tuple(argv))
-        return self.inner.run(argv, **kw)
-
-    def __getattr__(self, name: str):
-        method = getattr(self.inner, name)
-
-        def call(*args, **kw):
-            self.calls.append((name, *args[:1]))
-            return method(*args, **kw)
-        return call
 
 
 def fleet_of(devs: dict[str, LocalRemote], wrap=lambda r: r) -> Fleet:
