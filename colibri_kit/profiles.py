@@ -33,10 +33,11 @@ from colibri_kit.service import (RealtimeOptions, ServiceError, ServiceSpec, par
 ARCHES = ("aarch64", "x86_64")
 ROUTING_MODES = ("softmax_topk", "linear_score")
 STREAM_COUNTS = (1, 2)
-MAX_EXPERTS_LIMIT = 256  # the bitonic top-k network in the runtime is sized for this
+MAX_EXPERTS_LIMIT = 512  # the bitonic top-k network in the runtime is sized for this (Qwen3-Next: 512)
 TOP_K_LIMIT = 16         # the .colibri format's limit (docs/format.md, "Limits enforced by readers")
 
-# SMs each pinned CUDA version can compile for (the wheels the kit installs; see FACTS.md).
+# SMs each pinned CUDA version can compile for (the nvidia-cuda-nvrtc wheels the kit installs, and
+# NVIDIA's CUDA release notes).
 # 11.8: sm_35..sm_90; 12.6: sm_50..sm_90a (sm_100/101/120 arrive in 12.8);
 # 13.0: drops everything below sm_75, Thor is sm_110 (it was sm_101 in 12.8/12.9).
 CUDA_SMS: dict[str, tuple[str, ...]] = {

@@ -117,7 +117,7 @@ CPU_KHZ = {"tegra234": [115200, 729600, 1190400, 1497600, 1984000, 2201600],
            "tegra194": [115200, 1190400, 1420800, 1907200],
            "tegra264": [972000, 1620000, 2268000, 2601000]}
 GPU_HZ = [306000000, 408000000, 612000000, 714000000, 918000000, 1173000000, 1300500000]
-# GPU device directory under /sys, its devfreq nodes, its of_node name [FACTS.md, jtop].
+# GPU device directory under /sys, its devfreq nodes, its of_node name [jtop's jtop/core/gpu.py].
 GPU = {"tegra234": ("devices/platform/bus@0/17000000.gpu", ["17000000.gpu"], "gpu"),
        "tegra194": ("devices/17000000.gv11b", ["17000000.gv11b"], "gv11b"),
        "tegra264": ("devices/platform/bus@0/d0b0000000.gpu", ["gpu-gpc-0", "gpu-nvd-0"], "gpu")}

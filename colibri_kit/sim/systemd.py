@@ -3,7 +3,7 @@
 ``SystemdDevice.boot()`` starts ``unshare --pid --fork --mount --uts --ipc --mount-proc
 --propagation private /bin/sh start.sh``; the start script builds the device's view of the
 machine and then ``exec``s ``/lib/systemd/systemd``, which is PID 1 of the new PID namespace.
-What the device sees (FACTS.md, "systemd inside an emulated device"):
+What the device sees (checked with systemd 252 on Debian 12 under unshare, cgroup v1 hybrid):
 
 * ``/etc``, ``/var`` and ``/opt``: overlayfs, the host's directory below, the device's own upper
   layer on top (``<state>/<name>/upper/{etc,var,opt}``), so what the device writes (users, unit files, its
@@ -469,7 +469,7 @@ class SystemdDevice:
             f"mount --move {q(str(stage))} /dev",
             "mount -t devpts -o newinstance,ptmxmode=0666,mode=0620 devpts /dev/pts",
             "mount -t tmpfs -o mode=1777,nosuid,nodev shm /dev/shm",
-            "# before systemd: its boot empties /tmp of the filesystem it sees (FACTS.md)",
+            "# before systemd: its boot runs systemd-tmpfiles, which empties /tmp of the filesystem it sees",
             "mount -t tmpfs -o mode=1777,nosuid,nodev tmp /tmp",
             "mount -t tmpfs -o mode=1777,nosuid,nodev vartmp /var/tmp",
             "mount -t tmpfs -o mode=0755,nosuid,nodev run /run",

@@ -151,6 +151,8 @@ typedef struct {
                                  the system's libcuda.so.1), as the dynamic loader found it */
     char cuda_weights_why[96];/* COLIBRI_CUDA_WEIGHTS=map given but the weights copied: why */
     int cuda_chunk;           /* tokens per device pass (prefill) */
+    size_t state_bytes;       /* recurrent layers' fixed-size state (gated_deltanet: convolution
+                                 inputs and delta-rule states), inside arena_bytes; 0 without */
     /* real-time mode (colibri_options): what runs */
     char cpus[96];            /* the workers' CPUs in order ("2,3,4,5"), "" when not pinned */
     char sched[8];            /* "other", "fifo" or "rr" */
@@ -206,8 +208,28 @@ colibri_status colibri_forward(colibri_ctx *ctx, const int32_t *ids, int n, floa
  * chunks of at most 64 tokens. Allocates nothing; on failure the KV position is unchanged. */
 colibri_status colibri_forward_last(colibri_ctx *ctx, const int32_t *ids, int n, float *logits);
 
-/* Forget the sequence: the next forward starts at position 0. */
+/* Forget the sequence: the next forward starts at position 0 (recurrent states are zeroed). */
 colibri_status colibri_reset(colibri_ctx *ctx);
+
+/* ---- Sequence state: save and restore (docs/runtime.md, "Recurrent state") -------------------
+ * A context's sequence as far as it has run: its position, each attention layer's K and V rows
+ * of the positions it still reads (full attention: 0..pos-1; a sliding window: its ring's
+ * min(pos, W) rows) and each recurrent layer's state. Restored into a context of the same model
+ * file with the same KV dtype (any thread count, a new or a used context), the next forward gives
+ * the bits the saved context would have given: save after a prompt once, restore it into serve
+ * slots or a prefix cache as often as needed. The bytes are self-describing (a 64-byte header:
+ * magic "CLBSTATE", version, position, the model's identity; then the rows as the cache stores
+ * them, f32 or f16, and the f32 states) and hold no pointers. CPU backend only: on a CUDA
+ * context these return COLIBRI_E_UNSUPPORTED. Nothing is allocated. */
+/* Bytes colibri_state_save needs for the sequence as it is now (grows with the position). */
+colibri_status colibri_state_size(const colibri_ctx *ctx, size_t *bytes);
+/* Write the state into buf (cap bytes; COLIBRI_E_BUFFER_TOO_SMALL, with *len = the size needed,
+ * when it does not fit); *len = bytes written. The context is not changed. */
+colibri_status colibri_state_save(colibri_ctx *ctx, void *buf, size_t cap, size_t *len);
+/* Replace the context's sequence by a saved one. A buffer of another model, KV dtype or format
+ * version, or a damaged one, is refused (COLIBRI_E_INVALID_ARG, the reason in
+ * colibri_last_error) and the context keeps its sequence. */
+colibri_status colibri_state_restore(colibri_ctx *ctx, const void *buf, size_t len);
 void colibri_free(colibri_ctx *ctx);
 
 const char *colibri_strerror(colibri_status s);

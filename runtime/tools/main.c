@@ -137,16 +137,18 @@ static const char *dtype_name(uint32_t d) {
     return d < COLIBRI_DT_COUNT ? names[d] : "unknown";
 }
 static const char *family_name(uint32_t f) {
-    static const char *names[] = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe"};
-    return f < 4 ? names[f] : "other";
+    static const char *names[] = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", NULL,
+                                  "qwen3_next", "qwen3_5_moe"};
+    return f < sizeof names / sizeof names[0] && names[f] ? names[f] : "other";
 }
 
 static void print_backend_json(FILE *f, colibri_ctx *ctx) {
     colibri_runtime_info r;
     colibri_get_runtime_info(ctx, &r);
     fprintf(f, "{\"name\": \"%s\", \"threads\": %d, \"cpu_simd\": \"%s\", \"arena_bytes\": %zu, "
-            "\"kv_dtype\": \"%s\", \"kv_cache_bytes\": %zu, ",
-            r.backend, r.threads, r.cpu_simd, r.arena_bytes, r.kv_dtype, r.kv_cache_bytes);
+            "\"kv_dtype\": \"%s\", \"kv_cache_bytes\": %zu, \"state_bytes\": %zu, ",
+            r.backend, r.threads, r.cpu_simd, r.arena_bytes, r.kv_dtype, r.kv_cache_bytes,
+            r.state_bytes);
     fprintf(f, "\"fallback_reason\": ");
     cli_json_string(f, r.fallback_reason, strlen(r.fallback_reason));
     fprintf(f, ", \"cuda_device\": ");

@@ -271,6 +271,7 @@ colibri_status colibri_ctx_new(colibri_ctx **out, colibri_model *model,
 
     ctx->simd = colibri_kernels_init();
     ctx->use_q8 = opt.int8_activations && (m->dtype == COLIBRI_DT_INT8 || m->dtype == COLIBRI_DT_Q4);
+    ctx->mx_a8 = opt.int8_activations && m->has_mxfp4; /* kernels_mxfp4.c quantises per block */
     if (!ctx->cuda) {
         int threads = ctx->opt.threads;
         int kv_f16 = opt.kv_dtype == COLIBRI_KV_F16;
@@ -536,6 +537,7 @@ void colibri_get_runtime_info(const colibri_ctx *ctx, colibri_runtime_info *i) {
         i->arena_bytes = ctx->arena_bytes;
         snprintf(i->kv_dtype, sizeof i->kv_dtype, "%s", ctx->b.kv_f16 ? "f16" : "f32");
         i->kv_cache_bytes = ctx->b.kv_bytes;
+        i->state_bytes = ctx->b.state_bytes;
     }
     i->position = ctx->pos;
     size_t n = 0;

@@ -23,13 +23,18 @@ typedef struct {
     float *tmp;               /* [chunk, Dp] block output before the residual add */
     float *rope;              /* [chunk, Dh] cos (first Dh/2) and sin (second Dh/2) per token */
     int32_t *pos;             /* [chunk] the position of each row of a pass (colibri_batch) */
+    float *mix;               /* [chunk, mix_floats] a mixer kind's own working values (gated
+                                 attention's gate, gated_deltanet's projections), the largest
+                                 any layer's kind asks for (kinds.h scratch_floats) */
+    size_t mix_floats;
     /* The layers' caches (kinds.h), planned from the layer list: every layer's K rows in one
      * region, then every layer's V rows, float or uint16_t half when kv_f16; cache[l] views
      * layer l's part. */
     void *kcache, *vcache;
     void *kstage, *vstage;    /* [chunk, Hkv*Dh] a pass's K/V rows for layers whose ring is shorter
                                  than the context (kv_staged); none when no layer is */
-    float *state;             /* recurrent kinds' fixed-size states (zeroed at init and reset) */
+    float *state;             /* recurrent kinds' fixed-size states (zeroed at init and reset):
+                                 every layer's state_floats, in layer order */
     size_t state_bytes;
     colibri_layer_cache *cache; /* [L], allocated with the context (not in the arena) */
     int kv_f16;               /* COLIBRI_KV_F16: rounded on write, widened on read (attention.c) */
@@ -66,6 +71,7 @@ struct colibri_ctx {
     int pos;                  /* tokens in the KV cache */
     int calls;                /* forward calls since reset (routing dump) */
     int use_q8;               /* int8 activations for int8 weights */
+    int mx_a8;                /* 8-bit block activations for mxfp4 weights (--int8-act) */
     const char *simd;
     colibri_cuda *cuda;       /* non-NULL when the CUDA backend runs this context */
     char fallback[192];

@@ -5,6 +5,7 @@
 #include "kernels.h"
 #include "kernel_table.h"
 #include "kernels_q4.h"
+#include "kernels_mxfp4.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -78,6 +79,10 @@ void colibri_rows_dot(const colibri_tensor *w, uint32_t r0, uint32_t r1, const f
                       size_t ldx, float *y, size_t ldy, float *scratch) {
     if (w->dtype == COLIBRI_DT_Q4) { /* grouped 4-bit: kernels_q4.c */
         colibri_q4_rows_dot(w, r0, r1, x, n, ldx, y, ldy, scratch);
+        return;
+    }
+    if (w->dtype == COLIBRI_DT_MXFP4) { /* gpt-oss's mxfp4: kernels_mxfp4.c */
+        colibri_mxfp4_rows_dot(w, r0, r1, x, n, ldx, y, ldy);
         return;
     }
     size_t cols = w->cols, rowbytes = cols * colibri_dtype_size(w->dtype);
@@ -209,6 +214,10 @@ void colibri_rows_dot_q8(const colibri_tensor *w, uint32_t r0, uint32_t r1, cons
 void colibri_row_f32(const colibri_tensor *w, uint32_t r, float *out) {
     if (w->dtype == COLIBRI_DT_Q4) { /* grouped 4-bit: kernels_q4.c */
         colibri_q4_row_f32(w, r, out);
+        return;
+    }
+    if (w->dtype == COLIBRI_DT_MXFP4) {
+        colibri_mxfp4_row_f32(w, r, out);
         return;
     }
     size_t cols = w->cols;

@@ -3,26 +3,18 @@
  * The token embeddings, then each layer's mixer and FFN as its kinds say (kinds.h: attention,
  * MoE, ...), then the final norm and the LM head. Every kind splits its parallel work over the
  * pool in fixed partitions, so the logits are bitwise identical for any thread count. */
-#include <math.h>
-
 #include "core/context.h"
 #include "cpu/kernels.h"
 #include "kinds.h"
 #include "linear.h"
+#include "core/rope.h"
 
-/* cos (first Dh/2) and sin (second Dh/2) of each row's position, shared by the attention layers */
+/* cos (first Dh/2) and sin (second Dh/2) of each row's position, shared by the attention layers
+ * (plain RoPE or YaRN: rope.c) */
 static void rope_tables(colibri_ctx *ctx, const colibri_batch *bt) {
     const struct colibri_model *m = ctx->model;
-    int half = (int)m->head_dim / 2;
-    for (int j = 0; j < bt->n; j++) {
-        float *cs = ctx->b.rope + (size_t)j * m->head_dim;
-        double p = (double)bt->pos[j];
-        for (int i = 0; i < half; i++) {
-            double a = p * pow((double)m->rope_theta, -2.0 * i / (double)m->head_dim);
-            cs[i] = (float)cos(a);
-            cs[half + i] = (float)sin(a);
-        }
-    }
+    for (int j = 0; j < bt->n; j++)
+        colibri_rope_row(&m->rope, bt->pos[j], ctx->b.rope + (size_t)j * m->head_dim);
 }
 
 void colibri_cpu_forward_chunk(colibri_ctx *ctx, const int32_t *ids, int n, float *logits,
@@ -46,7 +38,8 @@ void colibri_cpu_forward_chunk(colibri_ctx *ctx, const int32_t *ids, int n, floa
         for (int j = j0; j < n; j++)
             colibri_rmsnorm(b->h + j * dp, b->x + j * dp, m->output_norm.data, m->embed_dim, dp,
                             m->norm_eps);
-        colibri_mm_job head = {.ctx = ctx};
+        colibri_mm_job head;
+        colibri_mm_init(&head, ctx);
         colibri_mm_add(&head, &m->lm_head, b->h + (size_t)j0 * dp, dp, n - j0, logits, V, 0);
         colibri_mm_run(&head);
     }

@@ -15,24 +15,50 @@
 
 /* ---- the format side ------------------------------------------------------------------------ */
 
+static float f32_of(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* ffn_params[0]: the COLIBRI_MOE_* bits this runtime has; [1], [2]: the clamped SwiGLU's alpha
+ * and limit (finite, > 0) when its bit is set, else 0; [3]: 0. */
 colibri_status colibri_moe_validate(const struct colibri_model *m, uint32_t l, char *why,
                                     size_t len) {
     const colibri_layer_desc *d = &m->layers[l].desc;
-    for (int i = 0; i < 4; i++)
-        if (d->ffn_params[i])
+    uint32_t f = d->ffn_params[0];
+    if (f & ~COLIBRI_MOE_KNOWN_FLAGS)
+        return fail(why, len, COLIBRI_E_UNSUPPORTED,
+                    "layer %u (moe): ffn_params[0] = 0x%x has bits 0x%x this runtime does not "
+                    "define (a newer format feature: update the runtime)", l, f,
+                    f & ~COLIBRI_MOE_KNOWN_FLAGS);
+    int swiglu = (f & COLIBRI_MOE_CLAMPED_SWIGLU) != 0;
+    for (int i = 1; i < 4; i++) {
+        if (swiglu && i < 3) {
+            float v = f32_of(d->ffn_params[i]);
+            if (!(isfinite(v) && v > 0.0f))
+                return fail(why, len, COLIBRI_E_BAD_LAYER,
+                            "layer %u (moe): ffn_params[%d] (SwiGLU %s) = %g, must be finite and > 0",
+                            l, i, i == 1 ? "alpha" : "limit", (double)v);
+        } else if (d->ffn_params[i]) {
             return fail(why, len, COLIBRI_E_BAD_LAYER, "layer %u (moe): ffn_params[%d] = %u, must be 0",
                         l, i, d->ffn_params[i]);
+        }
+    }
     return COLIBRI_OK;
 }
 
 int colibri_moe_tensor(const struct colibri_model *m, uint32_t l, uint32_t tk, uint32_t *rows,
                        uint32_t *cols) {
-    uint32_t dp = m->embed_dim_pad, f = m->flags;
-    int shared = (f & COLIBRI_FLAG_SHARED_EXPERT) != 0;
-    (void)l;
+    uint32_t dp = m->embed_dim_pad, f = m->flags, p = m->layers[l].desc.ffn_params[0];
+    int shared = (f & COLIBRI_FLAG_SHARED_EXPERT) != 0, eb = (p & COLIBRI_MOE_EXPERT_BIAS) != 0;
     switch (tk) {
     case COLIBRI_K_FFN_NORM: *rows = 1; *cols = dp; return 1;
     case COLIBRI_K_ROUTER: *rows = m->num_experts; *cols = dp; return 1;
+    case COLIBRI_K_ROUTER_BIAS: *rows = 1; *cols = m->num_experts;
+        return (p & COLIBRI_MOE_ROUTER_BIAS) != 0;
+    case COLIBRI_K_EXPERT_B1: case COLIBRI_K_EXPERT_B3: *rows = 1; *cols = m->expert_size; return eb;
+    case COLIBRI_K_EXPERT_B2: *rows = 1; *cols = dp; return eb;
     case COLIBRI_K_EXPERT_W1: case COLIBRI_K_EXPERT_W3: *rows = m->expert_size; *cols = dp; return 1;
     case COLIBRI_K_EXPERT_W2: *rows = dp; *cols = m->expert_size; return 1;
     case COLIBRI_K_SHARED_W1: case COLIBRI_K_SHARED_W3:
@@ -53,6 +79,23 @@ void colibri_moe_cache(const struct colibri_model *m, uint32_t l, colibri_cache_
 /* ---- the forward step ----------------------------------------------------------------------- */
 
 static float silu(float v) { return v / (1.0f + expf(-v)); }
+
+/* gpt-oss's activation (transformers' GptOssExperts._apply_gate): the gate clamped above at
+ * `limit`, the up projection to [-limit, limit], (up + 1) * gate * sigmoid(alpha * gate). */
+static void clamped_swiglu(float *gate, const float *up, size_t n, float alpha, float limit) {
+    for (size_t i = 0; i < n; i++) {
+        float g = gate[i] > limit ? limit : gate[i];
+        float u = up[i] > limit ? limit : up[i] < -limit ? -limit : up[i];
+        float glu = g * (1.0f / (1.0f + expf(-(g * alpha))));
+        gate[i] = (u + 1.0f) * glu;
+    }
+}
+
+/* rows [0, count) of y (stride ld) += bias[0..width) */
+static void add_bias(float *y, size_t ld, int count, const float *bias, size_t width) {
+    for (int r = 0; r < count; r++)
+        for (size_t i = 0; i < width; i++) y[(size_t)r * ld + i] += bias[i];
+}
 
 #ifdef COLIBRI_DEBUG
 static void record_routing(colibri_ctx *ctx, int l, const colibri_batch *bt) {
@@ -86,6 +129,7 @@ void colibri_moe_forward(colibri_ctx *ctx, int l, const colibri_batch *bt) {
 
     /* Route: router logits (f32 weights) then top-k per token. */
     colibri_rows_dot(&ly->router, 0, (uint32_t)E, b->h, n, dp, b->router, E, b->scratch);
+    if (ly->router_bias.data) add_bias(b->router, E, n, ly->router_bias.data, E);
     for (int j = 0; j < n; j++)
         colibri_route_token(b->router + j * E, (int)E, (int)K,
                             m->routing == COLIBRI_WEIGHTS_RENORM, b->topk_idx + j * K,
@@ -113,7 +157,8 @@ void colibri_moe_forward(colibri_ctx *ctx, int l, const colibri_batch *bt) {
 
     /* Compute: gate and up projections of every active expert's group (and the shared
      * expert) in one parallel job, SwiGLU, then the down projections in a second job. */
-    colibri_mm_job up = {.ctx = ctx};
+    colibri_mm_job up;
+    colibri_mm_init(&up, ctx);
     for (size_t e = 0; e < E; e++) {
         int c = b->counts[e];
         if (!c) continue;
@@ -127,10 +172,21 @@ void colibri_moe_forward(colibri_ctx *ctx, int l, const colibri_batch *bt) {
     }
     colibri_mm_run(&up);
 
-    for (size_t i = 0; i < (size_t)n * K * F; i++) b->gate[i] = silu(b->gate[i]) * b->up[i];
+    const uint32_t fp = ly->desc.ffn_params[0];
+    for (size_t e = 0; ly->b1[0].data && e < E; e++) { /* expert biases (gpt-oss) */
+        size_t off = (size_t)b->offsets[e];
+        add_bias(b->gate + off * F, F, b->counts[e], ly->b1[e].data, F);
+        add_bias(b->up + off * F, F, b->counts[e], ly->b3[e].data, F);
+    }
+    if (fp & COLIBRI_MOE_CLAMPED_SWIGLU)
+        clamped_swiglu(b->gate, b->up, (size_t)n * K * F, f32_of(ly->desc.ffn_params[1]),
+                       f32_of(ly->desc.ffn_params[2]));
+    else
+        for (size_t i = 0; i < (size_t)n * K * F; i++) b->gate[i] = silu(b->gate[i]) * b->up[i];
     for (size_t i = 0; i < (size_t)n * Fs; i++) b->sgate[i] = silu(b->sgate[i]) * b->sup[i];
 
-    colibri_mm_job down = {.ctx = ctx};
+    colibri_mm_job down;
+    colibri_mm_init(&down, ctx);
     for (size_t e = 0; e < E; e++) {
         int c = b->counts[e];
         if (!c) continue;
@@ -139,6 +195,8 @@ void colibri_moe_forward(colibri_ctx *ctx, int l, const colibri_batch *bt) {
     }
     if (Fs) colibri_mm_add(&down, &ly->shared_w2, b->sgate, Fs, n, b->sout, dp, T * K);
     colibri_mm_run(&down);
+    for (size_t e = 0; ly->b2[0].data && e < E; e++)
+        add_bias(b->ys + (size_t)b->offsets[e] * dp, dp, b->counts[e], ly->b2[e].data, dp);
 
     /* Combine in a fixed order: choice 0..K-1 of each token, then the shared expert. */
     for (int j = 0; j < n; j++) {
