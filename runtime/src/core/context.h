@@ -87,6 +87,11 @@ struct colibri_ctx {
     colibri_cuda *cuda;       /* non-NULL when the CUDA backend runs this context */
     char fallback[192];
     char err[512];
+    /* real-time mode (colibri_options) */
+    int cpus[64];             /* opt.cpus, owned (opt.cpus points here) */
+    int memory_locked;
+    size_t locked_bytes;
+    unsigned long long caller_minflt, caller_majflt; /* worker 0's faults inside forward */
 };
 
 /* arena.c: size and carve the buffers for this model, thread count and KV storage. With base

@@ -124,6 +124,7 @@ struct colibri_model {
     int gpu_tried;
     char gpu_why[192];
     pthread_mutex_t gpu_mu;
+    int locked;                   /* lock_memory: the mapping is mlocked (under gpu_mu) */
 };
 
 /* Open, mmap and validate `path`. On failure returns a status with `why` naming the field. */
