@@ -46,8 +46,10 @@ from colibri_kit.model.format import (
 )
 
 MIB = 1 << 20
-# runtime/src/core/context.h COLIBRI_CHUNK: tokens per CPU pass.
-CPU_CHUNK = 64
+# runtime/src/core/context.h COLIBRI_CHUNK: tokens per CPU pass; COLIBRI_MOE_SLOTS: expert input
+# rows one MoE pass holds (never fewer than a chunk).
+CPU_CHUNK = 512
+CPU_MOE_SLOTS = 1024
 # runtime/src/cuda/cuda_backend.c: CB_ALIGN, CB_MAX_CHUNK, CB_MIN_CHUNK, CB_ACT_BUDGET,
 # CB_LOGIT_ROWS, CB_PART_BUDGET; colibri_abi.h: KV split.
 CUDA_ALIGN = 256
@@ -103,11 +105,12 @@ def cpu_arena_bytes(h: ModelHeader, threads: int = DEFAULT_THREADS, int8_act: bo
     take(rows * kvd, kv_size)
     take(rows * kvd, kv_size)
     take(state_bytes(h) // 4)  # the recurrent layers' states
-    for n in (T * E, T * K, T * K, E, E + 1, E, T * K,
-              T * K * dp, T * K * F, T * K * F, T * K * dp, T * Fs, T * Fs, T * dp):
+    slots = min(T * K, max(T, CPU_MOE_SLOTS))
+    for n in (T * E, T * K, T * K, E, E + 1, E, T * K, T * K,
+              slots * dp, slots * F, slots * F, T * K * dp, T * Fs, T * Fs, T * dp):
         take(n)
-    take(T * (K + 1) * max_cols if q8 else 0, 1)
-    take(T * (K + 1) if q8 else 0)
+    take((slots + T) * max_cols if q8 else 0, 1)
+    take(slots + T if q8 else 0)
     take(threads * 2 * max_cols)
     take(threads * S)
     return align_up(used, 64)

@@ -105,16 +105,20 @@ size_t colibri_arena_plan(const struct colibri_model *m, int threads, int q8, in
     b->offsets = take(&c, E + 1, sizeof(int32_t));
     b->fill = take(&c, E, sizeof(int32_t));
     b->slot_of = take(&c, T * K, sizeof(int32_t));
-    b->xs = take(&c, T * K * dp, sizeof(float));
-    b->gate = take(&c, T * K * F, sizeof(float));
-    b->up = take(&c, T * K * F, sizeof(float));
+    b->slot_tok = take(&c, T * K, sizeof(int32_t));
+    size_t budget = T > COLIBRI_MOE_SLOTS ? T : COLIBRI_MOE_SLOTS; /* one expert always fits */
+    size_t slots = T * K < budget ? T * K : budget;
+    b->slots = (int)slots;
+    b->xs = take(&c, slots * dp, sizeof(float));
+    b->gate = take(&c, slots * F, sizeof(float));
+    b->up = take(&c, slots * F, sizeof(float));
     b->ys = take(&c, T * K * dp, sizeof(float));
     b->sgate = take(&c, T * Fs, sizeof(float));
     b->sup = take(&c, T * Fs, sizeof(float));
     b->sout = take(&c, T * dp, sizeof(float));
-    /* int8 activations: rows 0..T*K-1 for the routed experts' inputs, T*K.. for the rest */
-    b->xq = take(&c, q8 ? T * (K + 1) * max_cols : 0, sizeof(int8_t));
-    b->xqs = take(&c, q8 ? T * (K + 1) : 0, sizeof(float));
+    /* int8 activations: rows 0..slots-1 for an expert pass's inputs, slots.. for the rest */
+    b->xq = take(&c, q8 ? (slots + T) * max_cols : 0, sizeof(int8_t));
+    b->xqs = take(&c, q8 ? slots + T : 0, sizeof(float));
     b->scratch = take(&c, (size_t)threads * 2 * max_cols, sizeof(float)); /* two rows each */
     b->scores = take(&c, (size_t)threads * S, sizeof(float));
 #ifdef COLIBRI_DEBUG

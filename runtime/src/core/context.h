@@ -10,8 +10,16 @@
 #include "model.h"
 #include "pool.h"
 
-/* Tokens processed together by one pass over the weights (prefill is split into chunks). */
-#define COLIBRI_CHUNK 64
+/* Tokens processed together by one pass over the weights (prefill is split into chunks). 512:
+ * with 128 experts top-8 a 64-token chunk gave each expert ~4 tokens, so every chunk streamed
+ * nearly all of a layer's expert weights again; at 512 each routed expert's weights are read once
+ * for ~32 tokens (docs/runtime.md, "Prefill"). Only the per-token buffers scale with it. */
+#define COLIBRI_CHUNK 512
+/* Expert input rows in flight at once (moe_experts.c): the MoE Compute stage runs in passes of
+ * whole experts whose slots fit this budget (never fewer than a chunk, so one expert, which a
+ * token chooses at most once, always fits), so the copied inputs and the gate/up activations
+ * need not grow with chunk x top_k. */
+#define COLIBRI_MOE_SLOTS 1024
 
 /* Every working buffer, carved from the one arena at init (arena.c). */
 typedef struct {
@@ -46,13 +54,16 @@ typedef struct {
     int32_t *offsets;         /* [E + 1] prefix sums: expert e owns slots offsets[e].. */
     int32_t *fill;            /* [E] */
     int32_t *slot_of;         /* [chunk, K] dispatch slot of (token, choice) */
-    float *xs;                /* [chunk*K, Dp] tokens grouped contiguously per expert */
-    float *gate, *up;         /* [chunk*K, F] */
+    int32_t *slot_tok;        /* [chunk*K] the token row of each slot */
+    int slots;                /* min(chunk*K, max(chunk, COLIBRI_MOE_SLOTS)): rows of xs/gate/up */
+    float *xs;                /* [slots, Dp] one expert pass's slots, grouped per expert */
+    float *gate, *up;         /* [slots, F] */
     float *ys;                /* [chunk*K, Dp] expert outputs, in slot order */
     float *sgate, *sup;       /* [chunk, Fs] shared expert */
     float *sout;              /* [chunk, Dp] */
-    int8_t *xq;               /* [chunk*(K+1), max_cols] int8 activations (int8_activations) */
-    float *xqs;               /* [chunk*(K+1)] their scales */
+    int8_t *xq;               /* [slots + chunk, max_cols] int8 activations (int8_activations):
+                                 rows 0..slots-1 an expert pass's inputs, slots.. the rest */
+    float *xqs;               /* [slots + chunk] their scales */
     float *scratch;           /* [threads, 2 * max_cols] converted weight rows */
     float *scores;            /* [threads, max_seq_len] attention scores */
     size_t max_cols;

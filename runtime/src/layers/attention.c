@@ -203,6 +203,8 @@ static inline const void *kv_row(const kv_rows *r, int s, int slot) {
 
 static inline int wrap(int slot, int R) { return slot == R ? 0 : slot; }
 
+#define ATT_BLOCK 64 /* keys per block: their K or V row pointers, gathered on the stack */
+
 static void att_task(void *arg, int t, int nt) {
     att_job *job = arg;
     colibri_ctx *ctx = job->ctx;
@@ -218,6 +220,7 @@ static void att_task(void *arg, int t, int nt) {
     const kv_rows vs = {c->v, b->vstage, c->kv_staged, p0, row};
     float *sc = b->scores + (size_t)t * m->max_seq_len;
     float scale = 1.0f / sqrtf((float)dh);
+    size_t esz = b->kv_f16 ? sizeof(uint16_t) : sizeof(float);
     /* attention sinks (gpt-oss): head h's learned logit joins the softmax's max and sum, and
      * gets no value row (transformers' eager_attention_forward drops its column) */
     const float *sinks = m->layers[job->layer].attn_sinks.data;
@@ -229,12 +232,19 @@ static void att_task(void *arg, int t, int nt) {
         int first = job->window && (int64_t)p - job->window + 1 > 0 ? p - (int)job->window + 1 : 0;
         int keys = p - first + 1, slot0 = first % R;
         const float *q = b->q + j * qd + hh * dh;
+        /* Blocks of keys (kernels.h colibri_dot_rows / colibri_wsum_rows): each score is the
+         * one-key dot, bit for bit, and each output the same multiply-then-add sequence over the
+         * keys in order, so only the loads are shared (prefill == decode). */
+        const void *rp[ATT_BLOCK];
+        for (int i0 = 0, s = first, slot = slot0; i0 < keys; i0 += ATT_BLOCK) {
+            int nb = keys - i0 < ATT_BLOCK ? keys - i0 : ATT_BLOCK;
+            for (int i = 0; i < nb; i++, s++, slot = wrap(slot + 1, R))
+                rp[i] = (const uint8_t *)kv_row(&ks, s, slot) + g * dh * esz;
+            colibri_dot_rows(q, rp, nb, dh, b->kv_f16, sc + i0);
+        }
         float mx = -INFINITY;
-        for (int i = 0, s = first, slot = slot0; i < keys; i++, s++, slot = wrap(slot + 1, R)) {
-            const void *kr = kv_row(&ks, s, slot);
-            sc[i] = (b->kv_f16 ? colibri_dot_f16((const uint16_t *)kr + g * dh, q, dh)
-                               : colibri_dot_f32(q, (const float *)kr + g * dh, dh)) *
-                    scale;
+        for (int i = 0; i < keys; i++) {
+            sc[i] *= scale;
             mx = fmaxf(mx, sc[i]);
         }
         if (sinks) mx = fmaxf(mx, sinks[hh]);
@@ -245,17 +255,14 @@ static void att_task(void *arg, int t, int nt) {
         }
         if (sinks) sum += expf(sinks[hh] - mx);
         float inv = 1.0f / sum;
+        for (int i = 0; i < keys; i++) sc[i] *= inv;
         float *out = b->att + j * qd + hh * dh;
         memset(out, 0, dh * sizeof(float));
-        for (int i = 0, s = first, slot = slot0; i < keys; i++, s++, slot = wrap(slot + 1, R)) {
-            const void *vr = kv_row(&vs, s, slot);
-            float w = sc[i] * inv;
-            if (b->kv_f16) /* widened exactly, same multiply-then-add per element */
-                colibri_axpy_f16(out, w, (const uint16_t *)vr + g * dh, dh);
-            else {
-                const float *v = (const float *)vr + g * dh;
-                for (size_t d = 0; d < dh; d++) out[d] += w * v[d];
-            }
+        for (int i0 = 0, s = first, slot = slot0; i0 < keys; i0 += ATT_BLOCK) {
+            int nb = keys - i0 < ATT_BLOCK ? keys - i0 : ATT_BLOCK;
+            for (int i = 0; i < nb; i++, s++, slot = wrap(slot + 1, R))
+                rp[i] = (const uint8_t *)kv_row(&vs, s, slot) + g * dh * esz;
+            colibri_wsum_rows(out, sc + i0, rp, nb, dh, b->kv_f16);
         }
     }
 }
