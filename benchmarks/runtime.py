@@ -180,7 +180,7 @@ def hf_tokenizer(hf: Path, vocab: int) -> None:
 
 def qwen_tokenizer(hf: Path) -> None:
     """Qwen's real byte-level BPE (151,643 ranks, shipped in the `dashscope` package as
-    qwen.tiktoken; FACTS.md) with Qwen2's pre-tokenizer regex, turned into a tokenizer.json by
+    qwen.tiktoken, dashscope 2.0.2) with Qwen2's pre-tokenizer regex, turned into a tokenizer.json by
     transformers' TikTokenConverter. llama.cpp's converter recognises it as "qwen2" by its hash
     of a test text's token ids, as it does the published Qwen tokenizers; the embedding has
     151,936 rows, the tail padding as in the published model."""

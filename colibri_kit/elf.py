@@ -293,7 +293,8 @@ class PtxInfo:
 
 
 def cubin_sm(header: ElfHeader) -> int:
-    """The SM a cubin is compiled for (FACTS.md: the field moved with ELF ABI version 8)."""
+    """The SM a cubin is compiled for (the field moved with ELF ABI version 8, CUDA 13's ptxas:
+    e_flags & 0xff up to version 7, bits 8..15 from version 8)."""
     if header.abi_version >= 8:
         return (header.flags >> 8) & 0xFF
     return header.flags & 0xFF

@@ -460,7 +460,7 @@ def check_l4t(version: L4TVersion, accepted: L4TRange, target: str = "the target
                           f"target built for {version}")
 
 
-# JetPack release for an L4T release (NVIDIA's Jetson Linux / JetPack archive pages; FACTS.md).
+# JetPack release for an L4T release (NVIDIA's Jetson Linux / JetPack archive pages).
 JETPACK_BY_L4T: tuple[tuple[L4TVersion, str], ...] = (
     (L4TVersion(35, 2, 1), "5.1"), (L4TVersion(35, 3, 1), "5.1.1"),
     (L4TVersion(35, 4, 1), "5.1.2"), (L4TVersion(35, 5, 0), "5.1.3"),

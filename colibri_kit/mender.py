@@ -102,12 +102,12 @@ def write_artifact(art: Artifact, out: Path, *, device_type: str, sign_key: Path
                    artifact_name: str | None = None) -> Path:
     """Write ``out`` (a .mender file) for ``art``; signed with ``sign_key`` (PEM private key:
     RSA or ECDSA, as mender-artifact accepts) when given."""
-    if not _DEVICE_TYPE_RE.match(device_type):
+    if not _DEVICE_TYPE_RE.fullmatch(device_type):
         raise FleetError(f"device type {device_type!r}: letters, digits, '.', '_' and '-' only")
     if sign_key is not None and not Path(sign_key).is_file():
         raise FleetError(f"signing key {sign_key} not found")
     name = artifact_name or art.release_id
-    if not _DEVICE_TYPE_RE.match(name):
+    if not _DEVICE_TYPE_RE.fullmatch(name):
         raise FleetError(f"artifact name {name!r}: letters, digits, '.', '_' and '-' only")
     tool = mender_artifact_tool()
     out = Path(out)

@@ -19,7 +19,7 @@
 # llama-server `--no-repack` there.
 set -euo pipefail
 
-VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"   # vendors llama.cpp 0c1e570 (FACTS.md)
+VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"   # vendors llama.cpp 0c1e570 (the sdist's vendor/llama.cpp)
 DEST="${1:-llama-build}"
 PY="${PY:-python3}"
 JOBS="${JOBS:-2}"

@@ -37,7 +37,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.root]
 ROOT = paths.project_root()
 GPU_TESTS = ROOT / "tests" / "gpu"
 QEMU_LD_PREFIX = "/usr/aarch64-linux-gnu"
-# L4T release lines as /etc/nv_tegra_release prints them (FACTS.md)
+# L4T release lines as /etc/nv_tegra_release prints them (L4T's own file)
 R36_3 = "# R36 (release), REVISION: 3.0, GCID: 36191598, BOARD: generic, EABI: aarch64, DATE: x\n"
 
 

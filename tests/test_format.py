@@ -148,6 +148,12 @@ def test_round_trip_every_kind(tmp_path: Path, dtype: DType) -> None:
             assert rec.scale_nbytes == rec.rows * groups * 2 and rec.nbytes == rec.rows * groups * 16
             step = np.max(np.abs(want), axis=1, keepdims=True) / 8
             assert np.all(np.abs(got - want) <= step * 1.001)
+        elif dtype == DType.MXFP4:  # blocks of 32 columns, one E8M0 exponent each (tests/test_gptoss.py)
+            blocks = -(-rec.cols // 32)
+            assert rec.scale_nbytes == rec.rows * blocks and rec.nbytes == rec.rows * blocks * 16
+            np.testing.assert_array_equal(got, fmt.dequantize_mxfp4(*fmt.quantize_mxfp4(want), *want.shape))
+            # the largest magnitude lands on E2M1's 4..6 times 2^e: an error of at most 2^e < amax / 3
+            assert np.all(np.abs(got - want) <= np.max(np.abs(want), axis=1, keepdims=True) / 3)
         else:
             assert rec.scale_nbytes == rec.rows * 4 and rec.scale_offset % 64 == 0
             step = np.max(np.abs(want), axis=1, keepdims=True) / 127

@@ -114,7 +114,7 @@ def test_verbose_output_of_a_real_agx_orin():
 
 @pytest.mark.parametrize("text, expected", [
     ("NV Power Mode: 15W\n2\n", ("15W", 2)),
-    # jetson_stats' capture and FACTS.md: a fan warning may come first.
+    # jetson_stats' capture: a fan warning may come first.
     ("NVPM WARN: fan mode is not set!\nNV Power Mode: MAXN\n0\n", ("MAXN", 0)),
     ("NVPM WARN: fan mode is not set to cool\nNV Power Mode: MAXN_SUPER\n0\n", ("MAXN_SUPER", 0)),
     # `nvpmodel -q --verbose` (a TX2 capture quoted in a public write-up).
@@ -349,7 +349,7 @@ def test_orin_nano_by_memory_and_super_by_model():
     four = identify_sku(b"NVIDIA Jetson Orin Nano Engineering Reference Developer Kit\0",
                         dt("nvidia,p3767-0004", "nvidia,tegra234"), 3665844, 6)
     assert four.key == "orin-nano-4gb"
-    # JetPack 5.1.1's model string for the Orin Nano developer kit (FACTS.md).
+    # JetPack 5.1.1's model string for the Orin Nano developer kit (its /proc/device-tree/model).
     old = identify_sku(b"NVIDIA Orin Nano Developer Kit\0",
                        dt("nvidia,p3768-0000+p3767-0005", "nvidia,tegra234"), 7620000, 6)
     assert (old.key, old.carrier) == ("orin-nano-8gb", "nvidia")

@@ -76,6 +76,12 @@ def test_a_model_is_required_and_values_are_checked(tmp_path, dist, model):
     art = prepare("orin-nx", dist, model)
     with pytest.raises(FleetError, match="device type"):
         mender.write_artifact(art, tmp_path / "x.mender", device_type="orin nx; rm -rf /")
+    # "$" alone would let a trailing newline through into device_type=... and the artifact name.
+    with pytest.raises(FleetError, match="device type"):
+        mender.write_artifact(art, tmp_path / "x.mender", device_type="colibri-orin-nx\n")
+    with pytest.raises(FleetError, match="artifact name"):
+        mender.write_artifact(art, tmp_path / "x.mender", device_type="colibri-orin-nx",
+                              artifact_name="r1\n")
     with pytest.raises(FleetError, match="signing key"):
         mender.write_artifact(art, tmp_path / "x.mender", device_type="colibri-orin-nx",
                               sign_key=tmp_path / "missing.pem")

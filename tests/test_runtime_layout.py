@@ -124,3 +124,19 @@ def test_a_source_directly_in_src_is_refused(tmp_path: Path) -> None:
     proc = subprocess.run(["make", "-n", "-C", str(rt), "CONFIG_DIR=.", f"OUT_DIR={tmp_path}/o",
                            "KERNEL_EMBED="], capture_output=True, text=True)
     assert proc.returncode == 0 and "src/core/stray.c" in proc.stdout
+
+
+def _source_map_names() -> set[str]:
+    """Every file name written in backticks in docs/runtime.md's "Source map" section."""
+    text = (ROOT / "docs" / "runtime.md").read_text(encoding="utf-8")
+    section = text.split("## Source map", 1)[1].split("\n## ", 1)[0]
+    return {Path(tok).name for tok in re.findall(r"`([^`\s]+)`", section)}
+
+
+def test_the_source_map_names_every_runtime_source() -> None:
+    # The map is how a newcomer finds code: a file it does not name is a file nobody finds.
+    named = _source_map_names()
+    sources = [p for d in ("src", "serve", "tools") for p in (ROOT / "runtime" / d).rglob("*.c")]
+    assert sources, "no runtime sources found: the walk is wrong"
+    missing = sorted(str(p.relative_to(ROOT)) for p in sources if p.name not in named)
+    assert not missing, f"docs/runtime.md's source map does not name: {missing}"

@@ -29,7 +29,7 @@ from colibri_kit.sim.systemd import (CGROUP_PARENT, SystemdDevice, free_addresse
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
 API_KEY = "sk-colibri-test-0123456789"
-# /proc/device-tree/model of an Orin NX devkit (FACTS.md, "Devicetree model strings")
+# /proc/device-tree/model of an Orin NX devkit (NVIDIA's devkit device tree, as /proc/device-tree/model prints it)
 ORIN_NX_MODEL = b"NVIDIA Jetson Orin NX Engineering Reference Developer Kit"
 
 

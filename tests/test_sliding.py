@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_cuda_host import _emu_cli, cuda_host_build  # noqa: F401  (the emulated-GPU build fixture)
+from test_cuda_host import _emu_cli
 
 import hf_models as H
 from colibri_kit.errors import ModelError
@@ -185,7 +185,7 @@ def _patched(src: Path, dst: Path, layer: int, offset: int, value: int) -> Path:
 @pytest.mark.parametrize("what,offset,value,py_needle,c_needle", [
     ("no window", 8, 0, "window 0, must be at least 1", "window = 0, must be at least 1"),
     ("unknown mixer", 0, 9, "field mixer 9", "mixer kind 9 is not one this runtime has"),
-    ("attention sinks (not yet)", 12, 1, "field mixer_flags 0x1", "mixer_flags = 0x1"),
+    ("undefined mixer flag", 12, 0x80, "field mixer_flags 0x80", "mixer_flags = 0x80"),
     ("mixer parameter", 16, 3, "field mixer_params[0] 3", "mixer_params[0] = 3"),
     ("reserved", 48, 1, "field reserved must be zero", "record byte 48 is reserved"),
 ])
@@ -222,7 +222,7 @@ def test_cuda_footprint_of_a_layer_it_does_not_run(models: dict[str, Path]) -> N
 
 
 @pytest.mark.slow
-def test_cuda_backend_refuses_or_falls_back_naming_the_kind(cuda_host_build, models: dict[str, Path],  # noqa: F811
+def test_cuda_backend_refuses_or_falls_back_naming_the_kind(cuda_host_build, models: dict[str, Path],
                                                            tmp_path: Path) -> None:
     """In the GPU's host emulation (tests/test_cuda_host.py): --backend cuda refuses a sliding
     window shorter than the context with the layer's kind, --backend auto runs it on the CPU and

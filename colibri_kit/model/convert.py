@@ -19,10 +19,10 @@ from typing import Any, TextIO
 from colibri_kit.errors import KitError, ModelError
 from colibri_kit.model.families import HFModel, read_config
 from colibri_kit.model.format import (
-    NONE, DType, Flag, Kind, ModelHeader, ModelWriter, padded_dim, tensor_label,
+    NONE, DType, Family, Flag, Kind, ModelHeader, ModelWriter, padded_dim, tensor_label,
 )
 from colibri_kit.model.checkpoint_files import MAX_CONFIG_BYTES, read_json_object
-from colibri_kit.model.safetensors_io import Checkpoint, TensorView
+from colibri_kit.model.safetensors_io import FLOAT_DTYPES, Checkpoint, TensorView
 from colibri_kit.model.tokenizer import tokenizer_metadata
 
 DEFAULT_MAX_SEQ = 2048
@@ -53,15 +53,17 @@ class Item:
     kind: Kind
     layer: int
     expert: int
-    source: TensorView
+    source: TensorView  # f32/f16/bf16 values, or mxfp4 blocks (uint8) when scales is given
     hf_name: str
+    scales: TensorView | None = None  # mxfp4: the E8M0 scales; the blocks are copied as they are
 
     @property
     def nbytes(self) -> int:
+        """The progress bar's unit: bytes as f32 (an mxfp4 block byte holds two weights)."""
         n = 1
         for s in self.source.shape:
             n *= s
-        return n * 4
+        return n * (8 if self.scales is not None else 4)
 
 
 class Planner:
@@ -75,11 +77,22 @@ class Planner:
         return name in self.ck
 
     def take(self, name: str, shape: tuple[int, ...]) -> TensorView:
+        """A tensor of numbers (F32, F16 or BF16) of exactly ``shape``."""
+        return self._take(name, shape, FLOAT_DTYPES)
+
+    def take_u8(self, name: str, shape: tuple[int, ...]) -> TensorView:
+        """A tensor of bytes (U8: mxfp4 blocks or scales) of exactly ``shape``."""
+        return self._take(name, shape, ("U8",))
+
+    def _take(self, name: str, shape: tuple[int, ...], dtypes: tuple[str, ...]) -> TensorView:
         if name not in self.ck:
             raise ModelError(f"checkpoint {self.ck.dir}: tensor {name} is missing")
         got = self.ck.shape(name)
         if got != shape:
             raise ModelError(f"checkpoint {self.ck.dir}: tensor {name} has shape {list(got)}, expected {list(shape)}")
+        dt = self.ck.entry(name).dtype
+        if dt not in dtypes:
+            raise ModelError(f"checkpoint {self.ck.dir}: tensor {name} is {dt}, expected {' or '.join(dtypes)}")
         self.used.add(name)
         return self.ck.get(name)
 
@@ -115,15 +128,25 @@ def build_header(m: HFModel, dtype: DType, limits: TargetModelLimits, max_seq_le
         embed_dim_pad=padded_dim(m.hidden, limits.embed_pad), pad_multiple=limits.embed_pad,
         flags=int(m.flags), shared_expert_size=m.shared_ffn, norm_eps=m.norm_eps,
         rope_theta=m.rope_theta, family=int(m.family), bos_token_id=m.bos, eos_token_id=m.eos,
-        name=raw_name, layers=m.layer_records())
+        name=raw_name, layers=m.layer_records(), yarn=m.yarn)
 
 
 def plan_tensors(m: HFModel, ck: Checkpoint) -> list[Item]:
     """Every tensor of the output, with its checkpoint source; refuses missing/mis-shaped/unknown ones."""
+    if m.hybrid is not None:  # Qwen3.5 / Qwen3-Next: their own layout
+        from colibri_kit.model.qwen_next import plan_tensors as plan_hybrid
+
+        return plan_hybrid(m, ck)
     p = Planner(ck)
     d, v, e_n = m.hidden, m.vocab, m.experts
     hq, hkv = m.heads * m.head_dim, m.kv_heads * m.head_dim
     items: list[Item] = []
+    if m.family == Family.GPT_OSS:
+        from colibri_kit.model import gptoss
+
+        gptoss.plan(m, p, items, Item)
+        unknown_tensors(m, ck, p.used)
+        return items
 
     def add(kind: Kind, layer: int, expert: int, name: str, shape: tuple[int, ...]) -> None:
         items.append(Item(kind, layer, expert, p.take(name, shape), name))
@@ -162,14 +185,21 @@ def plan_tensors(m: HFModel, ck: Checkpoint) -> list[Item]:
     add(Kind.OUTPUT_NORM, NONE, NONE, "model.norm.weight", (d,))
     if not m.flags & Flag.TIED_EMBEDDINGS:
         add(Kind.LM_HEAD, NONE, NONE, "lm_head.weight", (v, d))
+    unknown_tensors(m, ck, p.used)
+    return items
+
+
+def unknown_tensors(m: HFModel, ck: Checkpoint, used: set[str], skip: tuple[str, ...] = ()) -> None:
+    """Refuse a checkpoint with tensors the plan did not take (an unsupported variant), apart from
+    those under the ``skip`` prefixes (parts the runtime does not run, e.g. a vision tower)."""
     ignorable = {"lm_head.weight"} if m.flags & Flag.TIED_EMBEDDINGS else set()
     unknown = sorted(k for k in ck.keys()
-                     if k not in p.used and k not in ignorable and not k.endswith("rotary_emb.inv_freq"))
+                     if k not in used and k not in ignorable and not k.endswith("rotary_emb.inv_freq")
+                     and not k.startswith(skip))
     if unknown:
         more = f" (and {len(unknown) - 5} more)" if len(unknown) > 5 else ""
         raise ModelError(f"checkpoint {ck.dir}: tensors the {m.model_type} converter does not use "
                          f"(unsupported variant?): {', '.join(unknown[:5])}{more}")
-    return items
 
 
 def _experts(p: Planner, m: HFModel, layer: int, moe: str) -> list[Item]:
@@ -207,6 +237,17 @@ def _experts(p: Planner, m: HFModel, layer: int, moe: str) -> list[Item]:
         w3.append(Item(Kind.EXPERT_W3, layer, e, p.take(f"{base}.{names[1]}.weight", (f, d)), f"{base}.{names[1]}.weight"))
         w2.append(Item(Kind.EXPERT_W2, layer, e, p.take(f"{base}.{names[2]}.weight", (d, f)), f"{base}.{names[2]}.weight"))
     return w1 + w3 + w2
+
+
+def _notes(m: HFModel, ck: Checkpoint) -> None:
+    """What the converter leaves out of this checkpoint (a vision tower, an MTP head), one line
+    each on stderr."""
+    if m.hybrid is None:
+        return
+    from colibri_kit.model.qwen_next import SKIPPED, skipped
+
+    for prefix, n in skipped(ck).items():
+        sys.stderr.write(f"convert: note: skipped {n} tensors under {prefix}*: {SKIPPED[prefix]}\n")
 
 
 class Progress:
@@ -265,14 +306,16 @@ def chat_template_blob(hf_dir: Path, override: str | os.PathLike[str] | None) ->
 def convert(hf_dir: str | os.PathLike[str], out: str | os.PathLike[str], dtype: str = "f32",
             target: str = "host", max_seq_len: int | None = None, progress: bool = True,
             limits: TargetModelLimits | None = None, slots: int = 1,
-            chat_template: str | os.PathLike[str] | None = None) -> Path:
+            chat_template: str | os.PathLike[str] | None = None, expert_dtype: str | None = None) -> Path:
     """Convert ``hf_dir`` to ``out`` for ``target`` (its embed_pad, max_experts, top_k, and its
     memory: a model whose footprint with ``slots`` contexts does not fit is refused before any
     tensor is written, naming a dtype or context length that fits).
 
     ``limits`` overrides the profile lookup (tests, or a pad the profiles do not list; then the
     memory is not checked). ``chat_template``: a Jinja file used instead of the checkpoint's chat
-    template."""
+    template. ``expert_dtype``: the routed experts' dtype when it should differ from ``dtype``
+    (e.g. mxfp4 experts beside bf16 attention); a checkpoint released with mxfp4 experts keeps
+    them as they are."""
     hf_dir = Path(hf_dir)
     out = Path(out)
     kind = DType.parse(dtype)
@@ -281,6 +324,9 @@ def convert(hf_dir: str | os.PathLike[str], out: str | os.PathLike[str], dtype: 
         limits = target_limits(target)
     m = read_config(load_config(hf_dir))
     header = build_header(m, kind, limits, max_seq_len, hf_dir.resolve().name)
+    from colibri_kit.model.gptoss import expert_dtype as experts_as
+
+    header.expert_dtype = experts_as(m, expert_dtype, kind)
     metadata = tokenizer_metadata(hf_dir, header.vocab_size)  # tokenizer.* blobs (format v2)
     if check_memory:  # before any tensor is read: the geometry, dtype and metadata decide
         from colibri_kit.model.footprint import check_fits, estimate_file_bytes
@@ -289,6 +335,8 @@ def convert(hf_dir: str | os.PathLike[str], out: str | os.PathLike[str], dtype: 
         check_fits(header, target, estimate_file_bytes(header) + meta, slots=slots)
     ck = Checkpoint(hf_dir)
     items = plan_tensors(m, ck)
+    if progress:
+        _notes(m, ck)
     chat = chat_template_blob(hf_dir, chat_template)  # refused here, before anything is written
     bar = Progress(sum(it.nbytes for it in items), progress)
     if chat is not None:
@@ -296,7 +344,10 @@ def convert(hf_dir: str | os.PathLike[str], out: str | os.PathLike[str], dtype: 
     with ModelWriter(out, header, metadata=metadata) as w:
         for it in items:
             try:
-                w.add(it.kind, it.layer, it.expert, it.source)
+                if it.scales is not None:
+                    w.add_mxfp4(it.kind, it.layer, it.expert, it.source, it.scales)
+                else:
+                    w.add(it.kind, it.layer, it.expert, it.source)
             except KitError as exc:
                 raise ModelError(f"{it.hf_name} -> {tensor_label(it.kind, it.layer, it.expert)}: {exc}") from None
             bar.step(it.nbytes, it.hf_name)

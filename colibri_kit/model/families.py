@@ -5,20 +5,27 @@ Each family is refused outright when its config asks for something the runtime d
 (another activation, rope scaling, Qwen's sliding-window layers, clipped qkv, dense layers between
 MoE layers, attention output bias), with a message naming the config key. Mixtral's
 ``sliding_window`` becomes sliding-window attention layers (docs/models.md, "Sliding window").
+gpt-oss (its sinks, biases, YaRN, layer_types and mxfp4 experts) is colibri_kit/model/gptoss.py.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from colibri_kit.errors import ModelError
 from colibri_kit.model import format as fmt
-from colibri_kit.model.format import DEFAULT_LAYER, Family, Ffn, Flag, LayerRecord, Mixer, Routing
+from colibri_kit.model.format import DEFAULT_LAYER, Family, Ffn, Flag, LayerRecord, Mixer, Routing, Yarn
+
+if TYPE_CHECKING:
+    from colibri_kit.model.qwen_next import Hybrid
 
 MODEL_TYPES = {"mixtral": Family.MIXTRAL, "qwen2_moe": Family.QWEN2_MOE,
-               "qwen3_moe": Family.QWEN3_MOE, "olmoe": Family.OLMOE}
+               "qwen3_moe": Family.QWEN3_MOE, "olmoe": Family.OLMOE, "gpt_oss": Family.GPT_OSS,
+               # hybrids: Gated DeltaNet + gated attention (colibri_kit/model/qwen_next.py)
+               "qwen3_next": Family.QWEN3_NEXT, "qwen3_5_moe": Family.QWEN3_5_MOE,
+               "qwen3_5_moe_text": Family.QWEN3_5_MOE}
 
 
 @dataclass(frozen=True)
@@ -46,11 +53,20 @@ class HFModel:
     bos: int
     eos: int
     moe_prefix: str  # "mlp" or "block_sparse_moe" (mixtral's per-expert layout)
+    yarn: Yarn | None = None  # gpt-oss: YaRN RoPE
+    records: tuple[LayerRecord, ...] | None = None  # gpt-oss: from layer_types, with its flags
+    mxfp4: bool = False  # gpt-oss as released: the experts are mxfp4 blocks and scales
+    hybrid: "Hybrid | None" = None  # Qwen3.5 / Qwen3-Next: the layer list and DeltaNet geometry
 
     def layer_records(self) -> tuple[LayerRecord, ...]:
         """Each layer's kinds for the layer table: Mixtral with ``sliding_window`` W attends to
         the last W positions in every layer (transformers' MixtralModel builds one sliding-window
-        mask for all layers); the rest is attention + moe."""
+        mask for all layers); gpt-oss as its layer_types say; Qwen3.5 / Qwen3-Next as theirs say
+        (gated_deltanet or gated attention); the rest is attention + moe."""
+        if self.records is not None:
+            return self.records
+        if self.hybrid is not None:
+            return tuple(self.hybrid.record(i, self.head_dim) for i in range(self.layers))
         if self.sliding_window is None:
             return (DEFAULT_LAYER,) * self.layers
         return (LayerRecord(Mixer.SLIDING_ATTENTION, Ffn.MOE, self.sliding_window),) * self.layers
@@ -124,6 +140,11 @@ def read_config(cfg: dict[str, Any]) -> HFModel:
         allowed = ", ".join(MODEL_TYPES)
         raise ModelError(f"config.json: key model_type = {model_type!r} is not supported (supported: {allowed})")
     family = MODEL_TYPES[model_type]
+    if family in (Family.QWEN3_NEXT, Family.QWEN3_5_MOE):
+        from colibri_kit.model.qwen_next import read_hybrid
+
+        return read_hybrid(cfg)
+    gpt_oss = family == Family.GPT_OSS
     act = cfg.get("hidden_act", "silu")
     if act != "silu":
         raise ModelError(f"config.json: key hidden_act = {act!r} is not supported (experts use SwiGLU with silu)")
@@ -132,8 +153,8 @@ def read_config(cfg: dict[str, Any]) -> HFModel:
     kv_heads = _limit("num_key_value_heads", _int(cfg, "num_key_value_heads", heads), 1, fmt.MAX_HEADS)
     if heads % kv_heads:
         raise ModelError(f"config.json: key num_key_value_heads = {kv_heads} does not divide num_attention_heads = {heads}")
-    if cfg.get("head_dim") is not None:
-        head_dim = _int(cfg, "head_dim")
+    if cfg.get("head_dim") is not None or gpt_oss:  # GptOssConfig's head_dim defaults to 64
+        head_dim = _int(cfg, "head_dim", 64) if gpt_oss else _int(cfg, "head_dim")
     else:
         if hidden % heads:
             raise ModelError(f"config.json: key hidden_size = {hidden} is not a multiple of num_attention_heads = {heads}")
@@ -144,17 +165,20 @@ def read_config(cfg: dict[str, Any]) -> HFModel:
     layers = _limit("num_hidden_layers", _int(cfg, "num_hidden_layers"), 1, fmt.MAX_LAYERS)
     vocab = _limit("vocab_size", _int(cfg, "vocab_size"), 1, fmt.MAX_VOCAB)
     top_k = _int(cfg, "num_experts_per_tok")
-    eps = cfg.get("rms_norm_eps", 1e-6)
+    eps = cfg.get("rms_norm_eps", 1e-5 if gpt_oss else 1e-6)
     if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not 0 < eps < 1:
         raise ModelError(f"config.json: key rms_norm_eps = {eps!r} is not in (0, 1)")
-    for key in ("attention_bias",):
+    for key in ("attention_bias",) if not gpt_oss else ():  # gpt-oss: biases (gptoss.py)
         if cfg.get(key):
             raise ModelError(f"config.json: key {key} = true is not supported (no attention output bias in .colibri)")
     flags = 0
     shared = 0
     sliding: int | None = None
     moe_prefix = "mlp"
-    if family == Family.MIXTRAL:
+    if gpt_oss:  # top-k on the router logits, softmax over the chosen: renormalised weights
+        experts_key, ffn_key = "num_local_experts", "intermediate_size"
+        routing = Routing.RENORMALISE
+    elif family == Family.MIXTRAL:
         experts_key, ffn_key = "num_local_experts", "intermediate_size"
         routing = Routing.RENORMALISE
         moe_prefix = "block_sparse_moe"
@@ -196,11 +220,16 @@ def read_config(cfg: dict[str, Any]) -> HFModel:
     ffn = _limit(ffn_key, _int(cfg, ffn_key), 1, fmt.MAX_FFN)
     if cfg.get("tie_word_embeddings", False):
         flags |= Flag.TIED_EMBEDDINGS
-    return HFModel(
+    model = HFModel(
         family=family, model_type=model_type, hidden=hidden, layers=layers, heads=heads,
         kv_heads=kv_heads, head_dim=head_dim, experts=experts, top_k=top_k, expert_ffn=ffn,
         shared_ffn=shared, vocab=vocab, routing=routing, flags=flags, norm_eps=float(eps),
-        rope_theta=rope_theta(cfg),
+        rope_theta=0.0 if gpt_oss else rope_theta(cfg),
         max_positions=_limit("max_position_embeddings", _int(cfg, "max_position_embeddings"), 1, 1 << 40),
         sliding_window=sliding, bos=_token(cfg, "bos_token_id", vocab), eos=_token(cfg, "eos_token_id", vocab),
         moe_prefix=moe_prefix)
+    if gpt_oss:
+        from colibri_kit.model.gptoss import read_gptoss
+
+        return read_gptoss(cfg, model)
+    return model

@@ -13,11 +13,19 @@ dequantised to float32 (or float64) once at load.
 
 Each layer's cache is what its kind keeps (docs/runtime.md, "Layer kinds"): max_seq_len rows for
 full attention, a ring of min(W, max_seq_len) rows for a sliding window of W positions (position
-p in row p % rows), so a prompt several windows long wraps it as the runtime's does.
+p in row p % rows), so a prompt several windows long wraps it as the runtime's does; a
+gated_deltanet layer (Qwen3.5, Qwen3-Next) keeps its convolution's last W-1 inputs and one
+[Dk, Dv] delta-rule state per value head, updated one token at a time.
+
+gpt-oss's parts follow transformers' GptOssForCausalLM: YaRN RoPE (``rope_frequencies``),
+attention sinks, q/k/v/o biases, the router bias with top-k then softmax over the chosen logits
+(equal to softmax, top-k, renormalise), expert biases and the clamped SwiGLU; mxfp4 weights are
+dequantised exactly (format.dequantize_mxfp4).
 """
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import Sequence
@@ -26,8 +34,35 @@ import numpy as np
 
 from colibri_kit.errors import ModelError
 from colibri_kit.model.format import (
-    NONE, ColibriModel, Flag, Kind, Routing, layer_kv_positions, layer_window, read_model,
+    NONE, ColibriModel, DeltaNetGeometry, FfnFlag, Flag, Kind, Mixer, MixerFlag, ModelHeader, Routing,
+    layer_kv_positions, layer_window, read_model, rotary_width,
 )
+
+
+def rope_frequencies(h: ModelHeader) -> tuple[np.ndarray, float]:
+    """The frequency of each RoPE pair (float64, Dh/2 values) and the factor cos and sin are
+    multiplied by, as runtime/src/core/rope.c computes them: theta^(-2i/Dh), or with the
+    ROPE_YARN flag transformers' _compute_yarn_parameters (modeling_rope_utils.py): a ramp
+    between the plain frequencies and them divided by ``factor``, over the pairs between the
+    correction dimensions of beta_fast and beta_slow, and YaRN's attention factor."""
+    dim, base = h.head_dim, float(h.rope_theta)
+    plain = base ** (-2.0 * np.arange(dim // 2, dtype=np.float64) / dim)
+    y = h.yarn
+    if y is None:
+        return plain, 1.0
+
+    def correction_dim(rotations: float) -> float:
+        return dim * math.log(y.original_max_position / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = correction_dim(y.beta_fast), correction_dim(y.beta_slow)
+    if y.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0.0), min(high, dim - 1.0)
+    if low == high:
+        high += 0.001
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - low) / (high - low), 0.0, 1.0)
+    keep = 1.0 - ramp  # the share of the plain frequency
+    return (plain / y.factor) * (1.0 - keep) + plain * keep, float(np.float32(y.attention_factor))
 
 
 @dataclass(frozen=True)
@@ -63,14 +98,20 @@ class Reference:
         self.cache = cache
         self.w: dict[tuple[int, int, int], np.ndarray] = {}
         self.group = h.n_heads // h.n_kv_heads
-        half = h.head_dim // 2
-        # Frequency of pair i is theta^(-2i/Dh).
-        self.inv_freq = (h.rope_theta ** (-2.0 * np.arange(half, dtype=np.float64) / h.head_dim))
+        # Frequency of pair i: theta^(-2i/Dh), or YaRN's; cos and sin times rope_scale
+        self.inv_freq, self.rope_scale = rope_frequencies(h)
         # per layer: [rows, Hkv, Dh], rows as the layer's kind keeps them
         self.windows = [layer_window(h, i) for i in range(h.n_layers)]
         self.k_cache = [np.zeros((layer_kv_positions(h, i), h.n_kv_heads, h.head_dim), self.dtype)
                         for i in range(h.n_layers)]
         self.v_cache = [np.zeros_like(k) for k in self.k_cache]
+        # gated_deltanet layers: (conv inputs [W-1, C], states [Hv, Dk, Dv]) per layer
+        self.recurrent: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        for i in range(h.n_layers):
+            if h.layer(i).mixer == Mixer.GATED_DELTANET:
+                g = DeltaNetGeometry.of(h.layer(i))
+                self.recurrent[i] = (np.zeros((g.width - 1, g.channels), self.dtype),
+                                     np.zeros((g.hv, g.dk, g.dv), self.dtype))
         self.pos = 0
         self.routing: list[list[Route]] = []  # [token][layer], since the last reset
 
@@ -85,8 +126,8 @@ class Reference:
                 self.w[key] = w
         return w
 
-    def vec(self, kind: Kind, layer: int = NONE) -> np.ndarray:
-        return self.W(kind, layer)[0]
+    def vec(self, kind: Kind, layer: int = NONE, expert: int = NONE) -> np.ndarray:
+        return self.W(kind, layer, expert)[0]
 
     # -- building blocks -------------------------------------------------------------------
     def rmsnorm(self, x: np.ndarray, weight: np.ndarray, n: int) -> np.ndarray:
@@ -94,22 +135,51 @@ class Reference:
         ms = np.sum(x * x) / n
         return weight * (x / np.sqrt(ms + self.dtype.type(self.h.norm_eps)))
 
-    def rope(self, v: np.ndarray, pos: int) -> np.ndarray:
-        """Rotate-half RoPE on [heads, Dh]: pair i with i + Dh/2."""
-        half = self.h.head_dim // 2
-        ang = pos * self.inv_freq
+    def rope(self, v: np.ndarray, pos: int, width: int | None = None) -> np.ndarray:
+        """Rotate-half RoPE on [heads, Dh]: pair i with i + R/2 at theta^(-2i/R) on the first R
+        lanes (R = Dh, or the rotary width of a PARTIAL_ROPE layer); the rest pass through."""
+        r = self.h.head_dim if width is None else width
+        half = r // 2
+        inv = self.inv_freq if r == self.h.head_dim else \
+            self.h.rope_theta ** (-2.0 * np.arange(half, dtype=np.float64) / r)
+        ang = pos * inv
         cos, sin = np.cos(ang).astype(self.dtype), np.sin(ang).astype(self.dtype)
-        a, b = v[:, :half], v[:, half:]
-        return np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=1)
+        if self.rope_scale != 1.0:  # YaRN's attention factor, applied in float as transformers does
+            cos, sin = cos * self.dtype.type(self.rope_scale), sin * self.dtype.type(self.rope_scale)
+        a, b = v[:, :half], v[:, half:r]
+        return np.concatenate([a * cos - b * sin, b * cos + a * sin, v[:, r:]], axis=1)
 
     def ffn(self, w1: np.ndarray, w3: np.ndarray, w2: np.ndarray, x: np.ndarray) -> np.ndarray:
         g = w1 @ x
         silu = g / (1 + np.exp(-g))
         return w2 @ (silu * (w3 @ x))
 
+    def expert(self, layer: int, e: int, x: np.ndarray) -> np.ndarray:
+        """Routed expert ``e`` of ``layer`` on x: SwiGLU, or gpt-oss's with biases and clamps."""
+        r = self.h.layer(layer)
+        w1, w3, w2 = (self.W(k, layer, e) for k in (Kind.EXPERT_W1, Kind.EXPERT_W3, Kind.EXPERT_W2))
+        if not r.ffn_params[0]:
+            return self.ffn(w1, w3, w2, x)
+        g, u = w1 @ x, w3 @ x
+        if r.ffn_params[0] & FfnFlag.EXPERT_BIAS:
+            g, u = g + self.vec(Kind.EXPERT_B1, layer, e), u + self.vec(Kind.EXPERT_B3, layer, e)
+        if r.ffn_params[0] & FfnFlag.CLAMPED_SWIGLU:  # transformers' GptOssExperts._apply_gate
+            alpha, limit = (self.dtype.type(v) for v in r.swiglu)
+            g = np.minimum(g, limit)
+            u = np.clip(u, -limit, limit)
+            a = (u + 1) * (g * (1 / (1 + np.exp(-(g * alpha)))))
+        else:
+            a = (g / (1 + np.exp(-g))) * u
+        y = w2 @ a
+        if r.ffn_params[0] & FfnFlag.EXPERT_BIAS:
+            y = y + self.vec(Kind.EXPERT_B2, layer, e)
+        return y
+
     def route(self, layer: int, x: np.ndarray) -> Route:
         h = self.h
         r = self.W(Kind.ROUTER, layer) @ x
+        if h.layer(layer).ffn_params[0] & FfnFlag.ROUTER_BIAS:
+            r = r + self.vec(Kind.ROUTER_BIAS, layer)
         p = np.exp(r - np.max(r))
         p = p / np.sum(p)
         order = np.argsort(-p, kind="stable")[: h.top_k]  # stable sort: ties to the lower index
@@ -140,7 +210,9 @@ class Reference:
         if h.has(Flag.QK_NORM_HEAD):
             q = np.stack([self.rmsnorm(r, self.vec(Kind.Q_NORM, layer), dh) for r in q])
             k = np.stack([self.rmsnorm(r, self.vec(Kind.K_NORM, layer), dh) for r in k])
-        q, k = self.rope(q, pos), self.rope(k, pos)
+        record = h.layer(layer)
+        width = rotary_width(h, record)
+        q, k = self.rope(q, pos, width), self.rope(k, pos, width)
         if self.kv_f16:
             k = k.astype(np.float16).astype(self.dtype)
             v = v.astype(np.float16).astype(self.dtype)
@@ -154,15 +226,64 @@ class Reference:
         rows = np.arange(first, pos + 1) % len(kc)
         out = np.empty((h.n_heads, dh), self.dtype)
         scale = self.dtype.type(1.0 / np.sqrt(dh))
+        flags = h.layer(layer).mixer_flags
+        sinks = self.vec(Kind.ATTN_SINKS, layer) if flags & MixerFlag.SINKS else None
         for head in range(h.n_heads):
             kv = head // self.group
             keys = kc[rows, kv]  # [positions, Dh]
             vals = vc[rows, kv]
             s = (keys @ q[head]) * scale
-            a = np.exp(s - np.max(s))
-            a = a / np.sum(a)
-            out[head] = a @ vals
-        return self.W(Kind.WO, layer) @ out.reshape(-1)
+            # a sink joins the softmax as one more logit and gets no value (gpt-oss)
+            mx = np.max(s) if sinks is None else max(np.max(s), sinks[head])
+            a = np.exp(s - mx)
+            total = np.sum(a) + (0 if sinks is None else np.exp(sinks[head] - mx))
+            out[head] = (a / total) @ vals
+        out = out.reshape(-1)
+        if flags & MixerFlag.OUTPUT_GATE:  # Qwen3.5 / Qwen3-Next gated attention
+            out = out * self.sigmoid(self.W(Kind.ATTN_GATE, layer) @ hn)
+        o = self.W(Kind.WO, layer) @ out
+        return o + self.vec(Kind.BO, layer) if flags & MixerFlag.O_BIAS else o
+
+    def sigmoid(self, v: np.ndarray) -> np.ndarray:
+        return 1 / (1 + np.exp(-v))
+
+    def deltanet(self, layer: int, x: np.ndarray) -> np.ndarray:
+        """A Gated DeltaNet step (runtime/src/layers/deltanet.c's header has the formulas)."""
+        h = self.h
+        g = DeltaNetGeometry.of(h.layer(layer))
+        hn = self.rmsnorm(x, self.vec(Kind.ATTN_NORM, layer), h.embed_dim)
+        mixed = self.W(Kind.DN_QKV, layer) @ hn
+        z = (self.W(Kind.DN_Z, layer) @ hn).reshape(g.hv, g.dv)
+        b = self.W(Kind.DN_B, layer) @ hn
+        a = self.W(Kind.DN_A, layer) @ hn
+        conv, state = self.recurrent[layer]
+        window = np.concatenate([conv, mixed[None, :]])  # [W, C]: oldest first
+        taps = self.W(Kind.DN_CONV, layer)  # [C, W]
+        u = np.sum(taps.T * window, axis=0)
+        u = u / (1 + np.exp(-u))  # silu
+        conv[:] = window[1:]
+        q = u[:g.kd].reshape(g.hk, g.dk)
+        k = u[g.kd:2 * g.kd].reshape(g.hk, g.dk)
+        v = u[2 * g.kd:].reshape(g.hv, g.dv)
+        eps = self.dtype.type(1e-6)
+        q = q / np.sqrt(np.sum(q * q, axis=1, keepdims=True) + eps) / self.dtype.type(np.sqrt(g.dk))
+        k = k / np.sqrt(np.sum(k * k, axis=1, keepdims=True) + eps)
+        beta = self.sigmoid(b)
+        sp = a + self.vec(Kind.DN_DT_BIAS, layer)
+        sp = np.where(sp > 20, sp, np.log1p(np.exp(np.minimum(sp, 20))))  # softplus
+        decay = np.exp(-np.exp(self.vec(Kind.DN_A_LOG, layer)) * sp)
+        per_key = g.hv // g.hk
+        out = np.empty((g.hv, g.dv), self.dtype)
+        w = self.vec(Kind.DN_NORM, layer)
+        for head in range(g.hv):
+            qh, kh = q[head // per_key], k[head // per_key]
+            s = state[head] * decay[head]
+            delta = (v[head] - kh @ s) * beta[head]
+            s = s + np.outer(kh, delta)
+            state[head] = s
+            o = qh @ s
+            out[head] = self.rmsnorm(o, w, g.dv) * (z[head] / (1 + np.exp(-z[head])))
+        return self.W(Kind.DN_OUT, layer) @ out.reshape(-1)
 
     def moe(self, layer: int, x: np.ndarray) -> tuple[np.ndarray, Route]:
         h = self.h
@@ -170,8 +291,7 @@ class Reference:
         route = self.route(layer, hn)
         y = np.zeros_like(x)
         for e, wt in zip(route.experts, route.weights):
-            y += self.dtype.type(wt) * self.ffn(self.W(Kind.EXPERT_W1, layer, e), self.W(Kind.EXPERT_W3, layer, e),
-                                                self.W(Kind.EXPERT_W2, layer, e), hn)
+            y += self.dtype.type(wt) * self.expert(layer, e, hn)
         if h.has(Flag.SHARED_EXPERT):
             s = self.ffn(self.W(Kind.SHARED_W1, layer), self.W(Kind.SHARED_W3, layer),
                          self.W(Kind.SHARED_W2, layer), hn)
@@ -187,6 +307,9 @@ class Reference:
         self.routing = []
         for c in (*self.k_cache, *self.v_cache):
             c[:] = 0
+        for conv, state in self.recurrent.values():
+            conv[:] = 0
+            state[:] = 0
 
     def step(self, token: int) -> np.ndarray:
         """One token at the current position -> logits [V]."""
@@ -198,7 +321,10 @@ class Reference:
         x = self.W(Kind.TOK_EMBED)[token].copy()
         routes = []
         for layer in range(h.n_layers):
-            x = x + self.attention(layer, x, self.pos)
+            if layer in self.recurrent:
+                x = x + self.deltanet(layer, x)
+            else:
+                x = x + self.attention(layer, x, self.pos)
             y, r = self.moe(layer, x)
             x = x + y
             routes.append(r)

@@ -25,8 +25,11 @@ INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 MAX_HEADER = 100 << 20  # the reference implementation refuses larger headers too
 
-# safetensors dtype -> (NumPy dtype of the stored bits, is_bf16)
-_DTYPES: dict[str, tuple[str, bool]] = {"F32": ("<f4", False), "F16": ("<f2", False), "BF16": ("<u2", True)}
+# safetensors dtype -> (NumPy dtype of the stored bits, is_bf16). U8: gpt-oss's mxfp4 blocks and
+# scales (read as bytes through TensorView.raw, never as numbers).
+_DTYPES: dict[str, tuple[str, bool]] = {"F32": ("<f4", False), "F16": ("<f2", False), "BF16": ("<u2", True),
+                                        "U8": ("u1", False)}
+FLOAT_DTYPES = ("F32", "F16", "BF16")
 
 
 class TensorView:
@@ -63,6 +66,14 @@ class TensorView:
 
     def rows(self, start: int, stop: int) -> np.ndarray:
         return self._f32(self._raw[start:stop])
+
+    def raw(self) -> np.ndarray:
+        """The stored elements as they are (a view into the map; uint8 for U8 tensors)."""
+        return self._raw
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        """np.asarray(view): the stored elements (bf16 as its bits); used for U8 blocks."""
+        return np.asarray(self._raw, dtype=dtype)
 
     def numpy(self) -> np.ndarray:
         return self._f32(self._raw)
@@ -129,7 +140,7 @@ def _entry(path: Path, name: str, info: Any, data_len: int) -> Entry:
         raise ModelError(f"{where}: header entry is not an object")
     dtype = info.get("dtype")
     if not isinstance(dtype, str) or dtype not in _DTYPES:
-        raise ModelError(f"{where}: dtype {repr(dtype)[:40]} not supported (F32, F16, BF16)")
+        raise ModelError(f"{where}: dtype {repr(dtype)[:40]} not supported (F32, F16, BF16; U8 for mxfp4 blocks)")
     shape = info.get("shape")
     if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
                                               for s in shape):

@@ -14,8 +14,12 @@ from colibri_kit.tasks._common import kit_task, user_errors
 @kit_task(name="convert", help={
     "hf-dir": "Hugging Face checkpoint directory (config.json + safetensors, single or sharded)",
     "out": "output .colibri file (written to a temporary file, renamed when complete)",
-    "dtype": "weight type of the large matrices: f32, f16, bf16, int8 (per-row scales) or q4 "
-             "(4-bit, one f16 scale per 32 weights)",
+    "dtype": "weight type of the large matrices: f32, f16, bf16, int8 (per-row scales), q4 "
+             "(4-bit, one f16 scale per 32 weights) or mxfp4 (OCP MX: E2M1 with one power-of-two "
+             "scale per 32 weights)",
+    "expert-dtype": "weight type of the routed experts when it should differ from --dtype, e.g. "
+                    "mxfp4 (gpt-oss's own); a checkpoint released with mxfp4 experts keeps them "
+                    "bit for bit whatever --dtype says",
     "target": "target profile whose embed_pad / max_experts / top_k the model must fit, and whose "
               "memory it must fit (refused before converting, naming a dtype or context that "
               "fits; default host: no memory limit)",
@@ -25,21 +29,23 @@ from colibri_kit.tasks._common import kit_task, user_errors
 })
 @user_errors
 def convert_task(c: Context, hf_dir: str, out: str = "", dtype: str = "f32", target: str = "host",
-                 max_seq_len: int = 0, chat_template: str = "", slots: int = 1) -> None:
-    """Convert a Hugging Face MoE checkpoint (mixtral, qwen2_moe, qwen3_moe, olmoe) to .colibri."""
+                 max_seq_len: int = 0, chat_template: str = "", slots: int = 1,
+                 expert_dtype: str = "") -> None:
+    """Convert a Hugging Face MoE checkpoint (mixtral, qwen2_moe, qwen3_moe, olmoe, gpt_oss) to .colibri."""
     from colibri_kit.model.convert import convert
 
     if not out:
         raise ModelError("give the output file: invoke convert --hf-dir DIR --out FILE.colibri")
     path = convert(hf_dir, out, dtype=dtype, target=target, max_seq_len=max_seq_len or None,
-                   progress=True, chat_template=chat_template or None, slots=slots)
+                   progress=True, chat_template=chat_template or None, slots=slots,
+                   expert_dtype=expert_dtype or None)
     print(path)
 
 
 @kit_task(name="tiny-model", help={
     "out": "output .colibri file",
     "target": "target profile whose embed_pad is used for padding (default host)",
-    "dtype": "f32 (default), f16, bf16, int8 or q4",
+    "dtype": "f32 (default), f16, bf16, int8, q4 or mxfp4",
 })
 @user_errors
 def tiny_model_task(c: Context, out: str, target: str = "host", dtype: str = "f32") -> None:
@@ -84,6 +90,8 @@ def model_info_task(c: Context, file: str, slots: int = 1, kv_cache: str = "") -
     print()
     tok, tpl = doc.get("tokenizer"), doc["chat_template"]
     print(f"layers: {doc['layer_pattern']}", file=sys.stderr)
+    if doc["features"]:  # gpt-oss: window, sinks, biases, YaRN, clamped SwiGLU, mxfp4 experts
+        print("features: " + "; ".join(doc["features"]), file=sys.stderr)
     print("tokenizer: " + (f"{tok['model']}, {tok['vocab']} pieces, {tok['merges']} merges" if tok else
                            "none (--ids commands only)")
           + "; chat template: " + (f"{', '.join(tpl['roles'])} (sha256 {str(tpl['source_sha256'])[:12]})"

@@ -15,10 +15,16 @@
 /* Grouped 4-bit (docs/format.md, "q4"): rows of ceil(cols / 32) groups, each 16 bytes of nibbles
  * (byte j = (q[j] + 8) | (q[j + 16] + 8) << 4) and one f16 scale d; w = q * d. */
 #define COLIBRI_DT_Q4 4
-#define COLIBRI_DT_COUNT 5
-#define COLIBRI_DT_NAMES {"f32", "f16", "bf16", "int8", "q4"}
+/* OCP MXFP4 (docs/format.md, "mxfp4"; gpt-oss's released experts): rows of ceil(cols / 32) blocks,
+ * each 16 bytes of E2M1 codes (byte j = code[2j] | code[2j + 1] << 4) and one E8M0 scale byte s;
+ * w = E2M1[code] * 2^(s - 127). Format version 3. */
+#define COLIBRI_DT_MXFP4 5
+#define COLIBRI_DT_COUNT 6
+#define COLIBRI_DT_NAMES {"f32", "f16", "bf16", "int8", "q4", "mxfp4"}
 #define COLIBRI_Q4_GROUP 32
 #define COLIBRI_Q4_BLOCK 16
+#define COLIBRI_MX_BLOCK 32
+#define COLIBRI_MX_BLOCK_BYTES 16
 
 /* Launch geometry (docs/cuda.md, "Kernels"). */
 #define COLIBRI_CU_WARP 32

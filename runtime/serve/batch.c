@@ -111,9 +111,14 @@ static void *step_main(void *arg) {
         }
         if (!n) continue;
         pthread_mutex_unlock(&b->mu);
+        colibri_runtime_info before, after; /* this thread owns the engine: its fault counts */
+        colibri_engine_get_runtime_info(b->engine, &before);
         colibri_gen_step(b->engine, gens, n); /* a failure finishes the generations it carried */
+        colibri_engine_get_runtime_info(b->engine, &after);
         pthread_mutex_lock(&b->mu);
         b->passes++;
+        b->minor_faults += after.minor_faults - before.minor_faults;
+        b->major_faults += after.major_faults - before.major_faults;
         for (int k = 0; k < n; k++) {
             int moved = colibri_gen_position(gens[k]) - pos0[k]; /* 0: it waited for room */
             b->rows += (unsigned long long)moved;

@@ -31,6 +31,7 @@ typedef struct batcher {
     bjob *jobs;                 /* joined and not let go yet, in join order */
     int stop;
     unsigned long long passes, rows, seqs; /* steps run, token rows and sequences they carried */
+    unsigned long long minor_faults, major_faults; /* the engine's threads took, stepping */
 } batcher;
 
 /* One generation in the loop, owned by the request thread that made it. */

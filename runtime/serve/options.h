@@ -45,6 +45,15 @@ typedef struct {
     serve_warm warm[SERVE_MAX_WARM]; /* --warm-system / --warm-prompt, in order */
     int n_warm;
     const char *warm_b64;       /* --warm-prompts-b64: base64 of a JSON list (the unit's form) */
+    int deadline_ms;            /* --deadline-ms: a request's budget when it gives none; 0 none */
+    /* real-time mode (global options; docs/runtime.md): slot i's workers run on the i-th run of
+     * `threads` CPUs of cpus (slots x threads of them) */
+    const int *cpus;
+    int n_cpus;
+    colibri_sched sched;
+    int sched_priority;
+    int lock_memory;
+    colibri_barrier barrier;
 } server_options;
 
 #endif

@@ -180,6 +180,8 @@ static void handle_metrics(conn *c) {
         g.batch_passes = S->pool.batch.passes;
         g.batch_rows = S->pool.batch.rows;
         g.batch_seqs = S->pool.batch.seqs;
+        m.gen_minor_faults += S->pool.batch.minor_faults; /* the engine computes for the slots */
+        m.gen_major_faults += S->pool.batch.major_faults;
         pthread_mutex_unlock(&S->pool.batch.mu);
     }
     prefix_stats ps;

@@ -154,6 +154,12 @@ static int load_model(server *S) {
     opt.backend = o->backend;
     opt.int8_activations = o->int8_activations;
     opt.kv_dtype = o->kv_dtype;
+    opt.cpus = o->n_cpus ? o->cpus : NULL;   /* slot i takes its own run (slots.c) */
+    opt.n_cpus = o->n_cpus ? o->threads : 0;
+    opt.sched = o->sched;
+    opt.sched_priority = o->sched_priority;
+    opt.lock_memory = o->lock_memory;
+    opt.barrier = o->barrier;
     opt.error = err;
     opt.error_len = sizeof err;
     pool_config cfg = {!o->no_batching, o->prefix_cache_mb};
@@ -206,7 +212,17 @@ static void log_ready(server *S, int port, double load_ms, int warm, int warm_to
     jb_puts(&b, ", \"prefix_cache_mb\": ");
     if (ps.limit) jb_num(&b, (double)ps.limit / (1 << 20));
     else jb_cstr(&b, S->pool.prefix_off);
-    jb_printf(&b, ", \"warm_prompts\": %d, \"warm_tokens\": %d}", warm, warm_tokens);
+    jb_printf(&b, ", \"warm_prompts\": %d, \"warm_tokens\": %d", warm, warm_tokens);
+    jb_puts(&b, ", \"realtime\": {\"cpus\": ");
+    if (o->n_cpus) {
+        jb_puts(&b, "\"");
+        for (int i = 0; i < o->n_cpus; i++) jb_printf(&b, "%s%d", i ? "," : "", o->cpus[i]);
+        jb_puts(&b, "\"");
+    } else {
+        jb_puts(&b, "null");
+    }
+    jb_printf(&b, ", \"sched\": \"%s\", \"priority\": %d, \"barrier\": \"%s\", \"memory_locked\": %s}}",
+              ri.sched, ri.sched_priority, ri.barrier, ri.memory_locked ? "true" : "false");
     log_event("%s", b.failed ? "{\"event\": \"ready\"}" : b.buf);
     jb_free(&b);
 }

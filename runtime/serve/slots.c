@@ -33,9 +33,13 @@ int pool_open(slot_pool *p, const char *path, const colibri_options *opt, int n,
     }
     /* Continuous batching: the engine's threads compute every slot's tokens; a slot's context
      * only holds its sequence. A CUDA engine means each slot runs on the GPU as its own pass. */
-    colibri_options so = *opt;
+    colibri_options base = *opt;
     if (cfg->batching) {
-        st = colibri_engine_new(&p->engine, p->model, opt);
+        /* real-time mode: opt names each slot's run of n_cpus CPUs, slot after slot; the engine
+         * computes for every slot, so its workers take all of them */
+        colibri_options eo = *opt;
+        if (eo.n_cpus) eo.threads = eo.n_cpus *= n;
+        st = colibri_engine_new(&p->engine, p->model, &eo);
         if (st) {
             snprintf(err, errlen, "%s: engine: %s: %s", path, colibri_strerror(st), opt->error ? opt->error : "");
             return -1;
@@ -47,8 +51,10 @@ int pool_open(slot_pool *p, const char *path, const colibri_options *opt, int n,
             p->engine = NULL;
             snprintf(p->batch_off, sizeof p->batch_off, "the CUDA backend runs each slot as its own pass");
         } else {
-            so.threads = 1;
-            so.backend = COLIBRI_BACKEND_CPU;
+            base.threads = 1; /* a slot only holds its sequence: no workers of its own */
+            base.cpus = NULL;
+            base.n_cpus = 0;
+            base.backend = COLIBRI_BACKEND_CPU;
             p->threads = ri.threads;
             /* a layer kind without a multi-sequence pass: the step loop still serves every slot
              * (the prefix cache too), each slot's tokens in a pass of their own */
@@ -60,12 +66,15 @@ int pool_open(slot_pool *p, const char *path, const colibri_options *opt, int n,
     }
     if (!p->engine) {
         long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-        if (!so.threads) so.threads = cpus > n ? (int)(cpus / n) : 1;
-        if (so.threads > 64) so.threads = 64;
-        p->threads = so.threads;
+        if (!base.threads) base.threads = base.n_cpus ? base.n_cpus : cpus > n ? (int)(cpus / n) : 1;
+        if (base.threads > 64) base.threads = 64;
+        p->threads = base.threads;
     }
     for (int i = 0; i < n; i++) {
         slot *s = &p->slots[i];
+        colibri_options so = base; /* real-time mode without the engine: slot i's workers on the
+                                      i-th run of CPUs */
+        if (!p->engine && so.cpus) so.cpus += (size_t)i * (size_t)so.n_cpus;
         st = colibri_ctx_new(&s->ctx, p->model, &so);
         if (st) {
             snprintf(err, errlen, "%s: slot %d: %s: %s", path, i, colibri_strerror(st), opt->error ? opt->error : "");

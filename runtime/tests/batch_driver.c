@@ -3,7 +3,7 @@
  *
  *   batch_driver MODEL THREADS [f16] [int8act] [solo]
  *
- * 1. colibri_forward_batch: four sequences of different lengths (1, 9, 70, 150 tokens) give
+ * 1. colibri_forward_batch: four sequences of different lengths (1, 9, 70, 200 tokens) give
  *    bitwise the logits each gives alone (one colibri_forward call), batched all at once, joined
  *    one by one in random-sized chunks in a rotating order, and with last-token logits only.
  * 2. colibri_gen_step: four sampled generations (their own seeds, temperatures, lengths) give
@@ -24,7 +24,7 @@
 #include "core/model.h" /* the layers' kind pointers: the driver wraps them (check 5) */
 
 #define NSEQ 4
-static const int LENS[NSEQ] = {1, 9, 70, 150};
+static const int LENS[NSEQ] = {1, 9, 70, 200}; /* 280 rows: more than a 256-position model's pass */
 static int failures;
 static uint32_t rng = 2463534242u;
 
@@ -81,7 +81,7 @@ static void check_forward_batch(colibri_model *m, const colibri_options *o, uint
     float *got[NSEQ];
     for (int i = 0; i < NSEQ; i++) got[i] = malloc(sizeof(float) * (size_t)len_of(i, S) * V);
 
-    /* all at once: 230 rows, cut into passes of 64 across the items */
+    /* all at once: 280 rows, cut where a pass (256 rows: min(max_seq_len, 512)) is full */
     colibri_batch_item it[NSEQ];
     for (int i = 0; i < NSEQ; i++) it[i] = (colibri_batch_item){c[i], ids[i], len_of(i, S), got[i], 1};
     int ok = colibri_forward_batch(e, it, NSEQ) == COLIBRI_OK;

@@ -20,12 +20,12 @@
 _Static_assert(COLIBRI_EMBED_DIM_PAD > 0 && COLIBRI_EMBED_DIM_PAD % 16 == 0,
                "COLIBRI_EMBED_DIM_PAD must be a positive multiple of 16 (docs/format.md)");
 _Static_assert(COLIBRI_TOP_K >= 1 && COLIBRI_TOP_K <= 16, "COLIBRI_TOP_K must be in 1..16");
-_Static_assert(COLIBRI_MAX_EXPERTS >= 1 && COLIBRI_MAX_EXPERTS <= 256,
-               "COLIBRI_MAX_EXPERTS must be in 1..256");
+_Static_assert(COLIBRI_MAX_EXPERTS >= 1 && COLIBRI_MAX_EXPERTS <= 512,
+               "COLIBRI_MAX_EXPERTS must be in 1..512");
 
 /* Format limits (docs/format.md, "Limits enforced by readers"). */
 #define LIM_D 65536u
-#define LIM_E 256u
+#define LIM_E 512u /* Qwen3-Next: 512 routed experts */
 #define LIM_TOPK 16u
 #define LIM_L 1024u
 #define LIM_HEADS 1024u
@@ -68,27 +68,49 @@ static const char *kind_name(uint32_t kind) {
     case COLIBRI_K_K_NORM: return "K_NORM";
     case COLIBRI_K_FFN_NORM: return "FFN_NORM";
     case COLIBRI_K_ROUTER: return "ROUTER";
+    case COLIBRI_K_ATTN_SINKS: return "ATTN_SINKS";
+    case COLIBRI_K_BO: return "BO";
+    case COLIBRI_K_ROUTER_BIAS: return "ROUTER_BIAS";
     case COLIBRI_K_EXPERT_W1: return "EXPERT_W1";
     case COLIBRI_K_EXPERT_W3: return "EXPERT_W3";
     case COLIBRI_K_EXPERT_W2: return "EXPERT_W2";
+    case COLIBRI_K_EXPERT_B1: return "EXPERT_B1";
+    case COLIBRI_K_EXPERT_B3: return "EXPERT_B3";
+    case COLIBRI_K_EXPERT_B2: return "EXPERT_B2";
     case COLIBRI_K_SHARED_W1: return "SHARED_W1";
     case COLIBRI_K_SHARED_W3: return "SHARED_W3";
     case COLIBRI_K_SHARED_W2: return "SHARED_W2";
     case COLIBRI_K_SHARED_GATE: return "SHARED_GATE";
+    case COLIBRI_K_ATTN_GATE: return "ATTN_GATE";
+    case COLIBRI_K_DN_QKV: return "DN_QKV";
+    case COLIBRI_K_DN_Z: return "DN_Z";
+    case COLIBRI_K_DN_B: return "DN_B";
+    case COLIBRI_K_DN_A: return "DN_A";
+    case COLIBRI_K_DN_CONV: return "DN_CONV";
+    case COLIBRI_K_DN_A_LOG: return "DN_A_LOG";
+    case COLIBRI_K_DN_DT_BIAS: return "DN_DT_BIAS";
+    case COLIBRI_K_DN_NORM: return "DN_NORM";
+    case COLIBRI_K_DN_OUT: return "DN_OUT";
     default: return NULL;
     }
 }
 
 static int is_global(uint32_t kind) { return kind <= COLIBRI_K_LM_HEAD; }
-static int is_expert(uint32_t kind) {
-    return kind >= COLIBRI_K_EXPERT_W1 && kind <= COLIBRI_K_EXPERT_W2;
+static int is_expert(uint32_t kind) { /* the experts' matrices and their biases */
+    return kind >= COLIBRI_K_EXPERT_W1 && kind <= COLIBRI_K_EXPERT_B2;
 }
 /* Small vectors stay f32 whatever the model dtype (docs/format.md). */
 static int must_be_f32(uint32_t kind) {
     switch (kind) {
     case COLIBRI_K_OUTPUT_NORM: case COLIBRI_K_ATTN_NORM: case COLIBRI_K_BQ: case COLIBRI_K_BK:
     case COLIBRI_K_BV: case COLIBRI_K_Q_NORM: case COLIBRI_K_K_NORM: case COLIBRI_K_FFN_NORM:
-    case COLIBRI_K_ROUTER: case COLIBRI_K_SHARED_GATE: return 1;
+    case COLIBRI_K_ROUTER: case COLIBRI_K_SHARED_GATE: case COLIBRI_K_ATTN_SINKS: case COLIBRI_K_BO:
+    case COLIBRI_K_ROUTER_BIAS: case COLIBRI_K_EXPERT_B1: case COLIBRI_K_EXPERT_B3:
+    case COLIBRI_K_EXPERT_B2: return 1;
+    /* gated_deltanet: the beta/decay projections feed exp() and the recurrence (as the router
+     * feeds top-k), the rest are small vectors */
+    case COLIBRI_K_DN_B: case COLIBRI_K_DN_A: case COLIBRI_K_DN_CONV: case COLIBRI_K_DN_A_LOG:
+    case COLIBRI_K_DN_DT_BIAS: case COLIBRI_K_DN_NORM: return 1;
     default: return 0;
     }
 }
@@ -129,13 +151,29 @@ static colibri_tensor *slot_for(struct colibri_model *m, uint32_t kind, uint32_t
     case COLIBRI_K_K_NORM: return &l->k_norm;
     case COLIBRI_K_FFN_NORM: return &l->ffn_norm;
     case COLIBRI_K_ROUTER: return &l->router;
+    case COLIBRI_K_ATTN_SINKS: return &l->attn_sinks;
+    case COLIBRI_K_BO: return &l->bo;
+    case COLIBRI_K_ROUTER_BIAS: return &l->router_bias;
     case COLIBRI_K_EXPERT_W1: return &l->w1[expert];
     case COLIBRI_K_EXPERT_W3: return &l->w3[expert];
     case COLIBRI_K_EXPERT_W2: return &l->w2[expert];
+    case COLIBRI_K_EXPERT_B1: return &l->b1[expert];
+    case COLIBRI_K_EXPERT_B3: return &l->b3[expert];
+    case COLIBRI_K_EXPERT_B2: return &l->b2[expert];
     case COLIBRI_K_SHARED_W1: return &l->shared_w1;
     case COLIBRI_K_SHARED_W3: return &l->shared_w3;
     case COLIBRI_K_SHARED_W2: return &l->shared_w2;
     case COLIBRI_K_SHARED_GATE: return &l->shared_gate;
+    case COLIBRI_K_ATTN_GATE: return &l->attn_gate;
+    case COLIBRI_K_DN_QKV: return &l->dn_qkv;
+    case COLIBRI_K_DN_Z: return &l->dn_z;
+    case COLIBRI_K_DN_B: return &l->dn_b;
+    case COLIBRI_K_DN_A: return &l->dn_a;
+    case COLIBRI_K_DN_CONV: return &l->dn_conv;
+    case COLIBRI_K_DN_A_LOG: return &l->dn_a_log;
+    case COLIBRI_K_DN_DT_BIAS: return &l->dn_dt_bias;
+    case COLIBRI_K_DN_NORM: return &l->dn_norm;
+    case COLIBRI_K_DN_OUT: return &l->dn_out;
     default: return NULL;
     }
 }
@@ -201,10 +239,21 @@ static colibri_status parse_header(struct colibri_model *m, const uint8_t *b, ui
         m->meta_size = rd64(b + 136);
     }
     /* Versions 1 and 2 left these bytes unread (reserved), and still do; version 3 reads the
-     * layer table's offset and refuses anything in the bytes it keeps reserved. */
+     * layer table's offset, the YaRN parameters when its flag says so (bytes 152..175), and
+     * refuses anything in the bytes it keeps reserved. */
     if (m->version >= 3) {
         m->layer_table_offset = rd64(b + 144);
-        for (uint32_t at = 152; at < 192; at++)
+        uint32_t at = 152;
+        if (m->flags & COLIBRI_FLAG_ROPE_YARN) {
+            m->yarn.factor = rdf32(b + 152);
+            m->yarn.beta_fast = rdf32(b + 156);
+            m->yarn.beta_slow = rdf32(b + 160);
+            m->yarn.attention_factor = rdf32(b + 164);
+            m->yarn.original = rd32(b + 168);
+            m->yarn.truncate = rd32(b + 172);
+            at = 176;
+        }
+        for (; at < 192; at++)
             if (b[at] != 0)
                 return fail(why, len, COLIBRI_E_BAD_VERSION,
                             "header byte %u is reserved in format version 3 and must be 0", at);
@@ -261,11 +310,19 @@ static colibri_status parse_header(struct colibri_model *m, const uint8_t *b, ui
     if (m->routing > COLIBRI_WEIGHTS_SOFTMAX)
         return fail(why, len, COLIBRI_E_UNSUPPORTED, "routing = %u is not 0 (renormalise) or 1",
                     m->routing);
-    if (m->dtype > COLIBRI_DT_Q4 || (m->dtype == COLIBRI_DT_Q4 && m->version < 2))
+    if (m->dtype > COLIBRI_DT_MXFP4 || (m->dtype == COLIBRI_DT_Q4 && m->version < 2) ||
+        (m->dtype == COLIBRI_DT_MXFP4 && m->version < 3))
         return fail(why, len, COLIBRI_E_UNSUPPORTED,
-                    "dtype = %u is not one of 0..4 (4, q4, needs format version 2)", m->dtype);
-    if (m->flags & ~0x3Fu)
+                    "dtype = %u is not one of 0..5 (4, q4, needs format version 2; 5, mxfp4, "
+                    "version 3)", m->dtype);
+    if (m->flags & ~COLIBRI_KNOWN_FLAGS)
         return fail(why, len, COLIBRI_E_UNSUPPORTED, "flags = 0x%x has unknown bits", m->flags);
+    if ((m->flags & COLIBRI_FLAG_ROPE_YARN) && m->version < 3)
+        return fail(why, len, COLIBRI_E_UNSUPPORTED,
+                    "flags = 0x%x sets ROPE_YARN, which needs format version 3", m->flags);
+    if ((m->flags & COLIBRI_FLAG_ROPE_YARN) &&
+        (s = colibri_rope_check_yarn(&m->yarn, why, len)))
+        return s;
     if ((m->flags & COLIBRI_FLAG_QK_NORM_HEAD) && (m->flags & COLIBRI_FLAG_QK_NORM_FULL))
         return fail(why, len, COLIBRI_E_ABSURD_DIM, "flags set both QK_NORM_HEAD and QK_NORM_FULL");
     if ((m->flags & COLIBRI_FLAG_SHARED_EXPERT_GATE) && !(m->flags & COLIBRI_FLAG_SHARED_EXPERT))
@@ -475,19 +532,22 @@ static colibri_status parse_record(struct colibri_model *m, const uint8_t *r, ui
                     "tensor %s layer %d expert %d has shape [%u, %u], expected [%u, %u]", name,
                     (int)layer, (int)expert, rows, cols, er, ec);
     size_t esz = colibri_dtype_size(dtype);
-    if ((esz == 0 && !(dtype == COLIBRI_DT_Q4 && m->version >= 2)) ||
+    if ((esz == 0 && !(dtype == COLIBRI_DT_Q4 && m->version >= 2) &&
+         !(dtype == COLIBRI_DT_MXFP4 && m->version >= 3)) ||
         (must_be_f32(kind) && dtype != COLIBRI_DT_F32))
         return fail(why, len, COLIBRI_E_BAD_TENSOR, "tensor %s layer %d: dtype %u not allowed", name,
                     (int)layer, dtype);
     /* rows, cols < 2^32 so rows*cols < 2^64; times esz (<= 4) is checked against the limit.
-     * q4: rows * groups * 16 <= rows * (cols + 31) / 2, also far below 2^64. */
+     * q4, mxfp4: rows * blocks * 16 <= rows * (cols + 31) / 2, also far below 2^64. */
     uint64_t elems = (uint64_t)rows * cols;
-    uint64_t want = dtype == COLIBRI_DT_Q4
-                        ? (uint64_t)rows * colibri_q4_groups(cols) * COLIBRI_Q4_BLOCK
+    uint64_t want = dtype == COLIBRI_DT_Q4 ? (uint64_t)rows * colibri_q4_groups(cols) * COLIBRI_Q4_BLOCK
+                    : dtype == COLIBRI_DT_MXFP4
+                        ? (uint64_t)rows * colibri_mx_blocks(cols) * COLIBRI_MX_BLOCK_BYTES
                         : elems * esz;
     uint64_t want_s = dtype == COLIBRI_DT_INT8 ? (uint64_t)rows * 4
                       : dtype == COLIBRI_DT_Q4 ? (uint64_t)rows * colibri_q4_groups(cols) * 2
-                                               : 0;
+                      : dtype == COLIBRI_DT_MXFP4 ? (uint64_t)rows * colibri_mx_blocks(cols)
+                                                  : 0;
     if (elems > UINT64_MAX / 4 || nbytes != want)
         return fail(why, len, COLIBRI_E_BAD_TENSOR, "tensor %s layer %d: nbytes = %llu, expected %llu",
                     name, (int)layer, (unsigned long long)nbytes, (unsigned long long)want);
@@ -503,12 +563,13 @@ static colibri_status parse_record(struct colibri_model *m, const uint8_t *r, ui
             return fail(why, len, COLIBRI_E_OUT_OF_RANGE,
                         "tensor %s layer %d: %s scales [%llu, +%llu) are unaligned, mis-sized "
                         "(expected %llu bytes) or outside the file",
-                        name, (int)layer, dtype == COLIBRI_DT_Q4 ? "q4" : "int8",
+                        name, (int)layer,
+                        dtype == COLIBRI_DT_Q4 ? "q4" : dtype == COLIBRI_DT_MXFP4 ? "mxfp4" : "int8",
                         (unsigned long long)soff, (unsigned long long)sbytes,
                         (unsigned long long)want_s);
     } else if (soff != 0 || sbytes != 0) {
         return fail(why, len, COLIBRI_E_BAD_TENSOR,
-                    "tensor %s layer %d: scales on a tensor without them (not int8 or q4)", name,
+                    "tensor %s layer %d: scales on a tensor without them (not int8, q4 or mxfp4)", name,
                     (int)layer);
     }
     colibri_tensor *t = slot_for(m, kind, layer, expert);
@@ -520,6 +581,7 @@ static colibri_status parse_record(struct colibri_model *m, const uint8_t *r, ui
     t->dtype = dtype;
     t->rows = rows;
     t->cols = cols;
+    if (dtype == COLIBRI_DT_MXFP4) m->has_mxfp4 = 1;
     return COLIBRI_OK;
 }
 
@@ -536,8 +598,10 @@ static colibri_status require(const struct colibri_model *m, const colibri_tenso
 static const uint32_t layer_tensor_kinds[] = {
     COLIBRI_K_ATTN_NORM, COLIBRI_K_WQ, COLIBRI_K_WK, COLIBRI_K_WV, COLIBRI_K_WO, COLIBRI_K_BQ,
     COLIBRI_K_BK, COLIBRI_K_BV, COLIBRI_K_Q_NORM, COLIBRI_K_K_NORM, COLIBRI_K_FFN_NORM,
-    COLIBRI_K_ROUTER, COLIBRI_K_SHARED_W1, COLIBRI_K_SHARED_W3, COLIBRI_K_SHARED_W2,
-    COLIBRI_K_SHARED_GATE,
+    COLIBRI_K_ROUTER, COLIBRI_K_ATTN_SINKS, COLIBRI_K_BO, COLIBRI_K_ROUTER_BIAS,
+    COLIBRI_K_SHARED_W1, COLIBRI_K_SHARED_W3, COLIBRI_K_SHARED_W2, COLIBRI_K_SHARED_GATE,
+    COLIBRI_K_ATTN_GATE, COLIBRI_K_DN_QKV, COLIBRI_K_DN_Z, COLIBRI_K_DN_B, COLIBRI_K_DN_A,
+    COLIBRI_K_DN_CONV, COLIBRI_K_DN_A_LOG, COLIBRI_K_DN_DT_BIAS, COLIBRI_K_DN_NORM, COLIBRI_K_DN_OUT,
 };
 
 static colibri_status check_complete(struct colibri_model *m, char *why, size_t len) {
@@ -556,7 +620,10 @@ static colibri_status check_complete(struct colibri_model *m, char *why, size_t 
         for (uint32_t e = 0; e < m->num_experts; e++)
             if ((s = require(m, &l->w1[e], COLIBRI_K_EXPERT_W1, li, (int)e, why, len)) ||
                 (s = require(m, &l->w3[e], COLIBRI_K_EXPERT_W3, li, (int)e, why, len)) ||
-                (s = require(m, &l->w2[e], COLIBRI_K_EXPERT_W2, li, (int)e, why, len)))
+                (s = require(m, &l->w2[e], COLIBRI_K_EXPERT_W2, li, (int)e, why, len)) ||
+                (s = require(m, &l->b1[e], COLIBRI_K_EXPERT_B1, li, (int)e, why, len)) ||
+                (s = require(m, &l->b3[e], COLIBRI_K_EXPERT_B3, li, (int)e, why, len)) ||
+                (s = require(m, &l->b2[e], COLIBRI_K_EXPERT_B2, li, (int)e, why, len)))
                 return s;
     }
     if (m->flags & COLIBRI_FLAG_TIED_EMBEDDINGS) m->lm_head = m->tok_embed;
@@ -590,21 +657,30 @@ static colibri_status validate(struct colibri_model *m, char *why, size_t len) {
     colibri_status s = parse_header(m, m->base, m->size, why, len);
     if (s) return s;
     if ((s = parse_meta(m, why, len))) return s;
-    uint64_t want = (uint64_t)m->n_layers * (16u + 3u * m->num_experts) + 3u;
+    /* per layer at most 19 attention / moe / gpt-oss kinds and 10 Qwen ones (32: a bound),
+     * three weights and three biases per expert */
+    uint64_t want = (uint64_t)m->n_layers * (32u + 6u * m->num_experts) + 3u;
     if (m->n_tensors > want)
         return fail(why, len, COLIBRI_E_BAD_TENSOR, "n_tensors = %u is more than this geometry has",
                     m->n_tensors);
     m->layers = calloc(m->n_layers, sizeof *m->layers);
-    m->expert_views = calloc((size_t)m->n_layers * m->num_experts * 3, sizeof *m->expert_views);
+    m->expert_views = calloc((size_t)m->n_layers * m->num_experts * 6, sizeof *m->expert_views);
     if (!m->layers || !m->expert_views)
         return fail(why, len, COLIBRI_E_NO_MEMORY, "out of memory for the tensor table");
     for (uint32_t i = 0; i < m->n_layers; i++) {
-        colibri_tensor *v = m->expert_views + (size_t)i * m->num_experts * 3;
+        colibri_tensor *v = m->expert_views + (size_t)i * m->num_experts * 6;
+        size_t e = m->num_experts;
         m->layers[i].w1 = v;
-        m->layers[i].w3 = v + m->num_experts;
-        m->layers[i].w2 = v + 2 * (size_t)m->num_experts;
+        m->layers[i].w3 = v + e;
+        m->layers[i].w2 = v + 2 * e;
+        m->layers[i].b1 = v + 3 * e;
+        m->layers[i].b3 = v + 4 * e;
+        m->layers[i].b2 = v + 5 * e;
     }
     if ((s = parse_layers(m, why, len))) return s;
+    if ((s = colibri_rope_setup(&m->rope, m->head_dim, m->rope_theta,
+                                (m->flags & COLIBRI_FLAG_ROPE_YARN) ? &m->yarn : NULL, why, len)))
+        return s;
     for (uint32_t i = 0; i < m->n_tensors; i++)
         if ((s = parse_record(m, m->base + COLIBRI_HEADER_SIZE + (size_t)i * COLIBRI_RECORD_SIZE, i,
                               why, len)))
@@ -660,6 +736,7 @@ void colibri_model_close(struct colibri_model *m) {
     if (m->mapped && m->base) munmap((void *)m->base, m->size);
     free(m->layers);
     free(m->expert_views);
+    colibri_rope_free(&m->rope);
     if (m->tokenizer) colibri_tokenizer_free(m->tokenizer);
     free(m->tokenizer);
     memset(m, 0, sizeof *m);

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "colibri.h"
+#include "rope.h"        /* the RoPE table computed at load */
 #include "layers/kinds.h" /* the layer record and the kind table (includes nothing of the core) */
 
 #include "../../kernels/colibri_abi.h" /* COLIBRI_DT_* weight dtype codes, shared with the kernels */
@@ -19,8 +20,11 @@ enum {
     COLIBRI_FLAG_QK_NORM_HEAD = 1u << 2,
     COLIBRI_FLAG_QK_NORM_FULL = 1u << 3,
     COLIBRI_FLAG_TIED_EMBEDDINGS = 1u << 4,
-    COLIBRI_FLAG_QKV_BIAS = 1u << 5
+    COLIBRI_FLAG_QKV_BIAS = 1u << 5,
+    /* YaRN RoPE (gpt-oss): header bytes 152..175 hold its parameters (colibri_yarn) */
+    COLIBRI_FLAG_ROPE_YARN = 1u << 6
 };
+#define COLIBRI_KNOWN_FLAGS 0x7Fu
 
 /* Header field `routing`: what the k weights are. */
 enum { COLIBRI_WEIGHTS_RENORM = 0, COLIBRI_WEIGHTS_SOFTMAX = 1 };
@@ -30,9 +34,18 @@ enum {
     COLIBRI_K_ATTN_NORM = 10, COLIBRI_K_WQ = 11, COLIBRI_K_WK = 12, COLIBRI_K_WV = 13,
     COLIBRI_K_WO = 14, COLIBRI_K_BQ = 15, COLIBRI_K_BK = 16, COLIBRI_K_BV = 17,
     COLIBRI_K_Q_NORM = 18, COLIBRI_K_K_NORM = 19, COLIBRI_K_FFN_NORM = 20, COLIBRI_K_ROUTER = 21,
+    /* gpt-oss (docs/format.md): per-head sink logits, output bias, router bias, expert biases */
+    COLIBRI_K_ATTN_SINKS = 22, COLIBRI_K_BO = 23, COLIBRI_K_ROUTER_BIAS = 24,
+    /* Qwen3.5 / Qwen3-Next gated attention: the output gate's projection (mixer flag 8) */
+    COLIBRI_K_ATTN_GATE = 25,
     COLIBRI_K_EXPERT_W1 = 30, COLIBRI_K_EXPERT_W3 = 31, COLIBRI_K_EXPERT_W2 = 32,
+    COLIBRI_K_EXPERT_B1 = 33, COLIBRI_K_EXPERT_B3 = 34, COLIBRI_K_EXPERT_B2 = 35,
     COLIBRI_K_SHARED_W1 = 40, COLIBRI_K_SHARED_W3 = 41, COLIBRI_K_SHARED_W2 = 42,
-    COLIBRI_K_SHARED_GATE = 43
+    COLIBRI_K_SHARED_GATE = 43,
+    /* Gated DeltaNet layers (layers/deltanet.c; docs/format.md) */
+    COLIBRI_K_DN_QKV = 50, COLIBRI_K_DN_Z = 51, COLIBRI_K_DN_B = 52, COLIBRI_K_DN_A = 53,
+    COLIBRI_K_DN_CONV = 54, COLIBRI_K_DN_A_LOG = 55, COLIBRI_K_DN_DT_BIAS = 56,
+    COLIBRI_K_DN_NORM = 57, COLIBRI_K_DN_OUT = 58
 };
 
 #define COLIBRI_HEADER_SIZE 256u
@@ -47,7 +60,8 @@ enum {
 
 /* A view of one tensor in the mapping. data == NULL means "absent" (optional tensor).
  * y[r] = scale[r] * sum_c data[r, c] * x[c] for int8; for q4 `scales` points at the f16 group
- * scales ([rows, groups] uint16_t, read through colibri_q4_scales); NULL for other dtypes. */
+ * scales ([rows, groups] uint16_t, read through colibri_q4_scales), for mxfp4 at the E8M0
+ * exponent bytes ([rows, blocks] uint8_t, colibri_mx_scales); NULL for other dtypes. */
 typedef struct {
     const void *data;
     const float *scales;
@@ -61,8 +75,15 @@ typedef struct {
     colibri_tensor attn_norm, wq, wk, wv, wo;
     colibri_tensor bq, bk, bv, q_norm, k_norm; /* optional, per flags */
     colibri_tensor ffn_norm, router;
+    colibri_tensor attn_sinks, bo, router_bias; /* optional, per the layer's flags (gpt-oss) */
     colibri_tensor *w1, *w3, *w2;              /* num_experts entries each */
+    colibri_tensor *b1, *b3, *b2;              /* num_experts entries each; data NULL without
+                                                  the EXPERT_BIAS flag */
     colibri_tensor shared_w1, shared_w3, shared_w2, shared_gate; /* optional */
+    colibri_tensor attn_gate;                  /* gated attention (mixer flag OUTPUT_GATE) */
+    /* gated_deltanet: input projections (q|k|v, z, beta, decay), the convolution's taps, the
+     * decay parameters, the gated norm's weight, the output projection */
+    colibri_tensor dn_qkv, dn_z, dn_b, dn_a, dn_conv, dn_a_log, dn_dt_bias, dn_norm, dn_out;
 } colibri_layer;
 
 struct colibri_model {
@@ -71,6 +92,9 @@ struct colibri_model {
     uint32_t n_layers, n_heads, n_kv_heads, head_dim, top_k, routing, dtype;
     uint32_t embed_dim_pad, pad_multiple, flags, shared_expert_size;
     float norm_eps, rope_theta;
+    struct colibri_rope rope;     /* computed at load (core/rope.c) */
+    struct colibri_yarn yarn;     /* header bytes 152..175 when ROPE_YARN is set */
+    int has_mxfp4;                /* some tensor is mxfp4: --int8-act has a path for it */
     uint32_t n_tensors, family, bos_token_id, eos_token_id;
     uint64_t data_offset, file_size;
     char name[65];
@@ -100,6 +124,7 @@ struct colibri_model {
     int gpu_tried;
     char gpu_why[192];
     pthread_mutex_t gpu_mu;
+    int locked;                   /* lock_memory: the mapping is mlocked (under gpu_mu) */
 };
 
 /* Open, mmap and validate `path`. On failure returns a status with `why` naming the field. */
@@ -124,6 +149,13 @@ static inline size_t colibri_q4_groups(uint32_t cols) {
 }
 static inline const uint16_t *colibri_q4_scales(const colibri_tensor *t) {
     return (const uint16_t *)(const void *)t->scales;
+}
+/* mxfp4 geometry: blocks per row; the E8M0 scale bytes ([rows, blocks]). */
+static inline size_t colibri_mx_blocks(uint32_t cols) {
+    return ((size_t)cols + COLIBRI_MX_BLOCK - 1) / COLIBRI_MX_BLOCK;
+}
+static inline const uint8_t *colibri_mx_scales(const colibri_tensor *t) {
+    return (const uint8_t *)(const void *)t->scales;
 }
 
 #endif

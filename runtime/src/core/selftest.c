@@ -10,6 +10,7 @@
 #include "colibri.h"
 #include "colibri_config.h"
 #include "cpu/kernels.h"
+#include "cpu/kernels_mxfp4.h"
 #include "cpu/kernels_q4.h"
 #include "model.h"
 #include "layers/route.h"
@@ -36,7 +37,7 @@ static float rndf(uint32_t *s) { return (float)(rnd(s) >> 8) / 16777216.0f * 2.0
 /* ---- top-k ---------------------------------------------------------------------------------- */
 
 static void brute_topk(const float *v, int n, int k, int32_t *idx) {
-    unsigned char used[256] = {0};
+    unsigned char used[COLIBRI_MAX_EXPERTS] = {0};
     for (int i = 0; i < k; i++) {
         int best = -1;
         for (int e = 0; e < n; e++)
@@ -332,6 +333,7 @@ int colibri_selftest(int verbose) {
     check_kernels(&r, simd);
     check_kv_rounding(&r);
     { char qmsg[160]; int ok = colibri_q4_selftest(qmsg, sizeof qmsg); check(&r, ok, qmsg); }
+    { char mmsg[192]; int ok = colibri_mxfp4_selftest(mmsg, sizeof mmsg); check(&r, ok, mmsg); }
     check_model(&r);
     if (verbose) printf("%s: %d check(s) failed\n", r.failed ? "FAILED" : "passed", r.failed);
     return r.failed;

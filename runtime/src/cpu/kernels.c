@@ -5,6 +5,7 @@
 #include "kernels.h"
 #include "kernel_table.h"
 #include "kernels_q4.h"
+#include "kernels_mxfp4.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -78,6 +79,10 @@ void colibri_rows_dot(const colibri_tensor *w, uint32_t r0, uint32_t r1, const f
                       size_t ldx, float *y, size_t ldy, float *scratch) {
     if (w->dtype == COLIBRI_DT_Q4) { /* grouped 4-bit: kernels_q4.c */
         colibri_q4_rows_dot(w, r0, r1, x, n, ldx, y, ldy, scratch);
+        return;
+    }
+    if (w->dtype == COLIBRI_DT_MXFP4) { /* gpt-oss's mxfp4: kernels_mxfp4.c */
+        colibri_mxfp4_rows_dot(w, r0, r1, x, n, ldx, y, ldy);
         return;
     }
     size_t cols = w->cols, rowbytes = cols * colibri_dtype_size(w->dtype);
@@ -211,6 +216,10 @@ void colibri_row_f32(const colibri_tensor *w, uint32_t r, float *out) {
         colibri_q4_row_f32(w, r, out);
         return;
     }
+    if (w->dtype == COLIBRI_DT_MXFP4) {
+        colibri_mxfp4_row_f32(w, r, out);
+        return;
+    }
     size_t cols = w->cols;
     colibri_convert_row_scalar((const uint8_t *)w->data + (size_t)r * cols * colibri_dtype_size(w->dtype), w->dtype,
                 cols, out);
@@ -257,6 +266,34 @@ void colibri_axpy_f16(float *out, float w, const uint16_t *h, size_t n) {
         size_t m = n - i < 64 ? n - i : 64;
         K.convert(h + i, COLIBRI_DT_F16, m, row);
         for (size_t d = 0; d < m; d++) out[i + d] += w * row[d];
+    }
+}
+
+void colibri_dot_rows(const float *x, const void *const *rows, int nr, size_t n, int f16,
+                      float *out) {
+    uint32_t dt = f16 ? COLIBRI_DT_F16 : COLIBRI_DT_F32;
+    int i = 0;
+    if (K.dot4[dt])
+        for (; i + 4 <= nr; i += 4) K.dot4[dt](rows + i, x, n, out + i);
+    for (; i < nr; i++) out[i] = K.dot[dt](rows[i], x, n);
+}
+
+void colibri_wsum_rows(float *out, const float *w, const void *const *rows, int nr, size_t n,
+                       int f16) {
+    if (K.wsum_rows) {
+        K.wsum_rows(out, w, rows, nr, n, f16);
+        return;
+    }
+    for (int i = 0; i < nr; i++) {
+        if (f16) {
+            colibri_axpy_f16(out, w[i], (const uint16_t *)rows[i], n);
+            continue;
+        }
+        const float *v = (const float *)rows[i];
+        for (size_t d = 0; d < n; d++) {
+            float p = w[i] * v[d]; /* its own statement: never contracted into an FMA */
+            out[d] += p;
+        }
     }
 }
 

@@ -4,27 +4,20 @@
  * The token embeddings, then each layer's mixer and FFN as its kinds say (kinds.h: attention,
  * MoE, ...), then the final norm and the LM head. Every kind splits its parallel work over the
  * pool in fixed partitions, so the logits are bitwise identical for any thread count. */
-#include <math.h>
 #include <string.h>
 
 #include "core/context.h"
 #include "cpu/kernels.h"
 #include "kinds.h"
 #include "linear.h"
+#include "core/rope.h"
 
-/* cos (first Dh/2) and sin (second Dh/2) of each row's position, shared by the attention layers */
+/* cos (first Dh/2) and sin (second Dh/2) of each row's position, shared by the attention layers
+ * (plain RoPE or YaRN: rope.c) */
 static void rope_tables(colibri_ctx *ctx, const colibri_batch *bt) {
     const struct colibri_model *m = ctx->model;
-    int half = (int)m->head_dim / 2;
-    for (int j = 0; j < bt->n; j++) {
-        float *cs = ctx->b.rope + (size_t)j * m->head_dim;
-        double p = (double)bt->pos[j];
-        for (int i = 0; i < half; i++) {
-            double a = p * pow((double)m->rope_theta, -2.0 * i / (double)m->head_dim);
-            cs[i] = (float)cos(a);
-            cs[half + i] = (float)sin(a);
-        }
-    }
+    for (int j = 0; j < bt->n; j++)
+        colibri_rope_row(&m->rope, bt->pos[j], ctx->b.rope + (size_t)j * m->head_dim);
 }
 
 /* The final norm and the LM head for rows j0..n-1 of a one-sequence pass, straight into the
@@ -36,7 +29,8 @@ static void head_direct(colibri_ctx *eng, int j0, int n, float *logits) {
     for (int j = j0; j < n; j++)
         colibri_rmsnorm(b->h + j * dp, b->x + j * dp, m->output_norm.data, m->embed_dim, dp,
                         m->norm_eps);
-    colibri_mm_job head = {.ctx = eng};
+    colibri_mm_job head;
+    colibri_mm_init(&head, eng);
     colibri_mm_add(&head, &m->lm_head, b->h + (size_t)j0 * dp, dp, n - j0, logits, m->vocab_size, 0);
     colibri_mm_run(&head);
 }
@@ -60,7 +54,8 @@ static void head_staged(colibri_ctx *eng, const colibri_pass_item *it, int n_ite
         for (int k = 0; k < g; k++)
             colibri_rmsnorm(b->h + (size_t)k * dp, b->x + (size_t)src[g0 + k] * dp,
                             m->output_norm.data, m->embed_dim, dp, m->norm_eps);
-        colibri_mm_job head = {.ctx = eng};
+        colibri_mm_job head;
+        colibri_mm_init(&head, eng);
         colibri_mm_add(&head, &m->lm_head, b->h, dp, g, b->lstage, V, 0);
         colibri_mm_run(&head);
         for (int k = 0; k < g; k++) memcpy(dst[g0 + k], b->lstage + (size_t)k * V, V * sizeof(float));

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "cpu/kernels.h"
+#include "cpu/kernels_mxfp4.h"
 
 static void mm_task(void *arg, int t, int nt) {
     colibri_mm_job *job = arg;
@@ -15,7 +16,9 @@ static void mm_task(void *arg, int t, int nt) {
         unsigned long lo, hi;
         colibri_split(g->w->rows, t, nt, &lo, &hi);
         if (lo == hi) continue;
-        if (g->xq)
+        if (g->a8)
+            colibri_mxfp4_rows_dot_a8(g->w, (uint32_t)lo, (uint32_t)hi, g->x, g->n, g->ldx, g->y, g->ldy);
+        else if (g->xq)
             colibri_rows_dot_q8(g->w, (uint32_t)lo, (uint32_t)hi, g->xq, g->xqs, g->n, g->ldq, g->y,
                                 g->ldy);
         else
@@ -35,6 +38,7 @@ void colibri_mm_add(colibri_mm_job *job, const colibri_tensor *w, const float *x
     g->n = n;
     g->y = y;
     g->ldy = ldy;
+    g->a8 = ctx->mx_a8 && w->dtype == COLIBRI_DT_MXFP4;
     if (ctx->use_q8 && (w->dtype == COLIBRI_DT_INT8 || w->dtype == COLIBRI_DT_Q4) && n > 0) {
         colibri_buffers *b = &ctx->b;
         g->ldq = b->max_cols;

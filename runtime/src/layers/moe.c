@@ -11,28 +11,49 @@
 #include "cpu/kernels.h"
 #include "kinds.h"
 #include "linear.h"
+#include "moe_experts.h"
 #include "route.h"
 
 /* ---- the format side ------------------------------------------------------------------------ */
 
+/* ffn_params[0]: the COLIBRI_MOE_* bits this runtime has; [1], [2]: the clamped SwiGLU's alpha
+ * and limit (finite, > 0) when its bit is set, else 0; [3]: 0. */
 colibri_status colibri_moe_validate(const struct colibri_model *m, uint32_t l, char *why,
                                     size_t len) {
     const colibri_layer_desc *d = &m->layers[l].desc;
-    for (int i = 0; i < 4; i++)
-        if (d->ffn_params[i])
+    uint32_t f = d->ffn_params[0];
+    if (f & ~COLIBRI_MOE_KNOWN_FLAGS)
+        return fail(why, len, COLIBRI_E_UNSUPPORTED,
+                    "layer %u (moe): ffn_params[0] = 0x%x has bits 0x%x this runtime does not "
+                    "define (a newer format feature: update the runtime)", l, f,
+                    f & ~COLIBRI_MOE_KNOWN_FLAGS);
+    int swiglu = (f & COLIBRI_MOE_CLAMPED_SWIGLU) != 0;
+    for (int i = 1; i < 4; i++) {
+        if (swiglu && i < 3) {
+            float v = colibri_f32_of(d->ffn_params[i]);
+            if (!(isfinite(v) && v > 0.0f))
+                return fail(why, len, COLIBRI_E_BAD_LAYER,
+                            "layer %u (moe): ffn_params[%d] (SwiGLU %s) = %g, must be finite and > 0",
+                            l, i, i == 1 ? "alpha" : "limit", (double)v);
+        } else if (d->ffn_params[i]) {
             return fail(why, len, COLIBRI_E_BAD_LAYER, "layer %u (moe): ffn_params[%d] = %u, must be 0",
                         l, i, d->ffn_params[i]);
+        }
+    }
     return COLIBRI_OK;
 }
 
 int colibri_moe_tensor(const struct colibri_model *m, uint32_t l, uint32_t tk, uint32_t *rows,
                        uint32_t *cols) {
-    uint32_t dp = m->embed_dim_pad, f = m->flags;
-    int shared = (f & COLIBRI_FLAG_SHARED_EXPERT) != 0;
-    (void)l;
+    uint32_t dp = m->embed_dim_pad, f = m->flags, p = m->layers[l].desc.ffn_params[0];
+    int shared = (f & COLIBRI_FLAG_SHARED_EXPERT) != 0, eb = (p & COLIBRI_MOE_EXPERT_BIAS) != 0;
     switch (tk) {
     case COLIBRI_K_FFN_NORM: *rows = 1; *cols = dp; return 1;
     case COLIBRI_K_ROUTER: *rows = m->num_experts; *cols = dp; return 1;
+    case COLIBRI_K_ROUTER_BIAS: *rows = 1; *cols = m->num_experts;
+        return (p & COLIBRI_MOE_ROUTER_BIAS) != 0;
+    case COLIBRI_K_EXPERT_B1: case COLIBRI_K_EXPERT_B3: *rows = 1; *cols = m->expert_size; return eb;
+    case COLIBRI_K_EXPERT_B2: *rows = 1; *cols = dp; return eb;
     case COLIBRI_K_EXPERT_W1: case COLIBRI_K_EXPERT_W3: *rows = m->expert_size; *cols = dp; return 1;
     case COLIBRI_K_EXPERT_W2: *rows = dp; *cols = m->expert_size; return 1;
     case COLIBRI_K_SHARED_W1: case COLIBRI_K_SHARED_W3:
@@ -51,8 +72,6 @@ void colibri_moe_cache(const struct colibri_model *m, uint32_t l, colibri_cache_
 }
 
 /* ---- the forward step ----------------------------------------------------------------------- */
-
-static float silu(float v) { return v / (1.0f + expf(-v)); }
 
 #ifdef COLIBRI_DEBUG
 static void record_routing(colibri_ctx *ctx, int l, const colibri_batch *bt) {
@@ -77,8 +96,8 @@ void colibri_moe_forward(colibri_ctx *ctx, int l, const colibri_batch *bt) {
     const colibri_layer *ly = &m->layers[l];
     colibri_buffers *b = &ctx->b;
     int n = bt->n;
-    size_t dp = m->embed_dim_pad, E = m->num_experts, K = m->top_k, F = m->expert_size;
-    size_t Fs = m->shared_expert_size, T = (size_t)b->chunk;
+    size_t dp = m->embed_dim_pad, E = m->num_experts, K = m->top_k;
+    size_t Fs = m->shared_expert_size;
 
     /* Preprocess: the block input, normalised once for the router and every expert. */
     for (int j = 0; j < n; j++)
@@ -87,6 +106,7 @@ void colibri_moe_forward(colibri_ctx *ctx, int l, const colibri_batch *bt) {
 
     /* Route: router logits (f32 weights) then top-k per token. */
     colibri_rows_dot(&ly->router, 0, (uint32_t)E, b->h, n, dp, b->router, E, b->scratch);
+    if (ly->router_bias.data) colibri_add_bias(b->router, E, n, ly->router_bias.data, E);
     for (int j = 0; j < n; j++)
         colibri_route_token(b->router + j * E, (int)E, (int)K,
                             m->routing == COLIBRI_WEIGHTS_RENORM, b->topk_idx + j * K,
@@ -95,8 +115,8 @@ void colibri_moe_forward(colibri_ctx *ctx, int l, const colibri_batch *bt) {
     record_routing(ctx, l, bt);
 #endif
 
-    /* Dispatch: count per expert, prefix offsets, copy each token's row into its experts'
-     * contiguous groups (tokens in ascending order inside a group). */
+    /* Dispatch: count per expert, prefix offsets, each (token, choice) its slot in its
+     * expert's contiguous group (tokens in ascending order inside a group). */
     memset(b->counts, 0, E * sizeof(int32_t));
     for (size_t i = 0; i < (size_t)n * K; i++) b->counts[b->topk_idx[i]]++;
     b->offsets[0] = 0;
@@ -109,37 +129,12 @@ void colibri_moe_forward(colibri_ctx *ctx, int l, const colibri_batch *bt) {
             int32_t e = b->topk_idx[j * K + i];
             int32_t slot = b->offsets[e] + b->fill[e]++;
             b->slot_of[j * K + i] = slot;
-            memcpy(b->xs + (size_t)slot * dp, b->h + j * dp, dp * sizeof(float));
+            b->slot_tok[slot] = j;
         }
 
-    /* Compute: gate and up projections of every active expert's group (and the shared
-     * expert) in one parallel job, SwiGLU, then the down projections in a second job. */
-    colibri_mm_job up = {.ctx = ctx};
-    for (size_t e = 0; e < E; e++) {
-        int c = b->counts[e];
-        if (!c) continue;
-        size_t off = (size_t)b->offsets[e];
-        colibri_mm_add(&up, &ly->w1[e], b->xs + off * dp, dp, c, b->gate + off * F, F, off);
-        colibri_mm_add(&up, &ly->w3[e], b->xs + off * dp, dp, c, b->up + off * F, F, off);
-    }
-    if (Fs) {
-        colibri_mm_add(&up, &ly->shared_w1, b->h, dp, n, b->sgate, Fs, T * K);
-        colibri_mm_add(&up, &ly->shared_w3, b->h, dp, n, b->sup, Fs, T * K);
-    }
-    colibri_mm_run(&up);
-
-    for (size_t i = 0; i < (size_t)n * K * F; i++) b->gate[i] = silu(b->gate[i]) * b->up[i];
-    for (size_t i = 0; i < (size_t)n * Fs; i++) b->sgate[i] = silu(b->sgate[i]) * b->sup[i];
-
-    colibri_mm_job down = {.ctx = ctx};
-    for (size_t e = 0; e < E; e++) {
-        int c = b->counts[e];
-        if (!c) continue;
-        size_t off = (size_t)b->offsets[e];
-        colibri_mm_add(&down, &ly->w2[e], b->gate + off * F, F, c, b->ys + off * dp, dp, off);
-    }
-    if (Fs) colibri_mm_add(&down, &ly->shared_w2, b->sgate, Fs, n, b->sout, dp, T * K);
-    colibri_mm_run(&down);
+    /* Compute: every active expert's SwiGLU FFN over its group, expert-major (moe_experts.c),
+     * and the shared expert; the outputs land in ys (slot order) and sout. */
+    colibri_moe_experts(ctx, ly, n);
 
     /* Combine in a fixed order: choice 0..K-1 of each token, then the shared expert. */
     for (int j = 0; j < n; j++) {
