@@ -464,7 +464,7 @@ const char *colibri_finish_name(colibri_finish f);
 /* ---- Generations stepped together (continuous batching) ------------------------------------
  * colibri_generate cut into steps: colibri_gen_new sets one up on its context (the checks and
  * buffers of colibri_generate), colibri_gen_step advances several at once by one pass of the
- * engine: each decoding generation's next token, then the prompts' next tokens (up to 64 rows in
+ * engine: each decoding generation's next token, then the prompts' next tokens (up to 512 rows in
  * all), so a request may join or leave between any two steps. Every generation gives exactly
  * the ids, text and finish colibri_generate would give it alone, in any company and join order
  * (the pass's batch invariance; sampling draws depend only on the seed and the draw number).
