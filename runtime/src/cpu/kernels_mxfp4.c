@@ -68,6 +68,7 @@ static struct {
     mx_dot_fn dot;
     mx_tile_fn tile;
     mx_a8_fn a8_4x1, a8_2x4; /* decode (4 rows x 1 token), prefill (2 rows x 4 tokens) */
+    mx_a8_fn a8_4x4;         /* prefill, 4 rows x 4 tokens where the family has it (else NULL) */
     const char *name;
 } M;
 
@@ -471,6 +472,31 @@ static MX_ZV void z_a8_2x4(const uint8_t *const q[], const uint8_t *const s[], c
     z_a8_out(a3, &out[3], &out[7]);
     _mm256_zeroupper();
 }
+
+/* Rows 0-3 x tokens 0-3 (out[r * 4 + t]): a token's bytes and group sums once for two row pairs. */
+static MX_ZV void z_a8_4x4(const uint8_t *const q[], const uint8_t *const s[], const int8_t *const x[],
+                           const float *const d[], size_t full, float out[]) {
+    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)W2U));
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    for (size_t b = 0; b < full; b++) {
+        __m512i wa = z_codes2(q[0] + b * 16, q[1] + b * 16, lut), wb = z_codes2(q[2] + b * 16, q[3] + b * 16, lut);
+        __m512 sa = z_scale2(s[0] + b, s[1] + b), sb = z_scale2(s[2] + b, s[3] + b);
+        __m512i x12n, xv;
+        xv = z_x(x[0] + b * 32, &x12n);
+        a0 = z_a8_step(wa, xv, x12n, sa, d[0][b], a0), b0 = z_a8_step(wb, xv, x12n, sb, d[0][b], b0);
+        xv = z_x(x[1] + b * 32, &x12n);
+        a1 = z_a8_step(wa, xv, x12n, sa, d[1][b], a1), b1 = z_a8_step(wb, xv, x12n, sb, d[1][b], b1);
+        xv = z_x(x[2] + b * 32, &x12n);
+        a2 = z_a8_step(wa, xv, x12n, sa, d[2][b], a2), b2 = z_a8_step(wb, xv, x12n, sb, d[2][b], b2);
+        xv = z_x(x[3] + b * 32, &x12n);
+        a3 = z_a8_step(wa, xv, x12n, sa, d[3][b], a3), b3 = z_a8_step(wb, xv, x12n, sb, d[3][b], b3);
+    }
+    z_a8_out(a0, &out[0], &out[4]), z_a8_out(b0, &out[8], &out[12]);
+    z_a8_out(a1, &out[1], &out[5]), z_a8_out(b1, &out[9], &out[13]);
+    z_a8_out(a2, &out[2], &out[6]), z_a8_out(b2, &out[10], &out[14]);
+    z_a8_out(a3, &out[3], &out[7]), z_a8_out(b3, &out[11], &out[15]);
+    _mm256_zeroupper();
+}
 #endif
 
 /* ---- NEON: eight 4-lane accumulators A0..A7 = lanes 0-3, 4-7, ..., 28-31 ------------------- */
@@ -685,6 +711,7 @@ static void mx_pick(void) {
         if (colibri_x86_features() & COLIBRI_X86_VNNI) {
             M.a8_4x1 = z_a8_4x1;
             M.a8_2x4 = z_a8_2x4;
+            M.a8_4x4 = z_a8_4x4;
             M.name = "avx512-vnni";
         }
     }
@@ -740,6 +767,43 @@ void colibri_mxfp4_rows_dot(const colibri_tensor *w, uint32_t r0, uint32_t r1, c
     }
 }
 
+/* One call's weights and one group of its quantised tokens, as the 8-bit tiles read them. */
+typedef struct {
+    const uint8_t *base, *sc; /* the matrix's blocks and scales */
+    size_t rowbytes, nb, cols;
+    const int8_t *xq;         /* m tokens, xstride bytes apart; xd: their block scales, nb apart */
+    const float *xd;
+    size_t xstride;
+    int m;
+} a8_group;
+
+/* rows r..r + rows - 1 (rows <= R; the tile's other rows repeat row r, unused) against the
+ * group's tokens, 4 at a time (past the last token: repeats, unused), plus each value's tail */
+static void a8_tiles(const a8_group *g, mx_a8_fn tile, uint32_t R, uint32_t rows, uint32_t r,
+                     float *y, size_t ldy) {
+    const uint8_t *q[4], *s[4];
+    for (uint32_t k = 0; k < R; k++) {
+        uint32_t rr = r + (k < rows ? k : 0);
+        q[k] = g->base + (size_t)rr * g->rowbytes;
+        s[k] = g->sc + (size_t)rr * g->nb;
+    }
+    for (int j = 0; j < g->m; j += 4) {
+        int nt = g->m - j < 4 ? g->m - j : 4;
+        const int8_t *xs[4];
+        const float *ds[4];
+        for (int t = 0; t < 4; t++) {
+            int tt = j + (t < nt ? t : 0);
+            xs[t] = g->xq + (size_t)tt * g->xstride;
+            ds[t] = g->xd + (size_t)tt * g->nb;
+        }
+        float o[16];
+        tile(q, s, xs, ds, g->cols / 32, o);
+        for (uint32_t k = 0; k < rows; k++)
+            for (int t = 0; t < nt; t++)
+                y[(size_t)(j + t) * ldy + r + k] = o[k * 4 + t] + a8_tail(q[k], s[k], xs[t], ds[t], g->cols);
+    }
+}
+
 void colibri_mxfp4_rows_dot_a8(const colibri_tensor *w, uint32_t r0, uint32_t r1, const float *x,
                                int n, size_t ldx, float *y, size_t ldy) {
     colibri_mxfp4_kernels_init();
@@ -773,31 +837,12 @@ void colibri_mxfp4_rows_dot_a8(const colibri_tensor *w, uint32_t r0, uint32_t r1
                 for (int k = 0; k < 4; k++) y[(size_t)j0 * ldy + r + (uint32_t)k] =
                     o[k] + a8_tail(q[k], s[k], xq, xd, cols);
             }
-        for (; r < r1; r += 2) { /* 2-row x 4-token tiles (past the end: repeats, unused) */
-            uint32_t rows = r1 - r < 2 ? r1 - r : 2;
-            const uint8_t *q[2], *s[2];
-            for (uint32_t k = 0; k < 2; k++) {
-                uint32_t rr = r + (k < rows ? k : 0);
-                q[k] = base + (size_t)rr * rowbytes;
-                s[k] = sc + (size_t)rr * nb;
-            }
-            for (int j = 0; j < m; j += 4) {
-                int nt = m - j < 4 ? m - j : 4;
-                const int8_t *xs[4];
-                const float *ds[4];
-                for (int t = 0; t < 4; t++) {
-                    int tt = j + (t < nt ? t : 0);
-                    xs[t] = xq + (size_t)tt * xstride;
-                    ds[t] = xd + (size_t)tt * nb;
-                }
-                float o[8];
-                M.a8_2x4(q, s, xs, ds, full, o);
-                for (uint32_t k = 0; k < rows; k++)
-                    for (int t = 0; t < nt; t++)
-                        y[(size_t)(j0 + j + t) * ldy + r + k] =
-                            o[k * 4 + t] + a8_tail(q[k], s[k], xs[t], ds[t], cols);
-            }
-        }
+        a8_group g = {base, sc, rowbytes, nb, cols, xq, xd, xstride, m};
+        float *yg = y + (size_t)j0 * ldy;
+        for (; M.a8_4x4 && m > 1 && r + 4 <= r1; r += 4) /* 4-row x 4-token tiles, then pairs */
+            a8_tiles(&g, M.a8_4x4, 4, 4, r, yg, ldy);
+        for (; r < r1; r += 2) /* 2-row x 4-token tiles */
+            a8_tiles(&g, M.a8_2x4, 2, r1 - r < 2 ? r1 - r : 2, r, yg, ldy);
     }
 }
 
