@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -27,12 +27,13 @@ import yaml
 
 from colibri_kit import paths
 from colibri_kit.errors import ProfileError
-from colibri_kit.service import ServiceSpec, parse_service, service_dict
+from colibri_kit.service import (RealtimeOptions, ServiceError, ServiceSpec, parse_service,
+                                 service_dict)
 
 ARCHES = ("aarch64", "x86_64")
 ROUTING_MODES = ("softmax_topk", "linear_score")
 STREAM_COUNTS = (1, 2)
-MAX_EXPERTS_LIMIT = 256  # the bitonic top-k network in the runtime is sized for this
+MAX_EXPERTS_LIMIT = 512  # the bitonic top-k network in the runtime is sized for this (Qwen3-Next: 512)
 TOP_K_LIMIT = 16         # the .colibri format's limit (docs/format.md, "Limits enforced by readers")
 
 # SMs each pinned CUDA version can compile for (the nvidia-cuda-nvrtc wheels the kit installs, and
@@ -50,6 +51,10 @@ CUDA_SMS: dict[str, tuple[str, ...]] = {
 }
 CUDA_VERSIONS = tuple(CUDA_SMS)
 SPILL_POLICIES = ("warn", "error")   # cuda.spills: what a kernel spilling registers does
+RT_POLICIES = ("other", "fifo", "rr")  # realtime.policy: SCHED_OTHER, SCHED_FIFO, SCHED_RR
+RT_BARRIERS = ("spin", "sleep")        # realtime.barrier: how pool workers wait at a barrier
+RT_PRIORITY = (1, 99)                  # sched_get_priority_min/max(SCHED_FIFO) on Linux
+MAX_CPU = 1023
 
 # Values are checked with fullmatch (``re.match`` with ``$`` lets one trailing newline through).
 _NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]*")
@@ -62,6 +67,7 @@ _GOVERNOR_RE = re.compile(r"[a-z0-9_]+")          # reaches sysfs writes
 _NVPMODEL_RE = re.compile(r"[A-Za-z0-9_]+")       # reaches the nvpmodel command line
 _SOC_RE = re.compile(r"[a-z0-9]+")
 _MODEL_PATTERN_RE = re.compile(r"[A-Za-z0-9 ._()-]+")
+_CPU_RANGE_RE = re.compile(r"([0-9]{1,4})(?:-([0-9]{1,4}))?")
 
 
 # --------------------------------------------------------------------------- public types
@@ -115,6 +121,34 @@ class TuneSpec:
 
 
 @dataclass(frozen=True)
+class RealtimeSpec:
+    """The profile's ``realtime:`` section (docs/runtime.md, "Real-time mode"; docs/tuning.md).
+
+    ``cpus`` are the inference cores, in order: worker thread i is pinned to ``cpus[i]``. The
+    runtime options (policy, priority, lock_memory, barrier) reach ``colibri serve`` through the
+    unit, which gets exactly the privileges they need; ``irq_affinity`` and ``isolate`` are
+    ``invoke tune``'s: IRQs moved off ``cpus`` (live), and ``cpus`` isolated on the kernel command
+    line (isolcpus, and nohz_full / rcu_nocbs where the kernel has them; a reboot)."""
+
+    cpus: tuple[int, ...]
+    policy: str = "other"        # other | fifo | rr
+    priority: int = 0            # 1..99 with fifo / rr; 0 with other
+    lock_memory: bool = False    # mlock + pre-fault weights and arena at init
+    barrier: str = "sleep"       # spin | sleep at the pool's barriers
+    isolate: bool = False        # tune --allow-reboot: isolcpus/nohz_full/rcu_nocbs = cpus
+    irq_affinity: bool = False   # tune: IRQs off cpus, onto the other online CPUs
+
+    @property
+    def cpu_list(self) -> str:
+        """``cpus`` as the kernel writes a CPU list (sorted ranges: ``2-5,7``)."""
+        return cpu_list_text(self.cpus)
+
+    @property
+    def realtime_policy(self) -> bool:
+        return self.policy != "other"
+
+
+@dataclass(frozen=True)
 class SmokeSpec:
     max_first_token_ms_p99: float
     prompt_ids: tuple[int, ...]
@@ -153,6 +187,8 @@ class Profile:
     # Accepted L4T releases, e.g. "R36.3–R36.4.x" (colibri_kit.jetson.parse_l4t_range); deploy
     # refuses a device outside it. None: the major number of ``l4t`` must match.
     l4t_range: str | None = None
+    # Runtime and tuning options for deadlines under load; not a build input (not in the hash).
+    realtime: RealtimeSpec | None = None
 
     @property
     def zig_triple(self) -> str:
@@ -226,6 +262,7 @@ def load_all(targets_dir: Path | None = None) -> list[Profile]:
 def profile_yaml(profile: Profile) -> str:
     """The resolved profile as YAML (key order as in the schema), with its hash."""
     doc = {"name": profile.name, **{k: v for k, v in profile.to_dict().items() if k != "name"},
+           **({"realtime": realtime_dict(profile.realtime)} if profile.realtime else {}),
            "hash": profile.hash}
     return yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=100)
 
@@ -411,7 +448,7 @@ class _Checker:
 
 TOP_KEYS_REQUIRED = ("name", "description", "arch", "glibc", "colibri", "smoke")
 TOP_KEYS_OPTIONAL = ("cpu", "jetpack", "l4t", "device", "cuda", "tune", "service", "memory",
-                     "l4t_range")
+                     "l4t_range", "realtime")
 
 
 def _build(data: dict[str, Any], origin: Origin, leaf: Path) -> Profile:
@@ -452,7 +489,106 @@ def _build(data: dict[str, Any], origin: Origin, leaf: Path) -> Profile:
     draft = Profile(**fields, hash="")
     digest = hashlib.sha256(_canonical_json(_resolved_dict(draft)).encode()).hexdigest()
     memory = c.optional(data, "memory", (), lambda v, k: _memory(c, v, k))
-    return Profile(**fields, hash=digest, memory=memory)
+    realtime = c.optional(data, "realtime", (), lambda v, k: _realtime(c, v, k))
+    if realtime is not None and service is not None:
+        fields["service"] = _service_realtime(c, service, realtime)   # not hashed, as realtime
+    if realtime is not None and tune is None:
+        for key in ("isolate", "irq_affinity"):
+            if getattr(realtime, key):
+                raise c.fail(("realtime", key), "true needs a tune section (invoke tune applies "
+                                                "it with the profile's tune settings)")
+    return Profile(**fields, hash=digest, memory=memory, realtime=realtime)
+
+
+def _service_realtime(c: _Checker, service: ServiceSpec, rt: RealtimeSpec) -> ServiceSpec:
+    """The service runs the realtime section's runtime options (the unit renders them)."""
+    try:
+        return replace(service, realtime=RealtimeOptions(
+            cpus=rt.cpus, policy=rt.policy, priority=rt.priority, lock_memory=rt.lock_memory,
+            barrier=rt.barrier))
+    except ServiceError as exc:
+        key, _, msg = str(exc).partition(": ")
+        where = ("realtime", key.split(".", 1)[1]) if key.startswith("realtime.") else \
+            ("service", key)
+        raise c.fail(where, msg or str(exc)) from None
+
+
+def realtime_dict(rt: RealtimeSpec) -> dict[str, Any]:
+    """The ``realtime:`` section as plain data (shown with the profile, not hashed)."""
+    return {"cpus": list(rt.cpus), "policy": rt.policy, "priority": rt.priority,
+            "lock_memory": rt.lock_memory, "barrier": rt.barrier, "isolate": rt.isolate,
+            "irq_affinity": rt.irq_affinity}
+
+
+def cpu_list_text(cpus: tuple[int, ...] | list[int]) -> str:
+    """CPU numbers -> the kernel's list form (``[2, 3, 4, 7]`` -> ``2-4,7``), sorted."""
+    out: list[str] = []
+    nums = sorted(set(cpus))
+    i = 0
+    while i < len(nums):
+        j = i
+        while j + 1 < len(nums) and nums[j + 1] == nums[j] + 1:
+            j += 1
+        out.append(str(nums[i]) if i == j else f"{nums[i]}-{nums[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+_CPUS_HELP = 'a CPU list such as "2-7" or "2-5,7", or a list of CPU numbers such as [2, 3, 4, 5]'
+
+
+def _cpus(c: _Checker, v: Any, k: tuple[str, ...]) -> tuple[int, ...]:
+    """A CPU list: ``"2-5,7"`` (ascending) or ``[4, 2, 3]`` (the order threads are pinned in)."""
+    if isinstance(v, list):
+        if not v:
+            raise c.fail(k, f"an empty list; expected {_CPUS_HELP}")
+        cpus = tuple(c.integer(x, (*k, str(i)), lo=0, hi=MAX_CPU) for i, x in enumerate(v))
+    elif isinstance(v, str):
+        cpus = ()
+        for part in v.split(","):
+            m = _CPU_RANGE_RE.fullmatch(part.strip())
+            lo = int(m.group(1)) if m else -1
+            hi = int(m.group(2) or lo) if m else -1
+            if not m or hi < lo or hi > MAX_CPU:
+                raise c.fail(k, f"{v!r} is not valid; allowed: {_CPUS_HELP} (CPUs 0..{MAX_CPU})")
+            cpus += tuple(range(lo, hi + 1))
+    else:
+        hint = (" (a bare number is ambiguous: write [N] for CPU N)"
+                if isinstance(v, int) and not isinstance(v, bool) else "")
+        raise c.fail(k, f"expected {_CPUS_HELP}, got {_show(v)} ({_tname(v)}){hint}")
+    if len(set(cpus)) != len(cpus):
+        raise c.fail(k, f"{_show(v)} names a CPU twice; each CPU runs one worker thread")
+    return cpus
+
+
+def _realtime(c: _Checker, v: Any, k: tuple[str, ...]) -> RealtimeSpec:
+    m = c.mapping(v, k, ("cpus",), ("policy", "priority", "lock_memory", "barrier", "isolate",
+                                   "irq_affinity"))
+    cpus = _cpus(c, m["cpus"], (*k, "cpus"))
+    policy = c.enum(m.get("policy", "other"), (*k, "policy"), RT_POLICIES)
+    lo, hi = RT_PRIORITY
+    if policy == "other":
+        if m.get("priority") not in (None, 0):
+            raise c.fail((*k, "priority"), f"{_show(m.get('priority'))} is not allowed with "
+                                           f"policy other (SCHED_OTHER has no priority); set "
+                                           f"policy: fifo or rr, or remove priority")
+        priority = 0
+    elif "priority" not in m:
+        raise c.fail((*k, "priority"), f"missing: policy {policy} needs a priority; allowed: "
+                                       f"{lo}..{hi}")
+    else:
+        priority = c.integer(m["priority"], (*k, "priority"), lo=lo, hi=hi)
+    flags = {key: c.typed(m.get(key, False), (*k, key), bool, "true or false")
+             for key in ("lock_memory", "isolate", "irq_affinity")}
+    barrier = c.enum(m.get("barrier", "sleep"), (*k, "barrier"), RT_BARRIERS)
+    if flags["isolate"] and 0 in cpus:
+        # The boot CPU keeps timekeeping: the kernel clears it from nohz_full ("NO_HZ: Clearing
+        # 0 from nohz_full range for timekeeping", kernel/time/tick-sched.c) and IRQs, RCU
+        # callbacks and unbound kernel threads need a housekeeping CPU.
+        raise c.fail((*k, "cpus"), f"{_show(m['cpus'])} includes CPU 0, which isolate: true "
+                                   f"cannot isolate (the boot CPU keeps timekeeping and "
+                                   f"housekeeping); use CPUs from 1, e.g. \"1-7\"")
+    return RealtimeSpec(cpus=cpus, policy=policy, priority=priority, barrier=barrier, **flags)
 
 
 def _memory(c: _Checker, v: Any, k: tuple[str, ...]) -> MemorySpec:

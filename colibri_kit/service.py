@@ -36,7 +36,9 @@ BACKENDS = ("auto", "cpu", "cuda")
 KV_CACHES = ("f32", "f16")  # colibri serve --kv-cache (runtime/include/colibri.h colibri_kv_dtype)
 SECTION_KEYS = ("port", "bind", "slots", "threads", "cpu_affinity", "nice", "memory_max",
                 "api_key_file", "max_queue", "backend", "user", "groups", "restart_sec",
-                "drain_timeout_s", "model_id", "kv_cache")
+                "drain_timeout_s", "model_id", "kv_cache", "deadline_ms")
+SCHED_POLICIES = ("other", "fifo", "rr")
+BARRIERS = ("spin", "sleep")
 
 # Used with fullmatch only: `$` in re.match would also accept a trailing newline.
 _PATH_RE = re.compile(r"^/[A-Za-z0-9._/-]*$")
@@ -73,6 +75,20 @@ class ServiceError(KitError):
 
 
 @dataclass(frozen=True)
+class RealtimeOptions:
+    """The runtime half of a profile's ``realtime:`` section, as the service runs it
+    (docs/runtime.md, "Real-time mode"): the worker threads of slot i pinned to the i-th run of
+    ``threads`` CPUs of ``cpus``, in order; their scheduling policy; memory locked at init; how
+    they wait at the pool's barriers."""
+
+    cpus: tuple[int, ...]
+    policy: str = "other"
+    priority: int = 0
+    lock_memory: bool = False
+    barrier: str = "sleep"
+
+
+@dataclass(frozen=True)
 class ServiceSpec:
     """What the unit needs. ``root`` is the device install root (per fleet, not per profile)."""
 
@@ -95,6 +111,8 @@ class ServiceSpec:
     start_limit_burst: int = 5
     start_limit_interval_s: int = 60
     root: str = DEFAULT_ROOT
+    deadline_ms: int | None = None         # serve's --deadline-ms: a request's default deadline
+    realtime: RealtimeOptions | None = None  # from the profile's realtime section
 
     def __post_init__(self) -> None:
         check_spec(self)
@@ -120,15 +138,33 @@ class ServiceSpec:
         args = ["--host", self.bind, "--port", str(self.port), "--slots", str(self.slots),
                 "--max-queue", str(self.max_queue), "--backend", self.backend,
                 "--drain-timeout", str(self.drain_timeout_s * 1000)]
-        if self.threads is not None:
-            args += ["--threads", str(self.threads)]
+        if self.threads_per_slot is not None:
+            args += ["--threads", str(self.threads_per_slot)]
         if self.model_id is not None:
             args += ["--model-id", self.model_id]
         if self.api_key_file:
             args += ["--api-key-file", "%d/api-key"]
         if self.kv_cache != "f32":  # only when set, so existing units stay byte for byte the same
             args += ["--kv-cache", self.kv_cache]
+        if self.deadline_ms is not None:
+            args += ["--deadline-ms", str(self.deadline_ms)]
+        rt = self.realtime
+        if rt is not None:
+            args += ["--cpus", ",".join(map(str, rt.cpus))]
+            if rt.policy != "other":
+                args += ["--sched", f"{rt.policy}:{rt.priority}"]
+            if rt.lock_memory:
+                args.append("--mlock")
+            if rt.barrier != "sleep":
+                args += ["--barrier", rt.barrier]
         return args
+
+    @property
+    def threads_per_slot(self) -> int | None:
+        """--threads: the given value, or with realtime cpus, the CPUs each slot gets."""
+        if self.threads is None and self.realtime is not None:
+            return len(self.realtime.cpus) // self.slots
+        return self.threads
 
 
 # --------------------------------------------------------------------------- validation
@@ -188,6 +224,40 @@ def cpus_of(cpu_list: str) -> list[int]:
         lo, _, hi = item.partition("-")
         cpus.update(range(int(lo), int(hi or lo) + 1))
     return sorted(cpus)
+
+
+def check_realtime(s: ServiceSpec) -> None:
+    """The realtime options against the rest of the service: every slot gets the same number
+    of CPUs (one thread each), inside cpu_affinity when one is set."""
+    rt = s.realtime
+    assert rt is not None
+    if not isinstance(rt.cpus, tuple) or not rt.cpus or any(
+            isinstance(c, bool) or not isinstance(c, int) or not 0 <= c <= MAX_CPU for c in rt.cpus) \
+            or len(set(rt.cpus)) != len(rt.cpus):
+        raise ServiceError(f"realtime.cpus: {rt.cpus!r} is not a list of distinct CPUs 0..{MAX_CPU}")
+    if rt.policy not in SCHED_POLICIES:
+        raise ServiceError(f"realtime.policy: {rt.policy!r} is not one of {', '.join(SCHED_POLICIES)}")
+    if (rt.policy == "other") != (rt.priority == 0) or not 0 <= rt.priority <= 99 or \
+            isinstance(rt.priority, bool):
+        raise ServiceError(f"realtime.priority: {rt.priority!r} is not allowed with policy "
+                           f"{rt.policy} (1..99 with fifo or rr, 0 with other)")
+    if rt.barrier not in BARRIERS:
+        raise ServiceError(f"realtime.barrier: {rt.barrier!r} is not one of {', '.join(BARRIERS)}")
+    if not isinstance(rt.lock_memory, bool):
+        raise ServiceError(f"realtime.lock_memory: {rt.lock_memory!r} is not true or false")
+    n = len(rt.cpus)
+    if s.threads is None and n % s.slots:
+        raise ServiceError(f"slots: {s.slots} slots cannot share realtime.cpus ({n} CPUs) evenly; "
+                           f"give a number of CPUs that is a multiple of the slots")
+    if s.threads is not None and s.threads * s.slots != n:
+        raise ServiceError(f"threads: {s.slots} slots x {s.threads} threads need {s.slots * s.threads} "
+                           f"realtime.cpus, the profile gives {n}; drop service.threads (it is "
+                           f"then {n} / slots) or match them")
+    if s.cpu_affinity is not None:
+        outside = [c for c in rt.cpus if c not in cpus_of(s.cpu_affinity)]
+        if outside:
+            raise ServiceError(f"cpu_affinity: {s.cpu_affinity!r} leaves out realtime CPU(s) "
+                               f"{', '.join(map(str, outside))}; the workers run there")
 
 
 def check_spec(s: ServiceSpec) -> None:
@@ -251,6 +321,10 @@ def check_spec(s: ServiceSpec) -> None:
                                    or not _MODEL_ID_RE.fullmatch(s.model_id)):
         raise ServiceError(f"model_id: {s.model_id!r} is not allowed; 1..100 of letters, digits "
                            f"and ._- starting with a letter or digit")
+    if s.deadline_ms is not None:
+        integer("deadline_ms", s.deadline_ms, 1, 86_400_000)
+    if s.realtime is not None:
+        check_realtime(s)
     check_path(s.root, "root")
     if s.root == "/":
         raise ServiceError("root: '/' is not allowed; the install root is a directory such as /opt/colibri")
@@ -304,8 +378,9 @@ def service_dict(spec: ServiceSpec) -> dict[str, Any]:
             "backend": spec.backend, "user": spec.user, "groups": list(spec.groups),
             "restart_sec": spec.restart_sec, "drain_timeout_s": spec.drain_timeout_s,
             "model_id": spec.model_id,
-            # only when set: profiles without it keep their hash (and their builds)
-            **({"kv_cache": spec.kv_cache} if spec.kv_cache != "f32" else {})}
+            # only when set: profiles without them keep their hash (and their builds)
+            **({"kv_cache": spec.kv_cache} if spec.kv_cache != "f32" else {}),
+            **({"deadline_ms": spec.deadline_ms} if spec.deadline_ms is not None else {})}
 
 
 # --------------------------------------------------------------------------- rendering
@@ -315,20 +390,39 @@ def service_dict(spec: ServiceSpec) -> dict[str, Any]:
 class Privileges:
     """What the service may do beyond an ordinary user; the unit renders exactly this.
 
-    Nothing by default. A port below 1024 needs CAP_NET_BIND_SERVICE. The real-time mode (a later
-    profile key) goes here: ``capabilities`` + CAP_SYS_NICE, ``limits`` (("LimitRTPRIO", ...),
-    ("LimitMEMLOCK", ...)), ``realtime=True`` (RestrictRealtime=no) and ``@resources`` out of
-    ``syscall_deny`` (sched_setscheduler and mlock's limits live there)."""
+    Nothing by default. A port below 1024 needs CAP_NET_BIND_SERVICE. The real-time mode (the
+    profile's ``realtime:`` section) adds exactly what its options need, and no capability:
+
+    * ``cpus`` (threads pinned): ``sched_setaffinity`` back in the system-call filter (it is in
+      ``@resources``, which the unit denies);
+    * ``policy`` fifo/rr: ``RestrictRealtime=no``, ``LimitRTPRIO=<priority>`` and
+      ``sched_setscheduler``/``sched_setparam``. An unprivileged process may take SCHED_FIFO/RR up
+      to its RLIMIT_RTPRIO (sched(7), "Privileges and resource limits"), so CAP_SYS_NICE, which
+      would also let it renice or re-prioritise any process of the system, is not given;
+    * ``lock_memory``: ``LimitMEMLOCK=infinity`` (mlock needs no capability within the limit;
+      ``mlock`` is in ``@system-service``'s ``@memlock``), not CAP_IPC_LOCK."""
 
     capabilities: tuple[str, ...] = ()
     limits: tuple[tuple[str, str], ...] = ()
     realtime: bool = False
     syscall_deny: tuple[str, ...] = ("@privileged", "@resources")
+    syscall_allow: tuple[str, ...] = ()     # allowed again after the deny list
 
 
 def unit_privileges(spec: ServiceSpec) -> Privileges:
     caps = ("CAP_NET_BIND_SERVICE",) if spec.port < 1024 else ()
-    return Privileges(capabilities=caps)
+    rt = spec.realtime
+    if rt is None:
+        return Privileges(capabilities=caps)
+    limits: list[tuple[str, str]] = []
+    allow = ["sched_setaffinity"]
+    if rt.policy != "other":
+        limits.append(("LimitRTPRIO", str(rt.priority)))
+        allow += ["sched_setparam", "sched_setscheduler"]
+    if rt.lock_memory:
+        limits.append(("LimitMEMLOCK", "infinity"))
+    return Privileges(capabilities=caps, limits=tuple(limits), realtime=rt.policy != "other",
+                      syscall_allow=tuple(allow))
 
 
 def gpu_nodes(spec: ServiceSpec) -> tuple[str, ...]:

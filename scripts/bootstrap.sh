@@ -94,6 +94,7 @@ main() {
     curl                                # a real HTTP client for `colibri serve` tests
     systemd                             # systemd-analyze verify/security of colibri.service; PID 1 of emulated devices
     mender-client mender-artifact       # invoke package --format mender; the real client in tests/fleet/test_mender.py
+    stress-ng                           # benchmarks/jitter.py's noisy neighbours (CPU, memory bandwidth)
   )
   missing=()
   for p in "${apt_packages[@]}"; do

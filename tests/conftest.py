@@ -64,3 +64,12 @@ def project_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     root = copy_project(tmp_path / "proj")
     monkeypatch.setenv("COLIBRI_PROJECT_ROOT", str(root))
     return root
+
+
+@pytest.fixture(scope="session")
+def cuda_host_build(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The emulated-GPU build (tests/cuda_emu_support.py), built once for every module that
+    runs the CUDA path: {"binary", "tmp", "libcuda", "libcuda_nograph"}."""
+    from cuda_emu_support import build_cuda_host
+
+    return build_cuda_host(tmp_path_factory.mktemp("cuda_host_build"))

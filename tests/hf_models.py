@@ -55,6 +55,10 @@ GPTOSS_PROMPT = [(i * 37 + 11) % 380 for i in range(40)]
 
 def _cases() -> dict[str, Case]:
     common = dict(num_hidden_layers=2, max_position_embeddings=256, rms_norm_eps=1e-6)
+    hybrid = dict(max_position_embeddings=256, rms_norm_eps=1e-6, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=24, linear_conv_kernel_dim=4, linear_key_head_dim=10,
+                  linear_value_head_dim=14, linear_num_key_heads=2, linear_num_value_heads=4,
+                  moe_intermediate_size=40, shared_expert_intermediate_size=32, tie_word_embeddings=False)
     cases = [
         Case("mixtral", "mixtral", dict(
             common, vocab_size=320, hidden_size=72, intermediate_size=40, num_attention_heads=6,
@@ -107,6 +111,19 @@ def _cases() -> dict[str, Case]:
             GPTOSS_COMMON, hidden_size=64, intermediate_size=64, num_local_experts=4,
             num_experts_per_tok=2), seed=20, extra={"mxfp4": True},
              notes="experts as released: *_blocks / *_scales (uint8), bf16 everything else"),
+        # The hybrids (Gated DeltaNet + gated attention, tests/test_qwen35.py): hidden 72 (not a
+        # multiple of 16), 7-8 layers so both kinds appear several times, DeltaNet heads 2 key /
+        # 4 value of 10 / 14 lanes (not multiples of the 4-lane kernel), attention heads of 24
+        # with a rotary width of 6, a shared expert with its sigmoid gate.
+        Case("qwen3_5_moe", "qwen3_5_moe_text", dict(
+            hybrid, vocab_size=300, hidden_size=72, num_hidden_layers=7, num_experts=6,
+            num_experts_per_tok=2, layer_types=["linear_attention"] * 3 + ["full_attention"]
+            + ["linear_attention"] * 2 + ["full_attention"]), seed=19,
+             notes="Qwen3_5MoeForCausalLM, explicit layer_types (L L L F L L F)"),
+        Case("qwen3_next", "qwen3_next", dict(
+            hybrid, vocab_size=288, hidden_size=72, num_hidden_layers=8, num_experts=7,
+            num_experts_per_tok=3, full_attention_interval=4, norm_topk_prob=True), seed=20,
+             notes="Qwen3NextForCausalLM, full_attention_interval 4, fused in_proj_qkvz/ba, top-3"),
     ]
     return {c.name: c for c in cases}
 
@@ -114,6 +131,18 @@ def _cases() -> dict[str, Case]:
 CASES = _cases()
 FAMILY_CASES = ["mixtral", "mixtral_tied", "qwen2_moe", "qwen2_moe_norm", "qwen3_moe", "olmoe"]
 SLIDING_CASES = ["mixtral_sliding"]  # sliding-window attention layers (docs/models.md)
+HYBRID_CASES = ["qwen3_5_moe", "qwen3_next"]  # Gated DeltaNet + gated attention (tests/test_qwen35.py)
+# Their prompt: longer than the DeltaNet chunk transformers' chunked rule uses (64) and than the
+# runtime's pass (64), so both cross a chunk boundary.
+HYBRID_PROMPT = [(i * 37 + 5) % 251 + 1 for i in range(80)]
+# Their bounds against transformers' f32 logits: f32 is every family's; a rounded weight type
+# moves these 7-8 layer models more than the 2-layer ones above (its error passes through every
+# layer and the recurrence, and routes flip in the deeper layers, whose router margins the planted
+# structure no longer spreads). Measured (docs/models.md, "Accuracy"): qwen3_5_moe f16 3.9e-3,
+# bf16 3.5e-2, int8 1.2e-1; qwen3_next 8.4e-4, 1.3e-2, 3.3e-2. That the runtime computes exactly
+# what the rounded weights give is checked against the NumPy reference (1e-5) for every type.
+HYBRID_TOLERANCE = {"f32": 1e-4, "f16": 6e-3, "bf16": 5e-2, "int8": 1.8e-1}
+ZERO_CENTRED_TYPES = ("qwen3_5_moe_text", "qwen3_next")  # RMSNorm computes x * (1 + w)
 ALL_CASES = FAMILY_CASES + ["mixtral_bf16_sharded"] + SLIDING_CASES
 GPTOSS_CASES = ["gptoss", "gptoss_mxfp4"]  # tests/test_gptoss.py
 DTYPES = ["f32", "f16", "bf16", "int8"]
@@ -140,6 +169,7 @@ def _reinit(model: Any, seed: int) -> None:
 
     gen = torch.Generator().manual_seed(seed)
     cfg = model.config
+    zero_centred = cfg.model_type in ZERO_CENTRED_TYPES
     d, v = cfg.hidden_size, cfg.vocab_size
     gpt_oss = cfg.model_type == "gpt_oss"  # experts fused and transposed: [E, D, 2F], [E, F, D]
     e_n = getattr(cfg, "num_local_experts", None) or cfg.num_experts
@@ -168,8 +198,18 @@ def _reinit(model: Any, seed: int) -> None:
                 val = 1.5 * n
             elif name.endswith("mlp.router.bias"):  # small: the planted expert ranks stay
                 val = 0.1 * n
-            elif name.endswith("norm.weight") or "layernorm" in name:
+            elif name.endswith("linear_attn.norm.weight"):  # the gated norm multiplies by w
                 val = 1.0 + 0.1 * n
+            elif name.endswith("norm.weight") or "layernorm" in name:
+                val = (0.0 if zero_centred else 1.0) + 0.1 * n
+            elif name.endswith("A_log"):  # decays exp(-A * softplus(a + dt)) over a useful range
+                val = torch.log(0.5 + 4.0 * torch.rand(p.shape, generator=gen))
+            elif name.endswith("dt_bias"):
+                val = 0.5 * n
+            elif name.endswith("conv1d.weight"):
+                val = n * (1.0 / math.sqrt(p.shape[-1]))
+            elif name.endswith("out_proj.weight"):
+                val = n * (0.5 / math.sqrt(p.shape[-1]))
             elif "embed_tokens" in name:
                 val = embed
             elif name.endswith(".bias"):
@@ -387,14 +427,20 @@ def fuse_experts(tensors: dict[str, np.ndarray], n_layers: int, n_experts: int, 
 class Expected:
     """transformers' answers for one checkpoint: prompt logits, greedy ids, routed experts."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, prompt: list[int] = LOGIT_PROMPT, threads: int | None = None) -> None:
         import torch
 
         model = load_hf(path)
-        self.logits = hf_logits(model, LOGIT_PROMPT)
-        self.greedy = hf_greedy(model, GREEDY_PROMPT, GREEDY_NEW)
-        with torch.no_grad():
-            out = model(torch.tensor([LOGIT_PROMPT]), output_router_logits=True)
+        before = torch.get_num_threads()
+        if threads:  # the hybrids' per-token torch.conv1d costs 26 ms on 2 busy threads, 1 ms on one
+            torch.set_num_threads(threads)
+        try:
+            self.logits = hf_logits(model, prompt)
+            self.greedy = hf_greedy(model, GREEDY_PROMPT, GREEDY_NEW)
+            with torch.no_grad():
+                out = model(torch.tensor([prompt]), output_router_logits=True)
+        finally:
+            torch.set_num_threads(before)
         top_k = model.config.num_experts_per_tok
         self.experts = [torch.topk(torch.softmax(r.float(), -1), top_k, -1).indices.numpy()
                         for r in out.router_logits]  # per layer [tokens, k]
@@ -404,7 +450,9 @@ def expect(cache: dict[str, Expected], root: Path, name: str) -> Expected:
     """transformers' answers for case ``name``, computed once per session (``cache`` is the
     session fixture ``hf_expected``)."""
     if name not in cache:
-        cache[name] = Expected(checkpoint(name, root))
+        hybrid = name in HYBRID_CASES
+        cache[name] = Expected(checkpoint(name, root), HYBRID_PROMPT if hybrid else LOGIT_PROMPT,
+                               threads=1 if hybrid else None)
     return cache[name]
 
 
@@ -441,7 +489,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 TOKENIZER_FAMILY = {"mixtral": "mixtral", "mixtral_tied": "mixtral", "mixtral_bf16_sharded": "mixtral",
                     "mixtral_sliding": "mixtral", "gptoss": "gptoss", "gptoss_mxfp4": "gptoss",
-                    "qwen2_moe": "qwen2", "qwen2_moe_norm": "qwen2", "qwen3_moe": "qwen3", "olmoe": "olmoe"}
+                    "qwen2_moe": "qwen2", "qwen2_moe_norm": "qwen2", "qwen3_moe": "qwen3", "olmoe": "olmoe",
+                    "qwen3_5_moe": "qwen3", "qwen3_next": "qwen3"}
 TOKENIZER_CORPUS = Path(__file__).resolve().parent / "data" / "tokenizer_corpus.json"
 _PROSE = (
     "The engineers deploy the model to every device in the fleet. Each device answers a prompt, "

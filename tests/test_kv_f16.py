@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from serve_support import Server
-from test_cuda_host import _emu_cli, cuda_host_build  # noqa: F401  (the emulated-GPU build fixture)
+from test_cuda_host import _emu_cli
 
 from colibri_kit.errors import ModelError, ProfileError
 from colibri_kit.model.footprint import (

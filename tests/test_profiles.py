@@ -122,10 +122,13 @@ def test_every_shipped_profile_is_valid():
 def test_every_shipped_profile_accepts_the_expert_counts_users_run(name):
     """Qwen3-30B-A3B has 128 routed experts, top-8; Qwen3.5-35B-A3B 256, top-8 (their
     config.json: num_experts, num_experts_per_tok); OLMoE 64. Every shipped target must convert
-    them (the top-k network is sized by the model's E at run time, not by this cap)."""
+    them (the top-k network is sized by the model's E at run time, not by this cap); Qwen3-Next's
+    512, top-10, the targets that have the memory for it (AGX Thor) and the host."""
     from colibri_kit.model.convert import target_limits
     limits = target_limits(name)
     assert limits.max_experts >= 256 and limits.top_k >= 8
+    if name in ("agx-thor", "host"):
+        assert limits.max_experts >= 512 and limits.top_k >= 10
 
 
 @pytest.mark.slow
@@ -254,7 +257,7 @@ BROKEN = [
     ("colibri.top_k", 17, ["colibri.top_k", "17", "out of range", "1..16"]),
     ("colibri.top_k", 0, ["colibri.top_k", "out of range"]),
     ("colibri.max_experts", 48, ["colibri.max_experts", "48", "power of two"]),
-    ("colibri.max_experts", 512, ["colibri.max_experts", "512", "256"]),
+    ("colibri.max_experts", 1024, ["colibri.max_experts", "1024", "512"]),
     ("colibri.embed_pad", 40, ["colibri.embed_pad", "40", "multiple of 16"]),
     ("colibri.embed_pad", 0, ["colibri.embed_pad", "0", "multiple of 16"]),
     ("colibri.stream_count", 3, ["colibri.stream_count", "3", "1, 2"]),

@@ -134,9 +134,12 @@ def test_greedy_generate_matches_reference(host_colibri: Path, models: dict[str,
 
 
 def test_prefill_in_chunks_equals_one_call(host_colibri: Path, tmp_path: Path) -> None:
-    """A prompt longer than the runtime's 64-token chunk: same logits as the reference."""
-    model = write_random_model(tmp_path / "long.colibri", header(max_seq_len=160), seed=7)
-    ids = [(i * 37 + 11) % 300 for i in range(150)]
+    """A prompt longer than the runtime's 512-token chunk (runtime/src/core/context.h
+    COLIBRI_CHUNK), with top-4 of 6 experts so a chunk's 2048 expert slots go through several
+    expert passes (COLIBRI_MOE_SLOTS 1024, layers/moe_experts.c): same logits as the reference,
+    and prefill == decode bits."""
+    model = write_random_model(tmp_path / "long.colibri", header(max_seq_len=1200, top_k=4), seed=7)
+    ids = [(i * 37 + 11) % 300 for i in range(1100)]
     want = Reference(model).forward(ids)
     got = c_logits(host_colibri, model, ids, tmp_path / "l.bin")
     assert rel_err(got, want) < F32_TOL
@@ -148,6 +151,50 @@ def test_prefill_in_chunks_equals_one_call(host_colibri: Path, tmp_path: Path) -
             "--last", "--logits-out", str(out))
         last = np.fromfile(out, dtype="<f4")
         assert last.shape == (300,) and last.tobytes() == got[-1].tobytes()
+    # any thread count, and a 500-token prompt then token-by-token decode past the chunk edge
+    two = c_logits(host_colibri, model, ids, tmp_path / "t2.bin", "--threads", "2")
+    assert two.tobytes() == got.tobytes()
+    out = tmp_path / "dec.bin"
+    run(host_colibri, "--threads", "3", "forward", str(model), "--ids", ",".join(map(str, ids[:560])),
+        "--decode-from", "500", "--logits-out", str(out))
+    assert np.fromfile(out, dtype="<f4").tobytes() == got[:560].tobytes()
+
+
+def test_attention_key_blocks(host_colibri: Path, tmp_path: Path) -> None:
+    """Attention over blocks of 64 keys (layers/attention.c, kernels.h colibri_dot_rows and
+    colibri_wsum_rows): head_dim 70 (a 64-lane strip of the value sum, then a tail) and 150
+    positions (three key blocks): the reference's logits, and with f32 and f16 caches the same
+    bits in one call as token by token, at 1 and 3 threads."""
+    model = write_random_model(tmp_path / "hd70.colibri", header(max_seq_len=160, head_dim=70),
+                               seed=11)
+    ids = [(i * 41 + 3) % 300 for i in range(150)]
+    got = c_logits(host_colibri, model, ids, tmp_path / "one.bin")
+    assert rel_err(got, Reference(model).forward(ids)) < F32_TOL
+    for kv in ("f32", "f16"):
+        outs = []
+        for threads, extra in (("1", []), ("3", ["--decode-from", "20"])):
+            out = tmp_path / f"{kv}-{threads}.bin"
+            run(host_colibri, "--threads", threads, "--kv-cache", kv, "forward", str(model), "--ids",
+                ",".join(map(str, ids)), *extra, "--logits-out", str(out))
+            outs.append(out.read_bytes())
+        assert len(outs[0]) == 150 * 300 * 4 and outs[1] == outs[0]
+
+
+def test_prefill_chunks_int8_activations(host_colibri: Path, tmp_path: Path) -> None:
+    """The int8-activation rows of a multi-pass chunk (expert inputs in rows 0..slots-1, the
+    shared expert's after them): one call == token-by-token decode, bit for bit, at 1 and 3
+    threads, and the same bits as a prompt fed in pieces shorter than a chunk."""
+    h = header(max_seq_len=1200, top_k=4, dtype=int(DType.INT8), shared_expert_size=24,
+               flags=int(Flag.SHARED_EXPERT | Flag.SHARED_EXPERT_GATE))
+    model = write_random_model(tmp_path / "long8.colibri", h, seed=3)
+    ids = [(i * 53 + 5) % 300 for i in range(700)]
+    outs = []
+    for threads, extra in (("1", []), ("3", []), ("2", ["--decode-from", "480"])):
+        out = tmp_path / f"q{threads}.bin"
+        run(host_colibri, "--threads", threads, "--int8-act", "forward", str(model), "--ids",
+            ",".join(map(str, ids)), *extra, "--logits-out", str(out))
+        outs.append(out.read_bytes())
+    assert len(outs[0]) == 700 * 300 * 4 and outs[1] == outs[0] and outs[2] == outs[0]
 
 
 # ---- determinism --------------------------------------------------------------------------------

@@ -6,10 +6,10 @@ profile's `service:` section parses with errors that name the key path.
 from __future__ import annotations
 
 import re
-import subprocess
 
 import pytest
 import yaml
+from unit_support import directives, exposure
 
 from colibri_kit.errors import ProfileError
 from colibri_kit.paths import project_root
@@ -22,15 +22,6 @@ from colibri_kit.service import (JETSON_GPU_NODES, Privileges, ServiceError, Ser
 FULL = ServiceSpec(port=8443, bind="0.0.0.0", slots=2, threads=3, cpu_affinity="2-5 7", nice=-5,
                    memory_max="6G", api_key_file="/etc/colibri/api-key", max_queue=32,
                    backend="cuda", model_id="mixtral-tiny", root="/data/colibri")
-
-
-def directives(text: str) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for line in text.splitlines():
-        if line and not line.startswith(("#", "[")):
-            key, _, value = line.partition("=")
-            out.setdefault(key, []).append(value)
-    return out
 
 
 def test_default_unit_verifies_and_runs_the_current_release():
@@ -218,18 +209,6 @@ def test_device_files_and_install_commands():
                                   ["systemctl", "daemon-reload"],
                                   ["systemctl", "enable", "colibri.service"]]
     assert install_commands("colibri-b.service", enable=False)[-1] == ["systemctl", "daemon-reload"]
-
-
-def exposure(text: str, tmp_path) -> tuple[float, str]:
-    """The real `systemd-analyze security --offline=yes` on a unit file: its overall exposure
-    (0 = locked down .. 10 = unprotected) and its table."""
-    path = tmp_path / "colibri.service"
-    path.write_text(text)
-    proc = subprocess.run(["systemd-analyze", "security", "--offline=yes", "--no-pager", str(path)],
-                          capture_output=True, text=True, timeout=60)
-    found = re.search(r"Overall exposure level for colibri\.service: (\d+\.\d+)", proc.stdout)
-    assert found, proc.stdout + proc.stderr
-    return float(found.group(1)), proc.stdout
 
 
 def _targets_with_a_service() -> list[str]:

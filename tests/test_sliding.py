@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_cuda_host import _emu_cli, cuda_host_build  # noqa: F401  (the emulated-GPU build fixture)
+from test_cuda_host import _emu_cli
 
 import hf_models as H
 from colibri_kit.errors import ModelError
@@ -222,7 +222,7 @@ def test_cuda_footprint_of_a_layer_it_does_not_run(models: dict[str, Path]) -> N
 
 
 @pytest.mark.slow
-def test_cuda_backend_refuses_or_falls_back_naming_the_kind(cuda_host_build, models: dict[str, Path],  # noqa: F811
+def test_cuda_backend_refuses_or_falls_back_naming_the_kind(cuda_host_build, models: dict[str, Path],
                                                            tmp_path: Path) -> None:
     """In the GPU's host emulation (tests/test_cuda_host.py): --backend cuda refuses a sliding
     window shorter than the context with the layer's kind, --backend auto runs it on the CPU and

@@ -133,6 +133,10 @@ def build_header(m: HFModel, dtype: DType, limits: TargetModelLimits, max_seq_le
 
 def plan_tensors(m: HFModel, ck: Checkpoint) -> list[Item]:
     """Every tensor of the output, with its checkpoint source; refuses missing/mis-shaped/unknown ones."""
+    if m.hybrid is not None:  # Qwen3.5 / Qwen3-Next: their own layout
+        from colibri_kit.model.qwen_next import plan_tensors as plan_hybrid
+
+        return plan_hybrid(m, ck)
     p = Planner(ck)
     d, v, e_n = m.hidden, m.vocab, m.experts
     hq, hkv = m.heads * m.head_dim, m.kv_heads * m.head_dim
@@ -141,7 +145,7 @@ def plan_tensors(m: HFModel, ck: Checkpoint) -> list[Item]:
         from colibri_kit.model import gptoss
 
         gptoss.plan(m, p, items, Item)
-        _refuse_unused(m, ck, p, set())
+        unknown_tensors(m, ck, p.used)
         return items
 
     def add(kind: Kind, layer: int, expert: int, name: str, shape: tuple[int, ...]) -> None:
@@ -181,14 +185,17 @@ def plan_tensors(m: HFModel, ck: Checkpoint) -> list[Item]:
     add(Kind.OUTPUT_NORM, NONE, NONE, "model.norm.weight", (d,))
     if not m.flags & Flag.TIED_EMBEDDINGS:
         add(Kind.LM_HEAD, NONE, NONE, "lm_head.weight", (v, d))
-    ignorable = {"lm_head.weight"} if m.flags & Flag.TIED_EMBEDDINGS else set()
-    _refuse_unused(m, ck, p, ignorable)
+    unknown_tensors(m, ck, p.used)
     return items
 
 
-def _refuse_unused(m: HFModel, ck: Checkpoint, p: Planner, ignorable: set[str]) -> None:
+def unknown_tensors(m: HFModel, ck: Checkpoint, used: set[str], skip: tuple[str, ...] = ()) -> None:
+    """Refuse a checkpoint with tensors the plan did not take (an unsupported variant), apart from
+    those under the ``skip`` prefixes (parts the runtime does not run, e.g. a vision tower)."""
+    ignorable = {"lm_head.weight"} if m.flags & Flag.TIED_EMBEDDINGS else set()
     unknown = sorted(k for k in ck.keys()
-                     if k not in p.used and k not in ignorable and not k.endswith("rotary_emb.inv_freq"))
+                     if k not in used and k not in ignorable and not k.endswith("rotary_emb.inv_freq")
+                     and not k.startswith(skip))
     if unknown:
         more = f" (and {len(unknown) - 5} more)" if len(unknown) > 5 else ""
         raise ModelError(f"checkpoint {ck.dir}: tensors the {m.model_type} converter does not use "
@@ -230,6 +237,17 @@ def _experts(p: Planner, m: HFModel, layer: int, moe: str) -> list[Item]:
         w3.append(Item(Kind.EXPERT_W3, layer, e, p.take(f"{base}.{names[1]}.weight", (f, d)), f"{base}.{names[1]}.weight"))
         w2.append(Item(Kind.EXPERT_W2, layer, e, p.take(f"{base}.{names[2]}.weight", (d, f)), f"{base}.{names[2]}.weight"))
     return w1 + w3 + w2
+
+
+def _notes(m: HFModel, ck: Checkpoint) -> None:
+    """What the converter leaves out of this checkpoint (a vision tower, an MTP head), one line
+    each on stderr."""
+    if m.hybrid is None:
+        return
+    from colibri_kit.model.qwen_next import SKIPPED, skipped
+
+    for prefix, n in skipped(ck).items():
+        sys.stderr.write(f"convert: note: skipped {n} tensors under {prefix}*: {SKIPPED[prefix]}\n")
 
 
 class Progress:
@@ -317,6 +335,8 @@ def convert(hf_dir: str | os.PathLike[str], out: str | os.PathLike[str], dtype: 
         check_fits(header, target, estimate_file_bytes(header) + meta, slots=slots)
     ck = Checkpoint(hf_dir)
     items = plan_tensors(m, ck)
+    if progress:
+        _notes(m, ck)
     chat = chat_template_blob(hf_dir, chat_template)  # refused here, before anything is written
     bar = Progress(sum(it.nbytes for it in items), progress)
     if chat is not None:

@@ -12,14 +12,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from colibri_kit.errors import ModelError
 from colibri_kit.model import format as fmt
 from colibri_kit.model.format import DEFAULT_LAYER, Family, Ffn, Flag, LayerRecord, Mixer, Routing, Yarn
 
+if TYPE_CHECKING:
+    from colibri_kit.model.qwen_next import Hybrid
+
 MODEL_TYPES = {"mixtral": Family.MIXTRAL, "qwen2_moe": Family.QWEN2_MOE,
-               "qwen3_moe": Family.QWEN3_MOE, "olmoe": Family.OLMOE, "gpt_oss": Family.GPT_OSS}
+               "qwen3_moe": Family.QWEN3_MOE, "olmoe": Family.OLMOE, "gpt_oss": Family.GPT_OSS,
+               # hybrids: Gated DeltaNet + gated attention (colibri_kit/model/qwen_next.py)
+               "qwen3_next": Family.QWEN3_NEXT, "qwen3_5_moe": Family.QWEN3_5_MOE,
+               "qwen3_5_moe_text": Family.QWEN3_5_MOE}
 
 
 @dataclass(frozen=True)
@@ -50,13 +56,17 @@ class HFModel:
     yarn: Yarn | None = None  # gpt-oss: YaRN RoPE
     records: tuple[LayerRecord, ...] | None = None  # gpt-oss: from layer_types, with its flags
     mxfp4: bool = False  # gpt-oss as released: the experts are mxfp4 blocks and scales
+    hybrid: "Hybrid | None" = None  # Qwen3.5 / Qwen3-Next: the layer list and DeltaNet geometry
 
     def layer_records(self) -> tuple[LayerRecord, ...]:
         """Each layer's kinds for the layer table: Mixtral with ``sliding_window`` W attends to
         the last W positions in every layer (transformers' MixtralModel builds one sliding-window
-        mask for all layers); gpt-oss as its layer_types say; the rest is attention + moe."""
+        mask for all layers); gpt-oss as its layer_types say; Qwen3.5 / Qwen3-Next as theirs say
+        (gated_deltanet or gated attention); the rest is attention + moe."""
         if self.records is not None:
             return self.records
+        if self.hybrid is not None:
+            return tuple(self.hybrid.record(i, self.head_dim) for i in range(self.layers))
         if self.sliding_window is None:
             return (DEFAULT_LAYER,) * self.layers
         return (LayerRecord(Mixer.SLIDING_ATTENTION, Ffn.MOE, self.sliding_window),) * self.layers
@@ -130,6 +140,10 @@ def read_config(cfg: dict[str, Any]) -> HFModel:
         allowed = ", ".join(MODEL_TYPES)
         raise ModelError(f"config.json: key model_type = {model_type!r} is not supported (supported: {allowed})")
     family = MODEL_TYPES[model_type]
+    if family in (Family.QWEN3_NEXT, Family.QWEN3_5_MOE):
+        from colibri_kit.model.qwen_next import read_hybrid
+
+        return read_hybrid(cfg)
     gpt_oss = family == Family.GPT_OSS
     act = cfg.get("hidden_act", "silu")
     if act != "silu":

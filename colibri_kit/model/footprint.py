@@ -20,7 +20,9 @@
   CPU, `--backend auto`, so its footprint there is the CPU one: `cpu_fallback` says why). Both
   hold every layer's KV cache, as its kind keeps it (docs/runtime.md, "Layer kinds"): max_seq_len
   rows (the context length, chosen at convert time) for full attention, the window for a sliding
-  window; it is reported apart. `kv_dtype` "f16" (`colibri --kv-cache f16`) stores it in half the bytes,
+  window; it is reported apart. A recurrent layer (gated_deltanet: Qwen3.5, Qwen3-Next) keeps a
+  fixed-size state instead (its convolution's last inputs and its delta-rule states, f32, the
+  same at any context length), also reported apart (`state_bytes`). `kv_dtype` "f16" (`colibri --kv-cache f16`) stores it in half the bytes,
   on either backend;
 - slots: contexts served at once (`colibri serve --slots`), each with its own arena.
 
@@ -38,13 +40,16 @@ from typing import Any
 
 from colibri_kit.errors import ModelError
 from colibri_kit.model.format import (
-    ALIGN, LARGE_TENSOR, PAGE, DType, Ffn, Flag, Mixer, MixerFlag, ModelHeader, align_up, data_nbytes,
-    data_start, expected_tensors, kv_staged, layer_kv_positions, read_model, scale_bytes,
+    ALIGN, LARGE_TENSOR, PAGE, QWEN_ATTENTION_FLAGS, DType, Ffn, Flag, Mixer, MixerFlag, ModelHeader,
+    align_up, data_nbytes, data_start, expected_tensors, kv_staged, layer_kv_positions,
+    layer_state_floats, pass_needs, read_model, scale_bytes,
 )
 
 MIB = 1 << 20
-# runtime/src/core/context.h COLIBRI_CHUNK: tokens per CPU pass.
-CPU_CHUNK = 64
+# runtime/src/core/context.h COLIBRI_CHUNK: tokens per CPU pass; COLIBRI_MOE_SLOTS: expert input
+# rows one MoE pass holds (never fewer than a chunk).
+CPU_CHUNK = 512
+CPU_MOE_SLOTS = 1024
 # runtime/src/cuda/cuda_backend.c: CB_ALIGN, CB_MAX_CHUNK, CB_MIN_CHUNK, CB_ACT_BUDGET,
 # CB_LOGIT_ROWS, CB_PART_BUDGET; colibri_abi.h: KV split.
 CUDA_ALIGN = 256
@@ -61,6 +66,7 @@ CUDA_UPLOAD_PEAK = 3 * CUDA_UPLOAD_CHUNK
 # COLIBRI_CUDA_WEIGHTS: how the CUDA backend holds the weights ("copy" is its default)
 CUDA_WEIGHTS = ("copy", "map")
 CUDA_FA_MAX_DH = 128          # colibri_abi.h COLIBRI_CU_FA_MAX_DH: widest head of tiled prefill
+CUDA_MAX_SORT = 256           # colibri_abi.h COLIBRI_CU_MAX_SORT: experts the router kernels sort
 DEFAULT_THREADS = 8  # CPU arena scratch is per thread (a few KiB each); Jetsons have 6..14 cores
 # Bytes per cached K/V value: runtime/include/colibri.h colibri_kv_dtype.
 KV_BYTES = {"f32": 4, "f16": 2}
@@ -87,21 +93,24 @@ def cpu_arena_bytes(h: ModelHeader, threads: int = DEFAULT_THREADS, int8_act: bo
     dp, qd = h.embed_dim_pad, h.n_heads * h.head_dim
     kvd, E, K = h.n_kv_heads * h.head_dim, h.num_experts, h.top_k
     F, Fs, S = h.expert_size, h.shared_expert_size, h.max_seq_len
-    max_cols = max(dp, qd, F, Fs, 16)
+    mix, in_cols = pass_needs(h)  # the kinds' mixer scratch per token, their widest input
+    max_cols = max(dp, qd, F, Fs, 16, in_cols)
     q8 = int8_act and h.dtype in (DType.INT8, DType.Q4)
-    for n in (T * dp, T * dp, T * qd, T * kvd, T * kvd, T * qd, T * dp, T * h.head_dim, T):
-        take(n)  # ... the RoPE table, the rows' positions
+    for n in (T * dp, T * dp, T * qd, T * kvd, T * kvd, T * qd, T * dp, T * h.head_dim, T, T * mix):
+        take(n)  # ... the RoPE table, the rows' positions, the mixer scratch
     stage = T * kvd if kv_staged(h) else 0  # a pass's K/V rows on their way to a short ring
     take(stage, kv_size)
     take(stage, kv_size)
     rows = kv_rows(h)  # every layer's K rows, then V rows, as its kind keeps them
     take(rows * kvd, kv_size)
     take(rows * kvd, kv_size)
-    for n in (T * E, T * K, T * K, E, E + 1, E, T * K,
-              T * K * dp, T * K * F, T * K * F, T * K * dp, T * Fs, T * Fs, T * dp):
+    take(state_bytes(h) // 4)  # the recurrent layers' states
+    slots = min(T * K, max(T, CPU_MOE_SLOTS))
+    for n in (T * E, T * K, T * K, E, E + 1, E, T * K, T * K,
+              slots * dp, slots * F, slots * F, T * K * dp, T * Fs, T * Fs, T * dp):
         take(n)
-    take(T * (K + 1) * max_cols if q8 else 0, 1)
-    take(T * (K + 1) if q8 else 0)
+    take((slots + T) * max_cols if q8 else 0, 1)
+    take(slots + T if q8 else 0)
     take(threads * 2 * max_cols)
     take(threads * S)
     return align_up(used, 64)
@@ -143,14 +152,20 @@ def cuda_arena_bytes(h: ModelHeader, copy_weights: bool = False, weights_bytes: 
 
 def cuda_unsupported(h: ModelHeader) -> str:
     """Why the CUDA backend does not run this model ("" when it does): it runs attention + moe
-    layers, a sliding window as long as the context being full attention, without gpt-oss's
-    mxfp4 weights, YaRN, sinks and biases (runtime/src/cuda/cuda_backend.c cb_check_model)."""
+    layers, a sliding window as long as the context being full attention, up to 256 experts,
+    without gpt-oss's mxfp4 weights, YaRN, sinks and biases or Qwen's gated attention
+    (runtime/src/cuda/cuda_backend.c cb_check_model)."""
+    if h.num_experts > CUDA_MAX_SORT:
+        return (f"{h.num_experts} experts: the CUDA router kernels sort at most {CUDA_MAX_SORT} "
+                "(colibri_abi.h COLIBRI_CU_MAX_SORT)")
     for i, r in enumerate(h.layer_records()):
         full = r.mixer == Mixer.ATTENTION or (r.mixer == Mixer.SLIDING_ATTENTION
                                               and r.window >= h.max_seq_len)
         if not full or r.ffn != Ffn.MOE:
             return (f"layer {i} is {r.label()}: the CUDA backend runs attention + moe layers "
                     "only (a sliding window as long as the context counts as attention)")
+        if r.mixer_flags & QWEN_ATTENTION_FLAGS:
+            return f"layer {i} is gated attention (output gate / partial RoPE), which the CUDA backend does not run yet"
     if DType.MXFP4 in (h.dtype, h.expert_dtype):
         return "mxfp4 weights, which the CUDA kernels do not read yet (gpt-oss)"
     if h.has(Flag.ROPE_YARN):
@@ -161,6 +176,11 @@ def cuda_unsupported(h: ModelHeader) -> str:
                     if r.mixer_flags else "router/expert biases or the clamped SwiGLU")
             return f"layer {i} has {what}, which the CUDA kernels do not compute yet (gpt-oss)"
     return ""
+
+
+def state_bytes(h: ModelHeader) -> int:
+    """The recurrent layers' fixed-size states per context (runtime/src/core/arena.c), f32."""
+    return 4 * sum(layer_state_floats(h, i) for i in range(h.n_layers))
 
 
 def kv_rows(h: ModelHeader) -> int:
@@ -204,6 +224,7 @@ class Footprint:
     # shared by every slot.
     weights_mode: str = "file"
     cpu_fallback: str = ""  # a CUDA target whose backend does not run the model: why
+    state: int = 0      # per slot, part of arena: recurrent layers' fixed-size states
 
     @property
     def upload(self) -> int:
@@ -223,7 +244,8 @@ class Footprint:
                 "arena_bytes": self.arena, "kv_cache_bytes": self.kv_cache, "slots": self.slots,
                 "total_bytes": self.total, "available_bytes": self.available, "fits": self.fits,
                 "kv_dtype": self.kv_dtype, "weights_mode": self.weights_mode,
-                "upload_bytes": self.upload, "cpu_fallback": self.cpu_fallback}
+                "upload_bytes": self.upload, "cpu_fallback": self.cpu_fallback,
+                "state_bytes": self.state}
 
     def weights_text(self) -> str:
         """The weights' part of the total, in words."""
@@ -237,7 +259,7 @@ class Footprint:
             f"available {self.available / MIB:,.0f} MiB -> {'fits' if self.fits else 'DOES NOT FIT'}"
         return (f"{self.target}: {self.total / MIB:,.1f} MiB = {self.weights_text()} + "
                 f"{self.slots} x arena {self.arena / MIB:,.1f} (KV cache {self.kv_cache / MIB:,.1f} "
-                f"{self.kv_dtype}) "
+                f"{self.kv_dtype}{f', recurrent state {self.state / MIB:,.1f}' if self.state else ''}) "
                 f"[{self.backend}{', CUDA falls back: ' + self.cpu_fallback if self.cpu_fallback else ''}]; "
                 f"{avail}")
 
@@ -275,7 +297,7 @@ def footprint(h: ModelHeader, target: str, weights_bytes: int | None = None, slo
         cpu_arena_bytes(h, threads, kv_dtype=kv_dtype)
     mode = "file" if backend == "cpu" else "copied" if cuda_weights == "copy" else "mapped"
     return Footprint(target, backend, weights, arena, kv_cache_bytes(h, kv_dtype), slots, avail,
-                     kv_dtype, mode, fallback)
+                     kv_dtype, mode, fallback, state_bytes(h))
 
 
 def model_footprint(path: str | os.PathLike[str], target: str, slots: int = 1,
@@ -337,7 +359,8 @@ def check_fits(h: ModelHeader, target: str, weights_bytes: int | None = None,
         f"model does not fit target {target!r}: needs {fp.total / MIB:,.0f} MiB (weights "
         f"{fp.weights / MIB:,.0f} MiB as {DType(h.dtype).name.lower()}{experts}{how} + {slots} slot(s) x "
         f"arena {fp.arena / MIB:,.0f} MiB incl. KV cache {fp.kv_cache / MIB:,.0f} MiB at "
-        f"max_seq_len {h.max_seq_len}{upload}), the target has {fp.available / MIB:,.0f} MiB available "
+        f"max_seq_len {h.max_seq_len}{f' and recurrent state {fp.state / MIB:,.0f} MiB' if fp.state else ''}"
+        f"{upload}), the target has {fp.available / MIB:,.0f} MiB available "
         f"(memory.total_mb - memory.reserve_mb of its profile); {hint}")
 
 

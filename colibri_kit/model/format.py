@@ -80,6 +80,7 @@ class Kind(enum.IntEnum):
     ATTN_SINKS = 22  # [1, H]: one learned logit per head joining the softmax (mixer flag SINKS)
     BO = 23  # [1, Dp]: output-projection bias (mixer flag O_BIAS)
     ROUTER_BIAS = 24  # [1, E] (ffn flag ROUTER_BIAS)
+    ATTN_GATE = 25  # gated attention's output gate projection (mixer flag OUTPUT_GATE; Qwen3.5/Next)
     EXPERT_W1 = 30
     EXPERT_W3 = 31
     EXPERT_W2 = 32
@@ -90,6 +91,16 @@ class Kind(enum.IntEnum):
     SHARED_W3 = 41
     SHARED_W2 = 42
     SHARED_GATE = 43
+    # gated_deltanet layers (runtime/src/layers/deltanet.c)
+    DN_QKV = 50  # in_proj_qkv: q | k | v, the convolution's channels
+    DN_Z = 51  # in_proj_z: the output gate
+    DN_B = 52  # in_proj_b: beta (the write strength) per value head
+    DN_A = 53  # in_proj_a: the decay's input per value head
+    DN_CONV = 54  # conv1d taps [channels, width]
+    DN_A_LOG = 55
+    DN_DT_BIAS = 56
+    DN_NORM = 57  # the gated RMSNorm's weight [value head dim]
+    DN_OUT = 58  # out_proj
 
 
 class Flag(enum.IntFlag):
@@ -107,10 +118,13 @@ ALL_FLAGS = int(Flag.SHARED_EXPERT | Flag.SHARED_EXPERT_GATE | Flag.QK_NORM_HEAD
 
 
 class MixerFlag(enum.IntFlag):
-    """Layer record field ``mixer_flags`` of the attention kinds (bits 0..7: gpt-oss)."""
+    """Layer record field ``mixer_flags`` of the attention kinds: bits 0..7 gpt-oss, bits 8..15
+    Qwen3.5 / Qwen3-Next."""
 
     SINKS = 1 << 0  # ATTN_SINKS [1, H]: a learned logit per head in the softmax, dropped after
     O_BIAS = 1 << 1  # BO [1, Dp]: a bias on the output projection
+    OUTPUT_GATE = 1 << 8  # attention output times sigmoid(ATTN_GATE h) before WO
+    PARTIAL_ROPE = 1 << 9  # RoPE on the first mixer_params[0] lanes of each head only
 
 
 class FfnFlag(enum.IntFlag):
@@ -123,7 +137,8 @@ class FfnFlag(enum.IntFlag):
     CLAMPED_SWIGLU = 1 << 2
 
 
-MIXER_FLAGS = int(MixerFlag.SINKS | MixerFlag.O_BIAS)
+MIXER_FLAGS = int(MixerFlag.SINKS | MixerFlag.O_BIAS | MixerFlag.OUTPUT_GATE
+                  | MixerFlag.PARTIAL_ROPE)
 FFN_FLAGS = int(FfnFlag.ROUTER_BIAS | FfnFlag.EXPERT_BIAS | FfnFlag.CLAMPED_SWIGLU)
 
 
@@ -133,6 +148,8 @@ class Family(enum.IntEnum):
     QWEN3_MOE = 2
     OLMOE = 3
     GPT_OSS = 4
+    QWEN3_NEXT = 5
+    QWEN3_5_MOE = 6  # Qwen3.5 and Qwen3.6 MoE
     OTHER = 255
 
 
@@ -146,6 +163,10 @@ class Mixer(enum.IntEnum):
 
     ATTENTION = 1  # causal grouped-query attention over every position
     SLIDING_ATTENTION = 2  # the same over the last `window` positions (a ring of W rows)
+    GATED_DELTANET = 3  # Gated DeltaNet linear attention: a conv over `window` positions + a state
+
+
+QWEN_ATTENTION_FLAGS = int(MixerFlag.OUTPUT_GATE | MixerFlag.PARTIAL_ROPE)
 
 
 class Ffn(enum.IntEnum):
@@ -156,7 +177,7 @@ class Ffn(enum.IntEnum):
 
 # Limits enforced by readers (docs/format.md, "Limits"): beyond them a file is refused as absurd.
 MAX_EMBED = 65536
-MAX_EXPERTS = 256
+MAX_EXPERTS = 512  # Qwen3-Next: 512 routed experts
 MAX_TOP_K = 16
 MAX_LAYERS = 1024
 MAX_HEADS = 1024
@@ -224,13 +245,18 @@ SCALED_DTYPES = (DType.INT8, DType.Q4, DType.MXFP4)
 # Kinds whose tensors are always f32 (small vectors and the router: routing stays exact).
 F32_KINDS = frozenset({Kind.OUTPUT_NORM, Kind.ATTN_NORM, Kind.BQ, Kind.BK, Kind.BV, Kind.Q_NORM,
                        Kind.K_NORM, Kind.FFN_NORM, Kind.ROUTER, Kind.SHARED_GATE, Kind.ATTN_SINKS,
-                       Kind.BO, Kind.ROUTER_BIAS, Kind.EXPERT_B1, Kind.EXPERT_B3, Kind.EXPERT_B2})
+                       Kind.BO, Kind.ROUTER_BIAS, Kind.EXPERT_B1, Kind.EXPERT_B3, Kind.EXPERT_B2,
+                       # gated_deltanet: beta and decay inputs feed the recurrence (kept exact,
+                       # like the router), the rest are small vectors
+                       Kind.DN_B, Kind.DN_A, Kind.DN_CONV, Kind.DN_A_LOG, Kind.DN_DT_BIAS,
+                       Kind.DN_NORM})
 # Kinds whose column axis is the hidden size D (padded to Dp with zeros).
 D_COLS = frozenset({Kind.TOK_EMBED, Kind.OUTPUT_NORM, Kind.LM_HEAD, Kind.ATTN_NORM, Kind.WQ,
                     Kind.WK, Kind.WV, Kind.FFN_NORM, Kind.ROUTER, Kind.EXPERT_W1, Kind.EXPERT_W3,
-                    Kind.SHARED_W1, Kind.SHARED_W3, Kind.SHARED_GATE, Kind.BO, Kind.EXPERT_B2})
+                    Kind.SHARED_W1, Kind.SHARED_W3, Kind.SHARED_GATE, Kind.BO, Kind.EXPERT_B2,
+                    Kind.ATTN_GATE, Kind.DN_QKV, Kind.DN_Z, Kind.DN_B, Kind.DN_A})
 # Kinds whose row axis is D (the outputs of WO and the down projections).
-D_ROWS = frozenset({Kind.WO, Kind.EXPERT_W2, Kind.SHARED_W2})
+D_ROWS = frozenset({Kind.WO, Kind.EXPERT_W2, Kind.SHARED_W2, Kind.DN_OUT})
 EXPERT_KINDS = (Kind.EXPERT_W1, Kind.EXPERT_W3, Kind.EXPERT_W2)  # the routed experts' matrices
 GLOBAL_KINDS = frozenset({Kind.TOK_EMBED, Kind.OUTPUT_NORM, Kind.LM_HEAD})
 
@@ -504,7 +530,8 @@ class ModelHeader:
         if not (math.isfinite(self.rope_theta) and self.rope_theta > 0.0):
             raise ModelError(f"header field rope_theta: {self.rope_theta}, must be finite and > 0")
         if self.family not in Family._value2member_map_:
-            raise ModelError(f"header field family: {self.family}, allowed 0, 1, 2, 3, 255")
+            raise ModelError(f"header field family: {self.family}, allowed "
+                             + ", ".join(str(int(f)) for f in Family))
         for key in ("bos_token_id", "eos_token_id"):
             tok = getattr(self, key)
             if tok != UNKNOWN_TOKEN and tok >= self.vocab_size:
@@ -585,8 +612,8 @@ class LayerRecord:
 
     mixer: int = Mixer.ATTENTION
     ffn: int = Ffn.MOE
-    window: int = 0  # sliding kinds: the positions a token sees
-    mixer_flags: int = 0  # MixerFlag bits (attention sinks, output bias)
+    window: int = 0  # sliding kinds: the positions a token sees; gated_deltanet: the conv width
+    mixer_flags: int = 0  # MixerFlag bits (attention sinks, output bias; Qwen's gate, partial RoPE)
     mixer_params: tuple[int, int, int, int] = (0, 0, 0, 0)
     ffn_params: tuple[int, int, int, int] = (0, 0, 0, 0)
     reserved: bytes = field(default=bytes(16), repr=False)
@@ -657,13 +684,17 @@ DEFAULT_LAYER = LayerRecord()  # every layer of a version 1 or 2 file
 @dataclass(frozen=True)
 class LayerKind:
     """One row of the layer-kind table, as runtime/src/layers/kinds.c has it: the name, the check
-    of a record, the tensors of a layer of this kind (kind, expert, rows, cols) and the K/V rows
-    it keeps per context (the footprint's cache)."""
+    of a record, the tensors of a layer of this kind (kind, expert, rows, cols) and what it keeps
+    per context (the footprint's cache: K/V rows, recurrent state floats) and needs in a pass
+    (mixer scratch floats per token, the widest matrix input), as its `cache` reports them."""
 
     name: str
     check: Callable[["ModelHeader", int, LayerRecord], None]
     tensors: Callable[["ModelHeader", LayerRecord], list[tuple["Kind", int, int, int]]]
     kv_positions: Callable[["ModelHeader", LayerRecord], int]
+    state_floats: Callable[["ModelHeader", LayerRecord], int] = lambda h, r: 0
+    scratch_floats: Callable[["ModelHeader", LayerRecord], int] = lambda h, r: 0
+    in_cols: Callable[["ModelHeader", LayerRecord], int] = lambda h, r: 0
 
 
 def _params_zero(where: str, values: tuple[int, ...], field_name: str) -> None:
@@ -672,24 +703,36 @@ def _params_zero(where: str, values: tuple[int, ...], field_name: str) -> None:
             raise ModelError(f"{where}: field {field_name}[{i}] {v}, must be 0")
 
 
-def _check_mixer(where: str, r: LayerRecord) -> None:
-    """What both attention kinds require: no parameters, only the defined flags (MixerFlag)."""
-    _params_zero(where, r.mixer_params, "mixer_params")
+def _check_mixer(h: "ModelHeader", where: str, r: LayerRecord) -> None:
+    """What both attention kinds require: only the defined flags (MixerFlag: gpt-oss's sinks and
+    output bias, Qwen's gate and partial RoPE), a parameter only where a flag defines one
+    (PARTIAL_ROPE: mixer_params[0], the rotary width)."""
+    partial = bool(r.mixer_flags & MixerFlag.PARTIAL_ROPE)
+    _params_zero(where, r.mixer_params[1:] if partial else r.mixer_params, "mixer_params")
     if r.mixer_flags & ~MIXER_FLAGS:
         raise ModelError(f"{where}: field mixer_flags {r.mixer_flags:#x}, bits {r.mixer_flags & ~MIXER_FLAGS:#x} "
                          "are not defined (a newer format feature: update the kit)")
+    rw = r.mixer_params[0]
+    if partial and (rw < 2 or rw > h.head_dim or rw % 2):
+        raise ModelError(f"{where}: field mixer_params[0] {rw}, the rotary width of PARTIAL_ROPE must "
+                         f"be even and in 2..head_dim ({h.head_dim})")
+
+
+def rotary_width(h: "ModelHeader", r: LayerRecord) -> int:
+    """Lanes of each head that RoPE rotates (all of them unless PARTIAL_ROPE)."""
+    return r.mixer_params[0] if r.mixer_flags & MixerFlag.PARTIAL_ROPE else h.head_dim
 
 
 def _check_attention(h: "ModelHeader", i: int, r: LayerRecord) -> None:
     where = f"layer {i} (attention)"
-    _check_mixer(where, r)
+    _check_mixer(h, where, r)
     if r.window:
         raise ModelError(f"{where}: field window {r.window}, must be 0 for full attention")
 
 
 def _check_sliding(h: "ModelHeader", i: int, r: LayerRecord) -> None:
     where = f"layer {i} (sliding_attention)"
-    _check_mixer(where, r)
+    _check_mixer(h, where, r)
     if r.window < 1:
         raise ModelError(f"{where}: field window {r.window}, must be at least 1")
 
@@ -708,7 +751,81 @@ def _attention_tensors(h: "ModelHeader", r: LayerRecord) -> list[tuple["Kind", i
         out += [(Kind.Q_NORM, NONE, 1, h.head_dim), (Kind.K_NORM, NONE, 1, h.head_dim)]
     elif h.has(Flag.QK_NORM_FULL):
         out += [(Kind.Q_NORM, NONE, 1, hq), (Kind.K_NORM, NONE, 1, hkv)]
+    if r.mixer_flags & MixerFlag.OUTPUT_GATE:
+        out.append((Kind.ATTN_GATE, NONE, hq, dp))
     return out
+
+
+def _attention_scratch(h: "ModelHeader", r: LayerRecord) -> int:
+    """The output gate's values of a pass (runtime attention.c: the arena's mixer scratch)."""
+    return h.n_heads * h.head_dim if r.mixer_flags & MixerFlag.OUTPUT_GATE else 0
+
+
+# gated_deltanet (runtime/src/layers/deltanet.c): window = the convolution's width,
+# mixer_params = (key heads, value heads, key head dim, value head dim).
+DELTANET_LIMITS = {"conv width": 64, "heads": 1024, "head dim": 1024, "width": 262_144}
+
+
+@dataclass(frozen=True)
+class DeltaNetGeometry:
+    hk: int
+    hv: int
+    dk: int
+    dv: int
+    width: int
+
+    @classmethod
+    def of(cls, r: LayerRecord) -> "DeltaNetGeometry":
+        return cls(*r.mixer_params, r.window)
+
+    @property
+    def kd(self) -> int:
+        return self.hk * self.dk
+
+    @property
+    def vd(self) -> int:
+        return self.hv * self.dv
+
+    @property
+    def channels(self) -> int:  # the convolution's: q | k | v
+        return 2 * self.kd + self.vd
+
+    @property
+    def state_floats(self) -> int:  # the conv's last width-1 inputs, then Hv states [Dk, Dv]
+        return (self.width - 1) * self.channels + self.hv * self.dk * self.dv
+
+
+def _check_deltanet(h: "ModelHeader", i: int, r: LayerRecord) -> None:
+    where = f"layer {i} (gated_deltanet)"
+    if not 1 <= r.window <= DELTANET_LIMITS["conv width"]:
+        raise ModelError(f"{where}: field window {r.window}, the convolution width must be in "
+                         f"1..{DELTANET_LIMITS['conv width']}")
+    if r.mixer_flags:
+        raise ModelError(f"{where}: field mixer_flags {r.mixer_flags:#x}, none are defined")
+    names = ("key heads", "value heads", "key head dim", "value head dim")
+    for k, (name, v) in enumerate(zip(names, r.mixer_params)):
+        lim = DELTANET_LIMITS["heads" if k < 2 else "head dim"]
+        if not 1 <= v <= lim:
+            raise ModelError(f"{where}: field mixer_params[{k}] ({name}) {v}, must be in 1..{lim}")
+    g = DeltaNetGeometry.of(r)
+    if g.hv % g.hk:
+        raise ModelError(f"{where}: {g.hv} value heads are not a multiple of {g.hk} key heads")
+    if max(g.kd, g.vd) > DELTANET_LIMITS["width"]:
+        raise ModelError(f"{where}: key width {g.kd} or value width {g.vd} exceeds {DELTANET_LIMITS['width']}")
+
+
+def _deltanet_tensors(h: "ModelHeader", r: LayerRecord) -> list[tuple["Kind", int, int, int]]:
+    g, dp = DeltaNetGeometry.of(r), h.embed_dim_pad
+    return [(Kind.ATTN_NORM, NONE, 1, dp), (Kind.DN_QKV, NONE, g.channels, dp), (Kind.DN_Z, NONE, g.vd, dp),
+            (Kind.DN_B, NONE, g.hv, dp), (Kind.DN_A, NONE, g.hv, dp), (Kind.DN_CONV, NONE, g.channels, g.width),
+            (Kind.DN_A_LOG, NONE, 1, g.hv), (Kind.DN_DT_BIAS, NONE, 1, g.hv), (Kind.DN_NORM, NONE, 1, g.dv),
+            (Kind.DN_OUT, NONE, dp, g.vd)]
+
+
+def _deltanet_scratch(h: "ModelHeader", r: LayerRecord) -> int:
+    """Per token of a pass: projections and conv output [C] each, z and o [Vd] each, b and a."""
+    g = DeltaNetGeometry.of(r)
+    return 2 * g.channels + 2 * g.vd + 2 * g.hv
 
 
 def _check_moe(h: "ModelHeader", i: int, r: LayerRecord) -> None:
@@ -752,10 +869,15 @@ def _moe_tensors(h: "ModelHeader", r: LayerRecord) -> list[tuple["Kind", int, in
 
 MIXERS: dict[int, LayerKind] = {
     Mixer.ATTENTION: LayerKind("attention", _check_attention, _attention_tensors,
-                               lambda h, r: h.max_seq_len),
+                               lambda h, r: h.max_seq_len, scratch_floats=_attention_scratch),
     # a ring of W rows (a window that covers the context is a full cache)
     Mixer.SLIDING_ATTENTION: LayerKind("sliding_attention", _check_sliding, _attention_tensors,
-                                       lambda h, r: min(r.window, h.max_seq_len)),
+                                       lambda h, r: min(r.window, h.max_seq_len),
+                                       scratch_floats=_attention_scratch),
+    # no K/V rows: a fixed-size state (the conv's inputs and the delta-rule states)
+    Mixer.GATED_DELTANET: LayerKind("gated_deltanet", _check_deltanet, _deltanet_tensors,
+                                    lambda h, r: 0, lambda h, r: DeltaNetGeometry.of(r).state_floats,
+                                    _deltanet_scratch, lambda h, r: DeltaNetGeometry.of(r).vd),
 }
 FFNS: dict[int, LayerKind] = {
     Ffn.MOE: LayerKind("moe", _check_moe, _moe_tensors, lambda h, r: 0),
@@ -766,6 +888,23 @@ def layer_kv_positions(h: "ModelHeader", i: int) -> int:
     """K and V rows layer ``i`` keeps per context (runtime/src/core/arena.c)."""
     r = h.layer(i)
     return MIXERS[r.mixer].kv_positions(h, r) + FFNS[r.ffn].kv_positions(h, r)
+
+
+def layer_state_floats(h: "ModelHeader", i: int) -> int:
+    """The recurrent state layer ``i`` keeps per context, in f32 values (runtime arena.c)."""
+    r = h.layer(i)
+    return MIXERS[r.mixer].state_floats(h, r) + FFNS[r.ffn].state_floats(h, r)
+
+
+def pass_needs(h: "ModelHeader") -> tuple[int, int]:
+    """(mixer scratch floats per token, widest matrix input) over every layer's kinds: what the
+    runtime's arena adds for a pass (arena.c colibri_arena_plan)."""
+    scratch = cols = 0
+    for i in range(h.n_layers):
+        r = h.layer(i)
+        for lk in (MIXERS[r.mixer], FFNS[r.ffn]):
+            scratch, cols = max(scratch, lk.scratch_floats(h, r)), max(cols, lk.in_cols(h, r))
+    return scratch, cols
 
 
 def layer_window(h: "ModelHeader", i: int) -> int | None:

@@ -13,7 +13,9 @@ dequantised to float32 (or float64) once at load.
 
 Each layer's cache is what its kind keeps (docs/runtime.md, "Layer kinds"): max_seq_len rows for
 full attention, a ring of min(W, max_seq_len) rows for a sliding window of W positions (position
-p in row p % rows), so a prompt several windows long wraps it as the runtime's does.
+p in row p % rows), so a prompt several windows long wraps it as the runtime's does; a
+gated_deltanet layer (Qwen3.5, Qwen3-Next) keeps its convolution's last W-1 inputs and one
+[Dk, Dv] delta-rule state per value head, updated one token at a time.
 
 gpt-oss's parts follow transformers' GptOssForCausalLM: YaRN RoPE (``rope_frequencies``),
 attention sinks, q/k/v/o biases, the router bias with top-k then softmax over the chosen logits
@@ -32,8 +34,8 @@ import numpy as np
 
 from colibri_kit.errors import ModelError
 from colibri_kit.model.format import (
-    NONE, ColibriModel, FfnFlag, Flag, Kind, MixerFlag, ModelHeader, Routing, layer_kv_positions,
-    layer_window, read_model,
+    NONE, ColibriModel, DeltaNetGeometry, FfnFlag, Flag, Kind, Mixer, MixerFlag, ModelHeader, Routing,
+    layer_kv_positions, layer_window, read_model, rotary_width,
 )
 
 
@@ -103,6 +105,13 @@ class Reference:
         self.k_cache = [np.zeros((layer_kv_positions(h, i), h.n_kv_heads, h.head_dim), self.dtype)
                         for i in range(h.n_layers)]
         self.v_cache = [np.zeros_like(k) for k in self.k_cache]
+        # gated_deltanet layers: (conv inputs [W-1, C], states [Hv, Dk, Dv]) per layer
+        self.recurrent: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        for i in range(h.n_layers):
+            if h.layer(i).mixer == Mixer.GATED_DELTANET:
+                g = DeltaNetGeometry.of(h.layer(i))
+                self.recurrent[i] = (np.zeros((g.width - 1, g.channels), self.dtype),
+                                     np.zeros((g.hv, g.dk, g.dv), self.dtype))
         self.pos = 0
         self.routing: list[list[Route]] = []  # [token][layer], since the last reset
 
@@ -126,15 +135,19 @@ class Reference:
         ms = np.sum(x * x) / n
         return weight * (x / np.sqrt(ms + self.dtype.type(self.h.norm_eps)))
 
-    def rope(self, v: np.ndarray, pos: int) -> np.ndarray:
-        """Rotate-half RoPE on [heads, Dh]: pair i with i + Dh/2."""
-        half = self.h.head_dim // 2
-        ang = pos * self.inv_freq
+    def rope(self, v: np.ndarray, pos: int, width: int | None = None) -> np.ndarray:
+        """Rotate-half RoPE on [heads, Dh]: pair i with i + R/2 at theta^(-2i/R) on the first R
+        lanes (R = Dh, or the rotary width of a PARTIAL_ROPE layer); the rest pass through."""
+        r = self.h.head_dim if width is None else width
+        half = r // 2
+        inv = self.inv_freq if r == self.h.head_dim else \
+            self.h.rope_theta ** (-2.0 * np.arange(half, dtype=np.float64) / r)
+        ang = pos * inv
         cos, sin = np.cos(ang).astype(self.dtype), np.sin(ang).astype(self.dtype)
         if self.rope_scale != 1.0:  # YaRN's attention factor, applied in float as transformers does
             cos, sin = cos * self.dtype.type(self.rope_scale), sin * self.dtype.type(self.rope_scale)
-        a, b = v[:, :half], v[:, half:]
-        return np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=1)
+        a, b = v[:, :half], v[:, half:r]
+        return np.concatenate([a * cos - b * sin, b * cos + a * sin, v[:, r:]], axis=1)
 
     def ffn(self, w1: np.ndarray, w3: np.ndarray, w2: np.ndarray, x: np.ndarray) -> np.ndarray:
         g = w1 @ x
@@ -197,7 +210,9 @@ class Reference:
         if h.has(Flag.QK_NORM_HEAD):
             q = np.stack([self.rmsnorm(r, self.vec(Kind.Q_NORM, layer), dh) for r in q])
             k = np.stack([self.rmsnorm(r, self.vec(Kind.K_NORM, layer), dh) for r in k])
-        q, k = self.rope(q, pos), self.rope(k, pos)
+        record = h.layer(layer)
+        width = rotary_width(h, record)
+        q, k = self.rope(q, pos, width), self.rope(k, pos, width)
         if self.kv_f16:
             k = k.astype(np.float16).astype(self.dtype)
             v = v.astype(np.float16).astype(self.dtype)
@@ -223,8 +238,52 @@ class Reference:
             a = np.exp(s - mx)
             total = np.sum(a) + (0 if sinks is None else np.exp(sinks[head] - mx))
             out[head] = (a / total) @ vals
-        o = self.W(Kind.WO, layer) @ out.reshape(-1)
+        out = out.reshape(-1)
+        if flags & MixerFlag.OUTPUT_GATE:  # Qwen3.5 / Qwen3-Next gated attention
+            out = out * self.sigmoid(self.W(Kind.ATTN_GATE, layer) @ hn)
+        o = self.W(Kind.WO, layer) @ out
         return o + self.vec(Kind.BO, layer) if flags & MixerFlag.O_BIAS else o
+
+    def sigmoid(self, v: np.ndarray) -> np.ndarray:
+        return 1 / (1 + np.exp(-v))
+
+    def deltanet(self, layer: int, x: np.ndarray) -> np.ndarray:
+        """A Gated DeltaNet step (runtime/src/layers/deltanet.c's header has the formulas)."""
+        h = self.h
+        g = DeltaNetGeometry.of(h.layer(layer))
+        hn = self.rmsnorm(x, self.vec(Kind.ATTN_NORM, layer), h.embed_dim)
+        mixed = self.W(Kind.DN_QKV, layer) @ hn
+        z = (self.W(Kind.DN_Z, layer) @ hn).reshape(g.hv, g.dv)
+        b = self.W(Kind.DN_B, layer) @ hn
+        a = self.W(Kind.DN_A, layer) @ hn
+        conv, state = self.recurrent[layer]
+        window = np.concatenate([conv, mixed[None, :]])  # [W, C]: oldest first
+        taps = self.W(Kind.DN_CONV, layer)  # [C, W]
+        u = np.sum(taps.T * window, axis=0)
+        u = u / (1 + np.exp(-u))  # silu
+        conv[:] = window[1:]
+        q = u[:g.kd].reshape(g.hk, g.dk)
+        k = u[g.kd:2 * g.kd].reshape(g.hk, g.dk)
+        v = u[2 * g.kd:].reshape(g.hv, g.dv)
+        eps = self.dtype.type(1e-6)
+        q = q / np.sqrt(np.sum(q * q, axis=1, keepdims=True) + eps) / self.dtype.type(np.sqrt(g.dk))
+        k = k / np.sqrt(np.sum(k * k, axis=1, keepdims=True) + eps)
+        beta = self.sigmoid(b)
+        sp = a + self.vec(Kind.DN_DT_BIAS, layer)
+        sp = np.where(sp > 20, sp, np.log1p(np.exp(np.minimum(sp, 20))))  # softplus
+        decay = np.exp(-np.exp(self.vec(Kind.DN_A_LOG, layer)) * sp)
+        per_key = g.hv // g.hk
+        out = np.empty((g.hv, g.dv), self.dtype)
+        w = self.vec(Kind.DN_NORM, layer)
+        for head in range(g.hv):
+            qh, kh = q[head // per_key], k[head // per_key]
+            s = state[head] * decay[head]
+            delta = (v[head] - kh @ s) * beta[head]
+            s = s + np.outer(kh, delta)
+            state[head] = s
+            o = qh @ s
+            out[head] = self.rmsnorm(o, w, g.dv) * (z[head] / (1 + np.exp(-z[head])))
+        return self.W(Kind.DN_OUT, layer) @ out.reshape(-1)
 
     def moe(self, layer: int, x: np.ndarray) -> tuple[np.ndarray, Route]:
         h = self.h
@@ -248,6 +307,9 @@ class Reference:
         self.routing = []
         for c in (*self.k_cache, *self.v_cache):
             c[:] = 0
+        for conv, state in self.recurrent.values():
+            conv[:] = 0
+            state[:] = 0
 
     def step(self, token: int) -> np.ndarray:
         """One token at the current position -> logits [V]."""
@@ -259,7 +321,10 @@ class Reference:
         x = self.W(Kind.TOK_EMBED)[token].copy()
         routes = []
         for layer in range(h.n_layers):
-            x = x + self.attention(layer, x, self.pos)
+            if layer in self.recurrent:
+                x = x + self.deltanet(layer, x)
+            else:
+                x = x + self.attention(layer, x, self.pos)
             y, r = self.moe(layer, x)
             x = x + y
             routes.append(r)

@@ -27,7 +27,22 @@ write on a real device, at its real path relative to ``/``, for one SKU of ``dat
 ``usr/sbin/reboot``                                         asks the emulated hardware to reboot
 ``proc/sys/kernel/random/boot_id``                          a new random UUID at every boot (bound
                                                             over the real file on a device)
+``proc/interrupts``, ``proc/irq/N/...``                     the IRQs of a real Orin
+                                                            (``data/interrupts/tegra234.txt``) for
+                                                            the SKU's CPUs, and their affinity
+                                                            files (bound over /proc on a device)
+``boot/extlinux/extlinux.conf``                             L4T's (``data/extlinux/``)
+``proc/cmdline``, ``sys/devices/system/cpu/isolated``       written at every boot from it by
+                                                            ``usr/sbin/colibri-sim-kernel-boot``
+                                                            (``tools/kernel_boot.py``: L4TLauncher's
+                                                            and the kernel's rules)
 ==========================================================  =======================================
+
+A real kernel derives ``effective_affinity_list`` from a write to ``smp_affinity_list`` (a GIC
+picks one CPU of the mask); here it is a link to ``smp_affinity_list``, so it follows a write and
+stays inside the mask, which is what the kit checks. ``populate(..., nohz_full=True)`` makes a
+kernel built with CONFIG_NO_HZ_FULL (it has ``/sys/devices/system/cpu/nohz_full``); L4T's stock
+kernel is not (OE4T/linux-tegra-5.10 ``arch/arm64/configs/defconfig``: ``CONFIG_NO_HZ=y`` only).
 
 There is no kernel: a clock's current frequency (``scaling_cur_freq``, devfreq ``cur_freq``) is a
 link to its floor (``scaling_min_freq``, ``min_freq``), so it reads the maximum exactly when the
@@ -76,7 +91,9 @@ OPTIONAL_MOUNTS: tuple[tuple[str, str], ...] = (
     ("usr/local", "overlay-ro"),
 )
 
-TOOLS = {"usr/sbin/nvpmodel": "nvpmodel_v2.py", "usr/bin/jetson_clocks": "jetson_clocks_v2.py"}
+TOOLS = {"usr/sbin/nvpmodel": "nvpmodel_v2.py", "usr/bin/jetson_clocks": "jetson_clocks_v2.py",
+         "usr/sbin/colibri-sim-kernel-boot": "kernel_boot.py"}
+KERNEL_BOOT = "usr/sbin/colibri-sim-kernel-boot"   # relative to the device root
 
 # Where a Jetson's CUDA driver lives. L4T's BSP driver: /usr/lib/aarch64-linux-gnu/tegra/
 # libcuda.so.1.1 with the libcuda.so.1 link, found through /etc/ld.so.conf.d/nvidia-tegra.conf
@@ -158,6 +175,7 @@ REBOOT = """#!/bin/sh
 # once, with a new boot id as a kernel gives each boot.
 if [ -n "$COLIBRI_SIM_ROOT" ]; then
     cat /proc/sys/kernel/random/uuid > "$COLIBRI_SIM_ROOT/proc/sys/kernel/random/boot_id"
+    "$COLIBRI_SIM_ROOT/usr/sbin/colibri-sim-kernel-boot" || exit 1
     exec "$COLIBRI_SIM_ROOT/usr/sbin/nvpmodel" --sim-boot
 fi
 req=$(cat /etc/colibri-sim/power-request 2>/dev/null) || {
@@ -166,10 +184,62 @@ echo reboot > "$req"
 """
 
 
-def populate(root: Path, module: str) -> None:
+def interrupt_rows(text: str) -> list[tuple[str, list[int], str]]:
+    """The rows of a real /proc/interrupts: (label, per-CPU counts, the rest of the line after
+    the counts, which keeps the kernel's own spacing of chip, hwirq, type and actions)."""
+    rows = []
+    lines = [ln for ln in text.splitlines() if not ln.startswith("#")]
+    ncpu = len(lines[0].split())
+    for line in lines[1:]:
+        label, _, rest = line.partition(":")
+        fields = rest.split()
+        counts = [int(x) for x in fields[:ncpu] if x.isdigit()]
+        tail = rest
+        for _ in counts:                  # cut the counts off, keep what follows as it was
+            tail = tail.lstrip()
+            tail = tail[len(tail.split(None, 1)[0]):]
+        rows.append((label.strip(), counts, tail))
+    return rows
+
+
+def interrupts_text(ncpus: int, template: str | None = None) -> str:
+    """``/proc/interrupts`` for ``ncpus`` CPUs, printed as the kernel does (kernel/irq/proc.c
+    show_interrupts: the header "%*s" then "CPU%-8d" per CPU, each row "%*d: " then "%10u " per
+    CPU; arch/arm64/kernel/smp.c show_ipi_list: "IPI%u:" rows; arch_show_interrupts' "Err:")."""
+    rows = interrupt_rows(template or (DATA / "interrupts/tegra234.txt").read_text())
+    prec = 3
+    out = [" " * (prec + 8) + "".join(f"CPU{c:<8d}" for c in range(ncpus))]
+    for label, counts, tail in rows:
+        counts = (counts + [0] * ncpus)[:ncpus]
+        if label == "Err":
+            out.append(f"{'Err':>{prec}}: {counts[0]:10d}")
+            continue
+        # "%10u " per CPU: the tail kept from the template starts with the last one's space.
+        head = f"{label}:" if label.startswith("IPI") else f"{int(label):{prec}d}: "
+        out.append(head + "".join(f"{n:10d} " for n in counts) + tail[1:])
+    return "\n".join(out) + "\n"
+
+
+def _irqs(root: Path, ncpus: int, module: str) -> None:
+    """/proc/interrupts and /proc/irq of a booted kernel (kernel-boot sets the affinities)."""
+    text = interrupts_text(ncpus)
+    _put(root / "proc/interrupts", text, 0o444)
+    irq = root / "proc/irq"
+    for label, _counts, _tail in interrupt_rows(text):
+        if label.isdigit():
+            d = irq / label
+            _put(d / "smp_affinity_list", f"0-{ncpus - 1}\n")
+            _put(d / "smp_affinity", "0\n")
+            _put(d / "node", "0\n", 0o444)
+            _link(d / "effective_affinity_list", "smp_affinity_list")
+    _put(irq / "default_smp_affinity", "0\n")
+
+
+def populate(root: Path, module: str, *, nohz_full: bool = False) -> None:
     """Write the faked files of one emulated SKU (a key of ``data/skus.json``, or ``orin-nx``,
     ``orin-nano``, ``agx-orin`` for the factory 16GB / 8GB / 64GB modules) under ``root``, and
-    boot it once (nvpmodel applies the default mode)."""
+    boot it once (nvpmodel applies the default mode). ``nohz_full``: its kernel was built with
+    CONFIG_NO_HZ_FULL (L4T's stock kernel is not)."""
     s = skus()[sku_key(module)]
     root = Path(root)
     soc = s["soc"]
@@ -243,6 +313,12 @@ def populate(root: Path, module: str) -> None:
     for rel, source in TOOLS.items():
         _put(root / rel, tool_script(source), 0o755)
     _put(root / "usr/sbin/reboot", REBOOT, 0o755)
+    _irqs(root, n, module)
+    _put(root / "boot/extlinux/extlinux.conf", (DATA / "extlinux/extlinux.conf").read_text())
+    _put(root / "proc/cmdline", "\n", 0o444)
+    _put(cpu / "isolated", "\n", 0o444)
+    if nohz_full:
+        _put(cpu / "nohz_full", "\n", 0o444)
     boot(root)
 
 
@@ -260,11 +336,12 @@ def boot(root: Path) -> None:
     new_boot_id(Path(root) / BOOT_ID)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "COLIBRI_SIM_ROOT": str(root),
            "HOME": "/root"}
-    # Run as the device runs it: the script through its own #!/usr/bin/env python3.
-    r = subprocess.run([str(Path(root) / "usr/sbin/nvpmodel"), "--sim-boot"], env=env, capture_output=True, text=True, timeout=60,
-                       stdin=subprocess.DEVNULL)
-    if r.returncode != 0:
-        raise RuntimeError(f"emulated boot of {root} failed: {r.stderr.strip()}")
+    # Run as the device runs them: the scripts through their own #!/usr/bin/env python3.
+    for argv in ([str(Path(root) / KERNEL_BOOT)], [str(Path(root) / "usr/sbin/nvpmodel"), "--sim-boot"]):
+        r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60,
+                           stdin=subprocess.DEVNULL)
+        if r.returncode != 0:
+            raise RuntimeError(f"emulated boot of {root} failed: {r.stderr.strip()}")
 
 
 def mount_plan(root: Path) -> list[tuple[str, Path, str]]:

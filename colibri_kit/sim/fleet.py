@@ -540,9 +540,10 @@ class EmulatedFleet(FleetFiles):
             script.append(shlex.join(["cp", "-a", "--", str(dev / "sys-power-on"),
                                       str(root / "sys")]))
             script.append(shlex.join(["mount", "--bind", str(root / "sys"), "/sys"]))
-        if (root / "proc/meminfo").is_file():   # as LXCFS does: a file over one procfs file
-            script.append(shlex.join(["mount", "--bind", str(root / "proc/meminfo"),
-                                      "/proc/meminfo"]))
+        # As LXCFS does: files (and the IRQ directory) of the device over the host's procfs.
+        for rel in ("proc/meminfo", "proc/interrupts", "proc/cmdline", "proc/irq"):
+            if (root / rel).exists():
+                script.append(shlex.join(["mount", "--bind", str(root / rel), "/" + rel]))
         # A kernel draws a new boot_id at every boot (the kit confirms a reboot by it); procfs
         # here is the host's, so each boot binds its own (as /proc/meminfo above).
         boot_id = dev / "boot_id"
@@ -550,7 +551,9 @@ class EmulatedFleet(FleetFiles):
         script.append(shlex.join(["mount", "--bind", str(boot_id),
                                   "/proc/sys/kernel/random/boot_id"]))
         script.append(shlex.join(["mount", "--bind", str(dev / "disk"), "/opt/colibri"]))
-        # What L4T's nvpmodel.service does at every boot: apply the recorded mode, masks too.
+        # The kernel's boot (its command line from extlinux.conf, isolated CPUs, IRQ affinity),
+        # then what L4T's nvpmodel.service does at every boot: apply the recorded mode, masks too.
+        script.append("/usr/sbin/colibri-sim-kernel-boot || echo 'kernel boot failed' >&2")
         script.append("/usr/sbin/nvpmodel --sim-boot || echo 'nvpmodel boot failed' >&2")
         script.append('echo $$ > ' + shlex.quote(str(dev / "os.pid")))
         script.append(shlex.join(["exec", "/usr/sbin/sshd", "-D", "-e", "-f", str(config)]))

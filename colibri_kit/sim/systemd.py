@@ -183,7 +183,7 @@ class SystemdDevice:
                  default_environment: dict[str, str] | None = None,
                  layers: dict[str, list[Path]] | None = None,
                  binds: list[tuple[Path, str]] | None = None,
-                 address: str | None = None) -> None:
+                 address: str | None = None, rt_runtime_us: int = 0) -> None:
         if not name or not all(c.isalnum() or c == "-" for c in name) or len(name) > 40:
             raise FleetError(f"device name {name!r}: letters, digits and '-' only")
         self.name = name
@@ -227,6 +227,9 @@ class SystemdDevice:
             if not k.isidentifier() or any(c in _UNSAFE or c.isspace() for c in v):
                 raise FleetError(f"default environment {k}={v!r}: plain values only "
                                  f"(no spaces, quotes, ':', ',', '%')")
+        if not isinstance(rt_runtime_us, int) or not 0 <= rt_runtime_us <= 950_000:
+            raise FleetError(f"rt_runtime_us {rt_runtime_us!r}: 0..950000 (of every 1 s)")
+        self.rt_runtime_us = rt_runtime_us
         self.proc: subprocess.Popen[bytes] | None = None
         self.pid = 0           # host pid of the device's PID 1
         self.boots = 0
@@ -481,12 +484,42 @@ class SystemdDevice:
     def _cgroups_create(self) -> None:
         for h in _cgroup_hierarchies():
             (h / CGROUP_PARENT / self.name).mkdir(parents=True, exist_ok=True)
+        if self.rt_runtime_us:
+            self._rt_budget()
+
+    def _rt_budget(self) -> None:
+        """Real-time scheduling for the device (rt_runtime_us). On a kernel with
+        CONFIG_RT_GROUP_SCHED (L4T's defconfig sets it, so does this machine's, cgroup v1 here) a
+        task may take SCHED_FIFO/RR only in a cpu cgroup with cpu.rt_runtime_us > 0, and a new
+        cgroup has 0. A real device's services sit in its root cpu cgroup (systemd gives a
+        service its own only with CPUAccounting, which the unit does not ask for), whose budget
+        is the kernel's sched_rt_runtime_us (950000 of each 1000000 us). The device's PID 1 and
+        everything it starts sit in colibri-sim/<name> instead: that cgroup gets rt_runtime_us,
+        its parent at least as much (a child may not exceed its parent); the other devices'
+        cgroups keep theirs."""
+        for h in _cgroup_hierarchies():
+            parent = h / CGROUP_PARENT
+            if not (parent / "cpu.rt_runtime_us").exists():
+                continue
+            try:
+                if int((parent / "cpu.rt_runtime_us").read_text()) < self.rt_runtime_us:
+                    (parent / "cpu.rt_runtime_us").write_text(f"{self.rt_runtime_us}\n")
+                (parent / self.name / "cpu.rt_runtime_us").write_text(f"{self.rt_runtime_us}\n")
+            except OSError as exc:
+                raise FleetError(f"{self.name}: cannot give {parent / self.name} a real-time "
+                                 f"budget of {self.rt_runtime_us} us: {exc.strerror} (the cgroups "
+                                 f"of other devices hold the rest?)") from None
 
     def _cgroups_remove(self) -> None:
         for h in _cgroup_hierarchies():
             top = h / CGROUP_PARENT / self.name
             if not top.is_dir():
                 continue
+            if self.rt_runtime_us and (top / "cpu.rt_runtime_us").exists():
+                try:
+                    (top / "cpu.rt_runtime_us").write_text("0\n")   # the budget back first
+                except OSError:
+                    pass
             for dirpath, dirnames, _ in sorted(os.walk(top), key=lambda w: -len(w[0])):
                 try:
                     os.rmdir(dirpath)  # cgroupfs: rmdir of an empty cgroup (files go with it)

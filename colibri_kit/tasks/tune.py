@@ -1,5 +1,6 @@
-"""`invoke tune`: apply the target profile's tune section (power mode, jetson_clocks, governors),
-verify it, show the devices' state, or restore what was there before (docs/tuning.md)."""
+"""`invoke tune`: apply the target profile's tune section (power mode, jetson_clocks, governors)
+and its realtime section's IRQ affinity and CPU isolation, verify it, show the devices' state, or
+restore what was there before (docs/tuning.md)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from invoke.exceptions import Exit
 from colibri_kit.errors import FleetError
 from colibri_kit.fleet import tune as tunelib
 from colibri_kit.fleet.inventory import Host
-from colibri_kit.profiles import TuneSpec, load_profile
+from colibri_kit.profiles import RealtimeSpec, TuneSpec, load_profile
 from colibri_kit.report import clean, table
 from colibri_kit.tasks._common import kit_task, user_errors
 from colibri_kit.tasks.fleet import SELECT_HELP, select_fleet
@@ -22,6 +23,11 @@ def _spec_for(host: Host) -> TuneSpec | None:
     if not host.target:
         raise FleetError(f"{host.name}: no target in the fleet file, so no profile to tune from")
     return load_profile(host.target).tune
+
+
+def _realtime_for(host: Host) -> RealtimeSpec | None:
+    """The host's profile's realtime section (its IRQ and isolation steps), if any."""
+    return load_profile(host.target).realtime if host.target else None
 
 
 def _show(results, as_json: bool) -> None:
@@ -81,14 +87,16 @@ def _apply_table(results, stopped: str | None = None) -> None:
 @kit_task(help={
     **SELECT_HELP,
     "dry_run": "check the profile against each device and print the steps, change nothing",
-    "allow_reboot": "let nvpmodel reboot a device when its power-mode switch needs it (without "
-                    "it such a host is reported and nothing is applied there)",
+    "allow_reboot": "let a device reboot when its power-mode switch or the profile's CPU "
+                    "isolation (realtime.isolate) needs it (without it such a host is reported "
+                    "and nothing is applied there)",
     "max_unavailable": "with --allow-reboot: devices rebooting at once (after one canary; also "
                        "for --restore); 1",
     "reboot_timeout": "with --allow-reboot: seconds a device has to come back over SSH in its "
                       "new mode (600); one that does not stops the rollout",
     "show": "print each device's mode, governors, clocks, jetson_clocks and fan; change nothing",
-    "restore": "put back the state saved by the first tune (clocks, governors, mode), remove it",
+    "restore": "put back the state saved by the first tune (clocks, governors, mode, IRQ "
+               "affinity, the kernel command line), remove it",
     "json": "with --show: print the state as JSON",
 })
 @user_errors
@@ -97,7 +105,8 @@ def tune(c: Context, fleet: str = "", hosts: str = "", group: str = "", target: 
          dry_run: bool = False, allow_reboot: bool = False, show: bool = False,
          restore: bool = False, json: bool = False, max_unavailable: int = 1,
          reboot_timeout: int = int(tunelib.REBOOT_TIMEOUT)) -> None:
-    """Tune devices per their target profile (nvpmodel, jetson_clocks, governors) and verify."""
+    """Tune devices per their target profile (nvpmodel, jetson_clocks, governors, IRQs, CPU
+    isolation) and verify."""
     if show and restore:
         raise FleetError("--show and --restore are separate actions: pick one")
     if dry_run and (show or restore):
@@ -115,7 +124,8 @@ def tune(c: Context, fleet: str = "", hosts: str = "", group: str = "", target: 
         return
 
     # Phase 1 on every host (privileges, profile vs device), then phase 2 only if all pass.
-    run = tunelib.tune_fleet(f, _spec_for, dry_run=dry_run, allow_reboot=allow_reboot,
+    run = tunelib.tune_fleet(f, _spec_for, realtime_for=_realtime_for, dry_run=dry_run,
+                             allow_reboot=allow_reboot,
                              max_unavailable=max_unavailable, reboot_timeout=reboot_timeout)
     if run.refused:
         for o in run.plans.failed:
@@ -131,7 +141,7 @@ def tune(c: Context, fleet: str = "", hosts: str = "", group: str = "", target: 
         print(table(rows))
     if run.reboots:
         print()
-        print(clean(f"needs a reboot for its power mode: {', '.join(run.reboots)}" +
+        print(clean(f"needs a reboot (power mode or CPU isolation): {', '.join(run.reboots)}" +
                     (f" (rolling: one canary, then {max_unavailable} at a time)" if allow_reboot
                      else " (not allowed: nothing will be applied there; add --allow-reboot)")))
     if dry_run:

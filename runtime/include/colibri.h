@@ -52,7 +52,10 @@ typedef enum {
     COLIBRI_E_NO_TOKENIZER = 16,   /* text call on a model without a tokenizer (re-convert it) */
     COLIBRI_E_BAD_TOKENIZER = 17,  /* the model's tokenizer section is invalid */
     COLIBRI_E_BUFFER_TOO_SMALL = 18, /* output buffer too small; the size needed is returned */
-    COLIBRI_E_BAD_LAYER = 19       /* layer table: a record that breaks its kind's rules */
+    COLIBRI_E_BAD_LAYER = 19,      /* layer table: a record that breaks its kind's rules */
+    COLIBRI_E_REALTIME = 20        /* a real-time option cannot be applied here: a CPU not
+                                      allowed, a policy or memory lock beyond the process's
+                                      limits (the reason names the limit to raise) */
 } colibri_status;
 
 typedef enum {
@@ -69,6 +72,21 @@ typedef enum {
                            same cached bits for the same K/V values) */
 } colibri_kv_dtype;
 
+/* Real-time mode (docs/runtime.md, "Real-time mode"): the workers' scheduling policy ... */
+typedef enum {
+    COLIBRI_SCHED_OTHER = 0, /* the default time-sharing policy */
+    COLIBRI_SCHED_FIFO = 1,  /* SCHED_FIFO at sched_priority: preempts every SCHED_OTHER thread */
+    COLIBRI_SCHED_RR = 2     /* SCHED_RR at sched_priority (FIFO with time slices among equals) */
+} colibri_sched;
+
+/* ... and how they wait for each other between the jobs of a forward pass. */
+typedef enum {
+    COLIBRI_BARRIER_SLEEP = 0, /* spin briefly (~4000 pauses), then sleep in the kernel */
+    COLIBRI_BARRIER_SPIN = 1   /* spin while passes keep coming (a core each, no wake-up
+                                  latency); sleep only after 5 ms without one; a wait past
+                                  100 us also yields (the peer was preempted) */
+} colibri_barrier;
+
 typedef struct colibri_ctx colibri_ctx;
 typedef struct colibri_model colibri_model;
 
@@ -82,6 +100,18 @@ typedef struct {
     size_t error_len;
     colibri_kv_dtype kv_dtype; /* KV cache storage; COLIBRI_KV_F32 (0) by default. Last, so that
                                   code built before it keeps its field offsets */
+    /* Real-time mode; all zero = off (docs/runtime.md, "Real-time mode"). None of it changes a
+     * result: the work split is fixed by the worker index, not by where a worker runs. */
+    const int *cpus;         /* n_cpus CPUs: worker t runs on cpus[t] only, in order; worker 0 is
+                                the thread that calls colibri_forward (pinned at its first call).
+                                threads 0 = n_cpus; another threads value must equal it */
+    int n_cpus;
+    colibri_sched sched;     /* the workers' policy (worker 0 too, from its first forward) */
+    int sched_priority;      /* 1..99 with FIFO / RR; 0 with OTHER */
+    int lock_memory;         /* 1: mlock the model's mapping and the arena at init (pre-faulting
+                                every page), and the top of each worker's stack, so a pass never
+                                waits for a page; fails at init when RLIMIT_MEMLOCK is too low */
+    colibri_barrier barrier;
 } colibri_options;
 
 /* Geometry and identity of the loaded model. */
@@ -121,6 +151,18 @@ typedef struct {
                                  the system's libcuda.so.1), as the dynamic loader found it */
     char cuda_weights_why[96];/* COLIBRI_CUDA_WEIGHTS=map given but the weights copied: why */
     int cuda_chunk;           /* tokens per device pass (prefill) */
+    size_t state_bytes;       /* recurrent layers' fixed-size state (gated_deltanet: convolution
+                                 inputs and delta-rule states), inside arena_bytes; 0 without */
+    /* real-time mode (colibri_options): what runs */
+    char cpus[96];            /* the workers' CPUs in order ("2,3,4,5"), "" when not pinned */
+    char sched[8];            /* "other", "fifo" or "rr" */
+    int sched_priority;
+    char barrier[8];          /* "sleep" or "spin" */
+    int memory_locked;        /* 1: model mapping (CPU backend: and arena) locked in memory */
+    size_t locked_bytes;      /* bytes locked by this context (the model's counted once per model) */
+    /* page faults taken by this context's workers: the helper threads since init, the calling
+     * thread inside colibri_forward (getrusage RUSAGE_THREAD around each call) */
+    unsigned long long minor_faults, major_faults;
 } colibri_runtime_info;
 
 void colibri_default_options(colibri_options *opt);
@@ -166,8 +208,28 @@ colibri_status colibri_forward(colibri_ctx *ctx, const int32_t *ids, int n, floa
  * chunks of at most 64 tokens. Allocates nothing; on failure the KV position is unchanged. */
 colibri_status colibri_forward_last(colibri_ctx *ctx, const int32_t *ids, int n, float *logits);
 
-/* Forget the sequence: the next forward starts at position 0. */
+/* Forget the sequence: the next forward starts at position 0 (recurrent states are zeroed). */
 colibri_status colibri_reset(colibri_ctx *ctx);
+
+/* ---- Sequence state: save and restore (docs/runtime.md, "Recurrent state") -------------------
+ * A context's sequence as far as it has run: its position, each attention layer's K and V rows
+ * of the positions it still reads (full attention: 0..pos-1; a sliding window: its ring's
+ * min(pos, W) rows) and each recurrent layer's state. Restored into a context of the same model
+ * file with the same KV dtype (any thread count, a new or a used context), the next forward gives
+ * the bits the saved context would have given: save after a prompt once, restore it into serve
+ * slots or a prefix cache as often as needed. The bytes are self-describing (a 64-byte header:
+ * magic "CLBSTATE", version, position, the model's identity; then the rows as the cache stores
+ * them, f32 or f16, and the f32 states) and hold no pointers. CPU backend only: on a CUDA
+ * context these return COLIBRI_E_UNSUPPORTED. Nothing is allocated. */
+/* Bytes colibri_state_save needs for the sequence as it is now (grows with the position). */
+colibri_status colibri_state_size(const colibri_ctx *ctx, size_t *bytes);
+/* Write the state into buf (cap bytes; COLIBRI_E_BUFFER_TOO_SMALL, with *len = the size needed,
+ * when it does not fit); *len = bytes written. The context is not changed. */
+colibri_status colibri_state_save(colibri_ctx *ctx, void *buf, size_t cap, size_t *len);
+/* Replace the context's sequence by a saved one. A buffer of another model, KV dtype or format
+ * version, or a damaged one, is refused (COLIBRI_E_INVALID_ARG, the reason in
+ * colibri_last_error) and the context keeps its sequence. */
+colibri_status colibri_state_restore(colibri_ctx *ctx, const void *buf, size_t len);
 void colibri_free(colibri_ctx *ctx);
 
 const char *colibri_strerror(colibri_status s);

@@ -27,6 +27,8 @@ typedef struct {
     int32_t *out;               /* generated ids (non-streaming and usage) */
     int n_out;
     double t_req, t_last;       /* request read; last token */
+    double deadline_ms;         /* the answer's budget from t_req; <= 0 none */
+    double elapsed_ms;          /* t_req to the end of generation */
     json_buf text;              /* non-streaming: the answer's text */
     json_buf reasoning;         /* non-streaming: a reasoning model's reasoning */
     json_buf chunk;             /* streaming: one event */
@@ -165,6 +167,9 @@ static void respond_completion(completion *k, int finish) {
     for (int i = 0; i < k->n_out; i++) jb_printf(&b, "%s%d", i ? ", " : "", (int)k->out[i]);
     jb_puts(&b, "]}], \"usage\": ");
     usage_json(&b, k->c->prompt_tokens, k->n_out);
+    if (k->deadline_ms > 0)
+        jb_printf(&b, ", \"deadline\": {\"ms\": %g, \"elapsed_ms\": %.3f, \"missed\": %s}",
+                  k->deadline_ms, k->elapsed_ms, k->elapsed_ms > k->deadline_ms ? "true" : "false");
     jb_puts(&b, "}");
     respond_json(k->c, 200, &b, NULL);
     jb_free(&b);
@@ -223,6 +228,22 @@ static int check_model_can(const server *S, const oai_request *rq, oai_error *e)
         return -1;
     }
     return 0;
+}
+
+/* A deadline: the request's deadline_ms, else --deadline-ms. An answer that was generated (not
+ * cancelled, no error) counts; it missed when generation ended after it, queue time included. */
+static void count_deadline(completion *k, int finish) {
+    server *S = k->S;
+    k->deadline_ms = k->rq->deadline_ms > 0 ? k->rq->deadline_ms
+                     : S->o.deadline_ms > 0 ? (double)S->o.deadline_ms : -1;
+    if (k->deadline_ms <= 0 || finish == FINISH_CANCELLED || finish == FINISH_ERROR) return;
+    int missed = k->elapsed_ms > k->deadline_ms;
+    pthread_mutex_lock(&S->mu);
+    S->m.deadline_answered++;
+    S->m.deadline_missed += (unsigned long long)missed;
+    pthread_mutex_unlock(&S->mu);
+    k->c->deadline_ms = k->deadline_ms;
+    k->c->deadline_missed = missed;
 }
 
 /* After generation: the answer, or what stopped it. */
@@ -322,8 +343,17 @@ static int run_on_slot(conn *c, slot *s, oai_request *rq, uint64_t rid, double t
             send_chunk(&k);
         }
     }
+    colibri_runtime_info before, after;
+    colibri_get_runtime_info(s->ctx, &before); /* this thread holds the slot: its context */
     int finish = slot_generate(s, rq->ids, rq->n_ids, &p, &cb, gerr, sizeof gerr);
+    k.elapsed_ms = now_ms() - t_req;
+    colibri_get_runtime_info(s->ctx, &after);
+    pthread_mutex_lock(&S->mu);
+    S->m.gen_minor_faults += after.minor_faults - before.minor_faults;
+    S->m.gen_major_faults += after.major_faults - before.major_faults;
+    pthread_mutex_unlock(&S->mu);
     pool_release(&S->pool, s);
+    count_deadline(&k, finish);
     c->completion_tokens = k.n_out;
     c->finish = finish_name(finish);
     finish_answer(&k, finish, gerr);

@@ -183,6 +183,9 @@ void log_request(const conn *c) {
         jb_puts(&b, ", \"finish_reason\": ");
         jb_cstr(&b, c->finish);
     }
+    if (c->deadline_ms > 0)
+        jb_printf(&b, ", \"deadline_ms\": %g, \"deadline_missed\": %s", c->deadline_ms,
+                  c->deadline_missed ? "true" : "false");
     if (c->err[0]) {
         jb_puts(&b, ", \"error\": ");
         jb_cstr(&b, c->err);

@@ -56,6 +56,8 @@ typedef struct conn {
     int prompt_tokens, completion_tokens, stream;
     double queue_ms, first_token_ms;
     const char *finish;
+    double deadline_ms;         /* the answer's deadline when one applied, else 0 */
+    int deadline_missed;
     char err[320];
 } conn;
 

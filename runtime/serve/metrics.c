@@ -55,6 +55,17 @@ void metrics_text(json_buf *b, const metrics *m, const metrics_gauges *g) {
             "Connections still sending their request head, closed to make room for a new one.", m->conns_evicted);
     counter(b, "colibri_connections_refused_total", "Connections refused at once for lack of room.",
             m->conns_refused);
+    counter(b, "colibri_deadline_requests_total",
+            "Answers generated under a deadline (the request's deadline_ms or --deadline-ms).",
+            m->deadline_answered);
+    counter(b, "colibri_deadline_misses_total",
+            "Of them, answers whose last token came after the deadline (queue time included).",
+            m->deadline_missed);
+    jb_puts(b, "# HELP colibri_page_faults_total Page faults the slots' worker threads took while "
+               "generating (prompt and decode); over colibri_generated_tokens_total: per token.\n"
+               "# TYPE colibri_page_faults_total counter\n");
+    jb_printf(b, "colibri_page_faults_total{type=\"minor\"} %llu\ncolibri_page_faults_total{type=\"major\"} %llu\n",
+              m->gen_minor_faults, m->gen_major_faults);
     hist_text(b, "colibri_first_token_seconds", "Time from request to first generated token.",
               &m->first_token, FIRST_TOKEN_BUCKETS, N_FT);
     hist_text(b, "colibri_token_seconds", "Time between consecutive generated tokens.", &m->per_token,

@@ -15,6 +15,9 @@ typedef struct {
     unsigned long long prompt_tokens, generated_tokens, cancelled, rejected_queue_full;
     unsigned long long conns_evicted;   /* slow connections closed to make room for new ones */
     unsigned long long conns_refused;   /* connections refused at once (no room, even after eviction) */
+    unsigned long long deadline_answered; /* answers that had a deadline (the request's or --deadline-ms) */
+    unsigned long long deadline_missed;   /* of them, finished after it */
+    unsigned long long gen_minor_faults, gen_major_faults; /* the slots' workers, while generating */
     histogram first_token, per_token;
 } metrics;
 

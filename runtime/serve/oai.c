@@ -275,6 +275,7 @@ int oai_decode(const json_doc *d, int chat, oai_request *rq, oai_error *e) {
     memset(rq, 0, sizeof *rq);
     rq->chat = chat;
     rq->max_tokens = -1;
+    rq->deadline_ms = -1;
     rq->enable_thinking = -1;
     rq->temperature = 1.0;
     rq->top_p = 1.0;
@@ -324,6 +325,11 @@ int oai_decode(const json_doc *d, int chat, oai_request *rq, oai_error *e) {
             rc = decode_stream_options(d, v, rq, e);
         } else if (!strcmp(name, "stop")) {
             rc = decode_stop(d, v, rq, e);
+        } else if (!strcmp(name, "deadline_ms")) {
+            if (d->nodes[v].type == JSON_NULL) continue;
+            rc = get_number(d, v, "deadline_ms", 0, OAI_MAX_DEADLINE_MS, &rq->deadline_ms, e);
+            if (!rc && !(rq->deadline_ms > 0))
+                return bad(e, "deadline_ms", "'deadline_ms' must be > 0 (milliseconds)%s", "");
         } else if (chat && !strcmp(name, "reasoning_effort")) {
             rc = decode_effort(d, v, "reasoning_effort", rq, e);
         } else if (chat && !strcmp(name, "chat_template_kwargs")) {

@@ -5,7 +5,8 @@
  * inside a message or stream_options, and options this runtime cannot honour (n > 1, echo,
  * logprobs, best_of, suffix, penalties, logit_bias) are refused with 400 and the parameter's
  * name, in OpenAI's error shape, so a client never silently gets something other than what it
- * asked for. Pure functions over the document: fuzzed with the HTTP parser (fuzz_http.c). */
+ * asked for. One extension: "deadline_ms" (docs/serve.md, "Deadlines"). Pure functions over the
+ * document: fuzzed with the HTTP parser (fuzz_http.c). */
 #ifndef COLIBRI_OAI_H
 #define COLIBRI_OAI_H
 
@@ -15,6 +16,7 @@
 #include "json.h"
 
 #define OAI_MAX_STOP 4
+#define OAI_MAX_DEADLINE_MS 86400000.0  /* a day: beyond that a deadline is a typo */
 #define OAI_MAX_MESSAGES 256
 
 typedef struct {
@@ -45,6 +47,7 @@ typedef struct {
     const char *stop[OAI_MAX_STOP];
     size_t stop_len[OAI_MAX_STOP];
     int n_stop;
+    double deadline_ms;    /* colibri extension: the answer's time budget in ms from arrival; -1 none */
     /* chat, for the template (docs/serve.md "Reasoning models") */
     const char *reasoning_effort; /* NULL, "low", "medium" or "high" */
     int enable_thinking;   /* -1: not given; chat_template_kwargs.enable_thinking */

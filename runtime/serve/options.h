@@ -31,6 +31,15 @@ typedef struct {
     colibri_backend backend;
     int int8_activations;
     colibri_kv_dtype kv_dtype;  /* --kv-cache; COLIBRI_KV_F32 by default */
+    int deadline_ms;            /* --deadline-ms: a request's budget when it gives none; 0 none */
+    /* real-time mode (global options; docs/runtime.md): slot i's workers run on the i-th run of
+     * `threads` CPUs of cpus (slots x threads of them) */
+    const int *cpus;
+    int n_cpus;
+    colibri_sched sched;
+    int sched_priority;
+    int lock_memory;
+    colibri_barrier barrier;
 } server_options;
 
 #endif

@@ -152,6 +152,12 @@ static int load_model(server *S) {
     opt.backend = o->backend;
     opt.int8_activations = o->int8_activations;
     opt.kv_dtype = o->kv_dtype;
+    opt.cpus = o->n_cpus ? o->cpus : NULL;   /* slot i takes its own run (slots.c) */
+    opt.n_cpus = o->n_cpus ? o->threads : 0;
+    opt.sched = o->sched;
+    opt.sched_priority = o->sched_priority;
+    opt.lock_memory = o->lock_memory;
+    opt.barrier = o->barrier;
     opt.error = err;
     opt.error_len = sizeof err;
     if (pool_open(&S->pool, o->model_path, &opt, o->slots, o->max_queue, why, sizeof why)) {
@@ -194,7 +200,16 @@ static void log_ready(server *S, int port, double load_ms) {
               o->max_conns, o->max_conns_per_addr);
     if (ri.fallback_reason[0]) jb_cstr(&b, ri.fallback_reason);
     else jb_puts(&b, "null");
-    jb_puts(&b, "}");
+    jb_puts(&b, ", \"realtime\": {\"cpus\": ");
+    if (o->n_cpus) {
+        jb_puts(&b, "\"");
+        for (int i = 0; i < o->n_cpus; i++) jb_printf(&b, "%s%d", i ? "," : "", o->cpus[i]);
+        jb_puts(&b, "\"");
+    } else {
+        jb_puts(&b, "null");
+    }
+    jb_printf(&b, ", \"sched\": \"%s\", \"priority\": %d, \"barrier\": \"%s\", \"memory_locked\": %s}}",
+              ri.sched, ri.sched_priority, ri.barrier, ri.memory_locked ? "true" : "false");
     log_event("%s", b.failed ? "{\"event\": \"ready\"}" : b.buf);
     jb_free(&b);
 }

@@ -33,7 +33,9 @@ int pool_open(slot_pool *p, const char *path, const colibri_options *opt, int n,
     }
     for (int i = 0; i < n; i++) {
         slot *s = &p->slots[i];
-        st = colibri_ctx_new(&s->ctx, p->model, opt);
+        colibri_options so = *opt;  /* real-time mode: slot i's workers on the i-th run of CPUs */
+        if (so.cpus) so.cpus += (size_t)i * (size_t)so.n_cpus;
+        st = colibri_ctx_new(&s->ctx, p->model, &so);
         if (st) {
             snprintf(err, errlen, "%s: slot %d: %s: %s", path, i, colibri_strerror(st), opt->error ? opt->error : "");
             return -1;

@@ -64,13 +64,17 @@ def write_models(binary: Path, out: Path, hf: bool) -> list[Path]:
 
         root = out / "hf"
         root.mkdir(exist_ok=True)
-        # the families main could run before the layer kinds (a sliding-window model has no
-        # "before" to compare with)
-        for name in [c for c in H.ALL_CASES if c not in getattr(H, "SLIDING_CASES", [])]:
+        # every family the writing checkout has (sliding windows, gpt-oss, the Qwen3.5 / Next
+        # hybrids: compare binaries that both read them), with the released gpt-oss checkpoint's
+        # mxfp4 experts kept as mxfp4
+        for name in (H.ALL_CASES + list(getattr(H, "GPTOSS_CASES", []))
+                     + list(getattr(H, "HYBRID_CASES", []))):
             ck = H.checkpoint(name, root)
+            extra = {"expert_dtype": "mxfp4"} if name.endswith("mxfp4") else {}
             for d in DTYPES:
                 p = out / f"hf-{name}-{d}.colibri"
-                convert(ck, p, dtype=d, limits=TargetModelLimits("host", 64, 64, 8), progress=False)
+                convert(ck, p, dtype=d, limits=TargetModelLimits("host", 64, 64, 8), progress=False,
+                        **extra)
                 paths.append(p)
     return paths
 

@@ -17,16 +17,32 @@ typedef struct {
     int threads;             /* 0: not given (the command's default: online CPUs, or per command) */
     int int8_act;
     colibri_kv_dtype kv;
+    /* real-time mode (docs/runtime.md, "Real-time mode") */
+    int cpus[64];            /* --cpus: the workers' CPUs in order */
+    int n_cpus;
+    colibri_sched sched;     /* --sched other|fifo:N|rr:N */
+    int sched_priority;
+    int lock_memory;         /* --mlock */
+    colibri_barrier barrier; /* --barrier sleep|spin */
 } cli_globals;
 
-#define CLI_GLOBAL_OPTIONS "[--backend cpu|cuda|auto] [--threads N] [--int8-act] [--kv-cache f32|f16]"
+#define CLI_GLOBAL_OPTIONS "[--backend cpu|cuda|auto] [--threads N] [--int8-act] [--kv-cache f32|f16] " \
+    "[--cpus LIST] [--sched other|fifo:N|rr:N] [--mlock] [--barrier sleep|spin]"
 #define CLI_GLOBAL_HELP                                                                          \
     "global options (before or after the command):\n"                                          \
     "  --backend cpu|cuda|auto  auto (default): CUDA when it comes up, else the CPU (the reason\n" \
     "                           is printed); cuda: fail without it\n"                           \
     "  --threads N              CPU threads, 1..64 (default: online CPUs)\n"                     \
     "  --int8-act               int8/q4 weights: int8 activations (integer dot products)\n"      \
-    "  --kv-cache f32|f16       KV cache storage (f16: half the memory)\n"
+    "  --kv-cache f32|f16       KV cache storage (f16: half the memory)\n"                      \
+    "real-time mode (docs/runtime.md; a profile's realtime: section renders them for the unit):\n" \
+    "  --cpus LIST              pin worker t to the t-th CPU (\"2-5\", \"4,2,3\"); threads = CPUs\n" \
+    "  --sched other|fifo:N|rr:N  the workers' scheduling policy, priority N 1..99\n"           \
+    "                           (needs RLIMIT_RTPRIO >= N or CAP_SYS_NICE)\n"                   \
+    "  --mlock                  lock and pre-fault the model and the arena at init (needs\n"    \
+    "                           RLIMIT_MEMLOCK above their size or CAP_IPC_LOCK)\n"            \
+    "  --barrier sleep|spin     between a pass's jobs: spin briefly then sleep (default), or\n" \
+    "                           spin while passes keep coming (a core each, no wake-up)\n"
 
 void cli_default_globals(cli_globals *g);
 
@@ -53,6 +69,10 @@ void cli_report(const char *what, colibri_status s, const char *detail);
 /* Decimal integer in [lo, hi], the whole string (NULL is rejected). 0, or -1 when bad. */
 int cli_long(const char *s, long lo, long hi, long *out);
 
+/* A CPU list: comma-separated CPUs and ranges ("2-5,7", "4,2,3"), in the order given, each
+ * 0..1023, none twice, at most cap. The count, or -1 when malformed. */
+int cli_cpu_list(const char *s, int *out, int cap);
+
 /* "1,2,3" -> *out (malloc'd, the caller frees) and *n. 0, or -1 when a field is not an int32
  * or memory runs out. */
 int cli_ids(const char *s, int32_t **out, size_t *n);
@@ -68,8 +88,14 @@ void cli_json_string(FILE *f, const char *s, size_t n);
  * stderr and returns 1 (0 on success). */
 int cli_open(const char *model, colibri_backend backend, int threads, int int8_act,
              colibri_kv_dtype kv, colibri_ctx **ctx);
-/* The same with the global options. */
+/* The same with the global options (real-time mode included). */
 int cli_open_globals(const char *model, const cli_globals *g, colibri_ctx **ctx);
+/* --mlock: lock every page of the process, present and future (mlockall MCL_CURRENT |
+ * MCL_FUTURE), after checking that `model` (may be NULL) fits RLIMIT_MEMLOCK; 0, or 1 after
+ * printing why it cannot (the limit and the unit setting that raises it). */
+int cli_lock_process(const cli_globals *g, const char *model);
+/* The colibri_options the global options say (error buffer not set). */
+void cli_options(const cli_globals *g, colibri_options *opt);
 
 /* --kv-cache VALUE: "f32" or "f16". 0, or -1 for anything else (the caller prints the usage). */
 int cli_kv_dtype(const char *s, colibri_kv_dtype *out);

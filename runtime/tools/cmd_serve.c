@@ -34,6 +34,8 @@ static int serve_usage_to(FILE *f, const char *msg) {
             "  --read-timeout MS    deadline for a request's head and body (default 10000)\n"
             "  --write-timeout MS   drop a client that stops reading for this long (default 30000)\n"
             "  --drain-timeout MS   on SIGTERM, wait this long for in-flight requests (default 30000)\n"
+            "  --deadline-ms MS     a request's deadline when it gives no deadline_ms; answers after\n"
+            "                       it are counted in /metrics (default: none)\n"
             "  --max-connections N  connections held at once (default 256); beyond, the oldest\n"
             "                       still sending its head is closed to make room\n"
             "  --max-connections-per-address N\n"
@@ -46,7 +48,8 @@ static int serve_usage_to(FILE *f, const char *msg) {
             "                       refused with 403 (default: none)\n"
             "Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,\n"
             "GET /metrics. One JSON log line per request on stderr. Exit 0 after SIGTERM.\n"
-            "Here --threads (a global option) is per slot (default: online CPUs / slots).\n"
+            "Here --threads (a global option) is per slot (default: online CPUs / slots); with --cpus,\n"
+            "slot i's workers run on the i-th --threads CPUs of the list (default: CPUs / slots).\n"
             CLI_GLOBAL_HELP);
     return 2;
 }
@@ -81,6 +84,7 @@ int cmd_serve(const cli_globals *g, int argc, char **argv) {
         else if (!strcmp(a, "--read-timeout")) RANGE(10, 3600000, o.read_timeout_ms, "--read-timeout must be 10..3600000 ms");
         else if (!strcmp(a, "--write-timeout")) RANGE(10, 3600000, o.write_timeout_ms, "--write-timeout must be 10..3600000 ms");
         else if (!strcmp(a, "--drain-timeout")) RANGE(0, 3600000, o.drain_timeout_ms, "--drain-timeout must be 0..3600000 ms");
+        else if (!strcmp(a, "--deadline-ms")) RANGE(1, 86400000, o.deadline_ms, "--deadline-ms must be 1..86400000");
         else if (!strcmp(a, "--max-connections")) RANGE(16, 65536, o.max_conns, "--max-connections must be 16..65536");
         else if (!strcmp(a, "--max-connections-per-address"))
             RANGE(1, 65536, o.max_conns_per_addr, "--max-connections-per-address must be 1..65536");
@@ -104,6 +108,20 @@ int cmd_serve(const cli_globals *g, int argc, char **argv) {
     o.threads = globals.threads;
     o.int8_activations = globals.int8_act;
     o.kv_dtype = globals.kv;
+    if (globals.n_cpus) { /* real-time mode: every slot gets threads CPUs of the list, in order */
+        if (!o.threads && globals.n_cpus % o.slots)
+            return serve_usage("--cpus: the slots must share the CPUs evenly (a multiple of --slots)");
+        if (!o.threads) o.threads = globals.n_cpus / o.slots;
+        if (o.threads * o.slots != globals.n_cpus)
+            return serve_usage("--cpus must list --slots x --threads CPUs (one worker thread each)");
+        o.cpus = globals.cpus;
+        o.n_cpus = globals.n_cpus;
+    }
+    o.sched = globals.sched;
+    o.sched_priority = globals.sched_priority;
+    o.lock_memory = globals.lock_memory;
+    o.barrier = globals.barrier;
+    if (cli_lock_process(&globals, o.model_path)) return 1;
     if (o.threads == 0) {
         long cpus = sysconf(_SC_NPROCESSORS_ONLN);
         o.threads = cpus > o.slots ? (int)(cpus / o.slots) : 1;

@@ -137,16 +137,18 @@ static const char *dtype_name(uint32_t d) {
     return d < COLIBRI_DT_COUNT ? names[d] : "unknown";
 }
 static const char *family_name(uint32_t f) {
-    static const char *names[] = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe"};
-    return f < 4 ? names[f] : "other";
+    static const char *names[] = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", NULL,
+                                  "qwen3_next", "qwen3_5_moe"};
+    return f < sizeof names / sizeof names[0] && names[f] ? names[f] : "other";
 }
 
 static void print_backend_json(FILE *f, colibri_ctx *ctx) {
     colibri_runtime_info r;
     colibri_get_runtime_info(ctx, &r);
     fprintf(f, "{\"name\": \"%s\", \"threads\": %d, \"cpu_simd\": \"%s\", \"arena_bytes\": %zu, "
-            "\"kv_dtype\": \"%s\", \"kv_cache_bytes\": %zu, ",
-            r.backend, r.threads, r.cpu_simd, r.arena_bytes, r.kv_dtype, r.kv_cache_bytes);
+            "\"kv_dtype\": \"%s\", \"kv_cache_bytes\": %zu, \"state_bytes\": %zu, ",
+            r.backend, r.threads, r.cpu_simd, r.arena_bytes, r.kv_dtype, r.kv_cache_bytes,
+            r.state_bytes);
     fprintf(f, "\"fallback_reason\": ");
     cli_json_string(f, r.fallback_reason, strlen(r.fallback_reason));
     fprintf(f, ", \"cuda_device\": ");
@@ -355,6 +357,28 @@ static double peak_rss_mb(void) {
     return kb / 1024.0;
 }
 
+/* p50 / p99 / p99.9 / max of a sorted array, as JSON or text. */
+static void dist_json(const char *name, const double *v, long n) {
+    printf(", \"%s\": {\"p50\": %.4f, \"p99\": %.4f, \"p999\": %.4f, \"max\": %.4f, \"n\": %ld}",
+           name, pct(v, (int)n, 50), pct(v, (int)n, 99), pct(v, (int)n, 99.9), v[n - 1], n);
+}
+
+static void dist_text(const char *name, const double *v, long n) {
+    printf("%s: p50 %.3f ms, p99 %.3f ms, p99.9 %.3f ms, max %.3f ms (%ld samples)\n", name,
+           pct(v, (int)n, 50), pct(v, (int)n, 99), pct(v, (int)n, 99.9), v[n - 1], n);
+}
+
+/* The process's page faults so far (every thread: the workers, the caller). */
+static void faults_now(unsigned long long *minor, unsigned long long *major) {
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0) memset(&ru, 0, sizeof ru);
+    *minor = (unsigned long long)ru.ru_minflt;
+    *major = (unsigned long long)ru.ru_majflt;
+}
+
+/* bench: runs (after one untimed warm-up) of the prompt and gen decoded tokens. Per run: the
+ * prefill, the first token (prefill + pick), each decoded token's time and page faults (the
+ * whole process's, getrusage RUSAGE_SELF around it); their distributions are printed. */
 static int cmd_bench(const cli *c) {
     double t0 = cli_now_ms();
     colibri_ctx *ctx;
@@ -369,18 +393,29 @@ static int cmd_bench(const cli *c) {
         colibri_free(ctx);
         return 1;
     }
+    long ntok = gen * runs;
     int32_t *ids = malloc((size_t)plen * sizeof *ids);
     float *logits = malloc((size_t)plen * m.vocab_size * sizeof(float));
     double *prefill = calloc((size_t)runs, sizeof(double)), *first = calloc((size_t)runs, sizeof(double));
     double *decode = calloc((size_t)runs, sizeof(double));
-    if (!ids || !logits || !prefill || !first || !decode) {
+    double *tok = calloc((size_t)(ntok > 0 ? ntok : 1), sizeof(double));
+    if (!ids || !logits || !prefill || !first || !decode || !tok) {
         fprintf(stderr, "colibri: out of memory\n");
         return 1;
     }
     for (long i = 0; i < plen; i++) ids[i] = (int32_t)((i * 7919 + 13) % m.vocab_size);
     int rc = 0;
-    /* one untimed warm-up run pages the weights in; run -1 is it */
+    unsigned long long minor = 0, major = 0, tok_minor_max = 0, tok_major_max = 0;
+    unsigned long long warm_minor = 0, warm_major = 0;
+    faults_now(&warm_minor, &warm_major);
+    /* one untimed warm-up run pages the weights in (and takes every first-touch fault); run -1 */
     for (long r = -1; r < runs && !rc; r++) {
+        if (r == 0) { /* the warm-up's faults: what --mlock moves to init */
+            unsigned long long mn, mj;
+            faults_now(&mn, &mj);
+            warm_minor = mn - warm_minor;
+            warm_major = mj - warm_major;
+        }
         colibri_reset(ctx);
         double a = cli_now_ms();
         /* the prompt as colibri_generate runs it: the last token's logits only */
@@ -389,8 +424,20 @@ static int cmd_bench(const cli *c) {
         int32_t next = argmax(logits, m.vocab_size);
         double cdone = cli_now_ms();
         for (long g = 0; g < gen && !s; g++) {
+            unsigned long long mn0, mj0, mn1, mj1;
+            faults_now(&mn0, &mj0);
+            double ta = cli_now_ms();
             s = colibri_forward(ctx, &next, 1, logits);
             next = argmax(logits, m.vocab_size);
+            double tb = cli_now_ms();
+            faults_now(&mn1, &mj1);
+            if (r >= 0) {
+                tok[r * gen + g] = tb - ta;
+                minor += mn1 - mn0;
+                major += mj1 - mj0;
+                if (mn1 - mn0 > tok_minor_max) tok_minor_max = mn1 - mn0;
+                if (mj1 - mj0 > tok_major_max) tok_major_max = mj1 - mj0;
+            }
         }
         if (r >= 0) {
             prefill[r] = b - a;
@@ -409,12 +456,16 @@ static int cmd_bench(const cli *c) {
         qsort(prefill, (size_t)runs, sizeof(double), cmp_double);
         qsort(first, (size_t)runs, sizeof(double), cmp_double);
         qsort(decode, (size_t)runs, sizeof(double), cmp_double);
+        if (ntok > 0) qsort(tok, (size_t)ntok, sizeof(double), cmp_double);
         double tok_s = gen > 0 && dsum > 0 ? (double)gen * runs / (dsum / 1e3) : 0.0;
+        double per_minor = ntok ? (double)minor / (double)ntok : 0, per_major = ntok ? (double)major / (double)ntok : 0;
         /* resident now: after a CUDA upload of copied weights the file pages are dropped, so
          * this is below the peak (docs/cuda.md, Memory) */
         double rss_now_mb = proc_status_mb("VmRSS:");
         /* the kernel refreshes VmHWM lazily, so it can trail the current VmRSS */
         double rss_mb = fmax(peak_rss_mb(), rss_now_mb);
+        colibri_runtime_info ri;
+        colibri_get_runtime_info(ctx, &ri);
         if (c->json) {
             printf("{\"model\": ");
             cli_json_string(stdout, m.name, strlen(m.name));
@@ -427,15 +478,35 @@ static int cmd_bench(const cli *c) {
                    pct(prefill, (int)runs, 99), pct(first, (int)runs, 50), pct(first, (int)runs, 99),
                    tok_s, rss_mb, rss_now_mb, COLIBRI_TARGET_NAME);
             print_backend_json(stdout, ctx);
-            colibri_runtime_info ri;
-            colibri_get_runtime_info(ctx, &ri);
-            printf(", \"threads\": %d}\n", ri.threads);
+            printf(", \"threads\": %d", ri.threads);
+            dist_json("first_token_ms", first, runs);
+            if (ntok > 0) dist_json("token_ms", tok, ntok);
+            printf(", \"faults_per_token\": {\"minor\": %.4f, \"major\": %.4f, \"max_minor\": %llu, "
+                   "\"max_major\": %llu}, \"warmup_faults\": {\"minor\": %llu, \"major\": %llu}",
+                   per_minor, per_major, tok_minor_max, tok_major_max, warm_minor, warm_major);
+            printf(", \"realtime\": {\"cpus\": \"%s\", \"sched\": \"%s\", \"priority\": %d, "
+                   "\"barrier\": \"%s\", \"memory_locked\": %s, \"locked_mb\": %.1f}}\n", ri.cpus,
+                   ri.sched, ri.sched_priority, ri.barrier, ri.memory_locked ? "true" : "false",
+                   (double)ri.locked_bytes / (1 << 20));
         } else {
-            printf("model %s (%s)\nload %.1f ms\nprefill %ld tokens: p50 %.2f ms, p99 %.2f ms\n"
-                   "first token: p50 %.2f ms, p99 %.2f ms\ndecode: %.2f tok/s\npeak RSS %.1f MB (now %.1f MB)\n",
+            printf("model %s (%s)\nload %.1f ms\nprefill %ld tokens: p50 %.2f ms, p99 %.2f ms\n",
                    m.name, dtype_name(m.dtype), load_ms, plen, pct(prefill, (int)runs, 50),
-                   pct(prefill, (int)runs, 99), pct(first, (int)runs, 50), pct(first, (int)runs, 99),
-                   tok_s, rss_mb, rss_now_mb);
+                   pct(prefill, (int)runs, 99));
+            dist_text("first token", first, runs);
+            if (ntok > 0) dist_text("per token", tok, ntok);
+            printf("decode: %.2f tok/s\npage faults per decoded token: %.3f minor, %.3f major "
+                   "(at most %llu / %llu in one; the warm-up run took %llu / %llu)\n"
+                   "peak RSS %.1f MB (now %.1f MB)\n", tok_s, per_minor, per_major, tok_minor_max,
+                   tok_major_max, warm_minor, warm_major, rss_mb, rss_now_mb);
+            if (ri.cpus[0] || strcmp(ri.sched, "other") || ri.memory_locked ||
+                strcmp(ri.barrier, "sleep")) {
+                char pol[24];
+                if (strcmp(ri.sched, "other")) snprintf(pol, sizeof pol, "%s:%d", ri.sched, ri.sched_priority);
+                else snprintf(pol, sizeof pol, "other");
+                printf("real-time: cpus %s, sched %s, barrier %s, memory %s (%.1f MiB locked)\n",
+                       ri.cpus[0] ? ri.cpus : "unpinned", pol, ri.barrier,
+                       ri.memory_locked ? "locked" : "not locked", (double)ri.locked_bytes / (1 << 20));
+            }
         }
     }
     free(ids);
@@ -443,6 +514,7 @@ static int cmd_bench(const cli *c) {
     free(prefill);
     free(first);
     free(decode);
+    free(tok);
     colibri_free(ctx);
     return rc;
 }
@@ -490,7 +562,9 @@ static int print_version(void) {
     "  per token (decode steps)"
 #define SYN_BENCH                                                                                 \
     "bench MODEL [--prompt-len N] [--gen N] [--runs N] [--json]\n"                              \
-    "  load ms, prefill and first-token ms (p50/p99), decode tok/s, peak RSS; defaults 32, 32, 5"
+    "  load ms, prefill ms, the latency distribution (p50, p99, p99.9, max) of the first token\n" \
+    "  and of every decoded token, decode tok/s, page faults per decoded token (minor, major),\n" \
+    "  peak RSS; after one untimed warm-up run; defaults 32, 32, 5"
 #define SYN_ROUTING                                                                               \
     "dump-routing MODEL --ids 1,2,3 --out FILE\n"                                               \
     "  every routing decision as JSON lines (a build with -DCOLIBRI_DEBUG)"
@@ -535,7 +609,7 @@ static const cli_command commands[] = {
     {"generate", colibri_cmd_generate, "MODEL (--ids 1,2,3 --max-new N | --prompt T) [sampling...]",
      "greedy or sampled ids or text"},
     {"bench", run_bench, "MODEL [--prompt-len N] [--gen N] [--runs N] [--json]",
-     "load, prefill, first-token and decode speed"},
+     "load, prefill, latency distributions (first token, per token), page faults"},
     {"bench-contexts", colibri_cmd_bench_contexts, "MODEL [--contexts N] [--gen N] [--json]",
      "one shared model, N contexts decoding at once"},
     {"dump-routing", run_dump_routing, "MODEL --ids 1,2,3 --out FILE",

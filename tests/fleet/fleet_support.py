@@ -24,3 +24,29 @@ def fleet_of(inventory, hosts, **kw):
 
     chosen = [inventory.hosts[h] if isinstance(h, str) else h for h in hosts]
     return Fleet(chosen, ssh_connector(inventory), **kw)
+
+
+class Recording:
+    """A remote (SSHRemote, LocalRemote) that passes every call on and records it, to prove what
+    a run did not do: run's argv, and the name and first argument of every other method."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.name, self.calls = inner, inner.name, []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+    def run(self, argv, **kw):
+        self.calls.append(tuple(argv))
+        return self.inner.run(argv, **kw)
+
+    def __getattr__(self, name: str):
+        method = getattr(self.inner, name)
+
+        def call(*args, **kw):
+            self.calls.append((name, *args[:1]))
+            return method(*args, **kw)
+        return call

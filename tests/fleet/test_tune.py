@@ -16,12 +16,12 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from fleet_support import Recording
 
 from colibri_kit.errors import FleetError
 from colibri_kit.fleet import tune as tunelib
 from colibri_kit.fleet.connect import SUDO_PASSWORD_ENV, SSHRemote
 from colibri_kit.fleet.inventory import Host, write_inventory
-from colibri_kit.fleet.remote import Result
 from colibri_kit.profiles import TuneSpec, load_profile
 from colibri_kit.sim.fleet import BOOT_TIMEOUT
 
@@ -110,25 +110,6 @@ def invoke(*args: str, env: dict[str, str] | None = None) -> subprocess.Complete
                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=900)
 
 
-class Recording:
-    """Passes every call to the real remote and records it (to prove what a run did not do)."""
-
-    def __init__(self, inner: SSHRemote) -> None:
-        self.inner, self.name, self.calls = inner, inner.name, []
-
-    def run(self, argv, **kw) -> Result:
-        self.calls.append(tuple(argv))
-        return self.inner.run(argv, **kw)
-
-    def __getattr__(self, name: str):
-        method = getattr(self.inner, name)
-
-        def call(*args, **kw):
-            self.calls.append((name, *args[:1]))
-            return method(*args, **kw)
-        return call
-
-
 def test_tune_with_reboot_show_verify_restore_round_trip(fleet, tmp_path: Path) -> None:
     """Both modules through the real CLI. The factory Orin NX (15W) wants MAXN: without
     --allow-reboot it is reported and nothing changes there; with it the device really reboots
@@ -144,7 +125,7 @@ def test_tune_with_reboot_show_verify_restore_round_trip(fleet, tmp_path: Path) 
            "needs a reboot" in dry.stdout
     assert "power mode MODE_15W_6CORE -> MODE_20W_6CORE (id 8; MODE_20W_6CORE is mode 8); live" \
         in dry.stdout
-    assert "needs a reboot for its power mode: jetson-00 (not allowed" in dry.stdout
+    assert "needs a reboot (power mode or CPU isolation): jetson-00 (not allowed" in dry.stdout
     assert {d.name: faked(fleet, d.name) for d in fleet.devices} == before
 
     refused = invoke("--fleet", str(ff))
@@ -367,3 +348,58 @@ def test_tuning_summary_for_smoke_tables(fleet) -> None:
         assert tunelib.summary_text(tuned) == \
             "MODE_20W_6CORE, cpu performance, gpu performance, clocks pinned"
         tunelib.restore(remote)
+
+
+def faked_realtime(fleet, name: str) -> dict[str, bytes]:
+    """faked() plus what the real-time steps read and write: /proc's IRQs and command line (bound
+    over the host's on the device) and the boot configuration."""
+    root = fleet.device(name).faked_root
+    out = faked(fleet, name)
+    for top in ("proc/irq", "proc/cmdline", "proc/interrupts", "boot"):
+        for path in sorted([root / top, *(root / top).rglob("*")]):
+            rel = str(path.relative_to(root))
+            if path.is_symlink():
+                out[rel] = b"-> " + os.readlink(path).encode()
+            elif path.is_file():
+                out[rel] = path.read_bytes()
+    return out
+
+
+def test_realtime_profile_isolates_and_moves_irqs_over_ssh_then_restores(fleet, tmp_path) -> None:
+    """orin-nx-rt through the real CLI on a factory Orin NX: without --allow-reboot nothing
+    changes; with it one real reboot (sshd goes down) takes MAXN and isolcpus together, the
+    device comes back with CPUs 2-7 isolated, then the IRQs leave them; restore takes it all
+    back with one more reboot, every faked file as it was."""
+    host = hosts(fleet, target="orin-nx-rt")[0]
+    ff = tmp_path / "fleet.yaml"
+    write_inventory(ff, [host], known_hosts=str(fleet.known_hosts),
+                    identity_file=str(fleet.identity_file))
+    before = faked_realtime(fleet, host.name)
+    root = fleet.device(host.name).faked_root
+
+    dry = invoke("--fleet", str(ff), "--dry-run")
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    assert "isolate CPUs 2-7: isolcpus=managed_irq,domain,2-7 on the APPEND line of label primary" \
+        in dry.stdout and "IRQ affinity: 22 IRQs off CPUs 2-7 onto 0-1" in dry.stdout
+    refused = invoke("--fleet", str(ff))
+    assert refused.returncode == 1 and "nothing was changed" in refused.stdout
+    assert faked_realtime(fleet, host.name) == before
+
+    run = invoke("--fleet", str(ff), "--allow-reboot", "--reboot-timeout", str(int(BOOT_TIMEOUT)))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert fleet.device(host.name).boots == 2           # one reboot for the mode and the isolation
+    for setting in ("irq affinity", "irq default", "kernel cmdline", "isolated cpus"):
+        assert re.search(rf"^{host.name}\s+{setting}\s.*\sok$", run.stdout, re.M), run.stdout
+    with connect(fleet, host) as remote:
+        assert "isolcpus=managed_irq,domain,2-7" in remote.read_text("/proc/cmdline")
+        assert remote.read_text("/sys/devices/system/cpu/isolated") == "2-7\n"
+        assert remote.read_text("/proc/irq/70/smp_affinity_list") == "0-1\n"
+        assert remote.read_text("/proc/irq/default_smp_affinity") == "03\n"
+    assert (root / "proc/irq/70/smp_affinity_list").read_text() == "0-1\n"   # the bound files
+
+    back = invoke("--fleet", str(ff), "--restore", "--allow-reboot", "--reboot-timeout",
+                  str(int(BOOT_TIMEOUT)))
+    assert back.returncode == 0, back.stdout + back.stderr
+    wait_booted(fleet, host.name, 2)
+    assert faked_realtime(fleet, host.name) == before
+    assert not fleet.path_in(host.name, STATE).exists()

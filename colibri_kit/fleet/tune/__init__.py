@@ -6,6 +6,8 @@ One module per concern, pure parsers apart from the code that acts on a device:
   and the ``boot_id`` that confirms one;
 - ``clocks``: jetson_clocks (store once, pin, restore; its output read for failures);
 - ``governors``: CPU and GPU governor paths and the one sysfs writer;
+- ``irq``: IRQ affinity off the real-time CPUs (/proc/interrupts, /proc/irq/N/smp_affinity_list);
+- ``boot``: CPU isolation on the kernel command line (/boot/extlinux/extlinux.conf's APPEND);
 - ``state``: ``TuningState``, what a device reports (read without changing anything);
 - ``record``: root's own record of the pre-tuning state (``TUNE_DIR``);
 - ``plan``: ``plan`` / ``apply`` / ``verify`` / ``restore`` on one device;
@@ -20,7 +22,8 @@ from colibri_kit.fleet.tune.clocks import restore_failures
 from colibri_kit.fleet.tune.governors import write_governor
 from colibri_kit.fleet.tune.nvpmodel import parse_power_models, parse_query, read_boot_id
 from colibri_kit.fleet.tune.plan import (Check, ModeSwitch, Restored, RestoreReport, TunePlan,
-                                         TuneRefused, TuneReport, apply, plan, restore, verify)
+                                         TuneRefused, TuneReport, apply, plan, realtime_checks,
+                                         restore, verify)
 from colibri_kit.fleet.tune.record import TUNE_DIR
 from colibri_kit.fleet.tune.rollout import (REBOOT_TIMEOUT, TuneRun, restore_fleet, rollout,
                                             tune_fleet, wait_back)
@@ -32,6 +35,7 @@ __all__ = [
     "Check", "ModeSwitch", "REBOOT_TIMEOUT", "Restored", "RestoreReport", "TUNE_DIR", "TunePlan",
     "TuneRefused", "TuneReport", "TuneRun", "TuningState", "apply", "mode_now",
     "parse_power_models", "parse_query", "plan", "read_boot_id", "read_state", "read_state_any",
+    "realtime_checks",
     "restore", "restore_failures", "restore_fleet", "rollout", "show_lines", "state_dict",
     "summary_text", "tune_fleet", "tuning_summary", "verify", "wait_back", "write_governor",
 ]

@@ -58,5 +58,25 @@ def save(remote: Remote, tdir: str, data: dict[str, Any]) -> bool:
     return True
 
 
+def extend(remote: Remote, tdir: str, sections: dict[str, Any]) -> list[str]:
+    """Add to the record the sections it lacks (a later tune with more to record, e.g. the
+    realtime section's IRQs), never replacing one: restore returns to the first pre-tuning
+    state of each. Returns the sections added."""
+    text = saved(remote, tdir)
+    if text is None:
+        return []
+    try:
+        data = json.loads(text)
+    except ValueError:
+        raise FleetError(f"{remote.name}: {tdir}/{STATE_NAME} is corrupt; inspect and remove "
+                         f"it") from None
+    added = [k for k in sections if k not in data]
+    if added:
+        data.update({k: sections[k] for k in added})
+        remote.write_bytes(f"{tdir}/{STATE_NAME}",
+                           (json.dumps(data, indent=1, sort_keys=True) + "\n").encode(), sudo=True)
+    return added
+
+
 def remove(remote: Remote, tdir: str = TUNE_DIR) -> None:
     remote.run(["rm", "-rf", "--", tdir], sudo=True, timeout=CMD_TIMEOUT)

@@ -24,10 +24,10 @@ from colibri_kit.fleet.fleet import Fleet, Outcome, Results, Rollout
 from colibri_kit.fleet.inventory import Host
 from colibri_kit.fleet.remote import Remote
 from colibri_kit.fleet.tune import nvpmodel
-from colibri_kit.fleet.tune.plan import (ModeSwitch, RestoreReport, TunePlan, TuneReport, apply,
-                                         plan, restore)
+from colibri_kit.fleet.tune.plan import (Check, ModeSwitch, Restored, RestoreReport, TunePlan,
+                                         TuneReport, apply, boot_isolation_gone, plan, restore)
 from colibri_kit.fleet.tune.state import mode_now
-from colibri_kit.profiles import TuneSpec
+from colibri_kit.profiles import RealtimeSpec, TuneSpec
 
 REBOOT_TIMEOUT = 600.0    # seconds a rebooting device has to answer SSH in its new mode
 POLL = 2.0
@@ -93,19 +93,30 @@ def rollout(fleet: Fleet, plans: dict[str, TunePlan | None], *, allow_reboot: bo
         p = plans[host.name]
         assert p is not None
         if host.name in asked:     # the device disagreed with its plan: plan it again
-            p = plan(remote, p.spec)
+            p = plan(remote, p.spec, p.realtime)
         first = apply(remote, p, allow_reboot=True)
         if first.mode is not ModeSwitch.REBOOTING:
             return first
         target = first.target_mode or (p.mode.target.name if p.mode else "?")
 
         def finish(back: Remote, seconds: float) -> TuneReport:
-            report = apply(back, plan(back, p.spec), allow_reboot=False)
-            report.mode = ModeSwitch.REBOOTING
             confirmed = "a new boot_id" if first.boot_id else "its mode (no boot_id to compare)"
+            again = plan(back, p.spec, p.realtime)
+            if again.boot_reboot:       # the boot did not take the isolation: do not loop
+                assert again.realtime is not None and again.boot_state is not None
+                bs = again.boot_state
+                return TuneReport(host.name, [Check(
+                    "isolated cpus", again.realtime.cpu_list,
+                    f"{','.join(map(str, bs.isolated)) or 'none'} after the reboot", False)], [
+                    f"rebooted once into {target}, back after {seconds:.0f}s (confirmed by "
+                    f"{confirmed}), but the kernel does not run the isolation: /proc/cmdline is "
+                    f"{bs.cmdline!r}; did the bootloader boot another label or file? Nothing "
+                    f"else was applied"], ModeSwitch.REBOOTING)
+            report = apply(back, again, allow_reboot=False)
+            report.mode = ModeSwitch.REBOOTING
             report.notes.insert(0, f"rebooted once into {target}, back after {seconds:.0f}s "
-                                   f"(confirmed by {confirmed}); mode verified, then clocks and "
-                                   f"governors applied")
+                                   f"(confirmed by {confirmed}); mode verified, then clocks, "
+                                   f"governors and IRQs applied")
             return report
         return wait_back(fleet, host, first.boot_id, target, reboot_timeout, poll, finish)
 
@@ -133,17 +144,23 @@ class TuneRun:
 
     @property
     def reboots(self) -> list[str]:
-        """Hosts whose plan predicts a reboot for the power mode."""
+        """Hosts whose plan predicts a reboot (the power mode, the CPU isolation)."""
         return [o.host for o in self.plans if o.value is not None and o.value.needs_reboot]
 
 
 def tune_fleet(fleet: Fleet, spec_for: Callable[[Host], TuneSpec | None], *,
+               realtime_for: Callable[[Host], RealtimeSpec | None] | None = None,
                dry_run: bool = False, allow_reboot: bool = False, max_unavailable: int = 1,
                reboot_timeout: float = REBOOT_TIMEOUT, poll: float = POLL) -> TuneRun:
-    """Plan every host (``spec_for(host)``: its profile's tune section, None to skip it), then,
-    unless a plan failed or ``dry_run``, apply them (``rollout``)."""
+    """Plan every host (``spec_for(host)``: its profile's tune section, None to skip it;
+    ``realtime_for(host)``: its realtime section, for the IRQ and isolation steps), then, unless
+    a plan failed or ``dry_run``, apply them (``rollout``)."""
     _reboot_rollout(max_unavailable)     # a bad limit is refused before anything is read
-    plans = fleet.run(lambda r, h: None if (spec := spec_for(h)) is None else plan(r, spec))
+
+    def one(r: Remote, h: Host) -> TunePlan | None:
+        spec = spec_for(h)
+        return None if spec is None else plan(r, spec, realtime_for(h) if realtime_for else None)
+    plans = fleet.run(one)
     run = TuneRun(plans)
     if run.refused or dry_run:
         return run
@@ -169,9 +186,13 @@ def restore_fleet(fleet: Fleet, *, allow_reboot: bool = False, max_unavailable: 
         if not report.rebooting:
             return report
 
-        def back(_: Remote, seconds: float) -> RestoreReport:
+        def back(again: Remote, seconds: float) -> RestoreReport:
             report.notes.insert(0, f"rebooted once into {report.reboot_into}, back after "
                                    f"{seconds:.0f}s")
+            left = boot_isolation_gone(again, report.boot_wrote) if report.boot_wrote else []
+            if left:
+                report.outcome = Restored.INCOMPLETE
+                report.notes.append(f"the kernel still runs {' '.join(left)} after the reboot")
             return report
         return wait_back(fleet, host, report.boot_id, str(report.reboot_into), reboot_timeout,
                          poll, back)

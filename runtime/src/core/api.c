@@ -1,5 +1,8 @@
 /* The public API (colibri.h): init (model + arena + pool + backend), forward, reset, info. */
 #include <errno.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -99,6 +102,121 @@ static int model_cuda_open(colibri_model *model, colibri_cuda **out, int kv_f16,
 
 void colibri_model_free(colibri_model *m) { model_unref(m); }
 
+/* ---- Real-time mode (docs/runtime.md, "Real-time mode") ---------------------------------- */
+
+static const char *sched_name(colibri_sched s) {
+    return s == COLIBRI_SCHED_FIFO ? "fifo" : s == COLIBRI_SCHED_RR ? "rr" : "other";
+}
+
+/* The options against themselves and this process: the threads they imply, CPUs distinct and
+ * allowed to it (sched_getaffinity), a priority in the policy's range. */
+static colibri_status check_realtime(colibri_ctx *ctx, const colibri_options *o) {
+    if (o->n_cpus < 0 || o->n_cpus > COLIBRI_MAX_THREADS || (o->n_cpus && !o->cpus))
+        return set_err(ctx, COLIBRI_E_INVALID_ARG, "n_cpus must be 0..%d, with cpus when > 0",
+                       COLIBRI_MAX_THREADS);
+    if (o->n_cpus && o->threads && o->threads != o->n_cpus)
+        return set_err(ctx, COLIBRI_E_INVALID_ARG, "threads %d and %d cpus: one worker thread runs "
+                       "on each CPU, so give as many CPUs as threads (or threads 0)", o->threads,
+                       o->n_cpus);
+    cpu_set_t allowed;
+    CPU_ZERO(&allowed);
+    if (o->n_cpus && sched_getaffinity(0, sizeof allowed, &allowed) != 0)
+        return set_err(ctx, COLIBRI_E_REALTIME, "sched_getaffinity: %s", strerror(errno));
+    for (int i = 0; i < o->n_cpus; i++) {
+        int c = o->cpus[i];
+        if (c < 0 || c >= CPU_SETSIZE)
+            return set_err(ctx, COLIBRI_E_INVALID_ARG, "cpus[%d] = %d is not a CPU number", i, c);
+        for (int j = 0; j < i; j++)
+            if (o->cpus[j] == c)
+                return set_err(ctx, COLIBRI_E_INVALID_ARG, "CPU %d is given twice: one worker "
+                               "thread per CPU", c);
+        if (!CPU_ISSET(c, &allowed)) {
+            char list[256] = "";
+            size_t n = 0;
+            for (int k = 0; k < CPU_SETSIZE && n + 8 < sizeof list; k++)
+                if (CPU_ISSET(k, &allowed)) n += (size_t)snprintf(list + n, sizeof list - n, "%s%d", n ? "," : "", k);
+            return set_err(ctx, COLIBRI_E_REALTIME, "CPU %d is not one this process may run on "
+                           "(allowed: %s; offline, or outside its CPUAffinity=/cpuset)", c, list);
+        }
+    }
+    if (o->sched != COLIBRI_SCHED_OTHER && o->sched != COLIBRI_SCHED_FIFO && o->sched != COLIBRI_SCHED_RR)
+        return set_err(ctx, COLIBRI_E_INVALID_ARG, "sched must be other, fifo or rr (0..2), got %d",
+                       (int)o->sched);
+    if (o->sched == COLIBRI_SCHED_OTHER ? o->sched_priority != 0
+                                        : (o->sched_priority < 1 || o->sched_priority > 99))
+        return set_err(ctx, COLIBRI_E_INVALID_ARG, "sched_priority %d: 1..99 with fifo or rr, 0 "
+                       "with other", o->sched_priority);
+    if (o->barrier != COLIBRI_BARRIER_SLEEP && o->barrier != COLIBRI_BARRIER_SPIN)
+        return set_err(ctx, COLIBRI_E_INVALID_ARG, "barrier must be sleep or spin (0, 1), got %d",
+                       (int)o->barrier);
+    return COLIBRI_OK;
+}
+
+/* mlock [p, p + n): every page read in (or, anonymous, allocated) and kept. The failure names
+ * the limit that refused it and the setting that raises it. */
+static colibri_status lock_range(colibri_ctx *ctx, const void *p, size_t n, const char *what) {
+    if (!n || mlock(p, n) == 0) return COLIBRI_OK;
+    int e = errno;
+    struct rlimit rl;
+    char limit[48] = "unknown";
+    if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0) {
+        if (rl.rlim_cur == RLIM_INFINITY) snprintf(limit, sizeof limit, "unlimited");
+        else snprintf(limit, sizeof limit, "%llu KiB", (unsigned long long)rl.rlim_cur / 1024);
+    }
+    return set_err(ctx, COLIBRI_E_REALTIME, "locking %s (%.1f MiB) in memory: %s; RLIMIT_MEMLOCK "
+                   "is %s (ulimit -l): raise it, e.g. LimitMEMLOCK=infinity in the systemd unit "
+                   "(the kit renders it from the profile's realtime.lock_memory), or give the "
+                   "process CAP_IPC_LOCK", what, (double)n / (1 << 20), strerror(e), limit);
+}
+
+/* The model's mapping, once per model (the contexts share it; munmap unlocks it). */
+static colibri_status lock_model(colibri_ctx *ctx) {
+    colibri_model *m = ctx->model;
+    colibri_status s = COLIBRI_OK;
+    pthread_mutex_lock(&m->gpu_mu);
+    if (!m->locked) {
+        s = lock_range(ctx, m->base, m->size, "the model's mapping");
+        if (!s) {
+            m->locked = 1;
+            ctx->locked_bytes += m->size;
+        }
+    }
+    pthread_mutex_unlock(&m->gpu_mu);
+    return s;
+}
+
+static void pool_config(const colibri_options *o, colibri_pool_config *pc) {
+    memset(pc, 0, sizeof *pc);
+    pc->cpus = o->n_cpus ? o->cpus : NULL;
+    pc->policy = o->sched == COLIBRI_SCHED_FIFO ? SCHED_FIFO : o->sched == COLIBRI_SCHED_RR ? SCHED_RR
+                                                                                           : SCHED_OTHER;
+    pc->priority = o->sched_priority;
+    pc->spin = o->barrier == COLIBRI_BARRIER_SPIN;
+    pc->lock_stacks = o->lock_memory;
+}
+
+/* One forward call on the calling thread: its page faults are counted across the call. */
+typedef struct {
+    struct rusage ru;
+    int counted;
+} pass;
+
+/* The calling thread becomes worker 0 (pinned, policy: once per thread). */
+static colibri_status pass_begin(colibri_ctx *ctx, pass *p) {
+    char why[384] = "";
+    if (colibri_pool_enter(&ctx->pool, why, sizeof why) != 0)
+        return set_err(ctx, COLIBRI_E_REALTIME, "%s", why);
+    p->counted = getrusage(RUSAGE_THREAD, &p->ru) == 0;
+    return COLIBRI_OK;
+}
+
+static void pass_end(colibri_ctx *ctx, const pass *p) {
+    struct rusage now;
+    if (!p->counted || getrusage(RUSAGE_THREAD, &now) != 0) return;
+    ctx->caller_minflt += (unsigned long long)(now.ru_minflt - p->ru.ru_minflt);
+    ctx->caller_majflt += (unsigned long long)(now.ru_majflt - p->ru.ru_majflt);
+}
+
 colibri_status colibri_ctx_new(colibri_ctx **out, colibri_model *model,
                                const colibri_options *opt_in) {
     colibri_options opt;
@@ -127,7 +245,13 @@ colibri_status colibri_ctx_new(colibri_ctx **out, colibri_model *model,
                          set_err(ctx, COLIBRI_E_INVALID_ARG,
                                  "kv_dtype must be COLIBRI_KV_F32 (0) or COLIBRI_KV_F16 (1), got %d",
                                  (int)opt.kv_dtype));
-    if (opt.threads == 0) ctx->opt.threads = default_threads();
+    colibri_status rs = check_realtime(ctx, &opt);
+    if (rs) return init_fail(ctx, &opt, rs);
+    if (opt.threads == 0) ctx->opt.threads = opt.n_cpus ? opt.n_cpus : default_threads();
+    if (opt.n_cpus) { /* the context keeps its own copy of the CPU list */
+        memcpy(ctx->cpus, opt.cpus, (size_t)opt.n_cpus * sizeof *ctx->cpus);
+        ctx->opt.cpus = ctx->cpus;
+    }
     const struct colibri_model *m = ctx->model;
 
     /* Backend: CUDA when asked for or available; otherwise the CPU with the reason kept. The
@@ -172,13 +296,38 @@ colibri_status colibri_ctx_new(colibri_ctx **out, colibri_model *model,
         memset(ctx->arena, 0, kv_lo);
         memset((uint8_t *)ctx->arena + kv_hi, 0, bytes - kv_hi);
         if (ctx->b.state_bytes) memset(ctx->b.state, 0, ctx->b.state_bytes); /* recurrent kinds */
-        if (colibri_pool_start(&ctx->pool, threads) != 0) {
-            ctx->pool_started = 1;
-            return init_fail(ctx, &opt,
-                             set_err(ctx, COLIBRI_E_NO_MEMORY, "cannot start %d threads", threads));
+        if (opt.lock_memory) { /* pre-fault and keep every page: weights, buffers, KV cache */
+            if ((rs = lock_model(ctx)) || (rs = lock_range(ctx, ctx->arena, bytes, "the arena")))
+                return init_fail(ctx, &opt, rs);
+            ctx->locked_bytes += bytes;
+        }
+        colibri_pool_config pc;
+        pool_config(&ctx->opt, &pc);
+        char why[384] = "";
+        if (colibri_pool_start_ex(&ctx->pool, threads, &pc, why, sizeof why) != 0) {
+            int realtime = pc.cpus || pc.policy != SCHED_OTHER || pc.lock_stacks;
+            return init_fail(ctx, &opt, set_err(ctx, realtime ? COLIBRI_E_REALTIME : COLIBRI_E_NO_MEMORY,
+                                                "cannot start %d threads: %s", threads,
+                                                why[0] ? why : "out of memory"));
         }
         ctx->pool_started = 1;
+    } else {
+        /* CUDA: the calling thread is the only CPU worker (cpus[0] and the policy); the model's
+         * host mapping is locked when the device reads it in place (mapped weights) */
+        colibri_options one = ctx->opt;
+        one.n_cpus = opt.n_cpus ? 1 : 0;
+        colibri_pool_config pc;
+        pool_config(&one, &pc);
+        colibri_pool_start_ex(&ctx->pool, 1, &pc, NULL, 0);
+        ctx->pool_started = 1;
+        if (opt.lock_memory) {
+            colibri_cuda_info ci;
+            memset(&ci, 0, sizeof ci);
+            colibri_cuda_get_info(ctx->cuda, &ci);
+            if (!strcmp(ci.weights, "mapped") && (rs = lock_model(ctx))) return init_fail(ctx, &opt, rs);
+        }
     }
+    ctx->memory_locked = opt.lock_memory;
     *out = ctx;
     return COLIBRI_OK;
 }
@@ -221,6 +370,8 @@ static colibri_status check_forward(colibri_ctx *ctx, const int32_t *ids, int n,
 colibri_status colibri_forward(colibri_ctx *ctx, const int32_t *ids, int n, float *logits) {
     colibri_status st = check_forward(ctx, ids, n, logits);
     if (st) return st;
+    pass ps;
+    if ((st = pass_begin(ctx, &ps))) return st;
     const struct colibri_model *m = ctx->model;
     if (ctx->cuda) {
         char why[192] = "";
@@ -234,6 +385,7 @@ colibri_status colibri_forward(colibri_ctx *ctx, const int32_t *ids, int n, floa
             done += c;
         }
     }
+    pass_end(ctx, &ps);
     ctx->calls++;
     return COLIBRI_OK;
 }
@@ -241,6 +393,8 @@ colibri_status colibri_forward(colibri_ctx *ctx, const int32_t *ids, int n, floa
 colibri_status colibri_forward_last(colibri_ctx *ctx, const int32_t *ids, int n, float *logits) {
     colibri_status st = check_forward(ctx, ids, n, logits);
     if (st) return st;
+    pass ps;
+    if ((st = pass_begin(ctx, &ps))) return st;
     if (ctx->cuda) { /* the backend computes and downloads the last row only */
         char why[192] = "";
         if (colibri_cuda_forward_last(ctx->cuda, ids, n, ctx->pos, logits, why, sizeof why) != 0)
@@ -253,6 +407,7 @@ colibri_status colibri_forward_last(colibri_ctx *ctx, const int32_t *ids, int n,
             done += c;
         }
     }
+    pass_end(ctx, &ps);
     ctx->calls++;
     return COLIBRI_OK;
 }
@@ -302,6 +457,7 @@ const char *colibri_strerror(colibri_status s) {
     case COLIBRI_E_BAD_TOKENIZER: return "the model's tokenizer section is invalid";
     case COLIBRI_E_BUFFER_TOO_SMALL: return "output buffer too small";
     case COLIBRI_E_BAD_LAYER: return "model layer table is invalid";
+    case COLIBRI_E_REALTIME: return "the real-time options cannot be applied";
     }
     return "unknown status";
 }
@@ -381,8 +537,22 @@ void colibri_get_runtime_info(const colibri_ctx *ctx, colibri_runtime_info *i) {
         i->arena_bytes = ctx->arena_bytes;
         snprintf(i->kv_dtype, sizeof i->kv_dtype, "%s", ctx->b.kv_f16 ? "f16" : "f32");
         i->kv_cache_bytes = ctx->b.kv_bytes;
+        i->state_bytes = ctx->b.state_bytes;
     }
     i->position = ctx->pos;
+    size_t n = 0;
+    for (int k = 0; k < ctx->opt.n_cpus && n + 6 < sizeof i->cpus; k++)
+        n += (size_t)snprintf(i->cpus + n, sizeof i->cpus - n, "%s%d", k ? "," : "", ctx->cpus[k]);
+    snprintf(i->sched, sizeof i->sched, "%s", sched_name(ctx->opt.sched));
+    i->sched_priority = ctx->opt.sched_priority;
+    snprintf(i->barrier, sizeof i->barrier, "%s",
+             ctx->opt.barrier == COLIBRI_BARRIER_SPIN ? "spin" : "sleep");
+    i->memory_locked = ctx->memory_locked;
+    i->locked_bytes = ctx->locked_bytes;
+    unsigned long long mn = 0, mj = 0;
+    if (ctx->pool_started) colibri_pool_faults(&ctx->pool, &mn, &mj);
+    i->minor_faults = mn + ctx->caller_minflt;
+    i->major_faults = mj + ctx->caller_majflt;
 }
 
 colibri_status colibri_dump_routing(colibri_ctx *ctx, const char *path) {

@@ -24,7 +24,10 @@ static size_t max3(size_t a, size_t b, size_t c) {
     return m > c ? m : c;
 }
 
-/* What layer l keeps per sequence: its mixer's cache plus its FFN's (none has one yet). */
+static size_t max2(size_t a, size_t b) { return a > b ? a : b; }
+
+/* What layer l keeps per sequence: its mixer's cache plus its FFN's (none has one yet); what a
+ * pass needs: the larger of the two (they run one after the other). */
 static void layer_need(const struct colibri_model *m, uint32_t l, colibri_cache_need *need) {
     colibri_cache_need f;
     m->layers[l].mixer->cache(m, l, need);
@@ -32,6 +35,8 @@ static void layer_need(const struct colibri_model *m, uint32_t l, colibri_cache_
     need->kv_positions += f.kv_positions;
     need->kv_staged |= f.kv_staged;
     need->state_floats += f.state_floats;
+    need->scratch_floats = max2(need->scratch_floats, f.scratch_floats);
+    need->in_cols = max2(need->in_cols, f.in_cols);
 }
 
 size_t colibri_arena_plan(const struct colibri_model *m, int threads, int q8, int kv_f16,
@@ -42,7 +47,13 @@ size_t colibri_arena_plan(const struct colibri_model *m, int threads, int q8, in
     size_t kvd = (size_t)m->n_kv_heads * m->head_dim, E = m->num_experts, K = m->top_k;
     size_t F = m->expert_size, Fs = m->shared_expert_size, S = m->max_seq_len, L = m->n_layers;
     size_t kv_size = kv_f16 ? sizeof(uint16_t) : sizeof(float); /* f16: half the bytes */
-    size_t max_cols = max3(dp, qd, max3(F, Fs, 16));
+    size_t max_cols = max3(dp, qd, max3(F, Fs, 16)), mix = 0;
+    for (uint32_t l = 0; l < L; l++) { /* the kinds' pass needs (kinds.h) */
+        colibri_cache_need need;
+        layer_need(m, l, &need);
+        max_cols = max2(max_cols, need.in_cols);
+        mix = max2(mix, need.scratch_floats);
+    }
 
     b->chunk = (int)T;
     b->max_cols = max_cols;
@@ -55,6 +66,8 @@ size_t colibri_arena_plan(const struct colibri_model *m, int threads, int q8, in
     b->tmp = take(&c, T * dp, sizeof(float));
     b->rope = take(&c, T * m->head_dim, sizeof(float));
     b->pos = take(&c, T, sizeof(int32_t));
+    b->mix = take(&c, T * mix, sizeof(float));
+    b->mix_floats = mix;
     /* Each layer's cache as its kinds ask (kinds.h): K rows of every layer, then V rows, then
      * the fixed-size states (recurrent kinds). */
     size_t rows = 0, states = 0;
@@ -92,16 +105,20 @@ size_t colibri_arena_plan(const struct colibri_model *m, int threads, int q8, in
     b->offsets = take(&c, E + 1, sizeof(int32_t));
     b->fill = take(&c, E, sizeof(int32_t));
     b->slot_of = take(&c, T * K, sizeof(int32_t));
-    b->xs = take(&c, T * K * dp, sizeof(float));
-    b->gate = take(&c, T * K * F, sizeof(float));
-    b->up = take(&c, T * K * F, sizeof(float));
+    b->slot_tok = take(&c, T * K, sizeof(int32_t));
+    size_t budget = T > COLIBRI_MOE_SLOTS ? T : COLIBRI_MOE_SLOTS; /* one expert always fits */
+    size_t slots = T * K < budget ? T * K : budget;
+    b->slots = (int)slots;
+    b->xs = take(&c, slots * dp, sizeof(float));
+    b->gate = take(&c, slots * F, sizeof(float));
+    b->up = take(&c, slots * F, sizeof(float));
     b->ys = take(&c, T * K * dp, sizeof(float));
     b->sgate = take(&c, T * Fs, sizeof(float));
     b->sup = take(&c, T * Fs, sizeof(float));
     b->sout = take(&c, T * dp, sizeof(float));
-    /* int8 activations: rows 0..T*K-1 for the routed experts' inputs, T*K.. for the rest */
-    b->xq = take(&c, q8 ? T * (K + 1) * max_cols : 0, sizeof(int8_t));
-    b->xqs = take(&c, q8 ? T * (K + 1) : 0, sizeof(float));
+    /* int8 activations: rows 0..slots-1 for an expert pass's inputs, slots.. for the rest */
+    b->xq = take(&c, q8 ? (slots + T) * max_cols : 0, sizeof(int8_t));
+    b->xqs = take(&c, q8 ? slots + T : 0, sizeof(float));
     b->scratch = take(&c, (size_t)threads * 2 * max_cols, sizeof(float)); /* two rows each */
     b->scores = take(&c, (size_t)threads * S, sizeof(float));
 #ifdef COLIBRI_DEBUG

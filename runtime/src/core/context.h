@@ -10,8 +10,16 @@
 #include "model.h"
 #include "pool.h"
 
-/* Tokens processed together by one pass over the weights (prefill is split into chunks). */
-#define COLIBRI_CHUNK 64
+/* Tokens processed together by one pass over the weights (prefill is split into chunks). 512:
+ * with 128 experts top-8 a 64-token chunk gave each expert ~4 tokens, so every chunk streamed
+ * nearly all of a layer's expert weights again; at 512 each routed expert's weights are read once
+ * for ~32 tokens (docs/runtime.md, "Prefill"). Only the per-token buffers scale with it. */
+#define COLIBRI_CHUNK 512
+/* Expert input rows in flight at once (moe_experts.c): the MoE Compute stage runs in passes of
+ * whole experts whose slots fit this budget (never fewer than a chunk, so one expert, which a
+ * token chooses at most once, always fits), so the copied inputs and the gate/up activations
+ * need not grow with chunk x top_k. */
+#define COLIBRI_MOE_SLOTS 1024
 
 /* Every working buffer, carved from the one arena at init (arena.c). */
 typedef struct {
@@ -23,13 +31,18 @@ typedef struct {
     float *tmp;               /* [chunk, Dp] block output before the residual add */
     float *rope;              /* [chunk, Dh] cos (first Dh/2) and sin (second Dh/2) per token */
     int32_t *pos;             /* [chunk] the position of each row of a pass (colibri_batch) */
+    float *mix;               /* [chunk, mix_floats] a mixer kind's own working values (gated
+                                 attention's gate, gated_deltanet's projections), the largest
+                                 any layer's kind asks for (kinds.h scratch_floats) */
+    size_t mix_floats;
     /* The layers' caches (kinds.h), planned from the layer list: every layer's K rows in one
      * region, then every layer's V rows, float or uint16_t half when kv_f16; cache[l] views
      * layer l's part. */
     void *kcache, *vcache;
     void *kstage, *vstage;    /* [chunk, Hkv*Dh] a pass's K/V rows for layers whose ring is shorter
                                  than the context (kv_staged); none when no layer is */
-    float *state;             /* recurrent kinds' fixed-size states (zeroed at init and reset) */
+    float *state;             /* recurrent kinds' fixed-size states (zeroed at init and reset):
+                                 every layer's state_floats, in layer order */
     size_t state_bytes;
     colibri_layer_cache *cache; /* [L], allocated with the context (not in the arena) */
     int kv_f16;               /* COLIBRI_KV_F16: rounded on write, widened on read (attention.c) */
@@ -41,13 +54,16 @@ typedef struct {
     int32_t *offsets;         /* [E + 1] prefix sums: expert e owns slots offsets[e].. */
     int32_t *fill;            /* [E] */
     int32_t *slot_of;         /* [chunk, K] dispatch slot of (token, choice) */
-    float *xs;                /* [chunk*K, Dp] tokens grouped contiguously per expert */
-    float *gate, *up;         /* [chunk*K, F] */
+    int32_t *slot_tok;        /* [chunk*K] the token row of each slot */
+    int slots;                /* min(chunk*K, max(chunk, COLIBRI_MOE_SLOTS)): rows of xs/gate/up */
+    float *xs;                /* [slots, Dp] one expert pass's slots, grouped per expert */
+    float *gate, *up;         /* [slots, F] */
     float *ys;                /* [chunk*K, Dp] expert outputs, in slot order */
     float *sgate, *sup;       /* [chunk, Fs] shared expert */
     float *sout;              /* [chunk, Dp] */
-    int8_t *xq;               /* [chunk*(K+1), max_cols] int8 activations (int8_activations) */
-    float *xqs;               /* [chunk*(K+1)] their scales */
+    int8_t *xq;               /* [slots + chunk, max_cols] int8 activations (int8_activations):
+                                 rows 0..slots-1 an expert pass's inputs, slots.. the rest */
+    float *xqs;               /* [slots + chunk] their scales */
     float *scratch;           /* [threads, 2 * max_cols] converted weight rows */
     float *scores;            /* [threads, max_seq_len] attention scores */
     size_t max_cols;
@@ -71,6 +87,11 @@ struct colibri_ctx {
     colibri_cuda *cuda;       /* non-NULL when the CUDA backend runs this context */
     char fallback[192];
     char err[512];
+    /* real-time mode (colibri_options) */
+    int cpus[64];             /* opt.cpus, owned (opt.cpus points here) */
+    int memory_locked;
+    size_t locked_bytes;
+    unsigned long long caller_minflt, caller_majflt; /* worker 0's faults inside forward */
 };
 
 /* arena.c: size and carve the buffers for this model, thread count and KV storage. With base

@@ -20,12 +20,12 @@
 _Static_assert(COLIBRI_EMBED_DIM_PAD > 0 && COLIBRI_EMBED_DIM_PAD % 16 == 0,
                "COLIBRI_EMBED_DIM_PAD must be a positive multiple of 16 (docs/format.md)");
 _Static_assert(COLIBRI_TOP_K >= 1 && COLIBRI_TOP_K <= 16, "COLIBRI_TOP_K must be in 1..16");
-_Static_assert(COLIBRI_MAX_EXPERTS >= 1 && COLIBRI_MAX_EXPERTS <= 256,
-               "COLIBRI_MAX_EXPERTS must be in 1..256");
+_Static_assert(COLIBRI_MAX_EXPERTS >= 1 && COLIBRI_MAX_EXPERTS <= 512,
+               "COLIBRI_MAX_EXPERTS must be in 1..512");
 
 /* Format limits (docs/format.md, "Limits enforced by readers"). */
 #define LIM_D 65536u
-#define LIM_E 256u
+#define LIM_E 512u /* Qwen3-Next: 512 routed experts */
 #define LIM_TOPK 16u
 #define LIM_L 1024u
 #define LIM_HEADS 1024u
@@ -81,6 +81,16 @@ static const char *kind_name(uint32_t kind) {
     case COLIBRI_K_SHARED_W3: return "SHARED_W3";
     case COLIBRI_K_SHARED_W2: return "SHARED_W2";
     case COLIBRI_K_SHARED_GATE: return "SHARED_GATE";
+    case COLIBRI_K_ATTN_GATE: return "ATTN_GATE";
+    case COLIBRI_K_DN_QKV: return "DN_QKV";
+    case COLIBRI_K_DN_Z: return "DN_Z";
+    case COLIBRI_K_DN_B: return "DN_B";
+    case COLIBRI_K_DN_A: return "DN_A";
+    case COLIBRI_K_DN_CONV: return "DN_CONV";
+    case COLIBRI_K_DN_A_LOG: return "DN_A_LOG";
+    case COLIBRI_K_DN_DT_BIAS: return "DN_DT_BIAS";
+    case COLIBRI_K_DN_NORM: return "DN_NORM";
+    case COLIBRI_K_DN_OUT: return "DN_OUT";
     default: return NULL;
     }
 }
@@ -97,6 +107,10 @@ static int must_be_f32(uint32_t kind) {
     case COLIBRI_K_ROUTER: case COLIBRI_K_SHARED_GATE: case COLIBRI_K_ATTN_SINKS: case COLIBRI_K_BO:
     case COLIBRI_K_ROUTER_BIAS: case COLIBRI_K_EXPERT_B1: case COLIBRI_K_EXPERT_B3:
     case COLIBRI_K_EXPERT_B2: return 1;
+    /* gated_deltanet: the beta/decay projections feed exp() and the recurrence (as the router
+     * feeds top-k), the rest are small vectors */
+    case COLIBRI_K_DN_B: case COLIBRI_K_DN_A: case COLIBRI_K_DN_CONV: case COLIBRI_K_DN_A_LOG:
+    case COLIBRI_K_DN_DT_BIAS: case COLIBRI_K_DN_NORM: return 1;
     default: return 0;
     }
 }
@@ -150,6 +164,16 @@ static colibri_tensor *slot_for(struct colibri_model *m, uint32_t kind, uint32_t
     case COLIBRI_K_SHARED_W3: return &l->shared_w3;
     case COLIBRI_K_SHARED_W2: return &l->shared_w2;
     case COLIBRI_K_SHARED_GATE: return &l->shared_gate;
+    case COLIBRI_K_ATTN_GATE: return &l->attn_gate;
+    case COLIBRI_K_DN_QKV: return &l->dn_qkv;
+    case COLIBRI_K_DN_Z: return &l->dn_z;
+    case COLIBRI_K_DN_B: return &l->dn_b;
+    case COLIBRI_K_DN_A: return &l->dn_a;
+    case COLIBRI_K_DN_CONV: return &l->dn_conv;
+    case COLIBRI_K_DN_A_LOG: return &l->dn_a_log;
+    case COLIBRI_K_DN_DT_BIAS: return &l->dn_dt_bias;
+    case COLIBRI_K_DN_NORM: return &l->dn_norm;
+    case COLIBRI_K_DN_OUT: return &l->dn_out;
     default: return NULL;
     }
 }
@@ -576,6 +600,8 @@ static const uint32_t layer_tensor_kinds[] = {
     COLIBRI_K_BK, COLIBRI_K_BV, COLIBRI_K_Q_NORM, COLIBRI_K_K_NORM, COLIBRI_K_FFN_NORM,
     COLIBRI_K_ROUTER, COLIBRI_K_ATTN_SINKS, COLIBRI_K_BO, COLIBRI_K_ROUTER_BIAS,
     COLIBRI_K_SHARED_W1, COLIBRI_K_SHARED_W3, COLIBRI_K_SHARED_W2, COLIBRI_K_SHARED_GATE,
+    COLIBRI_K_ATTN_GATE, COLIBRI_K_DN_QKV, COLIBRI_K_DN_Z, COLIBRI_K_DN_B, COLIBRI_K_DN_A,
+    COLIBRI_K_DN_CONV, COLIBRI_K_DN_A_LOG, COLIBRI_K_DN_DT_BIAS, COLIBRI_K_DN_NORM, COLIBRI_K_DN_OUT,
 };
 
 static colibri_status check_complete(struct colibri_model *m, char *why, size_t len) {
@@ -631,7 +657,9 @@ static colibri_status validate(struct colibri_model *m, char *why, size_t len) {
     colibri_status s = parse_header(m, m->base, m->size, why, len);
     if (s) return s;
     if ((s = parse_meta(m, why, len))) return s;
-    uint64_t want = (uint64_t)m->n_layers * (19u + 6u * m->num_experts) + 3u;
+    /* per layer at most 19 attention / moe / gpt-oss kinds and 10 Qwen ones (32: a bound),
+     * three weights and three biases per expert */
+    uint64_t want = (uint64_t)m->n_layers * (32u + 6u * m->num_experts) + 3u;
     if (m->n_tensors > want)
         return fail(why, len, COLIBRI_E_BAD_TENSOR, "n_tensors = %u is more than this geometry has",
                     m->n_tensors);

@@ -36,10 +36,16 @@ enum {
     COLIBRI_K_Q_NORM = 18, COLIBRI_K_K_NORM = 19, COLIBRI_K_FFN_NORM = 20, COLIBRI_K_ROUTER = 21,
     /* gpt-oss (docs/format.md): per-head sink logits, output bias, router bias, expert biases */
     COLIBRI_K_ATTN_SINKS = 22, COLIBRI_K_BO = 23, COLIBRI_K_ROUTER_BIAS = 24,
+    /* Qwen3.5 / Qwen3-Next gated attention: the output gate's projection (mixer flag 8) */
+    COLIBRI_K_ATTN_GATE = 25,
     COLIBRI_K_EXPERT_W1 = 30, COLIBRI_K_EXPERT_W3 = 31, COLIBRI_K_EXPERT_W2 = 32,
     COLIBRI_K_EXPERT_B1 = 33, COLIBRI_K_EXPERT_B3 = 34, COLIBRI_K_EXPERT_B2 = 35,
     COLIBRI_K_SHARED_W1 = 40, COLIBRI_K_SHARED_W3 = 41, COLIBRI_K_SHARED_W2 = 42,
-    COLIBRI_K_SHARED_GATE = 43
+    COLIBRI_K_SHARED_GATE = 43,
+    /* Gated DeltaNet layers (layers/deltanet.c; docs/format.md) */
+    COLIBRI_K_DN_QKV = 50, COLIBRI_K_DN_Z = 51, COLIBRI_K_DN_B = 52, COLIBRI_K_DN_A = 53,
+    COLIBRI_K_DN_CONV = 54, COLIBRI_K_DN_A_LOG = 55, COLIBRI_K_DN_DT_BIAS = 56,
+    COLIBRI_K_DN_NORM = 57, COLIBRI_K_DN_OUT = 58
 };
 
 #define COLIBRI_HEADER_SIZE 256u
@@ -74,6 +80,10 @@ typedef struct {
     colibri_tensor *b1, *b3, *b2;              /* num_experts entries each; data NULL without
                                                   the EXPERT_BIAS flag */
     colibri_tensor shared_w1, shared_w3, shared_w2, shared_gate; /* optional */
+    colibri_tensor attn_gate;                  /* gated attention (mixer flag OUTPUT_GATE) */
+    /* gated_deltanet: input projections (q|k|v, z, beta, decay), the convolution's taps, the
+     * decay parameters, the gated norm's weight, the output projection */
+    colibri_tensor dn_qkv, dn_z, dn_b, dn_a, dn_conv, dn_a_log, dn_dt_bias, dn_norm, dn_out;
 } colibri_layer;
 
 struct colibri_model {
@@ -114,6 +124,7 @@ struct colibri_model {
     int gpu_tried;
     char gpu_why[192];
     pthread_mutex_t gpu_mu;
+    int locked;                   /* lock_memory: the mapping is mlocked (under gpu_mu) */
 };
 
 /* Open, mmap and validate `path`. On failure returns a status with `why` naming the field. */

@@ -37,7 +37,7 @@ static float rndf(uint32_t *s) { return (float)(rnd(s) >> 8) / 16777216.0f * 2.0
 /* ---- top-k ---------------------------------------------------------------------------------- */
 
 static void brute_topk(const float *v, int n, int k, int32_t *idx) {
-    unsigned char used[256] = {0};
+    unsigned char used[COLIBRI_MAX_EXPERTS] = {0};
     for (int i = 0; i < k; i++) {
         int best = -1;
         for (int e = 0; e < n; e++)

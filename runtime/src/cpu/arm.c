@@ -416,6 +416,38 @@ static void neon_quantize(const float *x, size_t n, int8_t *q, float *scale) {
     *scale = s;
 }
 
+/* Attention's value sum (kernel_table.h wsum_rows): 32 outputs at a time in eight registers over
+ * every row, then blocks of 4, then a scalar tail; per output a multiply then an add (vmulq,
+ * vaddq: never fused), row by row in order, as the portable loop. */
+#define NEON_WSUM_STRIP(LOAD4, T)                                                             \
+    for (; d + 32 <= n; d += 32) {                                                            \
+        float32x4_t a[8];                                                                     \
+        for (int k = 0; k < 8; k++) a[k] = vld1q_f32(out + d + 4 * k);                        \
+        for (int i = 0; i < nr; i++) {                                                        \
+            const T *v = (const T *)rows[i] + d;                                              \
+            float32x4_t vw = vdupq_n_f32(w[i]);                                               \
+            for (int k = 0; k < 8; k++) a[k] = vaddq_f32(a[k], vmulq_f32(vw, LOAD4(v + 4 * k))); \
+        }                                                                                     \
+        for (int k = 0; k < 8; k++) vst1q_f32(out + d + 4 * k, a[k]);                         \
+    }                                                                                         \
+    for (; d + 4 <= n; d += 4) {                                                              \
+        float32x4_t a0 = vld1q_f32(out + d);                                                  \
+        for (int i = 0; i < nr; i++)                                                          \
+            a0 = vaddq_f32(a0, vmulq_f32(vdupq_n_f32(w[i]), LOAD4((const T *)rows[i] + d)));  \
+        vst1q_f32(out + d, a0);                                                               \
+    }
+
+static void neon_wsum_rows(float *out, const float *w, const void *const *rows, int nr, size_t n,
+                           int f16) {
+    size_t d = 0;
+    if (f16) {
+        NEON_WSUM_STRIP(NEON_LOAD_F16, uint16_t)
+    } else {
+        NEON_WSUM_STRIP(NEON_LOAD_F32, float)
+    }
+    wsum_rows_tail(out, w, rows, nr, d, n, f16);
+}
+
 void colibri_arm_kernels(colibri_cpu_kernels *k) {
     k->dot[COLIBRI_DT_F32] = neon_dot_f32;
     k->dot[COLIBRI_DT_F16] = neon_dot_f16;
@@ -448,6 +480,7 @@ void colibri_arm_kernels(colibri_cpu_kernels *k) {
 #endif
     (void)feat;
     k->to_f16 = neon_to_f16;
+    k->wsum_rows = neon_wsum_rows;
     k->quantize = neon_quantize;
 }
 #else

@@ -55,6 +55,11 @@ typedef struct {
      * value sum out[i] += w * h[i] (a multiply then an add); NULL: the portable loops */
     void (*to_f16)(const float *x, size_t n, uint16_t *out);
     void (*axpy_f16)(float *out, float w, const uint16_t *h, size_t n);
+    /* attention's value sum (colibri_wsum_rows): out[d] += w[i] * rows[i][d] for i = 0..nr-1 in
+     * order, each term a multiply (of the exactly widened value when f16) then an add, never
+     * fused; NULL: the portable loop */
+    void (*wsum_rows)(float *out, const float *w, const void *const *rows, int nr, size_t n,
+                      int f16);
     /* colibri_quantize_row with colibri_quantize_row_scalar's bits (int8.h); NULL: the scalar */
     void (*quantize)(const float *x, size_t n, int8_t *q, float *scale);
 } colibri_cpu_kernels;
@@ -99,6 +104,17 @@ static inline float q8_scale(float amax, float *inv) {
 static inline int8_t q8_one(float v) {
     v = nearbyintf(v);
     return (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v);
+}
+
+/* The SIMD value sums' last outputs d0..n-1: the portable multiply then add, rows in order. */
+static inline void wsum_rows_tail(float *out, const float *w, const void *const *rows, int nr,
+                                  size_t d0, size_t n, int f16) {
+    for (size_t d = d0; d < n; d++)
+        for (int i = 0; i < nr; i++) {
+            float v = f16 ? half_to_float(((const uint16_t *)rows[i])[d]) : ((const float *)rows[i])[d];
+            float p = w[i] * v; /* its own statement: never contracted into an FMA */
+            out[d] += p;
+        }
 }
 
 #define CVT_F32(v) (v)

@@ -269,6 +269,34 @@ void colibri_axpy_f16(float *out, float w, const uint16_t *h, size_t n) {
     }
 }
 
+void colibri_dot_rows(const float *x, const void *const *rows, int nr, size_t n, int f16,
+                      float *out) {
+    uint32_t dt = f16 ? COLIBRI_DT_F16 : COLIBRI_DT_F32;
+    int i = 0;
+    if (K.dot4[dt])
+        for (; i + 4 <= nr; i += 4) K.dot4[dt](rows + i, x, n, out + i);
+    for (; i < nr; i++) out[i] = K.dot[dt](rows[i], x, n);
+}
+
+void colibri_wsum_rows(float *out, const float *w, const void *const *rows, int nr, size_t n,
+                       int f16) {
+    if (K.wsum_rows) {
+        K.wsum_rows(out, w, rows, nr, n, f16);
+        return;
+    }
+    for (int i = 0; i < nr; i++) {
+        if (f16) {
+            colibri_axpy_f16(out, w[i], (const uint16_t *)rows[i], n);
+            continue;
+        }
+        const float *v = (const float *)rows[i];
+        for (size_t d = 0; d < n; d++) {
+            float p = w[i] * v[d]; /* its own statement: never contracted into an FMA */
+            out[d] += p;
+        }
+    }
+}
+
 /* The int8 activations (int8.h): the family's version, else the scalar one. */
 void colibri_quantize_row(const float *x, size_t n, int8_t *q, float *scale) {
     colibri_kernels_init();

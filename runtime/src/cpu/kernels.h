@@ -45,4 +45,15 @@ float colibri_dot_f16(const uint16_t *h, const float *x, size_t n);
 /* out[i] += w * h[i] (h widened), elementwise: the attention value sum over an f16 cache. */
 void colibri_axpy_f16(float *out, float w, const uint16_t *h, size_t n);
 
+/* Attention over a block of keys (layers/attention.c). Scores: out[i] = colibri_dot_f32(x,
+ * rows[i], n) (f32 rows) or colibri_dot_f16(rows[i], x, n) (f16 rows), bit for bit, for i < nr;
+ * four rows share each load of x where the family has a four-row dot (the same operations per
+ * row; a product's operands commute exactly). Values: out[d] += w[i] * rows[i][d] for i = 0..nr-1
+ * in order, each a multiply then an add, the bits of nr calls of `out[d] += p` with p = w * v
+ * (colibri_axpy_f16 for f16 rows), with out held in registers across the rows. */
+void colibri_dot_rows(const float *x, const void *const *rows, int nr, size_t n, int f16,
+                      float *out);
+void colibri_wsum_rows(float *out, const float *w, const void *const *rows, int nr, size_t n,
+                       int f16);
+
 #endif

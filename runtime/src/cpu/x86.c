@@ -470,6 +470,23 @@ __attribute__((target("avx2,fma,f16c"))) static void avx2_axpy_f16(float *out, f
     }
 }
 
+/* Attention's value sum (kernel_table.h wsum_rows): 64 outputs at a time in eight registers over
+ * every row, then blocks of 8, then a scalar tail; per output the multiply-then-add sequence of
+ * the portable loop, row by row in order. */
+#define AVX2_WSUM_STRIP(LOAD8, T)                                                                 for (; d + 64 <= n; d += 64) {                                                                    __m256 a0 = _mm256_loadu_ps(out + d), a1 = _mm256_loadu_ps(out + d + 8),                             a2 = _mm256_loadu_ps(out + d + 16), a3 = _mm256_loadu_ps(out + d + 24),                       a4 = _mm256_loadu_ps(out + d + 32), a5 = _mm256_loadu_ps(out + d + 40),                       a6 = _mm256_loadu_ps(out + d + 48), a7 = _mm256_loadu_ps(out + d + 56);                for (int i = 0; i < nr; i++) {                                                                    const T *v = (const T *)rows[i] + d;                                                          __m256 vw = _mm256_set1_ps(w[i]);                                                             a0 = _mm256_add_ps(a0, _mm256_mul_ps(vw, LOAD8(v)));                                          a1 = _mm256_add_ps(a1, _mm256_mul_ps(vw, LOAD8(v + 8)));                                      a2 = _mm256_add_ps(a2, _mm256_mul_ps(vw, LOAD8(v + 16)));                                     a3 = _mm256_add_ps(a3, _mm256_mul_ps(vw, LOAD8(v + 24)));                                     a4 = _mm256_add_ps(a4, _mm256_mul_ps(vw, LOAD8(v + 32)));                                     a5 = _mm256_add_ps(a5, _mm256_mul_ps(vw, LOAD8(v + 40)));                                     a6 = _mm256_add_ps(a6, _mm256_mul_ps(vw, LOAD8(v + 48)));                                     a7 = _mm256_add_ps(a7, _mm256_mul_ps(vw, LOAD8(v + 56)));                                 }                                                                                             _mm256_storeu_ps(out + d, a0);                                                                _mm256_storeu_ps(out + d + 8, a1);                                                            _mm256_storeu_ps(out + d + 16, a2);                                                           _mm256_storeu_ps(out + d + 24, a3);                                                           _mm256_storeu_ps(out + d + 32, a4);                                                           _mm256_storeu_ps(out + d + 40, a5);                                                           _mm256_storeu_ps(out + d + 48, a6);                                                           _mm256_storeu_ps(out + d + 56, a7);                                                       }                                                                                             for (; d + 8 <= n; d += 8) {                                                                      __m256 a0 = _mm256_loadu_ps(out + d);                                                         for (int i = 0; i < nr; i++)                                                                      a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_set1_ps(w[i]),                                                                         LOAD8((const T *)rows[i] + d)));                     _mm256_storeu_ps(out + d, a0);                                                            }
+
+__attribute__((target("avx2,fma,f16c"))) static void avx2_wsum_rows(float *out, const float *w,
+                                                                     const void *const *rows,
+                                                                     int nr, size_t n, int f16) {
+    size_t d = 0;
+    if (f16) {
+        AVX2_WSUM_STRIP(AVX_LOAD_F16, uint16_t)
+    } else {
+        AVX2_WSUM_STRIP(AVX_LOAD_F32, float)
+    }
+    wsum_rows_tail(out, w, rows, nr, d, n, f16);
+}
+
 /* ---- int8 activations (int8.h): the scalar quantisation's bits, 16 or 8 values at a time ----
  * max |x| is exact in any order; x * inv, the round to nearest even (vrndscaleps / vroundps with
  * the current rounding mode's nearest, as nearbyintf) and the clamp are elementwise. */
@@ -545,6 +562,7 @@ void colibri_x86_kernels(colibri_cpu_kernels *k) {
         k->tile_q8 = avx2_q8_tile; /* AVX-512 VNNI replaces it below */
         k->to_f16 = avx2_to_f16;
         k->axpy_f16 = avx2_axpy_f16;
+        k->wsum_rows = avx2_wsum_rows;
         k->quantize = avx2_quantize;
         k->name = "avx2";
         if (x86 & COLIBRI_X86_AVX512) {

@@ -834,9 +834,11 @@ static int cb_upload_weights(colibri_cuda_device *cu, CUstream s0, CUevent done[
 }
 
 static int cb_check_model(const struct colibri_model *m, char *why, size_t why_len) {
+    /* the router kernels sort at most COLIBRI_CU_MAX_SORT experts in shared memory (Qwen3-Next's
+     * 512 run on the CPU) */
     if (m->top_k > 16 || m->num_experts > COLIBRI_CU_MAX_SORT || m->num_experts > COLIBRI_MAX_EXPERTS) {
         snprintf(why, why_len, "model routing (E=%u, top_k=%u) exceeds the CUDA kernels' limits "
-                 "(E <= %d, top_k <= 16)", m->num_experts, m->top_k, COLIBRI_MAX_EXPERTS);
+                 "(E <= %d, top_k <= 16)", m->num_experts, m->top_k, COLIBRI_CU_MAX_SORT);
         return -1;
     }
     for (uint32_t l = 0; l < m->n_layers; l++) {
@@ -849,7 +851,20 @@ static int cb_check_model(const struct colibri_model *m, char *why, size_t why_l
             const colibri_layer_kind *mk = m->layers[l].mixer, *fk = m->layers[l].ffn;
             snprintf(why, why_len, "layer %u is %s%s + %s, a layer kind the CUDA backend does not "
                      "run yet (it runs attention + moe)", l, mk ? mk->name : "?",
-                     d->window ? " (window shorter than the context)" : "", fk ? fk->name : "?");
+                     d->mixer == COLIBRI_MIXER_SLIDING_ATTENTION ? " (window shorter than the context)"
+                                                                 : "",
+                     fk ? fk->name : "?");
+            return -1;
+        }
+        /* Qwen3.5 / Qwen3-Next gated attention (output gate, partial RoPE): not in the kernels */
+        if (d->mixer_flags & (COLIBRI_MIXER_FLAG_OUTPUT_GATE | COLIBRI_MIXER_FLAG_PARTIAL_ROPE)) {
+            snprintf(why, why_len, "layer %u is gated attention (%s%s), which the CUDA backend does "
+                     "not run yet", l,
+                     d->mixer_flags & COLIBRI_MIXER_FLAG_OUTPUT_GATE ? "output gate" : "",
+                     d->mixer_flags & COLIBRI_MIXER_FLAG_PARTIAL_ROPE
+                         ? (d->mixer_flags & COLIBRI_MIXER_FLAG_OUTPUT_GATE ? ", partial RoPE"
+                                                                            : "partial RoPE")
+                         : "");
             return -1;
         }
     }

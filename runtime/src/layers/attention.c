@@ -24,22 +24,55 @@
 #include "kinds.h"
 #include "linear.h"
 
+/* head_dim <= 1024 (model.c): at most 512 rotary pairs */
+#define LIM_ROPE_PAIRS 512
+
 /* ---- the format side ------------------------------------------------------------------------ */
 
-/* What both attention kinds require of their record: no parameters, only the flags this runtime
- * defines (sinks, output bias), a window only for the sliding kind. */
-static colibri_status check_mixer(const colibri_layer_desc *d, uint32_t l, const char *name,
-                                 int window_allowed, char *why, size_t len) {
-    for (int i = 0; i < 4; i++)
-        if (d->mixer_params[i])
+/* ---- Qwen3.5 / Qwen3-Next gated attention (mixer flags 8..15) ------------------------------ *
+ * OUTPUT_GATE: the attention output is multiplied by sigmoid(ATTN_GATE h) before WO (transformers'
+ * Qwen3NextAttention: q_proj's second half per head, stored apart by the converter).
+ * PARTIAL_ROPE: only the first R = mixer_params[0] lanes of each head rotate, pairing lane i with
+ * i + R/2 at frequency theta^(-2i/R) (partial_rotary_factor; Qwen3.5 and Qwen3-Next: R = Dh/4). */
+#define QWEN_ATTENTION_FLAGS (COLIBRI_MIXER_FLAG_OUTPUT_GATE | COLIBRI_MIXER_FLAG_PARTIAL_ROPE)
+
+static uint32_t rotary_width(const struct colibri_model *m, const colibri_layer_desc *d) {
+    return (d->mixer_flags & COLIBRI_MIXER_FLAG_PARTIAL_ROPE) ? d->mixer_params[0] : m->head_dim;
+}
+
+/* The rotary width of PARTIAL_ROPE: even, 2..Dh. */
+static colibri_status qwen_check(const struct colibri_model *m, const colibri_layer_desc *d,
+                                 uint32_t l, const char *name, char *why, size_t len) {
+    uint32_t r = d->mixer_params[0];
+    if ((d->mixer_flags & COLIBRI_MIXER_FLAG_PARTIAL_ROPE) && (r < 2 || r > m->head_dim || r % 2))
+        return fail(why, len, COLIBRI_E_BAD_LAYER,
+                    "layer %u (%s): mixer_params[0] = %u, the rotary width of PARTIAL_ROPE must be "
+                    "even and in 2..head_dim (%u)", l, name, r, m->head_dim);
+    return COLIBRI_OK;
+}
+/* ---- end of the Qwen block ------------------------------------------------------------------ */
+
+/* What both attention kinds require of their record: only the flags this runtime defines
+ * (gpt-oss's sinks and output bias, Qwen's gate and partial RoPE), parameters only where a flag
+ * defines them, a window only for the sliding kind. */
+static colibri_status check_mixer(const struct colibri_model *m, const colibri_layer_desc *d,
+                                  uint32_t l, const char *name, int window_allowed, char *why,
+                                  size_t len) {
+    const uint32_t known = COLIBRI_MIXER_KNOWN_FLAGS | QWEN_ATTENTION_FLAGS;
+    colibri_status s;
+    for (int i = 0; i < 4; i++) {
+        int used = i == 0 && (d->mixer_flags & COLIBRI_MIXER_FLAG_PARTIAL_ROPE);
+        if (d->mixer_params[i] && !used)
             return fail(why, len, COLIBRI_E_BAD_LAYER,
                         "layer %u (%s): mixer_params[%d] = %u, must be 0", l, name, i,
                         d->mixer_params[i]);
-    if (d->mixer_flags & ~COLIBRI_MIXER_KNOWN_FLAGS)
+    }
+    if (d->mixer_flags & ~known)
         return fail(why, len, COLIBRI_E_UNSUPPORTED,
                     "layer %u (%s): mixer_flags = 0x%x has bits 0x%x this runtime does not define "
                     "(a newer format feature: update the runtime)", l, name, d->mixer_flags,
-                    d->mixer_flags & ~COLIBRI_MIXER_KNOWN_FLAGS);
+                    d->mixer_flags & ~known);
+    if ((s = qwen_check(m, d, l, name, why, len))) return s;
     if (!window_allowed && d->window)
         return fail(why, len, COLIBRI_E_BAD_LAYER,
                     "layer %u (%s): window = %u, must be 0 for full attention", l, name, d->window);
@@ -48,7 +81,7 @@ static colibri_status check_mixer(const colibri_layer_desc *d, uint32_t l, const
 
 colibri_status colibri_attention_validate(const struct colibri_model *m, uint32_t l, char *why,
                                           size_t len) {
-    return check_mixer(&m->layers[l].desc, l, "attention", 0, why, len);
+    return check_mixer(m, &m->layers[l].desc, l, "attention", 0, why, len);
 }
 
 colibri_status colibri_sliding_validate(const struct colibri_model *m, uint32_t l, char *why,
@@ -57,7 +90,7 @@ colibri_status colibri_sliding_validate(const struct colibri_model *m, uint32_t 
     if (d->window == 0)
         return fail(why, len, COLIBRI_E_BAD_LAYER,
                     "layer %u (sliding_attention): window = 0, must be at least 1", l);
-    return check_mixer(d, l, "sliding_attention", 1, why, len);
+    return check_mixer(m, d, l, "sliding_attention", 1, why, len);
 }
 
 int colibri_attention_tensor(const struct colibri_model *m, uint32_t l, uint32_t tk,
@@ -68,6 +101,8 @@ int colibri_attention_tensor(const struct colibri_model *m, uint32_t l, uint32_t
     case COLIBRI_K_ATTN_SINKS: *rows = 1; *cols = m->n_heads; return (mf & COLIBRI_MIXER_SINKS) != 0;
     case COLIBRI_K_BO: *rows = 1; *cols = dp; return (mf & COLIBRI_MIXER_O_BIAS) != 0;
     case COLIBRI_K_ATTN_NORM: *rows = 1; *cols = dp; return 1;
+    case COLIBRI_K_ATTN_GATE: *rows = qd; *cols = dp;
+        return (m->layers[l].desc.mixer_flags & COLIBRI_MIXER_FLAG_OUTPUT_GATE) != 0;
     case COLIBRI_K_WQ: *rows = qd; *cols = dp; return 1;
     case COLIBRI_K_WK: case COLIBRI_K_WV: *rows = kvd; *cols = dp; return 1;
     case COLIBRI_K_WO: *rows = dp; *cols = qd; return 1;
@@ -83,10 +118,17 @@ int colibri_attention_tensor(const struct colibri_model *m, uint32_t l, uint32_t
     }
 }
 
+/* The output gate's values of a pass live in the arena's mixer scratch (H*Dh per token). */
+static size_t gate_floats(const struct colibri_model *m, uint32_t l) {
+    return (m->layers[l].desc.mixer_flags & COLIBRI_MIXER_FLAG_OUTPUT_GATE)
+               ? (size_t)m->n_heads * m->head_dim
+               : 0;
+}
+
 void colibri_attention_cache(const struct colibri_model *m, uint32_t l, colibri_cache_need *need) {
-    (void)l;
     memset(need, 0, sizeof *need);
     need->kv_positions = m->max_seq_len;
+    need->scratch_floats = gate_floats(m, l);
 }
 
 /* A ring of W rows; a window that covers the context is a full cache (and computes as one). */
@@ -95,6 +137,7 @@ void colibri_sliding_cache(const struct colibri_model *m, uint32_t l, colibri_ca
     memset(need, 0, sizeof *need);
     need->kv_positions = w < m->max_seq_len ? w : m->max_seq_len;
     need->kv_staged = w < m->max_seq_len;
+    need->scratch_floats = gate_floats(m, l);
 }
 
 /* ---- the forward step ----------------------------------------------------------------------- */
@@ -106,6 +149,22 @@ static void rope_apply(float *v, int heads, int dh, const float *cs) {
         float *x = v + (size_t)hh * dh;
         for (int i = 0; i < half; i++) {
             float x1 = x[i], x2 = x[i + half], c = cs[i], s = cs[half + i];
+            x[i] = x1 * c - x2 * s;
+            x[i + half] = x2 * c + x1 * s;
+        }
+    }
+}
+
+/* PARTIAL_ROPE: rotate-half on the first r lanes of each head (pair i with i + r/2), angle
+ * p * inv[i] in double as the full-width tables (forward.c); lanes r.. pass through. */
+static void rope_partial(float *v, int heads, int dh, int r, const double *inv, int32_t p) {
+    int half = r / 2;
+    for (int i = 0; i < half; i++) {
+        double a = (double)p * inv[i];
+        float c = (float)cos(a), s = (float)sin(a);
+        for (int hh = 0; hh < heads; hh++) {
+            float *x = v + (size_t)hh * dh;
+            float x1 = x[i], x2 = x[i + half];
             x[i] = x1 * c - x2 * s;
             x[i + half] = x2 * c + x1 * s;
         }
@@ -144,6 +203,8 @@ static inline const void *kv_row(const kv_rows *r, int s, int slot) {
 
 static inline int wrap(int slot, int R) { return slot == R ? 0 : slot; }
 
+#define ATT_BLOCK 64 /* keys per block: their K or V row pointers, gathered on the stack */
+
 static void att_task(void *arg, int t, int nt) {
     att_job *job = arg;
     colibri_ctx *ctx = job->ctx;
@@ -159,6 +220,7 @@ static void att_task(void *arg, int t, int nt) {
     const kv_rows vs = {c->v, b->vstage, c->kv_staged, p0, row};
     float *sc = b->scores + (size_t)t * m->max_seq_len;
     float scale = 1.0f / sqrtf((float)dh);
+    size_t esz = b->kv_f16 ? sizeof(uint16_t) : sizeof(float);
     /* attention sinks (gpt-oss): head h's learned logit joins the softmax's max and sum, and
      * gets no value row (transformers' eager_attention_forward drops its column) */
     const float *sinks = m->layers[job->layer].attn_sinks.data;
@@ -170,12 +232,19 @@ static void att_task(void *arg, int t, int nt) {
         int first = job->window && (int64_t)p - job->window + 1 > 0 ? p - (int)job->window + 1 : 0;
         int keys = p - first + 1, slot0 = first % R;
         const float *q = b->q + j * qd + hh * dh;
+        /* Blocks of keys (kernels.h colibri_dot_rows / colibri_wsum_rows): each score is the
+         * one-key dot, bit for bit, and each output the same multiply-then-add sequence over the
+         * keys in order, so only the loads are shared (prefill == decode). */
+        const void *rp[ATT_BLOCK];
+        for (int i0 = 0, s = first, slot = slot0; i0 < keys; i0 += ATT_BLOCK) {
+            int nb = keys - i0 < ATT_BLOCK ? keys - i0 : ATT_BLOCK;
+            for (int i = 0; i < nb; i++, s++, slot = wrap(slot + 1, R))
+                rp[i] = (const uint8_t *)kv_row(&ks, s, slot) + g * dh * esz;
+            colibri_dot_rows(q, rp, nb, dh, b->kv_f16, sc + i0);
+        }
         float mx = -INFINITY;
-        for (int i = 0, s = first, slot = slot0; i < keys; i++, s++, slot = wrap(slot + 1, R)) {
-            const void *kr = kv_row(&ks, s, slot);
-            sc[i] = (b->kv_f16 ? colibri_dot_f16((const uint16_t *)kr + g * dh, q, dh)
-                               : colibri_dot_f32(q, (const float *)kr + g * dh, dh)) *
-                    scale;
+        for (int i = 0; i < keys; i++) {
+            sc[i] *= scale;
             mx = fmaxf(mx, sc[i]);
         }
         if (sinks) mx = fmaxf(mx, sinks[hh]);
@@ -186,17 +255,14 @@ static void att_task(void *arg, int t, int nt) {
         }
         if (sinks) sum += expf(sinks[hh] - mx);
         float inv = 1.0f / sum;
+        for (int i = 0; i < keys; i++) sc[i] *= inv;
         float *out = b->att + j * qd + hh * dh;
         memset(out, 0, dh * sizeof(float));
-        for (int i = 0, s = first, slot = slot0; i < keys; i++, s++, slot = wrap(slot + 1, R)) {
-            const void *vr = kv_row(&vs, s, slot);
-            float w = sc[i] * inv;
-            if (b->kv_f16) /* widened exactly, same multiply-then-add per element */
-                colibri_axpy_f16(out, w, (const uint16_t *)vr + g * dh, dh);
-            else {
-                const float *v = (const float *)vr + g * dh;
-                for (size_t d = 0; d < dh; d++) out[d] += w * v[d];
-            }
+        for (int i0 = 0, s = first, slot = slot0; i0 < keys; i0 += ATT_BLOCK) {
+            int nb = keys - i0 < ATT_BLOCK ? keys - i0 : ATT_BLOCK;
+            for (int i = 0; i < nb; i++, s++, slot = wrap(slot + 1, R))
+                rp[i] = (const uint8_t *)kv_row(&vs, s, slot) + g * dh * esz;
+            colibri_wsum_rows(out, sc + i0, rp, nb, dh, b->kv_f16);
         }
     }
 }
@@ -214,11 +280,18 @@ void colibri_attention_forward(colibri_ctx *ctx, int l, const colibri_batch *bt)
         colibri_rmsnorm(b->h + j * dp, b->x + j * dp, ly->attn_norm.data, m->embed_dim, dp,
                         m->norm_eps);
 
-    colibri_mm_job job = {.ctx = ctx};
+    colibri_mm_job job;
+    colibri_mm_init(&job, ctx);
     colibri_mm_add(&job, &ly->wq, b->h, dp, n, b->q, qd, 0);
     colibri_mm_add(&job, &ly->wk, b->h, dp, n, b->k, kvd, 0);
     colibri_mm_add(&job, &ly->wv, b->h, dp, n, b->v, kvd, 0);
+    const int gated = (ly->desc.mixer_flags & COLIBRI_MIXER_FLAG_OUTPUT_GATE) != 0;
+    if (gated) colibri_mm_add(&job, &ly->attn_gate, b->h, dp, n, b->mix, qd, 0); /* Qwen */
     colibri_mm_run(&job);
+    /* Qwen's partial RoPE: the frequencies of the rotary width, once per pass */
+    const int rw = (int)rotary_width(m, &ly->desc);
+    double inv[LIM_ROPE_PAIRS];
+    for (int i = 0; rw < (int)dh && i < rw / 2; i++) inv[i] = pow((double)m->rope_theta, -2.0 * i / rw);
 
     for (int j = 0; j < n; j++) {
         float *q = b->q + j * qd, *k = b->k + j * kvd, *v = b->v + j * kvd;
@@ -233,9 +306,14 @@ void colibri_attention_forward(colibri_ctx *ctx, int l, const colibri_batch *bt)
             qk_norm(q, (int)H, (int)dh, &ly->q_norm, per_head, m->norm_eps);
             qk_norm(k, (int)Hkv, (int)dh, &ly->k_norm, per_head, m->norm_eps);
         }
-        const float *cs = b->rope + j * dh;
-        rope_apply(q, (int)H, (int)dh, cs);
-        rope_apply(k, (int)Hkv, (int)dh, cs);
+        if (rw < (int)dh) {
+            rope_partial(q, (int)H, (int)dh, rw, inv, bt->pos[j]);
+            rope_partial(k, (int)Hkv, (int)dh, rw, inv, bt->pos[j]);
+        } else {
+            const float *cs = b->rope + j * dh;
+            rope_apply(q, (int)H, (int)dh, cs);
+            rope_apply(k, (int)Hkv, (int)dh, cs);
+        }
         /* The cache holds what attention reads, for this token too, so prefill and decode
          * see the same (rounded) keys and values: its row, or its row of the stage. */
         size_t at = c->kv_staged ? (size_t)j : (size_t)bt->pos[j] % c->kv_positions;
@@ -260,7 +338,12 @@ void colibri_attention_forward(colibri_ctx *ctx, int l, const colibri_batch *bt)
         memcpy((uint8_t *)c->v + slot * row, (const uint8_t *)b->vstage + (size_t)j * row, row);
     }
 
-    colibri_mm_job out = {.ctx = ctx};
+    /* Qwen's output gate: attention output times sigmoid(gate), per value, before WO */
+    for (size_t i = 0; gated && i < (size_t)n * qd; i++)
+        b->att[i] *= 1.0f / (1.0f + expf(-b->mix[i]));
+
+    colibri_mm_job out;
+    colibri_mm_init(&out, ctx);
     colibri_mm_add(&out, &ly->wo, b->att, qd, n, b->tmp, dp, 0);
     colibri_mm_run(&out);
     if (ly->bo.data) { /* o_proj's bias (gpt-oss): x += (WO a + bo) */

@@ -38,7 +38,8 @@ void colibri_cpu_forward_chunk(colibri_ctx *ctx, const int32_t *ids, int n, floa
         for (int j = j0; j < n; j++)
             colibri_rmsnorm(b->h + j * dp, b->x + j * dp, m->output_norm.data, m->embed_dim, dp,
                             m->norm_eps);
-        colibri_mm_job head = {.ctx = ctx};
+        colibri_mm_job head;
+        colibri_mm_init(&head, ctx);
         colibri_mm_add(&head, &m->lm_head, b->h + (size_t)j0 * dp, dp, n - j0, logits, V, 0);
         colibri_mm_run(&head);
     }

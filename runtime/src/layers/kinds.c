@@ -6,6 +6,8 @@ static const colibri_layer_kind mixers[] = {
      colibri_attention_cache, colibri_attention_forward},
     {COLIBRI_MIXER_SLIDING_ATTENTION, "sliding_attention", colibri_sliding_validate,
      colibri_attention_tensor, colibri_sliding_cache, colibri_attention_forward},
+    {COLIBRI_MIXER_GATED_DELTANET, "gated_deltanet", colibri_deltanet_validate,
+     colibri_deltanet_tensor, colibri_deltanet_cache, colibri_deltanet_forward},
 };
 
 static const colibri_layer_kind ffns[] = {

@@ -20,7 +20,17 @@
 /* Layer record field `mixer` (docs/format.md). 0 is never a kind: a zeroed record is refused. */
 enum {
     COLIBRI_MIXER_ATTENTION = 1,         /* causal grouped-query attention over every position */
-    COLIBRI_MIXER_SLIDING_ATTENTION = 2  /* the same over the last `window` positions */
+    COLIBRI_MIXER_SLIDING_ATTENTION = 2, /* the same over the last `window` positions */
+    COLIBRI_MIXER_GATED_DELTANET = 3     /* Gated DeltaNet linear attention (Qwen3.5, Qwen3-Next):
+                                            a short causal convolution over the last `window`
+                                            positions and a fixed-size recurrent state */
+};
+/* Layer record field `mixer_flags` of the attention kinds: bits 0..7 gpt-oss (bit 0 sinks),
+ * bits 8..15 Qwen3.5 / Qwen3-Next (docs/format.md, "Layer table"). */
+enum {
+    COLIBRI_MIXER_FLAG_OUTPUT_GATE = 1u << 8,  /* attention output times sigmoid(ATTN_GATE h) */
+    COLIBRI_MIXER_FLAG_PARTIAL_ROPE = 1u << 9  /* RoPE on the first mixer_params[0] lanes of a
+                                                  head only, frequencies over that width */
 };
 /* Layer record field `ffn`. */
 enum { COLIBRI_FFN_MOE = 1 /* routed experts (+ the shared expert when the header says so) */ };
@@ -44,9 +54,13 @@ enum {
  * have no table, read as {ATTENTION, MOE, 0, ...} for every layer. */
 typedef struct {
     uint32_t mixer, ffn;
-    uint32_t window;          /* sliding kinds: W positions (a token at p sees max(0, p-W+1)..p) */
-    uint32_t mixer_flags;     /* COLIBRI_MIXER_* bits (attention sinks, output bias) */
-    uint32_t mixer_params[4]; /* per-kind parameters; zero for both attention kinds */
+    uint32_t window;          /* sliding kinds: W positions (a token at p sees max(0, p-W+1)..p);
+                                 gated_deltanet: the convolution's kernel width (p-W+1..p) */
+    uint32_t mixer_flags;     /* attention kinds: COLIBRI_MIXER_* bits 0..7 (sinks, output bias),
+                                 COLIBRI_MIXER_FLAG_* bits 8..15 (Qwen's gate, partial RoPE) */
+    uint32_t mixer_params[4]; /* per-kind parameters: attention: [0] the rotary width with
+                                 PARTIAL_ROPE; gated_deltanet: key heads, value heads, key head
+                                 dim, value head dim (`window` is its convolution's width) */
     uint32_t ffn_params[4];   /* MOE: [0] COLIBRI_MOE_* bits, [1..2] SwiGLU alpha/limit (f32) */
 } colibri_layer_desc;
 
@@ -58,6 +72,11 @@ typedef struct {
                               tokens' K/V to the arena's stage first and commits them after
                               attention (so a chunk never overwrites rows it still reads) */
     size_t state_floats;   /* a fixed-size recurrent state (f32); 0 for the attention kinds */
+    /* What a pass of the kind needs besides the chunk buffers (not per sequence, shared by every
+     * layer: the arena holds the largest): */
+    size_t scratch_floats; /* working floats per token of a pass (the arena's `mix` buffer) */
+    size_t in_cols;        /* the widest input row of its matrices (0: none wider than the
+                              chunk buffers'; sizes the per-thread weight-row scratch) */
 } colibri_cache_need;
 
 /* One layer's cache in one sequence: views into the arena. */
@@ -112,6 +131,14 @@ int colibri_attention_tensor(const struct colibri_model *m, uint32_t l, uint32_t
 void colibri_attention_cache(const struct colibri_model *m, uint32_t l, colibri_cache_need *need);
 void colibri_sliding_cache(const struct colibri_model *m, uint32_t l, colibri_cache_need *need);
 void colibri_attention_forward(struct colibri_ctx *ctx, int l, const colibri_batch *bt);
+
+/* deltanet.c: Gated DeltaNet (Qwen3.5 / Qwen3-Next linear attention, docs/runtime.md) */
+colibri_status colibri_deltanet_validate(const struct colibri_model *m, uint32_t l, char *why,
+                                         size_t len);
+int colibri_deltanet_tensor(const struct colibri_model *m, uint32_t l, uint32_t tk,
+                            uint32_t *rows, uint32_t *cols);
+void colibri_deltanet_cache(const struct colibri_model *m, uint32_t l, colibri_cache_need *need);
+void colibri_deltanet_forward(struct colibri_ctx *ctx, int l, const colibri_batch *bt);
 
 /* moe.c: the four MoE stages (preprocess, route, dispatch, compute) */
 colibri_status colibri_moe_validate(const struct colibri_model *m, uint32_t l, char *why,

@@ -33,6 +33,13 @@ typedef struct {
     colibri_mm_seg seg[2 * COLIBRI_MAX_EXPERTS + 4];
 } colibri_mm_job;
 
+/* An empty job. Not `= {.ctx = ctx}`: that would zero every segment slot (74 KiB with 512
+ * experts) on each of a layer's jobs, a measurable share of a small model's decode. */
+static inline void colibri_mm_init(colibri_mm_job *job, colibri_ctx *ctx) {
+    job->ctx = ctx;
+    job->nseg = 0;
+}
+
 /* Add a segment: n rows of x (stride ldx) through w into y (stride ldy). With int8 activations
  * (ctx->use_q8 and int8/q4 weights) its input rows are quantised into xq rows [qrow, qrow + n)
  * here, so segments that run in the same job need disjoint qrow ranges. */

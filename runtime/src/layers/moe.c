@@ -11,15 +11,10 @@
 #include "cpu/kernels.h"
 #include "kinds.h"
 #include "linear.h"
+#include "moe_experts.h"
 #include "route.h"
 
 /* ---- the format side ------------------------------------------------------------------------ */
-
-static float f32_of(uint32_t u) {
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
 
 /* ffn_params[0]: the COLIBRI_MOE_* bits this runtime has; [1], [2]: the clamped SwiGLU's alpha
  * and limit (finite, > 0) when its bit is set, else 0; [3]: 0. */
@@ -35,7 +30,7 @@ colibri_status colibri_moe_validate(const struct colibri_model *m, uint32_t l, c
     int swiglu = (f & COLIBRI_MOE_CLAMPED_SWIGLU) != 0;
     for (int i = 1; i < 4; i++) {
         if (swiglu && i < 3) {
-            float v = f32_of(d->ffn_params[i]);
+            float v = colibri_f32_of(d->ffn_params[i]);
             if (!(isfinite(v) && v > 0.0f))
                 return fail(why, len, COLIBRI_E_BAD_LAYER,
                             "layer %u (moe): ffn_params[%d] (SwiGLU %s) = %g, must be finite and > 0",
@@ -78,25 +73,6 @@ void colibri_moe_cache(const struct colibri_model *m, uint32_t l, colibri_cache_
 
 /* ---- the forward step ----------------------------------------------------------------------- */
 
-static float silu(float v) { return v / (1.0f + expf(-v)); }
-
-/* gpt-oss's activation (transformers' GptOssExperts._apply_gate): the gate clamped above at
- * `limit`, the up projection to [-limit, limit], (up + 1) * gate * sigmoid(alpha * gate). */
-static void clamped_swiglu(float *gate, const float *up, size_t n, float alpha, float limit) {
-    for (size_t i = 0; i < n; i++) {
-        float g = gate[i] > limit ? limit : gate[i];
-        float u = up[i] > limit ? limit : up[i] < -limit ? -limit : up[i];
-        float glu = g * (1.0f / (1.0f + expf(-(g * alpha))));
-        gate[i] = (u + 1.0f) * glu;
-    }
-}
-
-/* rows [0, count) of y (stride ld) += bias[0..width) */
-static void add_bias(float *y, size_t ld, int count, const float *bias, size_t width) {
-    for (int r = 0; r < count; r++)
-        for (size_t i = 0; i < width; i++) y[(size_t)r * ld + i] += bias[i];
-}
-
 #ifdef COLIBRI_DEBUG
 static void record_routing(colibri_ctx *ctx, int l, const colibri_batch *bt) {
     const struct colibri_model *m = ctx->model;
@@ -119,8 +95,8 @@ void colibri_moe_forward(colibri_ctx *ctx, int l, const colibri_batch *bt) {
     const colibri_layer *ly = &m->layers[l];
     colibri_buffers *b = &ctx->b;
     int n = bt->n;
-    size_t dp = m->embed_dim_pad, E = m->num_experts, K = m->top_k, F = m->expert_size;
-    size_t Fs = m->shared_expert_size, T = (size_t)b->chunk;
+    size_t dp = m->embed_dim_pad, E = m->num_experts, K = m->top_k;
+    size_t Fs = m->shared_expert_size;
 
     /* Preprocess: the block input, normalised once for the router and every expert. */
     for (int j = 0; j < n; j++)
@@ -129,7 +105,7 @@ void colibri_moe_forward(colibri_ctx *ctx, int l, const colibri_batch *bt) {
 
     /* Route: router logits (f32 weights) then top-k per token. */
     colibri_rows_dot(&ly->router, 0, (uint32_t)E, b->h, n, dp, b->router, E, b->scratch);
-    if (ly->router_bias.data) add_bias(b->router, E, n, ly->router_bias.data, E);
+    if (ly->router_bias.data) colibri_add_bias(b->router, E, n, ly->router_bias.data, E);
     for (int j = 0; j < n; j++)
         colibri_route_token(b->router + j * E, (int)E, (int)K,
                             m->routing == COLIBRI_WEIGHTS_RENORM, b->topk_idx + j * K,
@@ -138,8 +114,8 @@ void colibri_moe_forward(colibri_ctx *ctx, int l, const colibri_batch *bt) {
     record_routing(ctx, l, bt);
 #endif
 
-    /* Dispatch: count per expert, prefix offsets, copy each token's row into its experts'
-     * contiguous groups (tokens in ascending order inside a group). */
+    /* Dispatch: count per expert, prefix offsets, each (token, choice) its slot in its
+     * expert's contiguous group (tokens in ascending order inside a group). */
     memset(b->counts, 0, E * sizeof(int32_t));
     for (size_t i = 0; i < (size_t)n * K; i++) b->counts[b->topk_idx[i]]++;
     b->offsets[0] = 0;
@@ -152,49 +128,12 @@ void colibri_moe_forward(colibri_ctx *ctx, int l, const colibri_batch *bt) {
             int32_t e = b->topk_idx[j * K + i];
             int32_t slot = b->offsets[e] + b->fill[e]++;
             b->slot_of[j * K + i] = slot;
-            memcpy(b->xs + (size_t)slot * dp, b->h + j * dp, dp * sizeof(float));
+            b->slot_tok[slot] = j;
         }
 
-    /* Compute: gate and up projections of every active expert's group (and the shared
-     * expert) in one parallel job, SwiGLU, then the down projections in a second job. */
-    colibri_mm_job up = {.ctx = ctx};
-    for (size_t e = 0; e < E; e++) {
-        int c = b->counts[e];
-        if (!c) continue;
-        size_t off = (size_t)b->offsets[e];
-        colibri_mm_add(&up, &ly->w1[e], b->xs + off * dp, dp, c, b->gate + off * F, F, off);
-        colibri_mm_add(&up, &ly->w3[e], b->xs + off * dp, dp, c, b->up + off * F, F, off);
-    }
-    if (Fs) {
-        colibri_mm_add(&up, &ly->shared_w1, b->h, dp, n, b->sgate, Fs, T * K);
-        colibri_mm_add(&up, &ly->shared_w3, b->h, dp, n, b->sup, Fs, T * K);
-    }
-    colibri_mm_run(&up);
-
-    const uint32_t fp = ly->desc.ffn_params[0];
-    for (size_t e = 0; ly->b1[0].data && e < E; e++) { /* expert biases (gpt-oss) */
-        size_t off = (size_t)b->offsets[e];
-        add_bias(b->gate + off * F, F, b->counts[e], ly->b1[e].data, F);
-        add_bias(b->up + off * F, F, b->counts[e], ly->b3[e].data, F);
-    }
-    if (fp & COLIBRI_MOE_CLAMPED_SWIGLU)
-        clamped_swiglu(b->gate, b->up, (size_t)n * K * F, f32_of(ly->desc.ffn_params[1]),
-                       f32_of(ly->desc.ffn_params[2]));
-    else
-        for (size_t i = 0; i < (size_t)n * K * F; i++) b->gate[i] = silu(b->gate[i]) * b->up[i];
-    for (size_t i = 0; i < (size_t)n * Fs; i++) b->sgate[i] = silu(b->sgate[i]) * b->sup[i];
-
-    colibri_mm_job down = {.ctx = ctx};
-    for (size_t e = 0; e < E; e++) {
-        int c = b->counts[e];
-        if (!c) continue;
-        size_t off = (size_t)b->offsets[e];
-        colibri_mm_add(&down, &ly->w2[e], b->gate + off * F, F, c, b->ys + off * dp, dp, off);
-    }
-    if (Fs) colibri_mm_add(&down, &ly->shared_w2, b->sgate, Fs, n, b->sout, dp, T * K);
-    colibri_mm_run(&down);
-    for (size_t e = 0; ly->b2[0].data && e < E; e++)
-        add_bias(b->ys + (size_t)b->offsets[e] * dp, dp, b->counts[e], ly->b2[e].data, dp);
+    /* Compute: every active expert's SwiGLU FFN over its group, expert-major (moe_experts.c),
+     * and the shared expert; the outputs land in ys (slot order) and sout. */
+    colibri_moe_experts(ctx, ly, n);
 
     /* Combine in a fixed order: choice 0..K-1 of each token, then the shared expert. */
     for (int j = 0; j < n; j++) {
