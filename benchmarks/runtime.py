@@ -11,6 +11,9 @@ checkpoints of real layer shapes.
    with Qwen3-30B-A3B's published config.json (hidden 2048, 32 / 4 heads of 128, q/k norm, 128
    experts top-8, expert FFN 768, vocab 151,936, rope 1e6) and `--layers` of its 48 layers (4 by
    default: what a 23 GiB, 2-core machine converts in minutes), saved in bf16 as published;
+   `--shape gpt-oss-20b` a GptOssForCausalLM with gpt-oss-20b's released config.json and layout
+   (mxfp4 expert blocks, bf16 elsewhere, the o200k_harmony tokenizer; gptoss_checkpoint), compared
+   with llama.cpp's MXFP4_MOE types (`--dtypes int8`; docs/runtime.md, "gpt-oss-20b shape");
 2. converts it with `colibri_kit.model.convert` for the host target, once per dtype;
 3. builds dist/host/bin/colibri (the kit's host build) and runs `colibri bench --json`;
 4. runs transformers on the same checkpoint, prompt and thread count (f32, KV cache, greedy);
