@@ -11,6 +11,9 @@ checkpoints of real layer shapes.
    with Qwen3-30B-A3B's published config.json (hidden 2048, 32 / 4 heads of 128, q/k norm, 128
    experts top-8, expert FFN 768, vocab 151,936, rope 1e6) and `--layers` of its 48 layers (4 by
    default: what a 23 GiB, 2-core machine converts in minutes), saved in bf16 as published;
+   `--shape gpt-oss-20b` a GptOssForCausalLM with gpt-oss-20b's released config.json and layout
+   (mxfp4 expert blocks, bf16 elsewhere, the o200k_harmony tokenizer; gptoss_checkpoint), compared
+   with llama.cpp's MXFP4_MOE types (`--dtypes int8`; docs/runtime.md, "gpt-oss-20b shape");
 2. converts it with `colibri_kit.model.convert` for the host target, once per dtype;
 3. builds dist/host/bin/colibri (the kit's host build) and runs `colibri bench --json`;
 4. runs transformers on the same checkpoint, prompt and thread count (f32, KV cache, greedy);
@@ -53,6 +56,12 @@ class Shape:
     config: dict
     layers: int  # default --layers
     dtype: str  # torch dtype the checkpoint is saved in
+    # "" = built and saved by transformers; "mxfp4" = written as the family releases it (gpt-oss:
+    # mxfp4 expert blocks, bf16 elsewhere; see gptoss_checkpoint)
+    released: str = ""
+    # the shape's own colibri -> llama.cpp pairs (label, GGUF type, decode goal, prefill goal);
+    # None: pairs() by weight type
+    llama_pairs: tuple[tuple[str, str, float, float], ...] | None = None
 
 
 SHAPES = {
@@ -71,6 +80,23 @@ SHAPES = {
         vocab_size=151936, max_position_embeddings=40960, rope_theta=1000000.0,
         rms_norm_eps=1e-6, attention_bias=False, tie_word_embeddings=False,
         bos_token_id=151643, eos_token_id=151645), layers=4, dtype="bfloat16"),
+    # openai/gpt-oss-20b's config.json as released (hidden 2880, 64 Q / 8 KV heads of 64, 32
+    # experts top-4 of width 2880, sliding window 128 on alternate layers, attention sinks, q/k/v/o
+    # biases, YaRN x32 over 4096, clamped SwiGLU, o200k_harmony vocabulary 201,088; the same values
+    # as tests/test_gptoss.py's GPT_OSS_20B): only the layer count is ours (24 released; each
+    # layer is ~0.45 GB of mxfp4 experts, the embedding and LM head 2.3 GB in bf16).
+    "gpt-oss-20b": Shape("gpt-oss-20b", "GptOssForCausalLM", "GptOssConfig", dict(
+        architectures=["GptOssForCausalLM"], model_type="gpt_oss", attention_bias=True, head_dim=64,
+        hidden_act="silu", hidden_size=2880, intermediate_size=2880, max_position_embeddings=131072,
+        num_attention_heads=64, num_key_value_heads=8, num_local_experts=32, num_experts_per_tok=4,
+        experts_per_token=4, num_hidden_layers=24, eos_token_id=200002, pad_token_id=199999,
+        rms_norm_eps=1e-05, rope_theta=150000, sliding_window=128, swiglu_limit=7.0,
+        rope_scaling={"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+                      "original_max_position_embeddings": 4096, "rope_type": "yarn", "truncate": False},
+        tie_word_embeddings=False, vocab_size=201088), layers=4, dtype="bfloat16", released="mxfp4",
+        # colibri int8 (experts kept mxfp4) against llama.cpp's MXFP4_MOE assignment (experts
+        # MXFP4 as released, every other matrix q8_0): decode >= 1.2x, prefill >= 1.0x (issue 23)
+        llama_pairs=(("int8 int8-act", "mxfp4_moe", 1.2, 1.0), ("int8", "mxfp4_moe", 1.2, 1.0))),
 }
 
 BANDWIDTH_C = r"""
@@ -121,13 +147,18 @@ def log(msg: str) -> None:
 
 
 def geometry(shape: Shape, layers: int) -> dict:
-    return {**shape.config, "num_hidden_layers": layers}
+    geo = {**shape.config, "num_hidden_layers": layers}
+    if "sliding_window" in geo and shape.config.get("model_type") == "gpt_oss":  # the released pattern
+        geo["layer_types"] = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+    return geo
 
 
 def hf_checkpoint(work: Path, shape: Shape, layers: int) -> Path:
     out = work / (f"hf-{shape.name}" if shape.name == "mixtral" else f"hf-{shape.name}-{layers}l")
     if (out / ".complete").exists():
         return out
+    if shape.released == "mxfp4":
+        return gptoss_checkpoint(out, geometry(shape, layers))
     import torch
     import transformers
 
@@ -154,6 +185,99 @@ def hf_checkpoint(work: Path, shape: Shape, layers: int) -> Path:
         qwen_tokenizer(out)
     (out / ".complete").write_text("ok\n")
     return out
+
+
+def gptoss_tensors(geo: dict) -> list[tuple[str, str, tuple[int, ...]]]:
+    """(name, safetensors dtype, shape) of openai/gpt-oss-20b's tensors, in its
+    model.safetensors.index.json names: experts as mxfp4 blocks (U8 [E, rows, cols/32, 16], two
+    E2M1 codes a byte) and E8M0 scales (U8 [E, rows, cols/32]), every other tensor bf16."""
+    d, f, e_n, v = geo["hidden_size"], geo["intermediate_size"], geo["num_local_experts"], geo["vocab_size"]
+    hq, hkv = geo["num_attention_heads"] * geo["head_dim"], geo["num_key_value_heads"] * geo["head_dim"]
+    out: list[tuple[str, str, tuple[int, ...]]] = [("model.embed_tokens.weight", "BF16", (v, d))]
+    for i in range(geo["num_hidden_layers"]):
+        pre, att, ex = f"model.layers.{i}", f"model.layers.{i}.self_attn", f"model.layers.{i}.mlp.experts"
+        out += [(f"{pre}.input_layernorm.weight", "BF16", (d,)),
+                (f"{pre}.post_attention_layernorm.weight", "BF16", (d,)),
+                (f"{att}.q_proj.weight", "BF16", (hq, d)), (f"{att}.q_proj.bias", "BF16", (hq,)),
+                (f"{att}.k_proj.weight", "BF16", (hkv, d)), (f"{att}.k_proj.bias", "BF16", (hkv,)),
+                (f"{att}.v_proj.weight", "BF16", (hkv, d)), (f"{att}.v_proj.bias", "BF16", (hkv,)),
+                (f"{att}.o_proj.weight", "BF16", (d, hq)), (f"{att}.o_proj.bias", "BF16", (d,)),
+                (f"{att}.sinks", "BF16", (geo["num_attention_heads"],)),
+                (f"{pre}.mlp.router.weight", "BF16", (e_n, d)), (f"{pre}.mlp.router.bias", "BF16", (e_n,)),
+                (f"{ex}.gate_up_proj_blocks", "U8", (e_n, 2 * f, d // 32, 16)),
+                (f"{ex}.gate_up_proj_scales", "U8", (e_n, 2 * f, d // 32)),
+                (f"{ex}.gate_up_proj_bias", "BF16", (e_n, 2 * f)),
+                (f"{ex}.down_proj_blocks", "U8", (e_n, d, f // 32, 16)),
+                (f"{ex}.down_proj_scales", "U8", (e_n, d, f // 32)),
+                (f"{ex}.down_proj_bias", "BF16", (e_n, d))]
+    return out + [("model.norm.weight", "BF16", (d,)), ("lm_head.weight", "BF16", (v, d))]
+
+
+def gptoss_checkpoint(out: Path, geo: dict) -> Path:
+    """A random gpt-oss checkpoint written the way openai/gpt-oss-20b is released (config.json with
+    quantization_config mxfp4, one safetensors file, the o200k_harmony tokenizer), streamed tensor
+    by tensor: transformers would build the experts in bf16 first (1.6 GB a layer). Expert codes
+    are uniform random bytes (every E2M1 value equally likely) with E8M0 exponents 2^-8 / 2^-7,
+    so a weight's RMS is ~1/sqrt(2880) as the other shapes' 1/sqrt(fan-in); matrices are
+    N(0, 1/fan-in) (the router x3: spread logits), norms 1 + N(0, 0.1), biases N(0, 0.1)."""
+    import numpy as np
+
+    from colibri_kit.model.format import f32_to_bf16_bits
+
+    log(f"writing random {geo['architectures'][0]} {geo['num_hidden_layers']} layers (mxfp4 experts) ...")
+    rng = np.random.default_rng(0)
+    tensors = gptoss_tensors(geo)
+    header: dict = {"__metadata__": {"format": "pt"}}
+    pos = 0
+    for name, dt, shp in tensors:
+        n = int(np.prod(shp)) * (1 if dt == "U8" else 2)
+        header[name] = {"dtype": dt, "shape": list(shp), "data_offsets": [pos, pos + n]}
+        pos += n
+    hjson = json.dumps(header).encode()
+    hjson += b" " * (-len(hjson) % 8)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "model.safetensors", "wb") as fh:
+        fh.write(len(hjson).to_bytes(8, "little") + hjson)
+        for name, dt, shp in tensors:
+            if name.endswith("_blocks"):
+                fh.write(rng.integers(0, 256, size=shp, dtype=np.uint8).tobytes())
+            elif name.endswith("_scales"):
+                fh.write(rng.integers(119, 121, size=shp, dtype=np.uint8).tobytes())
+            elif len(shp) == 1 or name.endswith("_bias"):
+                base = 1.0 if name.endswith("norm.weight") else 0.0
+                a = base + 0.1 * rng.standard_normal(shp, dtype=np.float32) if "sinks" not in name \
+                    else rng.standard_normal(shp, dtype=np.float32)
+                fh.write(f32_to_bf16_bits(a).tobytes())
+            else:  # row chunks of 64 Mi values: bounded memory for the 201,088-row matrices
+                gain = 3.0 if name.endswith("router.weight") else 1.0
+                scale = 1.0 if "embed_tokens" in name else gain / shp[-1] ** 0.5
+                step = max(1, (64 << 20) // shp[-1])
+                for r in range(0, shp[0], step):
+                    a = rng.standard_normal((min(step, shp[0] - r), shp[-1]), dtype=np.float32) * np.float32(scale)
+                    fh.write(f32_to_bf16_bits(a).tobytes())
+    cfg = {**geo, "quantization_config": {
+        "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                   "model.embed_tokens", "lm_head"], "quant_method": "mxfp4"}}
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    o200k_tokenizer(out)
+    (out / ".complete").write_text("ok\n")
+    return out
+
+
+def o200k_tokenizer(hf: Path) -> None:
+    """gpt-oss's o200k_harmony tokenizer.json (o200k_base ranks from the `bpe-openai` package, the
+    harmony special tokens up to id 201,087), made by the test suite's real-tokenizer helper;
+    llama.cpp's converter recognises it by its hash as "gpt-4o", as it does the released one."""
+    import shutil
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    import real_tokenizers
+
+    (hf / "tok-src").mkdir(exist_ok=True)
+    src = real_tokenizers.tiktoken_dir("o200k_harmony", hf / "tok-src")
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(src / name, hf / name)
+    shutil.rmtree(hf / "tok-src")
 
 
 def hf_tokenizer(hf: Path, vocab: int) -> None:
@@ -229,9 +353,14 @@ def gguf_model(root: Path, hf: Path, work: Path, gtype: str, vocab: int) -> Path
         hf_tokenizer(hf, vocab)
     log(f"converting to {out.name} ...")
     tmp = out.with_suffix(".part")
-    if gtype in ("f32", "f16", "q8_0"):
+    if gtype in ("f32", "f16", "q8_0", "mxfp4_moe"):
+        # mxfp4_moe: a checkpoint released with mxfp4 experts (gpt-oss) converted with --outtype
+        # q8_0: the converter repacks the released blocks as GGML MXFP4 (bit for bit, its
+        # GptOssModel.repack_mxfp4) and writes every other matrix q8_0 -- the types llama-quantize's
+        # MXFP4_MOE assigns (MoE tensors MXFP4, the rest q8_0, the output q8_0), in one pass
         env = {**os.environ, "PYTHONPATH": str(root / "gguf-py")}
-        subprocess.run([sys.executable, str(conv), str(hf), "--outtype", gtype, "--outfile", str(tmp)],
+        outtype = "q8_0" if gtype == "mxfp4_moe" else gtype
+        subprocess.run([sys.executable, str(conv), str(hf), "--outtype", outtype, "--outfile", str(tmp)],
                        check=True, env=env, stdout=subprocess.DEVNULL)
     else:
         subprocess.run([str(quant), "--pure", str(gguf_model(root, hf, work, "f16", vocab)), str(tmp),
@@ -300,7 +429,8 @@ def weight_bytes_per_decode_token(model: Path) -> int:
     total = 0
     for rec in m:
         size = rec.nbytes + rec.scale_nbytes
-        if rec.kind in (Kind.EXPERT_W1, Kind.EXPERT_W3, Kind.EXPERT_W2):
+        if rec.kind in (Kind.EXPERT_W1, Kind.EXPERT_W3, Kind.EXPERT_W2, Kind.EXPERT_B1, Kind.EXPERT_B3,
+                        Kind.EXPERT_B2):
             total += size * h.top_k / h.num_experts  # top_k of E experts per layer
         elif rec.kind == Kind.TOK_EMBED:
             total += size // h.vocab_size  # one row
@@ -443,7 +573,7 @@ def main() -> None:
     if args.llama_cpp:
         args.llama_cpp = args.llama_cpp.resolve()
         llama_cpp_tools(args.llama_cpp)  # fail before the long work
-        extra_dtypes = [d for d in four_bit_dtypes() if d not in args.dtypes.split(",")]
+        extra_dtypes = [] if shape.llama_pairs else [d for d in four_bit_dtypes() if d not in args.dtypes.split(",")]
         if extra_dtypes:
             args.dtypes = ",".join(args.dtypes.split(",") + extra_dtypes)
     args.work.mkdir(parents=True, exist_ok=True)
@@ -457,10 +587,13 @@ def main() -> None:
         if d == "int8" or "4" in d:
             variants.append((d, ("--int8-act",)))
     models = {d: converted(hf, args.work, d) for d in args.dtypes.split(",")}
+    if shape.released and not args.skip_transformers:  # it would dequantise every expert to f32
+        log(f"--shape {shape.name}: transformers skipped (its f32 model would not fit this machine)")
+        args.skip_transformers = True
     hf_model = None if args.skip_transformers else Transformers(hf, args.threads, vocab)
     ggufs: dict[str, Path] = {}
     if args.llama_cpp:
-        for _, gtype, _, _ in pairs(args.dtypes.split(",")):
+        for _, gtype, _, _ in shape.llama_pairs or pairs(args.dtypes.split(",")):
             ggufs[gtype] = gguf_model(args.llama_cpp, hf, args.work, gtype, vocab)
     if args.cold_cache:
         for path in models.values():
@@ -533,12 +666,12 @@ def main() -> None:
             print(f"colibri f32 vs transformers f32: decode x{c['decode_tok_s'] / t['decode_tok_s']:.2f}, "
                   f"prefill x{t['prefill_ms_p50'] / c['prefill_ms_p50']:.2f}")
     if ggufs:
-        ratio_table(samples, models, results, args, bw, prompts)
+        ratio_table(samples, models, results, args, bw, prompts, shape)
     print(json.dumps(results))
 
 
 def ratio_table(samples: dict[str, list[dict]], models: dict[str, Path], results: dict,
-                args: argparse.Namespace, bw: float, prompts: list[int]) -> None:
+                args: argparse.Namespace, bw: float, prompts: list[int], shape: Shape) -> None:
     """colibri / llama.cpp per weight type: each engine's best decode and best prefill (per
     prompt length) over the interleaved repeats, the goal, and each figure's share of the
     roofline: decode tok/s over bandwidth / bytes per token (the colibri model's; q8_0 / q4_0
@@ -553,7 +686,7 @@ def ratio_table(samples: dict[str, list[dict]], models: dict[str, Path], results
     print(head + f"{'decode roofline c / l':>23}{'ft p99/p50':>12}")
     table = []
     mark = lambda ok: " " if ok else "*"  # noqa: E731
-    for label, gtype, dgoal, pgoal in pairs(args.dtypes.split(",")):
+    for label, gtype, dgoal, pgoal in shape.llama_pairs or pairs(args.dtypes.split(",")):
         c, lc = samples[label], samples[f"llama.cpp {gtype}"]
         cd = max(x["decode_tok_s"] for x in c)
         ld = max(x["decode_tok_s"] for x in lc)

@@ -208,6 +208,43 @@ def test_prefill_equals_decode_and_threads(host_colibri: Path, hf_root: Path, tm
         assert 0 < H.rel_err(got, f32) < 5e-2
 
 
+# ---- every SIMD level, the same bits ----------------------------------------------------------------
+
+SIMD_LEVELS = ("", "avx2", "scalar")  # "" = the best this CPU has (AVX-512 VNNI where present)
+
+
+def test_mxfp4_kernels_give_the_same_bits_at_every_simd_level(host_colibri: Path, hf_root: Path,
+                                                              tmp_path: Path) -> None:
+    """The mxfp4 kernels keep one lane layout on every x86 level (kernels_mxfp4.c): the selftest
+    (kernel bits == the scalar layout's, decode == prefill) passes under each level and names it,
+    and the released-mxfp4 model gives the same logits bit for bit at AVX-512(-VNNI) and AVX2, with
+    f32 and with 8-bit activations, over a prompt fed in one call and token by token (the scalar
+    level is compared by the selftest alone: other kernels' scalar fallbacks, e.g. the f32 matrices
+    of attention, have a layout of their own, as tests/test_runtime_cli.py's SIMD test says)."""
+    import os
+
+    names = set()
+    for level in SIMD_LEVELS:
+        proc = subprocess.run([str(host_colibri), "selftest"], capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "COLIBRI_CPU_SIMD": level})
+        line = next(ln for ln in proc.stdout.splitlines() if "mxfp4 rows_dot" in ln)
+        assert line.startswith("ok"), line
+        names.add(line.split("(")[1].split(")")[0])
+    assert {"avx2", "scalar"} <= names, names  # the caps took effect
+    model = converted(hf_root, "gptoss_mxfp4", "f32")
+    ids = H.GPTOSS_PROMPT
+    for glob in ((), ("--int8-act",)):
+        got = {}
+        for level in SIMD_LEVELS[:2]:
+            for opts in ((), ("--decode-from", 0)):
+                out = tmp_path / f"{level or 'best'}{len(opts)}.f32"
+                subprocess.run([str(host_colibri), "--backend", "cpu", "--threads", "2", *glob, "forward",
+                                str(model), "--ids", ",".join(map(str, ids)), *map(str, opts), "--logits-out", str(out)],
+                               check=True, timeout=300, env={**os.environ, "COLIBRI_CPU_SIMD": level})
+                got[(level, opts)] = out.read_bytes()
+        assert len(set(got.values())) == 1, (glob, [k for k, v in got.items() if v != got[("", ())]])
+
+
 # ---- YaRN as transformers computes it ---------------------------------------------------------------
 
 @pytest.mark.parametrize("rope", [

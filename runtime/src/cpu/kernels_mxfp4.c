@@ -5,7 +5,7 @@
  * only s >= 253 can overflow, as transformers' own dequantisation does), and equal to
  * transformers' dequantised value (convert_moe_packed_tensors: FP4_VALUES[code] * 2^(s - 127)).
  *
- * The f32 layout (f32 activations). Every implementation (scalar, AVX2, NEON) computes a row dot
+ * The f32 layout (f32 activations). Every implementation (scalar, AVX2, AVX-512, NEON) computes a row dot
  * as 32 lanes: lane l accumulates w[32b + l] * x[32b + l] over the full blocks b in order with a
  * fused multiply-add; then u[l] = (L[l] + L[8 + l]) + (L[16 + l] + L[24 + l]) for l < 8, the sum
  * ((u0 + u1) + (u2 + u3)) + ((u4 + u5) + (u6 + u7)), plus the columns past the last full block
@@ -68,6 +68,7 @@ static struct {
     mx_dot_fn dot;
     mx_tile_fn tile;
     mx_a8_fn a8_4x1, a8_2x4; /* decode (4 rows x 1 token), prefill (2 rows x 4 tokens) */
+    mx_a8_fn a8_4x4;         /* prefill, 4 rows x 4 tokens where the family has it (else NULL) */
     const char *name;
 } M;
 
@@ -329,6 +330,173 @@ static MX_AVX2 void avx2_a8_2x4(const uint8_t *const q[], const uint8_t *const s
     out[4] = a8_hsum(a10), out[5] = a8_hsum(a11), out[6] = a8_hsum(a12), out[7] = a8_hsum(a13);
     _mm256_zeroupper();
 }
+
+/* ---- AVX-512 (F/BW/VL/DQ; VNNI for the 8-bit path): the AVX2 layouts in 16-lane registers ----
+ * f32: a 16-lane accumulator holds lanes 0-15 (elements 0..15 of every block), a second one 16-31:
+ * each lane has exactly the AVX2 lane's fused multiply-adds, and avx2_reduce over the four 8-lane
+ * halves is the layout's reduction. 8-bit: one register holds two rows' eight 4-element lane sums
+ * (row A in lanes 0-7, row B in 8-15), the exact S[l] from VPDPBUSD (W2 + 12 as unsigned bytes,
+ * the accumulator started at -12 * the token's group sums), then the same f32 fma per lane and
+ * block with c = 2^(s - 128) * d rounded once, as the AVX2 code: the bits do not change. */
+
+#define MX_Z __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")))
+#define MX_ZV __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma")))
+#define MX_ZI static inline __attribute__((always_inline, target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")))
+#define MX_ZVI static inline __attribute__((always_inline, target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma")))
+
+MX_ZI float z_reduce(__m512 lo, __m512 hi) { /* lanes 0-15, 16-31 */
+    return avx2_reduce(_mm512_castps512_ps256(lo), _mm512_extractf32x8_ps(lo, 1),
+                       _mm512_castps512_ps256(hi), _mm512_extractf32x8_ps(hi, 1));
+}
+
+MX_ZI __m512 z_w16(__m128i e, __m512 vd) { /* 16 W2 bytes, times 2^(s - 128) */
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(e)), vd);
+}
+
+static MX_Z float z_dot(const uint8_t *q, const uint8_t *s, const float *x, size_t cols) {
+    const __m128i lut = _mm_loadu_si128((const __m128i *)(const void *)W2);
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0;
+    size_t full = cols / 32;
+    for (size_t b = 0; b < full; b++) {
+        __builtin_prefetch(q + b * 16 + MX_PREFETCH_BYTES);
+        __m128i e0, e1;
+        avx2_codes(q + b * 16, lut, &e0, &e1);
+        __m512 vd = _mm512_set1_ps(SCALE[s[b]]);
+        const float *xb = x + b * 32;
+        a0 = _mm512_fmadd_ps(z_w16(e0, vd), _mm512_loadu_ps(xb), a0);
+        a1 = _mm512_fmadd_ps(z_w16(e1, vd), _mm512_loadu_ps(xb + 16), a1);
+    }
+    float r = z_reduce(a0, a1);
+    _mm256_zeroupper();
+    return r + mx_tail(q, s, x, cols);
+}
+
+/* One row against four tokens, half a block (16 lanes: bytes 8h..8h+7) at a time over all
+ * blocks: the weights dequantised once per half and block for the four tokens. */
+static MX_Z void z_tile(const uint8_t *q, const uint8_t *s, const float *const x[4], size_t cols,
+                        float out[4]) {
+    const __m128i lut = _mm_loadu_si128((const __m128i *)(const void *)W2), m4 = _mm_set1_epi8(0x0f);
+    __m512 part[4][2];
+    size_t full = cols / 32;
+    for (int h = 0; h < 2; h++) {
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        const float *x0 = x[0] + 16 * h, *x1 = x[1] + 16 * h, *x2 = x[2] + 16 * h, *x3 = x[3] + 16 * h;
+        for (size_t b = 0; b < full; b++) {
+            __m128i v = _mm_loadl_epi64((const __m128i *)(const void *)(q + b * 16 + 8 * h));
+            __m128i c = _mm_unpacklo_epi8(_mm_and_si128(v, m4), _mm_and_si128(_mm_srli_epi16(v, 4), m4));
+            __m512 w = z_w16(_mm_shuffle_epi8(lut, c), _mm512_set1_ps(SCALE[s[b]]));
+            size_t o = b * 32;
+            a0 = _mm512_fmadd_ps(w, _mm512_loadu_ps(x0 + o), a0);
+            a1 = _mm512_fmadd_ps(w, _mm512_loadu_ps(x1 + o), a1);
+            a2 = _mm512_fmadd_ps(w, _mm512_loadu_ps(x2 + o), a2);
+            a3 = _mm512_fmadd_ps(w, _mm512_loadu_ps(x3 + o), a3);
+        }
+        part[0][h] = a0, part[1][h] = a1, part[2][h] = a2, part[3][h] = a3;
+    }
+    for (int t = 0; t < 4; t++) out[t] = z_reduce(part[t][0], part[t][1]);
+    _mm256_zeroupper();
+    for (int t = 0; t < 4; t++) out[t] += mx_tail(q, s, x[t], cols);
+}
+
+/* Two rows' blocks as W2 + 12 bytes in element order: row A's 32 in bytes 0-31, row B's 32-63. */
+MX_ZI __m512i z_codes2(const uint8_t *a, const uint8_t *b, __m256i lut) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)a)),
+                                        _mm_loadu_si128((const __m128i *)(const void *)b), 1);
+    __m256i lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, m4));
+    __m256i hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+    __m512i e0 = _mm512_castsi256_si512(_mm256_unpacklo_epi8(lo, hi)); /* A 0..15 | B 0..15 */
+    __m512i e1 = _mm512_castsi256_si512(_mm256_unpackhi_epi8(lo, hi)); /* A 16..31 | B 16..31 */
+    return _mm512_permutex2var_epi64(e0, _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0), e1);
+}
+
+MX_ZI __m512 z_scale2(const uint8_t *sa, const uint8_t *sb) { /* 2^(s - 128): A x8 | B x8 */
+    return _mm512_insertf32x8(_mm512_set1_ps(SCALE[*sa]), _mm256_set1_ps(SCALE[*sb]), 1);
+}
+
+/* A token's 32 bytes in both halves, and -12 * its 4-element group sums (the W2 + 12 offset). */
+MX_ZVI __m512i z_x(const int8_t *x, __m512i *x12n) {
+    __m512i xv = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(const void *)x));
+    *x12n = _mm512_sub_epi32(_mm512_setzero_si512(),
+                             _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(12), xv));
+    return xv;
+}
+
+MX_ZVI __m512 z_a8_step(__m512i w, __m512i xv, __m512i x12n, __m512 sc, float d, __m512 acc) {
+    __m512i S = _mm512_dpbusd_epi32(x12n, w, xv); /* exact: sum of W2 * x over each group of 4 */
+    return _mm512_fmadd_ps(_mm512_mul_ps(sc, _mm512_set1_ps(d)), _mm512_cvtepi32_ps(S), acc);
+}
+
+MX_ZI void z_a8_out(__m512 acc, float *a, float *b) {
+    float t[16];
+    _mm512_storeu_ps(t, acc);
+    *a = a8_reduce(t);
+    *b = a8_reduce(t + 8);
+}
+
+static MX_ZV void z_a8_4x1(const uint8_t *const q[], const uint8_t *const s[], const int8_t *const x[],
+                           const float *const d[], size_t full, float out[]) {
+    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)W2U));
+    __m512 a01 = _mm512_setzero_ps(), a23 = a01;
+    const uint8_t *q0 = q[0], *q1 = q[1], *q2 = q[2], *q3 = q[3];
+    for (size_t b = 0; b < full; b++) {
+        __m512i x12n, xv = z_x(x[0] + b * 32, &x12n);
+        float db = d[0][b];
+        __builtin_prefetch(q0 + b * 16 + MX_PREFETCH_BYTES);
+        __builtin_prefetch(q1 + b * 16 + MX_PREFETCH_BYTES);
+        __builtin_prefetch(q2 + b * 16 + MX_PREFETCH_BYTES);
+        __builtin_prefetch(q3 + b * 16 + MX_PREFETCH_BYTES);
+        a01 = z_a8_step(z_codes2(q0 + b * 16, q1 + b * 16, lut), xv, x12n, z_scale2(s[0] + b, s[1] + b), db, a01);
+        a23 = z_a8_step(z_codes2(q2 + b * 16, q3 + b * 16, lut), xv, x12n, z_scale2(s[2] + b, s[3] + b), db, a23);
+    }
+    z_a8_out(a01, &out[0], &out[1]);
+    z_a8_out(a23, &out[2], &out[3]);
+    _mm256_zeroupper();
+}
+
+static MX_ZV void z_a8_2x4(const uint8_t *const q[], const uint8_t *const s[], const int8_t *const x[],
+                           const float *const d[], size_t full, float out[]) {
+    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)W2U));
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (size_t b = 0; b < full; b++) {
+        __m512i w = z_codes2(q[0] + b * 16, q[1] + b * 16, lut), x12n, xv;
+        __m512 sc = z_scale2(s[0] + b, s[1] + b);
+        xv = z_x(x[0] + b * 32, &x12n), a0 = z_a8_step(w, xv, x12n, sc, d[0][b], a0);
+        xv = z_x(x[1] + b * 32, &x12n), a1 = z_a8_step(w, xv, x12n, sc, d[1][b], a1);
+        xv = z_x(x[2] + b * 32, &x12n), a2 = z_a8_step(w, xv, x12n, sc, d[2][b], a2);
+        xv = z_x(x[3] + b * 32, &x12n), a3 = z_a8_step(w, xv, x12n, sc, d[3][b], a3);
+    }
+    z_a8_out(a0, &out[0], &out[4]); /* row 0 in lanes 0-7, row 1 in 8-15 */
+    z_a8_out(a1, &out[1], &out[5]);
+    z_a8_out(a2, &out[2], &out[6]);
+    z_a8_out(a3, &out[3], &out[7]);
+    _mm256_zeroupper();
+}
+
+/* Rows 0-3 x tokens 0-3 (out[r * 4 + t]): a token's bytes and group sums once for two row pairs. */
+static MX_ZV void z_a8_4x4(const uint8_t *const q[], const uint8_t *const s[], const int8_t *const x[],
+                           const float *const d[], size_t full, float out[]) {
+    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)W2U));
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    for (size_t b = 0; b < full; b++) {
+        __m512i wa = z_codes2(q[0] + b * 16, q[1] + b * 16, lut), wb = z_codes2(q[2] + b * 16, q[3] + b * 16, lut);
+        __m512 sa = z_scale2(s[0] + b, s[1] + b), sb = z_scale2(s[2] + b, s[3] + b);
+        __m512i x12n, xv;
+        xv = z_x(x[0] + b * 32, &x12n);
+        a0 = z_a8_step(wa, xv, x12n, sa, d[0][b], a0), b0 = z_a8_step(wb, xv, x12n, sb, d[0][b], b0);
+        xv = z_x(x[1] + b * 32, &x12n);
+        a1 = z_a8_step(wa, xv, x12n, sa, d[1][b], a1), b1 = z_a8_step(wb, xv, x12n, sb, d[1][b], b1);
+        xv = z_x(x[2] + b * 32, &x12n);
+        a2 = z_a8_step(wa, xv, x12n, sa, d[2][b], a2), b2 = z_a8_step(wb, xv, x12n, sb, d[2][b], b2);
+        xv = z_x(x[3] + b * 32, &x12n);
+        a3 = z_a8_step(wa, xv, x12n, sa, d[3][b], a3), b3 = z_a8_step(wb, xv, x12n, sb, d[3][b], b3);
+    }
+    z_a8_out(a0, &out[0], &out[4]), z_a8_out(b0, &out[8], &out[12]);
+    z_a8_out(a1, &out[1], &out[5]), z_a8_out(b1, &out[9], &out[13]);
+    z_a8_out(a2, &out[2], &out[6]), z_a8_out(b2, &out[10], &out[14]);
+    z_a8_out(a3, &out[3], &out[7]), z_a8_out(b3, &out[11], &out[15]);
+    _mm256_zeroupper();
+}
 #endif
 
 /* ---- NEON: eight 4-lane accumulators A0..A7 = lanes 0-3, 4-7, ..., 28-31 ------------------- */
@@ -536,6 +704,17 @@ static void mx_pick(void) {
         M.a8_2x4 = avx2_a8_2x4;
         M.name = "avx2";
     }
+    if (colibri_x86_features() & COLIBRI_X86_AVX512) {
+        M.dot = z_dot;
+        M.tile = z_tile;
+        M.name = "avx512";
+        if (colibri_x86_features() & COLIBRI_X86_VNNI) {
+            M.a8_4x1 = z_a8_4x1;
+            M.a8_2x4 = z_a8_2x4;
+            M.a8_4x4 = z_a8_4x4;
+            M.name = "avx512-vnni";
+        }
+    }
 #endif
 #ifdef MX_HAVE_NEON
     M.dot = neon_dot;
@@ -588,6 +767,43 @@ void colibri_mxfp4_rows_dot(const colibri_tensor *w, uint32_t r0, uint32_t r1, c
     }
 }
 
+/* One call's weights and one group of its quantised tokens, as the 8-bit tiles read them. */
+typedef struct {
+    const uint8_t *base, *sc; /* the matrix's blocks and scales */
+    size_t rowbytes, nb, cols;
+    const int8_t *xq;         /* m tokens, xstride bytes apart; xd: their block scales, nb apart */
+    const float *xd;
+    size_t xstride;
+    int m;
+} a8_group;
+
+/* rows r..r + rows - 1 (rows <= R; the tile's other rows repeat row r, unused) against the
+ * group's tokens, 4 at a time (past the last token: repeats, unused), plus each value's tail */
+static void a8_tiles(const a8_group *g, mx_a8_fn tile, uint32_t R, uint32_t rows, uint32_t r,
+                     float *y, size_t ldy) {
+    const uint8_t *q[4], *s[4];
+    for (uint32_t k = 0; k < R; k++) {
+        uint32_t rr = r + (k < rows ? k : 0);
+        q[k] = g->base + (size_t)rr * g->rowbytes;
+        s[k] = g->sc + (size_t)rr * g->nb;
+    }
+    for (int j = 0; j < g->m; j += 4) {
+        int nt = g->m - j < 4 ? g->m - j : 4;
+        const int8_t *xs[4];
+        const float *ds[4];
+        for (int t = 0; t < 4; t++) {
+            int tt = j + (t < nt ? t : 0);
+            xs[t] = g->xq + (size_t)tt * g->xstride;
+            ds[t] = g->xd + (size_t)tt * g->nb;
+        }
+        float o[16];
+        tile(q, s, xs, ds, g->cols / 32, o);
+        for (uint32_t k = 0; k < rows; k++)
+            for (int t = 0; t < nt; t++)
+                y[(size_t)(j + t) * ldy + r + k] = o[k * 4 + t] + a8_tail(q[k], s[k], xs[t], ds[t], g->cols);
+    }
+}
+
 void colibri_mxfp4_rows_dot_a8(const colibri_tensor *w, uint32_t r0, uint32_t r1, const float *x,
                                int n, size_t ldx, float *y, size_t ldy) {
     colibri_mxfp4_kernels_init();
@@ -621,31 +837,12 @@ void colibri_mxfp4_rows_dot_a8(const colibri_tensor *w, uint32_t r0, uint32_t r1
                 for (int k = 0; k < 4; k++) y[(size_t)j0 * ldy + r + (uint32_t)k] =
                     o[k] + a8_tail(q[k], s[k], xq, xd, cols);
             }
-        for (; r < r1; r += 2) { /* 2-row x 4-token tiles (past the end: repeats, unused) */
-            uint32_t rows = r1 - r < 2 ? r1 - r : 2;
-            const uint8_t *q[2], *s[2];
-            for (uint32_t k = 0; k < 2; k++) {
-                uint32_t rr = r + (k < rows ? k : 0);
-                q[k] = base + (size_t)rr * rowbytes;
-                s[k] = sc + (size_t)rr * nb;
-            }
-            for (int j = 0; j < m; j += 4) {
-                int nt = m - j < 4 ? m - j : 4;
-                const int8_t *xs[4];
-                const float *ds[4];
-                for (int t = 0; t < 4; t++) {
-                    int tt = j + (t < nt ? t : 0);
-                    xs[t] = xq + (size_t)tt * xstride;
-                    ds[t] = xd + (size_t)tt * nb;
-                }
-                float o[8];
-                M.a8_2x4(q, s, xs, ds, full, o);
-                for (uint32_t k = 0; k < rows; k++)
-                    for (int t = 0; t < nt; t++)
-                        y[(size_t)(j0 + j + t) * ldy + r + k] =
-                            o[k * 4 + t] + a8_tail(q[k], s[k], xs[t], ds[t], cols);
-            }
-        }
+        a8_group g = {base, sc, rowbytes, nb, cols, xq, xd, xstride, m};
+        float *yg = y + (size_t)j0 * ldy;
+        for (; M.a8_4x4 && m > 1 && r + 4 <= r1; r += 4) /* 4-row x 4-token tiles, then pairs */
+            a8_tiles(&g, M.a8_4x4, 4, 4, r, yg, ldy);
+        for (; r < r1; r += 2) /* 2-row x 4-token tiles */
+            a8_tiles(&g, M.a8_2x4, 2, r1 - r < 2 ? r1 - r : 2, r, yg, ldy);
     }
 }
 
