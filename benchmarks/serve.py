@@ -413,7 +413,9 @@ def hostile(args: argparse.Namespace) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dtype", default="int8", choices=["f32", "f16", "int8"])
-    ap.add_argument("--shape", default="mixtral", choices=["mixtral", "qwen3-30b-a3b"],
+    from runtime import SHAPES
+
+    ap.add_argument("--shape", default="mixtral", choices=sorted(SHAPES),
                     help="benchmarks/runtime.py's geometry (shared checkpoints in --work)")
     ap.add_argument("--layers", type=int, help="decoder layers (default: the shape's bench default)")
     ap.add_argument("--slots", type=int, default=8, help="both servers' slots (parallel sequences)")
