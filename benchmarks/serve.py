@@ -1,21 +1,40 @@
-"""Benchmark: `colibri serve` under 1, 2, 4 and 8 concurrent streaming clients.
+"""Benchmark: `colibri serve` with 1, 2, 4 and 8 concurrent streaming clients, beside llama.cpp's
+`llama-server` on the same checkpoint, threads and slots (continuous batching on in both).
 
-    python benchmarks/serve.py [--dtype int8] [--slots 2] [--threads 1] [--requests 16]
-                               [--prompt 32] [--gen 32] [--work /tmp/colibri-bench]
+    python benchmarks/serve.py [--shape mixtral] [--dtype int8] [--threads 2] [--slots 8] [--requests 16]
+                               [--levels 1,2,4,8] [--kinds short,unique,shared] [--system 512]
+                               [--prompt 32] [--gen 64] [--llama-cpp DIR] [--llama-server-args A]
+                               [--no-batching]
+                               [--work /tmp/colibri-bench]
 
-1. the bench model of benchmarks/runtime.py (random Mixtral, hidden 1024, 8 layers, 8 experts
-   top-2, vocab 32000), built and converted once into --work (shared with that benchmark);
-2. dist/host/bin/colibri (the kit's host build) serving it: `colibri serve --slots S --threads T`;
-3. for each concurrency C in 1, 2, 4, 8: C client threads send --requests streaming completions
-   in total (token-id prompts of --prompt ids, --gen new tokens, temperature 0, ignore no EOS:
-   the random model has none) over plain HTTP, and the time to the first SSE token event and to
-   [DONE] is taken per request;
-4. prints requests/s, generated tokens/s, first-token p50/p99 and p99/p50 (the jitter the seed
-   article promises to keep low), and the server's own /metrics histogram counts as a check,
-   next to `colibri bench` (same model, prompt, threads; no HTTP) measured in the same run.
+1. a bench model of benchmarks/runtime.py (--shape: random Mixtral, hidden 1024, 8 layers, 8
+   experts top-2, FFN 2816, vocab 32000; or Qwen3-30B-A3B's geometry, --layers of it), converted once into --work (shared with that benchmark) for
+   colibri (--dtype) and, with --llama-cpp DIR (a tree built by scripts/build-llama-cpp.sh, which
+   builds llama-server), to GGUF q8_0 (int8), f16 or f32 by DIR/convert_hf_to_gguf.py;
+2. dist/host/bin/colibri (the kit's host build) serving it (`colibri serve --slots S --threads T`)
+   and `llama-server -m GGUF -t T -tb T -np S -c S*1024` (its defaults otherwise: continuous
+   batching, prompt caching);
+3. per prompt kind and concurrency C: C client threads send --requests streaming completions in
+   total (token-id prompts, --gen new tokens, temperature 0, usage included), timing the first
+   token event and the end per request. Prompt kinds: `short` (--prompt ids, each request its
+   own), `unique` (--system + --prompt ids, each request its own: every prefix cold), `shared`
+   (one --system-id prefix shared by every request, then --prompt ids of its own; one untimed
+   request computes the prefix first, as a warm prompt or an earlier client would have);
+4. prints, per engine, kind and C: requests/s, generated tokens/s (all tokens / wall time,
+   prefills included), decode tokens/s (C x the median request's tokens after the first / its
+   time after the first), the weight-read bound for C tokens a step and the share of it reached,
+   and first-token p50/p99; then time-to-first-token shared / unique (the prefix cache's goal: <=
+   0.2 at one client for a 512-token system prompt).
 
-Figures are printed, not asserted: on a shared machine they move +-15-30% between runs. With C
-above the slot count, requests wait in the queue and first-token latency grows by design.
+The bound: on a CPU bound by memory bandwidth, a step that decodes N tokens reads the dense
+weights once (attention, router, norms, LM head) and the union of the experts the N tokens chose,
+for top-k of E about E * (1 - (1 - k/E)^N) experts per layer (independent choices), so N tokens
+take bytes(N) = dense + experts_of_one_layer * layers * (1 - (1 - k/E)^N) and the bound is
+N * bandwidth / bytes(N) tokens/s, with the read bandwidth measured here on the same threads
+(benchmarks/runtime.py's probe). KV-cache reads and prefill are not in it, so the share
+understates the engine at long contexts.
+
+Figures are printed, not asserted: on a shared machine they move +-15-30% between runs.
 
     python benchmarks/serve.py --hostile [--flood 40] [--probes 50] [--prompt-kib 16,64,256,1000]
 
@@ -71,36 +90,51 @@ def start_server(binary: Path, model: Path, slots: int, threads: int,
     raise SystemExit(f"colibri serve exited {proc.wait()} before it was ready")
 
 
-def one_request(port: int, model_id: str, prompt: list[int], gen: int) -> tuple[float, float, int]:
-    """(first-token s, total s, tokens) of one streaming completion."""
+def one_request(port: int, model_id: str, prompt: list[int], gen: int,
+                extra: dict | None = None) -> tuple[float, float, int]:
+    """(first-token s, total s, generated tokens) of one streaming completion. The token count is
+    the usage event's (both servers send it with stream_options.include_usage), else one per
+    event that carries text or ids. extra: fields only one server takes."""
     body = json.dumps({"model": model_id, "prompt": prompt, "max_tokens": gen, "temperature": 0,
-                       "stream": True})
+                       "stream": True, "stream_options": {"include_usage": True}, **(extra or {})})
     t0 = time.perf_counter()
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=3600)
     conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
     resp = conn.getresponse()
     if resp.status != 200:
         raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:200]!r}")
     first = None
-    tokens = 0
+    events = usage = 0
     for raw in resp:
         line = raw.strip()
         if not line.startswith(b"data: "):
             continue
         if line == b"data: [DONE]":
             break
-        ids = json.loads(line[6:])["choices"]
-        if ids and ids[0].get("token_ids"):
-            tokens += len(ids[0]["token_ids"])
+        ev = json.loads(line[6:])
+        if ev.get("usage"):
+            usage = ev["usage"].get("completion_tokens", 0)
+        ch = ev.get("choices") or []
+        if ch and (ch[0].get("token_ids") or ch[0].get("text")):
+            events += 1
             if first is None:
                 first = time.perf_counter() - t0
     total = time.perf_counter() - t0
     conn.close()
-    return first if first is not None else total, total, tokens
+    return first if first is not None else total, total, usage or events
 
 
-def run_level(port: int, model_id: str, clients: int, requests: int, prompt_len: int, gen: int,
-              vocab: int) -> dict:
+def prompt_of(kind: str, i: int, args: argparse.Namespace, vocab: int) -> list[int]:
+    """Request i's ids: its own part, after the --system prefix (shared, or its own)."""
+    own = [(i * 7919 + k * 104729 + 13) % vocab for k in range(args.prompt)]
+    if kind == "short":
+        return own
+    seed = 0 if kind == "shared" else i + 1
+    return [(seed * 15485863 + k * 2654435761 + 7) % vocab for k in range(args.system)] + own
+
+
+def run_level(port: int, model_id: str, clients: int, kind: str, args: argparse.Namespace,
+              vocab: int, base: int, extra: dict | None = None) -> dict:
     results: list[tuple[float, float, int]] = []
     lock = threading.Lock()
     next_req = [0]
@@ -109,11 +143,10 @@ def run_level(port: int, model_id: str, clients: int, requests: int, prompt_len:
         while True:
             with lock:
                 i = next_req[0]
-                if i >= requests:
+                if i >= args.requests:
                     return
                 next_req[0] += 1
-            prompt = [(i * 7919 + k * 104729 + 13) % vocab for k in range(prompt_len)]
-            r = one_request(port, model_id, prompt, gen)
+            r = one_request(port, model_id, prompt_of(kind, base + i, args, vocab), args.gen, extra)
             with lock:
                 results.append(r)
 
@@ -126,10 +159,192 @@ def run_level(port: int, model_id: str, clients: int, requests: int, prompt_len:
     wall = time.perf_counter() - t0
     firsts = [r[0] * 1e3 for r in results]
     toks = sum(r[2] for r in results)
+    rates = sorted((r[2] - 1) / (r[1] - r[0]) for r in results if r[2] > 1 and r[1] > r[0])
     p50, p99 = pct(firsts, 50), pct(firsts, 99)
-    return {"clients": clients, "requests": len(results), "wall_s": wall, "req_s": len(results) / wall,
-            "gen_tok_s": toks / wall, "first_ms_p50": p50, "first_ms_p99": p99,
-            "p99_over_p50": p99 / p50 if p50 else float("nan"), "tokens": toks}
+    return {"clients": clients, "kind": kind, "requests": len(results), "wall_s": wall,
+            "req_s": len(results) / wall, "gen_tok_s": toks / wall,
+            "decode_tok_s": clients * rates[len(rates) // 2] if rates else float("nan"),
+            "first_ms_p50": p50, "first_ms_p99": p99, "tokens": toks}
+
+
+def weight_split(model: Path) -> tuple[int, int, int, int]:
+    """(dense bytes a decode step reads, bytes of all routed experts of all layers, E, k) of a
+    .colibri file: what the weight-read bound needs."""
+    from colibri_kit.model.format import Kind, read_model
+
+    m = read_model(model)
+    h = m.header
+    dense = experts = 0
+    for rec in m:
+        size = rec.nbytes + rec.scale_nbytes
+        if rec.kind in (Kind.EXPERT_W1, Kind.EXPERT_W3, Kind.EXPERT_W2):
+            experts += size
+        elif rec.kind == Kind.TOK_EMBED:
+            dense += size // h.vocab_size + (size if h.flags & 16 else 0)  # a row (tied: the head)
+        else:
+            dense += size
+    return dense, experts, h.num_experts, h.top_k
+
+
+def bound_tok_s(split: tuple[int, int, int, int], n: int, gbs: float) -> float:
+    """N tokens a step: dense once + the expected union of their experts, at gbs GB/s."""
+    dense, experts, e, k = split
+    return n * gbs * 1e9 / (dense + experts * (1 - (1 - k / e) ** n))
+
+
+class Engine:
+    """One server process: colibri serve or llama-server, on a free port."""
+
+    def __init__(self, name: str, argv: list[str], log_path: Path, ready,  # noqa: ANN001
+                 extra: dict | None = None) -> None:
+        self.name = name
+        self.extra = extra  # request fields for this server only
+        self.log = open(log_path, "w")
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, text=True)
+        self.port = ready(self)
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(120)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.log.close()
+
+
+def amx_host() -> bool:
+    """AMX in /proc/cpuinfo's flags: this llama.cpp build crashes with repacked weights there
+    (scripts/build-llama-cpp.sh)."""
+    try:
+        return " amx_int8" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def colibri_engine(binary: Path, model: Path, args: argparse.Namespace, log_path: Path) -> Engine:
+    argv = [str(binary), "--backend", "cpu", "serve", str(model), "--port", "0", "--slots",
+            str(args.slots), "--threads", str(args.threads), "--max-queue", "64"]
+    if args.no_batching:
+        argv.append("--no-batching")
+
+    def ready(e: Engine) -> int:
+        end = time.monotonic() + 300
+        while time.monotonic() < end and e.proc.poll() is None:
+            for line in log_path.read_text().splitlines():
+                if '"event": "ready"' in line:
+                    log(f"colibri ready: {line}")
+                    return json.loads(line)["port"]
+            time.sleep(0.2)
+        raise SystemExit(f"colibri serve did not start: {log_path.read_text()[-2000:]}")
+    return Engine("colibri" + (" --no-batching" if args.no_batching else ""), argv, log_path, ready)
+
+
+def llama_engine(server: Path, gguf: Path, args: argparse.Namespace, log_path: Path) -> Engine:
+    port = free_port()
+    argv = [str(server), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-t",
+            str(args.threads), "-tb", str(args.threads), "-np", str(args.slots), "-c",
+            str(args.slots * 1024), *args.llama_server_args.split()]
+
+    def ready(e: Engine) -> int:
+        end = time.monotonic() + 300
+        while time.monotonic() < end and e.proc.poll() is None:
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                conn.request("GET", "/health")
+                if conn.getresponse().status == 200:
+                    return port
+            except OSError:
+                pass
+            time.sleep(0.5)
+        raise SystemExit(f"llama-server did not start: {log_path.read_text()[-2000:]}")
+    # the random checkpoint's EOS id may come up: llama-server can be told to go on (colibri's
+    # converted file has no EOS id, so it always generates --gen tokens)
+    return Engine("llama-server", argv, log_path, ready, {"ignore_eos": True})
+
+
+def measure(engine: Engine, model_id: str, args: argparse.Namespace, vocab: int) -> list[dict]:
+    rows = []
+    one_request(engine.port, model_id, [1] * args.prompt, 4, engine.extra)  # pages the weights in
+    for kind in args.kinds.split(","):
+        if kind == "shared":  # the prefix computed once, untimed (a warm prompt would have)
+            one_request(engine.port, model_id, prompt_of("shared", 10 ** 6, args, vocab), 1, engine.extra)
+        for n, c in enumerate(int(x) for x in args.levels.split(",")):
+            log(f"{engine.name}: {kind}, {c} client(s) ...")
+            rows.append({"engine": engine.name, **run_level(engine.port, model_id, c, kind, args,
+                                                            vocab, 1000 * (n + 1), engine.extra)})
+    return rows
+
+
+def concurrency(args: argparse.Namespace) -> None:
+    from runtime import SHAPES, bandwidth_gbs, converted, geometry, gguf_model, hf_checkpoint
+
+    from colibri_kit.build import build
+
+    args.work.mkdir(parents=True, exist_ok=True)
+    shape = SHAPES[args.shape]
+    layers = args.layers or shape.layers
+    hf = hf_checkpoint(args.work, shape, layers)
+    model = converted(hf, args.work, args.dtype)
+    binary = build("host", where="host", progress=log).dist_dir / "bin" / "colibri"
+    model_id = model.name[: -len(".colibri")]
+    info = json.loads(subprocess.run([str(binary), "--backend", "cpu", "info", str(model)],
+                                     capture_output=True, text=True, check=True).stdout)
+    vocab = info["vocab_size"]
+    engines = [lambda: colibri_engine(binary, model, args, args.work / "serve-colibri.log")]
+    if args.llama_cpp:
+        server = args.llama_cpp / "build" / "bin" / "llama-server"
+        if not server.exists():
+            raise SystemExit(f"--llama-cpp {args.llama_cpp}: {server} is missing; build it with "
+                             f"scripts/build-llama-cpp.sh")
+        gguf = gguf_model(args.llama_cpp, hf, args.work, {"int8": "q8_0"}.get(args.dtype, args.dtype),
+                          geometry(shape, layers)["vocab_size"])
+        engines.append(lambda: llama_engine(server, gguf, args, args.work / "serve-llama.log"))
+    rows = []
+    for start in engines:
+        e = start()
+        try:
+            rows += measure(e, model_id, args, vocab)
+        finally:
+            log(f"{e.name} exit {e.stop()}")
+    gbs = bandwidth_gbs(args.threads)
+    split = weight_split(model)
+    dense, experts, E, k = split
+    print(f"model {model.name} ({info['dtype']}; llama-server: GGUF "
+          f"{ {'int8': 'q8_0'}.get(args.dtype, args.dtype)}), {args.slots} slots, {args.threads} "
+          f"thread(s), {args.requests} requests per row, prompt: --system {args.system} + "
+          f"--prompt {args.prompt} ids, gen {args.gen}"
+          + (f", llama-server {args.llama_server_args}" if args.llama_cpp and args.llama_server_args else ""))
+    print(f"weight-read bound: dense {dense / 1e6:.1f} MB + experts {experts / 1e6:.1f} MB "
+          f"(E={E}, k={k}) at {gbs:.1f} GB/s read bandwidth ({args.threads} thread(s)); "
+          + ", ".join(f"N={n}: {E * (1 - (1 - k / E) ** n):.2f} experts/layer, "
+                      f"{bound_tok_s(split, n, gbs):.0f} tok/s" for n in (1, 2, 4, 8)))
+    print("| engine | prompts | clients | req/s | gen tok/s | decode tok/s | bound tok/s | of bound "
+          "| first token p50 ms | p99 ms |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        b = bound_tok_s(split, r["clients"], gbs)
+        print(f"| {r['engine']} | {r['kind']} | {r['clients']} | {r['req_s']:.2f} | "
+              f"{r['gen_tok_s']:.1f} | {r['decode_tok_s']:.1f} | {b:.0f} | "
+              f"{r['decode_tok_s'] / b:.0%} | {r['first_ms_p50']:.1f} | {r['first_ms_p99']:.1f} |")
+        if args.json:
+            print(json.dumps({**r, "bound_tok_s": b}))
+    for name in dict.fromkeys(r["engine"] for r in rows):
+        for c in (int(x) for x in args.levels.split(",")):
+            pick = {r["kind"]: r for r in rows if r["engine"] == name and r["clients"] == c}
+            if "shared" in pick and "unique" in pick:
+                print(f"{name}, {c} client(s): first token with a warm shared {args.system}-id "
+                      f"prefix / cold: {pick['shared']['first_ms_p50']:.1f} / "
+                      f"{pick['unique']['first_ms_p50']:.1f} ms = "
+                      f"{pick['shared']['first_ms_p50'] / pick['unique']['first_ms_p50']:.2f} (p50)")
 
 
 def server_cpu_s(pid: int) -> float:
@@ -198,14 +413,27 @@ def hostile(args: argparse.Namespace) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dtype", default="int8", choices=["f32", "f16", "int8"])
-    ap.add_argument("--slots", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=1, help="compute threads per slot")
-    ap.add_argument("--requests", type=int, default=16, help="requests per concurrency level")
-    ap.add_argument("--prompt", type=int, default=32)
-    ap.add_argument("--gen", type=int, default=32)
+    from runtime import SHAPES
+
+    ap.add_argument("--shape", default="mixtral", choices=sorted(SHAPES),
+                    help="benchmarks/runtime.py's geometry (shared checkpoints in --work)")
+    ap.add_argument("--layers", type=int, help="decoder layers (default: the shape's bench default)")
+    ap.add_argument("--slots", type=int, default=8, help="both servers' slots (parallel sequences)")
+    ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1),
+                    help="compute threads of each server")
+    ap.add_argument("--requests", type=int, default=16, help="requests per row")
+    ap.add_argument("--system", type=int, default=512, help="ids of the system prefix (unique/shared)")
+    ap.add_argument("--prompt", type=int, default=32, help="each request's own ids")
+    ap.add_argument("--gen", type=int, default=64)
     ap.add_argument("--levels", default="1,2,4,8")
+    ap.add_argument("--kinds", default="short,unique,shared")
+    ap.add_argument("--llama-cpp", type=Path, help="a llama.cpp tree built by scripts/build-llama-cpp.sh")
+    ap.add_argument("--llama-server-args", default="--no-repack" if amx_host() else "",
+                    help="more llama-server arguments (default on an AMX host: --no-repack, which "
+                         "this llama.cpp build needs there)")
+    ap.add_argument("--no-batching", action="store_true", help="colibri's per-slot passes instead")
     ap.add_argument("--work", type=Path, default=Path("/tmp/colibri-bench"))
-    ap.add_argument("--json", action="store_true", help="one JSON object per level on stdout")
+    ap.add_argument("--json", action="store_true", help="one JSON object per row on stdout too")
     ap.add_argument("--hostile", action="store_true",
                     help="measure hostile clients instead: 1 MiB adversarial bodies, long text prompts, a slow-client flood")
     ap.add_argument("--flood", type=int, default=40, help="--hostile: slow connections")
@@ -214,51 +442,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.hostile:
         hostile(args)
-        return
-
-    from runtime import converted, hf_checkpoint  # benchmarks/runtime.py: the bench model
-
-    from colibri_kit.build import build
-
-    args.work.mkdir(parents=True, exist_ok=True)
-    model = converted(hf_checkpoint(args.work), args.work, args.dtype)
-    binary = build("host", where="host", progress=log).dist_dir / "bin" / "colibri"
-    model_id = model.name[: -len(".colibri")]
-    info = json.loads(subprocess.run([str(binary), "--backend", "cpu", "info", str(model)],
-                                     capture_output=True, text=True, check=True).stdout)
-    # the same work without HTTP, in the same run: `colibri bench` on one context
-    bench = json.loads(subprocess.run(
-        [str(binary), "--backend", "cpu", "--threads", str(args.threads), "bench", str(model),
-         "--prompt-len", str(args.prompt), "--gen", str(args.gen), "--runs", "5", "--json"],
-        capture_output=True, text=True, check=True).stdout)
-    proc, port = start_server(binary, model, args.slots, args.threads, "--max-queue", "64")
-    rows = []
-    try:
-        one_request(port, model_id, [1] * args.prompt, 4)  # warm-up: pages the weights in
-        for c in (int(x) for x in args.levels.split(",")):
-            log(f"{c} client(s) ...")
-            rows.append(run_level(port, model_id, c, args.requests, args.prompt, args.gen,
-                                  info["vocab_size"]))
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-        conn.request("GET", "/metrics")
-        metrics = conn.getresponse().read().decode()
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        rc = proc.wait(120)
-    counted = [ln for ln in metrics.splitlines() if ln.startswith("colibri_first_token_seconds_count")]
-    print(f"model {model.name} ({info['dtype']}, vocab {info['vocab_size']}), slots {args.slots} x "
-          f"{args.threads} thread(s), prompt {args.prompt}, gen {args.gen}, {args.requests} "
-          f"requests per level; server exit {rc}; {counted[0] if counted else ''}")
-    print(f"colibri bench (no HTTP, one context, same run): first token p50 "
-          f"{bench['first_token_ms_p50']:.1f} ms, p99 {bench['first_token_ms_p99']:.1f} ms, "
-          f"decode {bench['decode_tok_s']:.1f} tok/s")
-    print("| clients | req/s | gen tok/s | first token p50 ms | p99 ms | p99/p50 |")
-    print("|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['clients']} | {r['req_s']:.2f} | {r['gen_tok_s']:.1f} | {r['first_ms_p50']:.1f} | "
-              f"{r['first_ms_p99']:.1f} | {r['p99_over_p50']:.2f} |")
-        if args.json:
-            print(json.dumps(r))
+    else:
+        concurrency(args)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ together and a rollback restores both. See docs/service.md.
 
 from __future__ import annotations
 
+import base64
 import ipaddress
 import json
 import re
@@ -36,7 +37,14 @@ BACKENDS = ("auto", "cpu", "cuda")
 KV_CACHES = ("f32", "f16")  # colibri serve --kv-cache (runtime/include/colibri.h colibri_kv_dtype)
 SECTION_KEYS = ("port", "bind", "slots", "threads", "cpu_affinity", "nice", "memory_max",
                 "api_key_file", "max_queue", "backend", "user", "groups", "restart_sec",
-                "drain_timeout_s", "model_id", "kv_cache", "deadline_ms")
+                "drain_timeout_s", "model_id", "kv_cache", "deadline_ms", "warm_prompts")
+# service.warm_prompts (colibri serve --warm-prompts-b64, runtime/serve/warm.h): prompts computed
+# at start-up into the prefix cache. Each is ("system", TEXT): a chat system prompt, or
+# ("prompt", TEXT): a completion prompt's text. The limits are colibri serve's (SERVE_MAX_WARM)
+# and keep the unit's command line far below systemd's line limit.
+WARM_KINDS = ("system", "prompt")
+MAX_WARM_PROMPTS = 16
+MAX_WARM_BYTES = 64 * 1024       # all texts together, UTF-8
 SCHED_POLICIES = ("other", "fifo", "rr")
 BARRIERS = ("spin", "sleep")
 
@@ -95,7 +103,8 @@ class ServiceSpec:
     port: int = 8080
     bind: str = "127.0.0.1"
     slots: int = 1
-    threads: int | None = None             # per slot; None: serve divides the online CPUs
+    threads: int | None = None             # compute threads (the CPU batch engine's; per slot on
+                                           # CUDA); None: serve picks (online CPUs)
     cpu_affinity: str | None = None        # normalised systemd list, e.g. "2-5 7"
     nice: int = 0
     memory_max: str | None = None          # e.g. "6G", "80%"
@@ -108,6 +117,7 @@ class ServiceSpec:
     drain_timeout_s: int = 30
     model_id: str | None = None            # name in the API; default: serve's (file name: "model")
     kv_cache: str = "f32"                  # f16: half the KV memory (CPU and CUDA backends)
+    warm_prompts: tuple[tuple[str, str], ...] = ()  # ((kind, text), ...): WARM_KINDS
     start_limit_burst: int = 5
     start_limit_interval_s: int = 60
     root: str = DEFAULT_ROOT
@@ -157,6 +167,8 @@ class ServiceSpec:
                 args.append("--mlock")
             if rt.barrier != "sleep":
                 args += ["--barrier", rt.barrier]
+        if self.warm_prompts:
+            args += ["--warm-prompts-b64", warm_prompts_b64(self.warm_prompts)]
         return args
 
     @property
@@ -165,6 +177,54 @@ class ServiceSpec:
         if self.threads is None and self.realtime is not None:
             return len(self.realtime.cpus) // self.slots
         return self.threads
+
+
+def warm_prompts_b64(warm: tuple[tuple[str, str], ...]) -> str:
+    """What `colibri serve --warm-prompts-b64` takes: base64 (RFC 4648, padded) of the JSON list
+    [{"system": TEXT} | {"prompt": TEXT}, ...]. A unit's ExecStart cannot carry arbitrary text
+    (spaces split arguments, '%' and '$' are expanded, a newline ends the line); base64's
+    alphabet has none of those, so the texts arrive byte for byte whatever they hold."""
+    doc = json.dumps([{kind: text} for kind, text in warm], ensure_ascii=False, separators=(",", ":"))
+    return base64.b64encode(doc.encode()).decode("ascii")
+
+
+def parse_warm_prompts(value: Any) -> tuple[tuple[str, str], ...]:
+    """A profile's service.warm_prompts: a list whose items are a system prompt's text, or a
+    mapping with one key, ``system`` or ``prompt``, and its text."""
+    if not isinstance(value, list):
+        raise ServiceError(f"expected a list of system prompts (text) or {{prompt: TEXT}} "
+                           f"mappings, got {value!r}")
+    out = []
+    for i, item in enumerate(value):
+        if isinstance(item, str):
+            item = {"system": item}
+        if not isinstance(item, dict) or len(item) != 1 or next(iter(item)) not in WARM_KINDS:
+            raise ServiceError(f"item {i}: {item!r} is not allowed; give a system prompt's text, "
+                               f"or a mapping with one key, system or prompt")
+        kind, text = next(iter(item.items()))
+        out.append((kind, text))
+    warm = tuple(out)
+    check_warm(warm)
+    return warm
+
+
+def check_warm(warm: Any) -> None:
+    """Raise ServiceError (without the field's name) for warm prompts serve would refuse."""
+    if not isinstance(warm, tuple):
+        raise ServiceError(f"{warm!r} must be a tuple of (kind, text) pairs")
+    if len(warm) > MAX_WARM_PROMPTS:
+        raise ServiceError(f"{len(warm)} prompts; at most {MAX_WARM_PROMPTS}")
+    total = 0
+    for i, pair in enumerate(warm):
+        if not (isinstance(pair, tuple) and len(pair) == 2 and pair[0] in WARM_KINDS
+                and isinstance(pair[1], str) and pair[1]):
+            raise ServiceError(f"item {i}: {pair!r} is not allowed; a non-empty text of kind "
+                               f"{' or '.join(WARM_KINDS)}")
+        if "\0" in pair[1]:
+            raise ServiceError(f"item {i}: a NUL character is not allowed")
+        total += len(pair[1].encode("utf-8", "surrogatepass"))
+    if total > MAX_WARM_BYTES:
+        raise ServiceError(f"{total} bytes of text; at most {MAX_WARM_BYTES} in all")
 
 
 # --------------------------------------------------------------------------- validation
@@ -309,6 +369,10 @@ def check_spec(s: ServiceSpec) -> None:
         raise ServiceError(f"backend: {s.backend!r} is not one of {', '.join(BACKENDS)}")
     if s.kv_cache not in KV_CACHES:
         raise ServiceError(f"kv_cache: {s.kv_cache!r} is not one of {', '.join(KV_CACHES)}")
+    try:
+        check_warm(s.warm_prompts)
+    except ServiceError as exc:
+        raise ServiceError(f"warm_prompts: {exc}") from None
     if not isinstance(s.user, str) or not _NAME_RE.fullmatch(s.user) or s.user == "root":
         raise ServiceError(f"user: {s.user!r} is not allowed; a system user name such as colibri "
                            f"(lowercase letters, digits, _ and -; not root)")
@@ -360,6 +424,8 @@ def parse_service(raw: Any, kpath: tuple[str, ...] = ("service",), *, root: str 
                 if not isinstance(value, list):
                     raise ServiceError(f"expected a list of group names such as [video], got {value!r}")
                 value = tuple(value)
+            elif key == "warm_prompts":
+                value = parse_warm_prompts(value)
             kw[key] = value
         except ServiceError as exc:
             raise fail(k, str(exc)) from None
@@ -380,7 +446,8 @@ def service_dict(spec: ServiceSpec) -> dict[str, Any]:
             "model_id": spec.model_id,
             # only when set: profiles without them keep their hash (and their builds)
             **({"kv_cache": spec.kv_cache} if spec.kv_cache != "f32" else {}),
-            **({"deadline_ms": spec.deadline_ms} if spec.deadline_ms is not None else {})}
+            **({"deadline_ms": spec.deadline_ms} if spec.deadline_ms is not None else {}),
+            **({"warm_prompts": [{k: t} for k, t in spec.warm_prompts]} if spec.warm_prompts else {})}
 
 
 # --------------------------------------------------------------------------- rendering

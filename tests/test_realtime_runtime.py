@@ -88,7 +88,7 @@ def test_serve_pins_each_slot_to_its_cpus_with_the_policy_and_counts_faults(host
                  "--barrier", "spin", "--deadline-ms", "86400000").start()
     try:
         ready = next(json.loads(x) for x in srv.lines if '"event": "ready"' in x)
-        assert ready["threads_per_slot"] == 1
+        assert ready["threads"] == 2  # the batch engine's workers, one on each listed CPU
         assert ready["realtime"] == {"cpus": cpus, "sched": "rr", "priority": 3, "barrier": "spin",
                                      "memory_locked": True}
         locked_kb = int(next(line.split()[1] for line in

@@ -19,6 +19,9 @@
  *     with forward calls on other contexts. Creating a context allocates its arena (the KV cache
  *     is not touched until used) and starts its workers: milliseconds (docs/runtime.md).
  *   - colibri_init/colibri_init_ex are the one-context form: a private model freed with it.
+ *   - colibri_engine (colibri_engine_new) runs one pass over the tokens of several contexts
+ *     (continuous batching, "Several sequences in one pass" below): during the call the calling
+ *     thread owns the engine and every context in the batch. One engine per thread.
  * Functions taking a const colibri_model * only read it and are thread safe. */
 #ifndef COLIBRI_H
 #define COLIBRI_H
@@ -208,6 +211,69 @@ colibri_status colibri_forward(colibri_ctx *ctx, const int32_t *ids, int n, floa
  * chunks of at most 64 tokens. Allocates nothing; on failure the KV position is unchanged. */
 colibri_status colibri_forward_last(colibri_ctx *ctx, const int32_t *ids, int n, float *logits);
 
+/* ---- Several sequences in one pass: continuous batching (docs/runtime.md, "Batching") -----
+ * A colibri_engine holds what a pass runs on (worker threads and chunk buffers, no cache of its
+ * own); the sequences are ordinary contexts on the same model (colibri_ctx_new with the same
+ * options: kv_dtype, int8_activations and backend must agree; their threads are not used, so 1
+ * is enough). colibri_forward_batch runs the tokens of every item in passes of up to 512 tokens,
+ * so each weight (every routed expert's included) is read once per pass for all the tokens that
+ * need it, and each item continues its own context from its own position.
+ *
+ * Batch invariance: on the CPU every logit and cache value of an item has the bits it would have
+ * from colibri_forward / colibri_forward_last on its context alone, whatever the other items,
+ * their order and lengths, and the thread count (docs/runtime.md "Batching" says why).
+ * On a CUDA engine (a GPU was found for its options) the items run one after the other, each as
+ * its own colibri_forward(_last) on its own CUDA context: the documented fallback, which keeps
+ * the same bits as alone and reads the weights once per item.
+ *
+ * Thread contract: during colibri_forward_batch (and colibri_gen_step) the calling thread uses
+ * the engine and every context named in the batch; none of them may be used by another thread at
+ * the same time. Contexts not in the batch are free for other threads. One engine per thread. */
+typedef struct colibri_engine colibri_engine;
+
+typedef struct {
+    colibri_ctx *seq;       /* the sequence (each context at most once per batch) */
+    const int32_t *ids;     /* n >= 1 tokens continuing it from its position */
+    int n;
+    float *logits;          /* NULL: none (CPU engine only); else n x vocab floats (all_logits)
+                               or vocab floats: the last token's */
+    int all_logits;
+} colibri_batch_item;
+
+/* opt: threads are the engine's (the pass's workers); backend chosen as colibri_ctx_new does. */
+colibri_status colibri_engine_new(colibri_engine **e, colibri_model *m, const colibri_options *opt);
+void colibri_engine_free(colibri_engine *e);
+/* Checks every item first (a refused batch changes nothing: COLIBRI_E_INVALID_ARG for a context
+ * on another model, backend or kv_dtype, or twice; _TOKEN_RANGE; _SEQ_TOO_LONG). Allocates
+ * nothing. */
+colibri_status colibri_forward_batch(colibri_engine *e, const colibri_batch_item *items, int n_items);
+const char *colibri_engine_last_error(const colibri_engine *e);
+void colibri_engine_get_runtime_info(const colibri_engine *e, colibri_runtime_info *info);
+/* NULL when the sequences of a batch share passes; else why each runs as its own pass, one
+ * after the other (same bits, the weights read once per sequence): a CUDA engine, or a model
+ * with a layer kind that has no multi-sequence pass yet (e.g. "layer 3's gated_deltanet kind
+ * runs one sequence per pass"). Valid until the next call on e. */
+const char *colibri_engine_unbatched(colibri_engine *e);
+
+/* ---- A sequence's state: save and restore (prompt prefix reuse) ----------------------------
+ * A snapshot is everything a context keeps about its sequence at its position: every layer's K
+ * and V rows (all positions for full attention, the ring's last positions for a sliding window)
+ * and any recurrent state, in host memory, for contexts on the same model with the same
+ * kv_dtype. Restoring it and continuing gives the bits computing the prefix again would give
+ * (prefill == decode). CPU contexts only (COLIBRI_E_UNSUPPORTED on CUDA). */
+/* Bytes a snapshot of ctx at its current position takes. */
+size_t colibri_seq_state_bytes(const colibri_ctx *ctx);
+/* Write it to buf (cap bytes); *len = the size (COLIBRI_E_BUFFER_TOO_SMALL when cap is less). */
+colibri_status colibri_seq_save(const colibri_ctx *ctx, void *buf, size_t cap, size_t *len);
+/* Make ctx's sequence the snapshot's first `keep` positions (keep = the snapshot's position, or
+ * fewer when colibri_model_can_truncate says the model allows it); ctx continues from keep. */
+colibri_status colibri_seq_restore(colibri_ctx *ctx, const void *buf, size_t len, int keep);
+/* The position a snapshot is at (-1 when buf is not one). */
+int colibri_seq_state_pos(const void *buf, size_t len);
+/* 1 when every layer keeps every position and no recurrent state (full attention throughout),
+ * so a snapshot can be restored to any shorter prefix; 0 when only to its own position. */
+int colibri_model_can_truncate(const colibri_model *m);
+
 /* Forget the sequence: the next forward starts at position 0 (recurrent states are zeroed). */
 colibri_status colibri_reset(colibri_ctx *ctx);
 
@@ -394,6 +460,34 @@ colibri_status colibri_generate(colibri_ctx *ctx, const colibri_generate_params 
                                 int32_t *out_ids, colibri_generate_result *r);
 /* "stop", "length", "context", "cancelled" or "none". */
 const char *colibri_finish_name(colibri_finish f);
+
+/* ---- Generations stepped together (continuous batching) ------------------------------------
+ * colibri_generate cut into steps: colibri_gen_new sets one up on its context (the checks and
+ * buffers of colibri_generate), colibri_gen_step advances several at once by one pass of the
+ * engine: each decoding generation's next token, then the prompts' next tokens (up to 512 rows in
+ * all), so a request may join or leave between any two steps. Every generation gives exactly
+ * the ids, text and finish colibri_generate would give it alone, in any company and join order
+ * (the pass's batch invariance; sampling draws depend only on the seed and the draw number).
+ * Callbacks run on the thread calling colibri_gen_step. The thread contract is the engine's:
+ * during a step, the calling thread owns the engine and every generation's context. */
+typedef struct colibri_gen colibri_gen;
+
+/* keep: 0 resets seq (as colibri_generate does); k > 0 means the first k prompt ids are already
+ * in seq at positions 0..k-1 (a prefix put there by colibri_seq_restore: seq's position must be
+ * k, and k < n_prompt). p is copied, and the prompt with it; stop strings and the callbacks'
+ * user data must live until colibri_gen_free. out_ids holds max_new ids. */
+colibri_status colibri_gen_new(colibri_gen **g, colibri_ctx *seq, const colibri_generate_params *p,
+                               int32_t *out_ids, int keep);
+/* One pass over the unfinished generations among gens[0..n) (each context at most once). A
+ * failed pass finishes the generations it carried with its status. */
+colibri_status colibri_gen_step(colibri_engine *e, colibri_gen *const *gens, int n);
+/* 1 once it has finished (the result is final). */
+int colibri_gen_done(const colibri_gen *g);
+/* Its result so far; returns COLIBRI_OK or the error that ended it (colibri_last_error(seq)). */
+colibri_status colibri_gen_result(const colibri_gen *g, colibri_generate_result *r);
+/* Its context's position: prompt ids computed so far plus generated ids fed back. */
+int colibri_gen_position(const colibri_gen *g);
+void colibri_gen_free(colibri_gen *g);
 
 /* ---- Chat (chat.c) -------------------------------------------------------------------------
  * The model's chat template, stored at conversion as a table of the text around each message

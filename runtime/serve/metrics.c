@@ -41,6 +41,10 @@ static void gauge(json_buf *b, const char *name, const char *help, int v) {
     jb_printf(b, "# HELP %s %s\n# TYPE %s gauge\n%s %d\n", name, help, name, name, v);
 }
 
+static void gauge_f(json_buf *b, const char *name, const char *help, double v) {
+    jb_printf(b, "# HELP %s %s\n# TYPE %s gauge\n%s %.0f\n", name, help, name, name, v);
+}
+
 void metrics_text(json_buf *b, const metrics *m, const metrics_gauges *g) {
     jb_puts(b, "# HELP colibri_requests_total HTTP requests answered, by status code.\n"
                "# TYPE colibri_requests_total counter\n");
@@ -76,4 +80,19 @@ void metrics_text(json_buf *b, const metrics *m, const metrics_gauges *g) {
     gauge(b, "colibri_slots", "Slots (contexts sharing the model).", g->slots);
     gauge(b, "colibri_draining", "1 after SIGTERM while in-flight requests finish.", g->draining);
     gauge(b, "colibri_connections", "Open client connections.", g->connections);
+    gauge(b, "colibri_batching", "1 when one pass per step computes every busy slot's tokens.", g->batching);
+    counter(b, "colibri_batch_passes_total", "Steps of the batch loop (one forward pass each).", g->batch_passes);
+    counter(b, "colibri_batch_rows_total", "Token rows those passes carried (prompt and generated).",
+            g->batch_rows);
+    counter(b, "colibri_batch_sequences_total", "Sequences those passes carried (per pass, summed).",
+            g->batch_seqs);
+    counter(b, "colibri_prefix_cache_hits_total", "Requests whose prompt began with a cached prefix.",
+            g->prefix_hits);
+    counter(b, "colibri_prefix_cache_misses_total", "Requests that found no cached prefix.", g->prefix_misses);
+    counter(b, "colibri_prefix_cache_tokens_saved_total", "Prompt tokens restored instead of computed.",
+            g->prefix_tokens_saved);
+    counter(b, "colibri_prefix_cache_evictions_total", "Cached prefixes dropped to make room.", g->prefix_evictions);
+    gauge(b, "colibri_prefix_cache_entries", "Cached prefixes.", g->prefix_entries);
+    gauge_f(b, "colibri_prefix_cache_bytes", "Bytes the cached prefixes take.", g->prefix_bytes);
+    gauge_f(b, "colibri_prefix_cache_capacity_bytes", "Most bytes the cache may take (0: off).", g->prefix_capacity);
 }

@@ -21,10 +21,16 @@ typedef struct {
     histogram first_token, per_token;
 } metrics;
 
-/* The gauges, read under the same locks as the counters they sit next to. */
+/* The gauges, read under the same locks as the counters they sit next to, and the counters
+ * the step loop and the prefix cache keep under their own locks. */
 typedef struct {
     int slots, slots_busy, queued, max_queue, draining;
     int connections;                    /* open: reading a head, answering, or in a request */
+    int batching;                       /* continuous batching on */
+    unsigned long long batch_passes, batch_rows, batch_seqs;
+    int prefix_entries;
+    double prefix_bytes, prefix_capacity;
+    unsigned long long prefix_hits, prefix_misses, prefix_tokens_saved, prefix_evictions;
 } metrics_gauges;
 
 void metrics_status(metrics *m, int status);

@@ -7,6 +7,15 @@
 #include "colibri.h"
 
 #define SERVE_MAX_ALLOW 16      /* --allow-host / --allow-origin given this many times at most */
+#define SERVE_MAX_WARM 16       /* warm prompts */
+
+/* A prompt computed at start-up and kept in the prefix cache (docs/serve.md, "Prompt prefix
+ * cache"): a chat system prompt (the chat template's head up to where the user's text starts),
+ * or a completion prompt's text. */
+typedef struct {
+    int chat;
+    const char *text;
+} serve_warm;
 
 typedef struct {
     const char *model_path;
@@ -31,6 +40,11 @@ typedef struct {
     colibri_backend backend;
     int int8_activations;
     colibri_kv_dtype kv_dtype;  /* --kv-cache; COLIBRI_KV_F32 by default */
+    int no_batching;            /* --no-batching: each slot runs its own passes (as before #26) */
+    long prefix_cache_mb;       /* --prefix-cache-mb; -1 (default): one slot's KV cache; 0: off */
+    serve_warm warm[SERVE_MAX_WARM]; /* --warm-system / --warm-prompt, in order */
+    int n_warm;
+    const char *warm_b64;       /* --warm-prompts-b64: base64 of a JSON list (the unit's form) */
     int deadline_ms;            /* --deadline-ms: a request's budget when it gives none; 0 none */
     /* real-time mode (global options; docs/runtime.md): slot i's workers run on the i-th run of
      * `threads` CPUs of cpus (slots x threads of them) */

@@ -173,6 +173,26 @@ static void handle_metrics(conn *c) {
     g.connections = S->conns;
     pthread_mutex_unlock(&S->mu);
     m.by_status[200]++; /* this answer */
+    g.batching = S->pool.engine != NULL && !S->pool.batch_off[0];
+    g.batch_passes = g.batch_rows = g.batch_seqs = 0;
+    if (S->pool.engine) {
+        pthread_mutex_lock(&S->pool.batch.mu);
+        g.batch_passes = S->pool.batch.passes;
+        g.batch_rows = S->pool.batch.rows;
+        g.batch_seqs = S->pool.batch.seqs;
+        m.gen_minor_faults += S->pool.batch.minor_faults; /* the engine computes for the slots */
+        m.gen_major_faults += S->pool.batch.major_faults;
+        pthread_mutex_unlock(&S->pool.batch.mu);
+    }
+    prefix_stats ps;
+    prefix_get_stats(&S->pool.prefix, &ps);
+    g.prefix_entries = ps.entries;
+    g.prefix_bytes = (double)ps.bytes;
+    g.prefix_capacity = (double)ps.limit;
+    g.prefix_hits = ps.hits;
+    g.prefix_misses = ps.misses;
+    g.prefix_tokens_saved = ps.tokens_saved;
+    g.prefix_evictions = ps.evictions;
     json_buf b = {0};
     metrics_text(&b, &m, &g);
     if (b.failed) fail_with(c, 500, "server_error", NULL, NULL, "out of memory");

@@ -20,6 +20,7 @@
 #include "connections.h"
 #include "routes.h"
 #include "service.h"
+#include "warm.h"
 
 #define MAX_LISTEN 4            /* listening sockets (a host name may resolve to v4 and v6) */
 
@@ -37,6 +38,7 @@ void server_default_options(server_options *o) {
     o->max_conns = 256;
     o->max_conns_per_addr = 32;
     o->backend = COLIBRI_BACKEND_AUTO;
+    o->prefix_cache_mb = -1;
 }
 
 /* The self-pipe the signal handler writes to (a handler cannot reach a server otherwise). */
@@ -160,7 +162,8 @@ static int load_model(server *S) {
     opt.barrier = o->barrier;
     opt.error = err;
     opt.error_len = sizeof err;
-    if (pool_open(&S->pool, o->model_path, &opt, o->slots, o->max_queue, why, sizeof why)) {
+    pool_config cfg = {!o->no_batching, o->prefix_cache_mb};
+    if (pool_open(&S->pool, o->model_path, &opt, o->slots, o->max_queue, &cfg, why, sizeof why)) {
         log_event("colibri serve: %s", why);
         return -1;
     }
@@ -183,23 +186,33 @@ static void model_id_from_path(server *S) {
     snprintf(S->model_id, sizeof S->model_id, "%.*s", (int)n, base);
 }
 
-static void log_ready(server *S, int port, double load_ms) {
+static void log_ready(server *S, int port, double load_ms, int warm, int warm_tokens) {
     const server_options *o = &S->o;
     colibri_runtime_info ri;
     colibri_get_runtime_info(S->pool.slots[0].ctx, &ri);
+    prefix_stats ps;
+    prefix_get_stats(&S->pool.prefix, &ps);
     json_buf b = {0};
     jb_puts(&b, "{\"event\": \"ready\", \"host\": ");
     jb_cstr(&b, o->host);
     jb_printf(&b, ", \"port\": %d, \"model\": ", port);
     jb_cstr(&b, S->model_id);
-    jb_printf(&b, ", \"slots\": %d, \"threads_per_slot\": %d, \"max_queue\": %d, \"backend\": \"%s\", "
+    jb_printf(&b, ", \"slots\": %d, \"threads\": %d, \"max_queue\": %d, \"backend\": \"%s\", "
                   "\"kv_cache\": \"%s\", \"api_key\": %s, \"load_ms\": %.1f, \"tokenizer\": %s, \"chat_template\": %s, "
                   "\"max_connections\": %d, \"max_connections_per_address\": %d, \"cuda_fallback\": ",
-              S->pool.n, ri.threads, o->max_queue, ri.backend, ri.kv_dtype, S->api_key_len ? "true" : "false",
+              S->pool.n, S->pool.threads, o->max_queue, ri.backend, ri.kv_dtype, S->api_key_len ? "true" : "false",
               load_ms, S->tinfo.has_tokenizer ? "true" : "false", S->has_chat_template ? "true" : "false",
               o->max_conns, o->max_conns_per_addr);
     if (ri.fallback_reason[0]) jb_cstr(&b, ri.fallback_reason);
     else jb_puts(&b, "null");
+    /* continuous batching, or why not; the prefix cache's size (MiB), or why it is off */
+    jb_puts(&b, ", \"batching\": ");
+    if (S->pool.engine && !S->pool.batch_off[0]) jb_puts(&b, "true");
+    else jb_cstr(&b, S->pool.batch_off);
+    jb_puts(&b, ", \"prefix_cache_mb\": ");
+    if (ps.limit) jb_num(&b, (double)ps.limit / (1 << 20));
+    else jb_cstr(&b, S->pool.prefix_off);
+    jb_printf(&b, ", \"warm_prompts\": %d, \"warm_tokens\": %d", warm, warm_tokens);
     jb_puts(&b, ", \"realtime\": {\"cpus\": ");
     if (o->n_cpus) {
         jb_puts(&b, "\"");
@@ -248,8 +261,13 @@ int server_run(const server_options *o) {
         pool_close(&S.pool);
         return 1;
     }
+    int warm = 0, warm_tokens = 0;
+    if (warm_run(&S, &warm, &warm_tokens)) {
+        pool_close(&S.pool);
+        return 1;
+    }
     S.ready = 1;
-    log_ready(&S, port, now_ms() - t0);
+    log_ready(&S, port, now_ms() - t0, warm, warm_tokens);
 
     connections_run(&S, lfds, nl, pipefd[0]);
     for (int i = 0; i < nl; i++) close(lfds[i]); /* new connections are refused from here on */

@@ -4,14 +4,14 @@
  *           [--slots N] [--max-queue Q] [--api-key-file F] [--model-id NAME]
  *           [--max-body BYTES] [--head-timeout MS] [--read-timeout MS] [--write-timeout MS]
  *           [--drain-timeout MS] [--max-connections N] [--max-connections-per-address N]
- *           [--allow-host NAMES] [--allow-origin ORIGINS]
+ *           [--allow-host NAMES] [--allow-origin ORIGINS] [--no-batching] [--prefix-cache-mb N]
+ *           [--warm-system TEXT]... [--warm-prompt TEXT]... [--warm-prompts-b64 B]
  *
  * Exit status: 0 after SIGTERM/SIGINT and the drain, 1 when the service cannot start (model,
  * key file, address), 2 usage. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "cli.h"
 #include "colibri.h"
@@ -24,8 +24,17 @@ static int serve_usage_to(FILE *f, const char *msg) {
             "usage: colibri serve MODEL [options]\n"
             "  --host ADDR          address to listen on (default 127.0.0.1; beyond loopback needs --api-key-file)\n"
             "  --port N             TCP port (default 8080; 0 picks a free one, printed in the ready line)\n"
-            "  --slots N            concurrent generations, one context each over the shared model (default 1)\n"
-            "  --threads T          compute threads per slot (default: online CPUs / slots)\n"
+            "  --slots N            concurrent generations, one context (KV cache) each over the shared\n"
+            "                       model (default 1); on the CPU one pass per step computes them all\n"
+            "  --threads T          compute threads: the CPU engine's, shared by every slot (default:\n"
+            "                       online CPUs); with --no-batching or on CUDA, per slot (online CPUs / slots)\n"
+            "  --no-batching        each slot runs its own passes (continuous batching is on by default)\n"
+            "  --prefix-cache-mb N  memory for prompt prefixes kept for reuse (default: one slot's KV\n"
+            "                       cache; 0: off)\n"
+            "  --warm-system TEXT   a chat system prompt computed at start-up and kept (repeatable)\n"
+            "  --warm-prompt TEXT   a completion prompt's text computed at start-up and kept (repeatable)\n"
+            "  --warm-prompts-b64 B base64 of a JSON list of {\"system\": TEXT} / {\"prompt\": TEXT}\n"
+            "                       (what the systemd unit passes: the profile's service.warm_prompts)\n"
             "  --max-queue Q        requests that may wait for a slot; beyond: 503 + Retry-After (default 16)\n"
             "  --api-key-file F     first line is the key; clients send 'Authorization: Bearer KEY'\n"
             "  --model-id NAME      model name in the API (default: the file name without .colibri)\n"
@@ -48,8 +57,9 @@ static int serve_usage_to(FILE *f, const char *msg) {
             "                       refused with 403 (default: none)\n"
             "Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,\n"
             "GET /metrics. One JSON log line per request on stderr. Exit 0 after SIGTERM.\n"
-            "Here --threads (a global option) is per slot (default: online CPUs / slots); with --cpus,\n"
-            "slot i's workers run on the i-th --threads CPUs of the list (default: CPUs / slots).\n"
+            "Here --threads (a global option) is the batch engine's (see above). With --cpus (real-time\n"
+            "mode) the list has --slots x --threads CPUs: the batch engine's workers run on all of them;\n"
+            "with --no-batching or on CUDA slot i's run on the i-th --threads CPUs of the list.\n"
             CLI_GLOBAL_HELP);
     return 2;
 }
@@ -75,6 +85,14 @@ int cmd_serve(const cli_globals *g, int argc, char **argv) {
         else if (!strcmp(a, "--slots")) RANGE(1, 64, o.slots, "--slots must be 1..64");
         else if (!strcmp(a, "--max-queue")) RANGE(0, 4096, o.max_queue, "--max-queue must be 0..4096");
         else if (!strcmp(a, "--api-key-file")) { VALUE(); o.api_key_file = v; }
+        else if (!strcmp(a, "--no-batching")) o.no_batching = 1;
+        else if (!strcmp(a, "--prefix-cache-mb")) RANGE(0, 1L << 20, o.prefix_cache_mb, "--prefix-cache-mb must be 0..1048576");
+        else if (!strcmp(a, "--warm-system") || !strcmp(a, "--warm-prompt")) {
+            VALUE();
+            if (!*v) return serve_usage("a warm prompt must not be empty");
+            if (o.n_warm >= SERVE_MAX_WARM) return serve_usage("at most 16 warm prompts");
+            o.warm[o.n_warm++] = (serve_warm){!strcmp(a, "--warm-system"), v};
+        } else if (!strcmp(a, "--warm-prompts-b64")) { VALUE(); o.warm_b64 = v; }
         else if (!strcmp(a, "--model-id")) {
             VALUE();
             if (!*v || strlen(v) > 100) return serve_usage("--model-id must be 1..100 characters");
@@ -122,10 +140,5 @@ int cmd_serve(const cli_globals *g, int argc, char **argv) {
     o.lock_memory = globals.lock_memory;
     o.barrier = globals.barrier;
     if (cli_lock_process(&globals, o.model_path)) return 1;
-    if (o.threads == 0) {
-        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-        o.threads = cpus > o.slots ? (int)(cpus / o.slots) : 1;
-        if (o.threads > 64) o.threads = 64;
-    }
-    return server_run(&o);
+    return server_run(&o); /* threads 0: the pool picks (slots.h, pool_open) */
 }

@@ -16,7 +16,7 @@
 
 #define COLIBRI_MAX_THREADS 64
 
-static colibri_status set_err(colibri_ctx *ctx, colibri_status s, const char *fmt, ...) {
+colibri_status colibri_ctx_fail(colibri_ctx *ctx, colibri_status s, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(ctx->err, sizeof ctx->err, fmt, ap);
@@ -84,9 +84,8 @@ static void model_unref(colibri_model *m) {
     }
 }
 
-/* A CUDA context for ctx on the model's shared device, opening the device on first use. */
-static int model_cuda_open(colibri_model *model, colibri_cuda **out, int kv_f16, char *why,
-                           size_t why_len) {
+/* The model's shared CUDA device, opened on first use; NULL with the reason in why. */
+static colibri_cuda_device *model_gpu(colibri_model *model, char *why, size_t why_len) {
     pthread_mutex_lock(&model->gpu_mu);
     if (!model->gpu_tried) {
         model->gpu_tried = 1;
@@ -96,6 +95,13 @@ static int model_cuda_open(colibri_model *model, colibri_cuda **out, int kv_f16,
     colibri_cuda_device *dv = model->gpu;
     if (!dv) snprintf(why, why_len, "%s", model->gpu_why);
     pthread_mutex_unlock(&model->gpu_mu);
+    return dv;
+}
+
+/* A CUDA context for ctx on the model's shared device. */
+static int model_cuda_open(colibri_model *model, colibri_cuda **out, int kv_f16, char *why,
+                           size_t why_len) {
+    colibri_cuda_device *dv = model_gpu(model, why, why_len);
     if (!dv) return -1;
     return colibri_cuda_open_on(out, dv, COLIBRI_STREAM_COUNT, kv_f16, why, why_len);
 }
@@ -112,42 +118,42 @@ static const char *sched_name(colibri_sched s) {
  * allowed to it (sched_getaffinity), a priority in the policy's range. */
 static colibri_status check_realtime(colibri_ctx *ctx, const colibri_options *o) {
     if (o->n_cpus < 0 || o->n_cpus > COLIBRI_MAX_THREADS || (o->n_cpus && !o->cpus))
-        return set_err(ctx, COLIBRI_E_INVALID_ARG, "n_cpus must be 0..%d, with cpus when > 0",
+        return colibri_ctx_fail(ctx, COLIBRI_E_INVALID_ARG, "n_cpus must be 0..%d, with cpus when > 0",
                        COLIBRI_MAX_THREADS);
     if (o->n_cpus && o->threads && o->threads != o->n_cpus)
-        return set_err(ctx, COLIBRI_E_INVALID_ARG, "threads %d and %d cpus: one worker thread runs "
+        return colibri_ctx_fail(ctx, COLIBRI_E_INVALID_ARG, "threads %d and %d cpus: one worker thread runs "
                        "on each CPU, so give as many CPUs as threads (or threads 0)", o->threads,
                        o->n_cpus);
     cpu_set_t allowed;
     CPU_ZERO(&allowed);
     if (o->n_cpus && sched_getaffinity(0, sizeof allowed, &allowed) != 0)
-        return set_err(ctx, COLIBRI_E_REALTIME, "sched_getaffinity: %s", strerror(errno));
+        return colibri_ctx_fail(ctx, COLIBRI_E_REALTIME, "sched_getaffinity: %s", strerror(errno));
     for (int i = 0; i < o->n_cpus; i++) {
         int c = o->cpus[i];
         if (c < 0 || c >= CPU_SETSIZE)
-            return set_err(ctx, COLIBRI_E_INVALID_ARG, "cpus[%d] = %d is not a CPU number", i, c);
+            return colibri_ctx_fail(ctx, COLIBRI_E_INVALID_ARG, "cpus[%d] = %d is not a CPU number", i, c);
         for (int j = 0; j < i; j++)
             if (o->cpus[j] == c)
-                return set_err(ctx, COLIBRI_E_INVALID_ARG, "CPU %d is given twice: one worker "
+                return colibri_ctx_fail(ctx, COLIBRI_E_INVALID_ARG, "CPU %d is given twice: one worker "
                                "thread per CPU", c);
         if (!CPU_ISSET(c, &allowed)) {
             char list[256] = "";
             size_t n = 0;
             for (int k = 0; k < CPU_SETSIZE && n + 8 < sizeof list; k++)
                 if (CPU_ISSET(k, &allowed)) n += (size_t)snprintf(list + n, sizeof list - n, "%s%d", n ? "," : "", k);
-            return set_err(ctx, COLIBRI_E_REALTIME, "CPU %d is not one this process may run on "
+            return colibri_ctx_fail(ctx, COLIBRI_E_REALTIME, "CPU %d is not one this process may run on "
                            "(allowed: %s; offline, or outside its CPUAffinity=/cpuset)", c, list);
         }
     }
     if (o->sched != COLIBRI_SCHED_OTHER && o->sched != COLIBRI_SCHED_FIFO && o->sched != COLIBRI_SCHED_RR)
-        return set_err(ctx, COLIBRI_E_INVALID_ARG, "sched must be other, fifo or rr (0..2), got %d",
+        return colibri_ctx_fail(ctx, COLIBRI_E_INVALID_ARG, "sched must be other, fifo or rr (0..2), got %d",
                        (int)o->sched);
     if (o->sched == COLIBRI_SCHED_OTHER ? o->sched_priority != 0
                                         : (o->sched_priority < 1 || o->sched_priority > 99))
-        return set_err(ctx, COLIBRI_E_INVALID_ARG, "sched_priority %d: 1..99 with fifo or rr, 0 "
+        return colibri_ctx_fail(ctx, COLIBRI_E_INVALID_ARG, "sched_priority %d: 1..99 with fifo or rr, 0 "
                        "with other", o->sched_priority);
     if (o->barrier != COLIBRI_BARRIER_SLEEP && o->barrier != COLIBRI_BARRIER_SPIN)
-        return set_err(ctx, COLIBRI_E_INVALID_ARG, "barrier must be sleep or spin (0, 1), got %d",
+        return colibri_ctx_fail(ctx, COLIBRI_E_INVALID_ARG, "barrier must be sleep or spin (0, 1), got %d",
                        (int)o->barrier);
     return COLIBRI_OK;
 }
@@ -163,7 +169,7 @@ static colibri_status lock_range(colibri_ctx *ctx, const void *p, size_t n, cons
         if (rl.rlim_cur == RLIM_INFINITY) snprintf(limit, sizeof limit, "unlimited");
         else snprintf(limit, sizeof limit, "%llu KiB", (unsigned long long)rl.rlim_cur / 1024);
     }
-    return set_err(ctx, COLIBRI_E_REALTIME, "locking %s (%.1f MiB) in memory: %s; RLIMIT_MEMLOCK "
+    return colibri_ctx_fail(ctx, COLIBRI_E_REALTIME, "locking %s (%.1f MiB) in memory: %s; RLIMIT_MEMLOCK "
                    "is %s (ulimit -l): raise it, e.g. LimitMEMLOCK=infinity in the systemd unit "
                    "(the kit renders it from the profile's realtime.lock_memory), or give the "
                    "process CAP_IPC_LOCK", what, (double)n / (1 << 20), strerror(e), limit);
@@ -205,7 +211,7 @@ typedef struct {
 static colibri_status pass_begin(colibri_ctx *ctx, pass *p) {
     char why[384] = "";
     if (colibri_pool_enter(&ctx->pool, why, sizeof why) != 0)
-        return set_err(ctx, COLIBRI_E_REALTIME, "%s", why);
+        return colibri_ctx_fail(ctx, COLIBRI_E_REALTIME, "%s", why);
     p->counted = getrusage(RUSAGE_THREAD, &p->ru) == 0;
     return COLIBRI_OK;
 }
@@ -217,41 +223,102 @@ static void pass_end(colibri_ctx *ctx, const pass *p) {
     ctx->caller_majflt += (unsigned long long)(now.ru_majflt - p->ru.ru_majflt);
 }
 
-colibri_status colibri_ctx_new(colibri_ctx **out, colibri_model *model,
-                               const colibri_options *opt_in) {
-    colibri_options opt;
-    if (opt_in) opt = *opt_in;
-    else colibri_default_options(&opt);
-    if (!out) return COLIBRI_E_INVALID_ARG;
-    *out = NULL;
+/* The CPU side of a context or an engine: its arena (carved by colibri_arena_plan), the
+ * working buffers touched now, the worker threads. */
+static colibri_status cpu_setup(colibri_ctx *ctx) {
+    const struct colibri_model *m = ctx->model;
+    int threads = ctx->opt.threads;
+    int kv_f16 = ctx->opt.kv_dtype == COLIBRI_KV_F16;
+    if (!ctx->engine) {
+        ctx->b.cache = calloc(m->n_layers, sizeof *ctx->b.cache);
+        if (!ctx->b.cache)
+            return colibri_ctx_fail(ctx, COLIBRI_E_NO_MEMORY, "cannot allocate %u layer caches", m->n_layers);
+    }
+    size_t bytes = colibri_arena_plan(m, threads, ctx->use_q8, kv_f16, ctx->engine, &ctx->b, NULL);
+    if (posix_memalign(&ctx->arena, 4096, bytes) != 0) {
+        ctx->arena = NULL;
+        return colibri_ctx_fail(ctx, COLIBRI_E_NO_MEMORY,
+                       "cannot allocate the %zu-byte arena (max_seq_len %u, %u layers)", bytes,
+                       m->max_seq_len, m->n_layers);
+    }
+    ctx->arena_bytes = bytes;
+    colibri_arena_plan(m, threads, ctx->use_q8, kv_f16, ctx->engine, &ctx->b, ctx->arena);
+    /* Touch the working buffers now (not the KV cache, which can be large and is written
+     * before it is read), so forward never takes first-touch page faults on them. */
+    size_t kv_lo = (size_t)((uint8_t *)ctx->b.kcache - (uint8_t *)ctx->arena);
+    size_t kv_hi = (size_t)((uint8_t *)ctx->b.router - (uint8_t *)ctx->arena);
+    memset(ctx->arena, 0, kv_lo);
+    memset((uint8_t *)ctx->arena + kv_hi, 0, bytes - kv_hi);
+    if (ctx->b.state_bytes) memset(ctx->b.state, 0, ctx->b.state_bytes); /* recurrent kinds */
+    if (ctx->opt.lock_memory) { /* pre-fault and keep every page: weights, buffers, KV cache */
+        colibri_status rs = lock_model(ctx);
+        if (rs || (rs = lock_range(ctx, ctx->arena, bytes, "the arena"))) return rs;
+        ctx->locked_bytes += bytes;
+    }
+    colibri_pool_config pc;
+    pool_config(&ctx->opt, &pc);
+    char why[384] = "";
+    if (colibri_pool_start_ex(&ctx->pool, threads, &pc, why, sizeof why) != 0) {
+        int realtime = pc.cpus || pc.policy != SCHED_OTHER || pc.lock_stacks;
+        return colibri_ctx_fail(ctx, realtime ? COLIBRI_E_REALTIME : COLIBRI_E_NO_MEMORY,
+                                "cannot start %d threads: %s", threads, why[0] ? why : "out of memory");
+    }
+    ctx->pool_started = 1;
+    return COLIBRI_OK;
+}
+
+/* The options every context and engine checks the same way. */
+static colibri_status check_options(colibri_ctx *ctx, const colibri_options *opt) {
+    if (opt->threads < 0 || opt->threads > COLIBRI_MAX_THREADS ||
+        (opt->backend != COLIBRI_BACKEND_AUTO && opt->backend != COLIBRI_BACKEND_CPU &&
+         opt->backend != COLIBRI_BACKEND_CUDA))
+        return colibri_ctx_fail(ctx, COLIBRI_E_INVALID_ARG,
+                       "threads must be 0..%d and backend auto, cpu or cuda", COLIBRI_MAX_THREADS);
+    if (opt->kv_dtype != COLIBRI_KV_F32 && opt->kv_dtype != COLIBRI_KV_F16)
+        return colibri_ctx_fail(ctx, COLIBRI_E_INVALID_ARG,
+                       "kv_dtype must be COLIBRI_KV_F32 (0) or COLIBRI_KV_F16 (1), got %d",
+                       (int)opt->kv_dtype);
+    colibri_status rs = check_realtime(ctx, opt);
+    if (rs) return rs;
+    if (opt->threads == 0) ctx->opt.threads = opt->n_cpus ? opt->n_cpus : default_threads();
+    if (opt->n_cpus) { /* the context keeps its own copy of the CPU list */
+        memcpy(ctx->cpus, opt->cpus, (size_t)opt->n_cpus * sizeof *ctx->cpus);
+        ctx->opt.cpus = ctx->cpus;
+    }
+    return COLIBRI_OK;
+}
+
+/* What a context and an engine start with: the options (opt_in or the defaults, into *opt),
+ * checked, and a reference on the model. *ctx is NULL on failure (the reason in opt->error). */
+static colibri_status ctx_begin(colibri_ctx **ctx_out, colibri_model *model, const colibri_options *opt_in,
+                                colibri_options *opt, int engine) {
+    if (opt_in) *opt = *opt_in;
+    else colibri_default_options(opt);
+    *ctx_out = NULL;
     if (!model) {
-        report(&opt, "%s", "model is NULL");
+        report(opt, "%s", "model is NULL");
         return COLIBRI_E_INVALID_ARG;
     }
     colibri_ctx *ctx = calloc(1, sizeof *ctx);
     if (!ctx) return COLIBRI_E_NO_MEMORY;
     __atomic_add_fetch(&model->refs, 1, __ATOMIC_ACQ_REL);
     ctx->model = model;
-    ctx->opt = opt;
-    if (opt.threads < 0 || opt.threads > COLIBRI_MAX_THREADS ||
-        (opt.backend != COLIBRI_BACKEND_AUTO && opt.backend != COLIBRI_BACKEND_CPU &&
-         opt.backend != COLIBRI_BACKEND_CUDA))
-        return init_fail(ctx, &opt,
-                         set_err(ctx, COLIBRI_E_INVALID_ARG,
-                                 "threads must be 0..%d and backend auto, cpu or cuda",
-                                 COLIBRI_MAX_THREADS));
-    if (opt.kv_dtype != COLIBRI_KV_F32 && opt.kv_dtype != COLIBRI_KV_F16)
-        return init_fail(ctx, &opt,
-                         set_err(ctx, COLIBRI_E_INVALID_ARG,
-                                 "kv_dtype must be COLIBRI_KV_F32 (0) or COLIBRI_KV_F16 (1), got %d",
-                                 (int)opt.kv_dtype));
-    colibri_status rs = check_realtime(ctx, &opt);
-    if (rs) return init_fail(ctx, &opt, rs);
-    if (opt.threads == 0) ctx->opt.threads = opt.n_cpus ? opt.n_cpus : default_threads();
-    if (opt.n_cpus) { /* the context keeps its own copy of the CPU list */
-        memcpy(ctx->cpus, opt.cpus, (size_t)opt.n_cpus * sizeof *ctx->cpus);
-        ctx->opt.cpus = ctx->cpus;
-    }
+    ctx->opt = *opt;
+    ctx->engine = engine;
+    colibri_status cs = check_options(ctx, opt);
+    if (cs) return init_fail(ctx, opt, cs);
+    *ctx_out = ctx;
+    return COLIBRI_OK;
+}
+
+colibri_status colibri_ctx_new(colibri_ctx **out, colibri_model *model,
+                               const colibri_options *opt_in) {
+    colibri_options opt;
+    if (!out) return COLIBRI_E_INVALID_ARG;
+    *out = NULL;
+    colibri_ctx *ctx;
+    colibri_status cs = ctx_begin(&ctx, model, opt_in, &opt, 0);
+    if (cs) return cs;
     const struct colibri_model *m = ctx->model;
 
     /* Backend: CUDA when asked for or available; otherwise the CPU with the reason kept. The
@@ -264,7 +331,7 @@ colibri_status colibri_ctx_new(colibri_ctx **out, colibri_model *model,
             ctx->cuda = NULL;
             if (opt.backend == COLIBRI_BACKEND_CUDA)
                 return init_fail(ctx, &opt,
-                                 set_err(ctx, COLIBRI_E_BACKEND, "CUDA: %s", why));
+                                 colibri_ctx_fail(ctx, COLIBRI_E_BACKEND, "CUDA: %s", why));
             snprintf(ctx->fallback, sizeof ctx->fallback, "%s", why[0] ? why : "unknown");
         }
     }
@@ -273,44 +340,8 @@ colibri_status colibri_ctx_new(colibri_ctx **out, colibri_model *model,
     ctx->use_q8 = opt.int8_activations && (m->dtype == COLIBRI_DT_INT8 || m->dtype == COLIBRI_DT_Q4);
     ctx->mx_a8 = opt.int8_activations && m->has_mxfp4; /* kernels_mxfp4.c quantises per block */
     if (!ctx->cuda) {
-        int threads = ctx->opt.threads;
-        int kv_f16 = opt.kv_dtype == COLIBRI_KV_F16;
-        ctx->b.cache = calloc(m->n_layers, sizeof *ctx->b.cache);
-        if (!ctx->b.cache)
-            return init_fail(ctx, &opt, set_err(ctx, COLIBRI_E_NO_MEMORY,
-                                                "cannot allocate %u layer caches", m->n_layers));
-        size_t bytes = colibri_arena_plan(m, threads, ctx->use_q8, kv_f16, &ctx->b, NULL);
-        if (posix_memalign(&ctx->arena, 4096, bytes) != 0) {
-            ctx->arena = NULL;
-            return init_fail(ctx, &opt,
-                             set_err(ctx, COLIBRI_E_NO_MEMORY,
-                                     "cannot allocate the %zu-byte arena (max_seq_len %u, %u layers)",
-                                     bytes, m->max_seq_len, m->n_layers));
-        }
-        ctx->arena_bytes = bytes;
-        colibri_arena_plan(m, threads, ctx->use_q8, kv_f16, &ctx->b, ctx->arena);
-        /* Touch the working buffers now (not the KV cache, which can be large and is written
-         * before it is read), so forward never takes first-touch page faults on them. */
-        size_t kv_lo = (size_t)((uint8_t *)ctx->b.kcache - (uint8_t *)ctx->arena);
-        size_t kv_hi = (size_t)((uint8_t *)ctx->b.router - (uint8_t *)ctx->arena);
-        memset(ctx->arena, 0, kv_lo);
-        memset((uint8_t *)ctx->arena + kv_hi, 0, bytes - kv_hi);
-        if (ctx->b.state_bytes) memset(ctx->b.state, 0, ctx->b.state_bytes); /* recurrent kinds */
-        if (opt.lock_memory) { /* pre-fault and keep every page: weights, buffers, KV cache */
-            if ((rs = lock_model(ctx)) || (rs = lock_range(ctx, ctx->arena, bytes, "the arena")))
-                return init_fail(ctx, &opt, rs);
-            ctx->locked_bytes += bytes;
-        }
-        colibri_pool_config pc;
-        pool_config(&ctx->opt, &pc);
-        char why[384] = "";
-        if (colibri_pool_start_ex(&ctx->pool, threads, &pc, why, sizeof why) != 0) {
-            int realtime = pc.cpus || pc.policy != SCHED_OTHER || pc.lock_stacks;
-            return init_fail(ctx, &opt, set_err(ctx, realtime ? COLIBRI_E_REALTIME : COLIBRI_E_NO_MEMORY,
-                                                "cannot start %d threads: %s", threads,
-                                                why[0] ? why : "out of memory"));
-        }
-        ctx->pool_started = 1;
+        colibri_status st = cpu_setup(ctx);
+        if (st) return init_fail(ctx, &opt, st);
     } else {
         /* CUDA: the calling thread is the only CPU worker (cpus[0] and the policy); the model's
          * host mapping is locked when the device reads it in place (mapped weights) */
@@ -324,7 +355,8 @@ colibri_status colibri_ctx_new(colibri_ctx **out, colibri_model *model,
             colibri_cuda_info ci;
             memset(&ci, 0, sizeof ci);
             colibri_cuda_get_info(ctx->cuda, &ci);
-            if (!strcmp(ci.weights, "mapped") && (rs = lock_model(ctx))) return init_fail(ctx, &opt, rs);
+            colibri_status rs = strcmp(ci.weights, "mapped") ? COLIBRI_OK : lock_model(ctx);
+            if (rs) return init_fail(ctx, &opt, rs);
         }
     }
     ctx->memory_locked = opt.lock_memory;
@@ -349,19 +381,189 @@ colibri_status colibri_init_ex(colibri_ctx **out, const char *path, const colibr
 
 colibri_model *colibri_ctx_model(const colibri_ctx *ctx) { return ctx ? ctx->model : NULL; }
 
+/* ---- the batch engine (continuous batching) ------------------------------------------------ */
+
+/* The first layer whose kind cannot share a pass between sequences (kinds.h multi_seq), as a
+ * reason; 0 when every layer can. */
+static int unbatched_layer(const struct colibri_model *m, char *why, size_t len) {
+    for (uint32_t l = 0; l < m->n_layers; l++) {
+        const colibri_layer_kind *k = !m->layers[l].mixer->multi_seq ? m->layers[l].mixer
+                                      : !m->layers[l].ffn->multi_seq ? m->layers[l].ffn : NULL;
+        if (k) {
+            snprintf(why, len, "layer %u's %s kind runs one sequence per pass", l, k->name);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+colibri_status colibri_engine_new(colibri_engine **out, colibri_model *model,
+                                  const colibri_options *opt_in) {
+    colibri_options opt;
+    if (!out) return COLIBRI_E_INVALID_ARG;
+    *out = NULL;
+    colibri_engine *e = calloc(1, sizeof *e);
+    if (!e) return COLIBRI_E_NO_MEMORY;
+    colibri_ctx *ctx;
+    colibri_status st = ctx_begin(&ctx, model, opt_in, &opt, 1);
+    if (st) {
+        free(e);
+        return st;
+    }
+    /* The backend is chosen as colibri_ctx_new chooses it for the same options, so contexts made
+     * with them run on the engine's backend. A CUDA engine holds nothing of its own: each
+     * sequence runs as its own pass on its own CUDA context (docs/runtime.md, "Batching"). */
+    if (opt.backend != COLIBRI_BACKEND_CPU) {
+        char why[192] = "";
+        e->cuda = model_gpu(model, why, sizeof why) != NULL;
+        if (!e->cuda && opt.backend == COLIBRI_BACKEND_CUDA)
+            st = colibri_ctx_fail(ctx, COLIBRI_E_BACKEND, "CUDA: %s", why);
+        else if (!e->cuda)
+            snprintf(ctx->fallback, sizeof ctx->fallback, "%s", why[0] ? why : "unknown");
+    }
+    if (!st && !e->cuda) {
+        ctx->simd = colibri_kernels_init();
+        ctx->use_q8 = opt.int8_activations &&
+                      (model->dtype == COLIBRI_DT_INT8 || model->dtype == COLIBRI_DT_Q4);
+        ctx->mx_a8 = opt.int8_activations && model->has_mxfp4;
+        st = cpu_setup(ctx);
+        ctx->memory_locked = opt.lock_memory;
+    }
+    if (st) {
+        free(e);
+        return init_fail(ctx, &opt, st);
+    }
+    e->ctx = ctx;
+    *out = e;
+    return COLIBRI_OK;
+}
+
+void colibri_engine_free(colibri_engine *e) {
+    if (!e) return;
+    colibri_free(e->ctx);
+    free(e);
+}
+
+const char *colibri_engine_last_error(const colibri_engine *e) { return e ? e->ctx->err : ""; }
+
+const char *colibri_engine_unbatched(colibri_engine *e) {
+    if (!e) return "no engine";
+    if (e->cuda) return "the CUDA engine runs each sequence as its own pass";
+    return unbatched_layer(e->ctx->model, e->unbatched, sizeof e->unbatched) ? e->unbatched : NULL;
+}
+
+void colibri_engine_get_runtime_info(const colibri_engine *e, colibri_runtime_info *i) {
+    colibri_get_runtime_info(e->ctx, i);
+    if (e->cuda) snprintf(i->backend, sizeof i->backend, "%s", "cuda");
+}
+
+/* Every item against the engine, before any work: so a refused batch changes nothing. */
+static colibri_status check_batch(colibri_ctx *eng, int cuda, const colibri_batch_item *it, int n) {
+    const struct colibri_model *m = eng->model;
+    if (!it || n < 1) return colibri_ctx_fail(eng, COLIBRI_E_INVALID_ARG, "a batch needs n_items >= 1 items");
+    for (int i = 0; i < n; i++) {
+        const colibri_ctx *sq = it[i].seq;
+        if (!sq || sq->engine || !it[i].ids || it[i].n < 1)
+            return colibri_ctx_fail(eng, COLIBRI_E_INVALID_ARG,
+                           "item %d: needs a context (not an engine), ids and n >= 1", i);
+        if (sq->model != m)
+            return colibri_ctx_fail(eng, COLIBRI_E_INVALID_ARG,
+                           "item %d: its context runs another model than the engine", i);
+        if ((sq->cuda != NULL) != cuda)
+            return colibri_ctx_fail(eng, COLIBRI_E_INVALID_ARG,
+                           "item %d: its context runs on %s, the engine on %s (make both with "
+                           "the same options)", i, sq->cuda ? "cuda" : "cpu", cuda ? "cuda" : "cpu");
+        if (!cuda && (sq->opt.kv_dtype != eng->opt.kv_dtype || sq->use_q8 != eng->use_q8 ||
+                     sq->mx_a8 != eng->mx_a8))
+            return colibri_ctx_fail(eng, COLIBRI_E_INVALID_ARG,
+                           "item %d: its context's kv_dtype or int8_activations differ from the "
+                           "engine's (its logits would not be its own)", i);
+        if (cuda && !it[i].logits)
+            return colibri_ctx_fail(eng, COLIBRI_E_INVALID_ARG,
+                           "item %d: a CUDA engine needs logits for every item", i);
+        for (int k = 0; k < i; k++)
+            if (it[k].seq == sq)
+                return colibri_ctx_fail(eng, COLIBRI_E_INVALID_ARG,
+                               "items %d and %d: one context twice in a batch", k, i);
+        for (int j = 0; j < it[i].n; j++)
+            if (it[i].ids[j] < 0 || (uint32_t)it[i].ids[j] >= m->vocab_size)
+                return colibri_ctx_fail(eng, COLIBRI_E_TOKEN_RANGE,
+                               "item %d: token id %d at index %d is outside the vocabulary (0..%u)",
+                               i, (int)it[i].ids[j], j, m->vocab_size - 1);
+        if ((long)sq->pos + it[i].n > (long)m->max_seq_len)
+            return colibri_ctx_fail(eng, COLIBRI_E_SEQ_TOO_LONG,
+                           "item %d: %d cached + %d new tokens > max_seq_len %u", i, sq->pos,
+                           it[i].n, m->max_seq_len);
+    }
+    return COLIBRI_OK;
+}
+
+colibri_status colibri_batch_run(colibri_ctx *eng, int cuda, const colibri_batch_item *it, int n) {
+    eng->err[0] = '\0';
+    colibri_status st = check_batch(eng, cuda, it, n);
+    if (st) return st;
+    size_t V = eng->model->vocab_size;
+    if (cuda) { /* the fallback: each sequence its own pass, as alone */
+        for (int i = 0; i < n; i++) {
+            colibri_ctx *sq = it[i].seq;
+            st = it[i].all_logits ? colibri_forward(sq, it[i].ids, it[i].n, it[i].logits)
+                                  : colibri_forward_last(sq, it[i].ids, it[i].n, it[i].logits);
+            if (st) return colibri_ctx_fail(eng, st, "item %d: %s", i, sq->err);
+        }
+        return COLIBRI_OK;
+    }
+    /* Passes of at most `chunk` rows: the items in order, an item cut where a pass is full (its
+     * rest continues the next pass, from the position the first part reached). */
+    pass ps; /* the calling thread is worker 0 of eng's pool (pinned in real-time mode) */
+    if ((st = pass_begin(eng, &ps))) return st;
+    colibri_pass_item pass[COLIBRI_CHUNK];
+    int np = 0, rows = 0;
+    char why[160];
+    int solo = n > 1 && unbatched_layer(eng->model, why, sizeof why); /* a pass per item */
+    for (int i = 0; i < n; i++) {
+        if (solo && np) {
+            colibri_cpu_pass(eng, pass, np);
+            np = rows = 0;
+        }
+        for (int done = 0; done < it[i].n;) {
+            int c = it[i].n - done < eng->b.chunk - rows ? it[i].n - done : eng->b.chunk - rows;
+            float *lg = NULL;
+            int lrow0 = 0;
+            if (it[i].logits && it[i].all_logits) lg = it[i].logits + (size_t)done * V;
+            else if (it[i].logits && done + c == it[i].n) lg = it[i].logits, lrow0 = c - 1;
+            pass[np++] = (colibri_pass_item){it[i].seq, it[i].ids + done, c, lg, lrow0};
+            rows += c;
+            done += c;
+            if (rows == eng->b.chunk) {
+                colibri_cpu_pass(eng, pass, np);
+                np = rows = 0;
+            }
+        }
+        it[i].seq->calls++;
+    }
+    if (np) colibri_cpu_pass(eng, pass, np);
+    pass_end(eng, &ps);
+    return COLIBRI_OK;
+}
+
+colibri_status colibri_forward_batch(colibri_engine *e, const colibri_batch_item *it, int n) {
+    if (!e) return COLIBRI_E_INVALID_ARG;
+    return colibri_batch_run(e->ctx, e->cuda, it, n);
+}
+
 static colibri_status check_forward(colibri_ctx *ctx, const int32_t *ids, int n, const float *logits) {
     if (!ctx) return COLIBRI_E_INVALID_ARG;
     ctx->err[0] = '\0';
     if (!ids || !logits || n <= 0)
-        return set_err(ctx, COLIBRI_E_INVALID_ARG, "forward needs ids, logits and n > 0 (n = %d)", n);
+        return colibri_ctx_fail(ctx, COLIBRI_E_INVALID_ARG, "forward needs ids, logits and n > 0 (n = %d)", n);
     const struct colibri_model *m = ctx->model;
     for (int i = 0; i < n; i++)
         if (ids[i] < 0 || (uint32_t)ids[i] >= m->vocab_size)
-            return set_err(ctx, COLIBRI_E_TOKEN_RANGE,
+            return colibri_ctx_fail(ctx, COLIBRI_E_TOKEN_RANGE,
                            "token id %d at index %d is outside the vocabulary (0..%u)", (int)ids[i],
                            i, m->vocab_size - 1);
     if ((long)ctx->pos + n > (long)m->max_seq_len)
-        return set_err(ctx, COLIBRI_E_SEQ_TOO_LONG,
+        return colibri_ctx_fail(ctx, COLIBRI_E_SEQ_TOO_LONG,
                        "%d cached + %d new tokens > max_seq_len %u", ctx->pos, n,
                        m->max_seq_len);
     return COLIBRI_OK;
@@ -376,12 +578,13 @@ colibri_status colibri_forward(colibri_ctx *ctx, const int32_t *ids, int n, floa
     if (ctx->cuda) {
         char why[192] = "";
         if (colibri_cuda_forward(ctx->cuda, ids, n, ctx->pos, logits, why, sizeof why) != 0)
-            return set_err(ctx, COLIBRI_E_BACKEND, "CUDA forward: %s", why);
+            return colibri_ctx_fail(ctx, COLIBRI_E_BACKEND, "CUDA forward: %s", why);
         ctx->pos += n;
     } else {
         for (int done = 0; done < n;) {
             int c = n - done < ctx->b.chunk ? n - done : ctx->b.chunk;
-            colibri_cpu_forward_chunk(ctx, ids + done, c, logits + (size_t)done * m->vocab_size, 1);
+            colibri_pass_item it = {ctx, ids + done, c, logits + (size_t)done * m->vocab_size, 0};
+            colibri_cpu_pass(ctx, &it, 1);
             done += c;
         }
     }
@@ -398,12 +601,13 @@ colibri_status colibri_forward_last(colibri_ctx *ctx, const int32_t *ids, int n,
     if (ctx->cuda) { /* the backend computes and downloads the last row only */
         char why[192] = "";
         if (colibri_cuda_forward_last(ctx->cuda, ids, n, ctx->pos, logits, why, sizeof why) != 0)
-            return set_err(ctx, COLIBRI_E_BACKEND, "CUDA forward: %s", why);
+            return colibri_ctx_fail(ctx, COLIBRI_E_BACKEND, "CUDA forward: %s", why);
         ctx->pos += n;
     } else {
         for (int done = 0; done < n;) {
             int c = n - done < ctx->b.chunk ? n - done : ctx->b.chunk;
-            colibri_cpu_forward_chunk(ctx, ids + done, c, done + c == n ? logits : NULL, 0);
+            colibri_pass_item it = {ctx, ids + done, c, done + c == n ? logits : NULL, c - 1};
+            colibri_cpu_pass(ctx, &it, 1);
             done += c;
         }
     }
@@ -558,12 +762,12 @@ void colibri_get_runtime_info(const colibri_ctx *ctx, colibri_runtime_info *i) {
 colibri_status colibri_dump_routing(colibri_ctx *ctx, const char *path) {
     if (!ctx || !path) return COLIBRI_E_INVALID_ARG;
 #ifndef COLIBRI_DEBUG
-    return set_err(ctx, COLIBRI_E_NOT_BUILT, "routing dump needs a build with -DCOLIBRI_DEBUG");
+    return colibri_ctx_fail(ctx, COLIBRI_E_NOT_BUILT, "routing dump needs a build with -DCOLIBRI_DEBUG");
 #else
     if (ctx->cuda)
-        return set_err(ctx, COLIBRI_E_UNSUPPORTED, "routing dump covers the CPU backend only");
+        return colibri_ctx_fail(ctx, COLIBRI_E_UNSUPPORTED, "routing dump covers the CPU backend only");
     FILE *f = fopen(path, "w");
-    if (!f) return set_err(ctx, COLIBRI_E_IO, "cannot write %s: %s", path, strerror(errno));
+    if (!f) return colibri_ctx_fail(ctx, COLIBRI_E_IO, "cannot write %s: %s", path, strerror(errno));
     const struct colibri_model *m = ctx->model;
     size_t K = m->top_k, E = m->num_experts, rec = 2 * K + E;
     for (int p = 0; p < ctx->pos; p++)
@@ -578,7 +782,7 @@ colibri_status colibri_dump_routing(colibri_ctx *ctx, const char *path) {
             for (size_t i = 0; i < E; i++) fprintf(f, "%s%.9g", i ? ", " : "", (double)d[2 * K + i]);
             fprintf(f, "]}\n");
         }
-    if (fclose(f) != 0) return set_err(ctx, COLIBRI_E_IO, "cannot write %s", path);
+    if (fclose(f) != 0) return colibri_ctx_fail(ctx, COLIBRI_E_IO, "cannot write %s", path);
     return COLIBRI_OK;
 #endif
 }

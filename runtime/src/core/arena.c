@@ -39,8 +39,12 @@ static void layer_need(const struct colibri_model *m, uint32_t l, colibri_cache_
     need->in_cols = max2(need->in_cols, f.in_cols);
 }
 
+/* Rows of the LM head an engine computes at once for a pass over several sequences: the head is
+ * read once per group of this many sequences' last tokens. */
+#define LSTAGE_ROWS 16
+
 size_t colibri_arena_plan(const struct colibri_model *m, int threads, int q8, int kv_f16,
-                          colibri_buffers *b, uint8_t *base) {
+                          int engine, colibri_buffers *b, uint8_t *base) {
     carver c = {base, 0};
     size_t T = m->max_seq_len < COLIBRI_CHUNK ? m->max_seq_len : COLIBRI_CHUNK;
     size_t dp = m->embed_dim_pad, qd = (size_t)m->n_heads * m->head_dim;
@@ -75,8 +79,8 @@ size_t colibri_arena_plan(const struct colibri_model *m, int threads, int q8, in
     for (uint32_t l = 0; l < L; l++) {
         colibri_cache_need need;
         layer_need(m, l, &need);
-        rows += need.kv_positions;
-        states += need.state_floats;
+        rows += engine ? 0 : need.kv_positions; /* an engine's sequences bring their caches */
+        states += engine ? 0 : need.state_floats;
         staged |= need.kv_staged;
     }
     /* a pass's K/V rows on their way to a ring shorter than the context (one for every layer) */
@@ -88,13 +92,14 @@ size_t colibri_arena_plan(const struct colibri_model *m, int threads, int q8, in
     b->vcache = take(&c, rows * kvd, kv_size);
     b->state = take(&c, states, sizeof(float));
     b->state_bytes = states * sizeof(float);
-    for (size_t l = 0, at = 0, st = 0; base && l < L; l++) {
+    for (size_t l = 0, at = 0, st = 0; base && !engine && l < L; l++) {
         colibri_cache_need need;
         layer_need(m, (uint32_t)l, &need);
         b->cache[l] = (colibri_layer_cache){(uint8_t *)b->kcache + at * kvd * kv_size,
                                             (uint8_t *)b->vcache + at * kvd * kv_size,
                                             need.kv_positions, need.kv_staged,
-                                            need.state_floats ? b->state + st : NULL};
+                                            need.state_floats ? b->state + st : NULL,
+                                            need.state_floats};
         at += need.kv_positions;
         st += need.state_floats;
     }
@@ -121,9 +126,13 @@ size_t colibri_arena_plan(const struct colibri_model *m, int threads, int q8, in
     b->xqs = take(&c, q8 ? slots + T : 0, sizeof(float));
     b->scratch = take(&c, (size_t)threads * 2 * max_cols, sizeof(float)); /* two rows each */
     b->scores = take(&c, (size_t)threads * S, sizeof(float));
+    /* an engine's LM head stage (LSTAGE_ROWS x vocab floats); a sequence context has none, so
+     * its arena is what it was before batching (the kit's footprint counts it byte for byte) */
+    b->lstage_rows = engine ? (int)(T < LSTAGE_ROWS ? T : LSTAGE_ROWS) : 0;
+    b->lstage = engine ? take(&c, (size_t)b->lstage_rows * m->vocab_size, sizeof(float)) : NULL;
 #ifdef COLIBRI_DEBUG
-    b->dump = take(&c, S * L * (2 * K + E), sizeof(float));
-    b->dump_calls = take(&c, S, sizeof(int32_t));
+    b->dump = take(&c, engine ? 0 : S * L * (2 * K + E), sizeof(float));
+    b->dump_calls = take(&c, engine ? 0 : S, sizeof(int32_t));
 #else
     b->dump = NULL;
     b->dump_calls = NULL;

@@ -67,6 +67,9 @@ typedef struct {
     float *scratch;           /* [threads, 2 * max_cols] converted weight rows */
     float *scores;            /* [threads, max_seq_len] attention scores */
     size_t max_cols;
+    float *lstage;            /* engine: [lstage_rows, V] the LM head's rows of a pass over several
+                                 sequences, copied out to each one's logits (else NULL) */
+    int lstage_rows;
     float *dump;              /* COLIBRI_DEBUG: [max_seq_len, L, 2K + E] routing records */
     int32_t *dump_calls;      /* COLIBRI_DEBUG: [max_seq_len] forward call index per position */
 } colibri_buffers;
@@ -80,6 +83,12 @@ struct colibri_ctx {
     size_t arena_bytes;
     colibri_buffers b;
     int pos;                  /* tokens in the KV cache */
+    int engine;               /* a batch engine's context (colibri_engine): buffers and threads,
+                                 no caches of its own */
+    /* one pass's sequences (colibri_batch): outside the arena, so a sequence context's arena
+     * is what the kit's footprint counts */
+    int32_t row_seq[COLIBRI_CHUNK];
+    colibri_batch_seq seqs[COLIBRI_CHUNK];
     int calls;                /* forward calls since reset (routing dump) */
     int use_q8;               /* int8 activations for int8 weights */
     int mx_a8;                /* 8-bit block activations for mxfp4 weights (--int8-act) */
@@ -94,14 +103,39 @@ struct colibri_ctx {
     unsigned long long caller_minflt, caller_majflt; /* worker 0's faults inside forward */
 };
 
-/* arena.c: size and carve the buffers for this model, thread count and KV storage. With base
- * NULL only the size is computed; with base, b->cache (n_layers entries) is filled too. */
-size_t colibri_arena_plan(const struct colibri_model *m, int threads, int q8, int kv_f16,
-                          colibri_buffers *b, uint8_t *base);
+struct colibri_engine {
+    colibri_ctx *ctx;         /* engine == 1: the pool and chunk buffers every batch runs on */
+    int cuda;                 /* the sequences run on CUDA: each its own pass (the fallback) */
+    char unbatched[160];      /* colibri_engine_unbatched's reason */
+};
 
-/* forward.c: the CPU forward pass of n tokens (n <= chunk) at ctx->pos. all_logits: write the
- * n x vocab logits; else only the last token's (vocab floats), or none when logits is NULL. */
-void colibri_cpu_forward_chunk(colibri_ctx *ctx, const int32_t *ids, int n, float *logits,
-                               int all_logits);
+/* arena.c: size and carve the buffers for this model, thread count and KV storage. With base
+ * NULL only the size is computed; with base, b->cache (n_layers entries) is filled too. An
+ * engine's arena has no caches (its sequences bring theirs) and the LM head's stage instead. */
+size_t colibri_arena_plan(const struct colibri_model *m, int threads, int q8, int kv_f16,
+                          int engine, colibri_buffers *b, uint8_t *base);
+
+/* forward.c: one CPU pass over the tokens of one or more sequences (sum of n <= chunk, each
+ * sequence once), run on eng's pool and buffers; each sequence's position advances by its n.
+ * logits: NULL, or rows lrow0..n-1 of that item (vocab floats each; lrow0 = n - 1: the last
+ * token only). A pass over several sequences needs eng's LM head stage (an engine). */
+typedef struct {
+    colibri_ctx *seq;
+    const int32_t *ids;
+    int n;
+    float *logits;
+    int lrow0;
+} colibri_pass_item;
+
+void colibri_cpu_pass(colibri_ctx *eng, const colibri_pass_item *items, int n_items);
+
+/* api.c: a batch (colibri_forward_batch's items, checked first) run on eng's buffers and pool,
+ * or, cuda, each item as its own colibri_forward(_last) on its CUDA context. eng is an engine's
+ * context, or a sequence context running itself (colibri_generate). */
+colibri_status colibri_batch_run(colibri_ctx *eng, int cuda, const colibri_batch_item *it, int n);
+
+/* api.c: set ctx's last error (printf format) and return s. */
+colibri_status colibri_ctx_fail(colibri_ctx *ctx, colibri_status s, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 #endif

@@ -210,14 +210,10 @@ static void att_task(void *arg, int t, int nt) {
     colibri_ctx *ctx = job->ctx;
     const struct colibri_model *m = ctx->model;
     colibri_buffers *b = &ctx->b;
-    const colibri_layer_cache *c = &job->bt->cache[job->layer];
+    const colibri_batch *bt = job->bt;
     size_t dh = m->head_dim, H = m->n_heads, qd = H * dh, kvd = (size_t)m->n_kv_heads * dh;
     size_t group = H / m->n_kv_heads;
     size_t row = kvd * (b->kv_f16 ? sizeof(uint16_t) : sizeof(float));
-    const int R = (int)c->kv_positions;
-    const int p0 = job->bt->pos[0]; /* one sequence: this pass holds positions p0..p0+n-1 */
-    const kv_rows ks = {c->k, b->kstage, c->kv_staged, p0, row};
-    const kv_rows vs = {c->v, b->vstage, c->kv_staged, p0, row};
     float *sc = b->scores + (size_t)t * m->max_seq_len;
     float scale = 1.0f / sqrtf((float)dh);
     size_t esz = b->kv_f16 ? sizeof(uint16_t) : sizeof(float);
@@ -225,10 +221,18 @@ static void att_task(void *arg, int t, int nt) {
      * gets no value row (transformers' eager_attention_forward drops its column) */
     const float *sinks = m->layers[job->layer].attn_sinks.data;
     unsigned long lo, hi;
-    colibri_split((unsigned long)job->bt->n * H, t, nt, &lo, &hi);
+    colibri_split((unsigned long)bt->n * H, t, nt, &lo, &hi);
     for (unsigned long pair = lo; pair < hi; pair++) {
         size_t j = pair / H, hh = pair % H, g = hh / group;
-        int p = job->bt->pos[j]; /* causal: positions first..p */
+        /* the row's own sequence: its cache, and its rows of this pass (positions p0..) in the
+         * stage from its first row on */
+        const colibri_batch_seq *sq = &bt->seqs[bt->seq[j]];
+        const colibri_layer_cache *c = &sq->cache[job->layer];
+        const int R = (int)c->kv_positions, p0 = bt->pos[sq->row0];
+        const size_t st = (size_t)sq->row0 * row;
+        const kv_rows ks = {c->k, (const uint8_t *)b->kstage + st, c->kv_staged, p0, row};
+        const kv_rows vs = {c->v, (const uint8_t *)b->vstage + st, c->kv_staged, p0, row};
+        int p = bt->pos[j]; /* causal: positions first..p */
         int first = job->window && (int64_t)p - job->window + 1 > 0 ? p - (int)job->window + 1 : 0;
         int keys = p - first + 1, slot0 = first % R;
         const float *q = b->q + j * qd + hh * dh;
@@ -270,7 +274,6 @@ static void att_task(void *arg, int t, int nt) {
 void colibri_attention_forward(colibri_ctx *ctx, int l, const colibri_batch *bt) {
     const struct colibri_model *m = ctx->model;
     const colibri_layer *ly = &m->layers[l];
-    const colibri_layer_cache *c = &bt->cache[l];
     colibri_buffers *b = &ctx->b;
     int n = bt->n;
     size_t dp = m->embed_dim_pad, dh = m->head_dim, H = m->n_heads, Hkv = m->n_kv_heads;
@@ -316,6 +319,7 @@ void colibri_attention_forward(colibri_ctx *ctx, int l, const colibri_batch *bt)
         }
         /* The cache holds what attention reads, for this token too, so prefill and decode
          * see the same (rounded) keys and values: its row, or its row of the stage. */
+        const colibri_layer_cache *c = colibri_batch_cache(bt, j, l);
         size_t at = c->kv_staged ? (size_t)j : (size_t)bt->pos[j] % c->kv_positions;
         uint8_t *kd = (uint8_t *)(c->kv_staged ? b->kstage : c->k) + at * row;
         uint8_t *vd = (uint8_t *)(c->kv_staged ? b->vstage : c->v) + at * row;
@@ -332,7 +336,9 @@ void colibri_attention_forward(colibri_ctx *ctx, int l, const colibri_batch *bt)
     colibri_pool_run(&ctx->pool, att_task, &aj);
     /* A staged ring takes the pass's rows now, in order (with more rows than the ring, the last
      * R remain: all that later positions can still see). */
-    for (int j = 0; c->kv_staged && j < n; j++) {
+    for (int j = 0; j < n; j++) {
+        const colibri_layer_cache *c = colibri_batch_cache(bt, j, l);
+        if (!c->kv_staged) continue;
         size_t slot = (size_t)bt->pos[j] % c->kv_positions;
         memcpy((uint8_t *)c->k + slot * row, (const uint8_t *)b->kstage + (size_t)j * row, row);
         memcpy((uint8_t *)c->v + slot * row, (const uint8_t *)b->vstage + (size_t)j * row, row);

@@ -274,7 +274,7 @@ void colibri_deltanet_forward(colibri_ctx *ctx, int l, const colibri_batch *bt) 
     p.bb = p.z + T * g->vd;
     p.aa = p.bb + T * g->hv;
     p.o = p.aa + T * g->hv;
-    p.conv_state = bt->cache[l].state;
+    p.conv_state = bt->seqs[0].cache[l].state; /* one sequence a pass (kinds.c: multi_seq 0) */
     p.rec_state = p.conv_state + (g->w - 1) * g->c;
 
     for (int j = 0; j < n; j++)

@@ -1,8 +1,11 @@
-/* The CPU forward pass (docs/format.md, "Forward pass") over a chunk of tokens of one sequence.
+/* The CPU forward pass (docs/format.md, "Forward pass") over a chunk of tokens of one or more
+ * sequences (continuous batching: docs/runtime.md, "Batching").
  *
  * The token embeddings, then each layer's mixer and FFN as its kinds say (kinds.h: attention,
  * MoE, ...), then the final norm and the LM head. Every kind splits its parallel work over the
  * pool in fixed partitions, so the logits are bitwise identical for any thread count. */
+#include <string.h>
+
 #include "core/context.h"
 #include "cpu/kernels.h"
 #include "kinds.h"
@@ -17,31 +20,77 @@ static void rope_tables(colibri_ctx *ctx, const colibri_batch *bt) {
         colibri_rope_row(&m->rope, bt->pos[j], ctx->b.rope + (size_t)j * m->head_dim);
 }
 
-void colibri_cpu_forward_chunk(colibri_ctx *ctx, const int32_t *ids, int n, float *logits,
-                               int all_logits) {
-    const struct colibri_model *m = ctx->model;
-    colibri_buffers *b = &ctx->b;
-    size_t dp = m->embed_dim_pad, V = m->vocab_size;
+/* The final norm and the LM head for rows j0..n-1 of a one-sequence pass, straight into the
+ * caller's logits. */
+static void head_direct(colibri_ctx *eng, int j0, int n, float *logits) {
+    const struct colibri_model *m = eng->model;
+    colibri_buffers *b = &eng->b;
+    size_t dp = m->embed_dim_pad;
+    for (int j = j0; j < n; j++)
+        colibri_rmsnorm(b->h + j * dp, b->x + j * dp, m->output_norm.data, m->embed_dim, dp,
+                        m->norm_eps);
+    colibri_mm_job head;
+    colibri_mm_init(&head, eng);
+    colibri_mm_add(&head, &m->lm_head, b->h + (size_t)j0 * dp, dp, n - j0, logits, m->vocab_size, 0);
+    colibri_mm_run(&head);
+}
 
-    for (int j = 0; j < n; j++) b->pos[j] = ctx->pos + j;
-    colibri_batch bt = {n, b->pos, b->cache};
-    for (int j = 0; j < n; j++) colibri_row_f32(&m->tok_embed, (uint32_t)ids[j], b->x + j * dp);
-    rope_tables(ctx, &bt);
-    for (int l = 0; l < (int)m->n_layers; l++) {
-        m->layers[l].mixer->forward(ctx, l, &bt);
-        m->layers[l].ffn->forward(ctx, l, &bt);
-    }
-    /* The LM head for every token, or for the last one only (a prompt before sampling): one
-     * token's row has the same bits either way (prefill == decode). */
-    int j0 = all_logits ? 0 : n - 1;
-    if (logits) {
-        for (int j = j0; j < n; j++)
-            colibri_rmsnorm(b->h + j * dp, b->x + j * dp, m->output_norm.data, m->embed_dim, dp,
-                            m->norm_eps);
+/* The same for a pass over several sequences: the rows that want logits are normalised into
+ * consecutive rows of h and go through the head together (its weights read once per group of
+ * lstage_rows), then each row is copied to its sequence's logits. */
+static void head_staged(colibri_ctx *eng, const colibri_pass_item *it, int n_items) {
+    const struct colibri_model *m = eng->model;
+    colibri_buffers *b = &eng->b;
+    size_t dp = m->embed_dim_pad, V = m->vocab_size;
+    int src[COLIBRI_CHUNK], n = 0;
+    float *dst[COLIBRI_CHUNK];
+    for (int i = 0, row0 = 0; i < n_items; row0 += it[i].n, i++)
+        for (int j = it[i].lrow0; it[i].logits && j < it[i].n; j++, n++) {
+            src[n] = row0 + j;
+            dst[n] = it[i].logits + (size_t)(j - it[i].lrow0) * V;
+        }
+    for (int g0 = 0; g0 < n; g0 += b->lstage_rows) {
+        int g = n - g0 < b->lstage_rows ? n - g0 : b->lstage_rows;
+        for (int k = 0; k < g; k++)
+            colibri_rmsnorm(b->h + (size_t)k * dp, b->x + (size_t)src[g0 + k] * dp,
+                            m->output_norm.data, m->embed_dim, dp, m->norm_eps);
         colibri_mm_job head;
-        colibri_mm_init(&head, ctx);
-        colibri_mm_add(&head, &m->lm_head, b->h + (size_t)j0 * dp, dp, n - j0, logits, V, 0);
+        colibri_mm_init(&head, eng);
+        colibri_mm_add(&head, &m->lm_head, b->h, dp, g, b->lstage, V, 0);
         colibri_mm_run(&head);
+        for (int k = 0; k < g; k++) memcpy(dst[g0 + k], b->lstage + (size_t)k * V, V * sizeof(float));
     }
-    ctx->pos += n;
+}
+
+void colibri_cpu_pass(colibri_ctx *eng, const colibri_pass_item *it, int n_items) {
+    const struct colibri_model *m = eng->model;
+    colibri_buffers *b = &eng->b;
+    size_t dp = m->embed_dim_pad;
+
+    /* the rows: each sequence's tokens in order, after the previous sequence's */
+    int n = 0;
+    for (int i = 0; i < n_items; i++) {
+        colibri_ctx *sq = it[i].seq;
+        eng->seqs[i] = (colibri_batch_seq){n, it[i].n, sq->b.cache, sq};
+        for (int j = 0; j < it[i].n; j++, n++) {
+            b->pos[n] = sq->pos + j;
+            eng->row_seq[n] = i;
+            colibri_row_f32(&m->tok_embed, (uint32_t)it[i].ids[j], b->x + (size_t)n * dp);
+        }
+    }
+    colibri_batch bt = {n, b->pos, eng->row_seq, n_items, eng->seqs};
+    rope_tables(eng, &bt);
+    for (int l = 0; l < (int)m->n_layers; l++) {
+        m->layers[l].mixer->forward(eng, l, &bt);
+        m->layers[l].ffn->forward(eng, l, &bt);
+    }
+    /* The LM head for the rows that want logits (every token, or the last one: a prompt before
+     * sampling). A row's logits have the same bits whichever other rows share the pass
+     * (prefill == decode, extended to batches). */
+    if (n_items == 1) {
+        if (it[0].logits) head_direct(eng, it[0].lrow0, it[0].n, it[0].logits);
+    } else {
+        head_staged(eng, it, n_items);
+    }
+    for (int i = 0; i < n_items; i++) it[i].seq->pos += it[i].n;
 }

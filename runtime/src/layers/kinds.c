@@ -3,16 +3,17 @@
 
 static const colibri_layer_kind mixers[] = {
     {COLIBRI_MIXER_ATTENTION, "attention", colibri_attention_validate, colibri_attention_tensor,
-     colibri_attention_cache, colibri_attention_forward},
+     colibri_attention_cache, colibri_attention_forward, 1},
     {COLIBRI_MIXER_SLIDING_ATTENTION, "sliding_attention", colibri_sliding_validate,
-     colibri_attention_tensor, colibri_sliding_cache, colibri_attention_forward},
+     colibri_attention_tensor, colibri_sliding_cache, colibri_attention_forward, 1},
+    /* one sequence per pass: its forward keeps the recurrent state of bt->seqs[0] only */
     {COLIBRI_MIXER_GATED_DELTANET, "gated_deltanet", colibri_deltanet_validate,
-     colibri_deltanet_tensor, colibri_deltanet_cache, colibri_deltanet_forward},
+     colibri_deltanet_tensor, colibri_deltanet_cache, colibri_deltanet_forward, 0},
 };
 
 static const colibri_layer_kind ffns[] = {
     {COLIBRI_FFN_MOE, "moe", colibri_moe_validate, colibri_moe_tensor, colibri_moe_cache,
-     colibri_moe_forward},
+     colibri_moe_forward, 1},
 };
 
 static const colibri_layer_kind *find(const colibri_layer_kind *t, size_t n, uint32_t kind) {

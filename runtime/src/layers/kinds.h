@@ -86,20 +86,38 @@ typedef struct {
     uint32_t kv_positions;
     int kv_staged;
     float *state;          /* [state_floats], or NULL */
+    size_t state_floats;
 } colibri_layer_cache;
 
-/* The tokens of one pass: rows 0..n-1 of the context's chunk buffers (x, h, q, ...). Today they
- * are consecutive positions of one sequence; continuous batching (#26) adds per-row sequence
- * indices with one cache array per sequence, and a kind that reads pos[] and its cache through
- * this struct needs no other change. */
+struct colibri_ctx;
+
+/* One sequence's part of a pass: rows row0..row0+n-1 of the chunk buffers, at consecutive
+ * positions pos[row0].. of that sequence. */
+typedef struct {
+    int row0, n;
+    colibri_layer_cache *cache;  /* [n_layers] the sequence's caches */
+    struct colibri_ctx *owner;   /* the sequence's context (the routing dump writes into it) */
+} colibri_batch_seq;
+
+/* The tokens of one pass: rows 0..n-1 of the running context's chunk buffers (x, h, q, ...),
+ * from one or more sequences (continuous batching, docs/runtime.md "Batching"), each sequence's
+ * rows contiguous and in position order. Every per-row value a kind computes must depend only on
+ * that row and its own sequence's cache, never on the other rows (batch invariance): a kind
+ * that keeps state across tokens walks bt->seqs, one sequence at a time. */
 typedef struct {
     int n;
-    const int32_t *pos;          /* [n] each row's position in its sequence */
-    colibri_layer_cache *cache;  /* [n_layers] the sequence's caches */
+    const int32_t *pos;              /* [n] each row's position in its sequence */
+    const int32_t *seq;              /* [n] each row's index into seqs */
+    int n_seqs;
+    const colibri_batch_seq *seqs;   /* [n_seqs] */
 } colibri_batch;
 
+/* Row j's cache of layer l. */
+static inline colibri_layer_cache *colibri_batch_cache(const colibri_batch *bt, int j, int l) {
+    return &bt->seqs[bt->seq[j]].cache[l];
+}
+
 struct colibri_model;
-struct colibri_ctx;
 
 typedef struct {
     uint32_t kind;
@@ -113,6 +131,12 @@ typedef struct {
     void (*cache)(const struct colibri_model *m, uint32_t l, colibri_cache_need *need);
     /* Layer `l` on the batch: reads and updates the residual stream ctx->b.x. */
     void (*forward)(struct colibri_ctx *ctx, int l, const colibri_batch *bt);
+    /* 1: forward takes a pass over several sequences and keeps every row's bits as alone (its
+     * per-row values depend only on the row and its own sequence's cache; a recurrent kind walks
+     * bt->seqs). 0, also what a row that leaves the field out gets: the batch engine gives each
+     * sequence a pass of its own on models with a layer of this kind (slower, never other bits;
+     * colibri_engine_unbatched names the layer). Set it only with the kind in tests/test_batch.py. */
+    int multi_seq;
 } colibri_layer_kind;
 
 /* The table's entry for a mixer / FFN kind value, or NULL when this runtime has none. */

@@ -79,13 +79,14 @@ static void record_routing(colibri_ctx *ctx, int l, const colibri_batch *bt) {
     size_t K = m->top_k, E = m->num_experts, rec = 2 * K + E;
     for (int j = 0; j < bt->n; j++) {
         size_t p = (size_t)bt->pos[j];
-        float *d = ctx->b.dump + (p * m->n_layers + (size_t)l) * rec;
+        colibri_ctx *own = bt->seqs[bt->seq[j]].owner; /* the row's sequence keeps its record */
+        float *d = own->b.dump + (p * m->n_layers + (size_t)l) * rec;
         for (size_t i = 0; i < K; i++) {
             d[i] = (float)ctx->b.topk_idx[j * K + i];
             d[K + i] = ctx->b.topk_w[j * K + i];
         }
         memcpy(d + 2 * K, ctx->b.router + j * E, E * sizeof(float));
-        ctx->b.dump_calls[p] = ctx->calls;
+        own->b.dump_calls[p] = own->calls;
     }
 }
 #endif

@@ -8,18 +8,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "colibri.h"
 #include "core/context.h"
 #include "harmony.h"
 #include "tokenizer.h"
-
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 size_t colibri_utf8_incomplete_tail(const char *text, size_t len) {
     /* walk back over at most 3 continuation bytes to the lead byte */
@@ -361,122 +354,19 @@ colibri_status colibri_generate_params_for_chat(colibri_ctx *ctx, colibri_genera
     return COLIBRI_OK;
 }
 
-static colibri_status check_params(colibri_ctx *ctx, const colibri_generate_params *p,
-                                   int32_t *out, char *why, size_t why_len) {
-    const struct colibri_model *m = ctx->model;
-    const char *bad = colibri_sampling_check(&p->sampling);
-    if (bad) return snprintf(why, why_len, "%s", bad), COLIBRI_E_INVALID_ARG;
-    if (!p->prompt || p->n_prompt < 1)
-        return snprintf(why, why_len, "generate needs a prompt of at least one token"),
-               COLIBRI_E_INVALID_ARG;
-    if (p->max_new < 0 || (p->max_new > 0 && !out))
-        return snprintf(why, why_len, "max_new must be >= 0 with an output buffer"),
-               COLIBRI_E_INVALID_ARG;
-    if (p->n_stop_ids < 0 || (p->n_stop_ids > 0 && !p->stop_ids) || p->n_stop_strings < 0 ||
-        (p->n_stop_strings > 0 && !p->stop_strings))
-        return snprintf(why, why_len, "stop ids/strings: count without an array"),
-               COLIBRI_E_INVALID_ARG;
-    for (int s = 0; s < p->n_stop_strings; s++)
-        if (!p->stop_strings[s] || !p->stop_strings[s][0])
-            return snprintf(why, why_len, "stop string %d is empty", s), COLIBRI_E_INVALID_ARG;
-    if (p->n_stop_strings > 0 && !p->detok)
-        return snprintf(why, why_len, "stop strings need a detokenizer (the model's tokenizer)"),
-               COLIBRI_E_INVALID_ARG;
-    for (int i = 0; i < p->n_prompt; i++)
-        if (p->prompt[i] < 0 || (uint32_t)p->prompt[i] >= m->vocab_size)
-            return snprintf(why, why_len,
-                            "token id %d at index %d is outside the vocabulary (0..%u)",
-                            (int)p->prompt[i], i, m->vocab_size - 1),
-                   COLIBRI_E_TOKEN_RANGE;
-    if ((uint32_t)p->n_prompt > m->max_seq_len)
-        return snprintf(why, why_len,
-                        "the prompt has %d tokens, more than the context holds (max_seq_len %u)",
-                        p->n_prompt, m->max_seq_len),
-               COLIBRI_E_SEQ_TOO_LONG;
-    return COLIBRI_OK;
-}
-
-static int is_stop(const colibri_generate_params *p, const struct colibri_model *m, int32_t id) {
-    if (!p->ignore_eos && m->eos_token_id != COLIBRI_NO_INDEX && (uint32_t)id == m->eos_token_id)
-        return 1;
-    for (int i = 0; i < p->n_stop_ids; i++)
-        if (p->stop_ids[i] == id) return 1;
-    return 0;
-}
-
 colibri_status colibri_generate(colibri_ctx *ctx, const colibri_generate_params *p,
                                 int32_t *out, colibri_generate_result *r) {
     if (!ctx || !p || !r) return COLIBRI_E_INVALID_ARG;
     memset(r, 0, sizeof *r);
     r->stop_id = -1;
     r->stop_string = -1;
-    ctx->err[0] = '\0';
-    colibri_status s = check_params(ctx, p, out, ctx->err, sizeof ctx->err);
+    /* one generation stepped alone, the context running itself (gen_batch.c): the loop the
+     * service batches, so a request's ids are these whether it is served alone or not */
+    colibri_gen *g;
+    colibri_status s = colibri_gen_new(&g, ctx, p, out, 0);
     if (s) return s;
-    const struct colibri_model *m = ctx->model;
-    uint32_t V = m->vocab_size;
-    colibri_out g;
-    int32_t *hist = malloc(((size_t)p->n_prompt + (size_t)p->max_new) * sizeof *hist);
-    float *logits = malloc((size_t)V * sizeof *logits); /* the last token's row only */
-    colibri_sampler *smp = NULL;
-    s = colibri_out_begin(&g, ctx, p, hist ? hist + p->n_prompt : NULL, ctx->err, sizeof ctx->err);
-    if (s) goto done;
-    if (!logits || !hist || colibri_sampler_new(&smp, V, &p->sampling) != COLIBRI_OK) {
-        s = COLIBRI_E_NO_MEMORY;
-        snprintf(ctx->err, sizeof ctx->err, "cannot allocate generation buffers (vocab %u)", V);
-        goto done;
-    }
-    memcpy(hist, p->prompt, (size_t)p->n_prompt * sizeof *hist);
-    int nh = p->n_prompt;
-
-    double t0 = now_ms();
-    colibri_reset(ctx);
-    s = colibri_forward_last(ctx, p->prompt, p->n_prompt, logits);
-    if (s) goto done;
-    double t1 = 0;
-    while (r->n_new < p->max_new) {
-        int32_t id = colibri_sampler_sample(smp, logits, hist, nh);
-        if (r->n_new == 0) t1 = now_ms();
-        if (is_stop(p, m, id)) {
-            r->finish = COLIBRI_FINISH_STOP;
-            r->stop_id = id;
-            break;
-        }
-        out[r->n_new++] = id;
-        hist[nh++] = id;
-        int found = -1;
-        int cancel = colibri_out_push(&g, id, &found);
-        if (g.oom) {
-            s = COLIBRI_E_NO_MEMORY;
-            snprintf(ctx->err, sizeof ctx->err, "cannot grow the generated text buffer");
-            goto done;
-        }
-        if (found >= 0) {
-            r->finish = COLIBRI_FINISH_STOP;
-            r->stop_string = found;
-            break;
-        }
-        if (g.stopped) { /* harmony <|return|> / <|call|> (kept in out_ids: the format's end) */
-            r->finish = COLIBRI_FINISH_STOP;
-            r->stop_id = id;
-            break;
-        }
-        if (cancel) { r->finish = COLIBRI_FINISH_CANCELLED; break; }
-        if (r->n_new == p->max_new) break;
-        if ((uint32_t)ctx->pos >= m->max_seq_len) { r->finish = COLIBRI_FINISH_CONTEXT; break; }
-        s = colibri_forward(ctx, &id, 1, logits);
-        if (s) goto done;
-    }
-    if (r->finish == COLIBRI_FINISH_NONE) r->finish = COLIBRI_FINISH_LENGTH;
-    if (r->n_new == 0 && t1 == 0) t1 = now_ms();
-    /* the end: whatever was held back is final now */
-    if (r->finish != COLIBRI_FINISH_CANCELLED) colibri_out_end(&g);
-    r->prefill_ms = t1 - t0;
-    r->decode_ms = now_ms() - t1;
-done:
-    free(logits);
-    free(hist);
-    colibri_out_free(&g);
-    colibri_sampler_free(smp);
+    while (!colibri_gen_done(g)) colibri_gen_step_on(ctx, ctx->cuda != NULL, &g, 1);
+    s = colibri_gen_result(g, r);
+    colibri_gen_free(g);
     return s;
 }

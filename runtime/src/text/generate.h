@@ -54,4 +54,9 @@ int colibri_out_push(colibri_out *o, int32_t id, int *stop_string);
 void colibri_out_end(colibri_out *o);
 void colibri_out_free(colibri_out *o);
 
+/* gen_batch.c: one step of the generations on eng (an engine's context, or colibri_generate's
+ * context running itself; cuda: each its own pass on its CUDA context). */
+colibri_status colibri_gen_step_on(struct colibri_ctx *eng, int cuda, colibri_gen *const *gens, int n);
+double colibri_now_ms(void);
+
 #endif
