@@ -14,6 +14,11 @@ checkpoints of real layer shapes.
    `--shape gpt-oss-20b` a GptOssForCausalLM with gpt-oss-20b's released config.json and layout
    (mxfp4 expert blocks, bf16 elsewhere, the o200k_harmony tokenizer; gptoss_checkpoint), compared
    with llama.cpp's MXFP4_MOE types (`--dtypes int8`; docs/runtime.md, "gpt-oss-20b shape");
+   `--shape qwen3.5-35b-a3b` a Qwen3_5MoeForConditionalGeneration checkpoint with Qwen3.5-35B-A3B's
+   released text config and layout (3 Gated DeltaNet : 1 gated attention, 256 experts top-8 +
+   shared expert, bf16, the Qwen3.5 tokenizer; qwen35_checkpoint), compared at int8 / q8_0 and
+   q4 / q4_0 (docs/runtime.md, "Qwen3.5-35B-A3B shape"); `--checkpoint-root`, `--drop-checkpoint`
+   and `--q4-from q8_0` keep its disk footprint to the converted files;
 2. converts it with `colibri_kit.model.convert` for the host target, once per dtype;
 3. builds dist/host/bin/colibri (the kit's host build) and runs `colibri bench --json`;
 4. runs transformers on the same checkpoint, prompt and thread count (f32, KV cache, greedy);
@@ -34,6 +39,7 @@ Speed figures are printed, not asserted (they vary +-15-30% on a shared machine)
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -62,6 +68,8 @@ class Shape:
     # the shape's own colibri -> llama.cpp pairs (label, GGUF type, decode goal, prefill goal);
     # None: pairs() by weight type
     llama_pairs: tuple[tuple[str, str, float, float], ...] | None = None
+    # extra convert_hf_to_gguf.py arguments the shape's checkpoint needs
+    llama_convert_args: tuple[str, ...] = ()
 
 
 SHAPES = {
@@ -97,6 +105,31 @@ SHAPES = {
         # colibri int8 (experts kept mxfp4) against llama.cpp's MXFP4_MOE assignment (experts
         # MXFP4 as released, every other matrix q8_0): decode >= 1.2x, prefill >= 1.0x (issue 23)
         llama_pairs=(("int8 int8-act", "mxfp4_moe", 1.2, 1.0), ("int8", "mxfp4_moe", 1.2, 1.0))),
+    # Qwen/Qwen3.5-35B-A3B's text_config as released (the defaults of transformers 5.24's
+    # Qwen3_5MoeTextConfig, documented as that checkpoint's, and its config.json's rope_parameters
+    # and token ids): hidden 2048, 40 layers of 3 Gated DeltaNet (linear_attention: 16 key / 32
+    # value heads of 128, conv kernel 4) then 1 gated full attention (16 Q / 2 KV heads of 256,
+    # partial RoPE 0.25 = 64 lanes, theta 1e7), 256 experts top-8 of width 512 plus the
+    # sigmoid-gated shared expert of 512, vocabulary 248,320 (the Qwen3.5 tokenizer, 248,077
+    # tokens: tests/real_tokenizers.py "qwen3_5"). Only the layer count is ours: 4 = one full
+    # 3:1 pattern (~0.84 G parameters a layer, 1.0 G for the embedding and the LM head).
+    "qwen3.5-35b-a3b": Shape("qwen3.5-35b-a3b", "Qwen3_5MoeForConditionalGeneration", "Qwen3_5MoeConfig", dict(
+        model_type="qwen3_5_moe_text", attention_bias=False, attention_dropout=0.0, attn_output_gate=True,
+        bos_token_id=248044, eos_token_id=248044, full_attention_interval=4, head_dim=256,
+        hidden_act="silu", hidden_size=2048, initializer_range=0.02, linear_conv_kernel_dim=4,
+        linear_key_head_dim=128, linear_num_key_heads=16, linear_num_value_heads=32,
+        linear_value_head_dim=128, max_position_embeddings=262144, moe_intermediate_size=512,
+        mtp_num_hidden_layers=1, num_attention_heads=16, num_experts=256, num_experts_per_tok=8,
+        num_hidden_layers=40, num_key_value_heads=2, rms_norm_eps=1e-06,
+        rope_parameters={"mrope_interleaved": True, "mrope_section": [11, 11, 10], "rope_type": "default",
+                         "rope_theta": 10000000, "partial_rotary_factor": 0.25},
+        router_aux_loss_coef=0.001, shared_expert_intermediate_size=512, tie_word_embeddings=False,
+        vocab_size=248320), layers=4, dtype="bfloat16", released="qwen3_5",
+        # issue 24's goals: decode >= 1.2x, prefill >= 1.0x at 8 and 4 bits
+        llama_pairs=(("int8 int8-act", "q8_0", 1.2, 1.0), ("int8", "q8_0", 1.2, 1.0),
+                     ("q4 int8-act", "q4_0", 1.2, 1.0), ("q4", "q4_0", 1.2, 1.0)),
+        # no mtp.* tensors are written (neither engine decodes with the MTP head)
+        llama_convert_args=("--no-mtp",)),
 }
 
 BANDWIDTH_C = r"""
@@ -150,6 +183,9 @@ def geometry(shape: Shape, layers: int) -> dict:
     geo = {**shape.config, "num_hidden_layers": layers}
     if "sliding_window" in geo and shape.config.get("model_type") == "gpt_oss":  # the released pattern
         geo["layer_types"] = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+    if "full_attention_interval" in geo:  # Qwen3.5: every 4th layer full attention, as released
+        n = geo["full_attention_interval"]
+        geo["layer_types"] = ["full_attention" if (i + 1) % n == 0 else "linear_attention" for i in range(layers)]
     return geo
 
 
@@ -159,6 +195,8 @@ def hf_checkpoint(work: Path, shape: Shape, layers: int) -> Path:
         return out
     if shape.released == "mxfp4":
         return gptoss_checkpoint(out, geometry(shape, layers))
+    if shape.released == "qwen3_5":
+        return qwen35_checkpoint(out, geometry(shape, layers))
     import torch
     import transformers
 
@@ -185,6 +223,47 @@ def hf_checkpoint(work: Path, shape: Shape, layers: int) -> Path:
         qwen_tokenizer(out)
     (out / ".complete").write_text("ok\n")
     return out
+
+
+def write_safetensors_streamed(path: Path, tensors: list[tuple[str, str, tuple[int, ...]]], fill) -> None:
+    """One safetensors file written tensor by tensor (the header first, from the names, dtypes
+    and shapes), each tensor's bytes from fill(rng, name, dtype, shape) in pieces: memory stays
+    at one piece, whatever the checkpoint's size. One seeded generator in file order, so the
+    same call writes the same bits."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    header: dict = {"__metadata__": {"format": "pt"}}
+    pos = 0
+    for name, dt, shp in tensors:
+        n = int(np.prod(shp)) * {"U8": 1, "BF16": 2, "F32": 4}[dt]
+        header[name] = {"dtype": dt, "shape": list(shp), "data_offsets": [pos, pos + n]}
+        pos += n
+    hjson = json.dumps(header).encode()
+    hjson += b" " * (-len(hjson) % 8)
+    with open(path, "wb") as fh:
+        fh.write(len(hjson).to_bytes(8, "little") + hjson)
+        for name, dt, shp in tensors:
+            written = 0
+            for piece in fill(rng, name, dt, shp):
+                fh.write(piece)
+                written += len(piece)
+            if written != header[name]["data_offsets"][1] - header[name]["data_offsets"][0]:
+                raise AssertionError(f"{name}: {written} bytes written for {dt} {shp}")
+
+
+def bf16_normal_rows(rng, shp: tuple[int, ...], scale: float):
+    """N(0, scale^2) values of a matrix (or a stack of them) as bf16 bytes, in pieces of 64 Mi
+    values: bounded memory for the 248k-row embeddings and the [256, 1024, 2048] expert stacks."""
+    import numpy as np
+
+    from colibri_kit.model.format import f32_to_bf16_bits
+
+    rows, cols = int(np.prod(shp[:-1])), shp[-1]
+    step = max(1, (64 << 20) // cols)
+    for r in range(0, rows, step):
+        a = rng.standard_normal((min(step, rows - r), cols), dtype=np.float32) * np.float32(scale)
+        yield f32_to_bf16_bits(a).tobytes()
 
 
 def gptoss_tensors(geo: dict) -> list[tuple[str, str, tuple[int, ...]]]:
@@ -225,56 +304,140 @@ def gptoss_checkpoint(out: Path, geo: dict) -> Path:
     from colibri_kit.model.format import f32_to_bf16_bits
 
     log(f"writing random {geo['architectures'][0]} {geo['num_hidden_layers']} layers (mxfp4 experts) ...")
-    rng = np.random.default_rng(0)
-    tensors = gptoss_tensors(geo)
-    header: dict = {"__metadata__": {"format": "pt"}}
-    pos = 0
-    for name, dt, shp in tensors:
-        n = int(np.prod(shp)) * (1 if dt == "U8" else 2)
-        header[name] = {"dtype": dt, "shape": list(shp), "data_offsets": [pos, pos + n]}
-        pos += n
-    hjson = json.dumps(header).encode()
-    hjson += b" " * (-len(hjson) % 8)
+
+    def fill(rng, name: str, dt: str, shp: tuple[int, ...]):  # -> the tensor's bytes, in pieces
+        if name.endswith("_blocks"):
+            yield rng.integers(0, 256, size=shp, dtype=np.uint8).tobytes()
+        elif name.endswith("_scales"):
+            yield rng.integers(119, 121, size=shp, dtype=np.uint8).tobytes()
+        elif len(shp) == 1 or name.endswith("_bias"):
+            base = 1.0 if name.endswith("norm.weight") else 0.0
+            a = base + 0.1 * rng.standard_normal(shp, dtype=np.float32) if "sinks" not in name \
+                else rng.standard_normal(shp, dtype=np.float32)
+            yield f32_to_bf16_bits(a).tobytes()
+        else:
+            gain = 3.0 if name.endswith("router.weight") else 1.0
+            yield from bf16_normal_rows(rng, shp, 1.0 if "embed_tokens" in name else gain / shp[-1] ** 0.5)
+
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / "model.safetensors", "wb") as fh:
-        fh.write(len(hjson).to_bytes(8, "little") + hjson)
-        for name, dt, shp in tensors:
-            if name.endswith("_blocks"):
-                fh.write(rng.integers(0, 256, size=shp, dtype=np.uint8).tobytes())
-            elif name.endswith("_scales"):
-                fh.write(rng.integers(119, 121, size=shp, dtype=np.uint8).tobytes())
-            elif len(shp) == 1 or name.endswith("_bias"):
-                base = 1.0 if name.endswith("norm.weight") else 0.0
-                a = base + 0.1 * rng.standard_normal(shp, dtype=np.float32) if "sinks" not in name \
-                    else rng.standard_normal(shp, dtype=np.float32)
-                fh.write(f32_to_bf16_bits(a).tobytes())
-            else:  # row chunks of 64 Mi values: bounded memory for the 201,088-row matrices
-                gain = 3.0 if name.endswith("router.weight") else 1.0
-                scale = 1.0 if "embed_tokens" in name else gain / shp[-1] ** 0.5
-                step = max(1, (64 << 20) // shp[-1])
-                for r in range(0, shp[0], step):
-                    a = rng.standard_normal((min(step, shp[0] - r), shp[-1]), dtype=np.float32) * np.float32(scale)
-                    fh.write(f32_to_bf16_bits(a).tobytes())
+    write_safetensors_streamed(out / "model.safetensors", gptoss_tensors(geo), fill)
     cfg = {**geo, "quantization_config": {
         "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
                                    "model.embed_tokens", "lm_head"], "quant_method": "mxfp4"}}
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
-    o200k_tokenizer(out)
+    real_tokenizer(out, "o200k_harmony")
     (out / ".complete").write_text("ok\n")
     return out
 
 
-def o200k_tokenizer(hf: Path) -> None:
-    """gpt-oss's o200k_harmony tokenizer.json (o200k_base ranks from the `bpe-openai` package, the
-    harmony special tokens up to id 201,087), made by the test suite's real-tokenizer helper;
-    llama.cpp's converter recognises it by its hash as "gpt-4o", as it does the released one."""
+def qwen35_tensors(geo: dict) -> list[tuple[str, str, tuple[int, ...]]]:
+    """(name, safetensors dtype, shape) of Qwen/Qwen3.5-35B-A3B's text tensors in its released
+    names (Qwen3_5MoeForConditionalGeneration: model.language_model.*, lm_head at the top, the
+    experts fused as gate_up_proj [E, 2F, D] (gate rows first) and down_proj [E, D, F]), all bf16.
+    The vision tower (model.visual.*) and the MTP head (mtp.*) are not written: colibri's
+    converter skips them, llama.cpp's puts the tower in a separate mmproj file and is told
+    --no-mtp, and neither engine runs them for text decode."""
+    d, v, e_n = geo["hidden_size"], geo["vocab_size"], geo["num_experts"]
+    f, fs = geo["moe_intermediate_size"], geo["shared_expert_intermediate_size"]
+    hq, hkv, dh = geo["num_attention_heads"] * geo["head_dim"], geo["num_key_value_heads"] * geo["head_dim"], geo["head_dim"]
+    kd = geo["linear_num_key_heads"] * geo["linear_key_head_dim"]
+    hv = geo["linear_num_value_heads"]
+    vd = hv * geo["linear_value_head_dim"]
+    lm = "model.language_model"
+    out: list[tuple[str, str, tuple[int, ...]]] = [(f"{lm}.embed_tokens.weight", "BF16", (v, d))]
+    for i, kind in enumerate(geo["layer_types"]):
+        pre = f"{lm}.layers.{i}"
+        out.append((f"{pre}.input_layernorm.weight", "BF16", (d,)))
+        if kind == "linear_attention":
+            la = f"{pre}.linear_attn"
+            out += [(f"{la}.in_proj_qkv.weight", "BF16", (2 * kd + vd, d)),
+                    (f"{la}.in_proj_z.weight", "BF16", (vd, d)),
+                    (f"{la}.in_proj_b.weight", "BF16", (hv, d)), (f"{la}.in_proj_a.weight", "BF16", (hv, d)),
+                    (f"{la}.conv1d.weight", "BF16", (2 * kd + vd, 1, geo["linear_conv_kernel_dim"])),
+                    (f"{la}.dt_bias", "BF16", (hv,)), (f"{la}.A_log", "BF16", (hv,)),
+                    (f"{la}.norm.weight", "BF16", (geo["linear_value_head_dim"],)),
+                    (f"{la}.out_proj.weight", "BF16", (d, vd))]
+        else:
+            att = f"{pre}.self_attn"
+            out += [(f"{att}.q_proj.weight", "BF16", (2 * hq, d)),  # per head [query | gate]
+                    (f"{att}.k_proj.weight", "BF16", (hkv, d)), (f"{att}.v_proj.weight", "BF16", (hkv, d)),
+                    (f"{att}.o_proj.weight", "BF16", (d, hq)),
+                    (f"{att}.q_norm.weight", "BF16", (dh,)), (f"{att}.k_norm.weight", "BF16", (dh,))]
+        moe = f"{pre}.mlp"
+        out += [(f"{pre}.post_attention_layernorm.weight", "BF16", (d,)),
+                (f"{moe}.gate.weight", "BF16", (e_n, d)),
+                (f"{moe}.experts.gate_up_proj", "BF16", (e_n, 2 * f, d)),
+                (f"{moe}.experts.down_proj", "BF16", (e_n, d, f)),
+                (f"{moe}.shared_expert.gate_proj.weight", "BF16", (fs, d)),
+                (f"{moe}.shared_expert.up_proj.weight", "BF16", (fs, d)),
+                (f"{moe}.shared_expert.down_proj.weight", "BF16", (d, fs)),
+                (f"{moe}.shared_expert_gate.weight", "BF16", (1, d))]
+    return out + [(f"{lm}.norm.weight", "BF16", (d,)), ("lm_head.weight", "BF16", (v, d))]
+
+
+def qwen35_checkpoint(out: Path, geo: dict) -> Path:
+    """A random Qwen3.5-35B-A3B-shaped checkpoint written as Qwen releases it (config.json of
+    Qwen3_5MoeForConditionalGeneration with the text_config, one safetensors file, the Qwen3.5
+    tokenizer), streamed tensor by tensor: ~1.7 GB of bf16 a layer, which transformers would
+    build in memory first. Matrices N(0, 1/fan-in) (the router x3: spread logits), the embedding
+    N(0, 1); the zero-centred RMSNorms (layer norms, final norm, q/k norm: x * (1 + w)) N(0, 0.1),
+    the DeltaNet's gated norm 1 + N(0, 0.1); A_log = log U(1, 16) and dt_bias 1 + N(0, 0.1)
+    (transformers' Qwen3_5Moe init draws A from U(0, 16) and dt_bias ones)."""
+    import numpy as np
+
+    from colibri_kit.model.format import f32_to_bf16_bits
+
+    layers = geo["num_hidden_layers"]
+    log(f"writing random Qwen3_5MoeForConditionalGeneration {layers} layers {geo['layer_types']} ...")
+
+    def fill(rng, name: str, dt: str, shp: tuple[int, ...]):
+        if name.endswith("A_log"):
+            a = np.log(rng.uniform(1.0, 16.0, size=shp)).astype(np.float32)
+        elif name.endswith("linear_attn.norm.weight") or name.endswith("dt_bias"):
+            a = 1.0 + 0.1 * rng.standard_normal(shp, dtype=np.float32)
+        elif len(shp) == 1:  # zero-centred norms
+            a = 0.1 * rng.standard_normal(shp, dtype=np.float32)
+        else:
+            if "embed_tokens" in name:
+                scale = 1.0
+            else:  # fan-in = the last axis (conv1d [C, 1, W]: the kernel width)
+                scale = (3.0 if name.endswith("mlp.gate.weight") else 1.0) / shp[-1] ** 0.5
+            yield from bf16_normal_rows(rng, shp, scale)
+            return
+        yield f32_to_bf16_bits(a).tobytes()
+
+    out.mkdir(parents=True, exist_ok=True)
+    write_safetensors_streamed(out / "model.safetensors", qwen35_tensors(geo), fill)
+    text = dict(geo)
+    # transformers 5.24's Qwen3_5MoeVisionConfig defaults (the released vision tower), its output
+    # width the text model's hidden size; no vision tensors are written (see qwen35_tensors)
+    vision = {"model_type": "qwen3_5_moe_vision", "depth": 27, "hidden_size": 1152, "hidden_act": "gelu_pytorch_tanh",
+              "intermediate_size": 4304, "num_heads": 16, "in_channels": 3, "patch_size": 16,
+              "spatial_merge_size": 2, "temporal_patch_size": 2, "out_hidden_size": geo["hidden_size"],
+              "num_position_embeddings": 2304, "initializer_range": 0.02}
+    cfg = {"architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe",
+           "image_token_id": 248056, "video_token_id": 248057, "vision_start_token_id": 248053,
+           "vision_end_token_id": 248054, "tie_word_embeddings": False, "text_config": text,
+           "vision_config": vision, "transformers_version": "5.24.0"}
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    real_tokenizer(out, "qwen3_5")
+    (out / ".complete").write_text("ok\n")
+    return out
+
+
+def real_tokenizer(hf: Path, family: str) -> None:
+    """A family's real tokenizer.json (tests/real_tokenizers.py: "o200k_harmony" = gpt-oss's
+    o200k_base ranks from the `bpe-openai` package with the harmony special tokens up to id
+    201,087; "qwen3_5" = Qwen3.5's 248,044 ranks from `qwen-tokenizer` with its 33 added tokens),
+    made by the test suite's real-tokenizer helper. llama.cpp's converter recognises them by their
+    hash ("gpt-4o", "qwen35") as it does the released ones."""
     import shutil
 
     sys.path.insert(0, str(ROOT / "tests"))
     import real_tokenizers
 
     (hf / "tok-src").mkdir(exist_ok=True)
-    src = real_tokenizers.tiktoken_dir("o200k_harmony", hf / "tok-src")
+    src = real_tokenizers.tiktoken_dir(family, hf / "tok-src")
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         shutil.copy(src / name, hf / name)
     shutil.rmtree(hf / "tok-src")
@@ -341,10 +504,13 @@ def llama_cpp_tools(root: Path) -> tuple[Path, Path, Path]:
     return conv, bench, quant
 
 
-def gguf_model(root: Path, hf: Path, work: Path, gtype: str, vocab: int) -> Path:
-    """The checkpoint as GGUF: f32/f16/q8_0 straight from the converter, q4_0 quantised from the
-    f16 GGUF by llama-quantize --pure (every matrix q4_0, as colibri's q4 file; without --pure
-    the LM head and the embedding would be q6_K)."""
+def gguf_model(root: Path, hf: Path, work: Path, gtype: str, vocab: int,
+               convert_args: tuple[str, ...] = (), q4_from: str = "f16") -> Path:
+    """The checkpoint as GGUF: f32/f16/q8_0 straight from the converter, q4_0 quantised by
+    llama-quantize --pure (every matrix q4_0, as colibri's q4 file; without --pure the LM head and
+    the embedding would be q6_K) from the f16 GGUF, or with q4_from="q8_0" requantised from the
+    q8_0 GGUF (--allow-requantize: the same q4_0 tensors and speed, the weights rounded twice;
+    half the disk of an f16 intermediate)."""
     conv, quant = root / "convert_hf_to_gguf.py", root / "build" / "bin" / "llama-quantize"
     out = work / f"{hf.name.removeprefix('hf-')}-{gtype}.gguf"
     if out.exists():
@@ -360,11 +526,13 @@ def gguf_model(root: Path, hf: Path, work: Path, gtype: str, vocab: int) -> Path
         # MXFP4_MOE assigns (MoE tensors MXFP4, the rest q8_0, the output q8_0), in one pass
         env = {**os.environ, "PYTHONPATH": str(root / "gguf-py")}
         outtype = "q8_0" if gtype == "mxfp4_moe" else gtype
-        subprocess.run([sys.executable, str(conv), str(hf), "--outtype", outtype, "--outfile", str(tmp)],
-                       check=True, env=env, stdout=subprocess.DEVNULL)
+        subprocess.run([sys.executable, str(conv), str(hf), "--outtype", outtype, "--outfile", str(tmp),
+                        *convert_args], check=True, env=env, stdout=subprocess.DEVNULL)
     else:
-        subprocess.run([str(quant), "--pure", str(gguf_model(root, hf, work, "f16", vocab)), str(tmp),
-                        gtype], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        source = gguf_model(root, hf, work, q4_from, vocab, convert_args)
+        requant = ["--allow-requantize"] if q4_from != "f16" else []
+        subprocess.run([str(quant), *requant, "--pure", str(source), str(tmp), gtype], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     tmp.rename(out)
     return out
 
@@ -562,10 +730,22 @@ def main() -> None:
     ap.add_argument("--llama-cpp", type=Path, metavar="DIR",
                     help="llama.cpp tree built by scripts/build-llama-cpp.sh: also run llama-bench "
                          "on the same checkpoint as GGUF and print the ratio table")
+    ap.add_argument("--checkpoint-root", type=Path, metavar="DIR",
+                    help="where the random HF checkpoint is written (default: --work), e.g. a tmpfs "
+                         "when the disk cannot hold it beside the converted files")
+    ap.add_argument("--drop-checkpoint", action="store_true",
+                    help="delete the HF checkpoint (and a GGUF made only as llama-quantize's source) "
+                         "once every model is converted; a later run writes the same bits again")
+    ap.add_argument("--q4-from", choices=["f16", "q8_0"], default="f16",
+                    help="llama-quantize's source for q4_0 (q8_0: --allow-requantize, half the disk)")
     ap.add_argument("--llama-bench-args", default="",
                     help="extra llama-bench arguments (e.g. '--repack 0' where q8_0 hits SIGILL on AMX hosts)")
     args = ap.parse_args()
     shape = SHAPES[args.shape]
+    if shape.llama_pairs:  # the pairs of the weight types asked for
+        wanted = args.dtypes.split(",")
+        shape = dataclasses.replace(shape, llama_pairs=tuple(
+            pr for pr in shape.llama_pairs if pr[0].split()[0] in wanted))
     layers = args.layers or shape.layers
     geo = geometry(shape, layers)
     vocab = geo["vocab_size"]
@@ -581,7 +761,7 @@ def main() -> None:
     from colibri_kit.build import build
 
     binary = build("host", where="host", progress=lambda m: None).dist_dir / "bin" / "colibri"
-    hf = hf_checkpoint(args.work, shape, layers)
+    hf = hf_checkpoint(args.checkpoint_root or args.work, shape, layers)
     variants = [(d, ()) for d in args.dtypes.split(",")]
     for d in args.dtypes.split(","):  # int8 activations + integer dot products
         if d == "int8" or "4" in d:
@@ -594,7 +774,16 @@ def main() -> None:
     ggufs: dict[str, Path] = {}
     if args.llama_cpp:
         for _, gtype, _, _ in shape.llama_pairs or pairs(args.dtypes.split(",")):
-            ggufs[gtype] = gguf_model(args.llama_cpp, hf, args.work, gtype, vocab)
+            ggufs[gtype] = gguf_model(args.llama_cpp, hf, args.work, gtype, vocab,
+                                      shape.llama_convert_args, args.q4_from)
+    if args.drop_checkpoint:
+        import shutil
+
+        log(f"deleting {hf} (--drop-checkpoint)")
+        shutil.rmtree(hf)
+        source = args.work / f"{hf.name.removeprefix('hf-')}-{args.q4_from}.gguf"
+        if "q4_0" in ggufs and args.q4_from not in ggufs and source.exists():
+            source.unlink()
     if args.cold_cache:
         for path in models.values():
             drop_page_cache(path)
