@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from colibri_kit.model.convert import TargetModelLimits, build_header  # noqa: E402
 from colibri_kit.model.families import read_config  # noqa: E402
-from colibri_kit.model.format import DType, Flag, ModelHeader  # noqa: E402
+from colibri_kit.model.format import DType, Flag, ModelHeader, data_nbytes, scale_bytes  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
 # Sources. Datasheet peak DRAM bandwidth and memory size of each device.
@@ -120,14 +120,11 @@ def header_for(cfg: dict[str, Any], dtype: DType, pad: int = PAD) -> ModelHeader
 
 
 def tensor_bytes(dtype: DType, rows: int, cols: int) -> int:
-    """Bytes a kernel reads for a rows x cols weight (docs/format.md, "Tensor data"): f32 4 per
-    weight, f16/bf16 2, int8 1 plus one f32 scale per row, q4 16 bytes of nibbles plus one f16
-    scale per group of 32 weights along a row (the last group zero-padded)."""
-    if dtype == DType.Q4:
-        return rows * -(-cols // 32) * (16 + 2)
-    if dtype == DType.INT8:
-        return rows * cols + rows * 4
-    return rows * cols * {DType.F32: 4, DType.F16: 2, DType.BF16: 2}[dtype]
+    """Bytes a kernel reads for a rows x cols weight: its data and its scales as the writer
+    stores them (docs/format.md, "Tensor data"): f32 4 per weight, f16/bf16 2, int8 1 plus one f32
+    scale per row, q4 16 bytes of nibbles plus one f16 scale per group of 32 weights along a row,
+    mxfp4 16 bytes of E2M1 pairs plus one E8M0 byte per block of 32 (last group/block padded)."""
+    return data_nbytes(dtype, rows, cols) + scale_bytes(dtype, rows, cols)
 
 
 def f32(n: int) -> int:

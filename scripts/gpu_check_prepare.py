@@ -303,6 +303,18 @@ def prepare(out: Path, sm: int = 90, binary: Path | None = None, prompt_len: int
                for c in coverage_models(pad)]
     if select:
         wanted = [w for w in wanted if any(fnmatch.fnmatch(w[0], p) for p in select)]
+    # A model the CUDA backend refuses (a dtype or layer kind its kernels do not compute yet, e.g.
+    # mxfp4) would only measure the refusal: left out, and said so.
+    from colibri_kit.model.footprint import cuda_unsupported
+
+    runnable = []
+    for w in wanted:
+        why = cuda_unsupported(w[2])
+        if why:
+            progress(f"left out {w[0]}: the CUDA backend does not run it ({why})")
+        else:
+            runnable.append(w)
+    wanted = runnable
     if not any(w[1] == "small" for w in wanted):
         raise PrepareError("the selection has no small model (the device step runs on one)")
     gm = gpu_model()

@@ -181,7 +181,7 @@ CONFIG_REFUSALS = [
     ("mixtral", {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}},
      "rope_parameters.rope_type"),
     ("mixtral", {"rope_scaling": {"type": "yarn", "factor": 4.0}}, "rope_scaling.rope_type"),
-    ("mixtral", {"num_local_experts": 300}, "num_local_experts = 300"),
+    ("mixtral", {"num_local_experts": 600}, "num_local_experts = 600"),
     ("mixtral", {"num_experts_per_tok": 5}, "num_experts_per_tok = 5"),
     ("mixtral", {"hidden_size": 70000}, "hidden_size = 70000"),
     ("mixtral", {"num_key_value_heads": 4}, "num_key_value_heads = 4"),

@@ -11,98 +11,20 @@ gpt-oss (its sinks, biases, YaRN, layer_types and mxfp4 experts) is colibri_kit/
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from colibri_kit.errors import ModelError
 from colibri_kit.model import format as fmt
-from colibri_kit.model.format import DEFAULT_LAYER, Family, Ffn, Flag, LayerRecord, Mixer, Routing, Yarn
+from colibri_kit.model.format import Family, Flag, Routing
 
-if TYPE_CHECKING:
-    from colibri_kit.model.qwen_next import Hybrid
+# HFModel and the readers' checks live in hf_model.py, which the family modules share
+from colibri_kit.model.hf_model import HFModel, _int, _limit, _token
 
 MODEL_TYPES = {"mixtral": Family.MIXTRAL, "qwen2_moe": Family.QWEN2_MOE,
                "qwen3_moe": Family.QWEN3_MOE, "olmoe": Family.OLMOE, "gpt_oss": Family.GPT_OSS,
                # hybrids: Gated DeltaNet + gated attention (colibri_kit/model/qwen_next.py)
                "qwen3_next": Family.QWEN3_NEXT, "qwen3_5_moe": Family.QWEN3_5_MOE,
                "qwen3_5_moe_text": Family.QWEN3_5_MOE}
-
-
-@dataclass(frozen=True)
-class HFModel:
-    """The geometry and semantics read from config.json (before padding and target limits)."""
-
-    family: Family
-    model_type: str
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    experts: int
-    top_k: int
-    expert_ffn: int
-    shared_ffn: int
-    vocab: int
-    routing: Routing
-    flags: int
-    norm_eps: float
-    rope_theta: float
-    max_positions: int
-    sliding_window: int | None
-    bos: int
-    eos: int
-    moe_prefix: str  # "mlp" or "block_sparse_moe" (mixtral's per-expert layout)
-    yarn: Yarn | None = None  # gpt-oss: YaRN RoPE
-    records: tuple[LayerRecord, ...] | None = None  # gpt-oss: from layer_types, with its flags
-    mxfp4: bool = False  # gpt-oss as released: the experts are mxfp4 blocks and scales
-    hybrid: "Hybrid | None" = None  # Qwen3.5 / Qwen3-Next: the layer list and DeltaNet geometry
-
-    def layer_records(self) -> tuple[LayerRecord, ...]:
-        """Each layer's kinds for the layer table: Mixtral with ``sliding_window`` W attends to
-        the last W positions in every layer (transformers' MixtralModel builds one sliding-window
-        mask for all layers); gpt-oss as its layer_types say; Qwen3.5 / Qwen3-Next as theirs say
-        (gated_deltanet or gated attention); the rest is attention + moe."""
-        if self.records is not None:
-            return self.records
-        if self.hybrid is not None:
-            return tuple(self.hybrid.record(i, self.head_dim) for i in range(self.layers))
-        if self.sliding_window is None:
-            return (DEFAULT_LAYER,) * self.layers
-        return (LayerRecord(Mixer.SLIDING_ATTENTION, Ffn.MOE, self.sliding_window),) * self.layers
-
-
-def _req(cfg: dict[str, Any], key: str) -> Any:
-    if cfg.get(key) is None:
-        raise ModelError(f"config.json: key {key} is missing")
-    return cfg[key]
-
-
-def _int(cfg: dict[str, Any], key: str, default: int | None = None) -> int:
-    v = cfg.get(key, default) if default is not None else _req(cfg, key)
-    if v is None:
-        v = default
-    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-        shown = f"an integer of {len(str(v))} digits" if isinstance(v, int) and abs(v) > 10**30 else repr(v)[:80]
-        raise ModelError(f"config.json: key {key} = {shown} is not a non-negative integer")
-    return v
-
-
-def _limit(key: str, value: int, lo: int, hi: int) -> int:
-    if not lo <= value <= hi:
-        shown = f"an integer of {len(str(value))} digits" if value > 10**30 else value
-        raise ModelError(f"config.json: key {key} = {shown} is outside what the .colibri format holds ({lo}..{hi})")
-    return value
-
-
-def _token(cfg: dict[str, Any], key: str, vocab: int) -> int:
-    """A special token id, or UNKNOWN when absent or outside the vocabulary (configs do that)."""
-    v = cfg.get(key)
-    if isinstance(v, list):
-        v = v[0] if v else None
-    if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < vocab:
-        return v
-    return fmt.UNKNOWN_TOKEN
 
 
 def rope_theta(cfg: dict[str, Any]) -> float:

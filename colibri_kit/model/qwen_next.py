@@ -27,18 +27,18 @@ q_proj's per-head [query | gate] halves become WQ and ATTN_GATE; conv1d's [C, 1,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from colibri_kit.errors import ModelError
 from colibri_kit.model import format as fmt
-from colibri_kit.model.format import NONE, Family, Ffn, Flag, Kind, LayerRecord, Mixer, MixerFlag, Routing
+from colibri_kit.model.format import NONE, Family, Flag, Kind, Routing
+
+from colibri_kit.model.hf_model import HFModel, Hybrid, _int, _limit, _token
+from colibri_kit.model.plan import Item, Planner, _experts, unknown_tensors
 
 if TYPE_CHECKING:
-    from colibri_kit.model.convert import Item
-    from colibri_kit.model.families import HFModel
     from colibri_kit.model.safetensors_io import Checkpoint, TensorView
 
 HYBRID_TYPES = {"qwen3_next": Family.QWEN3_NEXT, "qwen3_5_moe": Family.QWEN3_5_MOE,
@@ -47,29 +47,6 @@ LAYER_TYPES = ("linear_attention", "full_attention")
 # prefixes of tensors the runtime does not use, and why (printed by the converter)
 SKIPPED = {"model.visual.": "the vision tower (the runtime runs the text model)",
            "mtp.": "the multi-token-prediction head (no speculative decoding in the runtime)"}
-
-
-@dataclass(frozen=True)
-class Hybrid:
-    """What the hybrid families add to HFModel: the layer list and the DeltaNet geometry."""
-
-    layer_types: tuple[str, ...]  # "linear_attention" / "full_attention" per layer
-    conv: int                     # linear_conv_kernel_dim
-    hk: int                       # linear_num_key_heads
-    hv: int                       # linear_num_value_heads
-    dk: int                       # linear_key_head_dim
-    dv: int                       # linear_value_head_dim
-    rotary: int                   # rotated lanes per attention head (head_dim * partial_rotary_factor)
-    prefix: str                   # "model" or "model.language_model"
-    fused: bool                   # qwen3_next's in_proj_qkvz / in_proj_ba
-
-    def record(self, i: int, head_dim: int) -> LayerRecord:
-        if self.layer_types[i] == "linear_attention":
-            return LayerRecord(Mixer.GATED_DELTANET, Ffn.MOE, self.conv, 0,
-                               (self.hk, self.hv, self.dk, self.dv))
-        flags = MixerFlag.OUTPUT_GATE | (MixerFlag.PARTIAL_ROPE if self.rotary < head_dim else 0)
-        return LayerRecord(Mixer.ATTENTION, Ffn.MOE, 0, int(flags),
-                           (self.rotary if self.rotary < head_dim else 0, 0, 0, 0))
 
 
 def text_config(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -87,8 +64,6 @@ def text_config(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def read_hybrid(cfg: dict[str, Any]) -> "HFModel":
     """config.json of a qwen3_5_moe / qwen3_5_moe_text / qwen3_next checkpoint -> HFModel."""
-    from colibri_kit.model.families import HFModel, _int, _limit, _token
-
     model_type = cfg["model_type"]
     family = HYBRID_TYPES[model_type]
     t = text_config(cfg)
@@ -228,8 +203,6 @@ def skipped(ck: "Checkpoint") -> dict[str, int]:
 
 def plan_tensors(m: "HFModel", ck: "Checkpoint") -> list["Item"]:
     """Every tensor of a hybrid model with its source (see the module docstring)."""
-    from colibri_kit.model.convert import Item, Planner, _experts, unknown_tensors
-
     assert m.hybrid is not None
     hy, p = m.hybrid, Planner(ck)
     d, pre0 = m.hidden, hy.prefix
