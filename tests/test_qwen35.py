@@ -195,19 +195,25 @@ def state_driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("name,other", [("qwen3_5_moe", "qwen3_next"), ("qwen3_next", "qwen3_5_moe")])
 def test_state_save_restore_continues_with_the_same_bits(state_driver: Path, hf_root: Path,
                                                           name: str, other: str) -> None:
-    """Save after a 50-token prefix, continue; restore into a fresh context (3 threads instead of
-    1) and into the used one, continue again: the same bits. The size is the header, the K/V rows
-    of the 50 positions of the attention layers and the fixed states; bad buffers are refused and
-    leave the context where it was."""
+    """colibri_seq_save after a 50-token prefix, continue; colibri_seq_restore into a fresh context
+    (3 threads instead of 1) and into the used one, continue again: the same bits. The size is
+    the header, the K/V rows of the 50 positions of the attention layers and the fixed states; bad buffers, a shorter prefix
+    (the recurrent state cannot be cut), an f16 cache and another model are refused with the
+    reason and leave the context where it was."""
     model = H.converted(hf_root, name, "int8")
     proc = subprocess.run([str(state_driver), str(model), IDS, "50", "1", "3",
                            str(H.converted(hf_root, other, "int8"))], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
-    for line in ("saved equal", "fresh equal", "reused equal", "too-small refused-with-size", "pos 50"):
+    for line in ("saved equal", "fresh equal", "reused equal", "too-small refused-with-size", "\npos 50\n",
+                 "snapshot-pos 50\n"):
         assert line in out, out
-    for what in ("damaged", "truncated", "magic", "f16-cache", "other-model"):
-        assert re.search(rf"refuse {what} invalid argument pos-kept", out), out
+    for what, why in (("damaged", "damaged"), ("truncated", "truncated"), ("magic", "not a sequence snapshot"),
+                      ("f16-cache", "f32 KV cache, this context an f16"), ("other-model", "another model file")):
+        assert re.search(rf"refuse {what} invalid argument pos-kept \(.*{why}", out), out
+    # a recurrent state holds the whole prefix: the snapshot restores to its own position only
+    assert re.search(r"refuse shorter-prefix model not supported by this build pos-kept \(this model keeps a"
+                     r" sliding window or a recurrent state", out), out
     h = read_model(model).header
     attention = sum(1 for r in h.layer_records() if r.mixer == Mixer.ATTENTION)
     want = 64 + attention * 2 * 50 * h.n_kv_heads * h.head_dim * 4 + state_bytes(h)

@@ -255,18 +255,24 @@ void colibri_engine_get_runtime_info(const colibri_engine *e, colibri_runtime_in
  * runs one sequence per pass"). Valid until the next call on e. */
 const char *colibri_engine_unbatched(colibri_engine *e);
 
-/* ---- A sequence's state: save and restore (prompt prefix reuse) ----------------------------
+/* ---- A sequence's state: save and restore (prompt prefix reuse; docs/runtime.md, "Snapshots")
  * A snapshot is everything a context keeps about its sequence at its position: every layer's K
  * and V rows (all positions for full attention, the ring's last positions for a sliding window)
- * and any recurrent state, in host memory, for contexts on the same model with the same
- * kv_dtype. Restoring it and continuing gives the bits computing the prefix again would give
- * (prefill == decode). CPU contexts only (COLIBRI_E_UNSUPPORTED on CUDA). */
+ * and any recurrent state, in host memory, for contexts on the same model file with the same
+ * kv_dtype (any thread count, a new or a used context). Restoring it and continuing gives the
+ * bits computing the prefix again would give (prefill == decode). The bytes are self-describing
+ * (a 64-byte header: magic "CLBSTATE", version, position, the model's identity with a hash of its
+ * file header; then the rows as the cache stores them, f32 or f16, and the f32 states) and hold
+ * no pointers. CPU contexts only (COLIBRI_E_UNSUPPORTED on CUDA or an engine). Nothing is
+ * allocated. */
 /* Bytes a snapshot of ctx at its current position takes. */
 size_t colibri_seq_state_bytes(const colibri_ctx *ctx);
 /* Write it to buf (cap bytes); *len = the size (COLIBRI_E_BUFFER_TOO_SMALL when cap is less). */
 colibri_status colibri_seq_save(const colibri_ctx *ctx, void *buf, size_t cap, size_t *len);
 /* Make ctx's sequence the snapshot's first `keep` positions (keep = the snapshot's position, or
- * fewer when colibri_model_can_truncate says the model allows it); ctx continues from keep. */
+ * fewer when colibri_model_can_truncate says the model allows it); ctx continues from keep. A
+ * snapshot of another model file, KV dtype or format version, or a damaged or truncated one, is
+ * refused (COLIBRI_E_INVALID_ARG, the reason in colibri_last_error) and ctx keeps its sequence. */
 colibri_status colibri_seq_restore(colibri_ctx *ctx, const void *buf, size_t len, int keep);
 /* The position a snapshot is at (-1 when buf is not one). */
 int colibri_seq_state_pos(const void *buf, size_t len);
@@ -277,25 +283,6 @@ int colibri_model_can_truncate(const colibri_model *m);
 /* Forget the sequence: the next forward starts at position 0 (recurrent states are zeroed). */
 colibri_status colibri_reset(colibri_ctx *ctx);
 
-/* ---- Sequence state: save and restore (docs/runtime.md, "Recurrent state") -------------------
- * A context's sequence as far as it has run: its position, each attention layer's K and V rows
- * of the positions it still reads (full attention: 0..pos-1; a sliding window: its ring's
- * min(pos, W) rows) and each recurrent layer's state. Restored into a context of the same model
- * file with the same KV dtype (any thread count, a new or a used context), the next forward gives
- * the bits the saved context would have given: save after a prompt once, restore it into serve
- * slots or a prefix cache as often as needed. The bytes are self-describing (a 64-byte header:
- * magic "CLBSTATE", version, position, the model's identity; then the rows as the cache stores
- * them, f32 or f16, and the f32 states) and hold no pointers. CPU backend only: on a CUDA
- * context these return COLIBRI_E_UNSUPPORTED. Nothing is allocated. */
-/* Bytes colibri_state_save needs for the sequence as it is now (grows with the position). */
-colibri_status colibri_state_size(const colibri_ctx *ctx, size_t *bytes);
-/* Write the state into buf (cap bytes; COLIBRI_E_BUFFER_TOO_SMALL, with *len = the size needed,
- * when it does not fit); *len = bytes written. The context is not changed. */
-colibri_status colibri_state_save(colibri_ctx *ctx, void *buf, size_t cap, size_t *len);
-/* Replace the context's sequence by a saved one. A buffer of another model, KV dtype or format
- * version, or a damaged one, is refused (COLIBRI_E_INVALID_ARG, the reason in
- * colibri_last_error) and the context keeps its sequence. */
-colibri_status colibri_state_restore(colibri_ctx *ctx, const void *buf, size_t len);
 void colibri_free(colibri_ctx *ctx);
 
 const char *colibri_strerror(colibri_status s);

@@ -1,5 +1,5 @@
-/* Test driver for tests/test_qwen35.py: colibri_state_save / colibri_state_restore (built by that
- * test with the host cc; not part of the product).
+/* Test driver for tests/test_qwen35.py: colibri_seq_save / colibri_seq_restore on the hybrid
+ * (recurrent-state) models (built by that test with the host cc; not part of the product).
  *
  *   state_driver MODEL IDS SPLIT T1 T2 [OTHER_MODEL]
  *
@@ -9,9 +9,10 @@
  *   saved  A reset: the prefix, save, then the rest                     (saving changes nothing)
  *   fresh  B: restore, then the rest                                    (a new context)
  *   reused A, which has run past the prefix: restore, then the rest     (a used context)
- * and the refusals: a buffer too small (the size needed), a damaged buffer, an f16-cache context,
- * a context of OTHER_MODEL; after each the context's position is unchanged.
- * Prints "bytes N", "pos P", one line "NAME equal|DIFFERENT" per continuation and one
+ * and the refusals: a buffer too small (the size needed), a damaged, a truncated and a
+ * bad-magic buffer, a shorter prefix than the snapshot's (a recurrent state cannot be cut), an
+ * f16-cache context, a context of OTHER_MODEL; after each the context's position is unchanged.
+ * Prints "bytes N", "pos P", "snapshot-pos P", one line "NAME equal|DIFFERENT" per continuation and one
  * "refuse NAME STATUS pos-kept" per refusal; exits 0 when everything held. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,10 +59,10 @@ static int position(const colibri_ctx *c) {
     return r.position;
 }
 
-/* A refused restore must leave the context where it was. */
-static int refuse(const char *name, colibri_ctx *c, const void *buf, size_t len) {
+/* A refused restore (to keep positions) must leave the context where it was. */
+static int refuse(const char *name, colibri_ctx *c, const void *buf, size_t len, int keep) {
     int before = position(c);
-    colibri_status s = colibri_state_restore(c, buf, len);
+    colibri_status s = colibri_seq_restore(c, buf, len, keep);
     int kept = position(c) == before;
     printf("refuse %s %s %s (%s)\n", name, colibri_strerror(s), kept ? "pos-kept" : "POS-CHANGED",
            colibri_last_error(c));
@@ -92,18 +93,18 @@ int main(int argc, char **argv) {
 
     colibri_reset(a);
     run(a, ids, split, prefix);
-    size_t bytes = 0, len = 0;
-    if (colibri_state_size(a, &bytes) != COLIBRI_OK) return 3;
+    size_t bytes = colibri_seq_state_bytes(a), len = 0;
+    if (!bytes) return 3;
     uint8_t *st = malloc(bytes), *bad = malloc(bytes);
-    int ok = colibri_state_save(a, st, bytes - 1, &len) == COLIBRI_E_BUFFER_TOO_SMALL && len == bytes;
+    int ok = colibri_seq_save(a, st, bytes - 1, &len) == COLIBRI_E_BUFFER_TOO_SMALL && len == bytes;
     printf("too-small %s\n", ok ? "refused-with-size" : "WRONG");
-    if (colibri_state_save(a, st, bytes, &len) != COLIBRI_OK || len != bytes) return 3;
-    printf("bytes %zu\npos %d\n", bytes, position(a));
+    if (colibri_seq_save(a, st, bytes, &len) != COLIBRI_OK || len != bytes) return 3;
+    printf("bytes %zu\npos %d\nsnapshot-pos %d\n", bytes, position(a), colibri_seq_state_pos(st, bytes));
     run(a, ids + split, (int)rest, out[1]);
 
-    if (colibri_state_restore(b, st, bytes) != COLIBRI_OK) return 3;
+    if (colibri_seq_restore(b, st, bytes, split) != COLIBRI_OK) return 3;
     run(b, ids + split, (int)rest, out[2]);
-    if (colibri_state_restore(a, st, bytes) != COLIBRI_OK) return 3;
+    if (colibri_seq_restore(a, st, bytes, split) != COLIBRI_OK) return 3;
     run(a, ids + split, (int)rest, out[3]);
 
     static const char *names[4] = {"ref", "saved", "fresh", "reused"};
@@ -115,17 +116,19 @@ int main(int argc, char **argv) {
 
     memcpy(bad, st, bytes);
     bad[12] ^= 1; /* another position: the sizes no longer match */
-    ok &= refuse("damaged", a, bad, bytes);
-    ok &= refuse("truncated", a, st, bytes - 1);
+    ok &= refuse("damaged", a, bad, bytes, split);
+    ok &= refuse("truncated", a, st, bytes - 1, split);
     memcpy(bad, st, bytes);
     bad[0] = 'X';
-    ok &= refuse("magic", a, bad, bytes);
+    ok &= refuse("magic", a, bad, bytes, split);
+    /* a recurrent state holds the whole prefix: no shorter one can be restored */
+    ok &= refuse("shorter-prefix", a, st, bytes, split / 2);
     colibri_ctx *h = open_ctx(m, 1, 1);
-    ok &= refuse("f16-cache", h, st, bytes);
+    ok &= refuse("f16-cache", h, st, bytes, split);
     colibri_free(h);
     if (other) {
         colibri_ctx *o = open_ctx(other, 1, 0);
-        ok &= refuse("other-model", o, st, bytes);
+        ok &= refuse("other-model", o, st, bytes, split);
         colibri_free(o);
         colibri_model_free(other);
     }
