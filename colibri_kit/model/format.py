@@ -1070,6 +1070,15 @@ def quantize_int8(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return q, scale
 
 
+def _row_blocks(a: np.ndarray, n: int, block: int, dtype: type) -> np.ndarray:
+    """a [rows, cols] as [rows, n, block] in ``dtype``, each row zero-padded to n * block columns
+    (the quantisers' groups and blocks along a row)."""
+    rows, cols = a.shape
+    x = np.zeros((rows, n * block), dtype)
+    x[:, :cols] = a
+    return x.reshape(rows, n, block)
+
+
 def quantize_q4(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Grouped symmetric 4-bit: f32 [rows, cols] -> (nibbles uint8 [rows, groups * 16], scales
     f16 [rows, groups]). Per group of Q4_GROUP columns (zero-padded): m = the value of largest
@@ -1078,9 +1087,7 @@ def quantize_q4(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     a = np.asarray(a, dtype=np.float32)
     rows, cols = a.shape
     ng = q4_groups(cols)
-    x = np.zeros((rows, ng * Q4_GROUP), np.float32)
-    x[:, :cols] = a
-    x = x.reshape(rows, ng, Q4_GROUP)
+    x = _row_blocks(a, ng, Q4_GROUP, np.float32)
     idx = np.argmax(np.abs(x), axis=2)
     big = np.take_along_axis(x, idx[..., None], axis=2)[..., 0]
     with np.errstate(over="ignore"):
@@ -1119,9 +1126,7 @@ def quantize_mxfp4(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     a = np.asarray(a, dtype=np.float32)
     rows, cols = a.shape
     nb = mx_blocks(cols)
-    x = np.zeros((rows, nb * MX_BLOCK), np.float64)
-    x[:, :cols] = a
-    x = x.reshape(rows, nb, MX_BLOCK)
+    x = _row_blocks(a, nb, MX_BLOCK, np.float64)
     amax = np.max(np.abs(x), axis=2)
     m, ex = np.frexp(amax / 6.0)  # amax / 6 = m * 2^ex, m in [0.5, 1): ceil(log2) = ex, or ex - 1 at m = 0.5
     e = np.where(amax > 0, ex - (m == 0.5), -127)
