@@ -1452,3 +1452,18 @@ extern "C" __global__ void cb_linear_mma(float *y, int y_stride, const float *x,
 }
 
 #endif /* tensor cores: __CUDA_ARCH__ >= 800 */
+
+/* ---------------------------------------------------------------------------------------------
+ * gpt-oss kernels (#23): mxfp4 experts, attention sinks, sliding-window ring, biases, clamped
+ * SwiGLU. Kept in one block so the family's kernels read together.
+ * ------------------------------------------------------------------------------------------- */
+
+/* end of the gpt-oss kernels */
+
+/* ---------------------------------------------------------------------------------------------
+ * Hybrid-family kernels (#24, Qwen3.5 / Qwen3-Next): Gated DeltaNet (causal conv + conv state,
+ * L2-normalised q/k, the gated delta rule over a per-head state, gated RMSNorm) and gated
+ * attention (sigmoid output gate, partial RoPE). Kept in one block so the family reads together.
+ * ------------------------------------------------------------------------------------------- */
+
+/* end of the hybrid-family kernels */
