@@ -200,19 +200,22 @@ def convert(hf_dir: str | os.PathLike[str], out: str | os.PathLike[str], dtype: 
     any tensor is written, naming a dtype or context length that fits).
 
     ``limits`` instead of ``profile`` (tests, or a pad the profiles do not list): those limits,
-    and the memory is not checked. One of the two is needed. ``chat_template``: a Jinja file used instead of the checkpoint's chat
-    template. ``expert_dtype``: the routed experts' dtype when it should differ from ``dtype``
-    (e.g. mxfp4 experts beside bf16 attention); a checkpoint released with mxfp4 experts keeps
-    them as they are."""
+    and the memory is not checked; one of the two is needed (the caller loads the profile:
+    ``profiles.load_profile(name)``). ``chat_template``: a Jinja file used instead of the
+    checkpoint's chat template. ``expert_dtype``: the routed experts' dtype when it should
+    differ from ``dtype`` (e.g. mxfp4 experts beside bf16 attention); a checkpoint released with
+    mxfp4 experts keeps them as they are."""
     hf_dir = Path(hf_dir)
     out = Path(out)
     kind = DType.parse(dtype)
+    if profile is not None:
+        require_profile(profile, "convert")
     check_memory = limits is None
     if limits is None:
         if profile is None:
             raise TypeError("convert() needs the target's Profile (profile=load_profile('host'), "
                             "colibri_kit.profiles) or limits=TargetModelLimits(...)")
-        limits = target_limits(require_profile(profile, "convert"))
+        limits = target_limits(profile)
     m = read_config(load_config(hf_dir))
     header = build_header(m, kind, limits, max_seq_len, hf_dir.resolve().name)
     from colibri_kit.model.gptoss import expert_dtype as experts_as
