@@ -39,12 +39,12 @@ from pathlib import Path
 from typing import Any
 
 from colibri_kit.errors import ModelError
-from colibri_kit.profiles import Profile, require_profile
 from colibri_kit.model.format import (
     ALIGN, LARGE_TENSOR, PAGE, QWEN_ATTENTION_FLAGS, DType, Ffn, Flag, Mixer, MixerFlag, ModelHeader,
     align_up, data_nbytes, data_start, expected_tensors, kv_staged, layer_kv_positions,
     layer_state_floats, pass_needs, read_model, scale_bytes,
 )
+from colibri_kit.profiles import Profile, require_profile
 
 MIB = 1 << 20
 # runtime/src/core/context.h COLIBRI_CHUNK: tokens per CPU pass; COLIBRI_MOE_SLOTS: expert input
@@ -295,8 +295,8 @@ def footprint(h: ModelHeader, profile: Profile, weights_bytes: int | None = None
     arena = cuda_arena_bytes(h, kv_dtype=kv_dtype) if backend == "cuda" else \
         cpu_arena_bytes(h, threads, kv_dtype=kv_dtype)
     mode = "file" if backend == "cpu" else "copied" if cuda_weights == "copy" else "mapped"
-    return Footprint(profile.name, backend, weights, arena, kv_cache_bytes(h, kv_dtype), slots, avail,
-                     kv_dtype, mode, fallback, state_bytes(h))
+    return Footprint(profile.name, backend, weights, arena, kv_cache_bytes(h, kv_dtype), slots,
+                     avail, kv_dtype, mode, fallback, state_bytes(h))
 
 
 def model_footprint(path: str | os.PathLike[str], profile: Profile, slots: int = 1,
