@@ -52,12 +52,12 @@ def main() -> int:
             shutil.rmtree(paths.build_dir(t), ignore_errors=True)
             shutil.rmtree(paths.dist_dir(t), ignore_errors=True)
             t0 = time.perf_counter()
-            r = kb.build(t, where="host", progress=lambda m: None)
+            r = kb.build(profiles.load_profile(t), where="host", progress=lambda m: None)
             cold = time.perf_counter() - t0
             noop_in, noop_cli = [], []
             for _ in range(args.repeat):
                 t0 = time.perf_counter()
-                again = kb.build(t, where="host", progress=lambda m: None)
+                again = kb.build(profiles.load_profile(t), where="host", progress=lambda m: None)
                 noop_in.append(time.perf_counter() - t0)
                 assert not again.make_ran_commands and not again.kernels_compiled
                 t0 = time.perf_counter()

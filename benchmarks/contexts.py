@@ -37,8 +37,10 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
 
     from colibri_kit.build import build
+    from colibri_kit.profiles import load_profile
 
-    binary = build("host", where="host", progress=lambda m: None).dist_dir / "bin" / "colibri"
+    built = build(load_profile("host"), where="host", progress=lambda m: None)
+    binary = built.dist_dir / "bin" / "colibri"
     model = converted(hf_checkpoint(args.work), args.work, args.dtype)
     counts = [int(n) for n in args.contexts.split(",")]
     best: dict[int, dict] = {}

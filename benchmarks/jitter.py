@@ -206,8 +206,10 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
 
     from colibri_kit.build import build
+    from colibri_kit.profiles import load_profile
 
-    binary = build("host", where="host", progress=lambda m: None).dist_dir / "bin" / "colibri"
+    built = build(load_profile("host"), where="host", progress=lambda m: None)
+    binary = built.dist_dir / "bin" / "colibri"
     shape = peer.SHAPES["mixtral"]
     hf = peer.hf_checkpoint(args.work, shape, shape.layers)
     model = peer.converted(hf, args.work, "int8")

@@ -46,8 +46,10 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
 
     from colibri_kit.build import build
+    from colibri_kit.profiles import load_profile
 
-    binary = build("host", where="host", progress=lambda m: None).dist_dir / "bin" / "colibri"
+    built = build(load_profile("host"), where="host", progress=lambda m: None)
+    binary = built.dist_dir / "bin" / "colibri"
     model = args.work / f"kv-synth-{args.seq}.colibri"
     colibri(binary, "synth", str(model), *args.geometry.split(), "--seq", str(args.seq), "--seed", "7")
     common = ["--backend", "cpu", "--threads", str(args.threads)]

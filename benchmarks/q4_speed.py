@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 def main() -> None:
     from colibri_kit.build import build
+    from colibri_kit.profiles import load_profile
     from colibri_kit.model.format import DType, ModelHeader, padded_dim, read_model
     from colibri_kit.model.tiny import write_random_model
 
@@ -34,7 +35,8 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "colibri-q4-speed")
     a = ap.parse_args()
     a.work.mkdir(parents=True, exist_ok=True)
-    binary = build("host", where="host", progress=lambda m: None).dist_dir / "bin" / "colibri"
+    built = build(load_profile("host"), where="host", progress=lambda m: None)
+    binary = built.dist_dir / "bin" / "colibri"
     models = {}
     for dt in a.dtypes.split(","):
         path = a.work / f"m-{dt}.colibri"

@@ -579,11 +579,12 @@ def pairs(dtypes: list[str]) -> list[tuple[str, str, float, float]]:
 
 def converted(hf: Path, work: Path, dtype: str) -> Path:
     from colibri_kit.model.convert import convert
+    from colibri_kit.profiles import load_profile
 
     out = work / f"{hf.name.removeprefix('hf-')}-{dtype}.colibri"
     if not out.exists():
         log(f"converting to {out.name} ...")
-        convert(hf, out, dtype=dtype, target="host", max_seq_len=1024, progress=False)
+        convert(hf, out, dtype=dtype, profile=load_profile("host"), max_seq_len=1024, progress=False)
     return out
 
 
@@ -759,8 +760,10 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
 
     from colibri_kit.build import build
+    from colibri_kit.profiles import load_profile
 
-    binary = build("host", where="host", progress=lambda m: None).dist_dir / "bin" / "colibri"
+    built = build(load_profile("host"), where="host", progress=lambda m: None)
+    binary = built.dist_dir / "bin" / "colibri"
     hf = hf_checkpoint(args.checkpoint_root or args.work, shape, layers)
     variants = [(d, ()) for d in args.dtypes.split(",")]
     for d in args.dtypes.split(","):  # int8 activations + integer dot products

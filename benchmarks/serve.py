@@ -288,13 +288,14 @@ def concurrency(args: argparse.Namespace) -> None:
     from runtime import SHAPES, bandwidth_gbs, converted, geometry, gguf_model, hf_checkpoint
 
     from colibri_kit.build import build
+    from colibri_kit.profiles import load_profile
 
     args.work.mkdir(parents=True, exist_ok=True)
     shape = SHAPES[args.shape]
     layers = args.layers or shape.layers
     hf = hf_checkpoint(args.work, shape, layers)
     model = converted(hf, args.work, args.dtype)
-    binary = build("host", where="host", progress=log).dist_dir / "bin" / "colibri"
+    binary = build(load_profile("host"), where="host", progress=log).dist_dir / "bin" / "colibri"
     model_id = model.name[: -len(".colibri")]
     info = json.loads(subprocess.run([str(binary), "--backend", "cpu", "info", str(model)],
                                      capture_output=True, text=True, check=True).stdout)
@@ -365,10 +366,11 @@ def hostile(args: argparse.Namespace) -> None:
     from serve_support import SlowFlood, adversarial_bodies, write_chat_model
 
     from colibri_kit.build import build
+    from colibri_kit.profiles import load_profile
 
     args.work.mkdir(parents=True, exist_ok=True)
     model = write_chat_model(args.work / "tiny.colibri")
-    binary = build("host", where="host", progress=log).dist_dir / "bin" / "colibri"
+    binary = build(load_profile("host"), where="host", progress=log).dist_dir / "bin" / "colibri"
     proc, port = start_server(binary, model, 1, 1)
     try:
         print("| 1 MiB request body | status | server CPU s |")

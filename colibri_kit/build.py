@@ -377,7 +377,7 @@ def _verify(profile: Profile, dist: Path, progress: Progress) -> VerifyReport:
 # The build
 
 
-def build(profile: Profile | str, *, where: str = "auto", debug: bool = False,
+def build(profile: Profile, *, where: str = "auto", debug: bool = False,
           cuda_archs: Sequence[str] | None = None, cuda_version: str | None = None,
           nvcc: str | None = None, kernel_source: Path | None = None, jobs: int = 2,
           progress: Progress | None = None) -> BuildResult:
@@ -388,12 +388,11 @@ def build(profile: Profile | str, *, where: str = "auto", debug: bool = False,
     (host). nvcc: a system nvcc to use instead of the CUDA wheels (its version must match).
     kernel_source: another .cu to compile (tests); default runtime/kernels/colibri_kernels.cu.
 
-    The tasks resolve the target name (``profiles.load_profile``) and pass the Profile; the
-    build and its verification use that one Profile. A name is still accepted for the callers
-    outside the tasks that pass one (benchmarks/, scripts/gpu_check_prepare.py, the test fixtures).
+    The caller resolves the target name (``profiles.load_profile``: the tasks, ``main`` below)
+    and passes the Profile; the build and its verification use that one Profile. A name is
+    refused with a TypeError that says so (``profiles.require_profile``).
     """
-    if isinstance(profile, str):
-        profile = profiles.load_profile(profile)
+    profile = profiles.require_profile(profile, "build")
     say = progress or (lambda msg: print(f"[build {profile.name}] {msg}", flush=True))
     chosen = choose_where(where)
     if chosen == "docker":

@@ -259,6 +259,23 @@ def load_all(targets_dir: Path | None = None) -> list[Profile]:
     return [load_profile(n, targets_dir) for n in list_profiles(targets_dir)]
 
 
+def require_profile(value: object, function: str) -> Profile:
+    """``value`` when it is a Profile; else a TypeError naming ``function`` and the fix.
+
+    Library functions take a loaded Profile; only the edges (colibri_kit/tasks/, a module's
+    ``main()``, scripts/, benchmarks/) turn a target name into one with ``load_profile``, so a
+    profile is loaded and validated once per command and every step sees the same one
+    (tests/test_layout_python.py enforces it). Python checks no annotations at run time: a name
+    passed anyway would otherwise fail later, as an AttributeError far from the call."""
+    if isinstance(value, Profile):
+        return value
+    if isinstance(value, str):
+        raise TypeError(f"{function}() takes a Profile, not the target name {value!r}: "
+                        f"pass load_profile({value!r}) (colibri_kit.profiles)")
+    raise TypeError(f"{function}() takes a Profile, not {type(value).__name__}: "
+                    f"pass load_profile(NAME) (colibri_kit.profiles)")
+
+
 def profile_yaml(profile: Profile) -> str:
     """The resolved profile as YAML (key order as in the schema), with its hash."""
     doc = {"name": profile.name, **{k: v for k, v in profile.to_dict().items() if k != "name"},

@@ -285,9 +285,10 @@ def prepare(out: Path, sm: int = 90, binary: Path | None = None, prompt_len: int
         (out / sub).mkdir(exist_ok=True)
     if binary is None:
         from colibri_kit.build import build
+        from colibri_kit.profiles import load_profile
 
         progress(f"building host with cubin sm_{sm} + PTX")
-        binary = build("host", where="host", cuda_archs=[f"sm_{sm}"],
+        binary = build(load_profile("host"), where="host", cuda_archs=[f"sm_{sm}"],
                        progress=progress).dist_dir / "bin" / "colibri"
     colibri = out / "bin" / "colibri"
     shutil.copy2(binary, colibri)

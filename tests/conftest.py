@@ -35,8 +35,9 @@ def _quiet(msg: str) -> None:
 def host_colibri() -> Path:
     """Path to dist/host/bin/colibri, built (and verified) with the system cc for this machine."""
     from colibri_kit.build import build
+    from colibri_kit.profiles import load_profile
 
-    result = build("host", where="host", progress=_quiet)
+    result = build(load_profile("host"), where="host", progress=_quiet)
     binary = result.dist_dir / "bin" / "colibri"
     assert binary.is_file()
     return binary
@@ -46,8 +47,9 @@ def host_colibri() -> Path:
 def orin_nx_build() -> Path:
     """dist/orin-nx/: aarch64 (zig, glibc 2.35) runtime with CUDA 12.6 sm_87 cubin + PTX, verified."""
     from colibri_kit.build import build
+    from colibri_kit.profiles import load_profile
 
-    result = build("orin-nx", where="host", progress=_quiet)
+    result = build(load_profile("orin-nx"), where="host", progress=_quiet)
     assert (result.dist_dir / "manifest.json").is_file()
     return result.dist_dir
 

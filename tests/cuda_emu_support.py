@@ -12,6 +12,7 @@ from kit_support import copy_project
 
 from colibri_kit import paths
 from colibri_kit.build import build
+from colibri_kit.profiles import load_profile
 
 KERNELS = paths.project_root() / "runtime" / "kernels" / "colibri_kernels.cu"
 GPU_TESTS = paths.project_root() / "tests" / "gpu"
@@ -27,7 +28,7 @@ def build_cuda_host(tmp: Path) -> dict[str, Path]:
     old = os.environ.get("COLIBRI_PROJECT_ROOT")
     os.environ["COLIBRI_PROJECT_ROOT"] = str(root)
     try:
-        result = build("host", where="host", cuda_archs=["sm_72", "sm_90"], progress=print)
+        result = build(load_profile("host"), where="host", cuda_archs=["sm_72", "sm_90"], progress=print)
     finally:
         if old is None:
             os.environ.pop("COLIBRI_PROJECT_ROOT", None)

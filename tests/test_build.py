@@ -105,7 +105,7 @@ def test_orin_nx_runs_under_qemu_and_prints_target_and_macros(orin_nx_build: Pat
 @pytest.mark.slow
 @pytest.mark.parametrize("target,glibc,sm", [("xavier-nx", (2, 31), 72), ("agx-thor", (2, 39), 110)])
 def test_other_jetsons(target: str, glibc: tuple[int, int], sm: int):
-    r = kb.build(target, where="host", progress=_quiet)
+    r = kb.build(profiles.load_profile(target), where="host", progress=_quiet)
     binary = r.dist_dir / "bin" / "colibri"
     assert _max_glibc(binary) <= glibc
     assert [c.sm for c in elf.find_cubins(binary.read_bytes())] == [sm]
@@ -138,7 +138,7 @@ def test_two_clean_builds_are_byte_identical(tmp_path: Path, monkeypatch: pytest
             monkeypatch.setenv("COLIBRI_ZIG_CACHE_DIR", str(zig_cache))
         else:
             monkeypatch.delenv("COLIBRI_ZIG_CACHE_DIR", raising=False)
-        r = kb.build("orin-nx", where="host", progress=_quiet)
+        r = kb.build(profiles.load_profile("orin-nx"), where="host", progress=_quiet)
         assert r.kernels_compiled and r.make_ran_commands
         trees.append(_tree_bytes(r.dist_dir))
     assert trees[0].keys() == trees[1].keys()
@@ -156,17 +156,18 @@ def test_host_clean_builds_are_byte_identical(tmp_path: Path, monkeypatch, copy_
     trees = []
     for i in range(2):
         monkeypatch.setenv("COLIBRI_PROJECT_ROOT", str(copy_project(tmp_path / f"c{i}")))
-        trees.append(_tree_bytes(kb.build("host", where="host", progress=_quiet).dist_dir))
+        r = kb.build(profiles.load_profile("host"), where="host", progress=_quiet)
+        trees.append(_tree_bytes(r.dist_dir))
     assert trees[0] == trees[1]
 
 
 @pytest.mark.slow
 def test_noop_rebuild_compiles_nothing(project_copy: Path):
-    first = kb.build("orin-nx", where="host", progress=_quiet)
+    first = kb.build(profiles.load_profile("orin-nx"), where="host", progress=_quiet)
     assert first.kernels_compiled and first.make_ran_commands
     out_dir = paths.build_dir("orin-nx")
     before_build, before_dist = _mtimes(out_dir), _mtimes(first.dist_dir)
-    second = kb.build("orin-nx", where="host", progress=_quiet)
+    second = kb.build(profiles.load_profile("orin-nx"), where="host", progress=_quiet)
     assert not second.kernels_compiled
     assert second.manifest.kernels == first.manifest.kernels   # kept in the kernel stamp
     assert not second.make_ran_commands
@@ -179,44 +180,44 @@ def test_noop_rebuild_compiles_nothing(project_copy: Path):
 
 @pytest.mark.slow
 def test_changes_rebuild_only_what_depends_on_them(project_copy: Path):
-    kb.build("orin-nx", where="host", progress=_quiet)
+    kb.build(profiles.load_profile("orin-nx"), where="host", progress=_quiet)
     # A kernel change: recompiled, re-embedded, relinked; C sources untouched.
     cu = project_copy / "runtime" / "kernels" / "colibri_kernels.cu"
     cu.write_text(cu.read_text()
                   + '\nextern "C" __global__ void colibri_test_extra(float *y) { y[0] = 1.0f; }\n')
-    r = kb.build("orin-nx", where="host", progress=_quiet)
+    r = kb.build(profiles.load_profile("orin-nx"), where="host", progress=_quiet)
     assert r.kernels_compiled
     assert "-c ../build/orin-nx/embed/kernel_images.S" in r.make_output   # new image hash
     assert "-c src/" not in r.make_output and "-c tools/" not in r.make_output
     # A C source change: that object and the links, nothing else.
     tool = project_copy / "runtime" / "tools" / "main.c"
     tool.write_text(tool.read_text() + "\n/* a change */\n")
-    r = kb.build("orin-nx", where="host", progress=_quiet)
+    r = kb.build(profiles.load_profile("orin-nx"), where="host", progress=_quiet)
     assert not r.kernels_compiled
     assert "-c tools/main.c" in r.make_output
     assert "-c src/" not in r.make_output
     # A deleted source: the archive and binary are rebuilt without it.
     extra = project_copy / "runtime" / "src" / "core" / "extra_for_test.c"
     extra.write_text("int colibri_extra_for_test(void) { return 7; }\n")
-    r = kb.build("orin-nx", where="host", progress=_quiet)
+    r = kb.build(profiles.load_profile("orin-nx"), where="host", progress=_quiet)
     assert "-c src/core/extra_for_test.c" in r.make_output
     assert b"colibri_extra_for_test" in (r.dist_dir / "lib" / "libcolibri.a").read_bytes()
     extra.unlink()
-    r = kb.build("orin-nx", where="host", progress=_quiet)
+    r = kb.build(profiles.load_profile("orin-nx"), where="host", progress=_quiet)
     assert r.make_ran_commands
     assert b"colibri_extra_for_test" not in (r.dist_dir / "lib" / "libcolibri.a").read_bytes()
     # A profile change: the header changes, so every C object and the kernels rebuild.
     prof = project_copy / "targets" / "orin-nx.yaml"
     prof.write_text(prof.read_text().replace("max_first_token_ms_p99: 2000",
                                              "max_first_token_ms_p99: 2001"))
-    r = kb.build("orin-nx", where="host", progress=_quiet)
+    r = kb.build(profiles.load_profile("orin-nx"), where="host", progress=_quiet)
     assert "-c src/" in r.make_output and r.kernels_compiled
 
 
 @pytest.mark.slow
 def test_debug_build_is_separate(project_copy: Path):
-    rel = kb.build("host", where="host", progress=_quiet)
-    dbg = kb.build("host", where="host", debug=True, progress=_quiet)
+    rel = kb.build(profiles.load_profile("host"), where="host", progress=_quiet)
+    dbg = kb.build(profiles.load_profile("host"), where="host", debug=True, progress=_quiet)
     assert dbg.dist_dir == paths.dist_dir("host-debug") and rel.dist_dir == paths.dist_dir("host")
     assert "-O0 -g -DCOLIBRI_DEBUG" in dbg.make_output
     assert dbg.manifest.variant == "debug"
@@ -224,45 +225,47 @@ def test_debug_build_is_separate(project_copy: Path):
                               capture_output=True, text=True).stdout
     assert ".debug_info" in sections
     # The release build is untouched by the debug one: a rebuild is still a no-op.
-    again = kb.build("host", where="host", progress=_quiet)
+    again = kb.build(profiles.load_profile("host"), where="host", progress=_quiet)
     assert not again.make_ran_commands
 
 
 @pytest.mark.slow
 def test_host_with_cuda_archs_embeds_requested_sms(project_copy: Path):
-    r = kb.build("host", where="host", cuda_archs=["sm_90", "sm_87"], progress=_quiet)
+    r = kb.build(profiles.load_profile("host"), where="host", cuda_archs=["sm_90", "sm_87"],
+                 progress=_quiet)
     data = (r.dist_dir / "bin" / "colibri").read_bytes()
     assert sorted(c.sm for c in elf.find_cubins(data)) == [87, 90]
     assert r.manifest.cuda == {"version": "12.6", "sms": [87, 90], "images": [
         {"kind": "cubin", "sm": 87}, {"kind": "cubin", "sm": 90}, {"kind": "ptx", "sm": 87}]}
     # Back to no CUDA: the images go away again.
-    r = kb.build("host", where="host", progress=_quiet)
+    r = kb.build(profiles.load_profile("host"), where="host", progress=_quiet)
     assert elf.find_cubins((r.dist_dir / "bin" / "colibri").read_bytes()) == []
 
 
 def test_unsupported_sm_is_refused(project_copy: Path):
     with pytest.raises(ToolchainError, match="CUDA 13.0 cannot compile for sm_72"):
-        kb.build("host", where="host", cuda_archs=["sm_72"], cuda_version="13.0",
-                 progress=_quiet)
+        kb.build(profiles.load_profile("host"), where="host", cuda_archs=["sm_72"],
+                 cuda_version="13.0", progress=_quiet)
 
 
 def test_cuda_version_mismatch_is_refused(project_copy: Path):
     nvcc = toolchain.toolchains_dir() / "cuda-13.0" / "nvidia" / "cu13" / "bin" / "nvcc"
     toolchain.cuda_toolchain("13.0")
     with pytest.raises(ToolchainError, match=r"is CUDA 13.0, but this target needs CUDA 12.6"):
-        kb.build("orin-nx", where="host", nvcc=str(nvcc), progress=_quiet)
+        kb.build(profiles.load_profile("orin-nx"), where="host", nvcc=str(nvcc), progress=_quiet)
 
 
 def test_profile_pins_cannot_be_overridden(project_copy: Path):
     with pytest.raises(BuildError, match="pins CUDA 12.6 and sm_87"):
-        kb.build("orin-nx", where="host", cuda_archs=["sm_90"], progress=_quiet)
+        kb.build(profiles.load_profile("orin-nx"), where="host", cuda_archs=["sm_90"],
+                 progress=_quiet)
     with pytest.raises(BuildError, match="--cuda-version needs --cuda-archs"):
-        kb.build("host", where="host", cuda_version="12.6", progress=_quiet)
+        kb.build(profiles.load_profile("host"), where="host", cuda_version="12.6", progress=_quiet)
 
 
 def test_bad_target_names_are_refused(project_copy: Path):
     with pytest.raises(ProfileError, match="target name '../etc' is not valid"):
-        kb.build("../etc", where="host")
+        kb.build(profiles.load_profile("../etc"), where="host")
     assert not (project_copy / "build").exists()
 
 
@@ -270,13 +273,13 @@ def test_compile_error_is_reported(project_copy: Path):
     src = project_copy / "runtime" / "src" / "core" / "broken_for_test.c"
     src.write_text("int broken(void) { return undeclared_thing; }\n")
     with pytest.raises(BuildError, match=r"(?s)make -C runtime failed.*undeclared_thing"):
-        kb.build("host", where="host", progress=_quiet)
+        kb.build(profiles.load_profile("host"), where="host", progress=_quiet)
 
 
 def test_missing_kernel_source_is_reported(project_copy: Path):
     shutil.rmtree(project_copy / "runtime" / "kernels")
     with pytest.raises(BuildError, match=r"colibri_kernels.cu does not exist.*CUDA 12.6, sm_87"):
-        kb.build("orin-nx", where="host", progress=_quiet)
+        kb.build(profiles.load_profile("orin-nx"), where="host", progress=_quiet)
 
 
 def test_verify_failure_fails_the_build(project_copy: Path):
@@ -286,7 +289,7 @@ def test_verify_failure_fails_the_build(project_copy: Path):
     from colibri_kit.verify import VerifyError
 
     with pytest.raises(VerifyError, match="glibc"):
-        kb.build("host", where="host", progress=_quiet)
+        kb.build(profiles.load_profile("host"), where="host", progress=_quiet)
 
 
 # --------------------------------------------------------------------------- where: host/docker
@@ -303,7 +306,7 @@ def test_docker_without_engine_is_a_clear_error(no_docker_engine, monkeypatch, t
     ok, why = kb.docker_available()
     assert not ok and why
     with pytest.raises(BuildError, match=r"--in docker needs a running Docker engine.*--in host"):
-        kb.build("host", where="docker", progress=_quiet)
+        kb.build(profiles.load_profile("host"), where="docker", progress=_quiet)
     # Without the docker command at all, the reason says so.
     monkeypatch.setenv("PATH", str(tmp_path))
     assert kb.docker_available() == (False, "the docker command is not installed")

@@ -165,7 +165,7 @@ def test_target_profile_supplies_pad(hf_root: Path, tmp_path: Path) -> None:
 
     src = H.checkpoint("qwen3_moe", hf_root)
     pad = load_profile("host").colibri.embed_pad
-    m = read_model(convert(src, tmp_path / "m.colibri", target="host", progress=False))
+    m = read_model(convert(src, tmp_path / "m.colibri", profile=load_profile("host"), progress=False))
     assert m.header.pad_multiple == pad and m.header.embed_dim_pad % pad == 0
     m16 = read_model(conv(src, tmp_path / "p16.colibri", limits=TargetModelLimits("t", 16, 64, 8)))
     assert (m16.header.embed_dim_pad, m16.header.pad_multiple) == (80, 16)

@@ -63,8 +63,9 @@ def stand_ins(tmp_path_factory: pytest.TempPathFactory) -> dict[int, tuple[Path,
 @pytest.fixture(scope="module")
 def xavier_build() -> Path:
     from colibri_kit.build import build
+    from colibri_kit.profiles import load_profile
 
-    return build("xavier-nx", where="host", progress=print).dist_dir
+    return build(load_profile("xavier-nx"), where="host", progress=print).dist_dir
 
 
 def on_device(root: Path, binary: Path, *args: str, sm: int) -> subprocess.CompletedProcess:

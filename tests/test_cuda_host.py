@@ -1193,7 +1193,7 @@ def _planned(directory: Path) -> list[str]:
 def prepared(cuda_host_build, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """scripts/gpu-check.sh --prepare with its defaults but the large model's geometry (a 4.9 GB
     model is not written here) and the module's sm_72 + sm_90 build (the script's own build step
-    is `colibri_kit.build.build('host', cuda_archs=['sm_90'])`)."""
+    is `colibri_kit.build.build(load_profile('host'), cuda_archs=['sm_90'])`)."""
     out = tmp_path_factory.mktemp("gpucheck") / "g"
     proc = _gpu_check("--prepare", out, "--binary", cuda_host_build["binary"], "--large-args",
                       TINY_SYNTH)

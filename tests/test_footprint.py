@@ -99,47 +99,49 @@ def test_check_fits_refuses_with_numbers_and_what_fits() -> None:
     h = header(embed_dim=2048, expert_size=5632, num_experts=8, top_k=2, n_layers=16,
                n_heads=16, n_kv_heads=4, head_dim=128, vocab_size=32000, max_seq_len=4096,
                dtype=int(DType.F16))
+    nx = load_profile("orin-nx")
     with pytest.raises(ModelError) as exc:
-        check_fits(h, "orin-nx")
+        check_fits(h, nx)
     msg = str(exc.value)
-    fp = footprint(h, "orin-nx")
+    fp = footprint(h, nx)
     assert f"needs {fp.total / MIB:,.0f} MiB" in msg and "6,656 MiB available" in msg
     assert "--dtype q4" in msg and "--dtype int8" in msg and "--dtype f32" not in msg
     assert fp.backend == "cuda" and fp.total > 6656 * MIB
-    ok = check_fits(replace(h, dtype=int(DType.Q4)), "orin-nx")
+    ok = check_fits(replace(h, dtype=int(DType.Q4)), nx)
     assert ok.fits and ok.weights < fp.weights * 0.3
-    assert check_fits(h, "agx-orin").fits and check_fits(h, "host").available is None
+    assert check_fits(h, load_profile("agx-orin")).fits
+    assert check_fits(h, load_profile("host")).available is None
     # a long context x many slots: the KV cache is what does not fit; a shorter one is named
     q = replace(h, dtype=int(DType.Q4), max_seq_len=65536)
     assert kv_cache_bytes(q) == 2 * 16 * 65536 * 512 * 4
     with pytest.raises(ModelError, match=r"2 slot\(s\).*would fit: .*--max-seq-len \d+"):
-        check_fits(q, "orin-nx", slots=2)
+        check_fits(q, nx, slots=2)
     # the CUDA backend copies the weights to the device once, shared by every slot (on a Jetson
     # the same DRAM), and stages the upload through 3 x 16 MiB; the mapped file
     # (COLIBRI_CUDA_WEIGHTS=map) needs no staging
-    four = footprint(q, "orin-nx", slots=4)
+    four = footprint(q, nx, slots=4)
     assert (four.weights_mode, four.upload) == ("copied", 48 * MIB)
     assert four.total == four.weights + 4 * four.arena + 48 * MIB
-    mapped = footprint(q, "orin-nx", slots=4, cuda_weights="map")
+    mapped = footprint(q, nx, slots=4, cuda_weights="map")
     assert (mapped.weights_mode, mapped.upload) == ("mapped", 0)
     assert mapped.total == four.weights + 4 * four.arena
     with pytest.raises(ModelError, match=r"needs [\d,]+ MiB \(weights [\d,]+ MiB as q4, one "
                                          r"device copy shared by the slots \+ 4 slot\(s\) x arena "
                                          r".* \+ upload staging 48 MiB\)"):
-        check_fits(q, "orin-nx", slots=4)
+        check_fits(q, nx, slots=4)
     # where only the upload staging is missing, the mapped file is named: the longest context
     # whose copied footprint is within 48 MiB over the limit
     avail = four.available
     lo, hi = 256, q.max_seq_len
     while hi - lo > 1:  # the shortest context that does not fit with the copy
         mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if footprint(replace(q, max_seq_len=mid), "orin-nx").fits else (lo, mid)
+        lo, hi = (mid, hi) if footprint(replace(q, max_seq_len=mid), nx).fits else (lo, mid)
     edge = replace(q, max_seq_len=hi)  # one position more than fits: 64 KiB of KV cache over
-    assert 0 < footprint(edge, "orin-nx").total - avail <= 48 * MIB
-    assert footprint(edge, "orin-nx", cuda_weights="map").fits
+    assert 0 < footprint(edge, nx).total - avail <= 48 * MIB
+    assert footprint(edge, nx, cuda_weights="map").fits
     with pytest.raises(ModelError, match=r"would fit: .*COLIBRI_CUDA_WEIGHTS=map"):
-        check_fits(edge, "orin-nx")
-    assert footprint(q, "host", slots=3).weights_mode == "file"  # CPU: the mapped file
+        check_fits(edge, nx)
+    assert footprint(q, load_profile("host"), slots=3).weights_mode == "file"  # CPU: the mapped file
 
 
 def _invoke(*args: str) -> subprocess.CompletedProcess[str]:
@@ -172,7 +174,7 @@ def test_invoke_model_info_footprint_per_target(tmp_path: Path) -> None:
     by = {f["target"]: f for f in doc["footprint"]}
     assert set(by) >= {"host", "orin-nx", "orin-nano", "agx-orin", "xavier-nx", "agx-thor"}
     for t, f in by.items():
-        fp = model_footprint(model, t, slots=2)
+        fp = model_footprint(model, load_profile(t), slots=2)
         # one copy of the weights, whatever the slots (the CUDA backend shares its device copy)
         assert f["total_bytes"] == fp.total == f["weights_bytes"] + 2 * f["arena_bytes"] \
             + f["upload_bytes"]
@@ -186,9 +188,9 @@ def test_invoke_model_info_footprint_per_target(tmp_path: Path) -> None:
 
 def test_deploy_check(tmp_path: Path) -> None:
     model = write_tiny_model(tmp_path / "t.colibri", dtype=DType.Q4)
-    assert check_model_fits(model, "orin-nano").fits
+    assert check_model_fits(model, load_profile("orin-nano")).fits
     big = write_random_model(tmp_path / "long.colibri", header(max_seq_len=1_000_000, n_layers=4,
                                                                n_kv_heads=6, head_dim=64, n_heads=6))
     with pytest.raises(ModelError, match=r"long\.colibri: model does not fit target 'orin-nano'.*"
                                          r"--max-seq-len"):
-        check_model_fits(big, "orin-nano")
+        check_model_fits(big, load_profile("orin-nano"))

@@ -35,6 +35,7 @@ from colibri_kit.model.format import (
 from colibri_kit.model.reference import Reference, rope_frequencies
 from colibri_kit.model.safetensors_io import Checkpoint
 from colibri_kit.model.tiny import write_random_model
+from colibri_kit.profiles import load_profile
 
 pytestmark = pytest.mark.slow
 
@@ -407,7 +408,7 @@ def test_footprint_and_model_info(host_colibri: Path, hf_root: Path) -> None:
                  "experts mxfp4"):
         assert want in feats
     fp = footprint(replace(h, layers=tuple(replace(r, mixer=Mixer.ATTENTION, window=0) for r in h.layers)),
-                   "orin-nx")
+                   load_profile("orin-nx"))
     assert fp.backend == "cpu" and "mxfp4 weights" in fp.cpu_fallback
 
 
@@ -430,7 +431,7 @@ def test_cuda_backend_falls_back_with_the_reason(host_colibri: Path, tmp_path: P
     auto = json.loads(run(host_colibri, "--backend", "auto", "info", model).stdout)["backend"]
     assert auto["name"] == "cpu" and reason in auto["fallback_reason"]
     assert reason in cuda_unsupported(read_model(model).header)
-    assert footprint(read_model(model).header, "orin-nx").backend == "cpu"
+    assert footprint(read_model(model).header, load_profile("orin-nx")).backend == "cpu"
 
 
 def test_tiny_model_in_mxfp4(host_colibri: Path, tmp_path: Path) -> None:
@@ -485,7 +486,7 @@ def released_header(cfg: dict, dtype: str, target: str) -> ModelHeader:
     from colibri_kit.model.gptoss import expert_dtype
 
     m = read_config(cfg)
-    h = build_header(m, DType.parse(dtype), target_limits(target), None, "gpt-oss")
+    h = build_header(m, DType.parse(dtype), target_limits(load_profile(target)), None, "gpt-oss")
     h.expert_dtype = expert_dtype(m, None, DType.parse(dtype))
     return h
 
@@ -503,15 +504,16 @@ def test_released_gpt_oss_fits_the_jetsons_that_can_hold_it(jetson_targets: Path
     for target, dtype, fits in [("orin-nx-16gb", "q4", True), ("orin-nx-16gb", "bf16", True),
                                 ("agx-orin", "bf16", True), ("agx-thor", "bf16", True),
                                 ("orin-nx", "q4", False)]:
-        fp = footprint(released_header(GPT_OSS_20B, dtype, target), target)
+        fp = footprint(released_header(GPT_OSS_20B, dtype, target), load_profile(target))
         assert fp.fits == fits, (target, dtype, fp)
         assert fp.backend == "cpu" and "sliding_attention" in fp.cpu_fallback  # CUDA: not this round
     for target, fits in [("agx-orin", False), ("agx-thor", True)]:
-        assert footprint(released_header(GPT_OSS_120B, "q4", target), target).fits == fits, target
+        fp = footprint(released_header(GPT_OSS_120B, "q4", target), load_profile(target))
+        assert fp.fits == fits, target
     hf = tmp_path / "gpt-oss-20b"
     hf.mkdir()
     (hf / "config.json").write_text(json.dumps(GPT_OSS_20B))  # no weights needed to refuse
     with pytest.raises(ModelError, match=r"does not fit target 'orin-nx'.*as q4, experts mxfp4.*"
                                          r"no dtype or context length fits"):
-        convert(hf, tmp_path / "m.colibri", dtype="q4", target="orin-nx", progress=False)
+        convert(hf, tmp_path / "m.colibri", dtype="q4", profile=load_profile("orin-nx"), progress=False)
     assert not (tmp_path / "m.colibri").exists()

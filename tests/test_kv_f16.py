@@ -26,6 +26,7 @@ from colibri_kit.model.format import DType, Flag, ModelHeader, Routing, padded_d
 from colibri_kit.model.reference import Reference
 from colibri_kit.model.tiny import write_random_model, write_tiny_model
 from colibri_kit.paths import project_root
+from colibri_kit.profiles import load_profile
 from colibri_kit.service import ServiceError, ServiceSpec, parse_service
 
 PAD = 64  # the host profile's embed_pad
@@ -172,19 +173,19 @@ def test_footprint_with_an_f16_cache(tmp_path: Path) -> None:
     h = header(embed_dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, head_dim=128,
                num_experts=8, top_k=2, expert_size=14336, vocab_size=32000, max_seq_len=32768,
                dtype=int(DType.Q4))
-    f32 = footprint(h, "host", slots=2)
-    f16 = footprint(h, "host", slots=2, kv_dtype="f16")
+    f32 = footprint(h, load_profile("host"), slots=2)
+    f16 = footprint(h, load_profile("host"), slots=2, kv_dtype="f16")
     assert f32.kv_dtype == "f32" and f16.kv_dtype == "f16"
     assert f32.kv_cache == 2 * 32 * 32768 * 8 * 128 * 4 and f16.kv_cache * 2 == f32.kv_cache
     assert f32.total - f16.total == 2 * (f32.arena - f16.arena)
     assert f32.arena - f16.arena == f16.kv_cache
     assert f16.to_json()["kv_dtype"] == "f16" and "f16" in f16.line()
     # a CUDA target plans an f16 cache in the device arena: half the cache's bytes saved there
-    nx = footprint(h, "agx-orin", kv_dtype="f16")
+    nx = footprint(h, load_profile("agx-orin"), kv_dtype="f16")
     assert nx.backend == "cuda" and nx.arena == cuda_arena_bytes(h, kv_dtype="f16")
-    assert footprint(h, "agx-orin").arena - nx.arena == kv_cache_bytes(h, "f16")
+    assert footprint(h, load_profile("agx-orin")).arena - nx.arena == kv_cache_bytes(h, "f16")
     with pytest.raises(ModelError, match="kv_dtype must be one of f32, f16, got 'q8'"):
-        footprint(h, "host", kv_dtype="q8")
+        footprint(h, load_profile("host"), kv_dtype="q8")
     with pytest.raises(ModelError, match="kv_dtype must be one of f32, f16"):
         Reference(write_tiny_model(tmp_path / "t.colibri", pad=PAD), kv_dtype="bf16")
 
@@ -197,7 +198,7 @@ def test_invoke_model_info_kv_cache(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     by = {f["target"]: f for f in json.loads(r.stdout)["footprint"]}
     for t, f in by.items():
-        fp = model_footprint(model, t, kv_dtype="f16")
+        fp = model_footprint(model, load_profile(t), kv_dtype="f16")
         assert f["kv_dtype"] == "f16" and f["backend"] == fp.backend
         assert f["kv_cache_bytes"] == fp.kv_cache == kv_cache_bytes(read_model(model).header) // 2
         assert f["total_bytes"] == fp.total

@@ -110,3 +110,67 @@ def test_the_product_imports_nothing_from_benchmarks_tests_or_scripts() -> None:
     offenders = {name: reaches_outside(name, path) for name, path in modules().items()}
     offenders = {name: what for name, what in offenders.items() if what}
     assert offenders == {}
+
+
+# Library functions take a Profile; only the edges resolve a target name (issue 19). The edges:
+# colibri_kit/tasks/ (the Invoke tasks), a module's command-line entry (a top-level ``def main``
+# or its ``if __name__ == "__main__":`` block), and profiles.py, which defines the loaders.
+RESOLVERS = {"load_profile", "list_profiles", "load_all"}
+RESOLVER_HOMES = ("colibri_kit/tasks/", "colibri_kit/profiles.py")
+
+
+def _is_main_block(node: ast.stmt) -> bool:
+    return isinstance(node, ast.If) and isinstance(node.test, ast.Compare) and \
+        isinstance(node.test.left, ast.Name) and node.test.left.id == "__name__" and \
+        any(isinstance(c, ast.Constant) and c.value == "__main__" for c in node.test.comparators)
+
+
+def name_resolutions(source: str, filename: str = "<source>") -> list[str]:
+    """Every use of a profile loader (a call, a reference, an import of it) outside the module's
+    command-line entry, as "file:line: name" in source order. A reference counts, not only a call: ``f =
+    load_profile`` then ``f(name)`` resolves a name as much as a direct call does."""
+    tree = ast.parse(source, filename)
+    edges = [n for n in tree.body if (isinstance(n, ast.FunctionDef) and n.name == "main")
+             or _is_main_block(n)]
+    allowed = {id(node) for edge in edges for node in ast.walk(edge)}
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in allowed:
+            continue
+        names = [a.name for a in node.names] if isinstance(node, ast.ImportFrom) else \
+            [node.id] if isinstance(node, ast.Name) else \
+            [node.attr] if isinstance(node, ast.Attribute) else []
+        found += [(node.lineno, node.col_offset, n) for n in names if n in RESOLVERS]
+    return [f"{filename}:{line}: {n}" for line, _, n in sorted(found)]
+
+
+def test_the_name_rule_checker_finds_a_resolution() -> None:
+    """The check itself can fail: a call, an attribute call, an import and a bare reference are
+    each found in a library function, and none inside ``main`` or the ``__main__`` block."""
+    src = ("from colibri_kit.profiles import load_profile\n"
+           "from colibri_kit import profiles\n"
+           "def footprint(target):\n"
+           "    return load_profile(target)\n"
+           "def every():\n"
+           "    return [profiles.load_all(), profiles.list_profiles]\n"
+           "def main(argv):\n"
+           "    return profiles.load_profile(argv[0])\n"
+           "if __name__ == '__main__':\n"
+           "    profiles.load_all()\n")
+    assert name_resolutions(src, "m.py") == [
+        "m.py:1: load_profile", "m.py:4: load_profile", "m.py:6: load_all", "m.py:6: list_profiles"]
+
+
+def test_library_functions_take_a_profile_only_the_edges_resolve_names() -> None:
+    """No module of colibri_kit/ outside tasks/ (and profiles.py) loads a profile by name: a
+    library function takes the Profile its caller loaded (profiles.require_profile refuses a
+    name), so a command loads and validates it once and every step sees the same one."""
+    scanned, found = 0, []
+    for path in modules().values():
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.startswith(RESOLVER_HOMES):
+            continue
+        scanned += 1
+        found += name_resolutions(path.read_text(), rel)
+    assert scanned > 40     # the whole package was read
+    assert found == [], "resolve the target name in the task and pass the Profile:\n" + "\n".join(found)

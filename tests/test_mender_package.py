@@ -48,11 +48,11 @@ def model(tmp_path: Path) -> Path:
 
 
 def test_payload_is_deterministic_and_lists_every_file(tmp_path, dist, model):
-    art = prepare("orin-nx", dist, model)
+    art = prepare(load_profile("orin-nx"), dist, model)
     a, b = tmp_path / "a.tar", tmp_path / "b.tar"
     mender.write_payload(art, a)
     model.touch()                      # a newer mtime changes nothing
-    mender.write_payload(prepare("orin-nx", dist, model), b)
+    mender.write_payload(prepare(load_profile("orin-nx"), dist, model), b)
     assert a.read_bytes() == b.read_bytes()
     with tarfile.open(a) as tar:
         names = tar.getnames()
@@ -72,8 +72,8 @@ def test_payload_is_deterministic_and_lists_every_file(tmp_path, dist, model):
 
 def test_a_model_is_required_and_values_are_checked(tmp_path, dist, model):
     with pytest.raises(FleetError, match="needs a model"):
-        mender.write_payload(prepare("orin-nx", dist), tmp_path / "x.tar")
-    art = prepare("orin-nx", dist, model)
+        mender.write_payload(prepare(load_profile("orin-nx"), dist), tmp_path / "x.tar")
+    art = prepare(load_profile("orin-nx"), dist, model)
     with pytest.raises(FleetError, match="device type"):
         mender.write_artifact(art, tmp_path / "x.mender", device_type="orin nx; rm -rf /")
     # "$" alone would let a trailing newline through into device_type=... and the artifact name.
@@ -88,7 +88,7 @@ def test_a_model_is_required_and_values_are_checked(tmp_path, dist, model):
 
 
 def test_type_info_and_a_pkcs8_key_gets_an_actionable_error(tmp_path, dist, model):
-    art = prepare("orin-nx", dist, model)
+    art = prepare(load_profile("orin-nx"), dist, model)
     out = mender.write_artifact(art, tmp_path / "a.mender", device_type="colibri-orin-nx")
     info = subprocess.run(["mender-artifact", "read", str(out)], capture_output=True, text=True,
                           check=True).stdout

@@ -125,10 +125,60 @@ def test_every_shipped_profile_accepts_the_expert_counts_users_run(name):
     them (the top-k network is sized by the model's E at run time, not by this cap); Qwen3-Next's
     512, top-10, the targets that have the memory for it (AGX Thor) and the host."""
     from colibri_kit.model.convert import target_limits
-    limits = target_limits(name)
+    limits = target_limits(load_profile(name))
     assert limits.max_experts >= 256 and limits.top_k >= 8
     if name in ("agx-thor", "host"):
         assert limits.max_experts >= 512 and limits.top_k >= 10
+
+
+def _name_takers():
+    """Every library function that once took a target name (issue 19), called with one."""
+    from colibri_kit import build
+    from colibri_kit.fleet import deploy
+    from colibri_kit.model import convert, footprint
+
+    h = None  # never read: the profile is checked first
+    return {
+        "build": lambda: build.build("host", where="host"),
+        "prepare": lambda: deploy.prepare("orin-nx", Path("dist/orin-nx")),
+        "target_limits": lambda: convert.target_limits("host"),
+        "convert": lambda: convert.convert("hf", "out.colibri", "f32", "host"),
+        "footprint": lambda: footprint.footprint(h, "orin-nx"),
+        "model_footprint": lambda: footprint.model_footprint("m.colibri", "orin-nx"),
+        "suggestions": lambda: footprint.suggestions(h, "orin-nx"),
+        "check_fits": lambda: footprint.check_fits(h, "orin-nx"),
+        "check_model_fits": lambda: footprint.check_model_fits("m.colibri", "orin-nx"),
+    }
+
+
+@pytest.mark.parametrize("function", sorted(_name_takers()))
+def test_library_functions_refuse_a_target_name_and_say_what_to_pass(function, tmp_path, monkeypatch):
+    """A name where a Profile belongs: a TypeError naming the function and the call that gives
+    the Profile, before anything is read, built or written (the cwd is an empty directory)."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(TypeError) as err:
+        _name_takers()[function]()
+    target = "host" if function in ("build", "target_limits", "convert") else "orin-nx"
+    assert str(err.value) == (f"{function}() takes a Profile, not the target name {target!r}: "
+                              f"pass load_profile({target!r}) (colibri_kit.profiles)")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_require_profile_passes_a_profile_and_names_any_other_type():
+    from colibri_kit.profiles import require_profile
+
+    p = load_profile("host")
+    assert require_profile(p, "f") is p
+    with pytest.raises(TypeError, match=r"^f\(\) takes a Profile, not PosixPath: pass load_profile\(NAME\)"):
+        require_profile(Path("targets/host.yaml"), "f")
+
+
+def test_convert_needs_a_profile_or_limits(tmp_path):
+    from colibri_kit.model.convert import convert
+
+    with pytest.raises(TypeError, match=r"convert\(\) needs the target's Profile \(profile=load_profile"):
+        convert(tmp_path / "hf", tmp_path / "out.colibri")
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.slow

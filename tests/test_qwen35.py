@@ -34,6 +34,7 @@ from colibri_kit.model.format import (
 )
 from colibri_kit.model.reference import Reference
 from colibri_kit.model.tiny import write_random_model
+from colibri_kit.profiles import load_profile
 from gen_support import ROOT
 from kit_support import runtime_library_sources
 
@@ -247,7 +248,7 @@ def test_layer_list_arena_and_state_as_colibri_info_says(host_colibri: Path, hf_
         assert [li["mixer"] for li in info["layers"]] == want
         assert all(li["kv_positions"] == (0 if m == "gated_deltanet" else h.max_seq_len)
                    for li, m in zip(info["layers"], want))
-    fp = footprint(h, "host")
+    fp = footprint(h, load_profile("host"))
     assert fp.state == state_bytes(h) and "recurrent state" in fp.line()
     # the state does not grow with the context, the attention layers' rows do
     longer = replace(h, max_seq_len=2 * h.max_seq_len)
@@ -367,5 +368,5 @@ def test_cuda_backend_falls_back_for_what_it_does_not_run(cuda_host_build, tmp_p
         assert auto.returncode == 0, auto.stderr
         backend = json.loads(auto.stdout)["backend"]
         assert backend["name"] == "cpu" and needle in backend["fallback_reason"], backend
-        fp = footprint(h, "orin-nx") if h.num_experts <= 256 else footprint(h, "agx-thor")
+        fp = footprint(h, load_profile("orin-nx" if h.num_experts <= 256 else "agx-thor"))
         assert fp.backend == "cpu" and fp.cpu_fallback, (name, fp)

@@ -31,6 +31,7 @@ from colibri_kit.model.format import (
 )
 from colibri_kit.model.reference import Reference
 from colibri_kit.model.tiny import write_random_model
+from colibri_kit.profiles import load_profile
 
 PAD = 64  # the host profile's embed_pad
 PROMPT = [(i * 7919 + 13) % 300 for i in range(200)]  # > 3 chunks of 64, many windows
@@ -213,10 +214,10 @@ def test_full_attention_has_no_window_and_old_versions_no_kinds(tmp_path: Path) 
 
 def test_cuda_footprint_of_a_layer_it_does_not_run(models: dict[str, Path]) -> None:
     h = read_model(models["ring5"]).header
-    fp = footprint(h, "orin-nx")  # a CUDA target: the runtime falls back to the CPU
+    fp = footprint(h, load_profile("orin-nx"))  # a CUDA target: the runtime falls back to the CPU
     assert fp.backend == "cpu" and fp.arena == cpu_arena_bytes(h)
     assert "layer 0 is sliding_attention(5) + moe" in fp.cpu_fallback and "falls back" in fp.line()
-    covering = footprint(read_model(models["covering"]).header, "orin-nx")
+    covering = footprint(read_model(models["covering"]).header, load_profile("orin-nx"))
     assert covering.backend == "cuda" and covering.cpu_fallback == ""
     assert replace(covering, slots=2).to_json()["cpu_fallback"] == ""
 

@@ -19,6 +19,7 @@ from colibri_kit.errors import ModelError
 from colibri_kit.model import tokenizer as T
 from colibri_kit.model.format import read_model
 from colibri_kit.model.tiny import write_text_model
+from colibri_kit.profiles import load_profile
 
 FAMILIES = ["qwen2", "qwen3", "olmoe", "mixtral", "llama3", "mixtral_meta_always", "mixtral_meta_first"]
 
@@ -206,7 +207,7 @@ def test_converted_checkpoint_carries_its_tokenizer(hf_root: Path, host_colibri:
 
     for name in ("qwen3_moe", "mixtral"):
         src = H.checkpoint(name, hf_root)
-        out = convert(src, tmp_path / f"{name}.colibri", target="host", progress=False)
+        out = convert(src, tmp_path / f"{name}.colibri", profile=load_profile("host"), progress=False)
         m = read_model(out)
         assert m.header.version >= 2  # version 2 brought the metadata section
         assert {"tokenizer.config", "tokenizer.vocab", "tokenizer.merges", "tokenizer.added"} <= set(m.metadata_names())
@@ -263,10 +264,10 @@ def test_convert_refuses_bad_tokenizer_before_writing(hf_root: Path, tmp_path: P
     tj["model"]["type"] = "WordPiece"
     (src / "tokenizer.json").write_text(json.dumps(tj))
     with pytest.raises(ModelError, match=r"tokenizer.json key model.type: \"WordPiece\" is not supported; supported: BPE"):
-        convert(src, tmp_path / "x.colibri", progress=False)
+        convert(src, tmp_path / "x.colibri", profile=load_profile("host"), progress=False)
     (src / "tokenizer.json").write_text("{not json")
     with pytest.raises(ModelError, match="not valid JSON"):
-        convert(src, tmp_path / "x.colibri", progress=False)
+        convert(src, tmp_path / "x.colibri", profile=load_profile("host"), progress=False)
     assert not (tmp_path / "x.colibri").exists()
 
 
@@ -365,7 +366,7 @@ def test_transformers_autotokenizer_agrees(hf_root: Path, host_colibri: Path, tm
     from colibri_kit.model.convert import convert
 
     src = H.checkpoint(name, hf_root)
-    model = convert(src, tmp_path / "m.colibri", progress=False)
+    model = convert(src, tmp_path / "m.colibri", profile=load_profile("host"), progress=False)
     hf = AutoTokenizer.from_pretrained(str(src))
     differ = []
     for text in CORPUS:

@@ -35,7 +35,7 @@ from colibri_kit.fleet.remote import Remote
 from colibri_kit.fleet.service import ServiceStep
 from colibri_kit.hashing import file_sha256
 from colibri_kit.manifest import MANIFEST_NAME, Manifest, ManifestError
-from colibri_kit.profiles import Profile, load_profile
+from colibri_kit.profiles import Profile, require_profile
 from colibri_kit.report import table
 from colibri_kit.service import ServiceSpec
 
@@ -81,15 +81,13 @@ class Artifact:
         return (json.dumps(meta, indent=1, sort_keys=True) + "\n").encode()
 
 
-def prepare(profile: Profile | str, dist: Path, model: Path | None = None) -> Artifact:
+def prepare(profile: Profile, dist: Path, model: Path | None = None) -> Artifact:
     """Read and check the local build of ``profile``: its manifest must name this target and
     this profile's hash (else: refused, naming both hashes and the command that rebuilds), every
     file must match it. The release id is derived from the manifest and the model.
 
-    The tasks pass the Profile they loaded. A target name is still accepted (and loaded here)
-    for the callers not moved yet (tests/fleet/test_mender.py)."""
-    if isinstance(profile, str):
-        profile = load_profile(profile)
+    The tasks pass the Profile they loaded (a target name: TypeError, ``require_profile``)."""
+    profile = require_profile(profile, "prepare")
     target = profile.name
     if not (Path(dist) / MANIFEST_NAME).is_file():
         raise FleetError(f"{dist} has no {MANIFEST_NAME}: build it first (invoke build --target "

@@ -25,6 +25,7 @@ from colibri_kit.model.format import (
 from colibri_kit.model.checkpoint_files import MAX_CONFIG_BYTES, read_json_object
 from colibri_kit.model.safetensors_io import Checkpoint
 from colibri_kit.model.tokenizer import tokenizer_metadata
+from colibri_kit.profiles import Profile, require_profile
 
 DEFAULT_MAX_SEQ = 2048
 
@@ -39,12 +40,10 @@ class TargetModelLimits:
     top_k: int
 
 
-def target_limits(target: str) -> TargetModelLimits:
+def target_limits(profile: Profile) -> TargetModelLimits:
     """The profile's `colibri` block: embed_pad (padding of D), max_experts and top_k."""
-    from colibri_kit.profiles import load_profile  # the profile loader owns validation
-
-    c = load_profile(target).colibri
-    return TargetModelLimits(target, c.embed_pad, c.max_experts, c.top_k)
+    c = require_profile(profile, "target_limits").colibri
+    return TargetModelLimits(profile.name, c.embed_pad, c.max_experts, c.top_k)
 
 
 def build_header(m: HFModel, dtype: DType, limits: TargetModelLimits, max_seq_len: int | None,
@@ -193,24 +192,30 @@ def chat_template_blob(hf_dir: Path, override: str | os.PathLike[str] | None) ->
 
 
 def convert(hf_dir: str | os.PathLike[str], out: str | os.PathLike[str], dtype: str = "f32",
-            target: str = "host", max_seq_len: int | None = None, progress: bool = True,
+            profile: Profile | None = None, max_seq_len: int | None = None, progress: bool = True,
             limits: TargetModelLimits | None = None, slots: int = 1,
             chat_template: str | os.PathLike[str] | None = None, expert_dtype: str | None = None) -> Path:
-    """Convert ``hf_dir`` to ``out`` for ``target`` (its embed_pad, max_experts, top_k, and its
-    memory: a model whose footprint with ``slots`` contexts does not fit is refused before any
-    tensor is written, naming a dtype or context length that fits).
+    """Convert ``hf_dir`` to ``out`` for the target ``profile`` (its embed_pad, max_experts, top_k,
+    and its memory: a model whose footprint with ``slots`` contexts does not fit is refused before
+    any tensor is written, naming a dtype or context length that fits).
 
-    ``limits`` overrides the profile lookup (tests, or a pad the profiles do not list; then the
-    memory is not checked). ``chat_template``: a Jinja file used instead of the checkpoint's chat
-    template. ``expert_dtype``: the routed experts' dtype when it should differ from ``dtype``
-    (e.g. mxfp4 experts beside bf16 attention); a checkpoint released with mxfp4 experts keeps
-    them as they are."""
+    ``limits`` instead of ``profile`` (tests, or a pad the profiles do not list): those limits,
+    and the memory is not checked; one of the two is needed (the caller loads the profile:
+    ``profiles.load_profile(name)``). ``chat_template``: a Jinja file used instead of the
+    checkpoint's chat template. ``expert_dtype``: the routed experts' dtype when it should
+    differ from ``dtype`` (e.g. mxfp4 experts beside bf16 attention); a checkpoint released with
+    mxfp4 experts keeps them as they are."""
     hf_dir = Path(hf_dir)
     out = Path(out)
     kind = DType.parse(dtype)
+    if profile is not None:
+        require_profile(profile, "convert")
     check_memory = limits is None
     if limits is None:
-        limits = target_limits(target)
+        if profile is None:
+            raise TypeError("convert() needs the target's Profile (profile=load_profile('host'), "
+                            "colibri_kit.profiles) or limits=TargetModelLimits(...)")
+        limits = target_limits(profile)
     m = read_config(load_config(hf_dir))
     header = build_header(m, kind, limits, max_seq_len, hf_dir.resolve().name)
     from colibri_kit.model.gptoss import expert_dtype as experts_as
@@ -221,7 +226,8 @@ def convert(hf_dir: str | os.PathLike[str], out: str | os.PathLike[str], dtype: 
         from colibri_kit.model.footprint import check_fits, estimate_file_bytes
 
         meta = sum(64 + len(k) + len(v) for k, v in metadata.items())  # table entry + name + blob
-        check_fits(header, target, estimate_file_bytes(header) + meta, slots=slots)
+        assert profile is not None  # check_memory: the limits came from it
+        check_fits(header, profile, estimate_file_bytes(header) + meta, slots=slots)
     ck = Checkpoint(hf_dir)
     items = plan_tensors(m, ck)
     if progress:

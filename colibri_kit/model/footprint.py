@@ -44,6 +44,7 @@ from colibri_kit.model.format import (
     align_up, data_nbytes, data_start, expected_tensors, kv_staged, layer_kv_positions,
     layer_state_floats, pass_needs, read_model, scale_bytes,
 )
+from colibri_kit.profiles import Profile, require_profile
 
 MIB = 1 << 20
 # runtime/src/core/context.h COLIBRI_CHUNK: tokens per CPU pass; COLIBRI_MOE_SLOTS: expert input
@@ -264,29 +265,27 @@ class Footprint:
                 f"{avail}")
 
 
-def _target_memory(target: str) -> tuple[str, int | None, str]:
+def _target_memory(p: Profile) -> tuple[str, int | None, str]:
     """The target's backend, usable memory and KV cache storage (its service's kv_cache)."""
-    from colibri_kit.profiles import load_profile
-
-    p = load_profile(target)
     backend = "cuda" if p.cuda is not None else "cpu"
     mem = getattr(p, "memory", None)
     avail = None if mem is None else (mem.total_mb - mem.reserve_mb) * MIB
     return backend, avail, p.service.kv_cache if p.service is not None else "f32"
 
 
-def footprint(h: ModelHeader, target: str, weights_bytes: int | None = None, slots: int = 1,
+def footprint(h: ModelHeader, profile: Profile, weights_bytes: int | None = None, slots: int = 1,
               threads: int = DEFAULT_THREADS, kv_dtype: str | None = None,
               cuda_weights: str = "copy") -> Footprint:
-    """The footprint of a model with header ``h`` on ``target`` (weights: the file size, or the
+    """The footprint of a model with header ``h`` on ``profile`` (weights: the file size, or the
     converter's estimate for this header when not given) with a ``kv_dtype`` KV cache (None: the
     target's ``service.kv_cache``, f32 unless set), the CUDA backend holding the weights as
     ``cuda_weights`` says (COLIBRI_CUDA_WEIGHTS: "copy", its default, or "map")."""
+    require_profile(profile, "footprint")
     if slots < 1:
         raise ModelError(f"slots must be >= 1, got {slots}")
     if cuda_weights not in CUDA_WEIGHTS:
         raise ModelError(f"cuda_weights must be one of {', '.join(CUDA_WEIGHTS)}, got {cuda_weights!r}")
-    backend, avail, target_kv = _target_memory(target)
+    backend, avail, target_kv = _target_memory(profile)
     fallback = cuda_unsupported(h) if backend == "cuda" else ""
     if fallback:  # --backend auto runs it on the CPU
         backend = "cpu"
@@ -296,44 +295,46 @@ def footprint(h: ModelHeader, target: str, weights_bytes: int | None = None, slo
     arena = cuda_arena_bytes(h, kv_dtype=kv_dtype) if backend == "cuda" else \
         cpu_arena_bytes(h, threads, kv_dtype=kv_dtype)
     mode = "file" if backend == "cpu" else "copied" if cuda_weights == "copy" else "mapped"
-    return Footprint(target, backend, weights, arena, kv_cache_bytes(h, kv_dtype), slots, avail,
-                     kv_dtype, mode, fallback, state_bytes(h))
+    return Footprint(profile.name, backend, weights, arena, kv_cache_bytes(h, kv_dtype), slots,
+                     avail, kv_dtype, mode, fallback, state_bytes(h))
 
 
-def model_footprint(path: str | os.PathLike[str], target: str, slots: int = 1,
+def model_footprint(path: str | os.PathLike[str], profile: Profile, slots: int = 1,
                     kv_dtype: str | None = None, cuda_weights: str = "copy") -> Footprint:
-    """The footprint of the model file at ``path`` on ``target``."""
+    """The footprint of the model file at ``path`` on the target ``profile``."""
+    require_profile(profile, "model_footprint")
     m = read_model(path)
-    return footprint(m.header, target, Path(path).stat().st_size, slots, kv_dtype=kv_dtype,
+    return footprint(m.header, profile, Path(path).stat().st_size, slots, kv_dtype=kv_dtype,
                      cuda_weights=cuda_weights)
 
 
-def suggestions(h: ModelHeader, target: str, slots: int = 1) -> list[str]:
-    """What would fit ``target``: other dtypes at this context length, and the longest context
-    at this dtype (a whole number of 256 positions)."""
+def suggestions(h: ModelHeader, profile: Profile, slots: int = 1) -> list[str]:
+    """What would fit the target ``profile``: other dtypes at this context length, and the
+    longest context at this dtype (a whole number of 256 positions)."""
+    require_profile(profile, "suggestions")
     out = []
     for dt in (DType.Q4, DType.INT8, DType.F16, DType.F32):
         if dt == h.dtype:
             continue
-        fp = footprint(replace(h, dtype=int(dt)), target, slots=slots)
+        fp = footprint(replace(h, dtype=int(dt)), profile, slots=slots)
         if fp.fits:
             out.append(f"--dtype {dt.name.lower()} ({fp.total / MIB:,.0f} MiB)")
     if DType.MXFP4 not in (h.dtype, h.expert_dtype):  # the experts alone in 4.25 bits per weight
-        fp = footprint(replace(h, expert_dtype=int(DType.MXFP4)), target, slots=slots)
+        fp = footprint(replace(h, expert_dtype=int(DType.MXFP4)), profile, slots=slots)
         if fp.fits:
             out.append(f"--expert-dtype mxfp4 ({fp.total / MIB:,.0f} MiB)")
     lo, hi = 0, (h.max_seq_len - 1) // 256  # shorter contexts, in whole 256-position steps
     while lo < hi:  # the arena grows with max_seq_len: the longest that fits
         mid = (lo + hi + 1) // 2
-        if footprint(replace(h, max_seq_len=mid * 256), target, slots=slots).fits:
+        if footprint(replace(h, max_seq_len=mid * 256), profile, slots=slots).fits:
             lo = mid
         else:
             hi = mid - 1
     if lo > 0:
-        fp = footprint(replace(h, max_seq_len=lo * 256), target, slots=slots)
+        fp = footprint(replace(h, max_seq_len=lo * 256), profile, slots=slots)
         out.append(f"--max-seq-len {lo * 256} ({fp.total / MIB:,.0f} MiB)")
     # the mapped file needs no upload staging: where only that is missing, it is named
-    mapped = footprint(h, target, slots=slots, cuda_weights="map")
+    mapped = footprint(h, profile, slots=slots, cuda_weights="map")
     if mapped.backend == "cuda" and mapped.fits:
         out.append(f"COLIBRI_CUDA_WEIGHTS=map in the runtime's environment ({mapped.total / MIB:,.0f} "
                    "MiB: no upload staging; its GPU read speed on a Jetson is not yet measured, "
@@ -341,22 +342,24 @@ def suggestions(h: ModelHeader, target: str, slots: int = 1) -> list[str]:
     return out
 
 
-def check_fits(h: ModelHeader, target: str, weights_bytes: int | None = None,
+def check_fits(h: ModelHeader, profile: Profile, weights_bytes: int | None = None,
                slots: int = 1) -> Footprint:
-    """Raise ModelError when the model does not fit ``target``'s memory, with the numbers and
-    what would fit. Returns the footprint when it fits (or the profile sets no memory)."""
-    fp = footprint(h, target, weights_bytes, slots)
+    """Raise ModelError when the model does not fit the memory of the target ``profile``, with
+    the numbers and what would fit. Returns the footprint when it fits (or the profile sets no
+    memory)."""
+    require_profile(profile, "check_fits")
+    fp = footprint(h, profile, weights_bytes, slots)
     if fp.fits:
         return fp
     assert fp.available is not None
     how = ", one device copy shared by the slots" if fp.weights_mode == "copied" else ""
     upload = f" + upload staging {fp.upload / MIB:,.0f} MiB" if fp.upload else ""
-    what = suggestions(h, target, slots)
+    what = suggestions(h, profile, slots)
     experts = "" if h.expert_dtype is None else f", experts {DType(h.expert_dtype).name.lower()}"
     hint = ("would fit: " + ", ".join(what)) if what else \
         "no dtype or context length fits this target; choose a smaller model or a larger target"
     raise ModelError(
-        f"model does not fit target {target!r}: needs {fp.total / MIB:,.0f} MiB (weights "
+        f"model does not fit target {profile.name!r}: needs {fp.total / MIB:,.0f} MiB (weights "
         f"{fp.weights / MIB:,.0f} MiB as {DType(h.dtype).name.lower()}{experts}{how} + {slots} slot(s) x "
         f"arena {fp.arena / MIB:,.0f} MiB incl. KV cache {fp.kv_cache / MIB:,.0f} MiB at "
         f"max_seq_len {h.max_seq_len}{f' and recurrent state {fp.state / MIB:,.0f} MiB' if fp.state else ''}"
@@ -364,11 +367,13 @@ def check_fits(h: ModelHeader, target: str, weights_bytes: int | None = None,
         f"(memory.total_mb - memory.reserve_mb of its profile); {hint}")
 
 
-def check_model_fits(path: str | os.PathLike[str], target: str, slots: int = 1) -> Footprint:
-    """The deploy check: the model file at ``path`` on ``target`` with ``slots`` contexts.
-    Raises ModelError (numbers, and a dtype or context that would fit) when it does not fit."""
+def check_model_fits(path: str | os.PathLike[str], profile: Profile, slots: int = 1) -> Footprint:
+    """The deploy check: the model file at ``path`` on the target ``profile`` with ``slots``
+    contexts. Raises ModelError (numbers, and a dtype or context that would fit) when it does
+    not fit."""
+    require_profile(profile, "check_model_fits")
     m = read_model(path)
     try:
-        return check_fits(m.header, target, Path(path).stat().st_size, slots)
+        return check_fits(m.header, profile, Path(path).stat().st_size, slots)
     except ModelError as exc:
         raise ModelError(f"{path}: {exc}") from None

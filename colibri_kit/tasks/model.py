@@ -33,10 +33,11 @@ def convert_task(c: Context, hf_dir: str, out: str = "", dtype: str = "f32", tar
                  expert_dtype: str = "") -> None:
     """Convert a Hugging Face MoE checkpoint (mixtral, qwen2_moe, qwen3_moe, olmoe, gpt_oss) to .colibri."""
     from colibri_kit.model.convert import convert
+    from colibri_kit.profiles import load_profile
 
     if not out:
         raise ModelError("give the output file: invoke convert --hf-dir DIR --out FILE.colibri")
-    path = convert(hf_dir, out, dtype=dtype, target=target, max_seq_len=max_seq_len or None,
+    path = convert(hf_dir, out, dtype=dtype, profile=load_profile(target), max_seq_len=max_seq_len or None,
                    progress=True, chat_template=chat_template or None, slots=slots,
                    expert_dtype=expert_dtype or None)
     print(path)
@@ -53,8 +54,9 @@ def tiny_model_task(c: Context, out: str, target: str = "host", dtype: str = "f3
     from colibri_kit.model.convert import target_limits
     from colibri_kit.model.format import DType
     from colibri_kit.model.tiny import write_tiny_model
+    from colibri_kit.profiles import load_profile
 
-    pad = target_limits(target).embed_pad
+    pad = target_limits(load_profile(target)).embed_pad
     print(write_tiny_model(out, pad=pad, dtype=DType.parse(dtype)))
 
 
@@ -76,7 +78,7 @@ def model_info_task(c: Context, file: str, slots: int = 1, kv_cache: str = "") -
     from colibri_kit.model import chat
     from colibri_kit.model.footprint import kv_value_bytes, model_footprint
     from colibri_kit.model.format import header_json, read_model
-    from colibri_kit.profiles import list_profiles
+    from colibri_kit.profiles import load_all
 
     if not file:
         raise ModelError("give a model file: invoke model-info FILE")
@@ -84,7 +86,7 @@ def model_info_task(c: Context, file: str, slots: int = 1, kv_cache: str = "") -
         kv_value_bytes(kv_cache)  # refuse a bad value before reading the file
     doc = header_json(file)
     doc["chat_template"] = chat.describe(read_model(file).metadata("chat.template"))
-    fps = [model_footprint(file, t, slots, kv_dtype=kv_cache or None) for t in list_profiles()]
+    fps = [model_footprint(file, p, slots, kv_dtype=kv_cache or None) for p in load_all()]
     doc["footprint"] = [fp.to_json() for fp in fps]
     json.dump(doc, sys.stdout, indent=2)
     print()

@@ -52,7 +52,7 @@ def by_host(results):
 
 
 def test_deploy_three_devices_then_noop(inventory, sim_fleet, profile, dist_a, tiny_model) -> None:
-    art = D.prepare("orin-nx", dist_a, tiny_model)
+    art = D.prepare(load_profile("orin-nx"), dist_a, tiny_model)
     results = D.deploy(fleet_of(inventory, MAIN), art, profile, hooks=D.Hooks())
     assert [r.result for r in results] == ["ok"] * 3, D.results_table(results)
     assert all(r.uploaded >= art.release_bytes + art.model_size for r in results)
@@ -69,7 +69,7 @@ def test_deploy_three_devices_then_noop(inventory, sim_fleet, profile, dist_a, t
 
 
 def test_status_reports_release_model_and_device(inventory, profile, dist_a, tiny_model) -> None:
-    art = D.prepare("orin-nx", dist_a, tiny_model)
+    art = D.prepare(load_profile("orin-nx"), dist_a, tiny_model)
     rows = status(fleet_of(inventory, MAIN + [XAVIER]))
     for row in rows[:3]:
         assert row.reachable and row.release == art.release_id and row.model == art.model_sha[:12]
@@ -97,7 +97,7 @@ def test_unreachable_host_among_healthy_ones_exit_code(inventory, sim_fleet, dis
 
 
 def test_disk_full_is_refused_before_upload(inventory, sim_fleet, profile, dist_a, big_blob) -> None:
-    art = D.prepare("orin-nx", dist_a, big_blob)
+    art = D.prepare(load_profile("orin-nx"), dist_a, big_blob)
     [res] = D.deploy(fleet_of(inventory, [SMALL_DISK]), art, profile, hooks=D.Hooks())
     assert res.result == "failed" and "not enough space" in res.detail and res.uploaded == 0
 
@@ -105,7 +105,7 @@ def test_disk_full_is_refused_before_upload(inventory, sim_fleet, profile, dist_
 def test_disk_filling_up_during_upload(inventory, sim_fleet, profile, dist_a, tiny_model, big_blob) -> None:
     """Something else fills the disk after the space check: a real ENOSPC, nothing activated."""
     name = SMALL_DISK
-    art = D.prepare("orin-nx", dist_a, tiny_model)
+    art = D.prepare(load_profile("orin-nx"), dist_a, tiny_model)
     [first] = D.deploy(fleet_of(inventory, [name]), art, profile, hooks=D.Hooks())
     assert first.result == "ok", first.detail
     before = assert_current_complete(inventory, name)
@@ -119,7 +119,8 @@ def test_disk_filling_up_during_upload(inventory, sim_fleet, profile, dist_a, ti
                         fh.write(b"\0" * 65536)
                 except OSError:
                     pass
-    art2 = D.prepare("orin-nx", rebuilt(dist_a, Path(str(big_blob) + ".d"), "full"), tiny_model)
+    art2 = D.prepare(load_profile("orin-nx"), rebuilt(dist_a, Path(str(big_blob) + ".d"), "full"),
+                     tiny_model)
     [res] = D.deploy(fleet_of(inventory, [name]), art2, profile, hooks=D.Hooks(progress=fill))
     assert res.result == "failed"
     assert "disk full" in res.detail or "No space" in res.detail, res.detail
@@ -132,10 +133,10 @@ def test_disk_filling_up_during_upload(inventory, sim_fleet, profile, dist_a, ti
 
 def test_connection_killed_mid_upload_resumes(inventory, sim_fleet, profile, dist_a, tiny_model, big_blob) -> None:
     name = FAULTY
-    base = D.prepare("orin-nx", dist_a, tiny_model)
+    base = D.prepare(load_profile("orin-nx"), dist_a, tiny_model)
     [res] = D.deploy(fleet_of(inventory, [name]), base, profile, hooks=D.Hooks())
     assert res.result == "ok", res.detail
-    art = D.prepare("orin-nx", dist_a, big_blob)
+    art = D.prepare(load_profile("orin-nx"), dist_a, big_blob)
     killed = []
 
     def drop(host, label, done, total):
@@ -171,7 +172,7 @@ def test_resumed_model_upload_sends_only_the_rest(inventory, sim_fleet, profile,
     name = FAULTY
     blob = tmp_path / "blob2.colibri"
     blob.write_bytes(big_blob.read_bytes()[: 12 << 20] + b"tail")
-    art = D.prepare("orin-nx", dist_a, blob)
+    art = D.prepare(load_profile("orin-nx"), dist_a, blob)
     killed = []
 
     def drop(host, label, done, total):
@@ -191,14 +192,14 @@ def test_local_build_not_matching_its_manifest_is_refused(dist_a, tmp_path) -> N
         fh.seek(100)
         fh.write(b"\xde\xad")
     with pytest.raises(Exception, match="does not match its manifest"):
-        D.prepare("orin-nx", bad)
+        D.prepare(load_profile("orin-nx"), bad)
 
 
 def test_non_root_login_without_write_access_fails_with_the_fix(inventory, profile, dist_a, tiny_model) -> None:
     from colibri_kit.sim.fleet import SIM_USER
 
     host = replace(inventory.hosts[MAIN[0]], user=SIM_USER)
-    art = D.prepare("orin-nx", dist_a, tiny_model)
+    art = D.prepare(load_profile("orin-nx"), dist_a, tiny_model)
     [res] = D.deploy(fleet_of(inventory, [host]), art, profile, hooks=D.Hooks())
     assert res.result == "failed"
     assert f"chown {SIM_USER} /opt/colibri" in res.detail and "cannot write /opt/colibri" in res.detail

@@ -73,8 +73,9 @@ def mdev(dist_a, tiny_model):
             dev.write("/etc/mender/mender.conf", "{}\n")
             dev.write("/etc/mender/artifact_info", "artifact_name=factory\n")
             inv = load_inventory(fleet.fleet_file)
-            results = D.deploy(fleet_of(inv, [dev.name]), D.prepare("orin-nx", dist_a, tiny_model),
-                               load_profile("orin-nx"), hooks=D.Hooks(), service=SPEC)
+            profile = load_profile("orin-nx")
+            results = D.deploy(fleet_of(inv, [dev.name]), D.prepare(profile, dist_a, tiny_model),
+                               profile, hooks=D.Hooks(), service=SPEC)
             assert results[0].result == "ok", D.results_table(results, ["service"])
             # the module over SSH, as an operator installs it (settings from the profile's service)
             proc = invoke("mender-module", "--target", "orin-nx", "--fleet", str(fleet.fleet_file),
@@ -156,7 +157,7 @@ def push(dev, artifact: Path) -> str:
 
 
 def package(tmp: Path, dist: Path, model: Path, **kw) -> tuple[D.Artifact, Path]:
-    art = D.prepare("orin-nx", dist, model)
+    art = D.prepare(load_profile("orin-nx"), dist, model)
     kw.setdefault("device_type", mender.device_type_for("orin-nx"))
     return art, mender.write_artifact(art, tmp / f"{art.release_id}-{time.monotonic_ns()}.mender", **kw)
 
@@ -194,7 +195,7 @@ def test_artifacts_are_reproducible_apart_from_mender_artifacts_own_stamps(tmp_p
                       "--dist", str(dist_a), "--out", str(out))
         assert proc.returncode == 0, proc.stdout + proc.stderr
         time.sleep(1.1)   # mender-artifact stamps the wall clock (seconds) on its own entries
-    art = D.prepare("orin-nx", dist_a, tiny_model)
+    art = D.prepare(load_profile("orin-nx"), dist_a, tiny_model)
     assert f"release {art.release_id}, model {art.model_sha[:12]}, device type colibri-orin-nx" in proc.stdout
     with tarfile.open(a) as ta, tarfile.open(b) as tb:
         ma, mb = ta.getmembers(), tb.getmembers()
@@ -210,7 +211,8 @@ def test_artifacts_are_reproducible_apart_from_mender_artifacts_own_stamps(tmp_p
 def test_install_and_commit_switch_the_release_and_the_service_answers(mdev, tmp_path, dist_a, dist_b,
                                                                       tiny_model):
     old = current(mdev)
-    assert old == D.prepare("orin-nx", dist_a, tiny_model).release_id   # the SSH deploy's release
+    # the SSH deploy's release
+    assert old == D.prepare(load_profile("orin-nx"), dist_a, tiny_model).release_id
     before = answers(mdev)
     art, artifact = package(tmp_path, dist_b, tiny_model)
     res = mender_cmd(mdev, "install", push(mdev, artifact))
@@ -322,7 +324,7 @@ def test_a_commit_prunes_old_releases_and_unused_models(mdev, tmp_path, dist_a, 
     _, extra = package(tmp_path, dist_b, bad_model)
     assert mender_cmd(mdev, "install", push(mdev, extra)).returncode == 0
     assert mender_cmd(mdev, "rollback").returncode == 0
-    stale = D.prepare("orin-nx", dist_b, bad_model)
+    stale = D.prepare(load_profile("orin-nx"), dist_b, bad_model)
     assert stale.release_id in ls("releases") and f"{stale.model_sha}.colibri" in ls("models")
     commits = 0
     for dist in (dist_a, dist_b):   # two commits: the stale one is then older than KEEP newest
@@ -599,7 +601,8 @@ def test_releases_pointed_elsewhere_during_the_gate_prunes_nothing_of_roots(mdev
     mdev.write(mender.MODULE_CONF, mender.module_conf(
         root=ROOT, unit="colibri.service", health_url=f"http://127.0.0.1:{port}/health",
         api_key_file=None, model_id=SPEC.model_id, gate_timeout=60, keep=KEEP))
-    dist = dist_a if D.prepare("orin-nx", dist_b, tiny_model).release_id == current(mdev) else dist_b
+    b_id = D.prepare(load_profile("orin-nx"), dist_b, tiny_model).release_id
+    dist = dist_a if b_id == current(mdev) else dist_b
     art, artifact = package(tmp_path, dist, tiny_model)
     pid = start_as_login(mdev, FAKE_GATE, ROOT, victim, str(port))
     try:

@@ -139,7 +139,7 @@ def check_answers(inv, dev) -> None:
 
 
 def test_deploy_installs_the_unit_and_the_service_answers(sfleet, inv, profile, dist_a, tiny_model):
-    art = D.prepare("orin-nx", dist_a, tiny_model)
+    art = D.prepare(load_profile("orin-nx"), dist_a, tiny_model)
     names = [d.name for d in sfleet.devices]
     results = D.deploy(fleet_of(inv, names), art, profile, hooks=D.Hooks(), service=SPEC)
     table = D.results_table(results, ["service", "downtime"])
@@ -165,8 +165,8 @@ def test_deploy_installs_the_unit_and_the_service_answers(sfleet, inv, profile, 
 
 def test_a_release_that_cannot_start_is_rolled_back(sfleet, inv, profile, dist_a, dist_b, tiny_model,
                                                      bad_model):
-    old = D.prepare("orin-nx", dist_a, tiny_model).release_id
-    art = D.prepare("orin-nx", dist_b, bad_model)
+    old = D.prepare(load_profile("orin-nx"), dist_a, tiny_model).release_id
+    art = D.prepare(load_profile("orin-nx"), dist_b, bad_model)
     dev = sfleet.devices[0]
     results = D.deploy(fleet_of(inv, [dev.name]), art, profile, hooks=D.Hooks(), service=SPEC)
     r = results[0]
@@ -189,7 +189,7 @@ def test_a_taken_port_is_rolled_back_with_the_old_unit(sfleet, inv, profile, dis
     dev.systemctl("start", "blocker.service")
     assert wait_for(lambda: listening(dev, 8081))
     moved = ServiceSpec(**{**SPEC.__dict__, "port": 8081})
-    art = D.prepare("orin-nx", dist_b, tiny_model)
+    art = D.prepare(load_profile("orin-nx"), dist_b, tiny_model)
     try:
         results = D.deploy(fleet_of(inv, [dev.name]), art, profile, hooks=D.Hooks(), service=moved)
     finally:
@@ -223,9 +223,9 @@ def test_deploy_while_requests_are_in_flight(sfleet, inv, profile, dist_a, dist_
     (every token, a finish reason) or fails as a whole (connection refused, 503 draining); none
     is cut in the middle. serve drains on SIGTERM (systemd's stop) before it exits."""
     dev = sfleet.devices[0]
-    art = D.prepare("orin-nx", dist_b, tiny_model)
+    art = D.prepare(load_profile("orin-nx"), dist_b, tiny_model)
     if current(inv, dev.name) == art.release_id:
-        art = D.prepare("orin-nx", dist_a, tiny_model)
+        art = D.prepare(load_profile("orin-nx"), dist_a, tiny_model)
     done = threading.Event()
     outcomes: list[tuple[str, str]] = []
     lock = threading.Lock()

@@ -27,7 +27,7 @@ def profile():
 
 @pytest.fixture(scope="module")
 def deployed(inventory, profile, dist_a, tiny_model):
-    art = D.prepare("orin-nx", dist_a, tiny_model)
+    art = D.prepare(load_profile("orin-nx"), dist_a, tiny_model)
     results = D.deploy(fleet_of(inventory, MAIN), art, profile, hooks=D.Hooks())
     assert all(r.ok for r in results), D.results_table(results)
     return art
@@ -68,7 +68,7 @@ def test_model_not_fitting_the_binary_fails(inventory, profile, dist_a, tmp_path
     from colibri_kit.model.tiny import write_tiny_model
 
     odd = write_tiny_model(tmp_path / "pad128.colibri", pad=128)
-    art = D.prepare("orin-nx", dist_a, Path(odd))
+    art = D.prepare(load_profile("orin-nx"), dist_a, Path(odd))
     [dep] = D.deploy(fleet_of(inventory, [FAULTY]), art, profile, hooks=D.Hooks())
     assert dep.result == "ok", dep.detail
     [r] = S.smoke(fleet_of(inventory, [FAULTY]), profile, model=Path(odd), bench_runs=1)
@@ -84,7 +84,7 @@ def test_local_model_must_be_the_deployed_one(inventory, profile, deployed, tmp_
 
 
 def test_canary_failure_stops_the_rollout(inventory, profile, deployed, dist_a, tiny_model, tmp_path) -> None:
-    art = D.prepare("orin-nx", rebuilt(dist_a, tmp_path / "canary", "canary"), tiny_model)
+    art = D.prepare(load_profile("orin-nx"), rebuilt(dist_a, tmp_path / "canary", "canary"), tiny_model)
     hosts = fleet_of(inventory, MAIN)
 
     def strict_smoke(canaries):
