@@ -3,6 +3,8 @@ side by side with llama.cpp (issue 27; figures in docs/runtime.md, "Real-time mo
 
     python benchmarks/jitter.py [--samples 300] [--prompt-len 32] [--gen 16] [--cpus 1]
                                 [--loads idle,cpu,memory] [--llama-cpp DIR] [--work DIR]
+                                [--pace-ms 0] [--rt-runtime-us 950000,-1] [--repeats 1]
+                                [--trace-dir DIR]
 
 The same prompt and decode run --samples times in each cell of the table:
 
@@ -13,6 +15,20 @@ The same prompt and decode run --samples times in each cell of the table:
   ``realtime``: Colibri's ``--cpus LIST --sched fifo:50 --mlock --barrier spin``; llama.cpp's own
   equivalents ``-C MASK --cpu-strict 1 --prio 3`` (its "realtime" priority: SCHED_FIFO), ``--poll
   100`` and ``-lm mmap+mlock``.
+
+Pacing (``--pace-ms MS``): Colibri's runs start every MS ms (``colibri bench --pace-ms``: a fixed
+grid, so a sample does not start in the cache, clock or RT-throttling state the one before left;
+a run that overran its slot starts at once and is counted). llama-bench has no such option (its
+``--delay`` sleeps between tests, not repetitions): its repetitions stay back to back.
+
+RT throttling (``--rt-runtime-us 950000,-1``; root): the real-time cells run once per value of
+/proc/sys/kernel/sched_rt_runtime_us, interleaved (value A, value B, value A... with
+``--repeats``), the value set just before the cell and the original written back after it and at
+exit (``finally``, SIGTERM and SIGINT included). ``--trace-dir`` keeps every Colibri sample with
+its start time (``colibri bench --trace``) and prints where the slow ones fall in the 1 s period:
+``phase R`` is the length of the mean of exp(2 pi i t / period) over the slow tokens' end times
+(1: all end at the same point of the period, as throttled tokens do, since a throttled thread
+runs again when the budget is refilled; about 1/sqrt(n) for n times with no relation to it).
 
 Colibri's figures come from ``colibri bench --json`` (the first token of each run: prompt + pick;
 every decoded token; minor/major page faults per token). llama.cpp's from ``llama-bench -o
@@ -34,7 +50,9 @@ not asserted.
 from __future__ import annotations
 
 import argparse
+import cmath
 import json
+import math
 import os
 import shutil
 import signal
@@ -100,18 +118,83 @@ def hog(load: str, cores: list[int]):
             proc.wait()
 
 
-def colibri_cell(binary: Path, model: Path, mode: str, cpus: list[int], args) -> dict:
+RT_RUNTIME = Path("/proc/sys/kernel/sched_rt_runtime_us")
+RT_PERIOD = Path("/proc/sys/kernel/sched_rt_period_us")
+
+
+class RtRuntime:
+    """This machine's sched_rt_runtime_us, set per cell and always put back: ``restore`` runs
+    after every cell, at exit, and on SIGTERM/SIGINT (turned into SystemExit so ``finally``
+    blocks run)."""
+
+    def __init__(self) -> None:
+        self.original = int(RT_RUNTIME.read_text())
+        self.period = int(RT_PERIOD.read_text())
+
+    def set(self, value: int) -> None:
+        from colibri_kit.fleet.tune.rt_throttle import runtime_refusal
+
+        why = runtime_refusal(value, self.period)
+        if why:
+            raise SystemExit(f"--rt-runtime-us: {why}")
+        if int(RT_RUNTIME.read_text()) != value:
+            RT_RUNTIME.write_text(f"{value}\n")
+        if int(RT_RUNTIME.read_text()) != value:
+            raise SystemExit(f"{RT_RUNTIME} did not take {value}")
+
+    def restore(self) -> None:
+        if int(RT_RUNTIME.read_text()) != self.original:
+            RT_RUNTIME.write_text(f"{self.original}\n")
+
+
+def _raise_exit(signum, _frame) -> None:
+    raise SystemExit(128 + signum)
+
+
+def colibri_cell(binary: Path, model: Path, mode: str, cpus: list[int], args,
+                 trace: Path | None = None) -> dict:
     rt = (["--cpus", cpu_list(cpus), "--sched", f"fifo:{PRIORITY}", "--mlock", "--barrier", "spin"]
           if mode == "realtime" else [])
     argv = [str(binary), "--backend", "cpu", "--threads", str(len(cpus)), *rt, "bench", str(model),
             "--prompt-len", str(args.prompt_len), "--gen", str(args.gen), "--runs",
-            str(args.samples), "--json"]
+            str(args.samples), "--pace-ms", str(args.pace_ms), "--json"]
+    if trace is not None:
+        argv += ["--trace", str(trace)]
     proc = subprocess.run(argv, capture_output=True, text=True)
     if proc.returncode:
         raise SystemExit(f"{' '.join(argv)} failed ({proc.returncode}): {proc.stderr.strip()}")
     r = json.loads(proc.stdout)
-    return {"first": r["first_token_ms"], "token": r["token_ms"],
-            "faults": r["faults_per_token"], "tok_s": r["decode_tok_s"]}
+    out = {"first": r["first_token_ms"], "token": r["token_ms"],
+           "faults": r["faults_per_token"], "tok_s": r["decode_tok_s"],
+           "pace_overruns": r.get("pace_overruns", 0)}
+    if trace is not None:
+        out["trace"] = trace_phase(trace, 1000.0)
+    return out
+
+
+def trace_phase(path: Path, period_ms: float) -> dict:
+    """Where the slow decoded tokens of a ``colibri bench --trace`` file fall in the RT period:
+    slow = above the median + 20 ms (a throttling stop is 50 ms at the default budget; other
+    disturbances here are a few ms); R of their end times (see the module), the same for all
+    tokens, and the median gap between consecutive slow tokens."""
+    rows = [line.split() for line in path.read_text().splitlines()[1:]]
+    toks = [(float(r[3]), float(r[4])) for r in rows if r[0] == "token"]
+    if not toks:
+        return {}
+    ms = sorted(d for _, d in toks)
+    cut = ms[len(ms) // 2] + 20.0
+    slow = [(t, d) for t, d in toks if d > cut]
+
+    def r_of(ends: list[float]) -> float:
+        if not ends:
+            return 0.0
+        return abs(sum(cmath.exp(2j * math.pi * e / period_ms) for e in ends)) / len(ends)
+    ends = [t + d for t, d in slow]
+    gaps = sorted(b - a for a, b in zip(ends, ends[1:]))
+    return {"tokens": len(toks), "slow": len(slow), "slow_cut_ms": cut,
+            "phase_r_slow": r_of(ends), "phase_r_all": r_of([t + d for t, d in toks]),
+            "median_gap_ms": gaps[len(gaps) // 2] if gaps else None,
+            "span_s": (toks[-1][0] - toks[0][0]) / 1e3}
 
 
 def distribution(samples_ms: list[float]) -> dict:
@@ -170,6 +253,33 @@ def verdict(load: str, mode: str, d: dict) -> str:
     return " " if ok else "*"
 
 
+def run_cells(results: dict, load: str, mode: str, rt_us: int | None, rep: int,
+              rt_knob: RtRuntime | None, binary: Path, model: Path, llama, cpus: list[int],
+              args, loadavg: list[str]) -> None:
+    """One row pair (Colibri, then llama.cpp) of the table, with sched_rt_runtime_us = rt_us
+    for its duration when given."""
+    tag = f"{load}/{mode}" + (f"/rt{rt_us}" if rt_us is not None else "") + f"/{rep}"
+    loadavg.append(f"{tag} {Path('/proc/loadavg').read_text().split()[0]}")
+    try:
+        if rt_us is not None and rt_knob is not None:
+            rt_knob.set(rt_us)
+        log(f"{tag}: colibri (load average {loadavg[-1].split()[-1]})")
+        trace = (args.trace_dir / (tag.replace("/", "_") + ".txt")) if args.trace_dir else None
+        r = colibri_cell(binary, model, mode, cpus, args, trace)
+        r.update(rt_runtime_us=rt_us, repeat=rep)
+        results[f"{load}/{mode}/colibri/{rt_us}/{rep}"] = r
+        log(summary(r))
+        if llama:
+            log(f"{tag}: llama.cpp")
+            r = llama_cell(*llama, mode, cpus, args)
+            r.update(rt_runtime_us=rt_us, repeat=rep)
+            results[f"{load}/{mode}/llama.cpp/{rt_us}/{rep}"] = r
+            log(summary(r))
+    finally:
+        if rt_knob is not None:
+            rt_knob.restore()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, default=300, help="runs per cell (hundreds)")
@@ -185,7 +295,26 @@ def main() -> None:
                     help="llama.cpp tree built by scripts/build-llama-cpp.sh (else Colibri only)")
     ap.add_argument("--llama-bench-args", default="",
                     help="extra llama-bench arguments (e.g. '--repack 0' on AMX hosts)")
+    ap.add_argument("--pace-ms", type=int, default=0, metavar="MS",
+                    help="Colibri: start a run every MS ms (colibri bench --pace-ms; 0: back to "
+                         "back); llama-bench has no per-repetition pacing")
+    ap.add_argument("--rt-runtime-us", default="", metavar="LIST",
+                    help="real-time cells once per /proc/sys/kernel/sched_rt_runtime_us value, "
+                         "e.g. 950000,-1 (root; the original is always written back)")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="run every row this many times, interleaved")
+    ap.add_argument("--trace-dir", type=Path, default=None,
+                    help="keep Colibri's per-sample traces here and print their RT-period phase")
     args = ap.parse_args()
+    if not 0 <= args.pace_ms <= 600000:
+        raise SystemExit("--pace-ms must be 0..600000")
+    if args.repeats < 1:
+        raise SystemExit("--repeats must be >= 1")
+    try:
+        runtimes = [int(x) for x in args.rt_runtime_us.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"--rt-runtime-us {args.rt_runtime_us!r}: integers, e.g. 950000,-1") \
+            from None
     online = sorted(os.sched_getaffinity(0))
     if args.cpus:
         from colibri_kit.fleet.tune.governors import parse_cpu_list
@@ -220,32 +349,48 @@ def main() -> None:
         gguf = peer.gguf_model(root, hf, args.work, "q8_0", shape.config["vocab_size"])
         llama = (root / "build" / "bin" / "llama-bench", gguf)
 
+    rt_knob = RtRuntime() if runtimes else None
+    if rt_knob is not None:
+        for v in runtimes:
+            rt_knob.set(v)          # refuse a bad value before any cell runs
+        rt_knob.restore()
+    if args.trace_dir is not None:
+        args.trace_dir.mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGTERM, _raise_exit)
     results: dict[str, dict] = {}
-    for load in loads:
-        with hog(load, hog_cores):
-            for mode in modes:
-                log(f"{load} / {mode}: colibri")
-                results[f"{load}/{mode}/colibri"] = colibri_cell(binary, model, mode, cpus, args)
-                log(summary(results[f"{load}/{mode}/colibri"]))
-                if llama:
-                    log(f"{load} / {mode}: llama.cpp")
-                    results[f"{load}/{mode}/llama.cpp"] = llama_cell(*llama, mode, cpus, args)
-                    log(summary(results[f"{load}/{mode}/llama.cpp"]))
+    loadavg: list[str] = []
+    try:
+        for rep in range(args.repeats):
+            for load in loads:
+                with hog(load, hog_cores):
+                    for mode in modes:
+                        variants = runtimes if (mode == "realtime" and runtimes) else [None]
+                        for rt_us in variants:
+                            run_cells(results, load, mode, rt_us, rep, rt_knob, binary, model,
+                                      llama, cpus, args, loadavg)
+    finally:
+        if rt_knob is not None:
+            rt_knob.restore()
 
     print(f"machine: {os.cpu_count()} CPUs; inference on CPU {cpu_list(cpus)}, hogs on "
-          f"{cpu_list(hog_cores) or '-'}; load average {os.getloadavg()[0]:.1f}; "
-          f"{args.samples} samples per cell, prompt {args.prompt_len}, decode {args.gen}")
-    peer_rows = [r for k, r in results.items() if k.endswith("llama.cpp")]
+          f"{cpu_list(hog_cores) or '-'}; load average {os.getloadavg()[0]:.1f} (per cell: "
+          f"{'; '.join(loadavg)}); {args.samples} samples per cell, prompt {args.prompt_len}, "
+          f"decode {args.gen}, Colibri paced {args.pace_ms} ms"
+          + (f"; sched_rt_runtime_us {rt_knob.original} (restored), period {rt_knob.period}"
+             if rt_knob else f"; sched_rt_runtime_us {RT_RUNTIME.read_text().strip()}"))
+    peer_rows = [r for k, r in results.items() if "/llama.cpp/" in k]
     print("model: random Mixtral 1024x8 layers, 8 experts top-2, vocab 32000; colibri int8, "
           "llama.cpp q8_0" + (f" (llama.cpp build {peer_rows[0]['build']}"
                                f"{', ' + peer_rows[0]['note'] if 'note' in peer_rows[0] else ''})"
                                if peer_rows else ""))
-    head = (f"{'load':<7}{'mode':<9}{'engine':<10}"
+    head = (f"{'load':<7}{'mode':<18}{'engine':<10}"
             f"{'first token ms p50/p99/p99.9/max':>34}{'p99/p50':>8}{'p99.9/p50':>10}"
             f"{'token ms p50/p99/p99.9/max':>30}{'p99/p50':>8}{'p99.9/p50':>10}{'faults/tok':>11}")
     print(head)
     for key, r in results.items():
-        load, mode, engine = key.split("/")
+        load, mode, engine = key.split("/")[:3]
+        mode = mode + (f" rt={r['rt_runtime_us']}" if r.get("rt_runtime_us") is not None else "")
+        mode += f" #{r['repeat'] + 1}" if args.repeats > 1 else ""
         cells = []
         for part in ("first", "token"):
             d = r[part]
@@ -254,10 +399,17 @@ def main() -> None:
                          f"{a:>8.3f}{b:>9.3f}{verdict(load, mode, d)}")
         faults = r.get("faults")
         ftxt = f"{faults['minor']:.2f}/{faults['major']:.2f}" if faults else "-"
-        print(f"{load:<7}{mode:<9}{engine:<10}{cells[0]:>34}{cells[1]:>48}{ftxt:>11}")
+        print(f"{load:<7}{mode:<18}{engine:<10}{cells[0]:>34}{cells[1]:>48}{ftxt:>11}")
     print("* = a goal of issue 27 not met in this run (realtime rows: cpu p99/p50 <= 1.10 and "
           "p99.9/p50 <= 1.25; memory p99/p50 <= 1.25); faults/tok = minor/major page faults per "
           "decoded token after warm-up (colibri bench)")
+    for key, r in results.items():
+        tr = r.get("trace")
+        if tr:
+            print(f"trace {key}: {tr['slow']} of {tr['tokens']} tokens slow (> {tr['slow_cut_ms']:.1f}"
+                  f" ms) over {tr['span_s']:.0f} s; phase R of their ends {tr['phase_r_slow']:.2f}"
+                  f" (all tokens {tr['phase_r_all']:.2f}); median gap "
+                  + (f"{tr['median_gap_ms']:.0f} ms" if tr["median_gap_ms"] is not None else "-"))
     print(json.dumps({"cpus": cpus, "hog_cores": hog_cores, "samples": args.samples,
                       "prompt_len": args.prompt_len, "gen": args.gen, "results": results}))
 

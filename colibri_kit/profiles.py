@@ -137,6 +137,10 @@ class RealtimeSpec:
     barrier: str = "sleep"       # spin | sleep at the pool's barriers
     isolate: bool = False        # tune --allow-reboot: isolcpus/nohz_full/rcu_nocbs = cpus
     irq_affinity: bool = False   # tune: IRQs off cpus, onto the other online CPUs
+    # tune: kernel.sched_rt_runtime_us (us of every sched_rt_period_us that RT threads may run;
+    # -1: no limit); None leaves the kernel's (950000 of 1000000 by default). fleet/tune/
+    # rt_throttle.py; docs/runtime.md "Real-time mode" has the measurement and the -1 risk.
+    rt_runtime_us: int | None = None
 
     @property
     def cpu_list(self) -> str:
@@ -510,10 +514,11 @@ def _build(data: dict[str, Any], origin: Origin, leaf: Path) -> Profile:
     if realtime is not None and service is not None:
         fields["service"] = _service_realtime(c, service, realtime)   # not hashed, as realtime
     if realtime is not None and tune is None:
-        for key in ("isolate", "irq_affinity"):
-            if getattr(realtime, key):
-                raise c.fail(("realtime", key), "true needs a tune section (invoke tune applies "
-                                                "it with the profile's tune settings)")
+        for key in ("isolate", "irq_affinity", "rt_runtime_us"):
+            if getattr(realtime, key) not in (False, None):
+                raise c.fail(("realtime", key), f"{_show(getattr(realtime, key))} needs a tune "
+                                                f"section (invoke tune applies it with the "
+                                                f"profile's tune settings)")
     return Profile(**fields, hash=digest, memory=memory, realtime=realtime)
 
 
@@ -534,7 +539,8 @@ def realtime_dict(rt: RealtimeSpec) -> dict[str, Any]:
     """The ``realtime:`` section as plain data (shown with the profile, not hashed)."""
     return {"cpus": list(rt.cpus), "policy": rt.policy, "priority": rt.priority,
             "lock_memory": rt.lock_memory, "barrier": rt.barrier, "isolate": rt.isolate,
-            "irq_affinity": rt.irq_affinity}
+            "irq_affinity": rt.irq_affinity,
+            **({"rt_runtime_us": rt.rt_runtime_us} if rt.rt_runtime_us is not None else {})}
 
 
 def cpu_list_text(cpus: tuple[int, ...] | list[int]) -> str:
@@ -580,7 +586,7 @@ def _cpus(c: _Checker, v: Any, k: tuple[str, ...]) -> tuple[int, ...]:
 
 def _realtime(c: _Checker, v: Any, k: tuple[str, ...]) -> RealtimeSpec:
     m = c.mapping(v, k, ("cpus",), ("policy", "priority", "lock_memory", "barrier", "isolate",
-                                   "irq_affinity"))
+                                   "irq_affinity", "rt_runtime_us"))
     cpus = _cpus(c, m["cpus"], (*k, "cpus"))
     policy = c.enum(m.get("policy", "other"), (*k, "policy"), RT_POLICIES)
     lo, hi = RT_PRIORITY
@@ -605,7 +611,25 @@ def _realtime(c: _Checker, v: Any, k: tuple[str, ...]) -> RealtimeSpec:
         raise c.fail((*k, "cpus"), f"{_show(m['cpus'])} includes CPU 0, which isolate: true "
                                    f"cannot isolate (the boot CPU keeps timekeeping and "
                                    f"housekeeping); use CPUs from 1, e.g. \"1-7\"")
-    return RealtimeSpec(cpus=cpus, policy=policy, priority=priority, barrier=barrier, **flags)
+    rt_runtime = None
+    if m.get("rt_runtime_us") is not None:
+        rt_runtime = _rt_runtime_us(c, m["rt_runtime_us"], (*k, "rt_runtime_us"))
+    return RealtimeSpec(cpus=cpus, policy=policy, priority=priority, barrier=barrier,
+                        rt_runtime_us=rt_runtime, **flags)
+
+
+RT_RUNTIME_MAX = 2**31 - 1     # kernel/sched/rt.c: sched_rt_runtime_us is -1..INT_MAX
+
+
+def _rt_runtime_us(c: _Checker, v: Any, k: tuple[str, ...]) -> int:
+    """realtime.rt_runtime_us: -1 (no RT throttling) or 1..INT_MAX microseconds (tune also
+    checks it against the device's sched_rt_period_us, 1000000 by default). 0 would stop every
+    real-time thread, so it is refused."""
+    if isinstance(v, bool) or not isinstance(v, int) or not (v == -1 or 1 <= v <= RT_RUNTIME_MAX):
+        raise c.fail(k, f"{_show(v)} is not allowed; allowed: -1 (no limit: a runaway real-time "
+                        f"thread can then hold its CPU) or 1..{RT_RUNTIME_MAX} microseconds of "
+                        f"every sched_rt_period_us (1000000 by default; e.g. 990000)")
+    return v
 
 
 def _memory(c: _Checker, v: Any, k: tuple[str, ...]) -> MemorySpec:

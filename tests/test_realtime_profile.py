@@ -66,8 +66,16 @@ def test_shipped_example_and_defaults(tmp_path: Path) -> None:
     ({"cpus": "1-3", "lock_memory": "yes"}, "realtime.lock_memory", "expected true or false"),
     ({"cpus": "1-3", "pin": True}, "realtime.pin", "unknown key 'pin'; allowed keys: cpus, "
                                                    "policy, priority, lock_memory, barrier, "
-                                                   "isolate, irq_affinity"),
+                                                   "isolate, irq_affinity, "
+                                                   "rt_runtime_us"),
     ({"policy": "fifo"}, "realtime.cpus", "missing required key"),
+    ({"cpus": "1-3", "rt_runtime_us": 0}, "realtime.rt_runtime_us", "0 is not allowed; allowed: "
+                                                                    "-1 (no limit"),
+    ({"cpus": "1-3", "rt_runtime_us": -2}, "realtime.rt_runtime_us", "-2 is not allowed"),
+    ({"cpus": "1-3", "rt_runtime_us": 2**31}, "realtime.rt_runtime_us", "or 1..2147483647 "
+                                                                        "microseconds"),
+    ({"cpus": "1-3", "rt_runtime_us": "max"}, "realtime.rt_runtime_us", "'max' is not allowed"),
+    ({"cpus": "1-3", "rt_runtime_us": True}, "realtime.rt_runtime_us", "true is not allowed"),
 ])
 def test_bad_values_name_file_key_and_what_is_allowed(tmp_path: Path, realtime, where,
                                                        message) -> None:
@@ -86,3 +94,14 @@ def test_tune_steps_need_a_tune_section(tmp_path: Path) -> None:
     (tmp_path / "rt.yaml").write_text(yaml.safe_dump(
         {**doc, "realtime": {"cpus": "1-3", "lock_memory": True}}, sort_keys=False))
     assert load_profile("rt", tmp_path).realtime.lock_memory       # runtime options alone: fine
+    (tmp_path / "rt.yaml").write_text(yaml.safe_dump(
+        {**doc, "realtime": {"cpus": "1-3", "rt_runtime_us": -1}}, sort_keys=False))
+    with pytest.raises(ProfileError, match="realtime.rt_runtime_us: -1 needs a tune section"):
+        load_profile("rt", tmp_path)
+
+
+def test_rt_runtime_us_takes_minus_one_or_a_budget(tmp_path: Path) -> None:
+    assert load(tmp_path, {"cpus": "1-3"}).realtime.rt_runtime_us is None   # kernel's own
+    assert load(tmp_path, {"cpus": "1-3", "rt_runtime_us": -1}).realtime.rt_runtime_us == -1
+    p = load(tmp_path, {"cpus": "1-3", "rt_runtime_us": 990000})
+    assert p.realtime.rt_runtime_us == 990000 and "rt_runtime_us: 990000" in profile_yaml(p)

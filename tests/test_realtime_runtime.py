@@ -73,6 +73,31 @@ def test_no_page_fault_per_decoded_token_after_warm_up_with_memory_locked(host_c
     assert d["p50"] <= d["p99"] <= d["p999"] <= d["max"]
 
 
+def test_bench_paces_its_runs_and_traces_every_sample(host_colibri, model, tmp_path) -> None:
+    """--pace-ms: run r starts no earlier than r periods after the first (an absolute sleep: a
+    lower bound whatever the machine's speed); --trace: every sample, unsorted, with its start."""
+    trace = tmp_path / "trace.txt"
+    r = json.loads(run(host_colibri, "--threads", "1", "bench", str(model), "--prompt-len", "8",
+                       "--gen", "3", "--runs", "4", "--pace-ms", "150", "--trace", str(trace),
+                       "--json").stdout)
+    assert r["pace_ms"] == 150 and 0 <= r["pace_overruns"] <= 3
+    rows = [line.split() for line in trace.read_text().splitlines()]
+    assert rows[0] == ["kind", "run", "token", "start_ms", "ms"]
+    assert [(k, int(run_), int(t)) for k, run_, t, *_ in rows[1:]] == \
+        [(k, n, t) for n in range(4) for k, t in [("first", -1), ("token", 0), ("token", 1),
+                                                 ("token", 2)]]
+    firsts = [float(row[3]) for row in rows[1:] if row[0] == "first"]
+    assert firsts[0] < 1.0 and all(at >= n * 150 for n, at in enumerate(firsts))
+    starts = [float(row[3]) for row in rows[1:]]
+    assert starts == sorted(starts)                      # in the order they ran
+    # the trace holds the samples the distribution was made of
+    toks = sorted(float(row[4]) for row in rows[1:] if row[0] == "token")
+    assert r["token_ms"]["n"] == len(toks) == 12 and r["token_ms"]["max"] == \
+        pytest.approx(toks[-1], abs=1e-3)
+    bad = run(host_colibri, "bench", str(model), "--pace-ms", "-1", check=False)
+    assert bad.returncode == 2 and "--pace-ms must be 0..600000" in bad.stderr
+
+
 def stat_fields(pid: int, tid: int) -> list[str]:
     """/proc/PID/task/TID/stat fields after the command name (proc(5): field 3 onwards)."""
     text = Path(f"/proc/{pid}/task/{tid}/stat").read_text()

@@ -32,6 +32,12 @@ write on a real device, at its real path relative to ``/``, for one SKU of ``dat
                                                             the SKU's CPUs, and their affinity
                                                             files (bound over /proc on a device)
 ``boot/extlinux/extlinux.conf``                             L4T's (``data/extlinux/``)
+``proc/sys/kernel/sched_rt_{period,runtime}_us``            the RT throttling budget, the
+                                                            kernel's defaults 1000000 / 950000
+                                                            at every boot (sched-rt-group.rst
+                                                            2.1; a 4.9-tegra Jetson reads the
+                                                            same: OE4T/linux-tegra-4.9 #37);
+                                                            bound over /proc/sys on a device
 ``proc/cmdline``, ``sys/devices/system/cpu/isolated``       written at every boot from it by
                                                             ``usr/sbin/colibri-sim-kernel-boot``
                                                             (``tools/kernel_boot.py``: L4TLauncher's
@@ -105,6 +111,9 @@ KERNEL_BOOT = "usr/sbin/colibri-sim-kernel-boot"   # relative to the device root
 BSP_CUDA_DIR = "usr/lib/aarch64-linux-gnu/tegra"
 VIC_NODE = "15340000.vic"
 BOOT_ID = "proc/sys/kernel/random/boot_id"     # relative to the device root
+# The RT throttling files (relative to the device root): kernel_boot.py writes the kernel's
+# defaults into them at every boot; an sshd device binds them over the host's /proc/sys.
+RT_BANDWIDTH = ("proc/sys/kernel/sched_rt_period_us", "proc/sys/kernel/sched_rt_runtime_us")
 
 # Short names the fleet and the tests use for the SKU a factory device of that kind is.
 ALIASES = {"orin-nx": "orin-nx-16gb", "orin-nano": "orin-nano-8gb", "agx-orin": "agx-orin-64gb"}
@@ -316,6 +325,8 @@ def populate(root: Path, module: str, *, nohz_full: bool = False) -> None:
     _irqs(root, n, module)
     _put(root / "boot/extlinux/extlinux.conf", (DATA / "extlinux/extlinux.conf").read_text())
     _put(root / "proc/cmdline", "\n", 0o444)
+    for rel in RT_BANDWIDTH:       # root-writable as in procfs (0644); the boot fills them
+        _put(root / rel, "\n")
     _put(cpu / "isolated", "\n", 0o444)
     if nohz_full:
         _put(cpu / "nohz_full", "\n", 0o444)

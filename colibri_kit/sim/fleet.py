@@ -44,7 +44,7 @@ from typing import Callable
 
 from colibri_kit.errors import FleetError
 from colibri_kit.fleet.inventory import Host, write_inventory
-from colibri_kit.sim.device_files import populate
+from colibri_kit.sim.device_files import RT_BANDWIDTH, populate
 
 POWER = Path(__file__).resolve().parent / "power.py"
 STATE_DIR = Path("/run/colibri-sim")  # root's own /run: no other user can create it first
@@ -550,10 +550,18 @@ class EmulatedFleet(FleetFiles):
         script.append(f"cat /proc/sys/kernel/random/uuid > {shlex.quote(str(boot_id))}")
         script.append(shlex.join(["mount", "--bind", str(boot_id),
                                   "/proc/sys/kernel/random/boot_id"]))
+        # The RT throttling files likewise (the kernel's values are the device's own: tune
+        # writes them); kernel-boot fills them only when told they are bound (never the host's).
+        rt_bound = []
+        for rel in RT_BANDWIDTH:
+            if (root / rel).exists():
+                script.append(shlex.join(["mount", "--bind", str(root / rel), "/" + rel]))
+                rt_bound.append(rel)
         script.append(shlex.join(["mount", "--bind", str(dev / "disk"), "/opt/colibri"]))
         # The kernel's boot (its command line from extlinux.conf, isolated CPUs, IRQ affinity),
         # then what L4T's nvpmodel.service does at every boot: apply the recorded mode, masks too.
-        script.append("/usr/sbin/colibri-sim-kernel-boot || echo 'kernel boot failed' >&2")
+        script.append(("COLIBRI_SIM_RT_BOUND=1 " if len(rt_bound) == 2 else "") +
+                      "/usr/sbin/colibri-sim-kernel-boot || echo 'kernel boot failed' >&2")
         script.append("/usr/sbin/nvpmodel --sim-boot || echo 'nvpmodel boot failed' >&2")
         script.append('echo $$ > ' + shlex.quote(str(dev / "os.pid")))
         script.append(shlex.join(["exec", "/usr/sbin/sshd", "-D", "-e", "-f", str(config)]))

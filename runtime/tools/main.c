@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <time.h>
 
 #include "../kernels/colibri_abi.h"
 #include "cli.h"
@@ -38,6 +39,8 @@ typedef struct {
     cli_globals g;
     const char *model, *ids, *logits_out, *out;
     long prompt_len, gen, runs;
+    long pace_ms;       /* bench --pace-ms: run r starts at r * pace_ms after the first; 0: back to back */
+    const char *trace;  /* bench --trace FILE: every timed sample with its start time */
     int json;
     int last; /* forward --last: only the last token's logits (colibri_forward_last) */
     long decode_from; /* forward --decode-from K: ids[K..] one call each; -1: one call */
@@ -47,7 +50,7 @@ typedef struct {
 enum {
     O_IDS = 1 << 0, O_LAST = 1 << 1, O_DECODE_FROM = 1 << 2, O_LOGITS_OUT = 1 << 3,
     O_OUT = 1 << 4, O_PROMPT_LEN = 1 << 5, O_GEN = 1 << 6, O_RUNS = 1 << 7, O_JSON = 1 << 8,
-    O_MODEL = 1 << 9
+    O_MODEL = 1 << 9, O_PACE = 1 << 10, O_TRACE = 1 << 11
 };
 
 /* A command's usage: its synopsis (what follows `colibri`, then what its options mean), then the
@@ -110,6 +113,12 @@ static int parse_cmd(cli *c, const cli_globals *g, unsigned allowed, const char 
         } else if (TAKES(O_RUNS, "--runs")) {
             VALUE();
             if (cli_long(v, 1, 100000, &c->runs)) return usage(c, "--runs must be >= 1");
+        } else if (TAKES(O_PACE, "--pace-ms")) {
+            VALUE();
+            if (cli_long(v, 0, 600000, &c->pace_ms)) return usage(c, "--pace-ms must be 0..600000");
+        } else if (TAKES(O_TRACE, "--trace")) {
+            VALUE();
+            c->trace = v;
         } else if (a[0] == '-' && a[1]) {
             fprintf(stderr, "colibri %s: unknown option %s\n", argv[0], a);
             return usage(c, NULL);
@@ -376,6 +385,39 @@ static void faults_now(unsigned long long *minor, unsigned long long *major) {
     *major = (unsigned long long)ru.ru_majflt;
 }
 
+/* Sleep until CLOCK_MONOTONIC reads t_ms (cli_now_ms's clock); an absolute deadline, so the
+ * period of a paced bench does not drift by the time each run took. */
+static void sleep_until_ms(double t_ms) {
+    struct timespec ts;
+    ts.tv_sec = (time_t)(t_ms / 1e3);
+    ts.tv_nsec = (long)((t_ms - (double)ts.tv_sec * 1e3) * 1e6);
+    if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {}
+}
+
+/* bench --trace: one line per timed sample, in the order they ran: kind (first: prompt + pick;
+ * token: one decoded token), run, token index, its start in ms since the first timed run, its
+ * ms. Unsorted, so slow samples can be lined up with time (e.g. the RT throttling period). */
+static int write_trace(const char *path, long runs, long gen, const double *first_at,
+                       const double *first, const double *tok_at, const double *tok) {
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        fprintf(stderr, "colibri: --trace %s: %s\n", path, strerror(errno));
+        return 1;
+    }
+    fprintf(f, "kind run token start_ms ms\n");
+    for (long r = 0; r < runs; r++) {
+        fprintf(f, "first %ld -1 %.3f %.3f\n", r, first_at[r], first[r]);
+        for (long g = 0; g < gen; g++)
+            fprintf(f, "token %ld %ld %.3f %.3f\n", r, g, tok_at[r * gen + g], tok[r * gen + g]);
+    }
+    if (fclose(f) != 0) {
+        fprintf(stderr, "colibri: --trace %s: %s\n", path, strerror(errno));
+        return 1;
+    }
+    return 0;
+}
+
 /* bench: runs (after one untimed warm-up) of the prompt and gen decoded tokens. Per run: the
  * prefill, the first token (prefill + pick), each decoded token's time and page faults (the
  * whole process's, getrusage RUSAGE_SELF around it); their distributions are printed. */
@@ -399,7 +441,10 @@ static int cmd_bench(const cli *c) {
     double *prefill = calloc((size_t)runs, sizeof(double)), *first = calloc((size_t)runs, sizeof(double));
     double *decode = calloc((size_t)runs, sizeof(double));
     double *tok = calloc((size_t)(ntok > 0 ? ntok : 1), sizeof(double));
-    if (!ids || !logits || !prefill || !first || !decode || !tok) {
+    /* start times for --trace (ms since the first timed run) */
+    double *first_at = calloc((size_t)runs, sizeof(double));
+    double *tok_at = calloc((size_t)(ntok > 0 ? ntok : 1), sizeof(double));
+    if (!ids || !logits || !prefill || !first || !decode || !tok || !first_at || !tok_at) {
         fprintf(stderr, "colibri: out of memory\n");
         return 1;
     }
@@ -408,6 +453,11 @@ static int cmd_bench(const cli *c) {
     unsigned long long minor = 0, major = 0, tok_minor_max = 0, tok_major_max = 0;
     unsigned long long warm_minor = 0, warm_major = 0;
     faults_now(&warm_minor, &warm_major);
+    /* --pace-ms: timed run r starts at t_run0 + r * pace_ms (a fixed grid: a run that overran
+     * its slot makes the next start at once, counted), so a sample does not start in the state
+     * (cache, clocks, RT-throttling budget) the previous one left, as a service's requests */
+    double t_run0 = 0;
+    long overruns = 0;
     /* one untimed warm-up run pages the weights in (and takes every first-touch fault); run -1 */
     for (long r = -1; r < runs && !rc; r++) {
         if (r == 0) { /* the warm-up's faults: what --mlock moves to init */
@@ -415,6 +465,12 @@ static int cmd_bench(const cli *c) {
             faults_now(&mn, &mj);
             warm_minor = mn - warm_minor;
             warm_major = mj - warm_major;
+            if (c->pace_ms) sleep_until_ms(cli_now_ms() + (double)c->pace_ms);
+            t_run0 = cli_now_ms();
+        } else if (r > 0 && c->pace_ms) {
+            double due = t_run0 + (double)r * (double)c->pace_ms;
+            if (cli_now_ms() > due) overruns++;
+            else sleep_until_ms(due);
         }
         colibri_reset(ctx);
         double a = cli_now_ms();
@@ -433,6 +489,7 @@ static int cmd_bench(const cli *c) {
             faults_now(&mn1, &mj1);
             if (r >= 0) {
                 tok[r * gen + g] = tb - ta;
+                tok_at[r * gen + g] = ta - t_run0;
                 minor += mn1 - mn0;
                 major += mj1 - mj0;
                 if (mn1 - mn0 > tok_minor_max) tok_minor_max = mn1 - mn0;
@@ -442,6 +499,7 @@ static int cmd_bench(const cli *c) {
         if (r >= 0) {
             prefill[r] = b - a;
             first[r] = cdone - a; /* time to the first new token: prefill + pick */
+            first_at[r] = a - t_run0;
             decode[r] = cli_now_ms() - cdone;
         }
         if (s) {
@@ -449,6 +507,7 @@ static int cmd_bench(const cli *c) {
             rc = 1;
         }
     }
+    if (!rc && c->trace) rc = write_trace(c->trace, runs, gen, first_at, first, tok_at, tok);
     if (!rc) {
         note_fallback(ctx);
         double dsum = 0;
@@ -478,7 +537,8 @@ static int cmd_bench(const cli *c) {
                    pct(prefill, (int)runs, 99), pct(first, (int)runs, 50), pct(first, (int)runs, 99),
                    tok_s, rss_mb, rss_now_mb, COLIBRI_TARGET_NAME);
             print_backend_json(stdout, ctx);
-            printf(", \"threads\": %d", ri.threads);
+            printf(", \"threads\": %d, \"pace_ms\": %ld, \"pace_overruns\": %ld", ri.threads,
+                   c->pace_ms, overruns);
             dist_json("first_token_ms", first, runs);
             if (ntok > 0) dist_json("token_ms", tok, ntok);
             printf(", \"faults_per_token\": {\"minor\": %.4f, \"major\": %.4f, \"max_minor\": %llu, "
@@ -498,6 +558,9 @@ static int cmd_bench(const cli *c) {
                    "(at most %llu / %llu in one; the warm-up run took %llu / %llu)\n"
                    "peak RSS %.1f MB (now %.1f MB)\n", tok_s, per_minor, per_major, tok_minor_max,
                    tok_major_max, warm_minor, warm_major, rss_mb, rss_now_mb);
+            if (c->pace_ms)
+                printf("paced: a run every %ld ms (%ld of %ld started late: the run before "
+                       "overran)\n", c->pace_ms, overruns, runs - 1);
             if (ri.cpus[0] || strcmp(ri.sched, "other") || ri.memory_locked ||
                 strcmp(ri.barrier, "sleep")) {
                 char pol[24];
@@ -515,6 +578,8 @@ static int cmd_bench(const cli *c) {
     free(first);
     free(decode);
     free(tok);
+    free(first_at);
+    free(tok_at);
     colibri_free(ctx);
     return rc;
 }
@@ -561,10 +626,12 @@ static int print_version(void) {
     "  logits (colibri_forward_last); --decode-from K: ids before K in one call, then one call\n" \
     "  per token (decode steps)"
 #define SYN_BENCH                                                                                 \
-    "bench MODEL [--prompt-len N] [--gen N] [--runs N] [--json]\n"                              \
+    "bench MODEL [--prompt-len N] [--gen N] [--runs N] [--pace-ms MS] [--trace FILE] [--json]\n" \
     "  load ms, prefill ms, the latency distribution (p50, p99, p99.9, max) of the first token\n" \
     "  and of every decoded token, decode tok/s, page faults per decoded token (minor, major),\n" \
-    "  peak RSS; after one untimed warm-up run; defaults 32, 32, 5"
+    "  peak RSS; after one untimed warm-up run; defaults 32, 32, 5. --pace-ms: a run starts\n"  \
+    "  every MS ms (a fixed period; 0: back to back); --trace: every sample, unsorted, with\n"  \
+    "  its start time (kind run token start_ms ms)"
 #define SYN_ROUTING                                                                               \
     "dump-routing MODEL --ids 1,2,3 --out FILE\n"                                               \
     "  every routing decision as JSON lines (a build with -DCOLIBRI_DEBUG)"
@@ -585,8 +652,8 @@ static int run_forward(const cli_globals *g, int argc, char **argv) {
 
 static int run_bench(const cli_globals *g, int argc, char **argv) {
     cli c;
-    int rc = parse_cmd(&c, g, O_MODEL | O_PROMPT_LEN | O_GEN | O_RUNS | O_JSON, SYN_BENCH, argc,
-                       argv);
+    int rc = parse_cmd(&c, g, O_MODEL | O_PROMPT_LEN | O_GEN | O_RUNS | O_JSON | O_PACE | O_TRACE,
+                       SYN_BENCH, argc, argv);
     return rc ? (rc < 0 ? 0 : rc) : cmd_bench(&c);
 }
 
@@ -608,7 +675,7 @@ static const cli_command commands[] = {
      "logits of the ids (raw f32 or a JSON summary)"},
     {"generate", colibri_cmd_generate, "MODEL (--ids 1,2,3 --max-new N | --prompt T) [sampling...]",
      "greedy or sampled ids or text"},
-    {"bench", run_bench, "MODEL [--prompt-len N] [--gen N] [--runs N] [--json]",
+    {"bench", run_bench, "MODEL [--prompt-len N] [--gen N] [--runs N] [--pace-ms MS] [--trace F] [--json]",
      "load, prefill, latency distributions (first token, per token), page faults"},
     {"bench-contexts", colibri_cmd_bench_contexts, "MODEL [--contexts N] [--gen N] [--json]",
      "one shared model, N contexts decoding at once"},

@@ -355,7 +355,8 @@ def faked_realtime(fleet, name: str) -> dict[str, bytes]:
     over the host's on the device) and the boot configuration."""
     root = fleet.device(name).faked_root
     out = faked(fleet, name)
-    for top in ("proc/irq", "proc/cmdline", "proc/interrupts", "boot"):
+    for top in ("proc/irq", "proc/cmdline", "proc/interrupts", "boot",
+                "proc/sys/kernel/sched_rt_period_us", "proc/sys/kernel/sched_rt_runtime_us"):
         for path in sorted([root / top, *(root / top).rglob("*")]):
             rel = str(path.relative_to(root))
             if path.is_symlink():
@@ -395,6 +396,18 @@ def test_realtime_profile_isolates_and_moves_irqs_over_ssh_then_restores(fleet, 
         assert remote.read_text("/sys/devices/system/cpu/isolated") == "2-7\n"
         assert remote.read_text("/proc/irq/70/smp_affinity_list") == "0-1\n"
         assert remote.read_text("/proc/irq/default_smp_affinity") == "03\n"
+        # The RT throttling files are the device's own, bound over /proc/sys: a write over ssh
+        # lands in its tree, never in this machine's kernel (restore's reboot resets it).
+        host_rt = Path("/proc/sys/kernel/sched_rt_runtime_us").read_text()
+        assert remote.read_text("/proc/sys/kernel/sched_rt_runtime_us") == "950000\n"
+        try:
+            remote.run(["tee", "--", "/proc/sys/kernel/sched_rt_runtime_us"], sudo=True,
+                       input=b"990000\n")
+            assert Path("/proc/sys/kernel/sched_rt_runtime_us").read_text() == host_rt
+        finally:
+            if Path("/proc/sys/kernel/sched_rt_runtime_us").read_text() != host_rt:
+                Path("/proc/sys/kernel/sched_rt_runtime_us").write_text(host_rt)
+        assert (root / "proc/sys/kernel/sched_rt_runtime_us").read_text() == "990000\n"
     assert (root / "proc/irq/70/smp_affinity_list").read_text() == "0-1\n"   # the bound files
 
     back = invoke("--fleet", str(ff), "--restore", "--allow-reboot", "--reboot-timeout",

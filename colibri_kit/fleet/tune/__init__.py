@@ -8,6 +8,7 @@ One module per concern, pure parsers apart from the code that acts on a device:
 - ``governors``: CPU and GPU governor paths and the one sysfs writer;
 - ``irq``: IRQ affinity off the real-time CPUs (/proc/interrupts, /proc/irq/N/smp_affinity_list);
 - ``boot``: CPU isolation on the kernel command line (/boot/extlinux/extlinux.conf's APPEND);
+- ``rt_throttle``: the kernel's RT throttling budget (/proc/sys/kernel/sched_rt_runtime_us);
 - ``state``: ``TuningState``, what a device reports (read without changing anything);
 - ``record``: root's own record of the pre-tuning state (``TUNE_DIR``);
 - ``plan``: ``plan`` / ``apply`` / ``verify`` / ``restore`` on one device;

@@ -18,7 +18,9 @@ mode, then applies the rest. Which hosts get ``allow_reboot`` and when is ``roll
 With a profile's ``realtime`` section (``realtime=``), the plan also moves IRQs off the real-time
 CPUs (``irq``, live, after the governors) and isolates them on the kernel command line
 (``boot``): that is a reboot like a mode switch's, with the same consent and rolling; the boot
-file is written first, so a mode switch that reboots anyway takes both in one reboot.
+file is written first, so a mode switch that reboots anyway takes both in one reboot. Its
+``rt_runtime_us`` sets the kernel's RT throttling budget (``rt_throttle``, live, after the IRQs;
+the previous value is recorded and ``restore`` writes it back).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from typing import Any
 from colibri_kit import jetson
 from colibri_kit.errors import FleetError, KitError
 from colibri_kit.fleet.remote import Remote
-from colibri_kit.fleet.tune import boot, clocks, irq, nvpmodel, record
+from colibri_kit.fleet.tune import boot, clocks, irq, nvpmodel, record, rt_throttle
 from colibri_kit.fleet.tune.governors import (DEVFREQ_DIR, GOVERNOR_RE, cpu_path, gpu_path,
                                               write_governor)
 from colibri_kit.fleet.tune.nvpmodel import MODE_NAME_RE, Answer
@@ -57,6 +59,7 @@ class TunePlan:
     irq_state: irq.IrqState | None = None
     boot_plan: boot.BootPlan | None = None  # realtime.isolate: the boot file edit
     boot_state: boot.BootState | None = None
+    throttle_plan: rt_throttle.ThrottlePlan | None = None   # realtime.rt_runtime_us
 
     @property
     def mode_reboot(self) -> bool:
@@ -145,8 +148,31 @@ def plan(remote: Remote, spec: TuneSpec, realtime: RealtimeSpec | None = None) -
         steps.append(f"gpu governor {spec.gpu_governor} on {', '.join(st.gpu_nodes)}")
     irq_plan, irq_state, boot_plan, boot_state = rt_parts
     steps += _realtime_steps(realtime, irq_plan, boot_plan, boot_state)
+    throttle = _plan_throttle(remote, realtime)
+    if throttle is not None:
+        steps.append(_throttle_step(throttle))
     return TunePlan(remote.name, spec, st, target.id, steps, mode_plan, realtime, irq_plan,
-                    irq_state, boot_plan, boot_state)
+                    irq_state, boot_plan, boot_state, throttle)
+
+
+def _plan_throttle(remote: Remote, rt: RealtimeSpec | None) -> rt_throttle.ThrottlePlan | None:
+    """realtime.rt_runtime_us against the device's RT bandwidth (raises TuneRefused when the
+    value cannot be written there, e.g. above its sched_rt_period_us)."""
+    if rt is None or rt.rt_runtime_us is None:
+        return None
+    try:
+        return rt_throttle.plan_runtime(rt_throttle.read_bandwidth(remote), rt.rt_runtime_us)
+    except FleetError as exc:
+        raise TuneRefused(f"{remote.name}: " + str(exc).removeprefix(f"{remote.name}: ")) \
+            from None
+
+
+def _throttle_step(tp: rt_throttle.ThrottlePlan) -> str:
+    want = rt_throttle.runtime_text(tp.want, tp.before.period_us)
+    if not tp.change:
+        return f"RT throttling {want} already"
+    return (f"RT throttling: {rt_throttle.RUNTIME_PATH} {tp.before.text()} -> {want} (live; a "
+            f"reboot restores the kernel default)")
 
 
 def _online_in(mode_plan: jetson.ModePlan | None, st: TuningState) -> tuple[list[int], str]:
@@ -325,6 +351,8 @@ def realtime_record(plan: TunePlan) -> dict[str, Any]:
         out["irq"] = irq.irq_record(plan.irq_state)
     if plan.boot_plan is not None and plan.boot_state is not None:
         out["boot"] = boot.boot_record(plan.boot_state, plan.boot_plan.wanted)
+    if plan.throttle_plan is not None:
+        out["rt_throttle"] = rt_throttle.throttle_record(plan.throttle_plan.before)
     return out
 
 
@@ -415,6 +443,8 @@ def apply(remote: Remote, plan: TunePlan, *, allow_reboot: bool = False) -> Tune
                  if now.gpu_governors.get(n) != spec.gpu_governor}
     write_governor(remote, list(gpu_paths), spec.gpu_governor, gpu_paths)
     refused = _apply_irqs(remote, plan, now, switch is not None)
+    if plan.throttle_plan is not None:
+        rt_throttle.apply(remote, plan.throttle_plan)
     report = verify(remote, spec, notes, mode_name=mp.target.name if mp else None,
                     realtime=plan.realtime, irq_refused=refused)
     report.mode = switch
@@ -516,6 +546,11 @@ def realtime_checks(remote: Remote, rt: RealtimeSpec, refused: dict[int, str]
             notes.append("the kernel refused to move IRQ " + ", ".join(
                 f"{n} ({msg})" for n, msg in sorted(refused.items()))
                 + " (kernel-managed, or its controller cannot route it)")
+    if rt.rt_runtime_us is not None:
+        bw = rt_throttle.read_bandwidth(remote)
+        checks.append(Check("rt throttling",
+                            rt_throttle.runtime_text(rt.rt_runtime_us, bw.period_us), bw.text(),
+                            bw.runtime_us == rt.rt_runtime_us))
     if rt.isolate:
         bst = boot.read_boot(remote)
         wanted = boot.wanted_params(rt.cpus, bst.nohz_full is not None)
@@ -598,6 +633,8 @@ def restore(remote: Remote, *, allow_reboot: bool = False) -> RestoreReport:
                          f"{', '.join(jetson.clean(p) for p in failed)}")
     if isinstance(saved.get("irq"), dict):
         notes += irq.restore(remote, saved["irq"], st.cpus_online)
+    if "rt_throttle" in saved:
+        notes += rt_throttle.restore(remote, saved["rt_throttle"])
     boot_text, boot_read, boot_live, boot_notes = _boot_back(remote, saved.get("boot"))
     notes += boot_notes
     boot_reboot = boot_text is not None or boot_live

@@ -29,6 +29,11 @@ What it does, and where each rule comes from:
   /proc/irq/default_smp_affinity name every CPU present (Documentation/core-api/irq/
   irq-affinity.rst: "Default mask is 0xffffffff"; kernel/irq/irqdesc.c sets it to all CPUs), or
   the irqaffinity= list.
+* The RT throttling budget: /proc/sys/kernel/sched_rt_period_us 1000000 and sched_rt_runtime_us
+  950000, the kernel's defaults (kernel/sched/core.c sysctl_sched_rt_period / _runtime;
+  Documentation/scheduler/sched-rt-group.rst 2.1; a 4.9-tegra Jetson reads the same,
+  OE4T/linux-tegra-4.9 issue 37): a sysctl lives in the kernel, so every boot starts from them.
+  Only where the device has the files (on an sshd device: its own, bound over the host's).
 """
 import os
 import re
@@ -43,6 +48,9 @@ PLATFORM_ARGS = "bl_prof_dataptr=2031616@0x471E10000 bl_prof_ro_ptr=65536@0x471E
 KEYS = ("TIMEOUT", "DEFAULT", "MENU TITLE", "LABEL", "MENU LABEL", "LINUX", "INITRD", "FDT",
         "OVERLAYS", "APPEND")
 MAX_OPTIONS = 10
+RT_PERIOD = "/proc/sys/kernel/sched_rt_period_us"
+RT_RUNTIME = "/proc/sys/kernel/sched_rt_runtime_us"
+RT_DEFAULTS = ((RT_PERIOD, "1000000"), (RT_RUNTIME, "950000"))
 
 
 def sim(path):
@@ -173,6 +181,15 @@ def main():
         if entry.isdigit():
             write("%s/%s/smp_affinity_list" % (IRQ_DIR, entry), list_text(default) + "\n")
             write("%s/%s/smp_affinity" % (IRQ_DIR, entry), mask_text(default, nbits) + "\n")
+    if SIM_ROOT:                  # in-process: the tree's own files, when it has them
+        for path, value in RT_DEFAULTS:
+            if os.path.exists(sim(path)):
+                write(path, value + "\n")
+    elif os.environ.get("COLIBRI_SIM_RT_BOUND") == "1":
+        # an sshd device: its os.sh bound the device's own files over /proc/sys first (set -e:
+        # it stops before this runs if a bind fails), so this never writes the host's kernel
+        for path, value in RT_DEFAULTS:
+            write(path, value + "\n")
     return 0
 
 
