@@ -3,7 +3,7 @@
 
     python benchmarks/serve.py [--shape mixtral] [--dtype int8] [--threads 2] [--slots 8] [--requests 16]
                                [--levels 1,2,4,8] [--kinds short,unique,shared] [--system 512]
-                               [--prompt 32] [--gen 64] [--llama-cpp DIR] [--llama-server-args A]
+                               [--prompt 32] [--gen 64] [--rounds 3] [--llama-cpp DIR] [--llama-server-args A]
                                [--no-batching]
                                [--work /tmp/colibri-bench]
 
@@ -20,7 +20,10 @@
    own), `unique` (--system + --prompt ids, each request its own: every prefix cold), `shared`
    (one --system-id prefix shared by every request, then --prompt ids of its own; one untimed
    request computes the prefix first, as a warm prompt or an earlier client would have);
-4. prints, per engine, kind and C: requests/s, generated tokens/s (all tokens / wall time,
+   With --llama-cpp both servers stay up and the rows interleave: each (kind, C) row runs on one
+   engine then the other (the order swapped each round), --rounds times, with /proc/loadavg
+   printed before every row, so both engines see the same load; the best round is kept;
+4. prints every round's row with its load, then, per engine, kind and C (the best round): requests/s, generated tokens/s (all tokens / wall time,
    prefills included), decode tokens/s (C x the median request's tokens after the first / its
    time after the first), the weight-read bound for C tokens a step and the share of it reached,
    and first-token p50/p99; then time-to-first-token shared / unique (the prefix cache's goal: <=
@@ -271,17 +274,49 @@ def llama_engine(server: Path, gguf: Path, args: argparse.Namespace, log_path: P
     return Engine("llama-server", argv, log_path, ready, {"ignore_eos": True})
 
 
-def measure(engine: Engine, model_id: str, args: argparse.Namespace, vocab: int) -> list[dict]:
+def loadavg() -> str:
+    """/proc/loadavg's 1, 5 and 15 minute figures (the other engineers' load on a shared host)."""
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def measure(engines: list[Engine], model_id: str, args: argparse.Namespace, vocab: int) -> list[dict]:
+    """Every row of every engine, --rounds times, the engines interleaved row by row (their order
+    swapped each round) so that both see the same load; each row's /proc/loadavg before it is
+    kept. Each round's requests have ids of their own (no engine's prompt cache helps across
+    rounds); within a round both engines get the same ids."""
     rows = []
-    one_request(engine.port, model_id, [1] * args.prompt, 4, engine.extra)  # pages the weights in
+    for e in engines:
+        one_request(e.port, model_id, [1] * args.prompt, 4, e.extra)  # pages the weights in
+    levels = [int(x) for x in args.levels.split(",")]
     for kind in args.kinds.split(","):
         if kind == "shared":  # the prefix computed once, untimed (a warm prompt would have)
-            one_request(engine.port, model_id, prompt_of("shared", 10 ** 6, args, vocab), 1, engine.extra)
-        for n, c in enumerate(int(x) for x in args.levels.split(",")):
-            log(f"{engine.name}: {kind}, {c} client(s) ...")
-            rows.append({"engine": engine.name, **run_level(engine.port, model_id, c, kind, args,
-                                                            vocab, 1000 * (n + 1), engine.extra)})
+            for e in engines:
+                one_request(e.port, model_id, prompt_of("shared", 10 ** 6, args, vocab), 1, e.extra)
+        for rnd in range(args.rounds):
+            order = engines if rnd % 2 == 0 else engines[::-1]
+            for n, c in enumerate(levels):
+                for e in order:
+                    load = loadavg()
+                    log(f"round {rnd + 1}/{args.rounds} {e.name}: {kind}, {c} client(s), load {load} ...")
+                    r = run_level(e.port, model_id, c, kind, args, vocab,
+                                  1000 * (n + 1) + 100000 * rnd, e.extra)
+                    rows.append({"engine": e.name, "round": rnd + 1, "load": load, **r})
+                    log(f"  {r['gen_tok_s']:.1f} gen tok/s, decode {r['decode_tok_s']:.1f}, "
+                        f"first token p50 {r['first_ms_p50']:.0f} ms")
     return rows
+
+
+def best_rows(rows: list[dict]) -> list[dict]:
+    """Per engine, kind and client count: the round with the most generated tokens/s, with the
+    loads of all its rounds (best of several: the least disturbed round)."""
+    best: dict[tuple, dict] = {}
+    for r in rows:
+        key = (r["engine"], r["kind"], r["clients"])
+        loads = best.get(key, {}).get("loads", []) + [r["load"].split()[0]]
+        if key not in best or r["gen_tok_s"] > best[key]["gen_tok_s"]:
+            best[key] = dict(r)
+        best[key]["loads"] = loads
+    return list(best.values())
 
 
 def concurrency(args: argparse.Namespace) -> None:
@@ -308,33 +343,46 @@ def concurrency(args: argparse.Namespace) -> None:
         gguf = gguf_model(args.llama_cpp, hf, args.work, {"int8": "q8_0"}.get(args.dtype, args.dtype),
                           geometry(shape, layers)["vocab_size"])
         engines.append(lambda: llama_engine(server, gguf, args, args.work / "serve-llama.log"))
-    rows = []
-    for start in engines:
-        e = start()
-        try:
-            rows += measure(e, model_id, args, vocab)
-        finally:
+    started: list[Engine] = []
+    try:  # both servers up at once (an idle one takes no CPU), so rows can interleave
+        for start in engines:
+            started.append(start())
+        rows = measure(started, model_id, args, vocab)
+        load_bw = loadavg()
+        gbs = bandwidth_gbs(args.threads)
+    finally:
+        for e in started:
             log(f"{e.name} exit {e.stop()}")
-    gbs = bandwidth_gbs(args.threads)
     split = weight_split(model)
     dense, experts, E, k = split
     print(f"model {model.name} ({info['dtype']}; llama-server: GGUF "
           f"{ {'int8': 'q8_0'}.get(args.dtype, args.dtype)}), {args.slots} slots, {args.threads} "
           f"thread(s), {args.requests} requests per row, prompt: --system {args.system} + "
           f"--prompt {args.prompt} ids, gen {args.gen}"
-          + (f", llama-server {args.llama_server_args}" if args.llama_cpp and args.llama_server_args else ""))
+          + (f", llama-server {args.llama_server_args}" if args.llama_cpp and args.llama_server_args else "")
+          + f", best of {args.rounds} interleaved round(s)")
+    print(f"bandwidth probe after the rows, load {load_bw}")
     print(f"weight-read bound: dense {dense / 1e6:.1f} MB + experts {experts / 1e6:.1f} MB "
           f"(E={E}, k={k}) at {gbs:.1f} GB/s read bandwidth ({args.threads} thread(s)); "
           + ", ".join(f"N={n}: {E * (1 - (1 - k / E) ** n):.2f} experts/layer, "
                       f"{bound_tok_s(split, n, gbs):.0f} tok/s" for n in (1, 2, 4, 8)))
+    print("\nevery round (loadavg 1/5/15 min before the row):")
+    print("| round | engine | prompts | clients | gen tok/s | decode tok/s | first token p50 ms | load |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['round']} | {r['engine']} | {r['kind']} | {r['clients']} | {r['gen_tok_s']:.1f} | "
+              f"{r['decode_tok_s']:.1f} | {r['first_ms_p50']:.1f} | {r['load']} |")
+    print(f"\nbest of {args.rounds} round(s) (by generated tokens/s; the 1-minute load of each round):")
     print("| engine | prompts | clients | req/s | gen tok/s | decode tok/s | bound tok/s | of bound "
-          "| first token p50 ms | p99 ms |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| first token p50 ms | p99 ms | load (rounds) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    rows = best_rows(rows)
     for r in rows:
         b = bound_tok_s(split, r["clients"], gbs)
         print(f"| {r['engine']} | {r['kind']} | {r['clients']} | {r['req_s']:.2f} | "
               f"{r['gen_tok_s']:.1f} | {r['decode_tok_s']:.1f} | {b:.0f} | "
-              f"{r['decode_tok_s'] / b:.0%} | {r['first_ms_p50']:.1f} | {r['first_ms_p99']:.1f} |")
+              f"{r['decode_tok_s'] / b:.0%} | {r['first_ms_p50']:.1f} | {r['first_ms_p99']:.1f} | "
+              f"{' / '.join(r['loads'])} |")
         if args.json:
             print(json.dumps({**r, "bound_tok_s": b}))
     for name in dict.fromkeys(r["engine"] for r in rows):
@@ -426,6 +474,8 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=32, help="each request's own ids")
     ap.add_argument("--gen", type=int, default=64)
     ap.add_argument("--levels", default="1,2,4,8")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="rounds of every row; engines interleaved row by row, best round kept")
     ap.add_argument("--kinds", default="short,unique,shared")
     ap.add_argument("--llama-cpp", type=Path, help="a llama.cpp tree built by scripts/build-llama-cpp.sh")
     ap.add_argument("--llama-server-args", default="--no-repack" if amx_host() else "",
