@@ -39,6 +39,12 @@ understates the engine at long contexts.
 
 Figures are printed, not asserted: on a shared machine they move +-15-30% between runs.
 
+    python benchmarks/serve.py --stall [--stall-prompt 511] [--rounds 3] [--llama-cpp DIR]
+
+measures the trade of one pass for every slot instead: a decoding request's token gap, and the
+longest gap while another slot's 511-id prompt is read (with the decode row, one 512-row pass:
+the decode waits for the whole prefill step), engines interleaved per round.
+
     python benchmarks/serve.py --hostile [--flood 40] [--probes 50] [--prompt-kib 16,64,256,1000]
 
 measures what hostile clients cost instead (issue 21), on the tiny chat model (`--slots 1
@@ -395,6 +401,99 @@ def concurrency(args: argparse.Namespace) -> None:
                       f"{pick['shared']['first_ms_p50'] / pick['unique']['first_ms_p50']:.2f} (p50)")
 
 
+def token_times(port: int, model_id: str, prompt: list[int], gen: int, extra: dict | None,
+                out: list[float], started: threading.Event | None = None, at: int = 0) -> None:
+    """Stream one completion, appending each token event's time (perf_counter) to `out`; set
+    `started` once `at` tokens have come."""
+    body = json.dumps({"model": model_id, "prompt": prompt, "max_tokens": gen, "temperature": 0,
+                       "stream": True, **(extra or {})})
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=3600)
+    conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    if resp.status != 200:
+        raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:200]!r}")
+    for raw in resp:
+        line = raw.strip()
+        if line == b"data: [DONE]":
+            break
+        if line.startswith(b"data: {"):
+            ch = json.loads(line[6:]).get("choices") or []
+            if ch and (ch[0].get("token_ids") or ch[0].get("text")):
+                out.append(time.perf_counter())
+                if started and len(out) == at:
+                    started.set()
+    conn.close()
+
+
+def prefill_stall(engine: Engine, model_id: str, args: argparse.Namespace, vocab: int, rnd: int) -> dict:
+    """How long a decoding request's next token waits while another slot's --stall-prompt-id
+    prompt is read: request A decodes; after its 16th token request B sends its prompt (one
+    token out); A's median token gap before B, and its longest gap while B's prompt is read
+    (B sent .. B's first token), with how many A tokens came in that window."""
+    a_times: list[float] = []
+    b_times: list[float] = []
+    go = threading.Event()
+    own = [(rnd * 7919 + k * 104729 + 3) % vocab for k in range(args.prompt)]
+    a = threading.Thread(target=token_times, args=(engine.port, model_id, own, 16 + 48, engine.extra,
+                                                   a_times, go, 16))
+    a.start()
+    go.wait(3600)
+    b_prompt = [(rnd * 15485863 + k * 2654435761 + 11) % vocab for k in range(args.stall_prompt)]
+    t_b = time.perf_counter()
+    token_times(engine.port, model_id, b_prompt, 1, engine.extra, b_times)
+    a.join()
+    before = sorted(y - x for x, y in zip(a_times[:16], a_times[1:16]))
+    inside = [t for t in a_times if t_b <= t <= b_times[0]]
+    edges = [t_b] + inside + [next((t for t in a_times if t > b_times[0]), b_times[0])]
+    longest = max(y - x for x, y in zip(edges, edges[1:]))
+    return {"engine": engine.name, "round": rnd + 1, "gap_ms": 1e3 * before[len(before) // 2],
+            "stall_ms": 1e3 * longest, "prefill_ms": 1e3 * (b_times[0] - t_b),
+            "a_tokens_inside": len(inside), "load": loadavg()}
+
+
+def stall(args: argparse.Namespace) -> None:
+    """--stall: prefill_stall on each engine, interleaved, --rounds times."""
+    from runtime import SHAPES, converted, geometry, gguf_model, hf_checkpoint
+
+    from colibri_kit.build import build
+
+    args.work.mkdir(parents=True, exist_ok=True)
+    shape = SHAPES[args.shape]
+    layers = args.layers or shape.layers
+    hf = hf_checkpoint(args.work, shape, layers)
+    model = converted(hf, args.work, args.dtype)
+    binary = build("host", where="host", progress=log).dist_dir / "bin" / "colibri"
+    model_id = model.name[: -len(".colibri")]
+    vocab = geometry(shape, layers)["vocab_size"]
+    starts = [lambda: colibri_engine(binary, model, args, args.work / "stall-colibri.log")]
+    if args.llama_cpp:
+        gguf = gguf_model(args.llama_cpp, hf, args.work, {"int8": "q8_0"}.get(args.dtype, args.dtype), vocab)
+        server = args.llama_cpp / "build" / "bin" / "llama-server"
+        starts.append(lambda: llama_engine(server, gguf, args, args.work / "stall-llama.log"))
+    engines: list[Engine] = []
+    rows = []
+    try:
+        for st in starts:
+            engines.append(st())
+        for e in engines:
+            one_request(e.port, model_id, [1] * args.prompt, 4, e.extra)  # pages the weights in
+        for rnd in range(args.rounds):
+            for e in engines if rnd % 2 == 0 else engines[::-1]:
+                rows.append(prefill_stall(e, model_id, args, vocab, rnd))
+                log(str(rows[-1]))
+    finally:
+        for e in engines:
+            log(f"{e.name} exit {e.stop()}")
+    print(f"model {model.name}, {args.slots} slots, {args.threads} thread(s): a decoding request "
+          f"(prompt {args.prompt}) while another slot's {args.stall_prompt}-id prompt is read")
+    print("| round | engine | decode gap p50 ms | longest gap during the prompt ms | prompt to first token ms "
+          "| decode tokens during it | load |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['round']} | {r['engine']} | {r['gap_ms']:.1f} | {r['stall_ms']:.1f} | "
+              f"{r['prefill_ms']:.1f} | {r['a_tokens_inside']} | {r['load']} |")
+
+
 def server_cpu_s(pid: int) -> float:
     """utime + stime of a process, in seconds (proc(5): fields 14 and 15 of /proc/PID/stat)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -489,8 +588,14 @@ def main() -> None:
     ap.add_argument("--flood", type=int, default=40, help="--hostile: slow connections")
     ap.add_argument("--probes", type=int, default=50, help="--hostile: /health probes during the flood")
     ap.add_argument("--prompt-kib", default="16,64,256,1000", help="--hostile: text prompt sizes (UTF-8)")
+    ap.add_argument("--stall", action="store_true",
+                    help="measure how long a decoding request waits behind another slot's prompt instead")
+    ap.add_argument("--stall-prompt", type=int, default=511,
+                    help="--stall: the other request's prompt ids (511 + one decode row: one 512-row pass)")
     args = ap.parse_args()
-    if args.hostile:
+    if args.stall:
+        stall(args)
+    elif args.hostile:
         hostile(args)
     else:
         concurrency(args)

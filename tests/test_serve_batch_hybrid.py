@@ -104,6 +104,10 @@ def test_clients_batched_equal_each_alone(host_colibri: Path, models: dict[str, 
         assert m["colibri_batching"] == 1
         passes, seqs = m["colibri_batch_passes_total"], m["colibri_batch_sequences_total"]
         assert passes > 0 and seqs / passes > 1.5, (passes, seqs)  # passes did carry several
+        # where the steps' time went: each part inside the one that holds it, none left out
+        t = {k: m[f"colibri_batch_{k}_seconds_total"] for k in ("busy", "step", "pass", "mixer", "ffn", "head", "sample")}
+        assert 0 < t["mixer"] + t["ffn"] + t["head"] <= t["pass"] <= t["pass"] + t["sample"] <= t["step"] <= t["busy"], t
+        assert min(t["mixer"], t["ffn"], t["head"], t["sample"]) > 0, t
 
 
 def test_hybrid_prefix_state_restored_among_batched_clients(host_colibri: Path, models: dict[str, Path]) -> None:
