@@ -304,12 +304,41 @@ def measure(engines: list[Engine], model_id: str, args: argparse.Namespace, voca
                 for e in order:
                     load = loadavg()
                     log(f"round {rnd + 1}/{args.rounds} {e.name}: {kind}, {c} client(s), load {load} ...")
+                    ours = e.name.startswith("colibri")
+                    before = step_split(e.port) if ours else None
                     r = run_level(e.port, model_id, c, kind, args, vocab,
                                   1000 * (n + 1) + 100000 * rnd, e.extra)
+                    if before:  # where colibri's step time went in this row
+                        r["split"] = split_line(before, step_split(e.port), r["wall_s"])
+                        log(f"  steps: {r['split']}")
                     rows.append({"engine": e.name, "round": rnd + 1, "load": load, **r})
                     log(f"  {r['gen_tok_s']:.1f} gen tok/s, decode {r['decode_tok_s']:.1f}, "
                         f"first token p50 {r['first_ms_p50']:.0f} ms")
     return rows
+
+
+SPLIT = ("busy", "step", "pass", "mixer", "ffn", "head", "sample")
+
+
+def step_split(port: int) -> dict[str, float]:
+    """colibri serve's step-loop seconds (/metrics colibri_batch_*_seconds_total) and passes."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    conn.close()
+    vals = dict(line.split() for line in text.splitlines() if line and not line.startswith("#"))
+    out = {k: float(vals.get(f"colibri_batch_{k}_seconds_total", "nan")) for k in SPLIT}
+    out["passes"] = float(vals.get("colibri_batch_passes_total", "nan"))
+    out["rows"] = float(vals.get("colibri_batch_rows_total", "nan"))
+    return out
+
+
+def split_line(before: dict[str, float], after: dict[str, float], wall: float) -> str:
+    """A row's step time split: per pass (ms) and as shares of the row's wall time."""
+    d = {k: after[k] - before[k] for k in after}
+    n = d["passes"] or float("nan")
+    parts = [f"{k} {1e3 * d[k] / n:.1f} ms/pass ({d[k] / wall:.0%})" for k in SPLIT]
+    return f"{n:.0f} passes, {d['rows'] / n:.1f} rows/pass; " + ", ".join(parts)
 
 
 def best_rows(rows: list[dict]) -> list[dict]:
@@ -382,6 +411,9 @@ def concurrency(args: argparse.Namespace) -> None:
     print("| engine | prompts | clients | req/s | gen tok/s | decode tok/s | bound tok/s | of bound "
           "| first token p50 ms | p99 ms | load (rounds) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        if r.get("split"):
+            print(f"colibri step split, {r['kind']}, {r['clients']} client(s), round {r['round']}: {r['split']}")
     rows = best_rows(rows)
     for r in rows:
         b = bound_tok_s(split, r["clients"], gbs)
