@@ -3,7 +3,7 @@
 
     python benchmarks/serve.py [--shape mixtral] [--dtype int8] [--threads 2] [--slots 8] [--requests 16]
                                [--levels 1,2,4,8] [--kinds short,unique,shared] [--system 512]
-                               [--prompt 32] [--gen 64] [--llama-cpp DIR] [--llama-server-args A]
+                               [--prompt 32] [--gen 64] [--rounds 3] [--llama-cpp DIR] [--llama-server-args A]
                                [--no-batching]
                                [--work /tmp/colibri-bench]
 
@@ -20,7 +20,10 @@
    own), `unique` (--system + --prompt ids, each request its own: every prefix cold), `shared`
    (one --system-id prefix shared by every request, then --prompt ids of its own; one untimed
    request computes the prefix first, as a warm prompt or an earlier client would have);
-4. prints, per engine, kind and C: requests/s, generated tokens/s (all tokens / wall time,
+   With --llama-cpp both servers stay up and the rows interleave: each (kind, C) row runs on one
+   engine then the other (the order swapped each round), --rounds times, with /proc/loadavg
+   printed before every row, so both engines see the same load; the best round is kept;
+4. prints every round's row with its load, then, per engine, kind and C (the best round): requests/s, generated tokens/s (all tokens / wall time,
    prefills included), decode tokens/s (C x the median request's tokens after the first / its
    time after the first), the weight-read bound for C tokens a step and the share of it reached,
    and first-token p50/p99; then time-to-first-token shared / unique (the prefix cache's goal: <=
@@ -35,6 +38,12 @@ N * bandwidth / bytes(N) tokens/s, with the read bandwidth measured here on the 
 understates the engine at long contexts.
 
 Figures are printed, not asserted: on a shared machine they move +-15-30% between runs.
+
+    python benchmarks/serve.py --stall [--stall-prompt 511] [--rounds 3] [--llama-cpp DIR]
+
+measures the trade of one pass for every slot instead: a decoding request's token gap, and the
+longest gap while another slot's 511-id prompt is read (with the decode row, one 512-row pass:
+the decode waits for the whole prefill step), engines interleaved per round.
 
     python benchmarks/serve.py --hostile [--flood 40] [--probes 50] [--prompt-kib 16,64,256,1000]
 
@@ -271,17 +280,78 @@ def llama_engine(server: Path, gguf: Path, args: argparse.Namespace, log_path: P
     return Engine("llama-server", argv, log_path, ready, {"ignore_eos": True})
 
 
-def measure(engine: Engine, model_id: str, args: argparse.Namespace, vocab: int) -> list[dict]:
+def loadavg() -> str:
+    """/proc/loadavg's 1, 5 and 15 minute figures (the other engineers' load on a shared host)."""
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def measure(engines: list[Engine], model_id: str, args: argparse.Namespace, vocab: int) -> list[dict]:
+    """Every row of every engine, --rounds times, the engines interleaved row by row (their order
+    swapped each round) so that both see the same load; each row's /proc/loadavg before it is
+    kept. Each round's requests have ids of their own (no engine's prompt cache helps across
+    rounds); within a round both engines get the same ids."""
     rows = []
-    one_request(engine.port, model_id, [1] * args.prompt, 4, engine.extra)  # pages the weights in
+    for e in engines:
+        one_request(e.port, model_id, [1] * args.prompt, 4, e.extra)  # pages the weights in
+    levels = [int(x) for x in args.levels.split(",")]
     for kind in args.kinds.split(","):
         if kind == "shared":  # the prefix computed once, untimed (a warm prompt would have)
-            one_request(engine.port, model_id, prompt_of("shared", 10 ** 6, args, vocab), 1, engine.extra)
-        for n, c in enumerate(int(x) for x in args.levels.split(",")):
-            log(f"{engine.name}: {kind}, {c} client(s) ...")
-            rows.append({"engine": engine.name, **run_level(engine.port, model_id, c, kind, args,
-                                                            vocab, 1000 * (n + 1), engine.extra)})
+            for e in engines:
+                one_request(e.port, model_id, prompt_of("shared", 10 ** 6, args, vocab), 1, e.extra)
+        for rnd in range(args.rounds):
+            order = engines if rnd % 2 == 0 else engines[::-1]
+            for n, c in enumerate(levels):
+                for e in order:
+                    load = loadavg()
+                    log(f"round {rnd + 1}/{args.rounds} {e.name}: {kind}, {c} client(s), load {load} ...")
+                    ours = e.name.startswith("colibri")
+                    before = step_split(e.port) if ours else None
+                    r = run_level(e.port, model_id, c, kind, args, vocab,
+                                  1000 * (n + 1) + 100000 * rnd, e.extra)
+                    if before:  # where colibri's step time went in this row
+                        r["split"] = split_line(before, step_split(e.port), r["wall_s"])
+                        log(f"  steps: {r['split']}")
+                    rows.append({"engine": e.name, "round": rnd + 1, "load": load, **r})
+                    log(f"  {r['gen_tok_s']:.1f} gen tok/s, decode {r['decode_tok_s']:.1f}, "
+                        f"first token p50 {r['first_ms_p50']:.0f} ms")
     return rows
+
+
+SPLIT = ("busy", "step", "pass", "mixer", "ffn", "head", "sample")
+
+
+def step_split(port: int) -> dict[str, float]:
+    """colibri serve's step-loop seconds (/metrics colibri_batch_*_seconds_total) and passes."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    conn.close()
+    vals = dict(line.split() for line in text.splitlines() if line and not line.startswith("#"))
+    out = {k: float(vals.get(f"colibri_batch_{k}_seconds_total", "nan")) for k in SPLIT}
+    out["passes"] = float(vals.get("colibri_batch_passes_total", "nan"))
+    out["rows"] = float(vals.get("colibri_batch_rows_total", "nan"))
+    return out
+
+
+def split_line(before: dict[str, float], after: dict[str, float], wall: float) -> str:
+    """A row's step time split: per pass (ms) and as shares of the row's wall time."""
+    d = {k: after[k] - before[k] for k in after}
+    n = d["passes"] or float("nan")
+    parts = [f"{k} {1e3 * d[k] / n:.1f} ms/pass ({d[k] / wall:.0%})" for k in SPLIT]
+    return f"{n:.0f} passes, {d['rows'] / n:.1f} rows/pass; " + ", ".join(parts)
+
+
+def best_rows(rows: list[dict]) -> list[dict]:
+    """Per engine, kind and client count: the round with the most generated tokens/s, with the
+    loads of all its rounds (best of several: the least disturbed round)."""
+    best: dict[tuple, dict] = {}
+    for r in rows:
+        key = (r["engine"], r["kind"], r["clients"])
+        loads = best.get(key, {}).get("loads", []) + [r["load"].split()[0]]
+        if key not in best or r["gen_tok_s"] > best[key]["gen_tok_s"]:
+            best[key] = dict(r)
+        best[key]["loads"] = loads
+    return list(best.values())
 
 
 def concurrency(args: argparse.Namespace) -> None:
@@ -309,33 +379,49 @@ def concurrency(args: argparse.Namespace) -> None:
         gguf = gguf_model(args.llama_cpp, hf, args.work, {"int8": "q8_0"}.get(args.dtype, args.dtype),
                           geometry(shape, layers)["vocab_size"])
         engines.append(lambda: llama_engine(server, gguf, args, args.work / "serve-llama.log"))
-    rows = []
-    for start in engines:
-        e = start()
-        try:
-            rows += measure(e, model_id, args, vocab)
-        finally:
+    started: list[Engine] = []
+    try:  # both servers up at once (an idle one takes no CPU), so rows can interleave
+        for start in engines:
+            started.append(start())
+        rows = measure(started, model_id, args, vocab)
+        load_bw = loadavg()
+        gbs = bandwidth_gbs(args.threads)
+    finally:
+        for e in started:
             log(f"{e.name} exit {e.stop()}")
-    gbs = bandwidth_gbs(args.threads)
     split = weight_split(model)
     dense, experts, E, k = split
     print(f"model {model.name} ({info['dtype']}; llama-server: GGUF "
           f"{ {'int8': 'q8_0'}.get(args.dtype, args.dtype)}), {args.slots} slots, {args.threads} "
           f"thread(s), {args.requests} requests per row, prompt: --system {args.system} + "
           f"--prompt {args.prompt} ids, gen {args.gen}"
-          + (f", llama-server {args.llama_server_args}" if args.llama_cpp and args.llama_server_args else ""))
+          + (f", llama-server {args.llama_server_args}" if args.llama_cpp and args.llama_server_args else "")
+          + f", best of {args.rounds} interleaved round(s)")
+    print(f"bandwidth probe after the rows, load {load_bw}")
     print(f"weight-read bound: dense {dense / 1e6:.1f} MB + experts {experts / 1e6:.1f} MB "
           f"(E={E}, k={k}) at {gbs:.1f} GB/s read bandwidth ({args.threads} thread(s)); "
           + ", ".join(f"N={n}: {E * (1 - (1 - k / E) ** n):.2f} experts/layer, "
                       f"{bound_tok_s(split, n, gbs):.0f} tok/s" for n in (1, 2, 4, 8)))
+    print("\nevery round (loadavg 1/5/15 min before the row):")
+    print("| round | engine | prompts | clients | gen tok/s | decode tok/s | first token p50 ms | load |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['round']} | {r['engine']} | {r['kind']} | {r['clients']} | {r['gen_tok_s']:.1f} | "
+              f"{r['decode_tok_s']:.1f} | {r['first_ms_p50']:.1f} | {r['load']} |")
+    print(f"\nbest of {args.rounds} round(s) (by generated tokens/s; the 1-minute load of each round):")
     print("| engine | prompts | clients | req/s | gen tok/s | decode tok/s | bound tok/s | of bound "
-          "| first token p50 ms | p99 ms |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| first token p50 ms | p99 ms | load (rounds) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        if r.get("split"):
+            print(f"colibri step split, {r['kind']}, {r['clients']} client(s), round {r['round']}: {r['split']}")
+    rows = best_rows(rows)
     for r in rows:
         b = bound_tok_s(split, r["clients"], gbs)
         print(f"| {r['engine']} | {r['kind']} | {r['clients']} | {r['req_s']:.2f} | "
               f"{r['gen_tok_s']:.1f} | {r['decode_tok_s']:.1f} | {b:.0f} | "
-              f"{r['decode_tok_s'] / b:.0%} | {r['first_ms_p50']:.1f} | {r['first_ms_p99']:.1f} |")
+              f"{r['decode_tok_s'] / b:.0%} | {r['first_ms_p50']:.1f} | {r['first_ms_p99']:.1f} | "
+              f"{' / '.join(r['loads'])} |")
         if args.json:
             print(json.dumps({**r, "bound_tok_s": b}))
     for name in dict.fromkeys(r["engine"] for r in rows):
@@ -346,6 +432,99 @@ def concurrency(args: argparse.Namespace) -> None:
                       f"prefix / cold: {pick['shared']['first_ms_p50']:.1f} / "
                       f"{pick['unique']['first_ms_p50']:.1f} ms = "
                       f"{pick['shared']['first_ms_p50'] / pick['unique']['first_ms_p50']:.2f} (p50)")
+
+
+def token_times(port: int, model_id: str, prompt: list[int], gen: int, extra: dict | None,
+                out: list[float], started: threading.Event | None = None, at: int = 0) -> None:
+    """Stream one completion, appending each token event's time (perf_counter) to `out`; set
+    `started` once `at` tokens have come."""
+    body = json.dumps({"model": model_id, "prompt": prompt, "max_tokens": gen, "temperature": 0,
+                       "stream": True, **(extra or {})})
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=3600)
+    conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    if resp.status != 200:
+        raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:200]!r}")
+    for raw in resp:
+        line = raw.strip()
+        if line == b"data: [DONE]":
+            break
+        if line.startswith(b"data: {"):
+            ch = json.loads(line[6:]).get("choices") or []
+            if ch and (ch[0].get("token_ids") or ch[0].get("text")):
+                out.append(time.perf_counter())
+                if started and len(out) == at:
+                    started.set()
+    conn.close()
+
+
+def prefill_stall(engine: Engine, model_id: str, args: argparse.Namespace, vocab: int, rnd: int) -> dict:
+    """How long a decoding request's next token waits while another slot's --stall-prompt-id
+    prompt is read: request A decodes; after its 16th token request B sends its prompt (one
+    token out); A's median token gap before B, and its longest gap while B's prompt is read
+    (B sent .. B's first token), with how many A tokens came in that window."""
+    a_times: list[float] = []
+    b_times: list[float] = []
+    go = threading.Event()
+    own = [(rnd * 7919 + k * 104729 + 3) % vocab for k in range(args.prompt)]
+    a = threading.Thread(target=token_times, args=(engine.port, model_id, own, 16 + 48, engine.extra,
+                                                   a_times, go, 16))
+    a.start()
+    go.wait(3600)
+    b_prompt = [(rnd * 15485863 + k * 2654435761 + 11) % vocab for k in range(args.stall_prompt)]
+    t_b = time.perf_counter()
+    token_times(engine.port, model_id, b_prompt, 1, engine.extra, b_times)
+    a.join()
+    before = sorted(y - x for x, y in zip(a_times[:16], a_times[1:16]))
+    inside = [t for t in a_times if t_b <= t <= b_times[0]]
+    edges = [t_b] + inside + [next((t for t in a_times if t > b_times[0]), b_times[0])]
+    longest = max(y - x for x, y in zip(edges, edges[1:]))
+    return {"engine": engine.name, "round": rnd + 1, "gap_ms": 1e3 * before[len(before) // 2],
+            "stall_ms": 1e3 * longest, "prefill_ms": 1e3 * (b_times[0] - t_b),
+            "a_tokens_inside": len(inside), "load": loadavg()}
+
+
+def stall(args: argparse.Namespace) -> None:
+    """--stall: prefill_stall on each engine, interleaved, --rounds times."""
+    from runtime import SHAPES, converted, geometry, gguf_model, hf_checkpoint
+
+    from colibri_kit.build import build
+
+    args.work.mkdir(parents=True, exist_ok=True)
+    shape = SHAPES[args.shape]
+    layers = args.layers or shape.layers
+    hf = hf_checkpoint(args.work, shape, layers)
+    model = converted(hf, args.work, args.dtype)
+    binary = build("host", where="host", progress=log).dist_dir / "bin" / "colibri"
+    model_id = model.name[: -len(".colibri")]
+    vocab = geometry(shape, layers)["vocab_size"]
+    starts = [lambda: colibri_engine(binary, model, args, args.work / "stall-colibri.log")]
+    if args.llama_cpp:
+        gguf = gguf_model(args.llama_cpp, hf, args.work, {"int8": "q8_0"}.get(args.dtype, args.dtype), vocab)
+        server = args.llama_cpp / "build" / "bin" / "llama-server"
+        starts.append(lambda: llama_engine(server, gguf, args, args.work / "stall-llama.log"))
+    engines: list[Engine] = []
+    rows = []
+    try:
+        for st in starts:
+            engines.append(st())
+        for e in engines:
+            one_request(e.port, model_id, [1] * args.prompt, 4, e.extra)  # pages the weights in
+        for rnd in range(args.rounds):
+            for e in engines if rnd % 2 == 0 else engines[::-1]:
+                rows.append(prefill_stall(e, model_id, args, vocab, rnd))
+                log(str(rows[-1]))
+    finally:
+        for e in engines:
+            log(f"{e.name} exit {e.stop()}")
+    print(f"model {model.name}, {args.slots} slots, {args.threads} thread(s): a decoding request "
+          f"(prompt {args.prompt}) while another slot's {args.stall_prompt}-id prompt is read")
+    print("| round | engine | decode gap p50 ms | longest gap during the prompt ms | prompt to first token ms "
+          "| decode tokens during it | load |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['round']} | {r['engine']} | {r['gap_ms']:.1f} | {r['stall_ms']:.1f} | "
+              f"{r['prefill_ms']:.1f} | {r['a_tokens_inside']} | {r['load']} |")
 
 
 def server_cpu_s(pid: int) -> float:
@@ -428,6 +607,8 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=32, help="each request's own ids")
     ap.add_argument("--gen", type=int, default=64)
     ap.add_argument("--levels", default="1,2,4,8")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="rounds of every row; engines interleaved row by row, best round kept")
     ap.add_argument("--kinds", default="short,unique,shared")
     ap.add_argument("--llama-cpp", type=Path, help="a llama.cpp tree built by scripts/build-llama-cpp.sh")
     ap.add_argument("--llama-server-args", default="--no-repack" if amx_host() else "",
@@ -441,8 +622,14 @@ def main() -> None:
     ap.add_argument("--flood", type=int, default=40, help="--hostile: slow connections")
     ap.add_argument("--probes", type=int, default=50, help="--hostile: /health probes during the flood")
     ap.add_argument("--prompt-kib", default="16,64,256,1000", help="--hostile: text prompt sizes (UTF-8)")
+    ap.add_argument("--stall", action="store_true",
+                    help="measure how long a decoding request waits behind another slot's prompt instead")
+    ap.add_argument("--stall-prompt", type=int, default=511,
+                    help="--stall: the other request's prompt ids (511 + one decode row: one 512-row pass)")
     args = ap.parse_args()
-    if args.hostile:
+    if args.stall:
+        stall(args)
+    elif args.hostile:
         hostile(args)
     else:
         concurrency(args)

@@ -331,32 +331,3 @@ def test_sliding_window_model_reuses_a_shared_prefix_whole(host_colibri: Path, t
         assert ids == generate(host_colibri, model, p, 16)
     assert m["colibri_prefix_cache_hits_total"] == 1 and m["colibri_prefix_cache_misses_total"] == 2
     assert m["colibri_prefix_cache_tokens_saved_total"] == len(shared)
-
-
-def test_recurrent_model_is_served_one_sequence_a_pass(host_colibri: Path, tmp_path: Path) -> None:
-    """A Qwen3.5-style hybrid (gated_deltanet + gated attention): its recurrent kind has no
-    multi-sequence pass, so the step loop runs each slot's tokens as a pass of its own (the ready
-    line names the layer, colibri_batching 0); requests sent together still get the ids each gets
-    alone, and a prompt met twice is stored whole and its recurrent state restored the third time."""
-    from test_qwen35 import DN, GATED, hybrid_header
-
-    model = write_random_model(tmp_path / "hybrid.colibri", hybrid_header((DN, GATED, DN)), seed=3)
-    rng = random.Random(35)
-    shared = [rng.randrange(300) for _ in range(40)]
-    bodies = [{"prompt": shared + [rng.randrange(300) for _ in range(n)], "max_tokens": m,
-               **({"temperature": 0} if i % 2 else {"temperature": 0.7, "seed": 5 + i})}
-              for i, (n, m) in enumerate([(3, 20), (30, 12), (9, 25)])]
-    srv = Server(host_colibri, model, "--slots", "3", "--threads", "2").start()
-    try:
-        ready = ready_line(srv)
-        assert "layer 0's gated_deltanet kind runs one sequence per pass" in ready["batching"], ready
-        alone = [complete(srv, b) for b in bodies]
-        got = together(srv, bodies, [2, 0, 1])
-        m = srv.metrics()
-    finally:
-        assert srv.stop() == 0
-    assert got == alone
-    assert m["colibri_batching"] == 0
-    assert m["colibri_batch_passes_total"] > 0  # the step loop served it (one pass per sequence
-    # inside a step: batch_driver's solo mode checks that at the C level)
-    assert m["colibri_prefix_cache_hits_total"] >= 1 and m["colibri_prefix_cache_tokens_saved_total"] >= 40

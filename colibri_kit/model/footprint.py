@@ -377,3 +377,60 @@ def check_model_fits(path: str | os.PathLike[str], profile: Profile, slots: int 
         return check_fits(m.header, profile, Path(path).stat().st_size, slots)
     except ModelError as exc:
         raise ModelError(f"{path}: {exc}") from None
+
+
+# ---- continuous batching: the engine's arena (issue 26) ------------------------------------------
+
+CPU_LSTAGE_ROWS = 16  # arena.c LSTAGE_ROWS: rows of the LM head an engine computes at once
+
+
+def cpu_engine_arena_bytes(h: ModelHeader, threads: int = DEFAULT_THREADS, int8_act: bool = False,
+                           kv_dtype: str = "f32") -> int:
+    """The batch engine's arena (runtime/src/core/arena.c colibri_arena_plan with engine = 1),
+    byte for byte: the per-step buffers of one pass of up to CPU_CHUNK rows from every slot
+    (activations, the mixer scratch, the routing and expert slots, a ring's K/V stage), the
+    threads' scratch and the LM head stage of CPU_LSTAGE_ROWS x vocab floats; no KV rows and no
+    recurrent state (each slot's context holds its own: cpu_arena_bytes with threads = 1).
+    `colibri serve` prints it in its ready line (memory.engine_arena_bytes)."""
+    kv_size = kv_value_bytes(kv_dtype)
+    used = 0
+
+    def take(n: int, size: int = 4) -> None:
+        nonlocal used
+        used = align_up(used, 64) + n * size
+
+    T = min(h.max_seq_len, CPU_CHUNK)
+    dp, qd = h.embed_dim_pad, h.n_heads * h.head_dim
+    kvd, E, K = h.n_kv_heads * h.head_dim, h.num_experts, h.top_k
+    F, Fs, S = h.expert_size, h.shared_expert_size, h.max_seq_len
+    mix, in_cols = pass_needs(h)
+    max_cols = max(dp, qd, F, Fs, 16, in_cols)
+    q8 = int8_act and h.dtype in (DType.INT8, DType.Q4)
+    for n in (T * dp, T * dp, T * qd, T * kvd, T * kvd, T * qd, T * dp, T * h.head_dim, T, T * mix):
+        take(n)
+    stage = T * kvd if kv_staged(h) else 0
+    take(stage, kv_size)
+    take(stage, kv_size)
+    take(0, kv_size)  # the K and V rows and the states: the slots' contexts hold them
+    take(0, kv_size)
+    take(0)
+    slots = min(T * K, max(T, CPU_MOE_SLOTS))
+    for n in (T * E, T * K, T * K, E, E + 1, E, T * K, T * K,
+              slots * dp, slots * F, slots * F, T * K * dp, T * Fs, T * Fs, T * dp):
+        take(n)
+    take((slots + T) * max_cols if q8 else 0, 1)
+    take(slots + T if q8 else 0)
+    take(threads * 2 * max_cols)
+    take(threads * S)
+    take(min(T, CPU_LSTAGE_ROWS) * h.vocab_size)
+    return align_up(used, 64)
+
+
+def serve_arena_bytes(h: ModelHeader, slots: int, threads: int = DEFAULT_THREADS,
+                      int8_act: bool = False, kv_dtype: str = "f32") -> int:
+    """What `colibri serve --slots N` allocates besides the weights with continuous batching on
+    (the CPU default): the engine's arena on `threads` threads plus N one-thread contexts, each
+    with its sequence's KV rows and recurrent state (and, unused while batching, its own chunk
+    buffers: a slot can also run alone). The prefix cache (--prefix-cache-mb) comes on top."""
+    return cpu_engine_arena_bytes(h, threads, int8_act, kv_dtype) + \
+        slots * cpu_arena_bytes(h, 1, int8_act, kv_dtype)

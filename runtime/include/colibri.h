@@ -249,6 +249,16 @@ void colibri_engine_free(colibri_engine *e);
 colibri_status colibri_forward_batch(colibri_engine *e, const colibri_batch_item *items, int n_items);
 const char *colibri_engine_last_error(const colibri_engine *e);
 void colibri_engine_get_runtime_info(const colibri_engine *e, colibri_runtime_info *info);
+/* Where a CPU engine's steps spent their time since it was made (milliseconds of the stepping
+ * thread's wall clock; docs/serve.md "Where a step's time goes"): inside the passes, the token
+ * mixers of every layer (attention, deltanet), the FFNs (routing + experts), the LM head, and
+ * the whole pass (those + embeddings, RoPE tables, copies); after the passes, sampling and the
+ * output side (text, stop strings, callbacks). All zero on a CUDA engine. */
+typedef struct {
+    double mixer_ms, ffn_ms, head_ms, pass_ms, sample_ms;
+    unsigned long long passes, rows;
+} colibri_step_times;
+void colibri_engine_step_times(const colibri_engine *e, colibri_step_times *t);
 /* NULL when the sequences of a batch share passes; else why each runs as its own pass, one
  * after the other (same bits, the weights read once per sequence): a CUDA engine, or a model
  * with a layer kind that has no multi-sequence pass yet (e.g. "layer 3's gated_deltanet kind

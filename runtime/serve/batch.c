@@ -6,6 +6,12 @@
 #include <string.h>
 #include <time.h>
 
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
 /* An outbox record: kind, id, length, then the bytes. */
 enum { REC_CONTENT = 0, REC_REASONING = 1 };
 typedef struct {
@@ -92,6 +98,7 @@ static void *step_main(void *arg) {
     for (;;) {
         while (!b->jobs && !b->stop) pthread_cond_wait(&b->cv, &b->mu);
         if (!b->jobs) break;
+        double t_loop = now_ms();
         /* between steps: jobs asked to leave go, the others make this step's batch */
         int n = 0;
         for (bjob **pp = &b->jobs; *pp;) {
@@ -113,9 +120,15 @@ static void *step_main(void *arg) {
         pthread_mutex_unlock(&b->mu);
         colibri_runtime_info before, after; /* this thread owns the engine: its fault counts */
         colibri_engine_get_runtime_info(b->engine, &before);
+        double t_step = now_ms();
         colibri_gen_step(b->engine, gens, n); /* a failure finishes the generations it carried */
+        t_step = now_ms() - t_step;
         colibri_engine_get_runtime_info(b->engine, &after);
+        colibri_step_times times;
+        colibri_engine_step_times(b->engine, &times);
         pthread_mutex_lock(&b->mu);
+        b->step_ms += t_step;
+        b->times = times;
         b->passes++;
         b->minor_faults += after.minor_faults - before.minor_faults;
         b->major_faults += after.major_faults - before.major_faults;
@@ -131,6 +144,7 @@ static void *step_main(void *arg) {
                     break;
                 }
         }
+        b->busy_ms += now_ms() - t_loop;
     }
     pthread_mutex_unlock(&b->mu);
     return NULL;

@@ -32,6 +32,9 @@ typedef struct batcher {
     int stop;
     unsigned long long passes, rows, seqs; /* steps run, token rows and sequences they carried */
     unsigned long long minor_faults, major_faults; /* the engine's threads took, stepping */
+    double step_ms;             /* wall time of the steps (colibri_gen_step), summed */
+    double busy_ms;             /* the loop's time with jobs: steps + choosing + letting go */
+    colibri_step_times times;   /* the engine's split of the steps, after the last step */
 } batcher;
 
 /* One generation in the loop, owned by the request thread that made it. */

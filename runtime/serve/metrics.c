@@ -45,6 +45,10 @@ static void gauge_f(json_buf *b, const char *name, const char *help, double v) {
     jb_printf(b, "# HELP %s %s\n# TYPE %s gauge\n%s %.0f\n", name, help, name, name, v);
 }
 
+static void seconds(json_buf *b, const char *name, const char *help, double ms) {
+    jb_printf(b, "# HELP %s %s\n# TYPE %s counter\n%s %.6f\n", name, help, name, name, ms / 1e3);
+}
+
 void metrics_text(json_buf *b, const metrics *m, const metrics_gauges *g) {
     jb_puts(b, "# HELP colibri_requests_total HTTP requests answered, by status code.\n"
                "# TYPE colibri_requests_total counter\n");
@@ -86,6 +90,16 @@ void metrics_text(json_buf *b, const metrics *m, const metrics_gauges *g) {
             g->batch_rows);
     counter(b, "colibri_batch_sequences_total", "Sequences those passes carried (per pass, summed).",
             g->batch_seqs);
+    /* where the step loop's time goes (docs/serve.md, "Where a step's time goes") */
+    seconds(b, "colibri_batch_busy_seconds_total", "The step loop's time with requests to step.", g->batch_busy_ms);
+    seconds(b, "colibri_batch_step_seconds_total", "Of it, inside the steps (passes, sampling, output).", g->batch_step_ms);
+    seconds(b, "colibri_batch_pass_seconds_total", "Of the steps, the forward passes.", g->batch_times.pass_ms);
+    seconds(b, "colibri_batch_mixer_seconds_total", "Of the passes, the token mixers (attention, deltanet).",
+            g->batch_times.mixer_ms);
+    seconds(b, "colibri_batch_ffn_seconds_total", "Of the passes, the FFNs (routing, experts).", g->batch_times.ffn_ms);
+    seconds(b, "colibri_batch_head_seconds_total", "Of the passes, the final norm and LM head.", g->batch_times.head_ms);
+    seconds(b, "colibri_batch_sample_seconds_total", "Of the steps, sampling and the output side.",
+            g->batch_times.sample_ms);
     counter(b, "colibri_prefix_cache_hits_total", "Requests whose prompt began with a cached prefix.",
             g->prefix_hits);
     counter(b, "colibri_prefix_cache_misses_total", "Requests that found no cached prefix.", g->prefix_misses);

@@ -3,6 +3,7 @@
 #ifndef COLIBRI_SERVE_METRICS_H
 #define COLIBRI_SERVE_METRICS_H
 
+#include "colibri.h"
 #include "json.h"
 
 typedef struct {
@@ -28,6 +29,8 @@ typedef struct {
     int connections;                    /* open: reading a head, answering, or in a request */
     int batching;                       /* continuous batching on */
     unsigned long long batch_passes, batch_rows, batch_seqs;
+    double batch_busy_ms, batch_step_ms;  /* the step loop's time (batch.h) */
+    colibri_step_times batch_times;       /* the engine's split of the steps */
     int prefix_entries;
     double prefix_bytes, prefix_capacity;
     unsigned long long prefix_hits, prefix_misses, prefix_tokens_saved, prefix_evictions;

@@ -175,11 +175,16 @@ static void handle_metrics(conn *c) {
     m.by_status[200]++; /* this answer */
     g.batching = S->pool.engine != NULL && !S->pool.batch_off[0];
     g.batch_passes = g.batch_rows = g.batch_seqs = 0;
+    g.batch_busy_ms = g.batch_step_ms = 0;
+    memset(&g.batch_times, 0, sizeof g.batch_times);
     if (S->pool.engine) {
         pthread_mutex_lock(&S->pool.batch.mu);
         g.batch_passes = S->pool.batch.passes;
         g.batch_rows = S->pool.batch.rows;
         g.batch_seqs = S->pool.batch.seqs;
+        g.batch_busy_ms = S->pool.batch.busy_ms;
+        g.batch_step_ms = S->pool.batch.step_ms;
+        g.batch_times = S->pool.batch.times;
         m.gen_minor_faults += S->pool.batch.minor_faults; /* the engine computes for the slots */
         m.gen_major_faults += S->pool.batch.major_faults;
         pthread_mutex_unlock(&S->pool.batch.mu);

@@ -213,6 +213,12 @@ static void log_ready(server *S, int port, double load_ms, int warm, int warm_to
     if (ps.limit) jb_num(&b, (double)ps.limit / (1 << 20));
     else jb_cstr(&b, S->pool.prefix_off);
     jb_printf(&b, ", \"warm_prompts\": %d, \"warm_tokens\": %d", warm, warm_tokens);
+    /* working memory besides the weights: the engine's per-step buffers (0 without batching) and
+     * each slot's context (its KV rows and state); the kit's footprint.serve_arena_bytes */
+    colibri_runtime_info ei = {0};
+    if (S->pool.engine) colibri_engine_get_runtime_info(S->pool.engine, &ei);
+    jb_printf(&b, ", \"memory\": {\"engine_arena_bytes\": %zu, \"slot_arena_bytes\": %zu}",
+              S->pool.engine ? ei.arena_bytes : (size_t)0, ri.arena_bytes);
     jb_puts(&b, ", \"realtime\": {\"cpus\": ");
     if (o->n_cpus) {
         jb_puts(&b, "\"");

@@ -101,6 +101,7 @@ struct colibri_ctx {
     int memory_locked;
     size_t locked_bytes;
     unsigned long long caller_minflt, caller_majflt; /* worker 0's faults inside forward */
+    colibri_step_times steps; /* an engine's: where its passes' time went (forward.c, gen_batch.c) */
 };
 
 struct colibri_engine {

@@ -22,7 +22,12 @@
  * as decode, token after token, with the same operations in the same order, so prefill == decode
  * bit for bit (transformers uses the chunked form for prompts, which differs in the last bits).
  * Work is split over the pool in fixed partitions (convolution channels, value heads), each value
- * computed start to finish by one thread, so any thread count gives the same bits. */
+ * computed start to finish by one thread, so any thread count gives the same bits.
+ *
+ * Continuous batching (kinds.h multi_seq 1): a pass may carry the rows of several sequences. The
+ * projections read each weight once for every row of the pass (their rows are independent); the
+ * convolution and the recurrence walk bt->seqs, each sequence's rows through its own state, so
+ * a row's bits are those it has alone. */
 #include <math.h>
 #include <string.h>
 
@@ -122,39 +127,53 @@ typedef struct {
     colibri_ctx *ctx;
     const colibri_layer *ly;
     dn_geo g;
+    const colibri_batch *bt;          /* the pass's sequences: each row's state is its own */
     int n;
     float *qkv, *u, *z, *bb, *aa, *o; /* [T, C], [T, C], [T, Vd], [T, Hv] x2, [T, Vd] */
-    float *conv_state, *rec_state;    /* [W-1, C], [Hv, Dk, Dv] */
+    int l;                            /* the layer: bt->seqs[s].cache[l].state is sequence s's */
 } dn_pass;
+
+/* Sequence s's convolution state [W-1, C], then its Hv recurrent states [Hv, Dk, Dv]. */
+static float *conv_state(const dn_pass *p, int s) { return p->bt->seqs[s].cache[p->l].state; }
+static float *rec_state(const dn_pass *p, int s) {
+    return conv_state(p, s) + (p->g.w - 1) * p->g.c;
+}
 
 static float silu(float v) { return v / (1.0f + expf(-v)); }
 
-/* The convolution on channels [lo, hi): u[j, c] = silu(sum_i w[c, i] * in(j - (W-1) + i, c)),
- * where inputs before the pass come from the state; then the state keeps the last W-1 inputs.
- * Each output sums its W taps in order i = 0..W-1, whatever the chunking. */
-static void conv_task(void *arg, int t, int nt) {
-    dn_pass *p = arg;
+/* The convolution on channels [lo, hi) of one sequence's rows r0..r0+n-1: u[j, c] =
+ * silu(sum_i w[c, i] * in(j - (W-1) + i, c)), where inputs before the pass come from the
+ * sequence's state; then the state keeps its last W-1 inputs. Each output sums its W taps in
+ * order i = 0..W-1, whatever the chunking and whichever other sequences share the pass. */
+static void conv_seq(const dn_pass *p, float *st, int r0, int n, unsigned long lo, unsigned long hi) {
     const size_t C = p->g.c, W = p->g.w;
     const float *w = p->ly->dn_conv.data;
-    float *st = p->conv_state;
-    unsigned long lo, hi;
-    colibri_split(C, t, nt, &lo, &hi);
-    for (int j = 0; j < p->n; j++) {
-        float *out = p->u + (size_t)j * C;
+    const float *qkv = p->qkv + (size_t)r0 * C;
+    for (int j = 0; j < n; j++) {
+        float *out = p->u + (size_t)(r0 + j) * C;
         for (size_t c = lo; c < hi; c++) out[c] = 0.0f;
         for (size_t i = 0; i < W; i++) {
-            long s = (long)j - (long)(W - 1) + (long)i; /* the input's row in this pass */
-            const float *in = s >= 0 ? p->qkv + (size_t)s * C : st + (size_t)(s + (long)(W - 1)) * C;
+            long s = (long)j - (long)(W - 1) + (long)i; /* the input's row in this sequence's rows */
+            const float *in = s >= 0 ? qkv + (size_t)s * C : st + (size_t)(s + (long)(W - 1)) * C;
             for (size_t c = lo; c < hi; c++) out[c] += w[c * W + i] * in[c];
         }
         for (size_t c = lo; c < hi; c++) out[c] = silu(out[c]);
     }
     /* state row i <- the input W-1-i positions before the next token (rows shift up by n) */
     for (size_t i = 0; i + 1 < W; i++) {
-        long s = (long)p->n - (long)(W - 1) + (long)i;
-        const float *in = s >= 0 ? p->qkv + (size_t)s * C : st + (i + (size_t)p->n) * C;
+        long s = (long)n - (long)(W - 1) + (long)i;
+        const float *in = s >= 0 ? qkv + (size_t)s * C : st + (i + (size_t)n) * C;
         memcpy(st + i * C + lo, in + lo, (hi - lo) * sizeof(float));
     }
+}
+
+/* Channels split over the pool, the same split for every sequence of the pass. */
+static void conv_task(void *arg, int t, int nt) {
+    dn_pass *p = arg;
+    unsigned long lo, hi;
+    colibri_split(p->g.c, t, nt, &lo, &hi);
+    for (int s = 0; s < p->bt->n_seqs; s++)
+        conv_seq(p, conv_state(p, s), p->bt->seqs[s].row0, p->bt->seqs[s].n, lo, hi);
 }
 
 /* x / sqrt(sum x^2 + eps) (sum in double, in index order), then times `scale`. */
@@ -234,8 +253,9 @@ void colibri_delta_step(float *restrict S, size_t dk, size_t dv, const float *re
     for (size_t i = v4; i < dv; i++) o[i] = acc_t[i - v4];
 }
 
-/* Value heads [lo, hi): every token of the pass in order through the head's state (the state
- * stays in this thread's cache for the whole pass), then the gated norm of its output. */
+/* Value heads [lo, hi): for each sequence of the pass, its tokens in order through the head's
+ * state in that sequence (the state stays in this thread's cache for the sequence's rows), then
+ * the gated norm of each output. A row's bits depend only on its sequence's state and rows. */
 static void recur_task(void *arg, int t, int nt) {
     dn_pass *p = arg;
     const dn_geo *g = &p->g;
@@ -244,18 +264,21 @@ static void recur_task(void *arg, int t, int nt) {
     const size_t per_key = g->hv / g->hk;
     unsigned long lo, hi;
     colibri_split(g->hv, t, nt, &lo, &hi);
-    for (size_t h = lo; h < hi; h++) {
-        float *S = p->rec_state + h * g->dk * g->dv;
-        size_t kh = h / per_key;
-        for (int j = 0; j < p->n; j++) {
-            const float *u = p->u + (size_t)j * g->c;
-            float *o = p->o + (size_t)j * g->vd + h * g->dv;
-            const float *z = p->z + (size_t)j * g->vd + h * g->dv;
-            colibri_delta_step(S, g->dk, g->dv, u + kh * g->dk, u + g->kd + kh * g->dk,
-                               u + 2 * g->kd + h * g->dv, p->bb[(size_t)j * g->hv + h],
-                               p->aa[(size_t)j * g->hv + h], o);
-            colibri_rmsnorm(o, o, nw, g->dv, g->dv, m->norm_eps);
-            for (size_t i = 0; i < g->dv; i++) o[i] *= silu(z[i]);
+    for (int s = 0; s < p->bt->n_seqs; s++) {
+        const int r0 = p->bt->seqs[s].row0, r1 = r0 + p->bt->seqs[s].n;
+        for (size_t h = lo; h < hi; h++) {
+            float *S = rec_state(p, s) + h * g->dk * g->dv;
+            size_t kh = h / per_key;
+            for (int j = r0; j < r1; j++) {
+                const float *u = p->u + (size_t)j * g->c;
+                float *o = p->o + (size_t)j * g->vd + h * g->dv;
+                const float *z = p->z + (size_t)j * g->vd + h * g->dv;
+                colibri_delta_step(S, g->dk, g->dv, u + kh * g->dk, u + g->kd + kh * g->dk,
+                                   u + 2 * g->kd + h * g->dv, p->bb[(size_t)j * g->hv + h],
+                                   p->aa[(size_t)j * g->hv + h], o);
+                colibri_rmsnorm(o, o, nw, g->dv, g->dv, m->norm_eps);
+                for (size_t i = 0; i < g->dv; i++) o[i] *= silu(z[i]);
+            }
         }
     }
 }
@@ -266,7 +289,7 @@ void colibri_deltanet_forward(colibri_ctx *ctx, int l, const colibri_batch *bt) 
     colibri_buffers *b = &ctx->b;
     const int n = bt->n;
     const size_t dp = m->embed_dim_pad, T = (size_t)b->chunk;
-    dn_pass p = {.ctx = ctx, .ly = ly, .g = geo(m, (uint32_t)l), .n = n};
+    dn_pass p = {.ctx = ctx, .ly = ly, .g = geo(m, (uint32_t)l), .bt = bt, .n = n, .l = l};
     const dn_geo *g = &p.g;
     p.qkv = b->mix;
     p.u = p.qkv + T * g->c;
@@ -274,8 +297,6 @@ void colibri_deltanet_forward(colibri_ctx *ctx, int l, const colibri_batch *bt) 
     p.bb = p.z + T * g->vd;
     p.aa = p.bb + T * g->hv;
     p.o = p.aa + T * g->hv;
-    p.conv_state = bt->seqs[0].cache[l].state; /* one sequence a pass (kinds.c: multi_seq 0) */
-    p.rec_state = p.conv_state + (g->w - 1) * g->c;
 
     for (int j = 0; j < n; j++)
         colibri_rmsnorm(b->h + j * dp, b->x + j * dp, ly->attn_norm.data, m->embed_dim, dp,

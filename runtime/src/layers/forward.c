@@ -5,6 +5,7 @@
  * MoE, ...), then the final norm and the LM head. Every kind splits its parallel work over the
  * pool in fixed partitions, so the logits are bitwise identical for any thread count. */
 #include <string.h>
+#include <time.h>
 
 #include "core/context.h"
 #include "cpu/kernels.h"
@@ -62,10 +63,20 @@ static void head_staged(colibri_ctx *eng, const colibri_pass_item *it, int n_ite
     }
 }
 
+/* The stepping thread's clock, for colibri_engine_step_times (two reads per layer part: a few
+ * tens of nanoseconds against a pass of milliseconds). */
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
 void colibri_cpu_pass(colibri_ctx *eng, const colibri_pass_item *it, int n_items) {
     const struct colibri_model *m = eng->model;
     colibri_buffers *b = &eng->b;
     size_t dp = m->embed_dim_pad;
+    colibri_step_times *st = &eng->steps;
+    double t0 = now_ms(), t;
 
     /* the rows: each sequence's tokens in order, after the previous sequence's */
     int n = 0;
@@ -81,9 +92,14 @@ void colibri_cpu_pass(colibri_ctx *eng, const colibri_pass_item *it, int n_items
     colibri_batch bt = {n, b->pos, eng->row_seq, n_items, eng->seqs};
     rope_tables(eng, &bt);
     for (int l = 0; l < (int)m->n_layers; l++) {
+        t = now_ms();
         m->layers[l].mixer->forward(eng, l, &bt);
+        double t1 = now_ms();
         m->layers[l].ffn->forward(eng, l, &bt);
+        st->mixer_ms += t1 - t;
+        st->ffn_ms += now_ms() - t1;
     }
+    t = now_ms();
     /* The LM head for the rows that want logits (every token, or the last one: a prompt before
      * sampling). A row's logits have the same bits whichever other rows share the pass
      * (prefill == decode, extended to batches). */
@@ -93,4 +109,9 @@ void colibri_cpu_pass(colibri_ctx *eng, const colibri_pass_item *it, int n_items
         head_staged(eng, it, n_items);
     }
     for (int i = 0; i < n_items; i++) it[i].seq->pos += it[i].n;
+    double t2 = now_ms();
+    st->head_ms += t2 - t;
+    st->pass_ms += t2 - t0;
+    st->passes++;
+    st->rows += (unsigned long long)n;
 }

@@ -6,9 +6,9 @@ static const colibri_layer_kind mixers[] = {
      colibri_attention_cache, colibri_attention_forward, 1},
     {COLIBRI_MIXER_SLIDING_ATTENTION, "sliding_attention", colibri_sliding_validate,
      colibri_attention_tensor, colibri_sliding_cache, colibri_attention_forward, 1},
-    /* one sequence per pass: its forward keeps the recurrent state of bt->seqs[0] only */
+    /* several sequences a pass: its forward walks bt->seqs, each with its own state */
     {COLIBRI_MIXER_GATED_DELTANET, "gated_deltanet", colibri_deltanet_validate,
-     colibri_deltanet_tensor, colibri_deltanet_cache, colibri_deltanet_forward, 0},
+     colibri_deltanet_tensor, colibri_deltanet_cache, colibri_deltanet_forward, 1},
 };
 
 static const colibri_layer_kind ffns[] = {

@@ -215,6 +215,7 @@ colibri_status colibri_gen_step_on(colibri_ctx *eng, int cuda, colibri_gen *cons
     }
     if (!ni) return COLIBRI_OK;
     colibri_status s = colibri_batch_run(eng, cuda, it, ni);
+    double t0 = colibri_now_ms();
     for (int k = 0; k < ni; k++) {
         colibri_gen *g = who[k];
         if (s) {
@@ -227,7 +228,14 @@ colibri_status colibri_gen_step_on(colibri_ctx *eng, int cuda, colibri_gen *cons
         if (wants[k]) take(g);
         else if (g->fed == g->p.n_prompt && g->p.max_new == 0) finish(g); /* a prefill only */
     }
+    if (!cuda) eng->steps.sample_ms += colibri_now_ms() - t0;
     return s;
+}
+
+void colibri_engine_step_times(const colibri_engine *e, colibri_step_times *t) {
+    if (!t) return;
+    memset(t, 0, sizeof *t);
+    if (e && !e->cuda) *t = e->ctx->steps;
 }
 
 colibri_status colibri_gen_step(colibri_engine *e, colibri_gen *const *gens, int n) {
