@@ -1576,9 +1576,10 @@ extern "C" __global__ void cb_dn_recur(float *o, float *S, const float *u, const
  * q to q[t], K and V to the cache row of position pos0 (+ *pos_d) + t (f32 or f16).
  * cs: the partial table [max_seq_len, R/2, (cos, sin)] (colibri_cuda_rope_table_partial: the
  * angle p * theta^(-2i/R) in double, as layers/attention.c rope_partial).
- * grid (n, H + Hkv), block 256. */
+ * grid (n, H + Hkv), block 256; the token count is the grid's (16 arguments: what the stand-in
+ * driver's graph capture holds). */
 extern "C" __global__ void cb_qk_rope_partial_kv(float *q, const float *qkv, void *kc, void *vc,
-                                                 int n, int H, int Hkv, int Dh, int R, int pos0,
+                                                 int H, int Hkv, int Dh, int R, int pos0,
                                                  const float *cs, const float *qn,
                                                  const float *kn, int norm, float eps, int kv_f16,
                                                  const int *pos_d) {

@@ -831,8 +831,8 @@ def check_qk_rope_partial_kv(gpu, n, H, Hkv, dh, R, pos0, norm, kv_f16):
         m = rows.shape[0]
         qd = gpu.put(np.full((m, HD), np.nan, np.float32))
         kd, vd = kv_cache(gpu, S, kvd, kv_f16), kv_cache(gpu, S, kvd, kv_f16)
-        gpu.run("cb_qk_rope_partial_kv", "PPPPiiiiiiPPPifiP", (m, H + Hkv), 256, qd, gpu.put(rows),
-                kd, vd, np.int32(m), np.int32(H), np.int32(Hkv), np.int32(dh), np.int32(R),
+        gpu.run("cb_qk_rope_partial_kv", "PPPPiiiiiPPPifiP", (m, H + Hkv), 256, qd, gpu.put(rows),
+                kd, vd, np.int32(H), np.int32(Hkv), np.int32(dh), np.int32(R),
                 np.int32(p0), table, gpu.put(qn) if norm else 0, gpu.put(kn) if norm else 0,
                 np.int32(norm), np.float32(eps), np.int32(kv_f16), pos_d)
         return (gpu.get(qd, (m, HD)), read_cache(gpu, kd, S, kvd, kv_f16),
