@@ -921,8 +921,9 @@ static int cb_check_hybrid_layer(const struct colibri_model *m, uint32_t l, char
     const int partial = (d->mixer_flags & COLIBRI_MIXER_FLAG_PARTIAL_ROPE) != 0;
     const int R = cb_rotary_width(m);
     if ((partial ? (int)d->mixer_params[0] : 0) != R) {
-        snprintf(why, why_len, "layer %u rotates %u lanes, another attention layer %d: the CUDA "
-                 "backend keeps one RoPE table", l, partial ? d->mixer_params[0] : m->head_dim, R);
+        snprintf(why, why_len, "layer %u rotates %u lanes where another attention layer rotates "
+                 "%d: the CUDA backend keeps one RoPE table", l,
+                 partial ? d->mixer_params[0] : m->head_dim, R);
         return -1;
     }
     if (partial && (m->flags & COLIBRI_FLAG_QK_NORM_FULL)) {
