@@ -241,8 +241,15 @@ def launches_per_token(h: ModelHeader) -> Launches:
     per_layer = 12 if route_fused(h) else 14
     if h.has(Flag.SHARED_EXPERT):
         per_layer += 2 + (1 if h.has(Flag.SHARED_EXPERT_GATE) else 0)
-    kernels = 1 + h.n_layers * per_layer + 2
-    merge = h.n_layers if h.max_seq_len > 256 else 0  # COLIBRI_CU_KV_SPLIT
+    # hybrid layers (cb_deltanet_layer): a DeltaNet mixer is 8 launches (norm, 4 in-projections,
+    # conv, recurrence, out-projection) where attention's is 7; Qwen's output gate adds its
+    # projection and cb_sigmoid_gate. per_layer stays a plain attention layer's.
+    recs = [h.layer(i) for i in range(h.n_layers)]
+    n_dn = sum(1 for r in recs if r.mixer == Mixer.GATED_DELTANET)
+    gates = sum(1 for r in recs if r.mixer != Mixer.GATED_DELTANET
+                and r.mixer_flags & MixerFlag.OUTPUT_GATE)
+    kernels = 1 + h.n_layers * per_layer + n_dn + 2 * gates + 2
+    merge = h.n_layers - n_dn if h.max_seq_len > 256 else 0  # COLIBRI_CU_KV_SPLIT
     return Launches(kernels, 3, per_layer, kernels + merge, 3)
 
 

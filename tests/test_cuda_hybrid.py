@@ -18,13 +18,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from gen_support import ROOT
 from test_cuda_host import _emu_info, _logits
+from test_gpu_model import gm
 from test_qwen35 import DN, GATED, hybrid_header
 
-from colibri_kit.model.format import LayerRecord, Mixer, MixerFlag, Ffn
 from colibri_kit.model.footprint import cuda_arena_bytes, cuda_unsupported
+from colibri_kit.model.format import Ffn, LayerRecord, Mixer, MixerFlag, read_model
 from colibri_kit.model.tiny import write_random_model
-from gen_support import ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -38,8 +39,14 @@ GATED_256 = LayerRecord(Mixer.ATTENTION, Ffn.MOE, 0,
 
 def _check(build, model: Path, tmp: Path) -> None:
     cpu = _logits(build, model, "cpu", IDS, "cpu", where=tmp)
+    log = tmp / "stub.log"
     gpu = _logits(build, model, "cuda", IDS, "cuda", "--decode-from", str(PROMPT), where=tmp,
-                  COLIBRI_CUDA_CHUNK=CHUNK)
+                  COLIBRI_CUDA_CHUNK=CHUNK, STUB_LOG=str(log))
+    # the performance model's decode graph is the captured one (benchmarks/gpu_model.py)
+    lines = log.read_text().splitlines()
+    end = next(i for i, ln in enumerate(lines) if ln.startswith("end capture"))
+    captured = sum(ln.startswith("capture ") for ln in lines[:end])
+    assert captured == gm.launches_per_token(read_model(model).header).graph_nodes, captured
     for rows in (slice(0, PROMPT), slice(PROMPT, None)):  # prefill, decode
         err = np.abs(gpu[rows] - cpu[rows]).max() / np.abs(cpu[rows]).max()
         print(f"{model.stem} rows {rows.start}..: max |gpu - cpu| / max |cpu| = {err:.2g}")

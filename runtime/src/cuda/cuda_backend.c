@@ -122,7 +122,10 @@ static size_t cb_part_tokens(size_t chunk, size_t Dh) {
 /* The layer kinds' own cache needs (layers/kinds.h, the CPU arena's source too). */
 static colibri_cache_need cb_layer_need(const struct colibri_model *m, uint32_t l) {
     colibri_cache_need need;
-    m->layers[l].mixer->cache(m, l, &need);
+    memset(&need, 0, sizeof need);
+    if (m->layers[l].mixer) m->layers[l].mixer->cache(m, l, &need);
+    else need.kv_positions = m->max_seq_len; /* a model built without the kind table (host_unit.c):
+                                                plain attention */
     return need;
 }
 
