@@ -16,6 +16,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import hf_models as H
 import numpy as np
 import pytest
 from gen_support import ROOT
@@ -37,17 +38,18 @@ GATED_256 = LayerRecord(Mixer.ATTENTION, Ffn.MOE, 0,
                         int(MixerFlag.OUTPUT_GATE | MixerFlag.PARTIAL_ROPE), (64, 0, 0, 0))
 
 
-def _check(build, model: Path, tmp: Path) -> None:
-    cpu = _logits(build, model, "cpu", IDS, "cpu", where=tmp)
+def _check(build, model: Path, tmp: Path, ids: list[int] = IDS, prompt: int = PROMPT,
+           chunk: str = CHUNK) -> None:
+    cpu = _logits(build, model, "cpu", ids, "cpu", where=tmp)
     log = tmp / "stub.log"
-    gpu = _logits(build, model, "cuda", IDS, "cuda", "--decode-from", str(PROMPT), where=tmp,
-                  COLIBRI_CUDA_CHUNK=CHUNK, STUB_LOG=str(log))
+    gpu = _logits(build, model, "cuda", ids, "cuda", "--decode-from", str(prompt), where=tmp,
+                  COLIBRI_CUDA_CHUNK=chunk, STUB_LOG=str(log))
     # the performance model's decode graph is the captured one (benchmarks/gpu_model.py)
     lines = log.read_text().splitlines()
     end = next(i for i, ln in enumerate(lines) if ln.startswith("end capture"))
     captured = sum(ln.startswith("capture ") for ln in lines[:end])
     assert captured == gm.launches_per_token(read_model(model).header).graph_nodes, captured
-    for rows in (slice(0, PROMPT), slice(PROMPT, None)):  # prefill, decode
+    for rows in (slice(0, prompt), slice(prompt, None)):  # prefill, decode
         err = np.abs(gpu[rows] - cpu[rows]).max() / np.abs(cpu[rows]).max()
         print(f"{model.stem} rows {rows.start}..: max |gpu - cpu| / max |cpu| = {err:.2g}")
         assert err < TOL, (rows, err)
@@ -90,3 +92,15 @@ def test_state_is_carried_across_calls_and_zeroed_by_reset(cuda_host_build, tmp_
                                                        "STUB_SM": "90", "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "reset-equal 1" in proc.stdout and "carried-differs 1" in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize("name", H.HYBRID_CASES)
+def test_converted_qwen35_and_qwen3_next_run_on_cuda(cuda_host_build, hf_root: Path,
+                                                     tmp_path: Path, name: str) -> None:
+    """The converter's output of random Qwen3_5MoeForCausalLM and Qwen3NextForCausalLM checkpoints
+    (tests/hf_models.py: 7 and 8 layers of both kinds, f32) on the emulated GPU: within the
+    tolerance of the CPU backend (which tests/test_qwen35.py holds to transformers). Kept short
+    for the emulation's cost: a 5-token prompt in passes of 4 and 1, then 2 decode steps."""
+    model = H.converted(hf_root, name, "f32")
+    assert cuda_unsupported(read_model(model).header) == ""
+    _check(cuda_host_build, model, tmp_path, ids=[3, 41, 7, 200, 99, 12, 5], prompt=5, chunk="4")
