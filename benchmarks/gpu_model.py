@@ -105,9 +105,24 @@ QWEN15_MOE_A27B: dict[str, Any] = {  # Qwen/Qwen1.5-MoE-A2.7B config.json
     "num_key_value_heads": 16, "vocab_size": 151936, "max_position_embeddings": 8192,
     "rope_theta": 1e6, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
     "norm_topk_prob": False}
+# Qwen/Qwen3.5-35B-A3B's text config as benchmarks/runtime.py states it (transformers 5.24's
+# Qwen3_5MoeTextConfig defaults + the checkpoint's rope_parameters), its 40 layers: 3 Gated
+# DeltaNet (16 key / 32 value heads of 128, conv 4) to 1 gated attention (16 / 2 heads of 256,
+# rotary 64); 256 experts top-8 of 512 + the gated shared expert of 512
+QWEN35_35B_A3B: dict[str, Any] = {
+    "model_type": "qwen3_5_moe_text", "attn_output_gate": True, "full_attention_interval": 4,
+    "head_dim": 256, "hidden_size": 2048, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128,
+    "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_value_head_dim": 128,
+    "max_position_embeddings": 262144, "moe_intermediate_size": 512, "num_attention_heads": 16,
+    "num_experts": 256, "num_experts_per_tok": 8, "num_hidden_layers": 40,
+    "num_key_value_heads": 2, "rms_norm_eps": 1e-6,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000000,
+                        "partial_rotary_factor": 0.25},
+    "shared_expert_intermediate_size": 512, "tie_word_embeddings": False, "vocab_size": 248320}
 MODELS: dict[str, dict[str, Any]] = {
     "bench-mixtral": BENCH_MIXTRAL, "gpucheck-large": GPUCHECK_LARGE,
-    "mixtral-8x7b": MIXTRAL_8X7B, "qwen1.5-moe-a2.7b": QWEN15_MOE_A27B}
+    "mixtral-8x7b": MIXTRAL_8X7B, "qwen1.5-moe-a2.7b": QWEN15_MOE_A27B,
+    "qwen3.5-35b-a3b": QWEN35_35B_A3B}
 PAD = 64   # COLIBRI_EMBED_DIM_PAD of every shipped profile
 
 

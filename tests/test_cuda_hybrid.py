@@ -57,8 +57,9 @@ def _check(build, model: Path, tmp: Path, ids: list[int] = IDS, prompt: int = PR
     assert (gpu.argmax(1) == cpu.argmax(1)).all()
 
 
+# One model of both kinds with Qwen3.5's 256-wide attention heads; the converted checkpoints below
+# cover heads of 24 with a rotary width of 6 (the emulation's cost keeps the list short)
 @pytest.mark.parametrize("name,layers,kw", [
-    ("qwen35", (DN, GATED), {}),
     ("head256", (GATED_256, DN), dict(n_heads=2, n_kv_heads=1, head_dim=256)),
 ])
 def test_hybrid_model_runs_on_cuda_as_on_the_cpu(cuda_host_build, tmp_path: Path, name: str,

@@ -182,6 +182,13 @@ def test_headers_are_the_converters():
     b = gm.header_for(gm.BENCH_MIXTRAL, DType.F16)
     assert (b.embed_dim, b.n_layers, b.expert_size, b.n_heads, b.n_kv_heads, b.head_dim) == (
         1024, 8, 2816, 16, 4, 64)
+    from colibri_kit.model.format import Mixer
+
+    h = gm.header_for(gm.QWEN35_35B_A3B, DType.INT8)  # the hybrid layer list: 3 DeltaNet : 1 gated
+    kinds = [r.mixer for r in h.layer_records()]
+    assert kinds[3::4] == [Mixer.ATTENTION] * 10
+    assert kinds.count(Mixer.GATED_DELTANET) == 30 and h.layer(0).mixer_params == (16, 32, 128, 128)
+    assert h.layer(3).mixer_params[0] == 64 and (h.num_experts, h.top_k, h.head_dim) == (256, 8, 256)
 
 
 def test_expected_time_is_the_larger_bound():
