@@ -32,7 +32,9 @@ sys.path.insert(0, str(ROOT))
 
 from colibri_kit.model.convert import TargetModelLimits, build_header  # noqa: E402
 from colibri_kit.model.families import read_config  # noqa: E402
-from colibri_kit.model.format import DType, Flag, ModelHeader, data_nbytes, scale_bytes  # noqa: E402
+from colibri_kit.model.format import (  # noqa: E402
+    DType, Flag, Mixer, MixerFlag, ModelHeader, data_nbytes, scale_bytes,
+)
 
 # ---------------------------------------------------------------------------------------------
 # Sources. Datasheet peak DRAM bandwidth and memory size of each device.
@@ -103,9 +105,24 @@ QWEN15_MOE_A27B: dict[str, Any] = {  # Qwen/Qwen1.5-MoE-A2.7B config.json
     "num_key_value_heads": 16, "vocab_size": 151936, "max_position_embeddings": 8192,
     "rope_theta": 1e6, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
     "norm_topk_prob": False}
+# Qwen/Qwen3.5-35B-A3B's text config as benchmarks/runtime.py states it (transformers 5.24's
+# Qwen3_5MoeTextConfig defaults + the checkpoint's rope_parameters), its 40 layers: 3 Gated
+# DeltaNet (16 key / 32 value heads of 128, conv 4) to 1 gated attention (16 / 2 heads of 256,
+# rotary 64); 256 experts top-8 of 512 + the gated shared expert of 512
+QWEN35_35B_A3B: dict[str, Any] = {
+    "model_type": "qwen3_5_moe_text", "attn_output_gate": True, "full_attention_interval": 4,
+    "head_dim": 256, "hidden_size": 2048, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128,
+    "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_value_head_dim": 128,
+    "max_position_embeddings": 262144, "moe_intermediate_size": 512, "num_attention_heads": 16,
+    "num_experts": 256, "num_experts_per_tok": 8, "num_hidden_layers": 40,
+    "num_key_value_heads": 2, "rms_norm_eps": 1e-6,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000000,
+                        "partial_rotary_factor": 0.25},
+    "shared_expert_intermediate_size": 512, "tie_word_embeddings": False, "vocab_size": 248320}
 MODELS: dict[str, dict[str, Any]] = {
     "bench-mixtral": BENCH_MIXTRAL, "gpucheck-large": GPUCHECK_LARGE,
-    "mixtral-8x7b": MIXTRAL_8X7B, "qwen1.5-moe-a2.7b": QWEN15_MOE_A27B}
+    "mixtral-8x7b": MIXTRAL_8X7B, "qwen1.5-moe-a2.7b": QWEN15_MOE_A27B,
+    "qwen3.5-35b-a3b": QWEN35_35B_A3B}
 PAD = 64   # COLIBRI_EMBED_DIM_PAD of every shipped profile
 
 
@@ -132,8 +149,26 @@ def f32(n: int) -> int:
     return 4 * n
 
 
+def deltanet_layer_bytes(h: ModelHeader, i: int) -> tuple[int, int]:
+    """(weights, state traffic) of gated_deltanet layer i for one token: DN_QKV, DN_Z and DN_OUT in
+    the model's dtype, DN_B, DN_A, the conv taps, A_log, dt_bias and the norm in f32
+    (format.F32_KINDS); the state as cuda_backend.c's kernels touch it: cb_dn_conv reads and
+    writes the W-1 conv rows, cb_dn_recur passes over the Hv x Dk x Dv state twice (decay +
+    S^T k, then the update + S^T q), reading and writing it each time."""
+    r = h.layer(i)
+    hk, hv, dk, dv = r.mixer_params
+    kd, vd, w, dt, dp = hk * dk, hv * dv, r.window, DType(h.dtype), h.embed_dim_pad
+    c = 2 * kd + vd
+    weights = (tensor_bytes(dt, c, dp) + tensor_bytes(dt, vd, dp) + tensor_bytes(dt, dp, vd)
+               + f32(2 * hv * dp) + f32(c * w) + f32(2 * hv) + f32(dv))
+    state = 2 * f32((w - 1) * c) + 4 * f32(hv * dk * dv)
+    return weights, state
+
+
 def bytes_per_token(h: ModelHeader, context: int) -> dict[str, int]:
-    """DRAM bytes one decoded token reads, by kind (weights once; KV cache at `context`)."""
+    """DRAM bytes one decoded token reads, by kind (weights once; KV cache at `context`). Hybrid
+    models (Qwen3.5 / Qwen3-Next): attention weights and KV for the attention layers (+ the output
+    gate's projection), the DeltaNet layers' weights and state traffic apart."""
     dt, dp, L = DType(h.dtype), h.embed_dim_pad, h.n_layers
     hq, kvd = h.n_heads * h.head_dim, h.n_kv_heads * h.head_dim
     F, Fs = h.expert_size, h.shared_expert_size
@@ -144,22 +179,31 @@ def bytes_per_token(h: ModelHeader, context: int) -> dict[str, int]:
         attn += f32(2 * h.head_dim)
     elif h.has(Flag.QK_NORM_FULL):
         attn += f32(hq + kvd)
+    recs = [h.layer(i) for i in range(L)]
+    dn = [deltanet_layer_bytes(h, i) for i, r in enumerate(recs) if r.mixer == Mixer.GATED_DELTANET]
+    n_att = L - len(dn)
+    gates = sum(1 for r in recs if r.mixer != Mixer.GATED_DELTANET
+                and r.mixer_flags & MixerFlag.OUTPUT_GATE)
     expert = 2 * tensor_bytes(dt, F, dp) + tensor_bytes(dt, dp, F)
     shared = 0
     if h.has(Flag.SHARED_EXPERT):
         shared = 2 * tensor_bytes(dt, Fs, dp) + tensor_bytes(dt, dp, Fs)
         shared += f32(dp) if h.has(Flag.SHARED_EXPERT_GATE) else 0
-    return {
+    out = {
         "embedding row": tensor_bytes(dt, 1, dp),
-        "attention weights": L * attn,
+        "attention weights": n_att * attn + gates * tensor_bytes(dt, hq, dp),
         "norms": L * f32(2 * dp) + f32(dp),
         "router": L * f32(h.num_experts * dp),
         "routed experts (top-k)": L * h.top_k * expert,
         "shared expert": L * shared,
         # tied embeddings: the LM head is the whole token embedding, read once per token
         "LM head": tensor_bytes(dt, h.vocab_size, dp),
-        "KV cache": L * 2 * context * kvd * KV_BYTES,
+        "KV cache": n_att * 2 * context * kvd * KV_BYTES,
     }
+    if dn:
+        out["deltanet weights"] = sum(w for w, _ in dn)
+        out["recurrent state"] = sum(st for _, st in dn)
+    return out
 
 
 def weights_in_file(h: ModelHeader) -> int:
@@ -169,6 +213,7 @@ def weights_in_file(h: ModelHeader) -> int:
     per_expert = 2 * tensor_bytes(dt, h.expert_size, h.embed_dim_pad) + tensor_bytes(
         dt, h.embed_dim_pad, h.expert_size)
     total = sum(b.values()) - b["embedding row"] - b["routed experts (top-k)"]
+    total -= b.get("recurrent state", 0)  # state traffic, not weights
     total += h.n_layers * h.num_experts * per_expert
     if not h.has(Flag.TIED_EMBEDDINGS):
         total += tensor_bytes(dt, h.vocab_size, h.embed_dim_pad)
@@ -211,8 +256,15 @@ def launches_per_token(h: ModelHeader) -> Launches:
     per_layer = 12 if route_fused(h) else 14
     if h.has(Flag.SHARED_EXPERT):
         per_layer += 2 + (1 if h.has(Flag.SHARED_EXPERT_GATE) else 0)
-    kernels = 1 + h.n_layers * per_layer + 2
-    merge = h.n_layers if h.max_seq_len > 256 else 0  # COLIBRI_CU_KV_SPLIT
+    # hybrid layers (cb_deltanet_layer): a DeltaNet mixer is 8 launches (norm, 4 in-projections,
+    # conv, recurrence, out-projection) where attention's is 7; Qwen's output gate adds its
+    # projection and cb_sigmoid_gate. per_layer stays a plain attention layer's.
+    recs = [h.layer(i) for i in range(h.n_layers)]
+    n_dn = sum(1 for r in recs if r.mixer == Mixer.GATED_DELTANET)
+    gates = sum(1 for r in recs if r.mixer != Mixer.GATED_DELTANET
+                and r.mixer_flags & MixerFlag.OUTPUT_GATE)
+    kernels = 1 + h.n_layers * per_layer + n_dn + 2 * gates + 2
+    merge = h.n_layers - n_dn if h.max_seq_len > 256 else 0  # COLIBRI_CU_KV_SPLIT
     return Launches(kernels, 3, per_layer, kernels + merge, 3)
 
 

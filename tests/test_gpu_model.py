@@ -65,12 +65,13 @@ def _size(r) -> int:
     return r.nbytes + r.scale_nbytes
 
 
-def per_kind_from_file(path: Path) -> dict[str, int]:
+def per_kind_from_file(path: Path, kinds_of: dict | None = None) -> dict[str, int]:
     """Bytes per decoded token, from the file's tensor table: every tensor once, one embedding
     row, top_k of the E routed experts, the LM head (the embedding when tied)."""
     m = read_model(path)
     h, recs = m.header, list(m.records.values())
-    out = {k: sum(_size(r) for r in recs if r.kind in kinds) for k, kinds in KINDS.items()}
+    out = {k: sum(_size(r) for r in recs if r.kind in kinds)
+           for k, kinds in (kinds_of or KINDS).items()}
     emb = m.record(Kind.TOK_EMBED)
     assert _size(emb) % emb.rows == 0
     out["embedding row"] = _size(emb) // emb.rows
@@ -181,6 +182,13 @@ def test_headers_are_the_converters():
     b = gm.header_for(gm.BENCH_MIXTRAL, DType.F16)
     assert (b.embed_dim, b.n_layers, b.expert_size, b.n_heads, b.n_kv_heads, b.head_dim) == (
         1024, 8, 2816, 16, 4, 64)
+    from colibri_kit.model.format import Mixer
+
+    h = gm.header_for(gm.QWEN35_35B_A3B, DType.INT8)  # the hybrid layer list: 3 DeltaNet : 1 gated
+    kinds = [r.mixer for r in h.layer_records()]
+    assert kinds[3::4] == [Mixer.ATTENTION] * 10
+    assert kinds.count(Mixer.GATED_DELTANET) == 30 and h.layer(0).mixer_params == (16, 32, 128, 128)
+    assert h.layer(3).mixer_params[0] == 64 and (h.num_experts, h.top_k, h.head_dim) == (256, 8, 256)
 
 
 def test_expected_time_is_the_larger_bound():
@@ -202,3 +210,37 @@ def test_report_names_every_device_source_and_model():
         assert d.name in text and d.source in text
     for name in gm.MODELS:
         assert f"{name}: hidden" in text
+
+
+# ---- hybrid models (#24): gated_deltanet + gated attention layers --------------------------
+
+DN_KINDS = {Kind.DN_QKV, Kind.DN_Z, Kind.DN_B, Kind.DN_A, Kind.DN_CONV, Kind.DN_A_LOG,
+            Kind.DN_DT_BIAS, Kind.DN_NORM, Kind.DN_OUT}
+
+
+@pytest.mark.parametrize("dtype", [DType.F32, DType.F16, DType.Q4], ids=["f32", "f16", "q4"])
+def test_hybrid_bytes_are_the_writers_layout(tmp_path: Path, dtype: DType):
+    """A Qwen3.5-like layer list: the attention weights (with the output gate) and the DeltaNet
+    weights are the file's tensors, the KV cache is the attention layers' only, and the state
+    traffic is the kernels' passes over the footprint's state (conv rows read + written once,
+    the delta-rule state read + written twice)."""
+    from test_qwen35 import DN, GATED, hybrid_header
+
+    from colibri_kit.model.footprint import state_bytes
+
+    h = hybrid_header((DN, GATED, DN), dtype=int(dtype))
+    path = write_random_model(tmp_path / "h.colibri", h)
+    written = read_model(path)
+    model = gm.bytes_per_token(written.header, 0)
+    assert model.pop("KV cache") == 0
+    recs = list(written.records.values())
+    want = per_kind_from_file(path, {**KINDS, "attention weights": KINDS["attention weights"]
+                                     | {Kind.ATTN_GATE}, "deltanet weights": DN_KINDS})
+    state = model.pop("recurrent state")
+    assert model == want
+    hk, hv, dk, dv = DN.mixer_params
+    c, w = 2 * hk * dk + hv * dv, DN.window
+    conv, rec = 4 * (w - 1) * c, 4 * hv * dk * dv
+    assert state_bytes(h) == 2 * (conv + rec) and state == 2 * (2 * conv + 4 * rec)
+    assert gm.weights_in_file(written.header) == sum(_size(r) for r in recs)
+    assert gm.bytes_per_token(h, 10)["KV cache"] == 1 * 2 * 10 * h.n_kv_heads * h.head_dim * 4

@@ -352,11 +352,12 @@ def test_generate_chat_and_serve(host_colibri: Path, hf_root: Path, tmp_path: Pa
 
 def test_cuda_backend_falls_back_for_what_it_does_not_run(cuda_host_build, tmp_path: Path) -> None:
     """In the GPU's host emulation (tests/test_cuda_host.py): --backend cuda refuses, naming the
-    reason, a gated_deltanet layer, gated attention alone, and 512 experts (its router sorts 256);
-    --backend auto runs each on the CPU with the reason, and the footprint says the same."""
+    reason, 512 experts (its router sorts 256) and attention layers of two rotary widths (one RoPE
+    table); --backend auto runs each on the CPU with the reason, and the footprint says the same.
+    (The hybrid layers themselves run on CUDA: tests/test_cuda_hybrid.py.)"""
     cases = {
-        "deltanet": (hybrid_header((DN, GATED)), "layer 0 is gated_deltanet + moe"),
-        "gated": (hybrid_header((GATED, GATED)), "layer 0 is gated attention (output gate, partial RoPE)"),
+        "widths": (hybrid_header((GATED, replace(GATED, mixer_params=(8, 0, 0, 0)))),
+                   "layer 1 rotates 8 lanes where another attention layer rotates 6"),
         "e512": (hybrid_header((LayerRecord(),), num_experts=512, top_k=10, expert_size=8,
                                flags=0, shared_expert_size=0), "E=512"),
     }

@@ -40,7 +40,7 @@ from typing import Any
 
 from colibri_kit.errors import ModelError
 from colibri_kit.model.format import (
-    ALIGN, LARGE_TENSOR, PAGE, QWEN_ATTENTION_FLAGS, DType, Ffn, Flag, Mixer, MixerFlag, ModelHeader,
+    ALIGN, LARGE_TENSOR, PAGE, DType, Ffn, Flag, Mixer, MixerFlag, ModelHeader,
     align_up, data_nbytes, data_start, expected_tensors, kv_staged, layer_kv_positions,
     layer_state_floats, pass_needs, read_model, scale_bytes,
 )
@@ -68,6 +68,7 @@ CUDA_UPLOAD_PEAK = 3 * CUDA_UPLOAD_CHUNK
 CUDA_WEIGHTS = ("copy", "map")
 CUDA_FA_MAX_DH = 128          # colibri_abi.h COLIBRI_CU_FA_MAX_DH: widest head of tiled prefill
 CUDA_MAX_SORT = 256           # colibri_abi.h COLIBRI_CU_MAX_SORT: experts the router kernels sort
+CUDA_DN_MAX_DK = 256          # colibri_abi.h COLIBRI_CU_DN_MAX_DK: widest DeltaNet key head
 DEFAULT_THREADS = 8  # CPU arena scratch is per thread (a few KiB each); Jetsons have 6..14 cores
 # Bytes per cached K/V value: runtime/include/colibri.h colibri_kv_dtype.
 KV_BYTES = {"f32": 4, "f16": 2}
@@ -130,8 +131,10 @@ def cuda_arena_bytes(h: ModelHeader, copy_weights: bool = False, weights_bytes: 
     def part_tokens(chunk: int) -> int:  # decode's one; every chunk token for too-wide heads
         return 1 if Dh <= CUDA_FA_MAX_DH else chunk
 
+    mix = pass_needs(h)[0]  # the mixers' per-token scratch (DeltaNet, gated attention's gate)
     per_token = 4 * (2 * Dp + H * Dh + (H * Dh + 2 * kvd) + H * Dh + E + 4 * k + k * F + k * Dp
-                     + 2 + ((Fs + Dp + 1) if h.has(Flag.SHARED_EXPERT) else 0))
+                     + 2 + ((Fs + Dp + 1) if h.has(Flag.SHARED_EXPERT) else 0) + mix)
+    La = sum(1 for i in range(L) if layer_kv_positions(h, i))  # layers with a KV cache
     c = min(CUDA_MAX_CHUNK, S)
     while c > CUDA_MIN_CHUNK and c * per_token > CUDA_ACT_BUDGET:
         c //= 2
@@ -145,34 +148,43 @@ def cuda_arena_bytes(h: ModelHeader, copy_weights: bool = False, weights_bytes: 
     if h.has(Flag.SHARED_EXPERT):
         sizes += [c * Fs * 4, c * Dp * 4, c * 4]
     sizes += [2 * 4, logit_rows * V * 4, c * 4, c * 4, CUDA_PRM_BYTES, S * (Dh // 2) * 2 * 4,
-              L * S * kvd * kv_size, L * S * kvd * kv_size, L * (6 * E + 6) * 8]
+              La * S * kvd * kv_size, La * S * kvd * kv_size, L * (6 * E + 6) * 8,
+              c * mix * 4, state_bytes(h)]  # the hybrid layers' scratch, the recurrent state
     if copy_weights:
         sizes.append(weights_bytes)
     return sum(align_up(n, CUDA_ALIGN) for n in sizes)
 
 
 def cuda_unsupported(h: ModelHeader) -> str:
-    """Why the CUDA backend does not run this model ("" when it does): it runs attention + moe
-    layers, a sliding window as long as the context being full attention, up to 256 experts,
-    without gpt-oss's mxfp4 weights, YaRN, sinks and biases or Qwen's gated attention
+    """Why the CUDA backend does not run this model ("" when it does): it runs attention (Qwen's
+    gated attention included, one rotary width) or gated_deltanet (key heads up to 256 lanes) +
+    moe layers, a sliding window as long as the context being full attention, up to 256 experts,
+    without gpt-oss's mxfp4 weights, YaRN, sinks and biases
     (runtime/src/cuda/cuda_backend.c cb_check_model)."""
     if h.num_experts > CUDA_MAX_SORT:
         return (f"{h.num_experts} experts: the CUDA router kernels sort at most {CUDA_MAX_SORT} "
                 "(colibri_abi.h COLIBRI_CU_MAX_SORT)")
     for i, r in enumerate(h.layer_records()):
-        full = r.mixer == Mixer.ATTENTION or (r.mixer == Mixer.SLIDING_ATTENTION
-                                              and r.window >= h.max_seq_len)
+        full = r.mixer in (Mixer.ATTENTION, Mixer.GATED_DELTANET) or (
+            r.mixer == Mixer.SLIDING_ATTENTION and r.window >= h.max_seq_len)
         if not full or r.ffn != Ffn.MOE:
-            return (f"layer {i} is {r.label()}: the CUDA backend runs attention + moe layers "
-                    "only (a sliding window as long as the context counts as attention)")
-        if r.mixer_flags & QWEN_ATTENTION_FLAGS:
-            return f"layer {i} is gated attention (output gate / partial RoPE), which the CUDA backend does not run yet"
+            return (f"layer {i} is {r.label()}: the CUDA backend runs attention or gated_deltanet "
+                    "+ moe layers only (a sliding window as long as the context counts as attention)")
+        if r.mixer == Mixer.GATED_DELTANET and r.mixer_params[2] > CUDA_DN_MAX_DK:
+            return (f"layer {i} (gated_deltanet): key head dim {r.mixer_params[2]} exceeds the CUDA "
+                    f"kernel's {CUDA_DN_MAX_DK} (colibri_abi.h COLIBRI_CU_DN_MAX_DK)")
+    widths = {r.mixer_params[0] if r.mixer_flags & MixerFlag.PARTIAL_ROPE else 0
+              for r in h.layer_records() if r.mixer != Mixer.GATED_DELTANET}
+    if len(widths) > 1:
+        return "attention layers of different rotary widths: the CUDA backend keeps one RoPE table"
+    if widths - {0} and h.has(Flag.QK_NORM_FULL):
+        return "partial RoPE with a full-width q/k norm, which the CUDA kernels do not compute"
     if DType.MXFP4 in (h.dtype, h.expert_dtype):
         return "mxfp4 weights, which the CUDA kernels do not read yet (gpt-oss)"
     if h.has(Flag.ROPE_YARN):
         return "YaRN RoPE, which the CUDA kernels do not compute yet (gpt-oss)"
     for i, r in enumerate(h.layer_records()):
-        if r.mixer_flags or r.ffn_params[0]:
+        if (r.mixer_flags & 0xFF) or r.ffn_params[0]:  # bits 8..15: Qwen's, run above
             what = ("attention sinks" if r.mixer_flags & MixerFlag.SINKS else "an attention output bias"
                     if r.mixer_flags else "router/expert biases or the clamped SwiGLU")
             return f"layer {i} has {what}, which the CUDA kernels do not compute yet (gpt-oss)"

@@ -72,4 +72,8 @@
 #define COLIBRI_CU_FA_MAX_DH 128
 #define COLIBRI_CU_FA_THREADS 128
 
+/* Hybrid-family kernels (#24): cb_dn_recur keeps the token's normalised q and k of one key head
+ * in shared memory, which bounds a DeltaNet layer's key head dim (Qwen3.5 / Qwen3-Next: 128). */
+#define COLIBRI_CU_DN_MAX_DK 256
+
 #endif

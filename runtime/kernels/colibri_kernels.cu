@@ -1466,4 +1466,182 @@ extern "C" __global__ void cb_linear_mma(float *y, int y_stride, const float *x,
  * attention (sigmoid output gate, partial RoPE). Kept in one block so the family reads together.
  * ------------------------------------------------------------------------------------------- */
 
+/* Largest key head dim of a DeltaNet layer (q and k of the token live in shared memory; Qwen:
+ * 128); the backend refuses wider (cb_check_model). */
+#define CB_DN_MAX_DK COLIBRI_CU_DN_MAX_DK
+
+/* Depthwise causal convolution of a DeltaNet layer over a pass of n tokens, then SiLU:
+ *   u[j, c] = silu(sum_{i<W} w[c, i] * in(j - (W-1) + i, c))
+ * where in(s, c) is qkv[s, c] for s >= 0 (this pass) and conv state row s + W-1 for s < 0 (the
+ * layer's last W-1 inputs before the pass, oldest first); the taps are added in order
+ * i = 0..W-1 from 0, as layers/deltanet.c conv_task does. Afterwards the state holds the last
+ * W-1 inputs (row i <- input n-(W-1)+i; rows are read before they are overwritten since the
+ * source row i + n > i). One thread per channel walks the tokens in order, so a token's value
+ * does not depend on how the tokens were cut into passes (prefill == decode bit for bit).
+ * grid ceil(C / blockDim), block 256. */
+extern "C" __global__ void cb_dn_conv(float *u, const float *qkv, float *state, const float *w,
+                                      int n, int C, int W) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    const float *wc = w + (cb_u64)c * (cb_u64)W;
+    for (int j = 0; j < n; j++) {
+        float acc = 0.0f;
+        for (int i = 0; i < W; i++) {
+            const int s = j - (W - 1) + i;
+            const float in = s >= 0 ? qkv[(cb_u64)s * C + c] : state[(cb_u64)(s + W - 1) * C + c];
+            acc += wc[i] * in;
+        }
+        u[(cb_u64)j * C + c] = cb_silu(acc);
+    }
+    for (int i = 0; i + 1 < W; i++) {
+        const int s = n - (W - 1) + i;
+        state[(cb_u64)i * C + c] = s >= 0 ? qkv[(cb_u64)s * C + c] : state[(cb_u64)(i + n) * C + c];
+    }
+}
+
+/* torch.nn.functional.softplus (beta 1, threshold 20), as layers/deltanet.c */
+__device__ __forceinline__ float cb_softplus(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
+
+/* The gated delta rule of one value head over a pass of n tokens, token after token, then the
+ * gated RMSNorm of its output (layers/deltanet.c prepare + colibri_delta_step + recur_task):
+ *   q, k = l2norm of the head's key head (x / sqrt(sum x^2 + 1e-6)), q *= 1 / sqrt(Dk)
+ *   beta = sigmoid(b), decay = exp(-exp(a_log) * softplus(a + dt_bias))
+ *   S *= decay;  d = (v - S^T k) * beta;  S += k d^T;  o = S^T q
+ *   o = nw * rmsnorm(o) * silu(z)   (eps)
+ * u: the convolution's output rows [n, C] = [q (Hk*Dk) | k (Hk*Dk) | v (Hv*Dv)]; z [n, Hv*Dv];
+ * b, a [n, Hv]; S: the layer's Hv states of [Dk, Dv] (block h owns state h). Thread i owns the
+ * state's columns i, i + blockDim.x, ...: its sums run over the key index r = 0..Dk-1 in order
+ * and nothing of a column is shared, so no barrier guards the state. The l2 and RMS sums are
+ * cb_block_sum's fixed shape. Every token runs the same code whatever n is: a prompt's pass
+ * gives the bits of the same tokens decoded one by one.
+ * grid (Hv), block 128 (a multiple of 32). */
+extern "C" __global__ void cb_dn_recur(float *o, float *S, const float *u, const float *z,
+                                       const float *b, const float *a, const float *a_log,
+                                       const float *dt_bias, const float *nw, int n, int Hk,
+                                       int Hv, int Dk, int Dv, float eps) {
+    __shared__ float qs[CB_DN_MAX_DK], ks[CB_DN_MAX_DK], scratch[CB_WARP];
+    const int h = blockIdx.x, kh = h / (Hv / Hk);
+    const int kd = Hk * Dk, vd = Hv * Dv, C = 2 * kd + vd;
+    float *Sh = S + (cb_u64)h * (cb_u64)Dk * (cb_u64)Dv;
+    const float scale = 1.0f / sqrtf((float)Dk);
+    const float ea = expf(a_log[h]), dt = dt_bias[h];
+    for (int j = 0; j < n; j++) {
+        const float *row = u + (cb_u64)j * C;
+        const float *qr = row + kh * Dk, *kr = row + kd + kh * Dk, *vr = row + 2 * kd + h * Dv;
+        float sq = 0.0f, sk = 0.0f;
+        for (int i = threadIdx.x; i < Dk; i += blockDim.x) {
+            sq += qr[i] * qr[i];
+            sk += kr[i] * kr[i];
+        }
+        sq = cb_block_sum(sq, scratch);
+        sk = cb_block_sum(sk, scratch);
+        const float iq = 1.0f / sqrtf(sq + 1e-6f), ik = 1.0f / sqrtf(sk + 1e-6f);
+        for (int i = threadIdx.x; i < Dk; i += blockDim.x) {
+            qs[i] = qr[i] * iq * scale;
+            ks[i] = kr[i] * ik;
+        }
+        __syncthreads();
+        const float beta = 1.0f / (1.0f + expf(-b[(cb_u64)j * Hv + h]));
+        const float decay = expf(-ea * cb_softplus(a[(cb_u64)j * Hv + h] + dt));
+        float *oj = o + (cb_u64)j * vd + (cb_u64)h * Dv;
+        float ss = 0.0f;
+        for (int i = threadIdx.x; i < Dv; i += blockDim.x) {
+            float mem = 0.0f;
+            for (int r = 0; r < Dk; r++) {
+                const float s = Sh[(cb_u64)r * Dv + i] * decay;
+                Sh[(cb_u64)r * Dv + i] = s;
+                mem += s * ks[r];
+            }
+            const float d = (vr[i] - mem) * beta;
+            float acc = 0.0f;
+            for (int r = 0; r < Dk; r++) {
+                const float s = Sh[(cb_u64)r * Dv + i] + ks[r] * d;
+                Sh[(cb_u64)r * Dv + i] = s;
+                acc += s * qs[r];
+            }
+            oj[i] = acc;
+            ss += acc * acc;
+        }
+        ss = cb_block_sum(ss, scratch); /* also the barrier before qs/ks are rewritten */
+        const float inv = 1.0f / sqrtf(ss / (float)Dv + eps);
+        const float *zj = z + (cb_u64)j * vd + (cb_u64)h * Dv;
+        for (int i = threadIdx.x; i < Dv; i += blockDim.x)
+            oj[i] = nw[i] * (oj[i] * inv) * cb_silu(zj[i]);
+    }
+}
+
+/* Qwen's partial RoPE attention step per (token, head), cb_qk_rope_kv's work with a rotary width
+ * R < Dh: the optional per-head q/k RMSNorm (norm 1; cb_qk_rope_kv's sum of squares), rotate-half
+ * on the head's first R lanes only (lane i < R/2 with i + R/2; lanes R.. pass through normed),
+ * q to q[t], K and V to the cache row of position pos0 (+ *pos_d) + t (f32 or f16).
+ * cs: the partial table [max_seq_len, R/2, (cos, sin)] (colibri_cuda_rope_table_partial: the
+ * angle p * theta^(-2i/R) in double, as layers/attention.c rope_partial).
+ * grid (n, H + Hkv), block 256; the token count is the grid's (16 arguments: what the stand-in
+ * driver's graph capture holds). */
+extern "C" __global__ void cb_qk_rope_partial_kv(float *q, const float *qkv, void *kc, void *vc,
+                                                 int H, int Hkv, int Dh, int R, int pos0,
+                                                 const float *cs, const float *qn,
+                                                 const float *kn, int norm, float eps, int kv_f16,
+                                                 const int *pos_d) {
+    __shared__ float scratch[CB_WARP];
+    const int t = blockIdx.x, y = blockIdx.y;
+    const int HD = H * Dh, kvd = Hkv * Dh, half = R / 2;
+    const int is_q = y < H, head = is_q ? y : y - H;
+    const int p = pos0 + (pos_d ? *pos_d : 0) + t;
+    const float *row = qkv + (cb_u64)t * (cb_u64)(HD + 2 * kvd) + (is_q ? 0 : HD);
+    const float *src = row + (cb_u64)head * (cb_u64)Dh;
+    const float *w = is_q ? qn : kn;
+    float inv = 1.0f;
+    if (norm) {
+        float ss = 0.0f;
+        for (int i = threadIdx.x; i < Dh; i += blockDim.x) ss += src[i] * src[i];
+        ss = cb_block_sum(ss, scratch);
+        inv = 1.0f / sqrtf(ss / (float)Dh + eps);
+    }
+    const float *cp = cs + (cb_u64)p * (cb_u64)half * 2u;
+    const cb_u64 at = (cb_u64)p * (cb_u64)kvd + (cb_u64)head * (cb_u64)Dh;
+    float *qo = q + (cb_u64)t * (cb_u64)HD + (cb_u64)head * (cb_u64)Dh;
+    for (int i = threadIdx.x; i < Dh - half; i += blockDim.x) {
+        /* i < half: the pair (i, i + half); i >= half: lane i + half passes through */
+        const int lo = i < half ? i : i + half;
+        float va = src[lo];
+        if (norm) va = w[lo] * (va * inv);
+        float ra = va, rb = 0.0f;
+        if (i < half) {
+            float vb = src[i + half];
+            if (norm) vb = w[i + half] * (vb * inv);
+            const float c = cp[2 * i], s = cp[2 * i + 1];
+            ra = va * c - vb * s;
+            rb = vb * c + va * s;
+        }
+        if (is_q) {
+            qo[lo] = ra;
+            if (i < half) qo[i + half] = rb;
+        } else {
+            cb_kv_store(kc, at + (cb_u64)lo, ra, kv_f16);
+            if (i < half) cb_kv_store(kc, at + (cb_u64)(i + half), rb, kv_f16);
+        }
+    }
+    if (!is_q) {
+        const float *vs = row + kvd + (cb_u64)head * (cb_u64)Dh;
+        for (int i = threadIdx.x; i < Dh; i += blockDim.x)
+            cb_kv_store(vc, at + (cb_u64)i, vs[i], kv_f16);
+    }
+}
+
+/* Qwen's attention output gate: att[t, i] *= sigmoid(gate[t, i]) for i < HD, before WO
+ * (layers/attention.c). grid (n), block 256. */
+extern "C" __global__ void cb_sigmoid_gate(float *att, const float *gate, int HD) {
+    float *r = att + (cb_u64)blockIdx.x * HD;
+    const float *g = gate + (cb_u64)blockIdx.x * HD;
+    for (int i = threadIdx.x; i < HD; i += blockDim.x) r[i] *= 1.0f / (1.0f + expf(-g[i]));
+}
+
+/* count floats at p set to 0 (the recurrent state at open and after colibri_reset; the backend
+ * keeps count below 2^31). grid any, block 256: a grid-stride loop. */
+extern "C" __global__ void cb_zero(float *p, int count) {
+    const int step = (int)(gridDim.x * blockDim.x);
+    for (int i = (int)(blockIdx.x * blockDim.x + threadIdx.x); i < count; i += step) p[i] = 0.0f;
+}
+
 /* end of the hybrid-family kernels */

@@ -734,4 +734,165 @@ def cases() -> list[tuple[str, object]]:
             out.append((f"linear_mma-{dt.name}-" + "-".join(map(str, shape)),
                         _mma_or_absent(lambda g, dt=dt, s=shape: check_linear(g, dt, *s, mma=True),
                                        "cb_linear_mma")))
+    out += hybrid_cases()
+    return out
+
+
+# ---------------------------------------------------------------- hybrid-family kernels (#24)
+
+# DeltaNet (n, C, W): one token and a prompt, widths below/above a block of 256, W 1..4
+DN_CONV_SHAPES = [(1, 40, 4), (7, 300, 4), (5, 33, 1), (3, 17, 2)]
+# (n, Hk, Hv, Dk, Dv): GQA-like value heads per key head 1..3, dims off 32, Dv above the
+# block's 128 threads, Qwen's 128 x 128 heads
+DN_RECUR_SHAPES = [(3, 1, 2, 10, 14), (4, 2, 2, 16, 8), (2, 1, 3, 33, 130), (2, 1, 1, 128, 128)]
+# partial RoPE (n, H, Hkv, Dh, R, pos0, norm): Qwen3.5's R = Dh/4, odd pair counts, R = 2
+PARTIAL_ROPE_SHAPES = [(3, 4, 2, 24, 6, 0, 1), (1, 2, 1, 256, 64, 1000, 1), (5, 3, 3, 16, 2, 30, 0),
+                       (2, 2, 2, 10, 8, 7, 1)]
+
+
+def check_dn_conv(gpu, n, C, W):
+    """The causal convolution + SiLU and its state against NumPy; the same tokens cut into two
+    passes (and one by one) give the one pass's bits: the recurrence a prompt runs is decode's."""
+    rng = np.random.default_rng(n * 1000 + C + W)
+    qkv = rng.standard_normal((n, C)).astype(np.float32)
+    st = rng.standard_normal((max(W - 1, 1), C)).astype(np.float32)[:W - 1]
+    w = rng.standard_normal((C, W)).astype(np.float32)
+    wd = gpu.put(w)
+
+    def run(rows: np.ndarray, state: int) -> np.ndarray:
+        m = rows.shape[0]
+        ud = gpu.put(np.full((m, C), np.nan, np.float32))  # every output written
+        gpu.run("cb_dn_conv", "PPPPiii", ((C + 255) // 256, 1), 256, ud, gpu.put(rows), state, wd,
+                np.int32(m), np.int32(C), np.int32(W))
+        return gpu.get(ud, (m, C))
+
+    sd = gpu.put(st if W > 1 else np.zeros(1, np.float32))
+    got = run(qkv, sd)
+    want, want_st = ref.cb_dn_conv(qkv, st, w)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * W)
+    if W > 1:
+        np.testing.assert_array_equal(gpu.get(sd, (W - 1, C)), want_st.astype(np.float32))
+    for cut in sorted({1, n // 2}):
+        if cut >= n:
+            continue
+        sd2 = gpu.put(st if W > 1 else np.zeros(1, np.float32))
+        parts = [run(qkv[:cut], sd2)] + [run(qkv[j:j + 1], sd2) for j in range(cut, n)]
+        np.testing.assert_array_equal(np.concatenate(parts).view(np.uint32), got.view(np.uint32))
+
+
+def check_dn_recur(gpu, n, Hk, Hv, Dk, Dv):
+    """The gated delta rule + gated RMSNorm over a pass against NumPy (float64), its state too;
+    the same tokens one by one give the pass's bits, state included."""
+    rng = np.random.default_rng(n * 7 + Hk * 11 + Hv * 13 + Dk + Dv)
+    kd, vd = Hk * Dk, Hv * Dv
+    C, eps = 2 * kd + vd, 1e-6
+    u = rng.standard_normal((n, C)).astype(np.float32)
+    z = rng.standard_normal((n, vd)).astype(np.float32)
+    b = rng.standard_normal((n, Hv)).astype(np.float32)
+    a = rng.standard_normal((n, Hv)).astype(np.float32)
+    a_log = (0.5 * rng.standard_normal(Hv)).astype(np.float32)
+    dt = rng.standard_normal(Hv).astype(np.float32)
+    nw = (1 + 0.1 * rng.standard_normal(Dv)).astype(np.float32)
+    S0 = (0.3 * rng.standard_normal((Hv, Dk, Dv))).astype(np.float32)
+    fixed = [gpu.put(x) for x in (a_log, dt, nw)]
+
+    def run(j0: int, j1: int, Sd: int) -> np.ndarray:
+        m = j1 - j0
+        od = gpu.put(np.full((m, vd), np.nan, np.float32))
+        gpu.run("cb_dn_recur", "PPPPPPPPPiiiiif", (Hv, 1), 128, od, Sd, gpu.put(u[j0:j1]),
+                gpu.put(z[j0:j1]), gpu.put(b[j0:j1]), gpu.put(a[j0:j1]), *fixed, np.int32(m),
+                np.int32(Hk), np.int32(Hv), np.int32(Dk), np.int32(Dv), np.float32(eps))
+        return gpu.get(od, (m, vd))
+
+    Sd = gpu.put(S0)
+    got = run(0, n, Sd)
+    want, want_S = ref.cb_dn_recur(S0, u, z, b, a, a_log, dt, nw, Hk, Hv, Dk, Dv, eps)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    got_S = gpu.get(Sd, (Hv, Dk, Dv))
+    np.testing.assert_allclose(got_S, want_S, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(want_S).max()))
+    S1 = gpu.put(S0)
+    steps = np.concatenate([run(j, j + 1, S1) for j in range(n)])
+    np.testing.assert_array_equal(steps.view(np.uint32), got.view(np.uint32))
+    np.testing.assert_array_equal(gpu.get(S1, (Hv, Dk, Dv)).view(np.uint32), got_S.view(np.uint32))
+
+
+def check_qk_rope_partial_kv(gpu, n, H, Hkv, dh, R, pos0, norm, kv_f16):
+    """Per-head q/k norm + RoPE on the first R lanes + the KV write against NumPy; only the chunk's
+    cache rows written; the decode graph's launch (position from the parameter block) gives the
+    plain launch's bits."""
+    rng = np.random.default_rng(n * 100 + dh + R + pos0)
+    HD, kvd, eps, S, theta = H * dh, Hkv * dh, 1e-6, pos0 + n + 2, 10000.0
+    qkv = (3 * rng.standard_normal((n, HD + 2 * kvd))).astype(np.float32)
+    qn = (1 + 0.1 * rng.standard_normal(dh)).astype(np.float32)
+    kn = (1 + 0.1 * rng.standard_normal(dh)).astype(np.float32)
+    table = gpu.put(ref.rope_partial_table(S, R, theta))
+
+    def run(rows: np.ndarray, p0: int, pos_d: int):
+        m = rows.shape[0]
+        qd = gpu.put(np.full((m, HD), np.nan, np.float32))
+        kd, vd = kv_cache(gpu, S, kvd, kv_f16), kv_cache(gpu, S, kvd, kv_f16)
+        gpu.run("cb_qk_rope_partial_kv", "PPPPiiiiiPPPifiP", (m, H + Hkv), 256, qd, gpu.put(rows),
+                kd, vd, np.int32(H), np.int32(Hkv), np.int32(dh), np.int32(R),
+                np.int32(p0), table, gpu.put(qn) if norm else 0, gpu.put(kn) if norm else 0,
+                np.int32(norm), np.float32(eps), np.int32(kv_f16), pos_d)
+        return (gpu.get(qd, (m, HD)), read_cache(gpu, kd, S, kvd, kv_f16),
+                read_cache(gpu, vd, S, kvd, kv_f16))
+
+    got_q, got_k, got_v = run(qkv, pos0, 0)
+    for c in (got_k, got_v):
+        assert np.all(c[:pos0] == 7.0) and np.all(c[pos0 + n:] == 7.0)
+    want_q, want_k, want_v = ref.cb_qk_rope_partial_kv(qkv, H, Hkv, dh, R, pos0, theta, norm, qn,
+                                                       kn, eps)
+    rows = slice(pos0, pos0 + n)
+    tol = 1e-5 * max(np.abs(want_q).max(), np.abs(want_k).max())
+    np.testing.assert_allclose(got_q, want_q, rtol=0, atol=tol)
+    rt = 2.0 ** -10 if kv_f16 else 0
+    np.testing.assert_allclose(got_k[rows].astype(np.float32), want_k, rtol=rt, atol=tol)
+    np.testing.assert_allclose(got_v[rows].astype(np.float32), want_v, rtol=rt, atol=0)
+    q1, k1, _ = run(qkv[n - 1:], 0, gpu.put(np.array([pos0 + n - 1], np.int32)))
+    np.testing.assert_array_equal(q1[0].view(np.uint32), got_q[n - 1].view(np.uint32))
+    last = pos0 + n - 1
+    np.testing.assert_array_equal(k1[last], got_k[last])
+
+
+def check_sigmoid_gate(gpu, n, HD):
+    """att *= sigmoid(gate), every element of the n rows, nothing past them."""
+    rng = np.random.default_rng(n + HD)
+    att = rng.standard_normal((n + 1, HD)).astype(np.float32)
+    gate = (4 * rng.standard_normal((n, HD))).astype(np.float32)
+    ad = gpu.put(att)
+    gpu.run("cb_sigmoid_gate", "PPi", (n, 1), 256, ad, gpu.put(gate), np.int32(HD))
+    got = gpu.get(ad, (n + 1, HD))
+    want = att[:n].astype(np.float64) / (1 + np.exp(-gate.astype(np.float64)))
+    np.testing.assert_allclose(got[:n], want, rtol=1e-6, atol=1e-7)
+    np.testing.assert_array_equal(got[n], att[n])
+
+
+def check_zero(gpu, count, blocks):
+    """cb_zero clears exactly `count` floats with any grid (the state reset)."""
+    buf = gpu.put(np.full(count + 3, 5.0, np.float32))
+    gpu.run("cb_zero", "Pi", (blocks, 1), 256, buf, np.int32(count))
+    got = gpu.get(buf, (count + 3,))
+    assert np.all(got[:count] == 0.0) and np.all(got[count:] == 5.0), got
+
+
+def hybrid_cases() -> list[tuple[str, object]]:
+    """The hybrid-family checks, named as cases() names its own (cases() appends them)."""
+    out: list[tuple[str, object]] = []
+
+    def add(name, fn, *args):
+        out.append(("-".join([name, *map(str, args)]),
+                    lambda gpu, fn=fn, args=args: fn(gpu, *args)))
+
+    for shape in DN_CONV_SHAPES:
+        add("dn_conv", check_dn_conv, *shape)
+    for shape in DN_RECUR_SHAPES:
+        add("dn_recur", check_dn_recur, *shape)
+    for shape in PARTIAL_ROPE_SHAPES:
+        for kv_f16 in (False, True):
+            add("qk_rope_partial_kv", check_qk_rope_partial_kv, *shape, kv_f16)
+    for n, HD in ((1, 24), (3, 600)):
+        add("sigmoid_gate", check_sigmoid_gate, n, HD)
+    for count, blocks in ((1, 1), (1000, 2), (70000, 8)):
+        add("zero", check_zero, count, blocks)
     return out

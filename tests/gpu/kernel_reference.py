@@ -356,3 +356,78 @@ class BackendForward:
         head = Kind.TOK_EMBED if h.has(Flag.TIED_EMBEDDINGS) else Kind.LM_HEAD
         self.pos += n
         return cb_linear(xn, _weight(m, head))
+
+
+# ---- hybrid-family kernels (#24, Qwen3.5 / Qwen3-Next), float64 -------------------------------
+
+def cb_dn_conv(qkv: np.ndarray, state: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Depthwise causal convolution + SiLU over a pass (runtime/src/layers/deltanet.c conv_task):
+    qkv [n, C], the state's last W-1 inputs [W-1, C] (oldest first), taps w [C, W]. Returns the
+    output [n, C] and the new state."""
+    n, W = qkv.shape[0], w.shape[1]
+    full = np.concatenate([state, qkv]).astype(np.float64)  # input s of the pass is row s + W-1
+    u = np.stack([(full[j:j + W] * w.T.astype(np.float64)).sum(0) for j in range(n)])
+    return u / (1.0 + np.exp(-u)), full[n:n + W - 1]
+
+
+def l2norm(x: np.ndarray) -> np.ndarray:
+    return x / np.sqrt((x * x).sum() + 1e-6)
+
+
+def cb_dn_recur(S: np.ndarray, u: np.ndarray, z: np.ndarray, b: np.ndarray, a: np.ndarray,
+                a_log: np.ndarray, dt_bias: np.ndarray, nw: np.ndarray, Hk: int, Hv: int,
+                Dk: int, Dv: int, eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """The gated delta rule per value head, token by token, then the gated RMSNorm
+    (runtime/src/layers/deltanet.c prepare + colibri_delta_step + recur_task; transformers'
+    torch_recurrent_gated_delta_rule + RMSNormGated). S [Hv, Dk, Dv], u [n, 2 Hk Dk + Hv Dv],
+    z [n, Hv Dv], b, a [n, Hv]. Returns o [n, Hv Dv] and the new S."""
+    n, kd, vd = u.shape[0], Hk * Dk, Hv * Dv
+    S = S.astype(np.float64).copy()
+    u, z = u.astype(np.float64), z.astype(np.float64)
+    o = np.zeros((n, vd))
+    for h in range(Hv):
+        kh = h // (Hv // Hk)
+        for j in range(n):
+            q = l2norm(u[j, kh * Dk:(kh + 1) * Dk]) / np.sqrt(Dk)
+            k = l2norm(u[j, kd + kh * Dk:kd + (kh + 1) * Dk])
+            v = u[j, 2 * kd + h * Dv:2 * kd + (h + 1) * Dv]
+            beta = 1.0 / (1.0 + np.exp(-float(b[j, h])))
+            x = float(a[j, h]) + float(dt_bias[h])
+            decay = np.exp(-np.exp(float(a_log[h])) * (x if x > 20 else np.log1p(np.exp(x))))
+            S[h] *= decay
+            d = (v - S[h].T @ k) * beta
+            S[h] += np.outer(k, d)
+            oh = S[h].T @ q
+            oh = nw * oh / np.sqrt((oh * oh).mean() + eps)
+            zz = z[j, h * Dv:(h + 1) * Dv]
+            o[j, h * Dv:(h + 1) * Dv] = oh * zz / (1.0 + np.exp(-zz))
+    return o, S
+
+
+def rope_partial_table(positions: int, R: int, theta: float) -> np.ndarray:
+    """[positions, R/2, (cos, sin)] f32: angle p * theta^(-2i/R) in double, cos/sin in double
+    rounded to f32 (runtime/src/layers/attention.c rope_partial; cuda_backend.c
+    colibri_cuda_rope_table_partial)."""
+    inv = np.array([theta ** (-2.0 * i / R) for i in range(R // 2)])
+    ang = np.arange(positions, dtype=np.float64)[:, None] * inv[None, :]
+    return np.ascontiguousarray(np.stack([np.cos(ang), np.sin(ang)], -1), np.float32)
+
+
+def cb_qk_rope_partial_kv(qkv: np.ndarray, H: int, Hkv: int, dh: int, R: int, pos0: int,
+                          theta: float, norm: int, qn: np.ndarray, kn: np.ndarray, eps: float
+                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-head q/k RMSNorm (norm 1) then rotate-half on each head's first R lanes (Qwen3.5's
+    partial RoPE); returns q [n, H dh], K and V rows [n, Hkv dh]."""
+    n, HD, kvd, half = qkv.shape[0], H * dh, Hkv * dh, R // 2
+    tab = rope_partial_table(pos0 + n, R, theta).astype(np.float64)
+    outs = []
+    for part, heads, w in ((qkv[:, :HD], H, qn), (qkv[:, HD:HD + kvd], Hkv, kn)):
+        x = part.astype(np.float64).reshape(n, heads, dh).copy()
+        if norm:
+            x = w * x / np.sqrt((x * x).mean(-1, keepdims=True) + eps)
+        c = tab[pos0:pos0 + n, :, 0][:, None, :]
+        s = tab[pos0:pos0 + n, :, 1][:, None, :]
+        x1, x2 = x[..., :half].copy(), x[..., half:R].copy()
+        x[..., :half], x[..., half:R] = x1 * c - x2 * s, x2 * c + x1 * s
+        outs.append(x.reshape(n, -1))
+    return outs[0], outs[1], qkv[:, HD + kvd:].astype(np.float64)

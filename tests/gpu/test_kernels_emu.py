@@ -322,3 +322,10 @@ def test_emulated_mma_matches_the_ptx_fragment_layout(gpu):
             lib.emu_mma_tf32_warp(wrong.reshape(32, 4).view(np.uint32).ctypes.data,
                                   b.view(np.uint32).ctypes.data, d2.ctypes.data)
             assert d2.tobytes() != want_lanes.tobytes()
+
+
+# ---- hybrid-family kernels (#24): every case of conformance.hybrid_cases (small shapes) ------
+
+@pytest.mark.parametrize("case", [c for c, _ in C.hybrid_cases()])
+def test_hybrid_kernels(gpu, case):
+    dict(C.hybrid_cases())[case](gpu)

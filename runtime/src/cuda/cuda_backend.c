@@ -117,6 +117,43 @@ static size_t cb_part_tokens(size_t chunk, size_t Dh) {
     return Dh <= (size_t)COLIBRI_CU_FA_MAX_DH ? 1 : chunk;
 }
 
+/* ---- hybrid layers (#24): what the plan needs of them ----------------------------------------- */
+
+/* The layer kinds' own cache needs (layers/kinds.h, the CPU arena's source too). */
+static colibri_cache_need cb_layer_need(const struct colibri_model *m, uint32_t l) {
+    colibri_cache_need need;
+    memset(&need, 0, sizeof need);
+    if (m->layers[l].mixer) m->layers[l].mixer->cache(m, l, &need);
+    else need.kv_positions = m->max_seq_len; /* a model built without the kind table (host_unit.c):
+                                                plain attention */
+    return need;
+}
+
+/* Working floats per token of a pass: the largest mixer scratch over the layers (a DeltaNet
+ * layer's [qkv | conv out | z | b | a | o], gated attention's gate), as the CPU arena's `mix`. */
+static size_t cb_mix_floats(const struct colibri_model *m) {
+    size_t mx = 0;
+    for (uint32_t l = 0; l < m->n_layers; l++) {
+        const size_t s = cb_layer_need(m, l).scratch_floats;
+        if (s > mx) mx = s;
+    }
+    return mx;
+}
+
+/* Where layer l's KV cache is among the layers that have one (-1: none, a recurrent layer). */
+static int cb_kv_index(const struct colibri_model *m, uint32_t l) {
+    int at = 0;
+    for (uint32_t i = 0; i < l; i++) at += cb_layer_need(m, i).kv_positions > 0;
+    return cb_layer_need(m, l).kv_positions > 0 ? at : -1;
+}
+
+/* Float offset of layer l's recurrent state in the state region (layers in order). */
+static size_t cb_state_at(const struct colibri_model *m, uint32_t l) {
+    size_t at = 0;
+    for (uint32_t i = 0; i < l; i++) at += cb_layer_need(m, i).state_floats;
+    return at;
+}
+
 /* Bytes of the per-token buffers of a pass (everything colibri_cuda_plan sizes by the chunk but
  * the split-KV partials and the logits): the activation budget's measure. */
 static size_t cb_token_bytes(const struct colibri_model *m) {
@@ -124,7 +161,7 @@ static size_t cb_token_bytes(const struct colibri_model *m) {
     const size_t k = m->top_k, F = m->expert_size, kvd = (size_t)m->n_kv_heads * Dh;
     size_t b = 2 * Dp + H * Dh + (H * Dh + 2 * kvd) + H * Dh + E + 4 * k + k * F + k * Dp + 2;
     if (m->flags & COLIBRI_FLAG_SHARED_EXPERT) b += m->shared_expert_size + Dp + 1;
-    return b * 4;
+    return (b + cb_mix_floats(m)) * 4;
 }
 
 int colibri_cuda_plan(const struct colibri_model *m, int kv_f16, colibri_cuda_plan_t *p) {
@@ -174,10 +211,17 @@ int colibri_cuda_plan(const struct colibri_model *m, int kv_f16, colibri_cuda_pl
     p->iota = cb_take(&at, c * 4);
     p->prm = cb_take(&at, CB_PRM_BYTES);
     p->rope = cb_take(&at, S * (Dh / 2) * 2 * 4);
-    p->kv_bytes = 2 * L * S * kvd * kv_bytes;
-    p->kcache = cb_take(&at, L * S * kvd * kv_bytes);
-    p->vcache = cb_take(&at, L * S * kvd * kv_bytes);
+    /* K and V for the layers that keep them (a recurrent layer keeps its state instead) */
+    size_t La = 0;
+    for (uint32_t l = 0; l < m->n_layers; l++) La += cb_layer_need(m, l).kv_positions > 0;
+    p->kv_layers = (int)La;
+    p->kv_bytes = 2 * La * S * kvd * kv_bytes;
+    p->kcache = cb_take(&at, La * S * kvd * kv_bytes);
+    p->vcache = cb_take(&at, La * S * kvd * kv_bytes);
     p->tables = cb_take(&at, L * (6 * E + 6) * sizeof(CUdeviceptr));
+    p->mix = cb_take(&at, c * cb_mix_floats(m) * 4);
+    p->state_bytes = cb_state_at(m, m->n_layers) * 4;
+    p->state = cb_take(&at, p->state_bytes);
     p->total = at;
     return 0;
 }
@@ -379,6 +423,13 @@ enum { CB_T_UP, CB_T_DOWN, CB_T_LINEAR, CB_T_COUNT };
 static const char *const cb_tc_names[CB_T_COUNT] = {"cb_expert_up_mma", "cb_expert_down_mma",
                                                     "cb_linear_mma"};
 
+/* The hybrid-family kernels (#24: Gated DeltaNet, gated attention), looked up like cb_kernel_names
+ * (every image has them). */
+enum { CB_H_DN_CONV, CB_H_DN_RECUR, CB_H_ROPE_PARTIAL, CB_H_GATE, CB_H_ZERO, CB_H_COUNT };
+static const char *const cb_hy_names[CB_H_COUNT] = {"cb_dn_conv", "cb_dn_recur",
+                                                    "cb_qk_rope_partial_kv", "cb_sigmoid_gate",
+                                                    "cb_zero"};
+
 /* The model's GPU: the driver, one CUDA context, the kernels and the one device copy (or
  * mapping) of the weights. Every context of a model shares it (api.c keeps it with the model and
  * frees it with the model), so serving N slots holds the weights once, not N times. */
@@ -389,6 +440,7 @@ struct colibri_cuda_device {
     CUmodule mod;
     CUfunction fn[CB_F_COUNT];
     CUfunction tc[CB_T_COUNT]; /* tensor-core prefill kernels, all NULL when the image lacks them */
+    CUfunction hy[CB_H_COUNT]; /* hybrid-family kernels */
     const struct colibri_model *m;
     CUdeviceptr weights;       /* the device copy of the data section (0 when mapped) */
     size_t weights_bytes;      /* its size */
@@ -406,6 +458,8 @@ struct colibri_cuda {
     CUmodule mod;
     CUfunction fn[CB_F_COUNT];
     CUfunction tc[CB_T_COUNT];
+    CUfunction hy[CB_H_COUNT];
+    int state_dirty;         /* the recurrent state must be zeroed before the next pass (open, reset) */
     colibri_cuda_device *dv;
     int owns_dv;             /* colibri_cuda_open's private device: closed with the context */
     CUstream stream[2];
@@ -833,6 +887,68 @@ static int cb_upload_weights(colibri_cuda_device *cu, CUstream s0, CUevent done[
     return 0;
 }
 
+/* ---- hybrid layers (#24): the checks, the partial RoPE table, the launches ------------------- */
+
+/* The rotary width of the model's partial-RoPE layers (0: none). One RoPE table serves every
+ * attention layer, so all of them must rotate the same width (Qwen3.5 / Qwen3-Next do). */
+static int cb_rotary_width(const struct colibri_model *m) {
+    for (uint32_t l = 0; l < m->n_layers; l++) {
+        const colibri_layer_desc *d = &m->layers[l].desc;
+        if (d->mixer != COLIBRI_MIXER_GATED_DELTANET && (d->mixer_flags & COLIBRI_MIXER_FLAG_PARTIAL_ROPE))
+            return (int)d->mixer_params[0];
+    }
+    return 0;
+}
+
+/* What the hybrid kernels cannot run: a DeltaNet key head wider than cb_dn_recur's shared q/k
+ * (COLIBRI_CU_DN_MAX_DK), a state too large for cb_zero's int count, attention layers with
+ * different rotary widths (one table), partial RoPE with a full-width q/k norm (the partial
+ * kernel normalises per head, as Qwen does). */
+static int cb_check_hybrid_layer(const struct colibri_model *m, uint32_t l, char *why,
+                                 size_t why_len) {
+    const colibri_layer_desc *d = &m->layers[l].desc;
+    if (d->mixer == COLIBRI_MIXER_GATED_DELTANET) {
+        if (d->mixer_params[2] > COLIBRI_CU_DN_MAX_DK) {
+            snprintf(why, why_len, "layer %u (gated_deltanet): key head dim %u exceeds the CUDA "
+                     "kernel's %d (colibri_abi.h COLIBRI_CU_DN_MAX_DK)", l, d->mixer_params[2],
+                     COLIBRI_CU_DN_MAX_DK);
+            return -1;
+        }
+        if (cb_state_at(m, m->n_layers) > 0x7fffffffu) {
+            snprintf(why, why_len, "recurrent state of %zu floats exceeds 2^31 (cb_zero)",
+                     cb_state_at(m, m->n_layers));
+            return -1;
+        }
+        return 0;
+    }
+    const int partial = (d->mixer_flags & COLIBRI_MIXER_FLAG_PARTIAL_ROPE) != 0;
+    const int R = cb_rotary_width(m);
+    if ((partial ? (int)d->mixer_params[0] : 0) != R) {
+        snprintf(why, why_len, "layer %u rotates %u lanes where another attention layer rotates "
+                 "%d: the CUDA backend keeps one RoPE table", l,
+                 partial ? d->mixer_params[0] : m->head_dim, R);
+        return -1;
+    }
+    if (partial && (m->flags & COLIBRI_FLAG_QK_NORM_FULL)) {
+        snprintf(why, why_len, "layer %u: partial RoPE with a full-width q/k norm, which the CUDA "
+                 "kernels do not compute (Qwen's is per head)", l);
+        return -1;
+    }
+    return 0;
+}
+
+/* The partial-RoPE table [positions, R/2, (cos, sin)]: angle p * theta^(-2i/R) in double, cos/sin
+ * in double rounded to f32: layers/attention.c rope_partial's values. */
+void colibri_cuda_rope_table_partial(float theta, int R, int positions, float *cs) {
+    const int half = R / 2;
+    for (int p = 0; p < positions; p++)
+        for (int i = 0; i < half; i++) {
+            const double a = (double)p * pow((double)theta, -2.0 * i / R);
+            cs[((size_t)p * half + i) * 2] = (float)cos(a);
+            cs[((size_t)p * half + i) * 2 + 1] = (float)sin(a);
+        }
+}
+
 static int cb_check_model(const struct colibri_model *m, char *why, size_t why_len) {
     /* the router kernels sort at most COLIBRI_CU_MAX_SORT experts in shared memory (Qwen3-Next's
      * 512 run on the CPU) */
@@ -842,31 +958,21 @@ static int cb_check_model(const struct colibri_model *m, char *why, size_t why_l
         return -1;
     }
     for (uint32_t l = 0; l < m->n_layers; l++) {
-        /* the kernels compute attention + moe layers (kinds.h); a sliding window that covers the
-         * context is full attention */
+        /* the kernels compute attention (+ Qwen's gated attention) and gated_deltanet mixers with
+         * moe; a sliding window that covers the context is full attention */
         const colibri_layer_desc *d = &m->layers[l].desc;
-        if (!(d->mixer == COLIBRI_MIXER_ATTENTION ||
+        if (!(d->mixer == COLIBRI_MIXER_ATTENTION || d->mixer == COLIBRI_MIXER_GATED_DELTANET ||
               (d->mixer == COLIBRI_MIXER_SLIDING_ATTENTION && d->window >= m->max_seq_len)) ||
             d->ffn != COLIBRI_FFN_MOE) {
             const colibri_layer_kind *mk = m->layers[l].mixer, *fk = m->layers[l].ffn;
             snprintf(why, why_len, "layer %u is %s%s + %s, a layer kind the CUDA backend does not "
-                     "run yet (it runs attention + moe)", l, mk ? mk->name : "?",
+                     "run yet (it runs attention or gated_deltanet + moe)", l, mk ? mk->name : "?",
                      d->mixer == COLIBRI_MIXER_SLIDING_ATTENTION ? " (window shorter than the context)"
                                                                  : "",
                      fk ? fk->name : "?");
             return -1;
         }
-        /* Qwen3.5 / Qwen3-Next gated attention (output gate, partial RoPE): not in the kernels */
-        if (d->mixer_flags & (COLIBRI_MIXER_FLAG_OUTPUT_GATE | COLIBRI_MIXER_FLAG_PARTIAL_ROPE)) {
-            snprintf(why, why_len, "layer %u is gated attention (%s%s), which the CUDA backend does "
-                     "not run yet", l,
-                     d->mixer_flags & COLIBRI_MIXER_FLAG_OUTPUT_GATE ? "output gate" : "",
-                     d->mixer_flags & COLIBRI_MIXER_FLAG_PARTIAL_ROPE
-                         ? (d->mixer_flags & COLIBRI_MIXER_FLAG_OUTPUT_GATE ? ", partial RoPE"
-                                                                            : "partial RoPE")
-                         : "");
-            return -1;
-        }
+        if (cb_check_hybrid_layer(m, l, why, why_len)) return -1;
     }
     /* gpt-oss's features (#23) have CPU kernels only so far: such a model runs on the CPU */
     if (m->has_mxfp4) {
@@ -879,7 +985,7 @@ static int cb_check_model(const struct colibri_model *m, char *why, size_t why_l
     }
     for (uint32_t l = 0; l < m->n_layers; l++) {
         const colibri_layer_desc *d = &m->layers[l].desc;
-        if (d->mixer_flags || d->ffn_params[0]) {
+        if ((d->mixer_flags & 0xffu) || d->ffn_params[0]) { /* bits 8..15: Qwen's, run above */
             snprintf(why, why_len, "layer %u has %s, which the CUDA kernels do not compute yet "
                      "(gpt-oss)", l, d->mixer_flags & COLIBRI_MIXER_SINKS ? "attention sinks"
                      : d->mixer_flags ? "an attention output bias"
@@ -980,6 +1086,12 @@ int colibri_cuda_device_open(colibri_cuda_device **out, const struct colibri_mod
         if ((r = cu->d.ModuleGetFunction(&cu->fn[f], cu->mod, cb_kernel_names[f])) !=
             CUDA_SUCCESS) {
             cb_fail_d(&cu->d, r, cb_kernel_names[f], why, why_len);
+            goto fail;
+        }
+    }
+    for (int f = 0; f < CB_H_COUNT; f++) {
+        if ((r = cu->d.ModuleGetFunction(&cu->hy[f], cu->mod, cb_hy_names[f])) != CUDA_SUCCESS) {
+            cb_fail_d(&cu->d, r, cb_hy_names[f], why, why_len);
             goto fail;
         }
     }
@@ -1093,6 +1205,8 @@ int colibri_cuda_open_on(colibri_cuda **out, colibri_cuda_device *dv, int stream
     cu->mod = dv->mod;
     memcpy(cu->fn, dv->fn, sizeof cu->fn);
     memcpy(cu->tc, dv->tc, sizeof cu->tc);
+    memcpy(cu->hy, dv->hy, sizeof cu->hy);
+    cu->state_dirty = 1; /* device memory starts undefined: the state is zeroed before the first pass */
     cu->wbase = dv->wbase;
     cu->info = dv->info;
     *out = cu; /* from here colibri_cuda_close releases whatever was acquired */
@@ -1153,7 +1267,11 @@ int colibri_cuda_open_on(colibri_cuda **out, colibri_cuda_device *dv, int stream
             snprintf(why, why_len, "out of host memory for the RoPE table");
             goto fail;
         }
-        colibri_cuda_rope_table(m->rope_theta, (int)m->head_dim, (int)m->max_seq_len, cs);
+        if (cb_rotary_width(m)) /* Qwen's partial RoPE: the table of its rotary width */
+            colibri_cuda_rope_table_partial(m->rope_theta, cb_rotary_width(m), (int)m->max_seq_len,
+                                            cs);
+        else
+            colibri_cuda_rope_table(m->rope_theta, (int)m->head_dim, (int)m->max_seq_len, cs);
         r = cu->d.MemcpyHtoD(cu->arena + cu->plan.rope, cs, count * sizeof *cs);
         free(cs);
         if (r != CUDA_SUCCESS) {
@@ -1242,6 +1360,83 @@ static int cb_head(colibri_cuda *cu, int row0, int rows, int n_pass, char *why, 
     return 0;
 }
 
+static int cb_launch_hy(colibri_cuda *cu, int f, unsigned gx, unsigned gy, unsigned bx, CUstream s,
+                        void **args, char *why, size_t why_len) {
+    return cb_launch_fn(cu, cu->hy[f], cb_hy_names[f], gx, gy, bx, s, args, why, why_len);
+}
+
+/* A Gated DeltaNet mixer over the pass's n tokens (layers/deltanet.c's steps, on stream s):
+ * attention norm -> h; the four in-projections (cb_linear) into the mixer scratch, laid out as the
+ * CPU's [qkv | conv out | z | b | a | o], `chunk` rows each; the causal convolution + SiLU with
+ * the layer's conv state (cb_dn_conv); L2-norm, decay and beta, the delta rule token by token and
+ * the gated RMSNorm (cb_dn_recur, one block per value head); x += DN_OUT o. Nothing depends on
+ * the position, so the decode graph captures it as it is. */
+static int cb_deltanet_layer(colibri_cuda *cu, CUstream s, int n, int l, char *why,
+                             size_t why_len) {
+    const struct colibri_model *m = cu->m;
+    const colibri_layer *ly = &m->layers[l];
+    const colibri_cuda_plan_t *p = &cu->plan;
+    const uint32_t *mp = ly->desc.mixer_params;
+    int Hk = (int)mp[0], Hv = (int)mp[1], Dk = (int)mp[2], Dv = (int)mp[3], W = (int)ly->desc.window;
+    int C = 2 * Hk * Dk + Hv * Dv, vd = Hv * Dv, nn = n;
+    const int Dp = (int)m->embed_dim_pad, D = (int)m->embed_dim;
+    const CUdeviceptr T = (CUdeviceptr)p->chunk * 4, x = cu->arena + p->x, h = cu->arena + p->h;
+    CUdeviceptr qkv = cu->arena + p->mix, u = qkv + T * C, z = u + T * C, b = z + T * vd;
+    CUdeviceptr a = b + T * Hv, o = a + T * Hv;
+    CUdeviceptr conv = cu->arena + p->state + cb_state_at(m, (uint32_t)l) * 4;
+    CUdeviceptr rec = conv + (CUdeviceptr)(W - 1) * C * 4;
+    if (cb_rmsnorm(cu, s, h, Dp, x, Dp, n, &ly->attn_norm, Dp, D, why, why_len) ||
+        cb_linear(cu, s, qkv, C, h, Dp, n, &ly->dn_qkv, 0, 0, why, why_len) ||
+        cb_linear(cu, s, z, vd, h, Dp, n, &ly->dn_z, 0, 0, why, why_len) ||
+        cb_linear(cu, s, b, Hv, h, Dp, n, &ly->dn_b, 0, 0, why, why_len) ||
+        cb_linear(cu, s, a, Hv, h, Dp, n, &ly->dn_a, 0, 0, why, why_len))
+        return -1;
+    CUdeviceptr cw = cb_dev(cu, ly->dn_conv.data);
+    void *ca[] = {&u, &qkv, &conv, &cw, &nn, &C, &W};
+    if (cb_launch_hy(cu, CB_H_DN_CONV, colibri_cuda_ceil_div((unsigned)C, CB_WIDE), 1, CB_WIDE, s,
+                     ca, why, why_len))
+        return -1;
+    CUdeviceptr al = cb_dev(cu, ly->dn_a_log.data), dt = cb_dev(cu, ly->dn_dt_bias.data);
+    CUdeviceptr nw = cb_dev(cu, ly->dn_norm.data);
+    float eps = m->norm_eps;
+    void *ra[] = {&o, &rec, &u, &z, &b, &a, &al, &dt, &nw, &nn, &Hk, &Hv, &Dk, &Dv, &eps};
+    if (cb_launch_hy(cu, CB_H_DN_RECUR, (unsigned)Hv, 1, CB_HEAD, s, ra, why, why_len)) return -1;
+    return cb_linear(cu, s, x, Dp, o, vd, n, &ly->dn_out, 0, 1, why, why_len);
+}
+
+/* Qwen's partial RoPE (cb_qk_rope_partial_kv: cb_qk_rope_kv's work on the first R lanes, from
+ * the partial table in plan.rope). */
+static int cb_qk_rope_partial(colibri_cuda *cu, CUstream s, int n, int pos, const colibri_layer *ly,
+                              CUdeviceptr kc, CUdeviceptr vc, CUdeviceptr pos_d, char *why,
+                              size_t why_len) {
+    const struct colibri_model *m = cu->m;
+    CUdeviceptr q = cu->arena + cu->plan.q, qkv = cu->arena + cu->plan.qkv;
+    CUdeviceptr table = cu->arena + cu->plan.rope;
+    int H = (int)m->n_heads, Hkv = (int)m->n_kv_heads, Dh = (int)m->head_dim;
+    int R = (int)ly->desc.mixer_params[0];
+    int norm = (m->flags & COLIBRI_FLAG_QK_NORM_HEAD) ? 1 : 0;
+    CUdeviceptr qn = norm ? cb_dev(cu, ly->q_norm.data) : 0;
+    CUdeviceptr kn = norm ? cb_dev(cu, ly->k_norm.data) : 0;
+    float eps = m->norm_eps;
+    int f16 = cu->plan.kv_f16;
+    void *a[] = {&q, &qkv, &kc, &vc, &H, &Hkv, &Dh, &R, &pos, &table, &qn, &kn, &norm, &eps, &f16,
+                 &pos_d};
+    return cb_launch_hy(cu, CB_H_ROPE_PARTIAL, (unsigned)n, (unsigned)(H + Hkv), CB_WIDE, s, a,
+                        why, why_len);
+}
+
+/* The recurrent state zeroed on stream 0 (open and colibri_reset leave it to the next pass). */
+static int cb_zero_state(colibri_cuda *cu, char *why, size_t why_len) {
+    cu->state_dirty = 0;
+    if (!cu->plan.state_bytes) return 0;
+    CUdeviceptr st = cu->arena + cu->plan.state;
+    int count = (int)(cu->plan.state_bytes / 4);
+    void *a[] = {&st, &count};
+    unsigned g = colibri_cuda_ceil_div((unsigned)count, CB_WIDE);
+    return cb_launch_hy(cu, CB_H_ZERO, g < 1024 ? g : 1024, 1, CB_WIDE, cu->stream[0], a, why,
+                        why_len);
+}
+
 /* The kernels of one chunk of n <= plan.chunk tokens at positions pos.. pos+n-1, issued on the
  * streams; the ids are already in the arena. graph: a one-token decode step being captured, whose
  * token id and position are read on the device from the parameter block (plan.prm) instead of
@@ -1277,13 +1472,19 @@ static int cb_issue_chunk(colibri_cuda *cu, int n, int pos, int graph, char *why
     }
     for (int l = 0; l < (int)m->n_layers; l++) {
         const colibri_layer *ly = &m->layers[l];
-        const CUdeviceptr kv_layer = (CUdeviceptr)l * S * kvd * (p->kv_f16 ? 2 : 4);
+        const int gate_out = (ly->desc.mixer_flags & COLIBRI_MIXER_FLAG_OUTPUT_GATE) != 0;
+        const int kvi = cb_kv_index(m, (uint32_t)l); /* -1: a recurrent layer */
+        const CUdeviceptr kv_layer = (CUdeviceptr)(kvi < 0 ? 0 : kvi) * S * kvd * (p->kv_f16 ? 2 : 4);
         const CUdeviceptr kc_l = A + p->kcache + kv_layer, vc_l = A + p->vcache + kv_layer;
 
         /* attention: Q, K, V projections into one staging row per token [q | k | v]; one launch
          * then does the q/k norm, RoPE and the KV-cache write (f32 or f16) per (token, head) */
         const CUdeviceptr qkv = A + p->qkv;
         const int qkv_w = HD + 2 * kvd;
+        if (kvi < 0) { /* gated_deltanet */
+            if (cb_deltanet_layer(cu, s0, n, l, why, why_len)) return -1;
+            goto ffn;
+        }
         if (cb_rmsnorm(cu, s0, h, Dp, x, Dp, n, &ly->attn_norm, Dp, D, why, why_len) ||
             cb_linear(cu, s0, qkv, qkv_w, h, Dp, n, &ly->wq, cb_dev(cu, ly->bq.data), 0, why,
                       why_len) ||
@@ -1291,7 +1492,11 @@ static int cb_issue_chunk(colibri_cuda *cu, int n, int pos, int graph, char *why
                       cb_dev(cu, ly->bk.data), 0, why, why_len) ||
             cb_linear(cu, s0, qkv + (CUdeviceptr)(HD + kvd) * 4, qkv_w, h, Dp, n, &ly->wv,
                       cb_dev(cu, ly->bv.data), 0, why, why_len) ||
-            cb_qk_rope_kv(cu, s0, n, pos, ly, kc_l, vc_l, pos_d, why, why_len))
+            (gate_out && cb_linear(cu, s0, A + p->mix, HD, h, Dp, n, &ly->attn_gate, 0, 0, why,
+                                   why_len)) ||
+            ((ly->desc.mixer_flags & COLIBRI_MIXER_FLAG_PARTIAL_ROPE)
+                 ? cb_qk_rope_partial(cu, s0, n, pos, ly, kc_l, vc_l, pos_d, why, why_len)
+                 : cb_qk_rope_kv(cu, s0, n, pos, ly, kc_l, vc_l, pos_d, why, why_len)))
             return -1;
         if (n > 1 && Dh <= COLIBRI_CU_FA_MAX_DH) {
             /* prefill: the tiled kernel, scores in shared memory (graph capture is n == 1) */
@@ -1321,8 +1526,15 @@ static int cb_issue_chunk(colibri_cuda *cu, int n, int pos, int graph, char *why
                 cb_launch(cu, CB_F_MERGE, (unsigned)H, (unsigned)n, CB_HEAD, s0, b, why, why_len))
                 return -1;
         }
+        if (gate_out) { /* Qwen's output gate: att *= sigmoid(ATTN_GATE h) before WO */
+            CUdeviceptr at = att, g = A + p->mix;
+            int hd = HD;
+            void *a[] = {&at, &g, &hd};
+            if (cb_launch_hy(cu, CB_H_GATE, (unsigned)n, 1, CB_WIDE, s0, a, why, why_len)) return -1;
+        }
         if (cb_linear(cu, s0, x, Dp, att, HD, n, &ly->wo, 0, 1, why, why_len))
             return -1;
+    ffn:
         /* FFN norm -> h; fused: the router and top-k in the same launch (cb_ffn_route) */
         if (cu->fuse_route ? cb_ffn_route(cu, s0, n, ly, why, why_len)
                            : cb_rmsnorm(cu, s0, h, Dp, x, Dp, n, &ly->ffn_norm, Dp, D, why,
@@ -1484,9 +1696,9 @@ static int cb_forward(colibri_cuda *cu, const int32_t *ids, int n, int pos, floa
             return -1;
         }
     CB_CHECK(cu->d.CtxPushCurrent(cu->ctx), "cuCtxPushCurrent");
-    int rc = 0;
+    int rc = cu->state_dirty ? cb_zero_state(cu, why, why_len) : 0;
     /* decode: one graph launch per token, captured on the first step of this context */
-    if (n == 1 && !cu->graph && !cu->graph_off) rc = cb_capture_decode(cu, why, why_len);
+    if (rc == 0 && n == 1 && !cu->graph && !cu->graph_off) rc = cb_capture_decode(cu, why, why_len);
     if (n == 1 && cu->graph && rc == 0) {
         rc = cb_decode_graph(cu, ids[0], pos, logits, why, why_len);
         n = 0; /* done */
@@ -1512,8 +1724,11 @@ int colibri_cuda_forward_last(colibri_cuda *cu, const int32_t *ids, int n, int p
     return cb_forward(cu, ids, n, pos, logits, 1, why, why_len);
 }
 
-/* The KV cache needs no clearing: position p is always written before it is read. */
-void colibri_cuda_reset(colibri_cuda *cu) { (void)cu; }
+/* The KV cache needs no clearing: position p is always written before it is read. The recurrent
+ * state does: it is zeroed on the stream before the next pass (no driver call here). */
+void colibri_cuda_reset(colibri_cuda *cu) {
+    if (cu) cu->state_dirty = 1;
+}
 
 void colibri_cuda_get_info(const colibri_cuda *cu, colibri_cuda_info *info) {
     if (cu) *info = cu->info;

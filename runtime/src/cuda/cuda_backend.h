@@ -133,6 +133,11 @@ typedef struct {
     size_t shared_act, shared_out, shared_gate, shared_offsets, logits, ids, iota, prm,
         rope;
     size_t kcache, vcache, tables;
+    /* hybrid layers (#24): the mixers' per-token scratch [chunk, mix_floats] (a DeltaNet layer's
+     * projections, convolution output and gated output; gated attention's gate values), and the
+     * recurrent layers' state (one region, layer after layer, zeroed at open and by reset) */
+    size_t mix, state, state_bytes;
+    int kv_layers;             /* layers with a KV cache (the attention kinds) */
     size_t total;
 } colibri_cuda_plan_t;
 
@@ -142,6 +147,10 @@ typedef struct {
  * libraries (cb_compat_companions) must be preloaded from its directory. */
 const char *colibri_cuda_libcuda_choice(const char *env, const char *compat, int compat_present,
                                         int *is_compat);
+
+/* Qwen's partial-RoPE table [positions, R/2, (cos, sin)] f32 (angle p * theta^(-2i/R) in double,
+ * as layers/attention.c rope_partial); in plan.rope in place of the full-width table. */
+void colibri_cuda_rope_table_partial(float theta, int R, int positions, float *cs);
 
 /* Lay out a context's arena for model m (the weights are the device's, not in it; an f16 KV
  * cache when kv_f16). -1: geometry the kernels cannot run (E > 256, top_k > 16, H not a
