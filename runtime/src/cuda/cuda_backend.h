@@ -133,6 +133,7 @@ typedef struct {
     size_t shared_act, shared_out, shared_gate, shared_offsets, logits, ids, iota, prm,
         rope;
     size_t kcache, vcache, tables;
+    size_t oss_bias;           /* gpt-oss: per layer the b1[E] b3[E] b2[E] pointers (0 bytes without) */
     size_t total;
 } colibri_cuda_plan_t;
 
