@@ -40,7 +40,7 @@ from typing import Any
 
 from colibri_kit.errors import ModelError
 from colibri_kit.model.format import (
-    ALIGN, LARGE_TENSOR, PAGE, QWEN_ATTENTION_FLAGS, DType, Ffn, Flag, Mixer, MixerFlag, ModelHeader,
+    ALIGN, LARGE_TENSOR, PAGE, QWEN_ATTENTION_FLAGS, DType, Ffn, FfnFlag, Flag, Mixer, MixerFlag, ModelHeader,
     align_up, data_nbytes, data_start, expected_tensors, kv_staged, layer_kv_positions,
     layer_state_floats, pass_needs, read_model, scale_bytes,
 )
@@ -145,6 +145,10 @@ def cuda_arena_bytes(h: ModelHeader, copy_weights: bool = False, weights_bytes: 
         sizes += [c * Fs * 4, c * Dp * 4, c * 4]
     sizes += [2 * 4, logit_rows * V * 4, c * 4, c * 4, CUDA_PRM_BYTES, S * (Dh // 2) * 2 * 4,
               L * S * kvd * kv_size, L * S * kvd * kv_size, L * (6 * E + 6) * 8]
+    # gpt-oss: the expert biases' pointer tables (cuda_backend.c cb_oss_bias_bytes); the cache
+    # above keeps every position of a sliding layer too (cb_oss_attention reads its window)
+    if any(r.ffn_params[0] & FfnFlag.EXPERT_BIAS for r in h.layer_records()):
+        sizes.append(L * 3 * E * 8)
     if copy_weights:
         sizes.append(weights_bytes)
     return sum(align_up(n, CUDA_ALIGN) for n in sizes)
@@ -152,29 +156,32 @@ def cuda_arena_bytes(h: ModelHeader, copy_weights: bool = False, weights_bytes: 
 
 def cuda_unsupported(h: ModelHeader) -> str:
     """Why the CUDA backend does not run this model ("" when it does): it runs attention + moe
-    layers, a sliding window as long as the context being full attention, up to 256 experts,
-    without gpt-oss's mxfp4 weights, YaRN, sinks and biases or Qwen's gated attention
-    (runtime/src/cuda/cuda_backend.c cb_check_model)."""
+    (full or sliding) + moe layers, up to 256 experts, gpt-oss's sinks, biases, YaRN and mxfp4
+    experts, but not Qwen's gated attention, mxfp4 outside the experts, q4 experts with gpt-oss's
+    biases/clamp, or sinks/windows with heads over 256 (runtime/src/cuda/cuda_backend.c
+    cb_check_model)."""
     if h.num_experts > CUDA_MAX_SORT:
         return (f"{h.num_experts} experts: the CUDA router kernels sort at most {CUDA_MAX_SORT} "
                 "(colibri_abi.h COLIBRI_CU_MAX_SORT)")
     for i, r in enumerate(h.layer_records()):
-        full = r.mixer == Mixer.ATTENTION or (r.mixer == Mixer.SLIDING_ATTENTION
-                                              and r.window >= h.max_seq_len)
-        if not full or r.ffn != Ffn.MOE:
-            return (f"layer {i} is {r.label()}: the CUDA backend runs attention + moe layers "
-                    "only (a sliding window as long as the context counts as attention)")
+        if r.mixer not in (Mixer.ATTENTION, Mixer.SLIDING_ATTENTION) or r.ffn != Ffn.MOE:
+            return (f"layer {i} is {r.label()}: the CUDA backend runs attention (full or sliding) "
+                    "+ moe layers only")
         if r.mixer_flags & QWEN_ATTENTION_FLAGS:
             return f"layer {i} is gated attention (output gate / partial RoPE), which the CUDA backend does not run yet"
-    if DType.MXFP4 in (h.dtype, h.expert_dtype):
-        return "mxfp4 weights, which the CUDA kernels do not read yet (gpt-oss)"
-    if h.has(Flag.ROPE_YARN):
-        return "YaRN RoPE, which the CUDA kernels do not compute yet (gpt-oss)"
-    for i, r in enumerate(h.layer_records()):
-        if r.mixer_flags or r.ffn_params[0]:
-            what = ("attention sinks" if r.mixer_flags & MixerFlag.SINKS else "an attention output bias"
-                    if r.mixer_flags else "router/expert biases or the clamped SwiGLU")
-            return f"layer {i} has {what}, which the CUDA kernels do not compute yet (gpt-oss)"
+        oss_attention = r.mixer_flags & MixerFlag.SINKS or (
+            r.mixer == Mixer.SLIDING_ATTENTION and r.window < h.max_seq_len)
+        if oss_attention and h.head_dim > 256:
+            return (f"layer {i}: attention sinks / a sliding window with head_dim {h.head_dim}; "
+                    "the CUDA kernel holds at most 256")
+        edt = h.expert_dtype if h.expert_dtype is not None else h.dtype
+        oss_experts = edt == DType.MXFP4 or r.ffn_params[0] & (FfnFlag.EXPERT_BIAS | FfnFlag.CLAMPED_SWIGLU)
+        if oss_experts and edt == DType.Q4:
+            return (f"layer {i}: q4 experts with gpt-oss's expert biases or clamped SwiGLU, which "
+                    "the CUDA kernels do not compute")
+    if h.dtype == DType.MXFP4:  # the CUDA kernels read mxfp4 experts only
+        return ("mxfp4 embedding, attention or LM head weights, which the CUDA kernels do not read "
+                "(only mxfp4 experts; convert with --expert-dtype mxfp4)")
     return ""
 
 
@@ -192,6 +199,13 @@ def kv_rows(h: ModelHeader) -> int:
 def kv_cache_bytes(h: ModelHeader, kv_dtype: str = "f32") -> int:
     """K and V caches of every layer (runtime/src/core/arena.c), inside either arena."""
     return 2 * kv_rows(h) * h.n_kv_heads * h.head_dim * kv_value_bytes(kv_dtype)
+
+
+def cuda_kv_cache_bytes(h: ModelHeader, kv_dtype: str = "f32") -> int:
+    """K and V caches in the CUDA device arena (colibri_cuda_plan kv_bytes): every layer keeps
+    max_seq_len positions, sliding layers too (no ring on the GPU: cb_oss_attention reads the
+    window of the full cache)."""
+    return 2 * h.n_layers * h.max_seq_len * h.n_kv_heads * h.head_dim * kv_value_bytes(kv_dtype)
 
 
 def estimate_file_bytes(h: ModelHeader, dtype: DType | None = None) -> int:
@@ -296,8 +310,9 @@ def footprint(h: ModelHeader, target: str, weights_bytes: int | None = None, slo
     arena = cuda_arena_bytes(h, kv_dtype=kv_dtype) if backend == "cuda" else \
         cpu_arena_bytes(h, threads, kv_dtype=kv_dtype)
     mode = "file" if backend == "cpu" else "copied" if cuda_weights == "copy" else "mapped"
-    return Footprint(target, backend, weights, arena, kv_cache_bytes(h, kv_dtype), slots, avail,
-                     kv_dtype, mode, fallback, state_bytes(h))
+    kv = cuda_kv_cache_bytes(h, kv_dtype) if backend == "cuda" else kv_cache_bytes(h, kv_dtype)
+    return Footprint(target, backend, weights, arena, kv, slots, avail, kv_dtype, mode, fallback,
+                     state_bytes(h))
 
 
 def model_footprint(path: str | os.PathLike[str], target: str, slots: int = 1,
