@@ -3,7 +3,7 @@ path with the stand-in driver running every launch in the host emulation (tests/
 docs/cuda.md "Tests"): the random-weight GptOss checkpoints of tests/hf_models.py (sinks, q/k/v/o
 biases, router and expert biases, clamped SwiGLU, YaRN, sliding layers with a window of 6 under
 a 40-token prompt) converted with mxfp4 experts (released blocks, or quantised on request) and
-as bf16 / int8, against --backend cpu within docs/cuda.md's GPU-vs-CPU tolerance: a prompt in
+as int8 (all weights, experts included), against --backend cpu within docs/cuda.md's GPU-vs-CPU tolerance: a prompt in
 device passes (prefill), the same tokens one per pass (decode), and greedy generation through
 the decode graph. The kernels themselves are in the conformance suite (tests/gpu)."""
 
@@ -31,9 +31,11 @@ def _err(gpu: np.ndarray, cpu: np.ndarray) -> float:
     return float(np.abs(gpu - cpu).max() / np.abs(cpu).max())
 
 
+# bf16 experts are the conformance suite's (check_oss_experts); bf16 attention is the released
+# layout's here, so three models cover the dtypes end to end (the emulation is the CI's cost)
 @pytest.mark.parametrize("case", [("gptoss_mxfp4", "bf16", None), ("gptoss", "f32", "mxfp4"),
-                                  ("gptoss", "bf16", None), ("gptoss", "int8", None)],
-                         ids=["released-mxfp4", "f32+mxfp4-experts", "bf16", "int8"])
+                                  ("gptoss", "int8", None)],
+                         ids=["released-mxfp4", "f32+mxfp4-experts", "int8"])
 def test_gptoss_on_the_emulated_gpu_matches_the_cpu(cuda_host_build, hf_root: Path,
                                                     case: tuple[str, str, str | None]) -> None:
     model = converted(hf_root, *case)
