@@ -33,8 +33,7 @@ sys.path.insert(0, str(ROOT))
 from colibri_kit.model.convert import TargetModelLimits, build_header  # noqa: E402
 from colibri_kit.model.families import read_config  # noqa: E402
 from colibri_kit.model.format import (  # noqa: E402
-    DType, Flag, Mixer, MixerFlag, ModelHeader, data_nbytes, scale_bytes,
-)
+    DType, FfnFlag, Flag, Mixer, MixerFlag, ModelHeader, data_nbytes, scale_bytes)
 
 # ---------------------------------------------------------------------------------------------
 # Sources. Datasheet peak DRAM bandwidth and memory size of each device.
@@ -184,21 +183,35 @@ def bytes_per_token(h: ModelHeader, context: int) -> dict[str, int]:
     n_att = L - len(dn)
     gates = sum(1 for r in recs if r.mixer != Mixer.GATED_DELTANET
                 and r.mixer_flags & MixerFlag.OUTPUT_GATE)
-    expert = 2 * tensor_bytes(dt, F, dp) + tensor_bytes(dt, dp, F)
+    edt = DType(h.expert_dtype) if h.expert_dtype is not None else dt  # mxfp4 experts (gpt-oss)
+    expert = 2 * tensor_bytes(edt, F, dp) + tensor_bytes(edt, dp, F)
+    # gpt-oss (#23), counted with their kinds: sinks and o_proj bias (attention), router bias,
+    # each chosen expert's biases (all f32); a sliding layer reads only its window of the (full)
+    # device cache; a DeltaNet layer reads no cache (its state is counted below)
+    oss_attn = oss_router = oss_expert = kv_rows = 0
+    for r in recs:
+        oss_attn += f32(h.n_heads) if r.mixer_flags & MixerFlag.SINKS else 0
+        oss_attn += f32(dp) if r.mixer_flags & MixerFlag.O_BIAS else 0
+        oss_router += f32(h.num_experts) if r.ffn_params[0] & FfnFlag.ROUTER_BIAS else 0
+        oss_expert += h.top_k * f32(2 * F + dp) if r.ffn_params[0] & FfnFlag.EXPERT_BIAS else 0
+        if r.mixer == Mixer.GATED_DELTANET:
+            continue
+        sliding = r.mixer == Mixer.SLIDING_ATTENTION and r.window < h.max_seq_len
+        kv_rows += min(context, r.window) if sliding else context
     shared = 0
     if h.has(Flag.SHARED_EXPERT):
         shared = 2 * tensor_bytes(dt, Fs, dp) + tensor_bytes(dt, dp, Fs)
         shared += f32(dp) if h.has(Flag.SHARED_EXPERT_GATE) else 0
     out = {
         "embedding row": tensor_bytes(dt, 1, dp),
-        "attention weights": n_att * attn + gates * tensor_bytes(dt, hq, dp),
+        "attention weights": n_att * attn + gates * tensor_bytes(dt, hq, dp) + oss_attn,
         "norms": L * f32(2 * dp) + f32(dp),
-        "router": L * f32(h.num_experts * dp),
-        "routed experts (top-k)": L * h.top_k * expert,
+        "router": L * f32(h.num_experts * dp) + oss_router,
+        "routed experts (top-k)": L * h.top_k * expert + oss_expert,
         "shared expert": L * shared,
         # tied embeddings: the LM head is the whole token embedding, read once per token
         "LM head": tensor_bytes(dt, h.vocab_size, dp),
-        "KV cache": n_att * 2 * context * kvd * KV_BYTES,
+        "KV cache": 2 * kv_rows * kvd * KV_BYTES,
     }
     if dn:
         out["deltanet weights"] = sum(w for w, _ in dn)
@@ -210,10 +223,13 @@ def weights_in_file(h: ModelHeader) -> int:
     """Every weight byte of the model (all experts; the LM head once when tied)."""
     b = bytes_per_token(h, 0)
     dt = DType(h.dtype)
-    per_expert = 2 * tensor_bytes(dt, h.expert_size, h.embed_dim_pad) + tensor_bytes(
-        dt, h.embed_dim_pad, h.expert_size)
+    edt = DType(h.expert_dtype) if h.expert_dtype is not None else dt
+    per_expert = 2 * tensor_bytes(edt, h.expert_size, h.embed_dim_pad) + tensor_bytes(
+        edt, h.embed_dim_pad, h.expert_size)
     total = sum(b.values()) - b["embedding row"] - b["routed experts (top-k)"]
     total -= b.get("recurrent state", 0)  # state traffic, not weights
+    if any(r.ffn_params[0] & FfnFlag.EXPERT_BIAS for r in h.layer_records()):  # every expert's
+        total += h.n_layers * h.num_experts * f32(2 * h.expert_size + h.embed_dim_pad)
     total += h.n_layers * h.num_experts * per_expert
     if not h.has(Flag.TIED_EMBEDDINGS):
         total += tensor_bytes(dt, h.vocab_size, h.embed_dim_pad)
@@ -243,7 +259,9 @@ ROUTE_MAX_DP = 8192   # COLIBRI_CU_ROUTE_MAX_DP
 
 
 def route_fused(h: ModelHeader) -> bool:
-    return h.num_experts <= ROUTE_WARPS and h.embed_dim_pad <= ROUTE_MAX_DP
+    # cb_ffn_route adds no router bias: gpt-oss keeps the three launches
+    return (h.num_experts <= ROUTE_WARPS and h.embed_dim_pad <= ROUTE_MAX_DP
+            and not any(r.ffn_params[0] & FfnFlag.ROUTER_BIAS for r in h.layer_records()))
 
 
 def launches_per_token(h: ModelHeader) -> Launches:
@@ -264,7 +282,11 @@ def launches_per_token(h: ModelHeader) -> Launches:
     gates = sum(1 for r in recs if r.mixer != Mixer.GATED_DELTANET
                 and r.mixer_flags & MixerFlag.OUTPUT_GATE)
     kernels = 1 + h.n_layers * per_layer + n_dn + 2 * gates + 2
-    merge = h.n_layers - n_dn if h.max_seq_len > 256 else 0  # COLIBRI_CU_KV_SPLIT
+    # COLIBRI_CU_KV_SPLIT; gpt-oss layers (sinks / a short window) run cb_oss_attention, one
+    # launch at any context; a DeltaNet layer has no attention merge
+    oss = sum(1 for r in recs if r.mixer_flags & MixerFlag.SINKS or (
+        r.mixer == Mixer.SLIDING_ATTENTION and r.window < h.max_seq_len))
+    merge = h.n_layers - n_dn - oss if h.max_seq_len > 256 else 0
     return Launches(kernels, 3, per_layer, kernels + merge, 3)
 
 

@@ -44,7 +44,12 @@ def backend_kernel_names() -> list[str]:
     assert block, "cb_kernel_names table not found in cuda_backend.c"
     names = re.findall(r'"(cb_\w+)"', block.group(1))
     assert len(names) == 13
-    return names
+    # gpt-oss's kernels (#23): a table of their own, required like these
+    oss = re.search(r"cb_oss_names\[CB_O_COUNT\] = \{(.*?)\};", text, re.S)
+    assert oss, "cb_oss_names table not found in cuda_backend.c"
+    assert re.findall(r'"(cb_\w+)"', oss.group(1)) == ["cb_oss_expert_up", "cb_oss_expert_down",
+                                                       "cb_oss_attention"]
+    return names + re.findall(r'"(cb_\w+)"', oss.group(1))
 
 
 def backend_optional_kernel_names() -> list[str]:

@@ -26,7 +26,7 @@ import hf_models as H
 from colibri_kit.errors import ModelError
 from colibri_kit.model.convert import TargetModelLimits, convert
 from colibri_kit.model.footprint import (
-    cpu_arena_bytes, cuda_unsupported, estimate_file_bytes, footprint, kv_cache_bytes,
+    cpu_arena_bytes, cuda_arena_bytes, cuda_unsupported, estimate_file_bytes, footprint, kv_cache_bytes,
 )
 from colibri_kit.model.format import (
     NONE, DType, Ffn, FfnFlag, Flag, Kind, LayerRecord, Mixer, MixerFlag, ModelHeader, Routing, Yarn,
@@ -407,23 +407,25 @@ def test_footprint_and_model_info(host_colibri: Path, hf_root: Path) -> None:
                  "YaRN RoPE (factor 4, original context 32", "clamped SwiGLU (alpha 1.702, limit 1.5)",
                  "experts mxfp4"):
         assert want in feats
-    fp = footprint(replace(h, layers=tuple(replace(r, mixer=Mixer.ATTENTION, window=0) for r in h.layers)),
-                   load_profile("orin-nx"))
-    assert fp.backend == "cpu" and "mxfp4 weights" in fp.cpu_fallback
+    # the CUDA backend runs it (#23): mxfp4 experts, sinks, biases, YaRN, sliding layers; its
+    # device arena keeps every position of the sliding layers (cb_oss_attention reads the window)
+    fp = footprint(h, load_profile("orin-nx"))
+    assert fp.backend == "cuda" and fp.cpu_fallback == "" and cuda_unsupported(h) == ""
+    assert fp.arena == cuda_arena_bytes(h) and fp.kv_cache == 2 * 4 * kvd * 3 * h.max_seq_len
 
 
 @pytest.mark.parametrize("what,kw,reason", [
-    ("mxfp4 experts", dict(layers=(LayerRecord(),), expert_dtype=int(DType.MXFP4)), "mxfp4 weights"),
-    ("YaRN", dict(layers=(LayerRecord(),), flags=int(Flag.ROPE_YARN), yarn=Yarn(4.0, 32)), "YaRN RoPE"),
-    ("sinks", dict(layers=(GPTOSS_LAYER,), flags=int(Flag.QKV_BIAS)), "layer 0 has attention sinks"),
-    ("clamped SwiGLU", dict(layers=(LayerRecord(ffn_params=gptoss_moe_params(1.702, 7.0)),)),
-     "layer 0 has router/expert biases or the clamped SwiGLU"),
+    ("mxfp4 outside the experts", dict(layers=(GPTOSS_LAYER,), dtype=int(DType.MXFP4)),
+     "mxfp4 embedding"),
+    ("q4 experts with the clamp", dict(layers=(GPTOSS_LAYER,), dtype=int(DType.Q4)),
+     "layer 0: q4 experts with gpt-oss's expert biases or clamped SwiGLU"),
 ])
 def test_cuda_backend_falls_back_with_the_reason(host_colibri: Path, tmp_path: Path, what: str, kw: dict,
                                                  reason: str) -> None:
-    """The CUDA kernels do not compute gpt-oss's parts yet (a later round): the backend's model
-    check (cuda_backend.c cb_check_model, before any driver call) refuses with `--backend cuda`
-    and falls back to the CPU with `--backend auto`, naming the reason; the footprint agrees."""
+    """What the CUDA kernels do not compute of gpt-oss's parts (tests/test_gptoss_cuda.py runs the
+    rest): the backend's model check (cuda_backend.c cb_check_model, before any driver call)
+    refuses with `--backend cuda` and falls back to the CPU with `--backend auto`, naming the
+    reason; the footprint agrees."""
     h = _gptoss_header(**kw)
     model = write_random_model(tmp_path / "m.colibri", h, seed=5)
     proc = run(host_colibri, "--backend", "cuda", "info", model, check=False)
@@ -506,7 +508,9 @@ def test_released_gpt_oss_fits_the_jetsons_that_can_hold_it(jetson_targets: Path
                                 ("orin-nx", "q4", False)]:
         fp = footprint(released_header(GPT_OSS_20B, dtype, target), load_profile(target))
         assert fp.fits == fits, (target, dtype, fp)
-        assert fp.backend == "cpu" and "sliding_attention" in fp.cpu_fallback  # CUDA: not this round
+        # the CUDA backend runs it (#23), its device cache holding every position of every layer
+        assert fp.backend == "cuda" and fp.cpu_fallback == "", fp
+        assert fp.kv_cache == 2 * 4 * kvd * 24 * h.max_seq_len
     for target, fits in [("agx-orin", False), ("agx-thor", True)]:
         fp = footprint(released_header(GPT_OSS_120B, "q4", target), load_profile(target))
         assert fp.fits == fits, target

@@ -36,12 +36,13 @@ from test_cuda_host import host_unit, run_unit, stub_driver  # noqa: E402,F401
 # Which record kinds each of the model's kinds is made of (docs/format.md tensor kinds).
 KINDS = {
     "attention weights": {Kind.WQ, Kind.WK, Kind.WV, Kind.WO, Kind.BQ, Kind.BK, Kind.BV,
-                          Kind.Q_NORM, Kind.K_NORM},
+                          Kind.Q_NORM, Kind.K_NORM, Kind.ATTN_SINKS, Kind.BO},
     "norms": {Kind.ATTN_NORM, Kind.FFN_NORM, Kind.OUTPUT_NORM},
-    "router": {Kind.ROUTER},
+    "router": {Kind.ROUTER, Kind.ROUTER_BIAS},
     "shared expert": {Kind.SHARED_W1, Kind.SHARED_W3, Kind.SHARED_W2, Kind.SHARED_GATE},
 }
-EXPERTS = {Kind.EXPERT_W1, Kind.EXPERT_W3, Kind.EXPERT_W2}
+EXPERTS = {Kind.EXPERT_W1, Kind.EXPERT_W3, Kind.EXPERT_W2, Kind.EXPERT_B1, Kind.EXPERT_B3,
+           Kind.EXPERT_B2}
 
 # Flag mixes of the four families: mixtral (none), qwen2_moe, qwen3_moe (+ tied here), olmoe.
 FLAG_CASES = {
@@ -92,6 +93,28 @@ def test_bytes_per_token_are_the_writers_layout(tmp_path: Path, dtype: DType, fl
     assert model.pop("KV cache") == 0
     assert model == per_kind_from_file(path)
     assert gm.weights_in_file(written.header) == sum(_size(r) for r in written.records.values())
+
+
+@pytest.mark.parametrize("expert_dtype", [None, DType.MXFP4], ids=["f32", "mxfp4-experts"])
+def test_gptoss_bytes_per_token_are_the_writers_layout(tmp_path: Path, expert_dtype):
+    """gpt-oss (#23): sinks, o_proj / router / expert biases counted with their kinds, mxfp4
+    experts at their own dtype; a sliding layer (window 6 of 48) reads its window of the cache."""
+    from colibri_kit.model.format import LayerRecord, Mixer, Ffn, MixerFlag, gptoss_moe_params
+
+    params = gptoss_moe_params(1.702, 7.0)
+    flags = int(MixerFlag.SINKS | MixerFlag.O_BIAS)
+    layers = (LayerRecord(Mixer.SLIDING_ATTENTION, Ffn.MOE, 6, flags, (0, 0, 0, 0), params),
+              LayerRecord(Mixer.ATTENTION, Ffn.MOE, 0, flags, (0, 0, 0, 0), params))
+    h = replace(small_header(DType.F32, int(Flag.QKV_BIAS)), layers=layers,
+                expert_dtype=None if expert_dtype is None else int(expert_dtype))
+    written = read_model(write_random_model(tmp_path / "m.colibri", h))
+    model = gm.bytes_per_token(written.header, 0)
+    assert model.pop("KV cache") == 0
+    assert model == per_kind_from_file(tmp_path / "m.colibri")
+    assert gm.weights_in_file(written.header) == sum(_size(r) for r in written.records.values())
+    kvd = h.n_kv_heads * h.head_dim
+    assert gm.bytes_per_token(written.header, 20)["KV cache"] == 2 * (6 + 20) * kvd * gm.KV_BYTES
+    assert not gm.route_fused(written.header)  # the router bias keeps the three launches
 
 
 def test_kv_cache_read_at_full_context_is_the_whole_cache():

@@ -40,7 +40,7 @@ from typing import Any
 
 from colibri_kit.errors import ModelError
 from colibri_kit.model.format import (
-    ALIGN, LARGE_TENSOR, PAGE, DType, Ffn, Flag, Mixer, MixerFlag, ModelHeader,
+    ALIGN, LARGE_TENSOR, PAGE, DType, Ffn, FfnFlag, Flag, Mixer, MixerFlag, ModelHeader,
     align_up, data_nbytes, data_start, expected_tensors, kv_staged, layer_kv_positions,
     layer_state_floats, pass_needs, read_model, scale_bytes,
 )
@@ -150,44 +150,54 @@ def cuda_arena_bytes(h: ModelHeader, copy_weights: bool = False, weights_bytes: 
     sizes += [2 * 4, logit_rows * V * 4, c * 4, c * 4, CUDA_PRM_BYTES, S * (Dh // 2) * 2 * 4,
               La * S * kvd * kv_size, La * S * kvd * kv_size, L * (6 * E + 6) * 8,
               c * mix * 4, state_bytes(h)]  # the hybrid layers' scratch, the recurrent state
+    # gpt-oss: the expert biases' pointer tables (cuda_backend.c cb_oss_bias_bytes); the cache
+    # above keeps every position of a sliding layer too (cb_oss_attention reads its window)
+    if any(r.ffn_params[0] & FfnFlag.EXPERT_BIAS for r in h.layer_records()):
+        sizes.append(L * 3 * E * 8)
     if copy_weights:
         sizes.append(weights_bytes)
     return sum(align_up(n, CUDA_ALIGN) for n in sizes)
 
 
 def cuda_unsupported(h: ModelHeader) -> str:
-    """Why the CUDA backend does not run this model ("" when it does): it runs attention (Qwen's
-    gated attention included, one rotary width) or gated_deltanet (key heads up to 256 lanes) +
-    moe layers, a sliding window as long as the context being full attention, up to 256 experts,
-    without gpt-oss's mxfp4 weights, YaRN, sinks and biases
-    (runtime/src/cuda/cuda_backend.c cb_check_model)."""
+    """Why the CUDA backend does not run this model ("" when it does): it runs attention (full,
+    sliding, Qwen's gated attention with one rotary width) or gated_deltanet (key heads up to 256
+    lanes) + moe layers, up to 256 experts, gpt-oss's sinks, biases, YaRN and mxfp4 experts, but
+    not mxfp4 outside the experts, q4 experts with gpt-oss's biases/clamp, sinks/windows with heads
+    over 256, or partial RoPE with YaRN (runtime/src/cuda/cuda_backend.c cb_check_model)."""
     if h.num_experts > CUDA_MAX_SORT:
         return (f"{h.num_experts} experts: the CUDA router kernels sort at most {CUDA_MAX_SORT} "
                 "(colibri_abi.h COLIBRI_CU_MAX_SORT)")
     for i, r in enumerate(h.layer_records()):
-        full = r.mixer in (Mixer.ATTENTION, Mixer.GATED_DELTANET) or (
-            r.mixer == Mixer.SLIDING_ATTENTION and r.window >= h.max_seq_len)
-        if not full or r.ffn != Ffn.MOE:
-            return (f"layer {i} is {r.label()}: the CUDA backend runs attention or gated_deltanet "
-                    "+ moe layers only (a sliding window as long as the context counts as attention)")
+        if r.mixer not in (Mixer.ATTENTION, Mixer.SLIDING_ATTENTION, Mixer.GATED_DELTANET) \
+                or r.ffn != Ffn.MOE:
+            return (f"layer {i} is {r.label()}: the CUDA backend runs attention (full or sliding) "
+                    "or gated_deltanet + moe layers only")
         if r.mixer == Mixer.GATED_DELTANET and r.mixer_params[2] > CUDA_DN_MAX_DK:
             return (f"layer {i} (gated_deltanet): key head dim {r.mixer_params[2]} exceeds the CUDA "
                     f"kernel's {CUDA_DN_MAX_DK} (colibri_abi.h COLIBRI_CU_DN_MAX_DK)")
+        oss_attention = r.mixer_flags & MixerFlag.SINKS or (
+            r.mixer == Mixer.SLIDING_ATTENTION and r.window < h.max_seq_len)
+        if oss_attention and h.head_dim > 256:
+            return (f"layer {i}: attention sinks / a sliding window with head_dim {h.head_dim}; "
+                    "the CUDA kernel holds at most 256")
+        edt = h.expert_dtype if h.expert_dtype is not None else h.dtype
+        oss_experts = edt == DType.MXFP4 or r.ffn_params[0] & (FfnFlag.EXPERT_BIAS | FfnFlag.CLAMPED_SWIGLU)
+        if oss_experts and edt == DType.Q4:
+            return (f"layer {i}: q4 experts with gpt-oss's expert biases or clamped SwiGLU, which "
+                    "the CUDA kernels do not compute")
     widths = {r.mixer_params[0] if r.mixer_flags & MixerFlag.PARTIAL_ROPE else 0
               for r in h.layer_records() if r.mixer != Mixer.GATED_DELTANET}
     if len(widths) > 1:
         return "attention layers of different rotary widths: the CUDA backend keeps one RoPE table"
     if widths - {0} and h.has(Flag.QK_NORM_FULL):
         return "partial RoPE with a full-width q/k norm, which the CUDA kernels do not compute"
-    if DType.MXFP4 in (h.dtype, h.expert_dtype):
-        return "mxfp4 weights, which the CUDA kernels do not read yet (gpt-oss)"
-    if h.has(Flag.ROPE_YARN):
-        return "YaRN RoPE, which the CUDA kernels do not compute yet (gpt-oss)"
-    for i, r in enumerate(h.layer_records()):
-        if (r.mixer_flags & 0xFF) or r.ffn_params[0]:  # bits 8..15: Qwen's, run above
-            what = ("attention sinks" if r.mixer_flags & MixerFlag.SINKS else "an attention output bias"
-                    if r.mixer_flags else "router/expert biases or the clamped SwiGLU")
-            return f"layer {i} has {what}, which the CUDA kernels do not compute yet (gpt-oss)"
+    if widths - {0} and h.has(Flag.ROPE_YARN):
+        return ("partial RoPE with YaRN scaling, which the CUDA kernels do not compute (one RoPE "
+                "table: YaRN's full width or the partial one)")
+    if h.dtype == DType.MXFP4:  # the CUDA kernels read mxfp4 experts only
+        return ("mxfp4 embedding, attention or LM head weights, which the CUDA kernels do not read "
+                "(only mxfp4 experts; convert with --expert-dtype mxfp4)")
     return ""
 
 
@@ -205,6 +215,14 @@ def kv_rows(h: ModelHeader) -> int:
 def kv_cache_bytes(h: ModelHeader, kv_dtype: str = "f32") -> int:
     """K and V caches of every layer (runtime/src/core/arena.c), inside either arena."""
     return 2 * kv_rows(h) * h.n_kv_heads * h.head_dim * kv_value_bytes(kv_dtype)
+
+
+def cuda_kv_cache_bytes(h: ModelHeader, kv_dtype: str = "f32") -> int:
+    """K and V caches in the CUDA device arena (colibri_cuda_plan kv_bytes): every layer keeps
+    max_seq_len positions, sliding layers too (no ring on the GPU: cb_oss_attention reads the
+    window of the full cache); a recurrent layer keeps its state instead."""
+    La = sum(1 for i in range(h.n_layers) if layer_kv_positions(h, i))
+    return 2 * La * h.max_seq_len * h.n_kv_heads * h.head_dim * kv_value_bytes(kv_dtype)
 
 
 def estimate_file_bytes(h: ModelHeader, dtype: DType | None = None) -> int:
@@ -307,8 +325,9 @@ def footprint(h: ModelHeader, profile: Profile, weights_bytes: int | None = None
     arena = cuda_arena_bytes(h, kv_dtype=kv_dtype) if backend == "cuda" else \
         cpu_arena_bytes(h, threads, kv_dtype=kv_dtype)
     mode = "file" if backend == "cpu" else "copied" if cuda_weights == "copy" else "mapped"
-    return Footprint(profile.name, backend, weights, arena, kv_cache_bytes(h, kv_dtype), slots,
-                     avail, kv_dtype, mode, fallback, state_bytes(h))
+    kv = cuda_kv_cache_bytes(h, kv_dtype) if backend == "cuda" else kv_cache_bytes(h, kv_dtype)
+    return Footprint(profile.name, backend, weights, arena, kv, slots, avail, kv_dtype, mode,
+                     fallback, state_bytes(h))
 
 
 def model_footprint(path: str | os.PathLike[str], profile: Profile, slots: int = 1,

@@ -1458,6 +1458,214 @@ extern "C" __global__ void cb_linear_mma(float *y, int y_stride, const float *x,
  * SwiGLU. Kept in one block so the family's kernels read together.
  * ------------------------------------------------------------------------------------------- */
 
+/* Heads up to this wide in cb_oss_attention (two output lanes per thread of its 128). */
+#define CB_OSS_MAX_DH 256
+/* Keys a tile of cb_oss_attention: one per thread of its block. */
+#define CB_OSS_KEYS COLIBRI_CU_HEAD_THREADS
+
+/* mxfp4 (docs/format.md "mxfp4", the CPU's kernels_mxfp4.c): rows of ceil(cols / 32) blocks of
+ * 16 bytes, element 2j of a block in the low nibble of byte j and 2j + 1 in the high one (E2M1
+ * codes), one E8M0 scale byte s per block. The CPU forms the weight as W2[code] * 2^(s - 128)
+ * with W2 = 2 * E2M1 = {0, 1, 2, 3, 4, 6, 8, 12}, an exact f32 (a small integer times a power of
+ * two); so do these kernels, so both sides multiply the same f32 weight values. W2 by integer
+ * arithmetic (codes 4..7 are 4 or 6 shifted by 0 or 1), no table in constant memory. */
+__device__ __forceinline__ float cb_mx_w2(int code) {
+    const int m = code & 7;
+    const int mag = m < 4 ? m : (4 + 2 * (m & 1)) << ((m >> 1) - 2);
+    return (code & 8) ? -(float)mag : (float)mag;
+}
+
+/* 2^(s - 128) as f32 bits: normal for s >= 2 (exponent field s - 1), subnormal 2^-127 and
+ * 2^-128 for s = 1 and 0 (the CPU's SCALE table holds the same values). */
+__device__ __forceinline__ float cb_mx_scale(int s) {
+    return __uint_as_float(s >= 2 ? (cb_u32)(s - 1) << 23 : 0x00200000u << s);
+}
+
+/* Element c of row r of a weight (cols wide) as f32, the int8 row scale not applied (the caller
+ * multiplies the dot by it, as cb_linear does); mxfp4 with its block scale (sc: the E8M0 bytes). */
+template <int DT>
+__device__ __forceinline__ float cb_oss_w(const void *w, const void *sc, int r, int cols, int c) {
+    if (DT == COLIBRI_DT_MXFP4) {
+        const int nb = (cols + COLIBRI_MX_BLOCK - 1) / COLIBRI_MX_BLOCK, b = c / COLIBRI_MX_BLOCK;
+        const unsigned char *blk = (const unsigned char *)w +
+                                   ((cb_u64)r * (cb_u64)nb + (cb_u64)b) * COLIBRI_MX_BLOCK_BYTES;
+        const int byte = blk[(c % COLIBRI_MX_BLOCK) >> 1];
+        const int code = (c & 1) ? byte >> 4 : byte & 15;
+        return cb_mx_w2(code) * cb_mx_scale(((const unsigned char *)sc)[(cb_u64)r * nb + b]);
+    }
+    return cb_load1<DT>(w, (cb_u64)r * (cb_u64)cols + (cb_u64)c);
+}
+
+/* One warp: W[r, :] . x (cols wide), lane l adding columns l, l + 32, ... in order, then the
+ * warp's butterfly (cb_warp_sum); every lane gets the sum, times the int8 row scale. */
+template <int DT>
+__device__ __forceinline__ float cb_oss_row_dot(const void *w, const void *sc, int r, int cols,
+                                                const float *x) {
+    const int lane = threadIdx.x & (CB_WARP - 1);
+    float acc = 0.0f;
+    for (int c = lane; c < cols; c += CB_WARP) acc += cb_oss_w<DT>(w, sc, r, cols, c) * x[c];
+    acc = cb_warp_sum(acc);
+    return DT == COLIBRI_DT_INT8 ? acc * ((const float *)sc)[r] : acc;
+}
+
+/* gpt-oss's activation, as the CPU's clamped_swiglu (layers/moe_experts.c; transformers'
+ * GptOssExperts): gate clamped above at limit, up to [-limit, limit], (up + 1) * g * sigmoid(alpha
+ * g). limit <= 0: the plain silu(g) * u of the other families. */
+__device__ __forceinline__ float cb_oss_act(float g, float u, float alpha, float limit) {
+    if (limit <= 0.0f) return cb_silu(g) * u;
+    g = g > limit ? limit : g;
+    u = u > limit ? limit : (u < -limit ? -limit : u);
+    return (u + 1.0f) * (g * (1.0f / (1.0f + expf(-(g * alpha)))));
+}
+
+template <int DT>
+__device__ void cb_oss_up_impl(float *act, int F, const float *h, int Dp, const int *perm,
+                               int begin, int end, const void *w1, const void *w3,
+                               const void *s1, const void *s3, const float *b1, const float *b3,
+                               float alpha, float limit) {
+    const int r = blockIdx.x * CB_ROW_WARPS + threadIdx.x / CB_WARP;
+    if (r >= F) return;
+    for (int s = begin; s < end; s++) {
+        const float *x = h + (cb_u64)perm[s] * (cb_u64)Dp;
+        float g = cb_oss_row_dot<DT>(w1, s1, r, Dp, x), u = cb_oss_row_dot<DT>(w3, s3, r, Dp, x);
+        if (b1) { /* the CPU adds the expert biases to the finished dots, then activates */
+            g += b1[r];
+            u += b3[r];
+        }
+        if ((threadIdx.x & (CB_WARP - 1)) == 0)
+            act[(cb_u64)s * (cb_u64)F + r] = cb_oss_act(g, u, alpha, limit);
+    }
+}
+
+/* The routed experts' up projection for gpt-oss (and any model whose experts are mxfp4):
+ * act[slot, r] = act(W1_e[r] . h[perm[slot]] + b1_e[r], W3_e[r] . h[perm[slot]] + b3_e[r]) for the
+ * slots of expert e = cb_group_expert(active), act = cb_oss_act (clamped SwiGLU when limit > 0).
+ * Same tables and grid as cb_expert_up (w1/w3/s1/s3: per-expert pointers; s* the int8 row scales
+ * or the mxfp4 E8M0 bytes), plus per-expert bias pointers b1/b3 (NULL: no biases). SIMT: one warp
+ * per weight row, the expert's slots one after another (the row stays in L1/L2 for the next).
+ * grid (ceil(F / 4), min(E, n*k)), block 128. f32/f16/bf16/int8/mxfp4 (q4: cb_expert_up). */
+extern "C" __global__ void cb_oss_expert_up(float *act, int F, const float *h, int Dp,
+                                            const int *perm, const int *offsets,
+                                            const int *active, const void *const *w1,
+                                            const void *const *w3, const void *const *s1,
+                                            const void *const *s3, int dtype,
+                                            const float *const *b1, const float *const *b3,
+                                            float alpha, float limit) {
+    const int e = cb_group_expert(active);
+    if (e < 0) return;
+    const int begin = offsets[e], end = offsets[e + 1];
+    if (begin == end) return;
+    const int scaled = dtype == COLIBRI_DT_INT8 || dtype == COLIBRI_DT_MXFP4;
+    const void *sc1 = scaled ? s1[e] : 0, *sc3 = scaled ? s3[e] : 0;
+    const float *bb1 = b1 ? b1[e] : 0, *bb3 = b3 ? b3[e] : 0;
+#define CB_OSS_UP(DT) cb_oss_up_impl<DT>(act, F, h, Dp, perm, begin, end, w1[e], w3[e], sc1, sc3, \
+                                         bb1, bb3, alpha, limit)
+    switch (dtype) {
+    case COLIBRI_DT_F32: CB_OSS_UP(COLIBRI_DT_F32); break;
+    case COLIBRI_DT_F16: CB_OSS_UP(COLIBRI_DT_F16); break;
+    case COLIBRI_DT_BF16: CB_OSS_UP(COLIBRI_DT_BF16); break;
+    case COLIBRI_DT_INT8: CB_OSS_UP(COLIBRI_DT_INT8); break;
+    default: CB_OSS_UP(COLIBRI_DT_MXFP4); break;
+    }
+#undef CB_OSS_UP
+}
+
+template <int DT>
+__device__ void cb_oss_down_impl(float *eo, int Dp, const float *act, int F, int begin, int end,
+                                 const void *w2, const void *s2, const float *b2) {
+    const int r = blockIdx.x * CB_ROW_WARPS + threadIdx.x / CB_WARP;
+    if (r >= Dp) return;
+    for (int s = begin; s < end; s++) {
+        float v = cb_oss_row_dot<DT>(w2, s2, r, F, act + (cb_u64)s * (cb_u64)F);
+        if (b2) v += b2[r];
+        if ((threadIdx.x & (CB_WARP - 1)) == 0) eo[(cb_u64)s * (cb_u64)Dp + r] = v;
+    }
+}
+
+/* eo[slot, r] = W2_e[r] . act[slot, :] + b2_e[r] for the slots of expert e, as cb_expert_down
+ * (same grid) with per-expert bias pointers b2 (NULL: none) and the dtypes of cb_oss_expert_up. */
+extern "C" __global__ void cb_oss_expert_down(float *eo, int Dp, const float *act, int F,
+                                              const int *offsets, const int *active,
+                                              const void *const *w2, const void *const *s2,
+                                              int dtype, const float *const *b2) {
+    const int e = cb_group_expert(active);
+    if (e < 0) return;
+    const int begin = offsets[e], end = offsets[e + 1];
+    if (begin == end) return;
+    const void *sc = dtype == COLIBRI_DT_INT8 || dtype == COLIBRI_DT_MXFP4 ? s2[e] : 0;
+    const float *bb = b2 ? b2[e] : 0;
+    switch (dtype) {
+    case COLIBRI_DT_F32: cb_oss_down_impl<COLIBRI_DT_F32>(eo, Dp, act, F, begin, end, w2[e], sc, bb); break;
+    case COLIBRI_DT_F16: cb_oss_down_impl<COLIBRI_DT_F16>(eo, Dp, act, F, begin, end, w2[e], sc, bb); break;
+    case COLIBRI_DT_BF16: cb_oss_down_impl<COLIBRI_DT_BF16>(eo, Dp, act, F, begin, end, w2[e], sc, bb); break;
+    case COLIBRI_DT_INT8: cb_oss_down_impl<COLIBRI_DT_INT8>(eo, Dp, act, F, begin, end, w2[e], sc, bb); break;
+    default: cb_oss_down_impl<COLIBRI_DT_MXFP4>(eo, Dp, act, F, begin, end, w2[e], sc, bb); break;
+    }
+}
+
+/* Causal GQA attention with gpt-oss's attention sinks and sliding window, for prefill and
+ * decode alike. Token t is at position p = pos0 (+ *pos_d: the decode graph) + t and attends to
+ * positions first..p, first = max(0, p - window + 1) (window 0: every position; transformers'
+ * sliding_window_overlay, as layers/attention.c). The cache holds every position (row p), so a
+ * sliding layer is the full cache read through the window, not the CPU's ring (docs/cuda.md).
+ * sinks (NULL: none): head h's logit joins the softmax and has no value row. The softmax is
+ * online over tiles of 128 keys from `first` in order: the state starts at (m, l, acc) =
+ * (sink, 1, 0) (the sink's own term exp(sink - m) = 1), or (-inf, 0, 0) without one; per tile
+ * thread j scores key first + j (q . k in index order, times 1/sqrt(Dh) as the CPU scales),
+ * m' = max(m, tile max), c = exp(m - m'), l = l c + sum_j exp(s_j - m'), acc = acc c +
+ * sum_j p_j v_j in position order. out = acc / l. A token's bits depend only on its position
+ * and the cache, so a token gives the same bits in a prefill pass and decoded alone.
+ * grid (H, n), block 128 (CB_OSS_KEYS), Dh <= CB_OSS_MAX_DH. */
+extern "C" __global__ void cb_oss_attention(float *out, const float *q, const void *kc,
+                                            const void *vc, int n, int pos0, int H, int Hkv,
+                                            int Dh, int kv_f16, int window, const float *sinks,
+                                            const int *pos_d) {
+    __shared__ float qs[CB_OSS_MAX_DH];
+    __shared__ float ps[CB_OSS_KEYS];
+    __shared__ float scratch[CB_WARP];
+    const int h = blockIdx.x, t = blockIdx.y, tid = threadIdx.x;
+    const int p = pos0 + (pos_d ? *pos_d : 0) + t;
+    const int first = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
+    const int kvd = Hkv * Dh, kvh = h / (H / Hkv);
+    const float *qr = q + ((cb_u64)t * (cb_u64)H + (cb_u64)h) * (cb_u64)Dh;
+    for (int d = tid; d < Dh; d += blockDim.x) qs[d] = qr[d];
+    __syncthreads();
+    const float scale = 1.0f / sqrtf((float)Dh);
+    float m = sinks ? sinks[h] : -__int_as_float(0x7f800000), l = sinks ? 1.0f : 0.0f;
+    float acc[2] = {0.0f, 0.0f}; /* output lanes tid and tid + 128 */
+    for (int j0 = first; j0 <= p; j0 += CB_OSS_KEYS) {
+        const int nk = p + 1 - j0 < CB_OSS_KEYS ? p + 1 - j0 : CB_OSS_KEYS;
+        float s = -__int_as_float(0x7f800000);
+        if (tid < nk) {
+            const cb_u64 at = (cb_u64)(j0 + tid) * (cb_u64)kvd + (cb_u64)kvh * (cb_u64)Dh;
+            float dot = 0.0f;
+            for (int d = 0; d < Dh; d++) dot += qs[d] * cb_kv_load(kc, at + (cb_u64)d, kv_f16);
+            s = dot * scale;
+        }
+        const float mn = fmaxf(m, cb_block_max(s, scratch));
+        const float c = expf(m - mn);
+        const float e = tid < nk ? expf(s - mn) : 0.0f;
+        ps[tid] = e;
+        l = l * c + cb_block_sum(e, scratch); /* its barriers also publish ps */
+        for (int i = 0; i < 2; i++) {
+            const int d = tid + i * CB_OSS_KEYS;
+            if (d >= Dh) break;
+            float a = acc[i] * c;
+            for (int j = 0; j < nk; j++)
+                a += ps[j] * cb_kv_load(vc, (cb_u64)(j0 + j) * (cb_u64)kvd +
+                                                (cb_u64)kvh * (cb_u64)Dh + (cb_u64)d, kv_f16);
+            acc[i] = a;
+        }
+        m = mn;
+        __syncthreads(); /* ps is rewritten by the next tile */
+    }
+    float *o = out + ((cb_u64)t * (cb_u64)H + (cb_u64)h) * (cb_u64)Dh;
+    for (int i = 0; i < 2; i++) {
+        const int d = tid + i * CB_OSS_KEYS;
+        if (d < Dh) o[d] = acc[i] / l;
+    }
+}
+
 /* end of the gpt-oss kernels */
 
 /* ---------------------------------------------------------------------------------------------

@@ -459,6 +459,26 @@ def test_smoke_checks_logits_greedy_and_text(device, fleet, profile, tmp_path, r
     assert "text" in smokelib.SMOKE_COLUMNS and "text not checked" not in r.detail
 
 
+@pytest.mark.parametrize("case", [("gptoss_mxfp4", "bf16", None), ("gptoss", "f32", "mxfp4")],
+                         ids=["released-mxfp4", "f32+mxfp4-experts"])
+def test_smoke_on_a_gptoss_model(device, fleet, profile, tmp_path, runtime_binary, hf_root,
+                                 case) -> None:
+    """`invoke smoke` on gpt-oss (#23): the NumPy reference (colibri_kit/model/reference.py)
+    computes mxfp4 experts, sinks, sliding layers, YaRN and the biases, and the deployed runtime
+    agrees with it within the model's dtype tolerance, greedy ids equal."""
+    from test_gptoss import converted
+
+    with_tmp(device)
+    model = converted(hf_root, *case)
+    art = D.prepare(profile, real_dist(tmp_path / "dist", runtime_binary), model)
+    [dep] = D.deploy(fleet, art, profile, hooks=D.Hooks())
+    assert dep.result == "ok", dep.detail
+    [r] = smokelib.smoke(fleet, profile, model=model, bench_runs=1)
+    assert r.result == "ok", r.detail
+    assert r.extra["greedy"] == "same" and r.extra["backend"] == "cpu"
+    assert float(r.extra["logits"]) <= smokelib.TOLERANCE[case[1]]
+
+
 def test_smoke_without_tokenizer_says_text_was_not_checked(device, fleet, profile, tmp_path,
                                                             runtime_binary) -> None:
     from colibri_kit.model.tiny import tiny_header, write_random_model

@@ -665,6 +665,147 @@ def check_grouped_experts(gpu, dtype, n, k, E, F, Dp, mma: bool = False):
 
 
 
+# ---------------------------------------------------------------- gpt-oss kernels (#23)
+
+OSS_DTYPES = [DType.F32, DType.F16, DType.BF16, DType.INT8, DType.MXFP4]
+# (n, k, E, F, Dp): Dp not a multiple of 16 or 32 (mxfp4's last block padded), decode and prefill
+OSS_EXPERT_SHAPES = [(1, 2, 4, 20, 45), (5, 2, 4, 37, 64), (9, 4, 8, 40, 90)]
+# (n, pos0, H, Hkv, dh, window, sinks): windows shorter than the prompt, across 128-key tiles
+OSS_ATTENTION_SHAPES = [(5, 0, 4, 2, 16, 0, True), (6, 3, 4, 2, 10, 4, True),
+                        (1, 200, 2, 1, 24, 128, True), (3, 140, 2, 2, 64, 0, False),
+                        (4, 130, 2, 1, 200, 7, True), (2, 300, 3, 1, 8, 0, True)]
+
+
+def _oss_weight_args(gpu, w: ref.Weight) -> tuple[int, int]:
+    """Device copies of a weight and its scales: int8 f32 row scales, mxfp4 the E8M0 bytes."""
+    if w.dtype == DType.MXFP4:
+        return gpu.put(w.raw), gpu.put(np.ascontiguousarray(w.scales, np.uint8))
+    return weight_args(gpu, w)
+
+
+def _dense(w: ref.Weight) -> np.ndarray:
+    return (w.f32() * w.scale()[:, None]).astype(np.float64)
+
+
+def check_oss_experts(gpu, dtype, n, k, E, F, Dp, biases: bool = True, clamp: bool = True):
+    """cb_oss_expert_up (expert biases + clamped SwiGLU) and cb_oss_expert_down (+ bias) over a
+    random dispatch, against NumPy with the dot-product error bound of check_grouped_experts.
+    Gate/up values are spread over [-12, 12] so the clamp at limit 7 is exercised."""
+    rng = np.random.default_rng(n * 7 + E + F + Dp)
+    alpha, limit = (1.702, 7.0) if clamp else (0.0, 0.0)
+    h = rng.standard_normal((n, Dp)).astype(np.float32)
+    def mk(rows, cols, gain):
+        return ref.make_weight((rng.standard_normal((rows, cols)) * gain / np.sqrt(cols))
+                               .astype(np.float32), dtype)
+    w1 = [mk(F, Dp, 6.0) for _ in range(E)]
+    w3 = [mk(F, Dp, 6.0) for _ in range(E)]
+    w2 = [mk(Dp, F, 1.0) for _ in range(E)]
+    b1 = [rng.standard_normal(F).astype(np.float32) for _ in range(E)] if biases else None
+    b3 = [rng.standard_normal(F).astype(np.float32) for _ in range(E)] if biases else None
+    b2 = [rng.standard_normal(Dp).astype(np.float32) for _ in range(E)] if biases else None
+    idx = np.stack([rng.choice(E, k, replace=False) for _ in range(n)]).astype(np.int32)
+    offsets, perm, _ = ref.cb_dispatch(idx, E)
+    tabs = {}
+    for name, ws in (("w1", w1), ("w3", w3), ("w2", w2)):
+        pairs = [_oss_weight_args(gpu, w) for w in ws]
+        tabs[name] = _pointer_table(gpu, [p for p, _ in pairs])
+        tabs["s" + name[1]] = _pointer_table(gpu, [s for _, s in pairs])
+    btab = {nm: _pointer_table(gpu, [gpu.put(b) for b in bs]) if bs else 0
+            for nm, bs in (("b1", b1), ("b3", b3), ("b2", b2))}
+    hd, offd, permd = gpu.put(h), gpu.put(offsets), gpu.put(perm)
+    actd, groups = gpu.put(ref.active_experts(offsets)), min(E, n * k)
+    act = gpu.put(np.full((n * k, F), np.nan, np.float32))  # every slot's row must be written
+    gpu.run("cb_oss_expert_up", "PiPiPPPPPPPiPPff", ((F + 3) // 4, groups), 128, act,
+            np.int32(F), hd, np.int32(Dp), permd, offd, actd, tabs["w1"], tabs["w3"],
+            tabs["s1"], tabs["s3"], np.int32(dtype), btab["b1"], btab["b3"], np.float32(alpha),
+            np.float32(limit))
+    got = gpu.get(act, (n * k, F))
+    want = ref.cb_oss_expert_up(h, perm, offsets, w1, w3, F, b1, b3, alpha, limit)
+    bound = np.zeros_like(want, dtype=np.float64)
+    clamped = 0
+    for e in range(E):
+        b, en = int(offsets[e]), int(offsets[e + 1])
+        if b == en:
+            continue
+        x = h[perm[b:en]].astype(np.float64)
+        g = x @ _dense(w1[e]).T + (b1[e] if biases else 0)
+        u = x @ _dense(w3[e]).T + (b3[e] if biases else 0)
+        bg = dot_bound(np.abs(x) @ np.abs(_dense(w1[e])).T, Dp)
+        bu = dot_bound(np.abs(x) @ np.abs(_dense(w3[e])).T, Dp)
+        clamped += int(np.sum(g > limit) + np.sum(np.abs(u) > limit)) if clamp else 0
+        gc, uc = (np.minimum(g, limit), np.clip(u, -limit, limit)) if clamp else (g, u)
+        glu = gc / (1 + np.exp(-(alpha if clamp else 1.0) * gc))
+        # |d act/d g| <= (|u| + 1) * 1.1 * max(1, alpha); |d act/d u| <= |glu|; a few roundings
+        bound[b:en] = 2 * ((np.abs(uc) + 1) * 2.0 * bg + np.abs(glu) * bu
+                           + 8 * EPS32 * np.abs((uc + 1) * glu))
+    assert not clamp or clamped > 0, "the shape never reaches the clamp"
+    assert np.all(np.abs(got - want) <= bound + 1e-30), np.nanmax(np.abs(got - want))
+    eo = gpu.put(np.full((n * k, Dp), np.nan, np.float32))
+    gpu.run("cb_oss_expert_down", "PiPiPPPPiP", ((Dp + 3) // 4, groups), 128, eo, np.int32(Dp),
+            gpu.put(want), np.int32(F), offd, actd, tabs["w2"], tabs["s2"], np.int32(dtype),
+            btab["b2"])
+    got_eo = gpu.get(eo, (n * k, Dp))
+    want_eo = ref.cb_oss_expert_down(want, offsets, w2, Dp, b2)
+    absdot = np.zeros_like(want_eo, dtype=np.float64)
+    for e in range(E):
+        b, en = int(offsets[e]), int(offsets[e + 1])
+        if b < en:
+            absdot[b:en] = np.abs(want[b:en]).astype(np.float64) @ np.abs(_dense(w2[e])).T
+    assert np.all(np.abs(got_eo - want_eo) <= dot_bound(absdot, F) + (EPS32 * np.abs(want_eo))
+                  ), np.nanmax(np.abs(got_eo - want_eo))
+
+
+def run_oss_attention(gpu, out: int, q: int, kc: int, vc: int, n: int, pos0: int, H: int,
+                      Hkv: int, dh: int, kv_f16: bool, window: int, sinks: int,
+                      pos_d: int = 0) -> None:
+    gpu.run("cb_oss_attention", "PPPPiiiiiiiPP", (H, n), 128, out, q, kc, vc, np.int32(n),
+            np.int32(pos0), np.int32(H), np.int32(Hkv), np.int32(dh), np.int32(kv_f16),
+            np.int32(window), sinks, pos_d)
+
+
+def check_oss_attention(gpu, n, pos0, H, Hkv, dh, window, with_sinks, kv_f16=False):
+    """cb_oss_attention against NumPy (sinks, window); every output written; the same bits run to
+    run; the last token alone (a decode step), and with its position read from a parameter block
+    (the decode graph), gives the chunk's bits for it."""
+    q, kst, vst, kc, vc = attention_inputs(n, pos0, H, Hkv, dh, kv_f16)
+    rng = np.random.default_rng(n + pos0 + dh)
+    sinks = (rng.standard_normal(H) * 2).astype(np.float32) if with_sinks else None
+    HD = H * dh
+    qd, kd, vd = gpu.put(q), gpu.put(kst), gpu.put(vst)
+    sd = gpu.put(sinks) if with_sinks else 0
+    out = gpu.put(np.full((n, HD), np.nan, np.float32))
+    run_oss_attention(gpu, out, qd, kd, vd, n, pos0, H, Hkv, dh, kv_f16, window, sd)
+    got = gpu.get(out, (n, HD))
+    want = ref.cb_oss_attention(q, kc, vc, pos0, H, Hkv, dh, window, sinks)
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(vc).max())
+    if window and pos0 + n > window:  # the window matters: full attention differs
+        full = ref.cb_oss_attention(q, kc, vc, pos0, H, Hkv, dh, 0, sinks)
+        assert np.abs(full - want).max() > 1e-3
+    run_oss_attention(gpu, out, qd, kd, vd, n, pos0, H, Hkv, dh, kv_f16, window, sd)
+    np.testing.assert_array_equal(gpu.get(out, (n, HD)).view(np.uint32), got.view(np.uint32))
+    last = gpu.zeros((1, HD))
+    run_oss_attention(gpu, last, qd + (n - 1) * HD * 4, kd, vd, 1, pos0 + n - 1, H, Hkv, dh,
+                      kv_f16, window, sd)
+    np.testing.assert_array_equal(gpu.get(last, (1, HD))[0].view(np.uint32),
+                                  got[n - 1].view(np.uint32))
+    graph = gpu.zeros((1, HD))
+    run_oss_attention(gpu, graph, qd + (n - 1) * HD * 4, kd, vd, 1, 0, H, Hkv, dh, kv_f16,
+                      window, sd, gpu.put(np.array([pos0 + n - 1], np.int32)))
+    np.testing.assert_array_equal(gpu.get(graph, (1, HD))[0].view(np.uint32),
+                                  got[n - 1].view(np.uint32))
+
+
+def oss_cases(add) -> None:
+    for dt in OSS_DTYPES:
+        for shape in OSS_EXPERT_SHAPES:
+            add("oss_experts", check_oss_experts, dt, *shape)
+    add("oss_experts_no_bias_silu", check_oss_experts, DType.MXFP4, 5, 2, 4, 37, 64,
+        biases=False, clamp=False)
+    for shape in OSS_ATTENTION_SHAPES:
+        for kv_f16 in (False, True):
+            add("oss_attention", check_oss_attention, *shape, kv_f16)
+
+
 # ---------------------------------------------------------------- every check, named
 
 def _mma_or_absent(check, kernel: str):
@@ -734,6 +875,7 @@ def cases() -> list[tuple[str, object]]:
             out.append((f"linear_mma-{dt.name}-" + "-".join(map(str, shape)),
                         _mma_or_absent(lambda g, dt=dt, s=shape: check_linear(g, dt, *s, mma=True),
                                        "cb_linear_mma")))
+    oss_cases(add)  # gpt-oss (#23)
     out += hybrid_cases()
     return out
 

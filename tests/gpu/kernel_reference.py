@@ -29,7 +29,7 @@ class Weight:
     raw: np.ndarray               # [rows, cols] in the stored dtype (q4: [rows, groups * 16] bytes)
     dtype: int
     scales: np.ndarray | None = None
-    q4_cols: int = 0              # q4 only: the true column count
+    q4_cols: int = 0              # q4 and mxfp4 only: the true column count
 
     @property
     def rows(self) -> int:
@@ -37,7 +37,7 @@ class Weight:
 
     @property
     def cols(self) -> int:
-        return self.q4_cols if self.dtype == DType.Q4 else self.raw.shape[1]
+        return self.q4_cols if self.dtype in (DType.Q4, DType.MXFP4) else self.raw.shape[1]
 
     def f32(self) -> np.ndarray:
         """Element values without the int8 row scale (the kernels apply it after the dot); q4
@@ -48,6 +48,10 @@ class Weight:
             from colibri_kit.model.format import dequantize_q4
 
             return dequantize_q4(self.raw, self.scales, self.rows, self.q4_cols)
+        if self.dtype == DType.MXFP4:  # E8M0 bytes per 32 columns (gpt-oss, #23)
+            from colibri_kit.model.format import dequantize_mxfp4
+
+            return dequantize_mxfp4(self.raw, self.scales, self.rows, self.q4_cols)
         return self.raw.astype(np.float32)
 
     def scale(self) -> np.ndarray:
@@ -73,6 +77,11 @@ def make_weight(a: np.ndarray, dtype: int) -> Weight:
 
         packed, d = quantize_q4(a)
         return Weight(packed, dtype, d, q4_cols=a.shape[1])
+    if dtype == DType.MXFP4:
+        from colibri_kit.model.format import quantize_mxfp4
+
+        blocks, e8m0 = quantize_mxfp4(a)
+        return Weight(blocks, dtype, e8m0, q4_cols=a.shape[1])
     q, s = quantize_int8(a)
     return Weight(q, dtype, s)
 
@@ -431,3 +440,62 @@ def cb_qk_rope_partial_kv(qkv: np.ndarray, H: int, Hkv: int, dh: int, R: int, po
         x[..., :half], x[..., half:R] = x1 * c - x2 * s, x2 * c + x1 * s
         outs.append(x.reshape(n, -1))
     return outs[0], outs[1], qkv[:, HD + kvd:].astype(np.float64)
+# ---------------------------------------------------------------- gpt-oss kernels (#23)
+
+
+def clamped_swiglu(g: np.ndarray, u: np.ndarray, alpha: float, limit: float) -> np.ndarray:
+    """gpt-oss's activation (transformers' GptOssExperts._apply_gate; layers/moe_experts.c):
+    gate clamped above at limit, up to [-limit, limit], (up + 1) * g * sigmoid(alpha * g)."""
+    g = np.minimum(g.astype(np.float64), limit)
+    u = np.clip(u.astype(np.float64), -limit, limit)
+    return ((u + 1.0) * g / (1.0 + np.exp(-alpha * g))).astype(np.float32)
+
+
+def cb_oss_expert_up(h: np.ndarray, perm: np.ndarray, offsets: np.ndarray, w1: list[Weight],
+                     w3: list[Weight], F: int, b1: list[np.ndarray] | None,
+                     b3: list[np.ndarray] | None, alpha: float, limit: float) -> np.ndarray:
+    """act[slot] = act(W1_e x + b1_e, W3_e x + b3_e), x = h[perm[slot]]; act: the clamped SwiGLU
+    when limit > 0, else silu(g) * u."""
+    act = np.zeros((len(perm), F), np.float32)
+    for e in range(len(offsets) - 1):
+        b, en = int(offsets[e]), int(offsets[e + 1])
+        if b == en:
+            continue
+        x = h[perm[b:en]]
+        g = cb_linear(x, w1[e], b1[e] if b1 else None)
+        u = cb_linear(x, w3[e], b3[e] if b3 else None)
+        act[b:en] = clamped_swiglu(g, u, alpha, limit) if limit > 0 else silu(g) * u
+    return act
+
+
+def cb_oss_expert_down(act: np.ndarray, offsets: np.ndarray, w2: list[Weight], Dp: int,
+                       b2: list[np.ndarray] | None) -> np.ndarray:
+    eo = np.zeros((act.shape[0], Dp), np.float32)
+    for e in range(len(offsets) - 1):
+        b, en = int(offsets[e]), int(offsets[e + 1])
+        if b < en:
+            eo[b:en] = cb_linear(act[b:en], w2[e], b2[e] if b2 else None)
+    return eo
+
+
+def cb_oss_attention(q: np.ndarray, kc: np.ndarray, vc: np.ndarray, pos0: int, H: int, Hkv: int,
+                     dh: int, window: int, sinks: np.ndarray | None) -> np.ndarray:
+    """cb_attention's formula over positions max(0, p - window + 1)..p (window 0: all), with
+    head h's sink logit in the softmax's denominator (no value row), as transformers'
+    eager_attention_forward for gpt-oss."""
+    n = q.shape[0]
+    out = np.zeros((n, H * dh), np.float32)
+    scale = np.float32(1.0) / np.sqrt(np.float32(dh))
+    for t in range(n):
+        p = pos0 + t
+        first = max(0, p - window + 1) if window else 0
+        for h in range(H):
+            g = h // (H // Hkv)
+            keys = kc[first: p + 1, g * dh:(g + 1) * dh].astype(np.float64)
+            vals = vc[first: p + 1, g * dh:(g + 1) * dh].astype(np.float64)
+            s = (keys @ q[t, h * dh:(h + 1) * dh].astype(np.float64)) * scale
+            mx = max(s.max(), float(sinks[h])) if sinks is not None else s.max()
+            e = np.exp(s - mx)
+            total = e.sum() + (np.exp(float(sinks[h]) - mx) if sinks is not None else 0.0)
+            out[t, h * dh:(h + 1) * dh] = (e / total) @ vals
+    return out

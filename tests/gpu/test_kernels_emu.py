@@ -231,6 +231,24 @@ def test_ffn_route_linear_score(gpu_linear_score, E, k, D, Dp, n):
     C.check_ffn_route(gpu_linear_score, DType.F32, E, k, D, Dp, n)
 
 
+# ---------------------------------------------------------------- gpt-oss kernels (#23)
+
+
+@pytest.mark.parametrize("dtype", C.OSS_DTYPES, **_dt)
+@pytest.mark.parametrize("n,k,E,F,Dp", C.OSS_EXPERT_SHAPES[:2])
+def test_oss_experts(gpu, dtype, n, k, E, F, Dp):
+    C.check_oss_experts(gpu, dtype, n, k, E, F, Dp)
+
+
+def test_oss_experts_without_biases_or_clamp(gpu):
+    C.check_oss_experts(gpu, DType.MXFP4, 5, 2, 4, 37, 64, biases=False, clamp=False)
+
+
+@pytest.mark.parametrize("n,pos0,H,Hkv,dh,window,sinks", C.OSS_ATTENTION_SHAPES)
+@pytest.mark.parametrize("kv_f16", [False, True], **_kv)
+def test_oss_attention(gpu, n, pos0, H, Hkv, dh, window, sinks, kv_f16):
+    C.check_oss_attention(gpu, n, pos0, H, Hkv, dh, window, sinks, kv_f16)
+
 # ---------------------------------------------------------------- tensor-core prefill (sm_80+)
 
 

@@ -164,6 +164,53 @@ static size_t cb_token_bytes(const struct colibri_model *m) {
     return (b + cb_mix_floats(m)) * 4;
 }
 
+/* ---- gpt-oss (#23): the pure helpers (the launches are below cb_swiglu) -------------------- */
+
+/* A layer whose attention runs cb_oss_attention: attention sinks, or a sliding window shorter
+ * than the context (a window covering it is full attention and keeps the other kernels). */
+static int cb_oss_layer(const struct colibri_model *m, int l) {
+    const colibri_layer_desc *d = &m->layers[l].desc;
+    return (d->mixer_flags & COLIBRI_MIXER_SINKS) ||
+           (d->mixer == COLIBRI_MIXER_SLIDING_ATTENTION && d->window < m->max_seq_len);
+}
+
+/* A layer whose routed experts run cb_oss_expert_up/down: mxfp4 experts, expert biases or the
+ * clamped SwiGLU (the other families' experts keep cb_expert_up/down and the tensor cores). */
+static int cb_oss_experts(const colibri_layer *ly) {
+    return ly->w1[0].dtype == COLIBRI_DT_MXFP4 || ly->w2[0].dtype == COLIBRI_DT_MXFP4 ||
+           (ly->desc.ffn_params[0] & (COLIBRI_MOE_EXPERT_BIAS | COLIBRI_MOE_CLAMPED_SWIGLU));
+}
+
+/* The arena's expert-bias pointer tables: per layer b1[E] b3[E] b2[E] (0 bytes when no layer has
+ * expert biases). */
+static size_t cb_oss_bias_bytes(const struct colibri_model *m) {
+    for (uint32_t l = 0; l < m->n_layers; l++)
+        if (m->layers[l].desc.ffn_params[0] & COLIBRI_MOE_EXPERT_BIAS)
+            return (size_t)m->n_layers * 3 * m->num_experts * sizeof(CUdeviceptr);
+    return 0;
+}
+
+/* YaRN: the RoPE table from the CPU's own frequencies and attention factor (m->rope, computed at
+ * load by core/rope.c as transformers does), in the kernels' layout [p][i](cos, sin): cos and
+ * sin of p * freq[i] in double rounded to f32, then times the factor in f32, which is
+ * colibri_rope_row's arithmetic, so both backends rotate by the same f32 values. The factor on
+ * both q and k scales the scores by its square, as transformers' attention_scaling does. */
+static void cb_oss_rope_table(const struct colibri_model *m, float *cs) {
+    const size_t half = m->head_dim / 2;
+    const float scale = m->rope.scale;
+    for (size_t p = 0; p < m->max_seq_len; p++)
+        for (size_t i = 0; i < half; i++) {
+            const double a = (double)p * m->rope.freq[i];
+            float c = (float)cos(a), sn = (float)sin(a);
+            if (scale != 1.0f) {
+                c *= scale;
+                sn *= scale;
+            }
+            cs[(p * half + i) * 2] = c;
+            cs[(p * half + i) * 2 + 1] = sn;
+        }
+}
+
 int colibri_cuda_plan(const struct colibri_model *m, int kv_f16, colibri_cuda_plan_t *p) {
     memset(p, 0, sizeof *p);
     const size_t S = m->max_seq_len, H = m->n_heads, Dh = m->head_dim, Dp = m->embed_dim_pad;
@@ -222,6 +269,7 @@ int colibri_cuda_plan(const struct colibri_model *m, int kv_f16, colibri_cuda_pl
     p->mix = cb_take(&at, c * cb_mix_floats(m) * 4);
     p->state_bytes = cb_state_at(m, m->n_layers) * 4;
     p->state = cb_take(&at, p->state_bytes);
+    p->oss_bias = cb_take(&at, cb_oss_bias_bytes(m)); /* gpt-oss expert biases' pointers */
     p->total = at;
     return 0;
 }
@@ -429,6 +477,11 @@ enum { CB_H_DN_CONV, CB_H_DN_RECUR, CB_H_ROPE_PARTIAL, CB_H_GATE, CB_H_ZERO, CB_
 static const char *const cb_hy_names[CB_H_COUNT] = {"cb_dn_conv", "cb_dn_recur",
                                                     "cb_qk_rope_partial_kv", "cb_sigmoid_gate",
                                                     "cb_zero"};
+/* gpt-oss's kernels (#23; colibri_kernels.cu "gpt-oss kernels"): mxfp4 / biased / clamped-SwiGLU
+ * experts and the attention with sinks and a sliding window. In every image (required). */
+enum { CB_O_UP, CB_O_DOWN, CB_O_ATTENTION, CB_O_COUNT };
+static const char *const cb_oss_names[CB_O_COUNT] = {"cb_oss_expert_up", "cb_oss_expert_down",
+                                                     "cb_oss_attention"};
 
 /* The model's GPU: the driver, one CUDA context, the kernels and the one device copy (or
  * mapping) of the weights. Every context of a model shares it (api.c keeps it with the model and
@@ -441,6 +494,7 @@ struct colibri_cuda_device {
     CUfunction fn[CB_F_COUNT];
     CUfunction tc[CB_T_COUNT]; /* tensor-core prefill kernels, all NULL when the image lacks them */
     CUfunction hy[CB_H_COUNT]; /* hybrid-family kernels */
+    CUfunction oss[CB_O_COUNT]; /* gpt-oss kernels */
     const struct colibri_model *m;
     CUdeviceptr weights;       /* the device copy of the data section (0 when mapped) */
     size_t weights_bytes;      /* its size */
@@ -460,6 +514,7 @@ struct colibri_cuda {
     CUfunction tc[CB_T_COUNT];
     CUfunction hy[CB_H_COUNT];
     int state_dirty;         /* the recurrent state must be zeroed before the next pass (open, reset) */
+    CUfunction oss[CB_O_COUNT];
     colibri_cuda_device *dv;
     int owns_dv;             /* colibri_cuda_open's private device: closed with the context */
     CUstream stream[2];
@@ -612,8 +667,8 @@ static int cb_route_fused(const struct colibri_model *m) {
     if (m->embed_dim_pad > COLIBRI_CU_ROUTE_MAX_DP) return 0;
     for (uint32_t l = 0; l < m->n_layers; l++)
         if (m->layers[l].router.rows != m->num_experts ||
-            m->layers[l].router.cols != m->embed_dim_pad)
-            return 0;
+            m->layers[l].router.cols != m->embed_dim_pad || m->layers[l].router_bias.data)
+            return 0; /* (cb_ffn_route adds no router bias: gpt-oss keeps the 3 launches) */
     return (env && strcmp(env, "1") == 0) || m->num_experts <= COLIBRI_CU_ROUTE_WARPS;
 }
 
@@ -674,6 +729,83 @@ static int cb_swiglu(colibri_cuda *cu, CUstream s, int n, CUdeviceptr act, int F
                             (unsigned)groups, COLIBRI_CU_MMA_THREADS, s, down, why, why_len);
     return cb_launch(cu, CB_F_DOWN, colibri_cuda_ceil_div((unsigned)Dp, CB_ROW_WARPS),
                      (unsigned)groups, CB_ROW_THREADS, s, down, why, why_len);
+}
+
+/* ---- gpt-oss (#23): uploads and launches ----------------------------------------------------- */
+
+/* Layer l's expert-bias pointers into plan.oss_bias: b1[E] b3[E] b2[E] per layer. */
+static int cb_oss_upload_biases(colibri_cuda *cu, char *why, size_t why_len) {
+    const struct colibri_model *m = cu->m;
+    const size_t E = m->num_experts, bytes = cb_oss_bias_bytes(m);
+    if (!bytes) return 0;
+    CUdeviceptr *t = calloc(bytes / sizeof *t, sizeof *t);
+    if (!t) {
+        snprintf(why, why_len, "out of host memory for the expert bias tables");
+        return -1;
+    }
+    for (uint32_t l = 0; l < m->n_layers; l++)
+        for (size_t e = 0; e < E && m->layers[l].b1[0].data; e++) {
+            const colibri_layer *ly = &m->layers[l];
+            t[(l * 3 + 0) * E + e] = cb_dev(cu, ly->b1[e].data);
+            t[(l * 3 + 1) * E + e] = cb_dev(cu, ly->b3[e].data);
+            t[(l * 3 + 2) * E + e] = cb_dev(cu, ly->b2[e].data);
+        }
+    CUresult rc = cu->d.MemcpyHtoD(cu->arena + cu->plan.oss_bias, t, bytes);
+    free(t);
+    if (rc != CUDA_SUCCESS) return cb_fail(cu, rc, "cuMemcpyHtoD(expert bias tables)", why, why_len);
+    return 0;
+}
+
+/* Routed experts of layer l through cb_oss_expert_up/down (the arguments of cb_swiglu's routed
+ * launch, plus the bias tables and the SwiGLU's alpha/limit; limit 0: plain SwiGLU). SIMT in
+ * decode and prefill. */
+static int cb_oss_swiglu(colibri_cuda *cu, CUstream s, int l, CUdeviceptr tab, int groups,
+                         char *why, size_t why_len) {
+    const struct colibri_model *m = cu->m;
+    const colibri_layer *ly = &m->layers[l];
+    const CUdeviceptr A = cu->arena, step = (CUdeviceptr)m->num_experts * sizeof(CUdeviceptr);
+    CUdeviceptr act = A + cu->plan.act, h = A + cu->plan.h, eo = A + cu->plan.expert_out;
+    CUdeviceptr perm = A + cu->plan.perm, off = A + cu->plan.offsets, active = A + cu->plan.active;
+    CUdeviceptr w1 = tab, w3 = tab + step, w2 = tab + 2 * step;
+    CUdeviceptr s1 = tab + 3 * step, s3 = tab + 4 * step, s2 = tab + 5 * step;
+    const int bias = (ly->desc.ffn_params[0] & COLIBRI_MOE_EXPERT_BIAS) != 0;
+    const CUdeviceptr bt = A + cu->plan.oss_bias + (CUdeviceptr)l * 3 * step;
+    CUdeviceptr b1 = bias ? bt : 0, b3 = bias ? bt + step : 0, b2 = bias ? bt + 2 * step : 0;
+    const int clamp = (ly->desc.ffn_params[0] & COLIBRI_MOE_CLAMPED_SWIGLU) != 0;
+    float alpha = 0.0f, limit = 0.0f; /* the record's f32 bits (layers/moe.c checked them) */
+    if (clamp) {
+        memcpy(&alpha, &ly->desc.ffn_params[1], sizeof alpha);
+        memcpy(&limit, &ly->desc.ffn_params[2], sizeof limit);
+    }
+    int F = (int)m->expert_size, Dp = (int)m->embed_dim_pad;
+    int dt_up = (int)ly->w1[0].dtype, dt_down = (int)ly->w2[0].dtype;
+    void *up[] = {&act, &F, &h, &Dp, &perm, &off, &active, &w1, &w3, &s1, &s3, &dt_up, &b1, &b3,
+                  &alpha, &limit};
+    void *down[] = {&eo, &Dp, &act, &F, &off, &active, &w2, &s2, &dt_down, &b2};
+    if (cb_launch_fn(cu, cu->oss[CB_O_UP], cb_oss_names[CB_O_UP],
+                     colibri_cuda_ceil_div((unsigned)F, CB_ROW_WARPS), (unsigned)groups,
+                     CB_ROW_THREADS, s, up, why, why_len))
+        return -1;
+    return cb_launch_fn(cu, cu->oss[CB_O_DOWN], cb_oss_names[CB_O_DOWN],
+                        colibri_cuda_ceil_div((unsigned)Dp, CB_ROW_WARPS), (unsigned)groups,
+                        CB_ROW_THREADS, s, down, why, why_len);
+}
+
+/* Attention of a chunk for a gpt-oss layer (cb_oss_layer): cb_oss_attention over the full cache
+ * (every position kept; a sliding layer reads its window of it), sinks from the file. */
+static int cb_oss_attention(colibri_cuda *cu, CUstream s, int n, int pos, int l, CUdeviceptr kc,
+                            CUdeviceptr vc, CUdeviceptr pos_d, char *why, size_t why_len) {
+    const struct colibri_model *m = cu->m;
+    const colibri_layer_desc *d = &m->layers[l].desc;
+    CUdeviceptr o = cu->arena + cu->plan.att, q = cu->arena + cu->plan.q, pd = pos_d;
+    CUdeviceptr sinks = cb_dev(cu, m->layers[l].attn_sinks.data);
+    int nn = n, pp = pos, H = (int)m->n_heads, Hkv = (int)m->n_kv_heads, Dh = (int)m->head_dim;
+    int f16 = cu->plan.kv_f16;
+    int window = d->mixer == COLIBRI_MIXER_SLIDING_ATTENTION && d->window < m->max_seq_len
+                     ? (int)d->window : 0;
+    void *a[] = {&o, &q, &kc, &vc, &nn, &pp, &H, &Hkv, &Dh, &f16, &window, &sinks, &pd};
+    return cb_launch_fn(cu, cu->oss[CB_O_ATTENTION], cb_oss_names[CB_O_ATTENTION], (unsigned)H,
+                        (unsigned)n, COLIBRI_CU_HEAD_THREADS, s, a, why, why_len);
 }
 
 void colibri_cuda_rope_table(float theta, int Dh, int positions, float *cs) {
@@ -958,40 +1090,60 @@ static int cb_check_model(const struct colibri_model *m, char *why, size_t why_l
         return -1;
     }
     for (uint32_t l = 0; l < m->n_layers; l++) {
-        /* the kernels compute attention (+ Qwen's gated attention) and gated_deltanet mixers with
-         * moe; a sliding window that covers the context is full attention */
+        /* the kernels compute attention (full, sliding: cb_oss_attention, Qwen's gated attention)
+         * and gated_deltanet mixers with moe */
         const colibri_layer_desc *d = &m->layers[l].desc;
         if (!(d->mixer == COLIBRI_MIXER_ATTENTION || d->mixer == COLIBRI_MIXER_GATED_DELTANET ||
-              (d->mixer == COLIBRI_MIXER_SLIDING_ATTENTION && d->window >= m->max_seq_len)) ||
+              d->mixer == COLIBRI_MIXER_SLIDING_ATTENTION) ||
             d->ffn != COLIBRI_FFN_MOE) {
             const colibri_layer_kind *mk = m->layers[l].mixer, *fk = m->layers[l].ffn;
-            snprintf(why, why_len, "layer %u is %s%s + %s, a layer kind the CUDA backend does not "
+            snprintf(why, why_len, "layer %u is %s + %s, a layer kind the CUDA backend does not "
                      "run yet (it runs attention or gated_deltanet + moe)", l, mk ? mk->name : "?",
-                     d->mixer == COLIBRI_MIXER_SLIDING_ATTENTION ? " (window shorter than the context)"
-                                                                 : "",
                      fk ? fk->name : "?");
             return -1;
         }
         if (cb_check_hybrid_layer(m, l, why, why_len)) return -1;
-    }
-    /* gpt-oss's features (#23) have CPU kernels only so far: such a model runs on the CPU */
-    if (m->has_mxfp4) {
-        snprintf(why, why_len, "mxfp4 weights, which the CUDA kernels do not read yet (gpt-oss)");
-        return -1;
-    }
-    if (m->flags & COLIBRI_FLAG_ROPE_YARN) {
-        snprintf(why, why_len, "YaRN RoPE, which the CUDA kernels do not compute yet (gpt-oss)");
-        return -1;
-    }
-    for (uint32_t l = 0; l < m->n_layers; l++) {
-        const colibri_layer_desc *d = &m->layers[l].desc;
-        if ((d->mixer_flags & 0xffu) || d->ffn_params[0]) { /* bits 8..15: Qwen's, run above */
-            snprintf(why, why_len, "layer %u has %s, which the CUDA kernels do not compute yet "
-                     "(gpt-oss)", l, d->mixer_flags & COLIBRI_MIXER_SINKS ? "attention sinks"
-                     : d->mixer_flags ? "an attention output bias"
-                     : "router/expert biases or the clamped SwiGLU");
+        /* gpt-oss (#23): cb_oss_attention holds a head of up to 256 lanes; cb_oss_expert_up/down
+         * read f32/f16/bf16/int8/mxfp4 experts (q4 experts keep cb_expert_up, which has no
+         * biases or clamp) */
+        const colibri_layer *ly = &m->layers[l];
+        if (cb_oss_layer(m, (int)l) && m->head_dim > 256) {
+            snprintf(why, why_len, "layer %u: attention sinks / a sliding window with head_dim "
+                     "%u; the CUDA kernel holds at most 256", l, m->head_dim);
             return -1;
         }
+        if (cb_oss_experts(ly) && (ly->w1[0].dtype == COLIBRI_DT_Q4 || ly->w2[0].dtype == COLIBRI_DT_Q4)) {
+            snprintf(why, why_len, "layer %u: q4 experts with gpt-oss's expert biases or clamped "
+                     "SwiGLU, which the CUDA kernels do not compute (convert the experts to "
+                     "mxfp4 or int8)", l);
+            return -1;
+        }
+    }
+    if (cb_rotary_width(m) && (m->flags & COLIBRI_FLAG_ROPE_YARN)) { /* one table: not both */
+        snprintf(why, why_len, "partial RoPE with YaRN scaling, which the CUDA kernels do not "
+                 "compute (one RoPE table: YaRN's full width or the partial one)");
+        return -1;
+    }
+    /* mxfp4 is read by the expert kernels only: an mxfp4 embedding, attention, router or LM
+     * head (`--dtype mxfp4`) runs on the CPU; released gpt-oss keeps those bf16 */
+    const colibri_tensor *dense[] = {&m->tok_embed, &m->lm_head};
+    for (size_t i = 0; i < 2; i++)
+        if (dense[i]->data && dense[i]->dtype == COLIBRI_DT_MXFP4) {
+            snprintf(why, why_len, "mxfp4 %s, which the CUDA kernels do not read (only mxfp4 "
+                     "experts; convert with --expert-dtype mxfp4)", i ? "LM head" : "embedding");
+            return -1;
+        }
+    for (uint32_t l = 0; l < m->n_layers; l++) {
+        const colibri_layer *ly = &m->layers[l];
+        const colibri_tensor *t[] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->router,
+                                     &ly->shared_w1, &ly->shared_w3, &ly->shared_w2};
+        for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
+            if (t[i]->data && t[i]->dtype == COLIBRI_DT_MXFP4) {
+                snprintf(why, why_len, "layer %u has mxfp4 attention/router/shared-expert weights, "
+                         "which the CUDA kernels do not read (only mxfp4 experts; convert with "
+                         "--expert-dtype mxfp4)", l);
+                return -1;
+            }
     }
     for (uint32_t l = 0; l < m->n_layers; l++) {
         const colibri_layer *ly = &m->layers[l];
@@ -1103,6 +1255,12 @@ int colibri_cuda_device_open(colibri_cuda_device **out, const struct colibri_mod
         snprintf(cu->info.prefill, sizeof cu->info.prefill, "%s",
                  found == CB_T_COUNT ? "mma" : "simt");
     }
+    for (int f = 0; f < CB_O_COUNT; f++) {
+        if ((r = cu->d.ModuleGetFunction(&cu->oss[f], cu->mod, cb_oss_names[f])) != CUDA_SUCCESS) {
+            cb_fail_d(&cu->d, r, cb_oss_names[f], why, why_len);
+            goto fail;
+        }
+    }
 
     /* weights: one copy on the device, uploaded in chunks, by default on every GPU.
      * COLIBRI_CUDA_WEIGHTS=map opts into the device-mapped file on an integrated GPU (no second
@@ -1207,6 +1365,7 @@ int colibri_cuda_open_on(colibri_cuda **out, colibri_cuda_device *dv, int stream
     memcpy(cu->tc, dv->tc, sizeof cu->tc);
     memcpy(cu->hy, dv->hy, sizeof cu->hy);
     cu->state_dirty = 1; /* device memory starts undefined: the state is zeroed before the first pass */
+    memcpy(cu->oss, dv->oss, sizeof cu->oss);
     cu->wbase = dv->wbase;
     cu->info = dv->info;
     *out = cu; /* from here colibri_cuda_close releases whatever was acquired */
@@ -1259,7 +1418,7 @@ int colibri_cuda_open_on(colibri_cuda **out, colibri_cuda_device *dv, int stream
     cu->info.device_bytes = cu->plan.total + dv->weights_bytes;
     cu->info.kv_f16 = cu->plan.kv_f16;
     cu->info.kv_cache_bytes = cu->plan.kv_bytes;
-    if (cb_upload_tables(cu, why, why_len)) goto fail;
+    if (cb_upload_tables(cu, why, why_len) || cb_oss_upload_biases(cu, why, why_len)) goto fail;
     {
         const size_t count = (size_t)m->max_seq_len * (m->head_dim / 2) * 2;
         float *cs = malloc(count * sizeof *cs + 1);
@@ -1267,7 +1426,9 @@ int colibri_cuda_open_on(colibri_cuda **out, colibri_cuda_device *dv, int stream
             snprintf(why, why_len, "out of host memory for the RoPE table");
             goto fail;
         }
-        if (cb_rotary_width(m)) /* Qwen's partial RoPE: the table of its rotary width */
+        if (m->flags & COLIBRI_FLAG_ROPE_YARN)
+            cb_oss_rope_table(m, cs); /* the CPU's own YaRN table (core/rope.c) */
+        else if (cb_rotary_width(m)) /* Qwen's partial RoPE: the table of its rotary width */
             colibri_cuda_rope_table_partial(m->rope_theta, cb_rotary_width(m), (int)m->max_seq_len,
                                             cs);
         else
@@ -1498,7 +1659,10 @@ static int cb_issue_chunk(colibri_cuda *cu, int n, int pos, int graph, char *why
                  ? cb_qk_rope_partial(cu, s0, n, pos, ly, kc_l, vc_l, pos_d, why, why_len)
                  : cb_qk_rope_kv(cu, s0, n, pos, ly, kc_l, vc_l, pos_d, why, why_len)))
             return -1;
-        if (n > 1 && Dh <= COLIBRI_CU_FA_MAX_DH) {
+        if (cb_oss_layer(m, l)) {
+            /* gpt-oss: sinks and/or a sliding window, prefill and decode alike */
+            if (cb_oss_attention(cu, s0, n, pos, l, kc_l, vc_l, pos_d, why, why_len)) return -1;
+        } else if (n > 1 && Dh <= COLIBRI_CU_FA_MAX_DH) {
             /* prefill: the tiled kernel, scores in shared memory (graph capture is n == 1) */
             CUdeviceptr o = att, qq = q, kk = kc_l, vv = vc_l;
             int nn = n, pp = pos, hh = H, hk = Hkv, dh = Dh, f16 = p->kv_f16;
@@ -1532,7 +1696,8 @@ static int cb_issue_chunk(colibri_cuda *cu, int n, int pos, int graph, char *why
             void *a[] = {&at, &g, &hd};
             if (cb_launch_hy(cu, CB_H_GATE, (unsigned)n, 1, CB_WIDE, s0, a, why, why_len)) return -1;
         }
-        if (cb_linear(cu, s0, x, Dp, att, HD, n, &ly->wo, 0, 1, why, why_len))
+        if (cb_linear(cu, s0, x, Dp, att, HD, n, &ly->wo, cb_dev(cu, ly->bo.data), 1, why,
+                      why_len)) /* + o_proj's bias (gpt-oss) */
             return -1;
     ffn:
         /* FFN norm -> h; fused: the router and top-k in the same launch (cb_ffn_route) */
@@ -1570,7 +1735,8 @@ static int cb_issue_chunk(colibri_cuda *cu, int n, int pos, int graph, char *why
             int e = E, kk = k, renorm = m->routing == COLIBRI_WEIGHTS_RENORM;
             void *a[] = {&rl, &e, &kk, &renorm, &ti, &tw};
             if (!cu->fuse_route &&
-                (cb_linear_at(cu, s0, rl, E, h, Dp, n, &ly->router, 0, 0, 0, why, why_len) ||
+                (cb_linear_at(cu, s0, rl, E, h, Dp, n, &ly->router, cb_dev(cu, ly->router_bias.data),
+                              0, 0, why, why_len) ||
                  cb_launch(cu, CB_F_TOPK, (unsigned)n, 1, COLIBRI_CU_ROUTER_THREADS, s0, a, why,
                            why_len)))
                 return -1;
@@ -1582,9 +1748,11 @@ static int cb_issue_chunk(colibri_cuda *cu, int n, int pos, int graph, char *why
         }
         /* min(E, n*k) groups: at most that many experts have slots (decode: exactly k) */
         const int groups = n * k < E ? n * k : E;
-        if (cb_swiglu(cu, s0, n, A + p->act, (int)m->expert_size, A + p->expert_out, A + p->perm,
-                      A + p->offsets, A + p->active, tabs, E, groups, (int)ly->w1[0].dtype,
-                      (int)ly->w2[0].dtype, why, why_len))
+        if (cb_oss_experts(ly)
+                ? cb_oss_swiglu(cu, s0, l, tabs, groups, why, why_len)
+                : cb_swiglu(cu, s0, n, A + p->act, (int)m->expert_size, A + p->expert_out,
+                            A + p->perm, A + p->offsets, A + p->active, tabs, E, groups,
+                            (int)ly->w1[0].dtype, (int)ly->w2[0].dtype, why, why_len))
             return -1;
         if (shared && s1 != s0) CB_CHECK(cu->d.StreamWaitEvent(s0, cu->ev_shared, 0), "wait");
         {

@@ -138,6 +138,7 @@ typedef struct {
      * recurrent layers' state (one region, layer after layer, zeroed at open and by reset) */
     size_t mix, state, state_bytes;
     int kv_layers;             /* layers with a KV cache (the attention kinds) */
+    size_t oss_bias;           /* gpt-oss: per layer the b1[E] b3[E] b2[E] pointers (0 bytes without) */
     size_t total;
 } colibri_cuda_plan_t;
 

@@ -179,8 +179,9 @@ static int param_sizes(void (*)(A...), std::size_t *sizes, int max) {
     K(cb_embed) K(cb_rmsnorm) K(cb_linear) K(cb_qk_rope_kv) K(cb_attention)                   \
     K(cb_attention_prefill) K(cb_attention_merge) K(cb_router_topk) K(cb_ffn_route)           \
     K(cb_dispatch) K(cb_expert_up) K(cb_expert_down) K(cb_moe_combine)                        \
-    K(cb_expert_up_mma) K(cb_expert_down_mma) K(cb_linear_mma)                             \
-    K(cb_dn_conv) K(cb_dn_recur) K(cb_qk_rope_partial_kv) K(cb_sigmoid_gate) K(cb_zero)
+    K(cb_expert_up_mma) K(cb_expert_down_mma) K(cb_linear_mma)                              \
+    K(cb_dn_conv) K(cb_dn_recur) K(cb_qk_rope_partial_kv) K(cb_sigmoid_gate) K(cb_zero)       \
+    K(cb_oss_expert_up) K(cb_oss_expert_down) K(cb_oss_attention) /* gpt-oss (#23) */
 
 // The byte size of each parameter of kernel `name`, from its C++ signature: what a real driver
 // reads from the cubin's parameter table (EIATTR_KPARAM_INFO) when cuLaunchKernel copies the
