@@ -287,6 +287,53 @@ def test_bench_json_fields(host_colibri: Path, models: dict[str, Path]) -> None:
     assert out["decode_tok_s"] > 0 and out["prefill_ms_p99"] >= out["prefill_ms_p50"] > 0
 
 
+STAGES = ("embed", "norms", "mixer", "route", "dispatch", "experts", "shared_expert", "combine", "head")
+STAGE_SUM_TOL = 0.10  # stages + sampling cover at least 90% of the timed total (docs/runtime.md)
+
+
+def test_bench_stages(host_colibri: Path, models: dict[str, Path]) -> None:
+    """bench --stages: every stage is reported for prefill and decode, none negative, and the
+    stages with sampling account for the timed total within STAGE_SUM_TOL (what is left is the
+    API's checks and the clock reads; nothing here asserts a speed)."""
+    out = json.loads(run(host_colibri, "--threads", "2", "bench", str(models["shared-gate-bias-plain-f32"]),
+                         "--prompt-len", "24", "--gen", "6", "--runs", "2", "--stages", "--json").stdout)
+    for phase in ("prefill", "decode"):
+        st = out["stages"][phase]
+        assert set(st) == {"total_ms", *STAGES, "sampling", "other"}
+        assert all(st[k] >= 0 for k in (*STAGES, "sampling")), st
+        parts = sum(st[k] for k in (*STAGES, "sampling"))
+        assert st["total_ms"] > 0 and abs(st["total_ms"] - parts) <= STAGE_SUM_TOL * st["total_ms"], st
+        assert abs(st["other"] - (st["total_ms"] - parts)) < 1e-3
+        # the model has attention, routed and shared experts and a head: each took some time
+        for k in ("mixer", "experts", "shared_expert", "head"):
+            assert st[k] > 0, (phase, k, st)
+    text = run(host_colibri, "bench", str(models["tiny-f32"]), "--prompt-len", "8", "--gen", "2",
+               "--runs", "1", "--stages").stdout
+    assert "stages, prefill (per run)" in text and "stages, decode (per token)" in text
+    plain = run(host_colibri, "bench", str(models["tiny-f32"]), "--prompt-len", "8", "--gen", "2",
+                "--runs", "1", "--json").stdout
+    assert "stages" not in json.loads(plain)
+
+
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_stage_timing_keeps_bits(host_colibri: Path, models: dict[str, Path], tmp_path: Path,
+                                 threads: str) -> None:
+    """With stage timing on the shared expert runs as its own jobs: the same rows, so the same
+    logits bit for bit (one call and token by token), and the stage sums come back."""
+    model = str(models["shared-gate-bias-plain-int8"])
+    for extra in ([], ["--decode-from", "4"]):
+        ids = ",".join(map(str, PROMPT))
+        run(host_colibri, "--threads", threads, "forward", model, "--ids", ids, "--logits-out",
+            str(tmp_path / "off.bin"), *extra)
+        want = np.fromfile(tmp_path / "off.bin", dtype="<f4")
+        proc = run(host_colibri, "--threads", threads, "forward", model, "--ids", ids,
+                   "--logits-out", str(tmp_path / "on.bin"), "--stages", *extra)
+        got = np.fromfile(tmp_path / "on.bin", dtype="<f4")
+        assert got.size == len(PROMPT) * 300 and got.tobytes() == want.tobytes()
+        stages = json.loads(proc.stdout)["stages_ms"]
+        assert set(stages) == set(STAGES) and stages["shared_expert"] > 0
+
+
 def test_selftest_passes(host_colibri: Path) -> None:
     out = run(host_colibri, "selftest").stdout
     assert "passed: 0 check(s) failed" in out

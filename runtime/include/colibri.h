@@ -302,6 +302,29 @@ const char *colibri_last_error(const colibri_ctx *ctx);
 void colibri_get_model_info(const colibri_ctx *ctx, colibri_model_info *info);
 void colibri_get_runtime_info(const colibri_ctx *ctx, colibri_runtime_info *info);
 
+/* Per-stage CPU times of the forward pass (`colibri bench --stages`, docs/runtime.md "Stage
+ * times"). Off by default: then the pass reads no clock. On, every stage boundary reads
+ * CLOCK_MONOTONIC and adds the time since the previous boundary to that stage, and the shared
+ * expert runs as its own matrix jobs (two more pool hand-offs a layer) so its time can be told
+ * apart; the logits keep their bits either way (the jobs only regroup rows). CUDA passes record
+ * nothing. Switching it (on or off) zeroes the sums. */
+typedef enum {
+    COLIBRI_STAGE_EMBED,    /* embedding rows gathered, RoPE tables */
+    COLIBRI_STAGE_NORMS,    /* the attention and MoE input RMSNorms, the final norm */
+    COLIBRI_STAGE_MIXER,    /* attention (projections, scores, values, output) or DeltaNet */
+    COLIBRI_STAGE_ROUTE,    /* router logits, top-k */
+    COLIBRI_STAGE_DISPATCH, /* slots per expert */
+    COLIBRI_STAGE_EXPERTS,  /* the routed experts' gate/up, SwiGLU, down */
+    COLIBRI_STAGE_SHARED,   /* the shared expert */
+    COLIBRI_STAGE_COMBINE,  /* the weighted sum back into the residual */
+    COLIBRI_STAGE_HEAD,     /* the LM head */
+    COLIBRI_STAGE_COUNT
+} colibri_stage;
+void colibri_set_stage_timing(colibri_ctx *ctx, int on);
+/* ms[i]: milliseconds spent in stage i since the last colibri_set_stage_timing */
+void colibri_get_stage_times(const colibri_ctx *ctx, double ms[COLIBRI_STAGE_COUNT]);
+const char *colibri_stage_name(int stage); /* "embed", "norms", ...; NULL out of range */
+
 /* Write every routing decision made since init/reset (per forward call, token position, layer:
  * the top_k experts and their weights, and the router logits) as JSON lines to `path`.
  * Compiled in only with -DCOLIBRI_DEBUG; otherwise returns COLIBRI_E_NOT_BUILT. */

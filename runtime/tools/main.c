@@ -42,6 +42,7 @@ typedef struct {
     long pace_ms;       /* bench --pace-ms: run r starts at r * pace_ms after the first; 0: back to back */
     const char *trace;  /* bench --trace FILE: every timed sample with its start time */
     int json;
+    int stages; /* bench --stages: per-stage times (colibri_set_stage_timing) */
     int last; /* forward --last: only the last token's logits (colibri_forward_last) */
     long decode_from; /* forward --decode-from K: ids[K..] one call each; -1: one call */
     const char *synopsis; /* the command's usage line */
@@ -50,7 +51,7 @@ typedef struct {
 enum {
     O_IDS = 1 << 0, O_LAST = 1 << 1, O_DECODE_FROM = 1 << 2, O_LOGITS_OUT = 1 << 3,
     O_OUT = 1 << 4, O_PROMPT_LEN = 1 << 5, O_GEN = 1 << 6, O_RUNS = 1 << 7, O_JSON = 1 << 8,
-    O_MODEL = 1 << 9, O_PACE = 1 << 10, O_TRACE = 1 << 11
+    O_MODEL = 1 << 9, O_PACE = 1 << 10, O_TRACE = 1 << 11, O_STAGES = 1 << 12
 };
 
 /* A command's usage: its synopsis (what follows `colibri`, then what its options mean), then the
@@ -90,6 +91,8 @@ static int parse_cmd(cli *c, const cli_globals *g, unsigned allowed, const char 
             if (r < 0) return usage(c, NULL);
         } else if (TAKES(O_JSON, "--json")) {
             c->json = 1;
+        } else if (TAKES(O_STAGES, "--stages")) {
+            c->stages = 1;
         } else if (TAKES(O_LAST, "--last")) {
             c->last = 1;
         } else if (TAKES(O_DECODE_FROM, "--decode-from")) {
@@ -262,6 +265,7 @@ static int run_ids(const cli *c, colibri_ctx **ctx, int32_t **ids, int *n, float
     if (cli_ids(c->ids, ids, &count)) return usage(c, "--ids must be comma-separated integers, e.g. 1,2,3");
     *n = (int)count;
     if (cli_open_globals(c->model, &c->g, ctx)) return 1; /* the caller frees *ids */
+    if (c->stages) colibri_set_stage_timing(*ctx, 1);
     colibri_model_info m;
     colibri_get_model_info(*ctx, &m);
     *logits = malloc((size_t)(c->last ? 1 : *n) * m.vocab_size * sizeof(float));
@@ -308,6 +312,14 @@ static int cmd_forward(const cli *c) {
         }
         printf("{\"n\": %d, \"vocab_size\": %u, \"logits_out\": ", n, m.vocab_size);
         cli_json_string(stdout, c->logits_out, strlen(c->logits_out));
+        if (c->stages) { /* the whole run's stage times (one or more forward calls) */
+            double ms[COLIBRI_STAGE_COUNT];
+            colibri_get_stage_times(ctx, ms);
+            printf(", \"stages_ms\": {");
+            for (int i = 0; i < COLIBRI_STAGE_COUNT; i++)
+                printf("%s\"%s\": %.4f", i ? ", " : "", colibri_stage_name(i), ms[i]);
+            printf("}");
+        }
         printf("}\n");
     } else {
         printf("{\"n\": %d, \"vocab_size\": %u, \"positions\": [", n, m.vocab_size);
@@ -421,6 +433,41 @@ static int write_trace(const char *path, long runs, long gen, const double *firs
 /* bench: runs (after one untimed warm-up) of the prompt and gen decoded tokens. Per run: the
  * prefill, the first token (prefill + pick), each decoded token's time and page faults (the
  * whole process's, getrusage RUSAGE_SELF around it); their distributions are printed. */
+/* bench --stages: the pass's stages (colibri_stage), then the bench's own two entries */
+enum { STAGE_SAMPLING = COLIBRI_STAGE_COUNT, STAGE_TOTAL };
+
+/* add the context's stage sums to acc (and zero them for the next call) */
+static void stage_take(colibri_ctx *ctx, double *acc) {
+    double ms[COLIBRI_STAGE_COUNT];
+    colibri_get_stage_times(ctx, ms);
+    for (int i = 0; i < COLIBRI_STAGE_COUNT; i++) acc[i] += ms[i];
+    colibri_set_stage_timing(ctx, 1);
+}
+
+/* the time no stage accounts for: the API's checks, the calls, the clock reads themselves */
+static double stage_other(const double *acc) {
+    double sum = 0;
+    for (int i = 0; i < STAGE_TOTAL; i++) sum += acc[i];
+    return acc[STAGE_TOTAL] - sum;
+}
+
+static void stages_json(const double *acc, double per) {
+    printf("{\"total_ms\": %.4f", acc[STAGE_TOTAL] / per);
+    for (int i = 0; i < COLIBRI_STAGE_COUNT; i++)
+        printf(", \"%s\": %.4f", colibri_stage_name(i), acc[i] / per);
+    printf(", \"sampling\": %.4f, \"other\": %.4f}", acc[STAGE_SAMPLING] / per,
+           stage_other(acc) / per);
+}
+
+static void stages_text(const char *what, const double *acc, double per) {
+    double t = acc[STAGE_TOTAL] > 0 ? acc[STAGE_TOTAL] : 1.0;
+    printf("stages, %s: %.3f ms\n", what, acc[STAGE_TOTAL] / per);
+    for (int i = 0; i <= STAGE_SAMPLING; i++)
+        printf("  %-14s %9.3f ms %5.1f%%\n", i < COLIBRI_STAGE_COUNT ? colibri_stage_name(i) : "sampling",
+               acc[i] / per, 100.0 * acc[i] / t);
+    printf("  %-14s %9.3f ms %5.1f%%\n", "other", stage_other(acc) / per, 100.0 * stage_other(acc) / t);
+}
+
 static int cmd_bench(const cli *c) {
     double t0 = cli_now_ms();
     colibri_ctx *ctx;
@@ -452,6 +499,8 @@ static int cmd_bench(const cli *c) {
     int rc = 0;
     unsigned long long minor = 0, major = 0, tok_minor_max = 0, tok_major_max = 0;
     unsigned long long warm_minor = 0, warm_major = 0;
+    /* --stages: sums over the timed runs, the pass's stages then sampling and the total */
+    double st_pre[STAGE_TOTAL + 1] = {0}, st_dec[STAGE_TOTAL + 1] = {0};
     faults_now(&warm_minor, &warm_major);
     /* --pace-ms: timed run r starts at t_run0 + r * pace_ms (a fixed grid: a run that overran
      * its slot makes the next start at once, counted), so a sample does not start in the state
@@ -473,19 +522,32 @@ static int cmd_bench(const cli *c) {
             else sleep_until_ms(due);
         }
         colibri_reset(ctx);
+        int timing = c->stages && r >= 0; /* the timed runs only */
+        if (timing) colibri_set_stage_timing(ctx, 1); /* zeroes the sums */
         double a = cli_now_ms();
         /* the prompt as colibri_generate runs it: the last token's logits only */
         colibri_status s = colibri_forward_last(ctx, ids, (int)plen, logits);
         double b = cli_now_ms();
         int32_t next = argmax(logits, m.vocab_size);
         double cdone = cli_now_ms();
+        if (timing) {
+            stage_take(ctx, st_pre);
+            st_pre[STAGE_SAMPLING] += cdone - b;
+            st_pre[STAGE_TOTAL] += cdone - a;
+        }
         for (long g = 0; g < gen && !s; g++) {
             unsigned long long mn0, mj0, mn1, mj1;
             faults_now(&mn0, &mj0);
             double ta = cli_now_ms();
             s = colibri_forward(ctx, &next, 1, logits);
+            double tp = timing ? cli_now_ms() : 0.0;
             next = argmax(logits, m.vocab_size);
             double tb = cli_now_ms();
+            if (timing) {
+                stage_take(ctx, st_dec);
+                st_dec[STAGE_SAMPLING] += tb - tp;
+                st_dec[STAGE_TOTAL] += tb - ta;
+            }
             faults_now(&mn1, &mj1);
             if (r >= 0) {
                 tok[r * gen + g] = tb - ta;
@@ -544,6 +606,13 @@ static int cmd_bench(const cli *c) {
             printf(", \"faults_per_token\": {\"minor\": %.4f, \"major\": %.4f, \"max_minor\": %llu, "
                    "\"max_major\": %llu}, \"warmup_faults\": {\"minor\": %llu, \"major\": %llu}",
                    per_minor, per_major, tok_minor_max, tok_major_max, warm_minor, warm_major);
+            if (c->stages) {
+                printf(", \"stages\": {\"prefill\": ");
+                stages_json(st_pre, (double)runs);
+                printf(", \"decode\": ");
+                stages_json(st_dec, (double)(ntok > 0 ? ntok : 1));
+                printf("}");
+            }
             printf(", \"realtime\": {\"cpus\": \"%s\", \"sched\": \"%s\", \"priority\": %d, "
                    "\"barrier\": \"%s\", \"memory_locked\": %s, \"locked_mb\": %.1f}}\n", ri.cpus,
                    ri.sched, ri.sched_priority, ri.barrier, ri.memory_locked ? "true" : "false",
@@ -569,6 +638,10 @@ static int cmd_bench(const cli *c) {
                 printf("real-time: cpus %s, sched %s, barrier %s, memory %s (%.1f MiB locked)\n",
                        ri.cpus[0] ? ri.cpus : "unpinned", pol, ri.barrier,
                        ri.memory_locked ? "locked" : "not locked", (double)ri.locked_bytes / (1 << 20));
+            }
+            if (c->stages) {
+                stages_text("prefill (per run)", st_pre, (double)runs);
+                if (ntok > 0) stages_text("decode (per token)", st_dec, (double)ntok);
             }
         }
     }
@@ -620,18 +693,22 @@ static int print_version(void) {
 /* The model commands of this file: parse, then run. */
 #define SYN_INFO "info MODEL\n  JSON: geometry, dtype, padding, layers, backend (arena, KV cache bytes)"
 #define SYN_FORWARD                                                                               \
-    "forward MODEL --ids 1,2,3 [--last | --decode-from K] [--logits-out FILE]\n"               \
+    "forward MODEL --ids 1,2,3 [--last | --decode-from K] [--logits-out FILE] [--stages]\n"    \
     "  runs the ids from position 0; --logits-out writes raw little-endian f32 [n, vocab]\n"    \
     "  (else a JSON summary: the top 5 ids per position); --last: only the last token's\n"      \
     "  logits (colibri_forward_last); --decode-from K: ids before K in one call, then one call\n" \
-    "  per token (decode steps)"
+    "  per token (decode steps); --stages (with --logits-out): stage timing on, its sums in\n"   \
+    "  the JSON line as stages_ms (the logits keep their bits)"
 #define SYN_BENCH                                                                                 \
-    "bench MODEL [--prompt-len N] [--gen N] [--runs N] [--pace-ms MS] [--trace FILE] [--json]\n" \
+    "bench MODEL [--prompt-len N] [--gen N] [--runs N] [--pace-ms MS] [--trace FILE] [--stages]\n" \
+    "  [--json]\n"                                                                              \
     "  load ms, prefill ms, the latency distribution (p50, p99, p99.9, max) of the first token\n" \
     "  and of every decoded token, decode tok/s, page faults per decoded token (minor, major),\n" \
     "  peak RSS; after one untimed warm-up run; defaults 32, 32, 5. --pace-ms: a run starts\n"  \
     "  every MS ms (a fixed period; 0: back to back); --trace: every sample, unsorted, with\n"  \
-    "  its start time (kind run token start_ms ms)"
+    "  its start time (kind run token start_ms ms); --stages: the time of each stage of the\n"  \
+    "  pass (embed, norms, mixer, route, ..., head, sampling) per prefill and per decoded\n"    \
+    "  token, from the timed runs (the clock is read only with --stages)"
 #define SYN_ROUTING                                                                               \
     "dump-routing MODEL --ids 1,2,3 --out FILE\n"                                               \
     "  every routing decision as JSON lines (a build with -DCOLIBRI_DEBUG)"
@@ -645,15 +722,15 @@ static int run_info(const cli_globals *g, int argc, char **argv) {
 
 static int run_forward(const cli_globals *g, int argc, char **argv) {
     cli c;
-    int rc = parse_cmd(&c, g, O_MODEL | O_IDS | O_LAST | O_DECODE_FROM | O_LOGITS_OUT, SYN_FORWARD,
+    int rc = parse_cmd(&c, g, O_MODEL | O_IDS | O_LAST | O_DECODE_FROM | O_LOGITS_OUT | O_STAGES, SYN_FORWARD,
                        argc, argv);
     return rc ? (rc < 0 ? 0 : rc) : cmd_forward(&c);
 }
 
 static int run_bench(const cli_globals *g, int argc, char **argv) {
     cli c;
-    int rc = parse_cmd(&c, g, O_MODEL | O_PROMPT_LEN | O_GEN | O_RUNS | O_JSON | O_PACE | O_TRACE,
-                       SYN_BENCH, argc, argv);
+    int rc = parse_cmd(&c, g, O_MODEL | O_PROMPT_LEN | O_GEN | O_RUNS | O_JSON | O_PACE | O_TRACE |
+                                  O_STAGES, SYN_BENCH, argc, argv);
     return rc ? (rc < 0 ? 0 : rc) : cmd_bench(&c);
 }
 
@@ -675,7 +752,8 @@ static const cli_command commands[] = {
      "logits of the ids (raw f32 or a JSON summary)"},
     {"generate", colibri_cmd_generate, "MODEL (--ids 1,2,3 --max-new N | --prompt T) [sampling...]",
      "greedy or sampled ids or text"},
-    {"bench", run_bench, "MODEL [--prompt-len N] [--gen N] [--runs N] [--pace-ms MS] [--trace F] [--json]",
+    {"bench", run_bench,
+     "MODEL [--prompt-len N] [--gen N] [--runs N] [--pace-ms MS] [--trace F] [--stages] [--json]",
      "load, prefill, latency distributions (first token, per token), page faults"},
     {"bench-contexts", colibri_cmd_bench_contexts, "MODEL [--contexts N] [--gen N] [--json]",
      "one shared model, N contexts decoding at once"},

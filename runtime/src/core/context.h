@@ -102,6 +102,10 @@ struct colibri_ctx {
     size_t locked_bytes;
     unsigned long long caller_minflt, caller_majflt; /* worker 0's faults inside forward */
     colibri_step_times steps; /* an engine's: where its passes' time went (forward.c, gen_batch.c) */
+    /* stage times (colibri_set_stage_timing): read only when stage_on */
+    int stage_on;
+    double stage_t;                           /* the last stage boundary, ms */
+    double stage_ms[COLIBRI_STAGE_COUNT];
 };
 
 struct colibri_engine {
@@ -134,6 +138,13 @@ void colibri_cpu_pass(colibri_ctx *eng, const colibri_pass_item *items, int n_it
  * or, cuda, each item as its own colibri_forward(_last) on its CUDA context. eng is an engine's
  * context, or a sequence context running itself (colibri_generate). */
 colibri_status colibri_batch_run(colibri_ctx *eng, int cuda, const colibri_batch_item *it, int n);
+
+/* forward.c: a stage boundary: the time since the previous one goes to `stage`. The test of
+ * stage_on is the whole cost when timing is off. */
+void colibri_stage_clock(colibri_ctx *ctx, int stage);
+static inline void colibri_stage_mark(colibri_ctx *ctx, int stage) {
+    if (ctx->stage_on) colibri_stage_clock(ctx, stage);
+}
 
 /* api.c: set ctx's last error (printf format) and return s. */
 colibri_status colibri_ctx_fail(colibri_ctx *ctx, colibri_status s, const char *fmt, ...)

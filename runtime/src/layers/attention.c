@@ -282,6 +282,7 @@ void colibri_attention_forward(colibri_ctx *ctx, int l, const colibri_batch *bt)
     for (int j = 0; j < n; j++)
         colibri_rmsnorm(b->h + j * dp, b->x + j * dp, ly->attn_norm.data, m->embed_dim, dp,
                         m->norm_eps);
+    colibri_stage_mark(ctx, COLIBRI_STAGE_NORMS);
 
     colibri_mm_job job;
     colibri_mm_init(&job, ctx);

@@ -13,6 +13,38 @@
 #include "linear.h"
 #include "core/rope.h"
 
+/* The stepping thread's clock: stage times (only with stage timing on) and
+ * colibri_engine_step_times (two reads per layer part: a few tens of nanoseconds against a pass
+ * of milliseconds). */
+static double now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+void colibri_stage_clock(colibri_ctx *ctx, int stage) {
+    double t = now_ms();
+    ctx->stage_ms[stage] += t - ctx->stage_t;
+    ctx->stage_t = t;
+}
+
+void colibri_set_stage_timing(colibri_ctx *ctx, int on) {
+    if (!ctx) return;
+    ctx->stage_on = on != 0;
+    memset(ctx->stage_ms, 0, sizeof ctx->stage_ms);
+}
+
+void colibri_get_stage_times(const colibri_ctx *ctx, double ms[COLIBRI_STAGE_COUNT]) {
+    for (int i = 0; i < COLIBRI_STAGE_COUNT; i++) ms[i] = ctx ? ctx->stage_ms[i] : 0.0;
+}
+
+const char *colibri_stage_name(int stage) {
+    static const char *const names[COLIBRI_STAGE_COUNT] = {
+        "embed", "norms", "mixer", "route", "dispatch", "experts", "shared_expert", "combine",
+        "head"};
+    return stage >= 0 && stage < COLIBRI_STAGE_COUNT ? names[stage] : NULL;
+}
+
 /* cos (first Dh/2) and sin (second Dh/2) of each row's position, shared by the attention layers
  * (plain RoPE or YaRN: rope.c) */
 static void rope_tables(colibri_ctx *ctx, const colibri_batch *bt) {
@@ -30,10 +62,12 @@ static void head_direct(colibri_ctx *eng, int j0, int n, float *logits) {
     for (int j = j0; j < n; j++)
         colibri_rmsnorm(b->h + j * dp, b->x + j * dp, m->output_norm.data, m->embed_dim, dp,
                         m->norm_eps);
+    colibri_stage_mark(eng, COLIBRI_STAGE_NORMS);
     colibri_mm_job head;
     colibri_mm_init(&head, eng);
     colibri_mm_add(&head, &m->lm_head, b->h + (size_t)j0 * dp, dp, n - j0, logits, m->vocab_size, 0);
     colibri_mm_run(&head);
+    colibri_stage_mark(eng, COLIBRI_STAGE_HEAD);
 }
 
 /* The same for a pass over several sequences: the rows that want logits are normalised into
@@ -61,14 +95,7 @@ static void head_staged(colibri_ctx *eng, const colibri_pass_item *it, int n_ite
         colibri_mm_run(&head);
         for (int k = 0; k < g; k++) memcpy(dst[g0 + k], b->lstage + (size_t)k * V, V * sizeof(float));
     }
-}
-
-/* The stepping thread's clock, for colibri_engine_step_times (two reads per layer part: a few
- * tens of nanoseconds against a pass of milliseconds). */
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+    colibri_stage_mark(eng, COLIBRI_STAGE_HEAD); /* the staged head's norms included */
 }
 
 void colibri_cpu_pass(colibri_ctx *eng, const colibri_pass_item *it, int n_items) {
@@ -78,6 +105,7 @@ void colibri_cpu_pass(colibri_ctx *eng, const colibri_pass_item *it, int n_items
     colibri_step_times *st = &eng->steps;
     double t0 = now_ms(), t;
 
+    if (eng->stage_on) eng->stage_t = now_ms(); /* the pass starts: nothing before it counts */
     /* the rows: each sequence's tokens in order, after the previous sequence's */
     int n = 0;
     for (int i = 0; i < n_items; i++) {
@@ -91,11 +119,13 @@ void colibri_cpu_pass(colibri_ctx *eng, const colibri_pass_item *it, int n_items
     }
     colibri_batch bt = {n, b->pos, eng->row_seq, n_items, eng->seqs};
     rope_tables(eng, &bt);
+    colibri_stage_mark(eng, COLIBRI_STAGE_EMBED);
     for (int l = 0; l < (int)m->n_layers; l++) {
         t = now_ms();
         m->layers[l].mixer->forward(eng, l, &bt);
         double t1 = now_ms();
-        m->layers[l].ffn->forward(eng, l, &bt);
+        colibri_stage_mark(eng, COLIBRI_STAGE_MIXER); /* the kind marks its own norm first, if any */
+        m->layers[l].ffn->forward(eng, l, &bt); /* marks its own stages */
         st->mixer_ms += t1 - t;
         st->ffn_ms += now_ms() - t1;
     }

@@ -103,6 +103,7 @@ void colibri_moe_forward(colibri_ctx *ctx, int l, const colibri_batch *bt) {
     for (int j = 0; j < n; j++)
         colibri_rmsnorm(b->h + j * dp, b->x + j * dp, ly->ffn_norm.data, m->embed_dim, dp,
                         m->norm_eps);
+    colibri_stage_mark(ctx, COLIBRI_STAGE_NORMS);
 
     /* Route: router logits (f32 weights) then top-k per token. */
     colibri_rows_dot(&ly->router, 0, (uint32_t)E, b->h, n, dp, b->router, E, b->scratch);
@@ -114,6 +115,7 @@ void colibri_moe_forward(colibri_ctx *ctx, int l, const colibri_batch *bt) {
 #ifdef COLIBRI_DEBUG
     record_routing(ctx, l, bt);
 #endif
+    colibri_stage_mark(ctx, COLIBRI_STAGE_ROUTE);
 
     /* Dispatch: count per expert, prefix offsets, each (token, choice) its slot in its
      * expert's contiguous group (tokens in ascending order inside a group). */
@@ -131,10 +133,11 @@ void colibri_moe_forward(colibri_ctx *ctx, int l, const colibri_batch *bt) {
             b->slot_of[j * K + i] = slot;
             b->slot_tok[slot] = j;
         }
+    colibri_stage_mark(ctx, COLIBRI_STAGE_DISPATCH);
 
     /* Compute: every active expert's SwiGLU FFN over its group, expert-major (moe_experts.c),
      * and the shared expert; the outputs land in ys (slot order) and sout. */
-    colibri_moe_experts(ctx, ly, n);
+    colibri_moe_experts(ctx, ly, n); /* marks the experts and the shared expert */
 
     /* Combine in a fixed order: choice 0..K-1 of each token, then the shared expert. */
     for (int j = 0; j < n; j++) {
@@ -151,4 +154,5 @@ void colibri_moe_forward(colibri_ctx *ctx, int l, const colibri_batch *bt) {
             x[d] += acc;
         }
     }
+    colibri_stage_mark(ctx, COLIBRI_STAGE_COMBINE);
 }

@@ -39,6 +39,17 @@ void colibri_add_bias(float *y, size_t ld, int count, const float *bias, size_t 
         for (size_t i = 0; i < width; i++) y[(size_t)r * ld + i] += bias[i];
 }
 
+/* The shared expert's gate and up projections over the pass's n tokens, into a job. */
+static void shared_up(colibri_mm_job *job, const colibri_layer *ly, colibri_buffers *b, size_t dp,
+                      int n, size_t Fs, size_t qrest) {
+    colibri_mm_add(job, &ly->shared_w1, b->h, dp, n, b->sgate, Fs, qrest);
+    colibri_mm_add(job, &ly->shared_w3, b->h, dp, n, b->sup, Fs, qrest);
+}
+
+static void shared_act(colibri_buffers *b, int n, size_t Fs) {
+    for (size_t i = 0; i < (size_t)n * Fs; i++) b->sgate[i] = silu(b->sgate[i]) * b->sup[i];
+}
+
 /* Experts [e0, e1): their slots [offsets[e0], offsets[e1]) (at most b->slots of them), and the
  * shared expert over the pass's n tokens when `shared`. */
 static void expert_pass(colibri_ctx *ctx, const colibri_layer *ly, size_t e0, size_t e1,
@@ -48,6 +59,9 @@ static void expert_pass(colibri_ctx *ctx, const colibri_layer *ly, size_t e0, si
     size_t dp = m->embed_dim_pad, F = m->expert_size, Fs = shared ? m->shared_expert_size : 0;
     size_t s0 = (size_t)b->offsets[e0], ns = (size_t)b->offsets[e1] - s0;
     size_t qrest = (size_t)b->slots; /* int8 rows past the pass's slots (the shared expert) */
+    /* with stage timing on, the shared expert runs after the routed ones in jobs of its own
+     * (its time told apart); its rows and the routed rows are the same either way */
+    int split = Fs && ctx->stage_on;
 
     for (size_t s = 0; s < ns; s++)
         memcpy(b->xs + s * dp, b->h + (size_t)b->slot_tok[s0 + s] * dp, dp * sizeof(float));
@@ -61,10 +75,7 @@ static void expert_pass(colibri_ctx *ctx, const colibri_layer *ly, size_t e0, si
         colibri_mm_add(&up, &ly->w1[e], b->xs + off * dp, dp, c, b->gate + off * F, F, off);
         colibri_mm_add(&up, &ly->w3[e], b->xs + off * dp, dp, c, b->up + off * F, F, off);
     }
-    if (Fs) {
-        colibri_mm_add(&up, &ly->shared_w1, b->h, dp, n, b->sgate, Fs, qrest);
-        colibri_mm_add(&up, &ly->shared_w3, b->h, dp, n, b->sup, Fs, qrest);
-    }
+    if (Fs && !split) shared_up(&up, ly, b, dp, n, Fs, qrest);
     colibri_mm_run(&up);
 
     const uint32_t fp = ly->desc.ffn_params[0];
@@ -78,7 +89,7 @@ static void expert_pass(colibri_ctx *ctx, const colibri_layer *ly, size_t e0, si
                        colibri_f32_of(ly->desc.ffn_params[2]));
     else
         for (size_t i = 0; i < ns * F; i++) b->gate[i] = silu(b->gate[i]) * b->up[i];
-    for (size_t i = 0; i < (size_t)n * Fs; i++) b->sgate[i] = silu(b->sgate[i]) * b->sup[i];
+    if (!split) shared_act(b, n, Fs);
 
     colibri_mm_job down;
     colibri_mm_init(&down, ctx);
@@ -89,10 +100,21 @@ static void expert_pass(colibri_ctx *ctx, const colibri_layer *ly, size_t e0, si
         colibri_mm_add(&down, &ly->w2[e], b->gate + off * F, F, c, b->ys + (s0 + off) * dp, dp,
                        off);
     }
-    if (Fs) colibri_mm_add(&down, &ly->shared_w2, b->sgate, Fs, n, b->sout, dp, qrest);
+    if (Fs && !split) colibri_mm_add(&down, &ly->shared_w2, b->sgate, Fs, n, b->sout, dp, qrest);
     colibri_mm_run(&down);
     for (size_t e = e0; ly->b2[0].data && e < e1; e++)
         colibri_add_bias(b->ys + (size_t)b->offsets[e] * dp, dp, b->counts[e], ly->b2[e].data, dp);
+    colibri_stage_mark(ctx, COLIBRI_STAGE_EXPERTS); /* with the shared expert when not split */
+    if (!split) return;
+    colibri_mm_job sup, sdown;
+    colibri_mm_init(&sup, ctx);
+    shared_up(&sup, ly, b, dp, n, Fs, qrest);
+    colibri_mm_run(&sup);
+    shared_act(b, n, Fs);
+    colibri_mm_init(&sdown, ctx);
+    colibri_mm_add(&sdown, &ly->shared_w2, b->sgate, Fs, n, b->sout, dp, qrest);
+    colibri_mm_run(&sdown);
+    colibri_stage_mark(ctx, COLIBRI_STAGE_SHARED);
 }
 
 void colibri_moe_experts(colibri_ctx *ctx, const colibri_layer *ly, int n) {
