@@ -84,6 +84,13 @@ def kv_value_bytes(kv_dtype: str) -> int:
 def cpu_arena_bytes(h: ModelHeader, threads: int = DEFAULT_THREADS, int8_act: bool = False,
                     kv_dtype: str = "f32") -> int:
     """runtime/src/core/arena.c colibri_arena_plan, byte for byte (release build)."""
+    return _cpu_arena_plan(h, threads, int8_act, kv_dtype, engine=False)
+
+
+def _cpu_arena_plan(h: ModelHeader, threads: int, int8_act: bool, kv_dtype: str,
+                    engine: bool) -> int:
+    """colibri_arena_plan's regions in its order; `engine`: the batch engine's arena (no KV rows,
+    no recurrent state: the slots' contexts hold them; an LM head stage at the end)."""
     kv_size = kv_value_bytes(kv_dtype)
     used = 0
 
@@ -103,10 +110,10 @@ def cpu_arena_bytes(h: ModelHeader, threads: int = DEFAULT_THREADS, int8_act: bo
     stage = T * kvd if kv_staged(h) else 0  # a pass's K/V rows on their way to a short ring
     take(stage, kv_size)
     take(stage, kv_size)
-    rows = kv_rows(h)  # every layer's K rows, then V rows, as its kind keeps them
+    rows = 0 if engine else kv_rows(h)  # every layer's K rows, then V rows, as its kind keeps them
     take(rows * kvd, kv_size)
     take(rows * kvd, kv_size)
-    take(state_bytes(h) // 4)  # the recurrent layers' states
+    take(0 if engine else state_bytes(h) // 4)  # the recurrent layers' states
     slots = min(T * K, max(T, CPU_MOE_SLOTS))
     for n in (T * E, T * K, T * K, E, E + 1, E, T * K, T * K,
               slots * dp, slots * F, slots * F, T * K * dp, T * Fs, T * Fs, T * dp):
@@ -115,6 +122,8 @@ def cpu_arena_bytes(h: ModelHeader, threads: int = DEFAULT_THREADS, int8_act: bo
     take(slots + T if q8 else 0)
     take(threads * 2 * max_cols)
     take(threads * S)
+    if engine:
+        take(min(T, CPU_LSTAGE_ROWS) * h.vocab_size)
     return align_up(used, 64)
 
 
@@ -423,38 +432,7 @@ def cpu_engine_arena_bytes(h: ModelHeader, threads: int = DEFAULT_THREADS, int8_
     threads' scratch and the LM head stage of CPU_LSTAGE_ROWS x vocab floats; no KV rows and no
     recurrent state (each slot's context holds its own: cpu_arena_bytes with threads = 1).
     `colibri serve` prints it in its ready line (memory.engine_arena_bytes)."""
-    kv_size = kv_value_bytes(kv_dtype)
-    used = 0
-
-    def take(n: int, size: int = 4) -> None:
-        nonlocal used
-        used = align_up(used, 64) + n * size
-
-    T = min(h.max_seq_len, CPU_CHUNK)
-    dp, qd = h.embed_dim_pad, h.n_heads * h.head_dim
-    kvd, E, K = h.n_kv_heads * h.head_dim, h.num_experts, h.top_k
-    F, Fs, S = h.expert_size, h.shared_expert_size, h.max_seq_len
-    mix, in_cols = pass_needs(h)
-    max_cols = max(dp, qd, F, Fs, 16, in_cols)
-    q8 = int8_act and h.dtype in (DType.INT8, DType.Q4)
-    for n in (T * dp, T * dp, T * qd, T * kvd, T * kvd, T * qd, T * dp, T * h.head_dim, T, T * mix):
-        take(n)
-    stage = T * kvd if kv_staged(h) else 0
-    take(stage, kv_size)
-    take(stage, kv_size)
-    take(0, kv_size)  # the K and V rows and the states: the slots' contexts hold them
-    take(0, kv_size)
-    take(0)
-    slots = min(T * K, max(T, CPU_MOE_SLOTS))
-    for n in (T * E, T * K, T * K, E, E + 1, E, T * K, T * K,
-              slots * dp, slots * F, slots * F, T * K * dp, T * Fs, T * Fs, T * dp):
-        take(n)
-    take((slots + T) * max_cols if q8 else 0, 1)
-    take(slots + T if q8 else 0)
-    take(threads * 2 * max_cols)
-    take(threads * S)
-    take(min(T, CPU_LSTAGE_ROWS) * h.vocab_size)
-    return align_up(used, 64)
+    return _cpu_arena_plan(h, threads, int8_act, kv_dtype, engine=True)
 
 
 def serve_arena_bytes(h: ModelHeader, slots: int, threads: int = DEFAULT_THREADS,
