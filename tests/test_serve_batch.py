@@ -21,6 +21,7 @@ import random
 import shlex
 import subprocess
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import openai
@@ -64,14 +65,15 @@ def srv_model(srv: Server) -> str:
     return next(json.loads(line)["model"] for line in srv.lines if '"event": "ready"' in line)
 
 
-def together(srv: Server, bodies: list[dict], order: list[int]) -> list[list[int]]:
-    """The requests sent at once, started in `order`; their ids in the bodies' order."""
-    out: list[list[int] | None] = [None] * len(bodies)
-    go = threading.Barrier(len(bodies))
+def released_at_once(call: Callable[[int], list[int]], n: int, order: list[int]) -> list[list[int]]:
+    """call(0..n-1) on n threads started in `order`, all released at once by a barrier; the
+    results in index order."""
+    out: list[list[int] | None] = [None] * n
+    go = threading.Barrier(n)
 
     def run(i: int) -> None:
         go.wait()
-        out[i] = complete(srv, bodies[i])
+        out[i] = call(i)
 
     threads = [threading.Thread(target=run, args=(i,)) for i in order]
     for t in threads:
@@ -80,6 +82,11 @@ def together(srv: Server, bodies: list[dict], order: list[int]) -> list[list[int
         t.join(600)
     assert all(o is not None for o in out)
     return out  # type: ignore[return-value]
+
+
+def together(srv: Server, bodies: list[dict], order: list[int]) -> list[list[int]]:
+    """The requests sent at once, started in `order`; their ids in the bodies' order."""
+    return released_at_once(lambda i: complete(srv, bodies[i]), len(bodies), order)
 
 
 def generate(binary: Path, model: Path, prompt: list[int], n: int) -> list[int]:

@@ -17,7 +17,6 @@ activations) are test_batch.py's "hybrid" and "gptoss" rows."""
 from __future__ import annotations
 
 import random
-import threading
 from pathlib import Path
 
 import openai
@@ -25,7 +24,7 @@ import pytest
 from serve_support import Server
 from test_batch import GPTOSS_FFN, GPTOSS_FLAGS, header
 from test_qwen35 import DN, GATED, hybrid_header
-from test_serve_batch import generate, openai_ids, ready_line
+from test_serve_batch import generate, openai_ids, ready_line, released_at_once
 
 from colibri_kit.model.format import DType, Ffn, LayerRecord, Mixer
 from colibri_kit.model.tiny import write_random_model
@@ -58,20 +57,7 @@ def bodies_for(seed: int) -> list[dict]:
 
 def clients_at_once(client: openai.OpenAI, model: str, bodies: list[dict], order: list[int]) -> list[list[int]]:
     """One `openai` request per body, all released at once, threads started in `order`."""
-    got: list[list[int] | None] = [None] * len(bodies)
-    go = threading.Barrier(len(bodies))
-
-    def run(i: int) -> None:
-        go.wait()
-        got[i] = openai_ids(client, model, bodies[i])
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in order]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(600)
-    assert all(g is not None for g in got)
-    return got  # type: ignore[return-value]
+    return released_at_once(lambda i: openai_ids(client, model, bodies[i]), len(bodies), order)
 
 
 def client_for(srv: Server) -> openai.OpenAI:
