@@ -1332,7 +1332,7 @@ def test_gpu_check_step_timeout_and_call_budget(tmp_path: Path):
 @pytest.mark.slow
 def test_gpu_check_passes_in_emulation_and_flags_wrong_results(cuda_host_build, tmp_path: Path):
     """The run half's whole plan through the stand-in driver executing the kernels in the host
-    emulation (slow: OS threads per block, so a selection of models, small bench sizes, a few
+    emulation (slow: a block's threads take turns on one core, so a selection of models, small bench sizes, a few
     kernel checks and scaled step timeouts, all prepare-time settings; the run takes none):
     mixtral-f32 and the three coverage models (1024 positions with a prompt over 3 KV ranges,
     32 experts unfused, odd dimensions on 2 streams) pass every check against the CPU, bit for

@@ -95,16 +95,13 @@ def test_state_is_carried_across_calls_and_zeroed_by_reset(cuda_host_build, tmp_
     assert "reset-equal 1" in proc.stdout and "carried-differs 1" in proc.stdout, proc.stdout
 
 
-# Qwen3.5 only: Qwen3-Next's converted checkpoint (8 layers) passed the same check by hand
-# (3.5e-7 prefill, 1.6e-7 decode; docs/cuda.md) and is left out for the emulation's cost in CI;
-# its layer kinds are Qwen3.5's, which this and the 256-wide-head model run.
-@pytest.mark.parametrize("name", ["qwen3_5_moe"])
-def test_converted_qwen35_runs_on_cuda(cuda_host_build, hf_root: Path, tmp_path: Path,
-                                       name: str) -> None:
-    """The converter's output of a random Qwen3_5MoeForCausalLM checkpoint (tests/hf_models.py: 7
-    layers of both kinds, f32) on the emulated GPU: within the tolerance of the CPU backend
-    (which tests/test_qwen35.py holds to transformers). Kept short for the emulation's cost: a
-    5-token prompt in passes of 4 and 1, then 2 decode steps."""
+@pytest.mark.parametrize("name", H.HYBRID_CASES)
+def test_converted_qwen35_and_qwen3_next_run_on_cuda(cuda_host_build, hf_root: Path,
+                                                     tmp_path: Path, name: str) -> None:
+    """The converter's output of random Qwen3_5MoeForCausalLM and Qwen3NextForCausalLM checkpoints
+    (tests/hf_models.py: 7 and 8 layers of both kinds, f32) on the emulated GPU: within the
+    tolerance of the CPU backend (which tests/test_qwen35.py holds to transformers). Kept short
+    for the emulation's cost: a 5-token prompt in passes of 4 and 1, then 2 decode steps."""
     model = H.converted(hf_root, name, "f32")
     assert cuda_unsupported(read_model(model).header) == ""
     _check(cuda_host_build, model, tmp_path, ids=[3, 41, 7, 200, 99, 12, 5], prompt=5, chunk="4")

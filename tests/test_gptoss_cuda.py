@@ -31,12 +31,11 @@ def _err(gpu: np.ndarray, cpu: np.ndarray) -> float:
     return float(np.abs(gpu - cpu).max() / np.abs(cpu).max())
 
 
-# bf16 and int8 experts are the conformance suite's (check_oss_experts); bf16 attention is the
-# released layout's here, so two models cover mxfp4 end to end: the released layout and f32 with
-# mxfp4 experts (the tightest bound). An int8 model passed this test too (2026-12-02) and was
-# left out for the emulation's cost in CI.
-@pytest.mark.parametrize("case", [("gptoss_mxfp4", "bf16", None), ("gptoss", "f32", "mxfp4")],
-                         ids=["released-mxfp4", "f32+mxfp4-experts"])
+# bf16 experts are the conformance suite's (check_oss_experts); bf16 attention is the released
+# layout's here, so three models cover the dtypes end to end (the emulation is the CI's cost)
+@pytest.mark.parametrize("case", [("gptoss_mxfp4", "bf16", None), ("gptoss", "f32", "mxfp4"),
+                                  ("gptoss", "int8", None)],
+                         ids=["released-mxfp4", "f32+mxfp4-experts", "int8"])
 def test_gptoss_on_the_emulated_gpu_matches_the_cpu(cuda_host_build, hf_root: Path,
                                                     case: tuple[str, str, str | None]) -> None:
     model = converted(hf_root, *case)

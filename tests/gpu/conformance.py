@@ -6,8 +6,8 @@ runtime/kernels/colibri_kernels.cu through `gpu` and compares it with kernel_ref
 `gpu` provides: put(array) -> device pointer, zeros(shape, dtype), get(ptr, shape, dtype),
 run(kernel, format, grid, block, *args) (format: "P" pointer, "i" int, "f" float; checked against
 the compiled PTX signature where there is one) and routing_mode (the build's
-COLIBRI_ROUTING_MODE). Shapes: the *_SHAPES lists (the GPU runs them all; the emulation, whose
-threads are OS threads, a subset).
+COLIBRI_ROUTING_MODE). Shapes: the *_SHAPES lists (the GPU and the emulation run them all; the
+emulation ran a subset while its threads were OS threads).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The kernel conformance checks (conformance.py) on a CPU: runtime/kernels/colibri_kernels.cu
 compiled as C++ against tests/gpu/emu/cuda_emu.cpp, a host emulation of the CUDA execution model
-(blocks in turn, a block's threads as OS threads, real barriers for __syncthreads/__syncwarp/
+(blocks in turn, a block's threads as fibers on one OS thread, real barriers for __syncthreads/__syncwarp/
 __shfl_xor_sync).
 
 This checks the kernels' logic where no GPU is available: indexing and strides, token tiling, the
@@ -118,7 +118,7 @@ _dt = {"ids": lambda d: d.name}
 
 
 @pytest.mark.parametrize("dtype", C.DTYPES, **_dt)
-@pytest.mark.parametrize("V,Dp,n", C.EMBED_SHAPES[:2])
+@pytest.mark.parametrize("V,Dp,n", C.EMBED_SHAPES)
 def test_embed(gpu, dtype, V, Dp, n):
     C.check_embed(gpu, dtype, V, Dp, n)
 
@@ -127,7 +127,7 @@ def test_f16_every_value(gpu):
     C.check_f16_every_value(gpu)
 
 
-@pytest.mark.parametrize("rows,length,true_len,stride", C.RMSNORM_SHAPES[:3])
+@pytest.mark.parametrize("rows,length,true_len,stride", C.RMSNORM_SHAPES)
 @pytest.mark.parametrize("in_place", [False, True])
 def test_rmsnorm(gpu, rows, length, true_len, stride, in_place):
     C.check_rmsnorm(gpu, rows, length, true_len, stride, in_place)
@@ -148,7 +148,7 @@ _kv = {"ids": lambda f16: "f16-kv" if f16 else "f32-kv"}
 
 
 # caches of a few thousand positions at most (the 100000-position shape is the GPU suite's)
-@pytest.mark.parametrize("n,H,Hkv,dh,pos0,norm", [s for s in C.QK_ROPE_SHAPES if s[4] < 2000])
+@pytest.mark.parametrize("n,H,Hkv,dh,pos0,norm", C.QK_ROPE_SHAPES)
 @pytest.mark.parametrize("kv_f16", [False, True], **_kv)
 def test_qk_rope_kv(gpu, n, H, Hkv, dh, pos0, norm, kv_f16):
     C.check_qk_rope_kv(gpu, n, H, Hkv, dh, pos0, norm, kv_f16)
@@ -158,10 +158,7 @@ def test_f16_kv_store(gpu):
     C.check_f16_kv_store(gpu)
 
 
-# the emulation runs a block's threads as OS threads: the shapes with few (token, head) pairs,
-# which still cover one to three KV ranges per token
-@pytest.mark.parametrize("n,pos0,H,Hkv,dh", [s for s in C.ATTENTION_SHAPES
-                                           if s[1] < 100 or s[0] * s[2] <= 8])
+@pytest.mark.parametrize("n,pos0,H,Hkv,dh", C.ATTENTION_SHAPES)
 def test_attention(gpu, n, pos0, H, Hkv, dh):
     C.check_attention(gpu, n, pos0, H, Hkv, dh)
 
@@ -172,7 +169,7 @@ def test_attention_f16_cache(gpu, n, pos0, H, Hkv, dh):
     C.check_attention(gpu, n, pos0, H, Hkv, dh, kv_f16=True)
 
 
-@pytest.mark.parametrize("n,pos0,H,Hkv,dh", [s for s in C.PREFILL_SHAPES if s[1] < 1500])
+@pytest.mark.parametrize("n,pos0,H,Hkv,dh", C.PREFILL_SHAPES)
 @pytest.mark.parametrize("kv_f16", [False, True], **_kv)
 def test_attention_prefill(gpu, n, pos0, H, Hkv, dh, kv_f16):
     C.check_attention_prefill(gpu, n, pos0, H, Hkv, dh, kv_f16)
@@ -202,7 +199,7 @@ def test_dispatch(gpu, n, k, E):
 
 
 @pytest.mark.parametrize("dtype", C.DTYPES, **_dt)
-@pytest.mark.parametrize("n,k,E,F,Dp", C.EXPERT_SHAPES[:2])
+@pytest.mark.parametrize("n,k,E,F,Dp", C.EXPERT_SHAPES)
 def test_grouped_experts(gpu, dtype, n, k, E, F, Dp):
     C.check_grouped_experts(gpu, dtype, n, k, E, F, Dp)
 
@@ -210,7 +207,7 @@ def test_grouped_experts(gpu, dtype, n, k, E, F, Dp):
 # the fused routing kernel against the three it replaces, bit for bit: every router dtype on a
 # few shapes, every shape on the file's router dtype (f32), NaN logits, both routing modes
 @pytest.mark.parametrize("dtype", C.DTYPES, **_dt)
-@pytest.mark.parametrize("E,k,D,Dp,n", [C.FFN_ROUTE_SHAPES[i] for i in (0, 1, 3)])
+@pytest.mark.parametrize("E,k,D,Dp,n", C.FFN_ROUTE_SHAPES)
 def test_ffn_route_matches_the_three_kernels(gpu, dtype, E, k, D, Dp, n):
     C.check_ffn_route(gpu, dtype, E, k, D, Dp, n)
 
@@ -226,7 +223,7 @@ def test_ffn_route_nan_logits(gpu, gpu_linear_score, dtype):
     C.check_ffn_route(gpu_linear_score, dtype, 60, 8, 100, 112, 3, nan=True)
 
 
-@pytest.mark.parametrize("E,k,D,Dp,n", [C.FFN_ROUTE_SHAPES[i] for i in (1, 2, 5)])
+@pytest.mark.parametrize("E,k,D,Dp,n", C.FFN_ROUTE_SHAPES)
 def test_ffn_route_linear_score(gpu_linear_score, E, k, D, Dp, n):
     C.check_ffn_route(gpu_linear_score, DType.F32, E, k, D, Dp, n)
 
@@ -235,7 +232,7 @@ def test_ffn_route_linear_score(gpu_linear_score, E, k, D, Dp, n):
 
 
 @pytest.mark.parametrize("dtype", C.OSS_DTYPES, **_dt)
-@pytest.mark.parametrize("n,k,E,F,Dp", C.OSS_EXPERT_SHAPES[:2])
+@pytest.mark.parametrize("n,k,E,F,Dp", C.OSS_EXPERT_SHAPES)
 def test_oss_experts(gpu, dtype, n, k, E, F, Dp):
     C.check_oss_experts(gpu, dtype, n, k, E, F, Dp)
 
@@ -253,13 +250,13 @@ def test_oss_attention(gpu, n, pos0, H, Hkv, dh, window, sinks, kv_f16):
 
 
 @pytest.mark.parametrize("dtype", C.MMA_DTYPES, **_dt)
-@pytest.mark.parametrize("n,k,E,F,Dp", C.EXPERT_MMA_SHAPES[:5])
+@pytest.mark.parametrize("n,k,E,F,Dp", C.EXPERT_MMA_SHAPES)
 def test_grouped_experts_mma(gpu, dtype, n, k, E, F, Dp):
     C.check_grouped_experts(gpu, dtype, n, k, E, F, Dp, mma=True)
 
 
 @pytest.mark.parametrize("dtype", C.MMA_DTYPES, **_dt)
-@pytest.mark.parametrize("rows,cols,n", C.LINEAR_MMA_SHAPES[:5])
+@pytest.mark.parametrize("rows,cols,n", C.LINEAR_MMA_SHAPES)
 def test_linear_mma(gpu, dtype, rows, cols, n):
     C.check_linear(gpu, dtype, rows, cols, n, mma=True)
 

@@ -4,18 +4,23 @@
 // the real kernels are compiled by NVRTC/ptxas in tests/test_cuda_host.py and run on a GPU by
 // tests/gpu/test_kernels_pycuda.py.
 //
-// Model: blocks run one after another; the threads of a block are real std::threads, so
-// __syncthreads is a block barrier and __shfl_xor_sync/__syncwarp are per-warp barriers with an
-// exchange slot. __shared__ variables become function statics (one block alive at a time).
-// "Device memory" is host memory: pointers are host addresses.
-#include <barrier>
+// Model: blocks run one after another; the threads of a block are fibers (coroutines with their
+// own stacks) on the calling OS thread, switched only at a barrier, so __syncthreads is a block barrier and
+// __shfl_xor_sync/__syncwarp are per-warp barriers with an exchange slot. Fibers, not OS threads:
+// a barrier then costs a user-space switch per thread instead of a futex wake and a kernel context
+// switch per thread on a 2-core machine (the CUDA tests' time in CI, issue 25's CI budget), and
+// the interleaving is the same on every run. __shared__ variables become function statics (one
+// block alive at a time). "Device memory" is host memory: pointers are host addresses.
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
-#include <thread>
+#include <sys/mman.h>
 #include <type_traits>
+#include <ucontext.h>
 #include <utility>
 #include <vector>
 
@@ -24,28 +29,120 @@ struct float4 { float x, y, z, w; };
 struct uint4 { unsigned x, y, z, w; };
 struct uint2 { unsigned x, y; };
 
-static thread_local uint3_ threadIdx, blockIdx;
+// The running fiber's indices: each fiber stores its own back after every switch (emu_yield), so
+// a value the compiler keeps in a register across a barrier is still this fiber's.
+static uint3_ threadIdx, blockIdx;
 static uint3_ blockDim, gridDim;
 
+// A barrier of `expected` fibers: the last to arrive opens it (bumps gen) and goes on; the others
+// yield until gen moves. `g_blocked` counts fibers waiting at a barrier that has not opened: when
+// it reaches the number of live fibers nobody can open one, which on a GPU is a hang (a
+// __syncthreads some threads skip); here it is a message and an abort.
+struct Barrier { unsigned expected, count, gen; };
+
+// The switch between fibers. On x86-64 a few instructions (the SysV callee-saved registers pushed
+// on the old stack, the stack pointer swapped, popped from the new one): glibc's swapcontext also
+// saves the signal mask, a system call per switch, which was a third of the emulated tests' time.
+// Elsewhere (or with -DCB_EMU_UCONTEXT) ucontext, portable and slower. The kernels change neither
+// MXCSR nor the x87 control word, so those are not saved.
+#if defined(__x86_64__) && !defined(CB_EMU_UCONTEXT)
+struct FiberCtx { void *sp; };
+extern "C" void cb_emu_switch(void **save_sp, void *next_sp);
+asm(".text\n.p2align 4\n.type cb_emu_switch,@function\ncb_emu_switch:\n"
+    "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
+    "  movq %rsp, (%rdi)\n  movq %rsi, %rsp\n"
+    "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n  ret\n"
+    ".size cb_emu_switch, .-cb_emu_switch\n");
+static inline void ctx_switch(FiberCtx &from, FiberCtx &to) { cb_emu_switch(&from.sp, to.sp); }
+static inline void ctx_jump(FiberCtx &to) { void *dead; cb_emu_switch(&dead, to.sp); }
+// A fresh stack as cb_emu_switch leaves one: six zero registers, then `entry` as the return
+// address, then a zero fake return address so `entry` starts with the stack aligned as after a
+// call (rsp = 8 mod 16).
+static void ctx_make(FiberCtx &c, char *stack, std::size_t size, void (*entry)()) {
+    auto *top = reinterpret_cast<std::uintptr_t *>(
+        reinterpret_cast<std::uintptr_t>(stack + size) & ~std::uintptr_t{15});
+    *--top = 0;
+    *--top = reinterpret_cast<std::uintptr_t>(entry);
+    for (int i = 0; i < 6; i++) *--top = 0;
+    c.sp = top;
+}
+#else
+struct FiberCtx { ucontext_t uc; };
+static inline void ctx_switch(FiberCtx &from, FiberCtx &to) { swapcontext(&from.uc, &to.uc); }
+static inline void ctx_jump(FiberCtx &to) { setcontext(&to.uc); }
+static void ctx_make(FiberCtx &c, char *stack, std::size_t size, void (*entry)()) {
+    getcontext(&c.uc);
+    c.uc.uc_stack.ss_sp = stack;
+    c.uc.uc_stack.ss_size = size;
+    c.uc.uc_link = nullptr;
+    makecontext(&c.uc, entry, 0);
+}
+#endif
+
+struct Fiber {
+    FiberCtx ctx;
+    char *stack;
+    uint3_ tid, bid;
+    bool done;
+};
+static constexpr std::size_t kStack = 256 * 1024, kGuard = 4096; // kernels keep small locals
+static std::vector<std::unique_ptr<Fiber>> g_fibers;                 // grown, never shrunk
+static FiberCtx g_launcher;
+static unsigned g_nfib, g_cur, g_live, g_blocked;
+static const std::function<void()> *g_body;
+static Barrier g_block_bar, g_between;
+
 struct Warp {
-    std::barrier<> bar{32};
+    Barrier bar;
     float slot[32];
     unsigned mma_a[32][4], mma_b[32][2]; // each lane's A and B fragments of one mma
 };
-static std::barrier<> *g_block_bar;
-static std::vector<std::unique_ptr<Warp>> g_warps;
+static std::vector<Warp> g_warps;
 
-static inline void __syncthreads() { g_block_bar->arrive_and_wait(); }
-static inline void __syncwarp(unsigned = 0xffffffffu) {
-    g_warps[threadIdx.x / 32]->bar.arrive_and_wait();
+[[noreturn]] static void emu_die(const char *what) {
+    std::fprintf(stderr, "cuda_emu: %s (block %u,%u, %u threads)\n", what, blockIdx.x, blockIdx.y,
+                 blockDim.x);
+    std::abort();
 }
+
+static unsigned next_live(unsigned from) {
+    unsigned n = from;
+    do n = (n + 1) % g_nfib; while (g_fibers[n]->done);
+    return n;
+}
+
+// Switch to the next live fiber; back here when the ring comes round again.
+static void emu_yield() {
+    const unsigned me = g_cur, next = next_live(me);
+    if (next == me) return;
+    g_cur = next;
+    Fiber &f = *g_fibers[me];
+    ctx_switch(f.ctx, g_fibers[next]->ctx);
+    threadIdx = f.tid;
+    blockIdx = f.bid;
+}
+
+static void emu_wait(Barrier &b) {
+    const unsigned gen = b.gen;
+    if (++b.count == b.expected) {
+        b.count = 0;
+        b.gen++;
+        g_blocked -= b.expected - 1;
+        return;
+    }
+    if (++g_blocked == g_live) emu_die("deadlock: every thread waits at a barrier no one can open");
+    while (b.gen == gen) emu_yield();
+}
+
+static inline void __syncthreads() { emu_wait(g_block_bar); }
+static inline void __syncwarp(unsigned = 0xffffffffu) { emu_wait(g_warps[threadIdx.x / 32].bar); }
 static inline float __shfl_xor_sync(unsigned, float v, int o) {
-    Warp &w = *g_warps[threadIdx.x / 32];
+    Warp &w = g_warps[threadIdx.x / 32];
     const unsigned lane = threadIdx.x & 31;
     w.slot[lane] = v;
-    w.bar.arrive_and_wait();
+    emu_wait(w.bar);
     const float r = w.slot[lane ^ (unsigned)o];
-    w.bar.arrive_and_wait();
+    emu_wait(w.bar);
     return r;
 }
 static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
@@ -91,11 +188,11 @@ static inline unsigned cb_emu_tf32(float f) {
 // the instruction's definition, D = A B + C, not of its rounding (docs/cuda.md states the
 // tolerance the GPU is held to).
 static inline void cb_emu_mma_tf32(float *d, const unsigned *a, const unsigned *b) {
-    Warp &w = *g_warps[threadIdx.x / 32];
+    Warp &w = g_warps[threadIdx.x / 32];
     const unsigned lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     for (int i = 0; i < 4; i++) w.mma_a[lane][i] = a[i];
     for (int i = 0; i < 2; i++) w.mma_b[lane][i] = b[i];
-    w.bar.arrive_and_wait();
+    emu_wait(w.bar);
     for (unsigned q = 0; q < 4; q++) {
         const unsigned m = g + 8 * (q >> 1), n = 2 * t + (q & 1);
         float acc = d[q];
@@ -107,7 +204,7 @@ static inline void cb_emu_mma_tf32(float *d, const unsigned *a, const unsigned *
         }
         d[q] = acc;
     }
-    w.bar.arrive_and_wait(); // nobody deposits the next mma's fragments before all have read
+    emu_wait(w.bar); // nobody deposits the next mma's fragments before all have read
 }
 
 // The kernels' f32 -> f16 store (the f16 KV cache) on the GPU is the hardware cvt.rn.f16.f32
@@ -131,28 +228,57 @@ using std::cos; using std::exp; using std::pow; using std::sin;
 
 #include "colibri_kernels.cu"
 
-// One OS thread per CUDA thread of a block, reused for every block of the launch: the threads
-// walk the blocks in order and meet at `between` before the next one, so blocks never overlap.
+// A fiber's life: walk the blocks in order, meeting the others at `between` before the next one
+// so blocks never overlap; the last fiber to finish returns to the launcher.
+static void fiber_main() {
+    Fiber &f = *g_fibers[g_cur];
+    threadIdx = f.tid;
+    for (unsigned by = 0; by < gridDim.y; by++)
+        for (unsigned bxi = 0; bxi < gridDim.x; bxi++) {
+            blockIdx = f.bid = {bxi, by, 0};
+            (*g_body)();
+            emu_wait(g_between);
+        }
+    f.done = true;
+    if (--g_live == 0) ctx_jump(g_launcher);
+    if (g_blocked == g_live) emu_die("deadlock: threads wait at a barrier the finished ones skipped");
+    g_cur = next_live(g_cur);
+    ctx_jump(g_fibers[g_cur]->ctx);
+}
+
+static Fiber &fiber(unsigned i) {
+    while (g_fibers.size() <= i) {
+        void *m = mmap(nullptr, kStack + kGuard, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+        if (m == MAP_FAILED) emu_die("cannot map a fiber stack");
+        mprotect(m, kGuard, PROT_NONE); // a stack overflow faults instead of corrupting a neighbour
+        auto f = std::make_unique<Fiber>();
+        f->stack = static_cast<char *>(m);
+        g_fibers.push_back(std::move(f));
+    }
+    return *g_fibers[i];
+}
+
 static void run_grid(unsigned gx, unsigned gy, unsigned bx, const std::function<void()> &body) {
+    if (bx == 0 || gx == 0 || gy == 0) return;
     gridDim = {gx, gy, 1};
     blockDim = {bx, 1, 1};
-    std::barrier<> block_bar((std::ptrdiff_t)bx), between((std::ptrdiff_t)bx);
-    g_block_bar = &block_bar;
-    g_warps.clear();
-    for (unsigned w = 0; w < (bx + 31) / 32; w++) g_warps.emplace_back(new Warp);
-    std::vector<std::thread> threads;
-    threads.reserve(bx);
-    for (unsigned t = 0; t < bx; t++)
-        threads.emplace_back([=, &body, &between] {
-            threadIdx = {t, 0, 0};
-            for (unsigned by = 0; by < gy; by++)
-                for (unsigned bxi = 0; bxi < gx; bxi++) {
-                    blockIdx = {bxi, by, 0};
-                    body();
-                    between.arrive_and_wait();
-                }
-        });
-    for (auto &th : threads) th.join();
+    g_block_bar = {bx, 0, 0};
+    g_between = {bx, 0, 0};
+    g_warps.assign((bx + 31) / 32, Warp{});
+    for (unsigned w = 0; w < g_warps.size(); w++) // a last, partial warp has fewer lanes
+        g_warps[w].bar = {bx - 32 * w < 32 ? bx - 32 * w : 32, 0, 0};
+    g_body = &body;
+    g_nfib = g_live = bx;
+    g_blocked = 0;
+    for (unsigned t = 0; t < bx; t++) {
+        Fiber &f = fiber(t);
+        f.tid = {t, 0, 0};
+        f.done = false;
+        ctx_make(f.ctx, f.stack + kGuard, kStack, fiber_main);
+    }
+    g_cur = 0;
+    ctx_switch(g_launcher, g_fibers[0]->ctx);
 }
 
 template <typename... A, std::size_t... I>
