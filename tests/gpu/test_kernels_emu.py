@@ -344,3 +344,21 @@ def test_emulated_mma_matches_the_ptx_fragment_layout(gpu):
 @pytest.mark.parametrize("case", [c for c, _ in C.hybrid_cases()])
 def test_hybrid_kernels(gpu, case):
     dict(C.hybrid_cases())[case](gpu)
+
+
+def test_emulation_barriers(tmp_path: Path):
+    """The emulation itself: 6 blocks of 64 fibers run one after another through __syncthreads
+    and __syncwarp, and a __syncthreads that half a block skips (a hang on a GPU) aborts with a
+    message naming the block instead of hanging the suite."""
+    inc = render.write_config(profiles.load_profile("host"), tmp_path / "inc").parent
+    exe = tmp_path / "barrier_selftest"
+    subprocess.run([os.environ.get("CXX", "g++"), "-std=c++20", "-O1", "-Wall", "-Werror",
+                    "-Wno-unknown-pragmas", "-Wno-unused-function", f"-I{KERNELS.parent}",
+                    f"-I{inc}", str(HERE / "emu" / "barrier_selftest.cpp"), "-o", str(exe)],
+                   check=True)
+    ok = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0 and ok.stdout.split() == ["blocks", "384", "1", "done"], ok
+    bad = subprocess.run([str(exe), "diverge"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and bad.stdout.split() == ["blocks", "384", "1"], bad
+    assert "deadlock: every thread waits at a barrier no one can open (block 0,0, 64 threads)" \
+        in bad.stderr, bad.stderr
