@@ -39,7 +39,8 @@ understates the engine at long contexts.
 
 Figures are printed, not asserted: on a shared machine they move +-15-30% between runs.
 
-    python benchmarks/serve.py --stall [--stall-prompt 511] [--rounds 3] [--llama-cpp DIR]
+    python benchmarks/serve.py --stall [--stall-prompt 511] [--rounds 3] [--prompt-rows 0,64]
+                               [--llama-cpp DIR]
 
 measures the trade of one pass for every slot instead: a decoding request's token gap, and the
 longest gap while another slot's 511-id prompt is read (with the decode row, one 512-row pass:
@@ -239,11 +240,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def colibri_engine(binary: Path, model: Path, args: argparse.Namespace, log_path: Path) -> Engine:
+def colibri_engine(binary: Path, model: Path, args: argparse.Namespace, log_path: Path,
+                   prompt_rows: int = 0) -> Engine:
     argv = [str(binary), "--backend", "cpu", "serve", str(model), "--port", "0", "--slots",
             str(args.slots), "--threads", str(args.threads), "--max-queue", "64"]
+    name = "colibri"
     if args.no_batching:
         argv.append("--no-batching")
+        name += " --no-batching"
+    if prompt_rows:
+        argv += ["--prompt-rows", str(prompt_rows)]
+        name += f" --prompt-rows {prompt_rows}"
 
     def ready(e: Engine) -> int:
         end = time.monotonic() + 300
@@ -254,7 +261,7 @@ def colibri_engine(binary: Path, model: Path, args: argparse.Namespace, log_path
                     return json.loads(line)["port"]
             time.sleep(0.2)
         raise SystemExit(f"colibri serve did not start: {log_path.read_text()[-2000:]}")
-    return Engine("colibri" + (" --no-batching" if args.no_batching else ""), argv, log_path, ready)
+    return Engine(name, argv, log_path, ready)
 
 
 def llama_engine(server: Path, gguf: Path, args: argparse.Namespace, log_path: Path) -> Engine:
@@ -370,7 +377,9 @@ def concurrency(args: argparse.Namespace) -> None:
     info = json.loads(subprocess.run([str(binary), "--backend", "cpu", "info", str(model)],
                                      capture_output=True, text=True, check=True).stdout)
     vocab = info["vocab_size"]
-    engines = [lambda: colibri_engine(binary, model, args, args.work / "serve-colibri.log")]
+    engines = [lambda rows=rows: colibri_engine(binary, model, args,
+                                                args.work / f"serve-colibri-{rows}.log", rows)
+               for rows in args.prompt_rows]
     if args.llama_cpp:
         server = args.llama_cpp / "build" / "bin" / "llama-server"
         if not server.exists():
@@ -489,16 +498,19 @@ def stall(args: argparse.Namespace) -> None:
     from runtime import SHAPES, converted, geometry, gguf_model, hf_checkpoint
 
     from colibri_kit.build import build
+    from colibri_kit.profiles import load_profile
 
     args.work.mkdir(parents=True, exist_ok=True)
     shape = SHAPES[args.shape]
     layers = args.layers or shape.layers
     hf = hf_checkpoint(args.work, shape, layers)
     model = converted(hf, args.work, args.dtype)
-    binary = build("host", where="host", progress=log).dist_dir / "bin" / "colibri"
+    binary = build(load_profile("host"), where="host", progress=log).dist_dir / "bin" / "colibri"
     model_id = model.name[: -len(".colibri")]
     vocab = geometry(shape, layers)["vocab_size"]
-    starts = [lambda: colibri_engine(binary, model, args, args.work / "stall-colibri.log")]
+    starts = [lambda rows=rows: colibri_engine(binary, model, args,
+                                               args.work / f"stall-colibri-{rows}.log", rows)
+              for rows in args.prompt_rows]
     if args.llama_cpp:
         gguf = gguf_model(args.llama_cpp, hf, args.work, {"int8": "q8_0"}.get(args.dtype, args.dtype), vocab)
         server = args.llama_cpp / "build" / "bin" / "llama-server"
@@ -615,6 +627,9 @@ def main() -> None:
                     help="more llama-server arguments (default on an AMX host: --no-repack, which "
                          "this llama.cpp build needs there)")
     ap.add_argument("--no-batching", action="store_true", help="colibri's per-slot passes instead")
+    ap.add_argument("--prompt-rows", default="0", type=lambda v: [int(x) for x in v.split(",")],
+                    help="colibri serve --prompt-rows, comma-separated: one colibri server per value "
+                         "(0: no cap, the default), e.g. 0,64 with --stall")
     ap.add_argument("--work", type=Path, default=Path("/tmp/colibri-bench"))
     ap.add_argument("--json", action="store_true", help="one JSON object per row on stdout too")
     ap.add_argument("--hostile", action="store_true",

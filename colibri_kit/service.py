@@ -37,7 +37,8 @@ BACKENDS = ("auto", "cpu", "cuda")
 KV_CACHES = ("f32", "f16")  # colibri serve --kv-cache (runtime/include/colibri.h colibri_kv_dtype)
 SECTION_KEYS = ("port", "bind", "slots", "threads", "cpu_affinity", "nice", "memory_max",
                 "api_key_file", "max_queue", "backend", "user", "groups", "restart_sec",
-                "drain_timeout_s", "model_id", "kv_cache", "deadline_ms", "warm_prompts")
+                "drain_timeout_s", "model_id", "kv_cache", "deadline_ms", "warm_prompts",
+                "prompt_rows")
 # service.warm_prompts (colibri serve --warm-prompts-b64, runtime/serve/warm.h): prompts computed
 # at start-up into the prefix cache. Each is ("system", TEXT): a chat system prompt, or
 # ("prompt", TEXT): a completion prompt's text. The limits are colibri serve's (SERVE_MAX_WARM)
@@ -122,6 +123,8 @@ class ServiceSpec:
     start_limit_interval_s: int = 60
     root: str = DEFAULT_ROOT
     deadline_ms: int | None = None         # serve's --deadline-ms: a request's default deadline
+    prompt_rows: int | None = None         # serve's --prompt-rows: prompts' rows a step while a
+                                           # request decodes (None: no cap)
     realtime: RealtimeOptions | None = None  # from the profile's realtime section
 
     def __post_init__(self) -> None:
@@ -158,6 +161,8 @@ class ServiceSpec:
             args += ["--kv-cache", self.kv_cache]
         if self.deadline_ms is not None:
             args += ["--deadline-ms", str(self.deadline_ms)]
+        if self.prompt_rows is not None:
+            args += ["--prompt-rows", str(self.prompt_rows)]
         rt = self.realtime
         if rt is not None:
             args += ["--cpus", ",".join(map(str, rt.cpus))]
@@ -387,6 +392,8 @@ def check_spec(s: ServiceSpec) -> None:
                            f"and ._- starting with a letter or digit")
     if s.deadline_ms is not None:
         integer("deadline_ms", s.deadline_ms, 1, 86_400_000)
+    if s.prompt_rows is not None:
+        integer("prompt_rows", s.prompt_rows, 1, 512)  # a pass's rows (runtime COLIBRI_CHUNK)
     if s.realtime is not None:
         check_realtime(s)
     check_path(s.root, "root")
@@ -413,7 +420,7 @@ def parse_service(raw: Any, kpath: tuple[str, ...] = ("service",), *, root: str 
     for key, value in raw.items():
         k = (*kpath, key)
         if value is None and key in ("threads", "cpu_affinity", "memory_max", "api_key_file",
-                                     "model_id"):
+                                     "model_id", "prompt_rows"):
             continue
         try:
             if key == "cpu_affinity":
@@ -447,6 +454,7 @@ def service_dict(spec: ServiceSpec) -> dict[str, Any]:
             # only when set: profiles without them keep their hash (and their builds)
             **({"kv_cache": spec.kv_cache} if spec.kv_cache != "f32" else {}),
             **({"deadline_ms": spec.deadline_ms} if spec.deadline_ms is not None else {}),
+            **({"prompt_rows": spec.prompt_rows} if spec.prompt_rows is not None else {}),
             **({"warm_prompts": [{k: t} for k, t in spec.warm_prompts]} if spec.warm_prompts else {})}
 
 

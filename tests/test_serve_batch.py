@@ -338,3 +338,36 @@ def test_sliding_window_model_reuses_a_shared_prefix_whole(host_colibri: Path, t
         assert ids == generate(host_colibri, model, p, 16)
     assert m["colibri_prefix_cache_hits_total"] == 1 and m["colibri_prefix_cache_misses_total"] == 2
     assert m["colibri_prefix_cache_tokens_saved_total"] == len(shared)
+
+
+def test_prompt_rows_cap_keeps_the_ids(host_colibri: Path, load_model: Path) -> None:
+    """--prompt-rows (docs/serve.md, "Batching"): with prompts held to 8 rows a step while others
+    decode, long prompts joining decoding requests take many steps and every greedy answer is
+    still what `colibri generate` gives; the ready line says the cap; the profile key renders it
+    (only when set) and bad values are refused by the kit and by serve."""
+    rng = random.Random(261)
+    bodies = [{"prompt": [rng.randrange(2000) for _ in range(n)], "max_tokens": m, "temperature": 0}
+              for n, m in ((3, 90), (150, 20), (90, 30), (40, 10))]
+    srv = Server(host_colibri, load_model, "--slots", "4", "--threads", "2", "--prompt-rows", "8").start()
+    try:
+        assert ready_line(srv)["prompt_rows"] == 8
+        before = srv.metrics()
+        got = together(srv, bodies, [0, 1, 2, 3])
+        after = srv.metrics()
+    finally:
+        assert srv.stop() == 0
+    for b, ids in zip(bodies, got):
+        assert ids == generate(host_colibri, load_model, b["prompt"], b["max_tokens"])
+    rows = after["colibri_batch_rows_total"] - before["colibri_batch_rows_total"]
+    assert rows == sum(len(b["prompt"]) + b["max_tokens"] - 1 for b in bodies), rows
+    spec = parse_service({"prompt_rows": 64})
+    args = spec.serve_args()
+    assert args[args.index("--prompt-rows") + 1] == "64"
+    assert "--prompt-rows" not in parse_service({}).serve_args()  # default: the unit is unchanged
+    for bad in (0, 513, "64", True):
+        with pytest.raises(Exception, match=r"service\.prompt_rows: .* an integer 1\.\.512"):
+            parse_service({"prompt_rows": bad})
+    for bad in ("0", "513", "x"):
+        proc = subprocess.run([str(host_colibri), "serve", str(load_model), "--prompt-rows", bad],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and "--prompt-rows must be 1..512" in proc.stderr, proc.stderr

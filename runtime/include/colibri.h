@@ -501,6 +501,14 @@ colibri_status colibri_gen_new(colibri_gen **g, colibri_ctx *seq, const colibri_
 /* One pass over the unfinished generations among gens[0..n) (each context at most once). A
  * failed pass finishes the generations it carried with its status. */
 colibri_status colibri_gen_step(colibri_engine *e, colibri_gen *const *gens, int n);
+/* The most prompt rows one step gives to prompts while at least one generation is decoding
+ * (0, the default: whatever the pass holds after the decode rows). A decoding request's next
+ * token waits for its whole step, so a joining 511-token prompt would stall it for a 512-row
+ * pass; with rows = 64 it waits for at most 64 prompt rows a step, and the prompt takes more
+ * steps (its weights read once per step instead of once per 512 rows). With nobody decoding a
+ * prompt still takes the whole pass. Bits unchanged: a prompt's values do not depend on how it
+ * is split into steps (prefill == decode). 0..512, else COLIBRI_E_INVALID_ARG. */
+colibri_status colibri_engine_set_prompt_rows(colibri_engine *e, int rows);
 /* 1 once it has finished (the result is final). */
 int colibri_gen_done(const colibri_gen *g);
 /* Its result so far; returns COLIBRI_OK or the error that ended it (colibri_last_error(seq)). */

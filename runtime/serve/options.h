@@ -41,6 +41,8 @@ typedef struct {
     int int8_activations;
     colibri_kv_dtype kv_dtype;  /* --kv-cache; COLIBRI_KV_F32 by default */
     int no_batching;            /* --no-batching: each slot runs its own passes (as before #26) */
+    int prompt_rows;            /* --prompt-rows: prompts' rows a step while some request decodes;
+                                   0 (default): no cap (colibri_engine_set_prompt_rows) */
     long prefix_cache_mb;       /* --prefix-cache-mb; -1 (default): one slot's KV cache; 0: off */
     serve_warm warm[SERVE_MAX_WARM]; /* --warm-system / --warm-prompt, in order */
     int n_warm;

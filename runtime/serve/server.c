@@ -162,7 +162,7 @@ static int load_model(server *S) {
     opt.barrier = o->barrier;
     opt.error = err;
     opt.error_len = sizeof err;
-    pool_config cfg = {!o->no_batching, o->prefix_cache_mb};
+    pool_config cfg = {!o->no_batching, o->prefix_cache_mb, o->prompt_rows};
     if (pool_open(&S->pool, o->model_path, &opt, o->slots, o->max_queue, &cfg, why, sizeof why)) {
         log_event("colibri serve: %s", why);
         return -1;
@@ -209,6 +209,7 @@ static void log_ready(server *S, int port, double load_ms, int warm, int warm_to
     jb_puts(&b, ", \"batching\": ");
     if (S->pool.engine && !S->pool.batch_off[0]) jb_puts(&b, "true");
     else jb_cstr(&b, S->pool.batch_off);
+    jb_printf(&b, ", \"prompt_rows\": %d", S->pool.engine ? o->prompt_rows : 0);
     jb_puts(&b, ", \"prefix_cache_mb\": ");
     if (ps.limit) jb_num(&b, (double)ps.limit / (1 << 20));
     else jb_cstr(&b, S->pool.prefix_off);

@@ -44,6 +44,11 @@ int pool_open(slot_pool *p, const char *path, const colibri_options *opt, int n,
             snprintf(err, errlen, "%s: engine: %s: %s", path, colibri_strerror(st), opt->error ? opt->error : "");
             return -1;
         }
+        st = colibri_engine_set_prompt_rows(p->engine, cfg->prompt_rows);
+        if (st) {
+            snprintf(err, errlen, "%s", colibri_engine_last_error(p->engine));
+            return -1;
+        }
         colibri_runtime_info ri;
         colibri_engine_get_runtime_info(p->engine, &ri);
         if (!strcmp(ri.backend, "cuda")) {

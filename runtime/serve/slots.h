@@ -56,6 +56,7 @@ typedef struct slot_pool {
 typedef struct {
     int batching;               /* 1: continuous batching on the CPU engine (default) */
     long prefix_cache_mb;       /* -1: as much as one slot's KV cache; 0: off */
+    int prompt_rows;            /* the engine's colibri_engine_set_prompt_rows (0: no cap) */
 } pool_config;
 
 /* Map the model and make n contexts over it (and the engine, its step loop and the prefix

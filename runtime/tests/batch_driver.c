@@ -7,7 +7,10 @@
  *    bitwise the logits each gives alone (one colibri_forward call), batched all at once, joined
  *    one by one in random-sized chunks in a rotating order, and with last-token logits only.
  * 2. colibri_gen_step: four sampled generations (their own seeds, temperatures, lengths) give
- *    the ids colibri_generate gives each alone, joining at different steps in two orders.
+ *    the ids colibri_generate gives each alone, joining at different steps in two orders; the
+ *    same with colibri_engine_set_prompt_rows(7), where no step while a generation decodes
+ *    feeds more than 7 prompt ids, some step feeds exactly 7, and (reverse order: the 200-id
+ *    prompt first, alone) a step with nobody decoding still feeds more; 0..512 only.
  * 3. colibri_seq_save / restore: a prefix restored into another context and continued gives the
  *    bits of computing everything (also a shorter prefix of it, where the model allows).
  * 4. Refusals: one context twice, another KV type, past max_seq_len; nothing changes.
@@ -186,12 +189,19 @@ static void check_gen_step(colibri_model *m, const colibri_options *o, int S) {
     }
     colibri_engine *e;
     if (colibri_engine_new(&e, m, o)) exit(11);
-    for (int order = 0; order < 2; order++) {
+    check(colibri_engine_set_prompt_rows(e, -1) == COLIBRI_E_INVALID_ARG &&
+              colibri_engine_set_prompt_rows(e, 513) == COLIBRI_E_INVALID_ARG &&
+              strstr(colibri_engine_last_error(e), "prompt rows 513") != NULL,
+          "gen_step: prompt rows outside 0..512 refused with a message");
+    enum { CAP = 7 };
+    for (int variant = 0; variant < 4; variant++) {
+        const int order = variant & 1, cap = variant >= 2 ? CAP : 0;
+        if (colibri_engine_set_prompt_rows(e, cap) != COLIBRI_OK) exit(13);
         colibri_gen *g[NSEQ] = {0};
-        int ok = 1, steps = 0, live;
+        int ok = 1, steps = 0, live, capped_ok = 1, hit_cap = 0, over_alone = 0;
         do { /* generation i joins at step 3 * i (order 1: in reverse) */
             colibri_gen *run[NSEQ];
-            int n = 0;
+            int n = 0, before[NSEQ], n_prompt[NSEQ], decoding = 0;
             live = 0;
             for (int k = 0; k < NSEQ; k++) {
                 int i = order ? NSEQ - 1 - k : k;
@@ -200,20 +210,44 @@ static void check_gen_step(colibri_model *m, const colibri_options *o, int S) {
                     gen_params(i, &p, S);
                     if (colibri_gen_new(&g[i], c[i], &p, got[i], 0)) exit(12);
                 }
-                if (g[i] && !colibri_gen_done(g[i])) run[n++] = g[i];
+                if (g[i] && !colibri_gen_done(g[i])) {
+                    colibri_generate_params p;
+                    gen_params(i, &p, S);
+                    before[n] = colibri_gen_position(g[i]);
+                    n_prompt[n] = p.n_prompt;
+                    decoding += before[n] >= p.n_prompt;
+                    run[n++] = g[i];
+                }
                 if (!g[i] || !colibri_gen_done(g[i])) live = 1;
             }
             if (n && colibri_gen_step(e, run, n) != COLIBRI_OK) ok = 0;
+            int fed = 0; /* prompt ids this step put in the caches */
+            for (int k = 0; k < n; k++)
+                if (before[k] < n_prompt[k]) {
+                    int after = colibri_gen_position(run[k]);
+                    fed += (after < n_prompt[k] ? after : n_prompt[k]) - before[k];
+                }
+            if (cap && decoding) capped_ok &= fed <= cap, hit_cap |= fed == cap;
+            if (cap && !decoding) over_alone |= fed > cap;
             steps++;
         } while (live && steps < 10000);
+        if (cap)
+            check(capped_ok && hit_cap && (order == 0 || over_alone),
+                  order ? "gen_step: prompt rows 7: at most 7 prompt ids a step while one decodes, "
+                          "the whole pass with nobody decoding"
+                        : "gen_step: prompt rows 7: at most 7 prompt ids a step while one decodes");
         for (int i = 0; i < NSEQ; i++) {
             colibri_generate_result r;
             ok &= colibri_gen_result(g[i], &r) == COLIBRI_OK && r.n_new == wr[i].n_new &&
                   r.finish == wr[i].finish && !memcmp(got[i], want[i], sizeof(int32_t) * (size_t)r.n_new);
             colibri_gen_free(g[i]);
         }
-        check(ok, order ? "gen_step: sampled generations joining in reverse order == colibri_generate alone"
-                        : "gen_step: sampled generations joining one by one == colibri_generate alone");
+        if (!cap)
+            check(ok, order ? "gen_step: sampled generations joining in reverse order == colibri_generate alone"
+                            : "gen_step: sampled generations joining one by one == colibri_generate alone");
+        else
+            check(ok, order ? "gen_step: prompt rows 7, joining in reverse order == colibri_generate alone"
+                            : "gen_step: prompt rows 7, joining one by one == colibri_generate alone");
     }
     for (int i = 0; i < NSEQ; i++) colibri_free(c[i]);
     colibri_engine_free(e);

@@ -4,7 +4,7 @@
  *           [--slots N] [--max-queue Q] [--api-key-file F] [--model-id NAME]
  *           [--max-body BYTES] [--head-timeout MS] [--read-timeout MS] [--write-timeout MS]
  *           [--drain-timeout MS] [--max-connections N] [--max-connections-per-address N]
- *           [--allow-host NAMES] [--allow-origin ORIGINS] [--no-batching] [--prefix-cache-mb N]
+ *           [--allow-host NAMES] [--allow-origin ORIGINS] [--no-batching] [--prompt-rows N] [--prefix-cache-mb N]
  *           [--warm-system TEXT]... [--warm-prompt TEXT]... [--warm-prompts-b64 B]
  *
  * Exit status: 0 after SIGTERM/SIGINT and the drain, 1 when the service cannot start (model,
@@ -29,6 +29,9 @@ static int serve_usage_to(FILE *f, const char *msg) {
             "  --threads T          compute threads: the CPU engine's, shared by every slot (default:\n"
             "                       online CPUs); with --no-batching or on CUDA, per slot (online CPUs / slots)\n"
             "  --no-batching        each slot runs its own passes (continuous batching is on by default)\n"
+            "  --prompt-rows N      while a request decodes, prompts take at most N rows of a step, so\n"
+            "                       its next token waits for N prompt rows, not a 512-row pass\n"
+            "                       (1..512; default: no cap; the same ids either way)\n"
             "  --prefix-cache-mb N  memory for prompt prefixes kept for reuse (default: one slot's KV\n"
             "                       cache; 0: off)\n"
             "  --warm-system TEXT   a chat system prompt computed at start-up and kept (repeatable)\n"
@@ -86,6 +89,7 @@ int cmd_serve(const cli_globals *g, int argc, char **argv) {
         else if (!strcmp(a, "--max-queue")) RANGE(0, 4096, o.max_queue, "--max-queue must be 0..4096");
         else if (!strcmp(a, "--api-key-file")) { VALUE(); o.api_key_file = v; }
         else if (!strcmp(a, "--no-batching")) o.no_batching = 1;
+        else if (!strcmp(a, "--prompt-rows")) RANGE(1, 512, o.prompt_rows, "--prompt-rows must be 1..512");
         else if (!strcmp(a, "--prefix-cache-mb")) RANGE(0, 1L << 20, o.prefix_cache_mb, "--prefix-cache-mb must be 0..1048576");
         else if (!strcmp(a, "--warm-system") || !strcmp(a, "--warm-prompt")) {
             VALUE();

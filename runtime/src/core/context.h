@@ -112,6 +112,8 @@ struct colibri_engine {
     colibri_ctx *ctx;         /* engine == 1: the pool and chunk buffers every batch runs on */
     int cuda;                 /* the sequences run on CUDA: each its own pass (the fallback) */
     char unbatched[160];      /* colibri_engine_unbatched's reason */
+    int prompt_rows;          /* colibri_engine_set_prompt_rows: 0, or the prompts' rows a step
+                                 while some generation decodes */
 };
 
 /* arena.c: size and carve the buffers for this model, thread count and KV storage. With base

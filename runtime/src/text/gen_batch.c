@@ -188,7 +188,8 @@ static void take(colibri_gen *g) {
     g->next = id;
 }
 
-colibri_status colibri_gen_step_on(colibri_ctx *eng, int cuda, colibri_gen *const *gens, int n) {
+colibri_status colibri_gen_step_on(colibri_ctx *eng, int cuda, int prompt_rows,
+                                   colibri_gen *const *gens, int n) {
     colibri_batch_item it[COLIBRI_CHUNK];
     colibri_gen *who[COLIBRI_CHUNK];
     int wants[COLIBRI_CHUNK]; /* the item ends where its generation samples */
@@ -203,6 +204,9 @@ colibri_status colibri_gen_step_on(colibri_ctx *eng, int cuda, colibri_gen *cons
         who[ni++] = g;
         budget--;
     }
+    /* with someone decoding, the prompts' share of the step is capped (their bits do not depend
+     * on the split: prefill == decode) so a decode waits for at most prompt_rows prompt rows */
+    if (ni > 0 && prompt_rows > 0 && budget > prompt_rows) budget = prompt_rows;
     for (int i = 0; i < n && ni < COLIBRI_CHUNK && budget > 0; i++) {
         colibri_gen *g = gens[i];
         if (g->finished || g->fed >= g->p.n_prompt) continue;
@@ -243,7 +247,17 @@ colibri_status colibri_gen_step(colibri_engine *e, colibri_gen *const *gens, int
     for (int i = 0; i < n; i++)
         if (!gens[i])
             return colibri_ctx_fail(e->ctx, COLIBRI_E_INVALID_ARG, "generation %d is NULL", i);
-    return colibri_gen_step_on(e->ctx, e->cuda, gens, n);
+    return colibri_gen_step_on(e->ctx, e->cuda, e->prompt_rows, gens, n);
+}
+
+colibri_status colibri_engine_set_prompt_rows(colibri_engine *e, int rows) {
+    if (!e) return COLIBRI_E_INVALID_ARG;
+    if (rows < 0 || rows > COLIBRI_CHUNK)
+        return colibri_ctx_fail(e->ctx, COLIBRI_E_INVALID_ARG,
+                                "prompt rows %d: must be 0 (no cap) .. %d (a pass)", rows,
+                                COLIBRI_CHUNK);
+    e->prompt_rows = rows;
+    return COLIBRI_OK;
 }
 
 int colibri_gen_done(const colibri_gen *g) { return g ? g->finished : 1; }

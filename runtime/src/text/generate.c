@@ -365,7 +365,7 @@ colibri_status colibri_generate(colibri_ctx *ctx, const colibri_generate_params 
     colibri_gen *g;
     colibri_status s = colibri_gen_new(&g, ctx, p, out, 0);
     if (s) return s;
-    while (!colibri_gen_done(g)) colibri_gen_step_on(ctx, ctx->cuda != NULL, &g, 1);
+    while (!colibri_gen_done(g)) colibri_gen_step_on(ctx, ctx->cuda != NULL, 0, &g, 1);
     s = colibri_gen_result(g, r);
     colibri_gen_free(g);
     return s;
