@@ -176,11 +176,22 @@ def trace_phase(path: Path, period_ms: float) -> dict:
     """Where the slow decoded tokens of a ``colibri bench --trace`` file fall in the RT period:
     slow = above the median + 20 ms (a throttling stop is 50 ms at the default budget; other
     disturbances here are a few ms); R of their end times (see the module), the same for all
-    tokens, and the median gap between consecutive slow tokens."""
+    tokens, and the median gap between consecutive slow tokens. Also the machine's own drift: each
+    run's median token (a run lasts ~0.1 s) as p99/p50 over the runs, and each token against its
+    run's median (p99, p99.9): when the runs' medians spread as far as the tokens do, the tail is
+    seconds-long phases in which every token is slower (host contention, clocks), not a token
+    that the engine delayed."""
     rows = [line.split() for line in path.read_text().splitlines()[1:]]
     toks = [(float(r[3]), float(r[4])) for r in rows if r[0] == "token"]
     if not toks:
         return {}
+    per_run: dict[str, list[float]] = {}
+    for r in rows:
+        if r[0] == "token":
+            per_run.setdefault(r[1], []).append(float(r[4]))
+    run_median = {k: sorted(v)[len(v) // 2] for k, v in per_run.items()}
+    medians = sorted(run_median.values())
+    within = sorted(d / run_median[k] for k, v in per_run.items() for d in v)
     ms = sorted(d for _, d in toks)
     cut = ms[len(ms) // 2] + 20.0
     slow = [(t, d) for t, d in toks if d > cut]
@@ -194,17 +205,21 @@ def trace_phase(path: Path, period_ms: float) -> dict:
     return {"tokens": len(toks), "slow": len(slow), "slow_cut_ms": cut,
             "phase_r_slow": r_of(ends), "phase_r_all": r_of([t + d for t, d in toks]),
             "median_gap_ms": gaps[len(gaps) // 2] if gaps else None,
-            "span_s": (toks[-1][0] - toks[0][0]) / 1e3}
+            "span_s": (toks[-1][0] - toks[0][0]) / 1e3,
+            "run_medians_p99_p50": pct(medians, 99) / pct(medians, 50),
+            "within_run_p99": pct(within, 99), "within_run_p999": pct(within, 99.9)}
+
+
+def pct(sorted_ms: list[float], p: float) -> float:
+    """The p-th percentile as colibri bench computes it (nearest rank on sorted samples)."""
+    s = sorted_ms
+    return s[min(len(s) - 1, max(0, int(len(s) * p / 100.0 + 0.999999) - 1))]
 
 
 def distribution(samples_ms: list[float]) -> dict:
-    """p50, p99, p99.9 and max as colibri bench computes them (nearest rank on the sorted
-    samples)."""
+    """p50, p99, p99.9 and max as colibri bench computes them."""
     s = sorted(samples_ms)
-
-    def pct(p: float) -> float:
-        return s[min(len(s) - 1, max(0, int(len(s) * p / 100.0 + 0.999999) - 1))]
-    return {"p50": pct(50), "p99": pct(99), "p999": pct(99.9), "max": s[-1], "n": len(s)}
+    return {"p50": pct(s, 50), "p99": pct(s, 99), "p999": pct(s, 99.9), "max": s[-1], "n": len(s)}
 
 
 def llama_cell(bench: Path, model: Path, mode: str, cpus: list[int], args) -> dict:
@@ -409,7 +424,9 @@ def main() -> None:
             print(f"trace {key}: {tr['slow']} of {tr['tokens']} tokens slow (> {tr['slow_cut_ms']:.1f}"
                   f" ms) over {tr['span_s']:.0f} s; phase R of their ends {tr['phase_r_slow']:.2f}"
                   f" (all tokens {tr['phase_r_all']:.2f}); median gap "
-                  + (f"{tr['median_gap_ms']:.0f} ms" if tr["median_gap_ms"] is not None else "-"))
+                  + (f"{tr['median_gap_ms']:.0f} ms" if tr["median_gap_ms"] is not None else "-")
+                  + f"; runs' median tokens p99/p50 {tr['run_medians_p99_p50']:.2f}, tokens / their"
+                    f" run's median p99 {tr['within_run_p99']:.2f} p99.9 {tr['within_run_p999']:.2f}")
     print(json.dumps({"cpus": cpus, "hog_cores": hog_cores, "samples": args.samples,
                       "prompt_len": args.prompt_len, "gen": args.gen, "results": results}))
 
