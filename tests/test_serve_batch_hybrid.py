@@ -123,9 +123,11 @@ def test_hybrid_prefix_state_restored_among_batched_clients(host_colibri: Path, 
 def test_engine_and_slot_arenas_as_the_footprint_counts(host_colibri: Path, models: dict[str, Path],
                                                         tmp_path: Path) -> None:
     """The ready line's memory (the engine's per-step buffers, each slot's context) equals the
-    kit's footprint (serve_arena_bytes) byte for byte: the hybrid (recurrent states in the slots,
+    kit's footprint (serve_arena_bytes) byte for byte, each slot a sequence-only context (its
+    caches, no pass buffers): the hybrid (recurrent states in the slots,
     none in the engine), gpt-oss (a ring's K/V stage) and an int8 model with int8 activations."""
-    from colibri_kit.model.footprint import cpu_arena_bytes, cpu_engine_arena_bytes, serve_arena_bytes
+    from colibri_kit.model.footprint import (cpu_arena_bytes, cpu_engine_arena_bytes,
+                                             cpu_sequence_arena_bytes, serve_arena_bytes)
     from colibri_kit.model.format import read_model
 
     int8 = write_random_model(tmp_path / "int8.colibri", header(dtype=int(DType.INT8)), seed=2)
@@ -138,6 +140,8 @@ def test_engine_and_slot_arenas_as_the_footprint_counts(host_colibri: Path, mode
             assert srv.stop() == 0
         act = bool(globals_)
         assert mem == {"engine_arena_bytes": cpu_engine_arena_bytes(h, 2, act),
-                       "slot_arena_bytes": cpu_arena_bytes(h, 1, act)}, model.name
+                       "slot_arena_bytes": cpu_sequence_arena_bytes(h, act)}, model.name
+        # a slot holds its caches only: less than a context that runs its own passes
+        assert mem["slot_arena_bytes"] < cpu_arena_bytes(h, 1, act), model.name
         assert serve_arena_bytes(h, 3, 2, act) == mem["engine_arena_bytes"] + 3 * mem["slot_arena_bytes"]
         assert mem["engine_arena_bytes"] > 16 * h.vocab_size * 4  # the LM head stage is in it

@@ -88,9 +88,11 @@ def cpu_arena_bytes(h: ModelHeader, threads: int = DEFAULT_THREADS, int8_act: bo
 
 
 def _cpu_arena_plan(h: ModelHeader, threads: int, int8_act: bool, kv_dtype: str,
-                    engine: bool) -> int:
+                    engine: bool, sequence_only: bool = False) -> int:
     """colibri_arena_plan's regions in its order; `engine`: the batch engine's arena (no KV rows,
-    no recurrent state: the slots' contexts hold them; an LM head stage at the end)."""
+    no recurrent state: the slots' contexts hold them; an LM head stage at the end);
+    `sequence_only`: a context that only holds its sequence for an engine (every per-row buffer
+    and the threads' scratch empty, the caches kept)."""
     kv_size = kv_value_bytes(kv_dtype)
     used = 0
 
@@ -98,7 +100,8 @@ def _cpu_arena_plan(h: ModelHeader, threads: int, int8_act: bool, kv_dtype: str,
         nonlocal used
         used = align_up(used, 64) + n * size
 
-    T = min(h.max_seq_len, CPU_CHUNK)
+    T = 0 if sequence_only else min(h.max_seq_len, CPU_CHUNK)
+    threads = 0 if sequence_only else threads
     dp, qd = h.embed_dim_pad, h.n_heads * h.head_dim
     kvd, E, K = h.n_kv_heads * h.head_dim, h.num_experts, h.top_k
     F, Fs, S = h.expert_size, h.shared_expert_size, h.max_seq_len
@@ -435,11 +438,17 @@ def cpu_engine_arena_bytes(h: ModelHeader, threads: int = DEFAULT_THREADS, int8_
     return _cpu_arena_plan(h, threads, int8_act, kv_dtype, engine=True)
 
 
+def cpu_sequence_arena_bytes(h: ModelHeader, int8_act: bool = False, kv_dtype: str = "f32") -> int:
+    """A sequence-only context's arena (colibri_options.sequence_only: a served slot with
+    batching on), byte for byte: its KV rows and recurrent state, no pass buffers."""
+    return _cpu_arena_plan(h, 0, int8_act, kv_dtype, engine=False, sequence_only=True)
+
+
 def serve_arena_bytes(h: ModelHeader, slots: int, threads: int = DEFAULT_THREADS,
                       int8_act: bool = False, kv_dtype: str = "f32") -> int:
     """What `colibri serve --slots N` allocates besides the weights with continuous batching on
-    (the CPU default): the engine's arena on `threads` threads plus N one-thread contexts, each
-    with its sequence's KV rows and recurrent state (and, unused while batching, its own chunk
-    buffers: a slot can also run alone). The prefix cache (--prefix-cache-mb) comes on top."""
+    (the CPU default): the engine's arena on `threads` threads plus N sequence-only contexts,
+    each with its sequence's KV rows and recurrent state and nothing else (every pass is the
+    engine's). The prefix cache (--prefix-cache-mb) comes on top."""
     return cpu_engine_arena_bytes(h, threads, int8_act, kv_dtype) + \
-        slots * cpu_arena_bytes(h, 1, int8_act, kv_dtype)
+        slots * cpu_sequence_arena_bytes(h, int8_act, kv_dtype)

@@ -115,6 +115,13 @@ typedef struct {
                                 every page), and the top of each worker's stack, so a pass never
                                 waits for a page; fails at init when RLIMIT_MEMLOCK is too low */
     colibri_barrier barrier;
+    int sequence_only;       /* 1: a context that only holds its sequence (KV rows, recurrent state,
+                                position) for a colibri_engine to run (colibri_forward_batch,
+                                colibri_gen_step): no chunk buffers or worker scratch of its own,
+                                so a served slot costs its caches only. colibri_forward(_last) and
+                                colibri_generate on it fail with COLIBRI_E_INVALID_ARG. CPU only
+                                (backend cuda refused; auto runs on the CPU); threads must be 0 or
+                                1. Last, so that code built before it keeps its field offsets */
 } colibri_options;
 
 /* Geometry and identity of the loaded model. */

@@ -60,6 +60,8 @@ int pool_open(slot_pool *p, const char *path, const colibri_options *opt, int n,
             base.cpus = NULL;
             base.n_cpus = 0;
             base.backend = COLIBRI_BACKEND_CPU;
+            /* ... and no pass buffers: every pass is the engine's (the unbatched layer kinds' too) */
+            base.sequence_only = 1;
             p->threads = ri.threads;
             /* a layer kind without a multi-sequence pass: the step loop still serves every slot
              * (the prefix cache too), each slot's tokens in a pass of their own */

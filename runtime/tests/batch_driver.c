@@ -6,8 +6,9 @@
  * 1. colibri_forward_batch: four sequences of different lengths (1, 9, 70, 200 tokens) give
  *    bitwise the logits each gives alone (one colibri_forward call), batched all at once, joined
  *    one by one in random-sized chunks in a rotating order, and with last-token logits only.
- * 2. colibri_gen_step: four sampled generations (their own seeds, temperatures, lengths) give
- *    the ids colibri_generate gives each alone, joining at different steps in two orders; the
+ * 2. colibri_gen_step: four sampled generations (their own seeds, temperatures, lengths), on
+ *    sequence_only contexts (which refuse passes of their own), give the ids colibri_generate
+ *    gives each alone, joining at different steps in two orders; the
  *    same with colibri_engine_set_prompt_rows(7), where no step while a generation decodes
  *    feeds more than 7 prompt ids, some step feeds exactly 7, and (reverse order: the 200-id
  *    prompt first, alone) a step with nobody decoding still feeds more; 0..512 only.
@@ -179,6 +180,7 @@ static void check_gen_step(colibri_model *m, const colibri_options *o, int S) {
     colibri_ctx *c[NSEQ];
     colibri_options one = *o;
     one.threads = 1;
+    one.sequence_only = 1; /* the engine runs every pass: the generations' contexts hold caches */
     for (int i = 0; i < NSEQ; i++) {
         colibri_generate_params p;
         gen_params(i, &p, S);
@@ -186,6 +188,27 @@ static void check_gen_step(colibri_model *m, const colibri_options *o, int S) {
         if (colibri_generate(c[i], &p, want[i], &wr[i])) exit(9);
         colibri_free(c[i]);
         if (colibri_ctx_new(&c[i], m, &one)) exit(10);
+    }
+    { /* a sequence-only context runs no pass of its own, and is smaller than one that does */
+        colibri_generate_params p;
+        gen_params(0, &p, S);
+        colibri_generate_result r;
+        float lg[1];
+        colibri_ctx *full;
+        colibri_runtime_info a, b;
+        if (colibri_ctx_new(&full, m, o)) exit(14);
+        colibri_get_runtime_info(c[0], &a);
+        colibri_get_runtime_info(full, &b);
+        colibri_free(full);
+        colibri_options two = one;
+        two.threads = 2;
+        colibri_ctx *bad = NULL;
+        check(colibri_forward(c[0], p.prompt, 1, lg) == COLIBRI_E_INVALID_ARG &&
+                  strstr(colibri_last_error(c[0]), "sequence_only") != NULL &&
+                  colibri_generate(c[0], &p, got[0], &r) == COLIBRI_E_INVALID_ARG &&
+                  colibri_ctx_new(&bad, m, &two) == COLIBRI_E_INVALID_ARG && !bad &&
+                  a.arena_bytes < b.arena_bytes,
+              "gen_step: a sequence_only context refuses passes of its own, holds less");
     }
     colibri_engine *e;
     if (colibri_engine_new(&e, m, o)) exit(11);

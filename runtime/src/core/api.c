@@ -234,7 +234,8 @@ static colibri_status cpu_setup(colibri_ctx *ctx) {
         if (!ctx->b.cache)
             return colibri_ctx_fail(ctx, COLIBRI_E_NO_MEMORY, "cannot allocate %u layer caches", m->n_layers);
     }
-    size_t bytes = colibri_arena_plan(m, threads, ctx->use_q8, kv_f16, ctx->engine, &ctx->b, NULL);
+    size_t bytes = colibri_arena_plan(m, threads, ctx->use_q8, kv_f16, ctx->engine, ctx->seq_only,
+                                      &ctx->b, NULL);
     if (posix_memalign(&ctx->arena, 4096, bytes) != 0) {
         ctx->arena = NULL;
         return colibri_ctx_fail(ctx, COLIBRI_E_NO_MEMORY,
@@ -242,7 +243,8 @@ static colibri_status cpu_setup(colibri_ctx *ctx) {
                        m->max_seq_len, m->n_layers);
     }
     ctx->arena_bytes = bytes;
-    colibri_arena_plan(m, threads, ctx->use_q8, kv_f16, ctx->engine, &ctx->b, ctx->arena);
+    colibri_arena_plan(m, threads, ctx->use_q8, kv_f16, ctx->engine, ctx->seq_only, &ctx->b,
+                       ctx->arena);
     /* Touch the working buffers now (not the KV cache, which can be large and is written
      * before it is read), so forward never takes first-touch page faults on them. */
     size_t kv_lo = (size_t)((uint8_t *)ctx->b.kcache - (uint8_t *)ctx->arena);
@@ -320,6 +322,15 @@ colibri_status colibri_ctx_new(colibri_ctx **out, colibri_model *model,
     colibri_status cs = ctx_begin(&ctx, model, opt_in, &opt, 0);
     if (cs) return cs;
     const struct colibri_model *m = ctx->model;
+    if (opt.sequence_only) { /* an engine's sequence: its caches on the CPU, nothing else */
+        if (opt.backend == COLIBRI_BACKEND_CUDA || opt.threads > 1 || opt.n_cpus > 1)
+            return init_fail(ctx, &opt, colibri_ctx_fail(ctx, COLIBRI_E_INVALID_ARG,
+                             "sequence_only: a CPU context for an engine's passes (backend auto or "
+                             "cpu, threads 0 or 1, at most one CPU)"));
+        ctx->seq_only = 1;
+        ctx->opt.threads = 1;
+        opt.backend = ctx->opt.backend = COLIBRI_BACKEND_CPU;
+    }
 
     /* Backend: CUDA when asked for or available; otherwise the CPU with the reason kept. The
      * CUDA context, kernels and weights on the device are the model's, shared by its contexts;
@@ -551,9 +562,19 @@ colibri_status colibri_forward_batch(colibri_engine *e, const colibri_batch_item
     return colibri_batch_run(e->ctx, e->cuda, it, n);
 }
 
+colibri_status colibri_check_runs_itself(colibri_ctx *ctx) {
+    if (!ctx->seq_only) return COLIBRI_OK;
+    return colibri_ctx_fail(ctx, COLIBRI_E_INVALID_ARG,
+                            "this context was made with sequence_only: it holds its sequence for a "
+                            "colibri_engine (colibri_forward_batch, colibri_gen_step) and has no "
+                            "buffers for passes of its own");
+}
+
 static colibri_status check_forward(colibri_ctx *ctx, const int32_t *ids, int n, const float *logits) {
     if (!ctx) return COLIBRI_E_INVALID_ARG;
     ctx->err[0] = '\0';
+    colibri_status rs = colibri_check_runs_itself(ctx);
+    if (rs) return rs;
     if (!ids || !logits || n <= 0)
         return colibri_ctx_fail(ctx, COLIBRI_E_INVALID_ARG, "forward needs ids, logits and n > 0 (n = %d)", n);
     const struct colibri_model *m = ctx->model;

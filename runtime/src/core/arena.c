@@ -44,9 +44,12 @@ static void layer_need(const struct colibri_model *m, uint32_t l, colibri_cache_
 #define LSTAGE_ROWS 16
 
 size_t colibri_arena_plan(const struct colibri_model *m, int threads, int q8, int kv_f16,
-                          int engine, colibri_buffers *b, uint8_t *base) {
+                          int engine, int sequence_only, colibri_buffers *b, uint8_t *base) {
     carver c = {base, 0};
-    size_t T = m->max_seq_len < COLIBRI_CHUNK ? m->max_seq_len : COLIBRI_CHUNK;
+    /* a sequence-only context never runs a pass itself (api.c refuses it): every per-row buffer
+     * and the threads' scratch are empty, the regions keep their order */
+    size_t T = sequence_only ? 0 : m->max_seq_len < COLIBRI_CHUNK ? m->max_seq_len : COLIBRI_CHUNK;
+    if (sequence_only) threads = 0;
     size_t dp = m->embed_dim_pad, qd = (size_t)m->n_heads * m->head_dim;
     size_t kvd = (size_t)m->n_kv_heads * m->head_dim, E = m->num_experts, K = m->top_k;
     size_t F = m->expert_size, Fs = m->shared_expert_size, S = m->max_seq_len, L = m->n_layers;

@@ -363,7 +363,10 @@ colibri_status colibri_generate(colibri_ctx *ctx, const colibri_generate_params 
     /* one generation stepped alone, the context running itself (gen_batch.c): the loop the
      * service batches, so a request's ids are these whether it is served alone or not */
     colibri_gen *g;
-    colibri_status s = colibri_gen_new(&g, ctx, p, out, 0);
+    ctx->err[0] = '\0';
+    colibri_status s = colibri_check_runs_itself(ctx);
+    if (s) return s;
+    s = colibri_gen_new(&g, ctx, p, out, 0);
     if (s) return s;
     while (!colibri_gen_done(g)) colibri_gen_step_on(ctx, ctx->cuda != NULL, 0, &g, 1);
     s = colibri_gen_result(g, r);
