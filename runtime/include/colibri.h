@@ -121,7 +121,7 @@ typedef struct {
                                 so a served slot costs its caches only. colibri_forward(_last) and
                                 colibri_generate on it fail with COLIBRI_E_INVALID_ARG. CPU only
                                 (backend cuda refused; auto runs on the CPU); threads must be 0 or
-                                1. Last, so that code built before it keeps its field offsets */
+                                1; colibri_engine_new refuses it. Last, so that code built before it keeps its field offsets */
 } colibri_options;
 
 /* Geometry and identity of the loaded model. */

@@ -203,10 +203,12 @@ static void check_gen_step(colibri_model *m, const colibri_options *o, int S) {
         colibri_options two = one;
         two.threads = 2;
         colibri_ctx *bad = NULL;
+        colibri_engine *bad_engine = NULL;
         check(colibri_forward(c[0], p.prompt, 1, lg) == COLIBRI_E_INVALID_ARG &&
                   strstr(colibri_last_error(c[0]), "sequence_only") != NULL &&
                   colibri_generate(c[0], &p, got[0], &r) == COLIBRI_E_INVALID_ARG &&
                   colibri_ctx_new(&bad, m, &two) == COLIBRI_E_INVALID_ARG && !bad &&
+                  colibri_engine_new(&bad_engine, m, &one) == COLIBRI_E_INVALID_ARG && !bad_engine &&
                   a.arena_bytes < b.arena_bytes,
               "gen_step: a sequence_only context refuses passes of its own, holds less");
     }

@@ -234,8 +234,9 @@ static colibri_status cpu_setup(colibri_ctx *ctx) {
         if (!ctx->b.cache)
             return colibri_ctx_fail(ctx, COLIBRI_E_NO_MEMORY, "cannot allocate %u layer caches", m->n_layers);
     }
-    size_t bytes = colibri_arena_plan(m, threads, ctx->use_q8, kv_f16, ctx->engine, ctx->seq_only,
-                                      &ctx->b, NULL);
+    int seq_only = ctx->opt.sequence_only;
+    size_t bytes = colibri_arena_plan(m, threads, ctx->use_q8, kv_f16, ctx->engine, seq_only, &ctx->b,
+                                      NULL);
     if (posix_memalign(&ctx->arena, 4096, bytes) != 0) {
         ctx->arena = NULL;
         return colibri_ctx_fail(ctx, COLIBRI_E_NO_MEMORY,
@@ -243,8 +244,7 @@ static colibri_status cpu_setup(colibri_ctx *ctx) {
                        m->max_seq_len, m->n_layers);
     }
     ctx->arena_bytes = bytes;
-    colibri_arena_plan(m, threads, ctx->use_q8, kv_f16, ctx->engine, ctx->seq_only, &ctx->b,
-                       ctx->arena);
+    colibri_arena_plan(m, threads, ctx->use_q8, kv_f16, ctx->engine, seq_only, &ctx->b, ctx->arena);
     /* Touch the working buffers now (not the KV cache, which can be large and is written
      * before it is read), so forward never takes first-touch page faults on them. */
     size_t kv_lo = (size_t)((uint8_t *)ctx->b.kcache - (uint8_t *)ctx->arena);
@@ -327,7 +327,6 @@ colibri_status colibri_ctx_new(colibri_ctx **out, colibri_model *model,
             return init_fail(ctx, &opt, colibri_ctx_fail(ctx, COLIBRI_E_INVALID_ARG,
                              "sequence_only: a CPU context for an engine's passes (backend auto or "
                              "cpu, threads 0 or 1, at most one CPU)"));
-        ctx->seq_only = 1;
         ctx->opt.threads = 1;
         opt.backend = ctx->opt.backend = COLIBRI_BACKEND_CPU;
     }
@@ -420,6 +419,11 @@ colibri_status colibri_engine_new(colibri_engine **out, colibri_model *model,
     if (st) {
         free(e);
         return st;
+    }
+    if (opt.sequence_only) { /* an engine is what runs the passes: it needs their buffers */
+        free(e);
+        return init_fail(ctx, &opt, colibri_ctx_fail(ctx, COLIBRI_E_INVALID_ARG,
+                         "sequence_only is for the contexts an engine runs, not the engine"));
     }
     /* The backend is chosen as colibri_ctx_new chooses it for the same options, so contexts made
      * with them run on the engine's backend. A CUDA engine holds nothing of its own: each
@@ -563,7 +567,7 @@ colibri_status colibri_forward_batch(colibri_engine *e, const colibri_batch_item
 }
 
 colibri_status colibri_check_runs_itself(colibri_ctx *ctx) {
-    if (!ctx->seq_only) return COLIBRI_OK;
+    if (!ctx->opt.sequence_only) return COLIBRI_OK;
     return colibri_ctx_fail(ctx, COLIBRI_E_INVALID_ARG,
                             "this context was made with sequence_only: it holds its sequence for a "
                             "colibri_engine (colibri_forward_batch, colibri_gen_step) and has no "

@@ -85,7 +85,6 @@ struct colibri_ctx {
     int pos;                  /* tokens in the KV cache */
     int engine;               /* a batch engine's context (colibri_engine): buffers and threads,
                                  no caches of its own */
-    int seq_only;             /* colibri_options.sequence_only: caches, no pass buffers */
     /* one pass's sequences (colibri_batch): outside the arena, so a sequence context's arena
      * is what the kit's footprint counts */
     int32_t row_seq[COLIBRI_CHUNK];
@@ -117,13 +116,13 @@ struct colibri_engine {
                                  while some generation decodes */
 };
 
+/* api.c: COLIBRI_OK, or the error of running a sequence_only context's passes on itself. */
+colibri_status colibri_check_runs_itself(colibri_ctx *ctx);
+
 /* arena.c: size and carve the buffers for this model, thread count and KV storage. With base
  * NULL only the size is computed; with base, b->cache (n_layers entries) is filled too. An
  * engine's arena has no caches (its sequences bring theirs) and the LM head's stage instead; a
  * sequence_only context's has the caches and no pass buffers (chunk 0, no thread scratch). */
-/* api.c: COLIBRI_OK, or the error of running a sequence_only context's passes on itself. */
-colibri_status colibri_check_runs_itself(colibri_ctx *ctx);
-
 size_t colibri_arena_plan(const struct colibri_model *m, int threads, int q8, int kv_f16,
                           int engine, int sequence_only, colibri_buffers *b, uint8_t *base);
 

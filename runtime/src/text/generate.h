@@ -55,8 +55,8 @@ void colibri_out_end(colibri_out *o);
 void colibri_out_free(colibri_out *o);
 
 /* gen_batch.c: one step of the generations on eng (an engine's context, or colibri_generate's
- * context running itself; cuda: each its own pass on its CUDA context). */
-/* prompt_rows: colibri_engine_set_prompt_rows's value (0: no cap). */
+ * context running itself; cuda: each its own pass on its CUDA context); prompt_rows:
+ * colibri_engine_set_prompt_rows's value (0: no cap). */
 colibri_status colibri_gen_step_on(struct colibri_ctx *eng, int cuda, int prompt_rows,
                                    colibri_gen *const *gens, int n);
 double colibri_now_ms(void);
