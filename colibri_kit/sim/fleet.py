@@ -232,10 +232,33 @@ def ensure_binfmt() -> str:
     return BINFMT_NAME
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def _free_port(taken: set[int] | None = None) -> int:
+    """A free port for a device's sshd, below the kernel's ephemeral range. A device's port
+    must stay bindable while it reboots: a port in the ephemeral range can meanwhile become the
+    source port of any outgoing connection on this machine (or its TIME_WAIT, for a minute), and
+    sshd's bind then fails with EADDRINUSE even with SO_REUSEADDR, so the device never comes back
+    (a CI run failed so). A real Jetson's sshd listens on 22, which is never ephemeral."""
+    try:
+        low = int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768                   # Linux's default range is 32768-60999
+    first = 10000 if low > 12000 else 1024
+    rng = secrets.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(first, low)
+        if taken and port in taken:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise FleetError(f"no free port for an emulated device's sshd in {first}-{low - 1} "
+                     f"(below the ephemeral range in {EPHEMERAL_RANGE})")
 
 
 def _wait_port(port: int, proc: subprocess.Popen[bytes] | None, log: Path,
@@ -485,7 +508,7 @@ class EmulatedFleet(FleetFiles):
         # applies the recorded mode); /etc, /var and the disk persist.
         shutil.copytree(root / "sys", dev / "sys-power-on", symlinks=True)
         layer = self._layer(dev)
-        port = _free_port()
+        port = _free_port({d.port for d in self.devices})
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name,
                         "-f", str(dev / "ssh_host_ed25519_key")], check=True)
         config = dev / "sshd_config"

@@ -76,8 +76,10 @@ def main(argv):
                 time.sleep(3600)
         proc = subprocess.Popen(["unshare", "-m", "--propagation", "private", "/bin/sh",
                                  os.path.join(dev, "os.sh")], stdin=subprocess.DEVNULL)
+        # Until unshare has entered the OS's namespace or failed: no time bound, since a loaded
+        # machine may take seconds, and an OS taken for the hardware's would never be stopped.
         ns = None
-        for _ in range(500):
+        while True:
             ns = ns_of(proc.pid)
             if ns and ns != mine or proc.poll() is not None:
                 break

@@ -177,3 +177,25 @@ def test_proxyjump_hops_verify_host_keys(inventory, sim_fleet, tmp_path: Path, m
         assert r.run(["cat", "/etc/hostname"]).ok
         # the session runs on jetson-01: its sshd is the one that answered through the jump
         assert r.run(["sh", "-c", "echo $SSH_CONNECTION"]).stdout.split()[-1] == str(target.port)
+
+
+def test_device_ports_are_outside_the_ephemeral_range(sim_fleet) -> None:
+    """A rebooting device's sshd must be able to bind its port again: one in the ephemeral range
+    can meanwhile be any outgoing connection's source port (a CI run lost a device so). Each
+    device's port lies below the kernel's range, and no two devices share one."""
+    low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    ports = [d.port for d in sim_fleet.devices]
+    assert all(p < low for p in ports), (ports, low, high)
+    assert len(set(ports)) == len(ports)
+    # A port held as an outgoing connection's source is what sshd met: bind fails with it.
+    import socket
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        with socket.create_connection(server.getsockname()) as client:
+            taken = client.getsockname()[1]
+            assert low <= taken <= high
+            with socket.socket() as again:
+                again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                with pytest.raises(OSError):
+                    again.bind(("127.0.0.1", taken))

@@ -69,7 +69,9 @@ def test_rolling_reboot_stops_after_a_device_that_never_returns(fleet) -> None:
     # The canary and the dead device's batch-mate: rebooted once, verified in MAXN, tuned.
     for name in (hosts[0].name, hosts[2].name):
         o = by[name]
-        assert o.ok and o.value.ok, (name, o.error, o.value and o.value.checks)
+        log = Path(fleet.device(name).dir) / "sshd.log"
+        assert o.ok and o.value.ok, (name, o.error, o.value and o.value.checks,
+                                     log.read_text()[-3000:] if log.exists() else "no log")
         assert "rebooted once into MAXN" in o.value.notes[0]
         assert "confirmed by a new boot_id" in o.value.notes[0]
         assert (Path(fleet.device(name).dir) / "boot_id").read_text() != boot_ids[name]
