@@ -345,7 +345,7 @@ static void test_kernels(void) {
         for (size_t i = 0; i < N * C; i++) x[i] = krand();
         const void *data[4] = {wf, wh, wb, wq};
         for (uint32_t dt = 0; dt < 4; dt++) {
-            colibri_tensor t = {data[dt], dt == 3 ? scales : NULL, dt, ROWS, (uint32_t)C};
+            colibri_tensor t = {data[dt], dt == 3 ? scales : NULL, dt, ROWS, (uint32_t)C, NULL};
             colibri_rows_dot(&t, 0, ROWS, x, N, C, ya, ROWS, scratch);
             for (int j = 0; j < N; j++) colibri_rows_dot(&t, 0, ROWS, x + j * C, 1, C, yb + j * ROWS, 1, scratch);
             colibri_rows_dot(&t, 0, 5, x, N, C, yc, ROWS, scratch);
@@ -369,7 +369,7 @@ static void test_kernels(void) {
         }
         /* int8 x int8: exact integers whatever the tiling */
         for (int j = 0; j < N; j++) colibri_quantize_row(x + j * C, C, xq + j * C, &xs[j]);
-        colibri_tensor t = {wq, scales, COLIBRI_DT_INT8, ROWS, (uint32_t)C};
+        colibri_tensor t = {wq, scales, COLIBRI_DT_INT8, ROWS, (uint32_t)C, NULL};
         colibri_rows_dot_q8(&t, 0, ROWS, xq, xs, N, C, ya, ROWS);
         for (int j = 0; j < N; j++) colibri_rows_dot_q8(&t, 0, ROWS, xq + j * C, xs + j, 1, C, yb + j * ROWS, 1);
         int exact = 1;
@@ -405,7 +405,7 @@ static void test_kernels_q8_shapes(void) {
             for (size_t c = 0; c < C; c++) x[c] = krand();
             colibri_quantize_row(x, C, xq + j * C, &xs[j]);
         }
-        colibri_tensor t = {wq, scales, COLIBRI_DT_INT8, ROWS, (uint32_t)C};
+        colibri_tensor t = {wq, scales, COLIBRI_DT_INT8, ROWS, (uint32_t)C, NULL};
         int ok = 1;
         for (int n = 2; n <= N; n += N - 2) { /* 2 tokens (one pair), 13 (odd: a zero partner) */
             colibri_rows_dot_q8(&t, 0, 5, xq, xs, n, C, ya, ROWS);

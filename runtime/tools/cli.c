@@ -92,6 +92,7 @@ void cli_options(const cli_globals *g, colibri_options *opt) {
     opt->backend = g->backend;
     opt->threads = g->threads;
     opt->int8_activations = g->int8_act;
+    opt->q4_file_layout = g->q4_file_layout;
     opt->kv_dtype = g->kv;
     opt->cpus = g->n_cpus ? g->cpus : NULL;
     opt->n_cpus = g->n_cpus;
@@ -204,6 +205,10 @@ int cli_global(cli_globals *g, int argc, char **argv, int *i) {
     }
     if (!strcmp(a, "--mlock")) {
         g->lock_memory = 1;
+        return 1;
+    }
+    if (!strcmp(a, "--q4-file-layout")) {
+        g->q4_file_layout = 1;
         return 1;
     }
     if (!takes_value) return 0;

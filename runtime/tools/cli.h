@@ -16,6 +16,7 @@ typedef struct {
     int backend_given;       /* a command with another default (bench-contexts: cpu) keeps it */
     int threads;             /* 0: not given (the command's default: online CPUs, or per command) */
     int int8_act;
+    int q4_file_layout;      /* --q4-file-layout */
     colibri_kv_dtype kv;
     /* real-time mode (docs/runtime.md, "Real-time mode") */
     int cpus[64];            /* --cpus: the workers' CPUs in order */
@@ -26,7 +27,7 @@ typedef struct {
     colibri_barrier barrier; /* --barrier sleep|spin */
 } cli_globals;
 
-#define CLI_GLOBAL_OPTIONS "[--backend cpu|cuda|auto] [--threads N] [--int8-act] [--kv-cache f32|f16] " \
+#define CLI_GLOBAL_OPTIONS "[--backend cpu|cuda|auto] [--threads N] [--int8-act] [--q4-file-layout] [--kv-cache f32|f16] " \
     "[--cpus LIST] [--sched other|fifo:N|rr:N] [--mlock] [--barrier sleep|spin]"
 #define CLI_GLOBAL_HELP                                                                          \
     "global options (before or after the command):\n"                                          \
@@ -34,6 +35,8 @@ typedef struct {
     "                           is printed); cuda: fail without it\n"                           \
     "  --threads N              CPU threads, 1..64 (default: online CPUs)\n"                     \
     "  --int8-act               int8/q4 weights: int8 activations (integer dot products)\n"      \
+    "  --q4-file-layout         q4 weights read in the file's layout only (no packed copy at\n"  \
+    "                           load; the same bits, slower with --int8-act on AVX-512 VNNI)\n" \
     "  --kv-cache f32|f16       KV cache storage (f16: half the memory)\n"                      \
     "real-time mode (docs/runtime.md; a profile's realtime: section renders them for the unit):\n" \
     "  --cpus LIST              pin worker t to the t-th CPU (\"2-5\", \"4,2,3\"); threads = CPUs\n" \

@@ -13,6 +13,8 @@
 #include "colibri_config.h"
 #include "context.h"
 #include "cpu/kernels.h"
+#include "cpu/kernels_q4.h"
+#include "cpu/q4_pack.h"
 
 #define COLIBRI_MAX_THREADS 64
 
@@ -175,20 +177,40 @@ static colibri_status lock_range(colibri_ctx *ctx, const void *p, size_t n, cons
                    "process CAP_IPC_LOCK", what, (double)n / (1 << 20), strerror(e), limit);
 }
 
-/* The model's mapping, once per model (the contexts share it; munmap unlocks it). */
+/* The model's mapping and its packed q4 copy, once per model (the contexts share them; munmap
+ * unlocks them). */
 static colibri_status lock_model(colibri_ctx *ctx) {
     colibri_model *m = ctx->model;
     colibri_status s = COLIBRI_OK;
     pthread_mutex_lock(&m->gpu_mu);
     if (!m->locked) {
         s = lock_range(ctx, m->base, m->size, "the model's mapping");
+        if (!s && m->q4_packed &&
+            (s = lock_range(ctx, m->q4_packed, m->q4_packed_bytes, "the packed q4 weights")))
+            munlock(m->base, m->size);
         if (!s) {
             m->locked = 1;
-            ctx->locked_bytes += m->size;
+            ctx->locked_bytes += m->size + m->q4_packed_bytes;
         }
     }
     pthread_mutex_unlock(&m->gpu_mu);
     return s;
+}
+
+/* The packed q4 copy (cpu/q4_pack.h), made once per model by the first CPU context whose
+ * int8-activation kernel reads it. A model that cannot be packed (no memory) runs in the file's
+ * layout, with the same bits. With lock_memory the file pages are kept: they are locked too. */
+static void pack_model(colibri_ctx *ctx) {
+    colibri_model *m = ctx->model;
+    if (!ctx->use_q8 || ctx->opt.q4_file_layout || !colibri_q4_kernels_have_packed())
+        return;
+    pthread_mutex_lock(&m->gpu_mu);
+    if (!m->q4_pack_tried) {
+        m->q4_pack_tried = 1;
+        (void)colibri_model_pack_q4(m, ctx->opt.lock_memory || m->locked);
+    }
+    ctx->q4_packed = m->q4_packed != NULL;
+    pthread_mutex_unlock(&m->gpu_mu);
 }
 
 static void pool_config(const colibri_options *o, colibri_pool_config *pc) {
@@ -252,6 +274,7 @@ static colibri_status cpu_setup(colibri_ctx *ctx) {
     memset(ctx->arena, 0, kv_lo);
     memset((uint8_t *)ctx->arena + kv_hi, 0, bytes - kv_hi);
     if (ctx->b.state_bytes) memset(ctx->b.state, 0, ctx->b.state_bytes); /* recurrent kinds */
+    if (!seq_only) pack_model(ctx);
     if (ctx->opt.lock_memory) { /* pre-fault and keep every page: weights, buffers, KV cache */
         colibri_status rs = lock_model(ctx);
         if (rs || (rs = lock_range(ctx, ctx->arena, bytes, "the arena"))) return rs;

@@ -734,6 +734,7 @@ colibri_status colibri_model_open(struct colibri_model *m, const char *path, cha
 
 void colibri_model_close(struct colibri_model *m) {
     if (m->mapped && m->base) munmap((void *)m->base, m->size);
+    if (m->q4_packed) munmap(m->q4_packed, m->q4_packed_bytes); /* cpu/q4_pack.c's copy */
     free(m->layers);
     free(m->expert_views);
     colibri_rope_free(&m->rope);

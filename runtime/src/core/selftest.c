@@ -133,7 +133,7 @@ static void check_kernels(report *r, const char *simd) {
     const char *names[4] = {"f32", "f16", "bf16", "int8"};
     for (int i = 0; i < ROWS * COLS; i++) wf[i] = rndf(&s);
     for (int dt = 0; dt < 4; dt++) {
-        colibri_tensor t = {data[dt], dt == 3 ? scales : NULL, (uint32_t)dt, ROWS, COLS};
+        colibri_tensor t = {data[dt], dt == 3 ? scales : NULL, (uint32_t)dt, ROWS, COLS, NULL};
         colibri_rows_dot(&t, 0, ROWS, x, N, COLS, y, ROWS, scratch);
         int bad = 0, same = 1;
         float row[COLS];
@@ -162,7 +162,7 @@ static void check_kernels(report *r, const char *simd) {
     int8_t xq[N * COLS];
     float xs[N];
     for (int j = 0; j < N; j++) colibri_quantize_row(x + j * COLS, COLS, xq + j * COLS, &xs[j]);
-    colibri_tensor t = {wq, scales, COLIBRI_DT_INT8, ROWS, COLS};
+    colibri_tensor t = {wq, scales, COLIBRI_DT_INT8, ROWS, COLS, NULL};
     colibri_rows_dot_q8(&t, 0, ROWS, xq, xs, N, COLS, y, ROWS);
     for (int j = 0; j < N; j++)
         colibri_rows_dot_q8(&t, 0, ROWS, xq + j * COLS, &xs[j], 1, COLS, y1 + j * ROWS, ROWS);
@@ -182,7 +182,7 @@ static void check_kernels(report *r, const char *simd) {
     int hok = 1;
     for (int i = 0; i < 4; i++) {
         uint16_t h = float_to_half(hv[i]);
-        colibri_tensor ht = {&h, NULL, COLIBRI_DT_F16, 1, 1};
+        colibri_tensor ht = {&h, NULL, COLIBRI_DT_F16, 1, 1, NULL};
         float back;
         colibri_row_f32(&ht, 0, &back);
         hok &= back == hv[i];

@@ -858,7 +858,7 @@ int colibri_mxfp4_selftest(char *msg, size_t len) {
         s[i] = i == 2 ? 0 : i == 5 ? 160 : (uint8_t)(119 + ((r = r * 1664525u + 1013904223u) >> 24) % 12);
     for (int i = 0; i < N * COLS; i++)
         x[i] = (float)((int)((r = r * 1664525u + 1013904223u) >> 16) % 2001 - 1000) / 500.0f;
-    colibri_tensor t = {q, (const float *)(const void *)s, COLIBRI_DT_MXFP4, ROWS, COLS};
+    colibri_tensor t = {q, (const float *)(const void *)s, COLIBRI_DT_MXFP4, ROWS, COLS, NULL};
     const char *name = colibri_mxfp4_kernels_init();
     int ok = 1;
     for (int pass = 0; pass < 2; pass++) { /* f32, then 8-bit activations */

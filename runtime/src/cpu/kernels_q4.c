@@ -18,6 +18,7 @@
 
 #include "cpu_features.h"
 #include "int8.h"
+#include "q4_pack.h"
 #include "q4_table.h"
 
 #include <math.h>
@@ -154,6 +155,11 @@ void colibri_q4_rows_dot(const colibri_tensor *w, uint32_t r0, uint32_t r1, cons
     }
 }
 
+int colibri_q4_kernels_have_packed(void) {
+    colibri_q4_kernels_init();
+    return Q.reads_packed;
+}
+
 void colibri_q4_rows_dot_q8(const colibri_tensor *w, uint32_t r0, uint32_t r1, const int8_t *xq,
                             const float *xscale, int n, size_t ldx, float *y, size_t ldy) {
     colibri_q4_kernels_init();
@@ -227,7 +233,7 @@ static int q4_check(int COLS, int ROWS, int N, uint32_t seed) {
         d[i] = i == 3 ? 0 : (uint16_t)(0x1800 + ((s = s * 1664525u + 1013904223u) >> 20) % 0x1000);
     for (int i = 0; i < N * COLS; i++)
         x[i] = (float)((int)((s = s * 1664525u + 1013904223u) >> 16) % 2001 - 1000) / 500.0f;
-    colibri_tensor t = {q, (const float *)(const void *)d, COLIBRI_DT_Q4, (uint32_t)ROWS, (uint32_t)COLS};
+    colibri_tensor t = {q, (const float *)(const void *)d, COLIBRI_DT_Q4, (uint32_t)ROWS, (uint32_t)COLS, NULL};
     uint32_t R = (uint32_t)ROWS, half = R / 2;
     colibri_q4_rows_dot(&t, 0, R, x, N, (size_t)COLS, y, R, scratch);
     colibri_q4_rows_dot(&t, 0, half, x, N, (size_t)COLS, y2, R, scratch); /* two threads' shares */
@@ -284,13 +290,54 @@ static int q4_check(int COLS, int ROWS, int N, uint32_t seed) {
     return bad == 0 && same && layout && q8ok;
 }
 
+/* The packed layout (q4_pack.h): 32 rows (two blocks) x COLS against N int8 tokens, all rows,
+ * a range split inside a block (13: the rows the kernel computes and does not store), and one
+ * token at a time; every output must have the scalar layout's bits. */
+enum { PK_ROWS = 32, PK_MAXC = 512, PK_MAXN = 7 };
+
+static int q4_packed_check(int COLS, int N, uint32_t seed) {
+    const int NG = COLS / 32;
+    uint8_t q[PK_ROWS * PK_MAXC / 2], packed[PK_ROWS * PK_MAXC / 32 * 18];
+    uint16_t d[PK_ROWS * PK_MAXC / 32];
+    int8_t xq[PK_MAXN * PK_MAXC];
+    float xs[PK_MAXN], y[PK_MAXN * PK_ROWS], y1[PK_MAXN * PK_ROWS], y2[PK_MAXN * PK_ROWS];
+    uint32_t s = seed;
+    for (int i = 0; i < PK_ROWS * NG * 16; i++) q[i] = (uint8_t)((s = s * 1664525u + 1013904223u) >> 24);
+    for (int i = 0; i < PK_ROWS * NG; i++)
+        d[i] = (uint16_t)(0x1800 + ((s = s * 1664525u + 1013904223u) >> 20) % 0x1000);
+    for (int i = 0; i < N * COLS; i++) xq[i] = (int8_t)((int)((s = s * 1664525u + 1013904223u) >> 24) - 128);
+    for (int j = 0; j < N; j++) xs[j] = 0.001f * (float)(j + 1);
+    colibri_tensor t = {q, (const float *)(const void *)d, COLIBRI_DT_Q4, PK_ROWS, (uint32_t)COLS, NULL};
+    if (colibri_q4_packed_bytes(&t) != (size_t)PK_ROWS * NG * 18) return 0;
+    colibri_q4_pack(&t, packed);
+    t.packed = packed;
+    colibri_q4_rows_dot_q8(&t, 0, PK_ROWS, xq, xs, N, (size_t)COLS, y, PK_ROWS);
+    colibri_q4_rows_dot_q8(&t, 0, 13, xq, xs, N, (size_t)COLS, y2, PK_ROWS);
+    colibri_q4_rows_dot_q8(&t, 13, PK_ROWS, xq, xs, N, (size_t)COLS, y2, PK_ROWS);
+    for (int j = 0; j < N; j++)
+        colibri_q4_rows_dot_q8(&t, 0, PK_ROWS, xq + j * COLS, &xs[j], 1, (size_t)COLS,
+                               y1 + j * PK_ROWS, PK_ROWS);
+    int ok = 1;
+    for (int r = 0; r < PK_ROWS; r++)
+        for (int j = 0; j < N; j++) {
+            float sc = scalar_q4q8_dot(q + r * NG * 16, d + r * NG, xq + j * COLS, (size_t)COLS) * xs[j];
+            ok &= memcmp(&sc, &y[j * PK_ROWS + r], sizeof sc) == 0 &&
+                  memcmp(&sc, &y1[j * PK_ROWS + r], sizeof sc) == 0 &&
+                  memcmp(&sc, &y2[j * PK_ROWS + r], sizeof sc) == 0;
+        }
+    return ok;
+}
+
 int colibri_q4_selftest(char *msg, size_t len) {
     const char *name = colibri_q4_kernels_init();
     /* 6 full groups + an 11-column tail; 34 full groups (more than one block of 16 scales) + a
      * 12-column tail against 14 tokens (two 6-token tiles and a rest), 11 rows (4-row tiles and
      * a rest); 64 columns, no tail */
     int ok = q4_check(203, 5, 4, 7) && q4_check(1100, 11, 14, 11) && q4_check(64, 7, 13, 5);
+    /* packed: 1 group; 16 groups against 7 tokens (3-token tiles and a rest) */
+    ok = ok && q4_packed_check(32, 2, 3) && q4_packed_check(512, 7, 9);
     snprintf(msg, len, "q4 rows_dot (%s) == double reference; decode bits == prefill bits == scalar "
-             "layout bits (f32 and int8 activations)", name);
+             "layout bits (f32 and int8 activations; the packed layout%s)", name,
+             Q.reads_packed ? "" : ": not read on this CPU");
     return ok;
 }

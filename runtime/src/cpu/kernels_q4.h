@@ -20,6 +20,9 @@ void colibri_q4_rows_dot(const colibri_tensor *w, uint32_t r0, uint32_t r1, cons
 void colibri_q4_rows_dot_q8(const colibri_tensor *w, uint32_t r0, uint32_t r1, const int8_t *xq,
                             const float *xscale, int n, size_t ldx, float *y, size_t ldy);
 
+/* 1 when this CPU's q4 x int8 kernel reads the packed layout (q4_pack.h). */
+int colibri_q4_kernels_have_packed(void);
+
 /* Row r of a q4 W dequantised to f32 (exact): the embedding gather. */
 void colibri_q4_row_f32(const colibri_tensor *w, uint32_t r, float *out);
 

@@ -43,6 +43,9 @@ typedef struct {
                 size_t ldx, float *y, size_t ldy);
     int (*rows_q8)(const colibri_tensor *w, uint32_t r0, uint32_t r1, const int8_t *xq,
                    const float *xscale, int n, size_t ldx, float *y, size_t ldy);
+    /* 1: rows_q8 reads a tensor's packed layout (q4_pack.h) when it has one; the model packs
+     * its q4 tensors only for such kernels. */
+    int reads_packed;
     const char *name;
 } colibri_q4_kernels;
 

@@ -1,7 +1,10 @@
 /* The x86_64 q4 kernels (see q4_table.h; the lane layout: kernels_q4.c): AVX2+FMA+F16C, with
  * per-function target attributes, chosen at run time from the one CPU probe (cpu_features.c). */
 #include "q4_table.h"
+#include "q4_pack.h"
 #include "cpu_features.h"
+
+#include <string.h>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -530,6 +533,107 @@ static Q4_ZV int z_q4q8_rows(const colibri_tensor *w, uint32_t r0, uint32_t r1, 
     return 1;
 }
 
+/* ---- AVX-512 VNNI on the packed layout (q4_pack.h): 16 rows per register ------------------
+ * acc[t][l] lane i = the chain of (row i of the block, token t, layout lane l): chunk c's low
+ * nibbles are lane c (elements 4c..4c+3), its high nibbles lane c + 4, for all 16 rows in one
+ * 512-bit load. Per group and chain: S = the 4-element sum (vpdpbusd on the unsigned nibbles,
+ * started from -8 * the activations' sum, as z_q4q8_rows), then fma(d_b, S, L): the layout's
+ * operations in its order, so z_q4q8_rows's bits (the self-test compares). Against z_q4q8_rows
+ * it needs no 128-bit inserts or scale transposes per group and keeps eight chains per token
+ * in flight instead of two. Measured (2-vCPU EPYC, 1 thread, 64 matrices of 2816 x 1024 from
+ * DRAM): 11.2-12.2 GB/s of weights for z_q4q8_rows, 18.5-22.0 for this one; in L2 16 vs 37. */
+Q4_ZI int32_t zp_i32(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+#define ZP_Q8(NAME, NT)                                                                       \
+    Q4_ZV static void NAME(const uint8_t *p, const int8_t *x, size_t ldx, const int32_t *nc,  \
+                           size_t full, __m512 acc[NT][8]) {                                  \
+        const __m512i m4 = _mm512_set1_epi8(0x0f);                                            \
+        __m512 a[NT][8]; /* local: the stores through acc might alias the loads */           \
+        _Pragma("GCC unroll 3") for (int t = 0; t < NT; t++)                                  \
+            _Pragma("GCC unroll 8") for (int l = 0; l < 8; l++) a[t][l] = _mm512_setzero_ps(); \
+        for (size_t b = 0; b < full; b++, p += COLIBRI_Q4P_GROUP_BYTES) {                     \
+            const __m512 D = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(p + 256))); \
+            _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) {                             \
+                __m512i W = _mm512_loadu_si512((const void *)(p + 64 * c));                   \
+                __m512i wl = _mm512_and_si512(W, m4);                                         \
+                __m512i wh = _mm512_and_si512(_mm512_srli_epi16(W, 4), m4);                   \
+                _Pragma("GCC unroll 3") for (int t = 0; t < NT; t++) {                        \
+                    const int8_t *xb = x + (size_t)t * ldx + b * 32;                          \
+                    const int32_t *cb = nc + (size_t)t * 8 * full + b * 8;                    \
+                    __m512i sl = _mm512_dpbusd_epi32(_mm512_set1_epi32(cb[c]), wl,            \
+                                                     _mm512_set1_epi32(zp_i32(xb + 4 * c)));  \
+                    __m512i sh = _mm512_dpbusd_epi32(_mm512_set1_epi32(cb[c + 4]), wh,        \
+                                                     _mm512_set1_epi32(zp_i32(xb + 16 + 4 * c))); \
+                    a[t][c] = _mm512_fmadd_ps(D, _mm512_cvtepi32_ps(sl), a[t][c]);            \
+                    a[t][c + 4] = _mm512_fmadd_ps(D, _mm512_cvtepi32_ps(sh), a[t][c + 4]);    \
+                }                                                                             \
+            }                                                                                 \
+        }                                                                                     \
+        _Pragma("GCC unroll 3") for (int t = 0; t < NT; t++)                                  \
+            _Pragma("GCC unroll 8") for (int l = 0; l < 8; l++) acc[t][l] = a[t][l];         \
+    }
+ZP_Q8(zp_q8_1, 1)
+ZP_Q8(zp_q8_2, 2)
+ZP_Q8(zp_q8_3, 3)
+
+/* Rows [r0, r1) of a packed tensor: the 16-row blocks that overlap them (rows of a block outside
+ * the range are computed and not stored; mm_task splits packed tensors at block edges), token
+ * tiles of up to 3 inside groups of tokens whose offsets fit the stack, each block's weights
+ * read once per group of tokens. */
+static Q4_ZV int zp_q4q8_rows(const colibri_tensor *w, uint32_t r0, uint32_t r1,
+                              const int8_t *xq, const float *xscale, int n, size_t ldx, float *y,
+                              size_t ldy) {
+    size_t full = w->cols / 32, blk_bytes = full * COLIBRI_Q4P_GROUP_BYTES;
+    int32_t nc[ZQ8_NC_INTS];
+    int tb = (int)(ZQ8_NC_INTS / (8 * full)); /* tokens whose offsets fit */
+    if (tb < 1) return 0;
+    for (int j0 = 0; j0 < n; j0 += tb) {
+        int nb = n - j0 < tb ? n - j0 : tb;
+        const int8_t *xg = xq + (size_t)j0 * ldx;
+        zq8_offsets(xg, ldx, nb, full, nc);
+        for (uint32_t blk = r0 / COLIBRI_Q4P_ROWS; blk * COLIBRI_Q4P_ROWS < r1; blk++) {
+            const uint8_t *p = w->packed + (size_t)blk * blk_bytes;
+            uint32_t base = blk * COLIBRI_Q4P_ROWS;
+            uint32_t lo = r0 > base ? r0 - base : 0;
+            uint32_t hi = r1 - base < COLIBRI_Q4P_ROWS ? r1 - base : COLIBRI_Q4P_ROWS;
+            for (int j = 0; j < nb; j += 3) {
+                int nt = nb - j < 3 ? nb - j : 3;
+                const int8_t *xj = xg + (size_t)j * ldx;
+                const int32_t *cj = nc + (size_t)j * 8 * full;
+                __m512 acc[3][8];
+                if (nt == 1) zp_q8_1(p, xj, ldx, cj, full, acc);
+                else if (nt == 2) zp_q8_2(p, xj, ldx, cj, full, acc);
+                else zp_q8_3(p, xj, ldx, cj, full, acc);
+                float L[3][8][16];
+                for (int t = 0; t < nt; t++)
+                    for (int l = 0; l < 8; l++) _mm512_storeu_ps(L[t][l], acc[t][l]);
+                _mm256_zeroupper();
+                for (int t = 0; t < nt; t++) {
+                    float s = xscale[j0 + j + t];
+                    float *yt = y + (size_t)(j0 + j + t) * ldy + base;
+                    for (uint32_t i = lo; i < hi; i++) {
+                        float v[8];
+                        for (int l = 0; l < 8; l++) v[l] = L[t][l][i];
+                        yt[i] = q4q8_reduce(v) * s;
+                    }
+                }
+            }
+        }
+    }
+    return 1;
+}
+
+/* The int8-activation rows: the packed layout when the tensor has one. */
+static Q4_ZV int z_q4q8_any(const colibri_tensor *w, uint32_t r0, uint32_t r1, const int8_t *xq,
+                            const float *xscale, int n, size_t ldx, float *y, size_t ldy) {
+    if (w->packed) return zp_q4q8_rows(w, r0, r1, xq, xscale, n, ldx, y, ldy);
+    return z_q4q8_rows(w, r0, r1, xq, xscale, n, ldx, y, ldy);
+}
+
 void colibri_q4_x86(colibri_q4_kernels *q) {
     if (colibri_x86_features() & COLIBRI_X86_AVX2) {
         q->dot = avx2_q4_dot;
@@ -547,7 +651,8 @@ void colibri_q4_x86(colibri_q4_kernels *q) {
             q->name = "avx512";
         }
         if (f & COLIBRI_X86_VNNI) {
-            q->rows_q8 = z_q4q8_rows;
+            q->rows_q8 = z_q4q8_any;
+            q->reads_packed = 1;
             q->name = "avx512-vnni";
         }
     }

@@ -1,0 +1,43 @@
+/* The packed q4 layout: the same weights as the file's q4 rows (docs/format.md), rearranged at
+ * load for the CPU kernels that read 16 rows at once (q4_x86.c's AVX-512 VNNI kernel).
+ *
+ * For each block of 16 rows and each group b of 32 columns: four 64-byte chunks c = 0..3, chunk
+ * c holding bytes 4c..4c+3 of the 16 rows' group-b nibble blocks (row i at bytes 4i..4i+3),
+ * then the 16 rows' f16 scales of group b (32 bytes). 288 bytes per block and group, exactly
+ * the bytes its 16 rows take in the file. In a 512-bit register, chunk c's low nibbles are lane
+ * c of the q4 x int8 layout (elements 4c..4c+3) for 16 rows, its high nibbles lane c + 4: the
+ * kernel runs each (row, lane) chain with the layout's operations in the layout's order, only in
+ * another register lane, so the bits are those of the file's layout (the self-test compares).
+ *
+ * Only tensors whose rows are a multiple of 16 and whose columns are a multiple of 32 (no tail
+ * group) are packed: every shape the converter writes for the models users run. */
+#ifndef COLIBRI_CPU_Q4_PACK_H
+#define COLIBRI_CPU_Q4_PACK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/model.h"
+
+#define COLIBRI_Q4P_ROWS 16
+#define COLIBRI_Q4P_GROUP_BYTES 288 /* 4 chunks of 64 bytes + 16 f16 scales */
+
+/* 1 when t is q4 with a shape the packed layout holds. */
+int colibri_q4_packable(const colibri_tensor *t);
+
+/* Bytes of t in the packed layout (0 when not packable). */
+size_t colibri_q4_packed_bytes(const colibri_tensor *t);
+
+/* Write t's packed layout to dst (colibri_q4_packed_bytes(t) bytes). */
+void colibri_q4_pack(const colibri_tensor *t, uint8_t *dst);
+
+/* Pack (when colibri_q4_kernels_have_packed(), kernels_q4.h: the load time buys nothing
+ * elsewhere) every packable q4 tensor of m into one anonymous mapping (m->q4_packed) and point each
+ * tensor's `packed` at its copy. Then, unless keep_source (the mapping is mlocked, or the
+ * buffer is the caller's), the file pages of the packed bytes are let go (madvise DONTNEED:
+ * reading them again reads the file), so the model does not stay resident twice. Returns 0, or
+ * an errno when the mapping could not be made (nothing is changed then). Not thread safe: the
+ * caller holds the model's lock, before any pass runs on it. */
+int colibri_model_pack_q4(struct colibri_model *m, int keep_source);
+
+#endif
