@@ -338,10 +338,11 @@ Q4_Z static void zq_f32_decode(const uint8_t *const q[4], const uint16_t *const 
     __m512 l0 = _mm512_setzero_ps(), l1 = l0, l2 = l0, l3 = l0, h0 = l0, h1 = l0, h2 = l0, h3 = l0;
     for (size_t g = 0; g < full; g += 16) {
         size_t m = full - g < 16 ? full - g : 16;
-        __m512 D0 = zq_scales(d[0], g, m), D1 = zq_scales(d[1], g, m);
-        __m512 D2 = zq_scales(d[2], g, m), D3 = zq_scales(d[3], g, m);
+        /* the scales as f32 in memory: each group's is then a broadcast operand of the table's
+         * multiply (a load), not a register permute on the shuffle ports the lookups need */
+        float D[4][16];
+        for (int r = 0; r < 4; r++) _mm512_storeu_ps(D[r], zq_scales(d[r], g, m));
         for (size_t b = 0; b < m; b++) {
-            const __m512i bi = _mm512_set1_epi32((int)b);
             size_t o = (g + b) * 16;
             if ((b & 3) == 0) {
                 __builtin_prefetch(q[0] + o + Q4_PREFETCH_BYTES);
@@ -353,7 +354,7 @@ Q4_Z static void zq_f32_decode(const uint8_t *const q[4], const uint16_t *const 
 #define ZQ_ROW(R, LO, HI)                                                                     \
     do {                                                                                      \
         __m512i z = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(q[R] + o))); \
-        __m512 T = _mm512_mul_ps(iota8, _mm512_permutexvar_ps(bi, D##R));                     \
+        __m512 T = _mm512_mul_ps(iota8, _mm512_set1_ps(D[R][b]));                             \
         LO = _mm512_fmadd_ps(_mm512_permutexvar_ps(z, T), xl, LO);                            \
         HI = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(z, 4), T), xh, HI);      \
     } while (0)
