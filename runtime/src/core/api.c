@@ -13,6 +13,7 @@
 #include "colibri_config.h"
 #include "context.h"
 #include "cpu/kernels.h"
+#include "cpu/kernels_mxfp4.h"
 #include "cpu/kernels_q4.h"
 #include "cpu/q4_pack.h"
 
@@ -197,17 +198,19 @@ static colibri_status lock_model(colibri_ctx *ctx) {
     return s;
 }
 
-/* The packed q4 copy (cpu/q4_pack.h), made once per model by the first CPU context whose
- * int8-activation kernel reads it. A model that cannot be packed (no memory) runs in the file's
- * layout, with the same bits. With lock_memory the file pages are kept: they are locked too. */
+/* The packed 4-bit copy (cpu/q4_pack.h: q4 and mxfp4), made once per model by the first CPU
+ * context whose int8-activation kernels read it. A model that cannot be packed (no memory) runs
+ * in the file's layout, with the same bits. With lock_memory the file pages are kept: they are
+ * locked too. */
 static void pack_model(colibri_ctx *ctx) {
     colibri_model *m = ctx->model;
-    if (!ctx->use_q8 || ctx->opt.q4_file_layout || !colibri_q4_kernels_have_packed())
-        return;
+    int which = (ctx->use_q8 && colibri_q4_kernels_have_packed() ? COLIBRI_PACK_Q4 : 0) |
+                (ctx->mx_a8 && colibri_mxfp4_kernels_have_packed() ? COLIBRI_PACK_MXFP4 : 0);
+    if (!which || ctx->opt.q4_file_layout) return;
     pthread_mutex_lock(&m->gpu_mu);
     if (!m->q4_pack_tried) {
         m->q4_pack_tried = 1;
-        (void)colibri_model_pack_q4(m, ctx->opt.lock_memory || m->locked);
+        (void)colibri_model_pack_4bit(m, which, ctx->opt.lock_memory || m->locked);
     }
     ctx->q4_packed = m->q4_packed != NULL;
     pthread_mutex_unlock(&m->gpu_mu);

@@ -20,12 +20,15 @@
  * maddubs/madd, plain C), then L[l] = fma(2^(s_b - 128) * d_b, S[l], L[l]) in f32; the result is
  * ((L0 + L1) + (L2 + L3)) + ((L4 + L5) + (L6 + L7)) plus the last partial block's
  * c * (its exact integer sum). Same bits on every CPU, decode or prefill, any thread count.
+ * On AVX-512 VNNI the 8-bit kernel reads the packed layout (q4_pack.h) when the model has one:
+ * the same per-lane operations for 16 rows per register (zp_mx_rows).
  *
  * Kept apart from kernels.c and kernels_q4.c (another engineer's area): kernels.c calls in here
  * for an mxfp4 tensor, and layers/linear.c for the 8-bit path. */
 #include "kernels_mxfp4.h"
 
 #include "cpu_features.h"
+#include "q4_pack.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -64,7 +67,17 @@ typedef void (*mx_tile_fn)(const uint8_t *q, const uint8_t *s, const float *cons
 typedef void (*mx_a8_fn)(const uint8_t *const q[], const uint8_t *const s[], const int8_t *const x[],
                          const float *const d[], size_t full, float out[]);
 
+/* rows [r0, r1) of a packed tensor (q4_pack.h) against m quantised tokens; nc: scratch for the
+ * tokens' offsets (m * cols / 4 ints) */
+typedef void (*mx_packed_fn)(const colibri_tensor *w, uint32_t r0, uint32_t r1, const int8_t *xq,
+                             const float *xd, int32_t *nc, int m, size_t xstride, size_t nb,
+                             float *y, size_t ldy);
+
+typedef void (*mx_quantize_fn)(const float *x, size_t cols, int8_t *q, float *d);
+
 static struct {
+    mx_packed_fn a8_packed; /* NULL where no kernel reads the packed layout */
+    mx_quantize_fn quantize; /* a8_quantize's bits */
     mx_dot_fn dot;
     mx_tile_fn tile;
     mx_a8_fn a8_4x1, a8_2x4; /* decode (4 rows x 1 token), prefill (2 rows x 4 tokens) */
@@ -151,8 +164,9 @@ static float a8_tail(const uint8_t *q, const uint8_t *s, const int8_t *x, const 
     return (SCALE[s[full]] * d[full]) * (float)S;
 }
 
-/* A token's activations per block of 32 (the last block may be shorter): d = amax / 127,
- * q = round-half-even(x * (1 / d)); d = 0 and q = 0 for an all-zero block. */
+/* A token's activations per block of 32 (the last block may be shorter): d = amax / 127
+ * (NaNs ignored, as fmaxf does), q = round-half-even(x * (1 / d)) clamped to +-127; d = 0 and
+ * q = 0 for an all-zero block. */
 static void a8_quantize(const float *x, size_t cols, int8_t *q, float *d) {
     for (size_t b = 0; b * 32 < cols; b++) {
         size_t n = cols - b * 32 < 32 ? cols - b * 32 : 32;
@@ -163,6 +177,7 @@ static void a8_quantize(const float *x, size_t cols, int8_t *q, float *d) {
         d[b] = db;
         for (size_t i = 0; i < n; i++) {
             float v = nearbyintf(xb[i] * id);
+            v = v != v ? 0.0f : v; /* a NaN (of a non-finite block) as 0, as every kernel does */
             q[b * 32 + i] = (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v);
         }
     }
@@ -497,6 +512,148 @@ static MX_ZV void z_a8_4x4(const uint8_t *const q[], const uint8_t *const s[], c
     z_a8_out(a3, &out[3], &out[7]), z_a8_out(b3, &out[11], &out[15]);
     _mm256_zeroupper();
 }
+
+/* ---- AVX-512 VNNI on the packed layout (q4_pack.h): 16 rows per register ------------------
+ * acc[t][l] lane i = the chain of (row i of the 16-row block, token t, layout lane l). Chunk k
+ * holds lanes 2k (low nibbles) and 2k + 1 (high nibbles) of all 16 rows: one load, one mask or
+ * shift and one byte lookup (to W2 + 12) give the four codes of a lane for 16 rows, where the
+ * file's layout (z_codes2) needs two 128-bit loads, an insert, two lookups, two unpacks and a
+ * cross-lane permute for two rows. Per block and chain: S by vpdpbusd started from -12 * the
+ * token's 4-element sum (z_x's offset, precomputed per token here), c = 2^(s - 128) * d_b (the
+ * same f32 product as z_a8_step's), L = fma(c, S, L): the layout's operations in its order, so
+ * the file layout's bits (the self-test compares). */
+
+/* a8_quantize with AVX-512, bit for bit: the block's amax as the integer maximum of the
+ * magnitudes' bits (the order of non-negative floats; NaNs left out, as fmaxf leaves them), the
+ * same scalar d and 1 / d, then per element the same multiply, round-half-even (roundscale),
+ * NaN to 0 and clamp; the last partial block in C. Scalar, it cost more than the packed kernel
+ * itself in a 32-token prefill (0.4 of 1.05 ms for a 768 x 2048 matrix), once per thread. */
+static MX_Z void z_a8_quantize(const float *x, size_t cols, int8_t *q, float *d) {
+    const __m512i mag = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+    const __m512 lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
+    size_t full = cols / 32;
+    for (size_t b = 0; b < full; b++) {
+        __m512 x0 = _mm512_loadu_ps(x + b * 32), x1 = _mm512_loadu_ps(x + b * 32 + 16);
+        __m512i m0 = _mm512_and_si512(_mm512_castps_si512(x0), mag);
+        __m512i m1 = _mm512_and_si512(_mm512_castps_si512(x1), mag);
+        m0 = _mm512_maskz_mov_epi32(_mm512_cmple_epu32_mask(m0, inf), m0);
+        m1 = _mm512_maskz_mov_epi32(_mm512_cmple_epu32_mask(m1, inf), m1);
+        uint32_t bits = _mm512_reduce_max_epu32(_mm512_max_epu32(m0, m1));
+        float amax;
+        memcpy(&amax, &bits, sizeof amax);
+        float db = amax / 127.0f, id = db > 0.0f ? 1.0f / db : 0.0f;
+        d[b] = db;
+        __m512 vid = _mm512_set1_ps(id);
+        __m512 v[2] = {_mm512_mul_ps(x0, vid), _mm512_mul_ps(x1, vid)};
+        for (int h = 0; h < 2; h++) {
+            __m512 r = _mm512_roundscale_ps(v[h], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            r = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(r, r, _CMP_ORD_Q), r);
+            r = _mm512_min_ps(_mm512_max_ps(r, lo), hi);
+            _mm_storeu_si128((__m128i *)(void *)(q + b * 32 + 16 * h), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(r)));
+        }
+    }
+    _mm256_zeroupper();
+    if (full * 32 < cols) a8_quantize(x + full * 32, cols - full * 32, q + full * 32, d + full);
+}
+
+/* 2^(s - 128) for 16 exponent bytes, bit for bit SCALE[s]: the f32 exponent field is s - 1
+ * from s = 2 (2^-126) to 255 (2^127); s = 0 and 1 are the subnormals 2^-128 and 2^-127. */
+MX_ZI __m512 zp_scales(const uint8_t *s) {
+    __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)s));
+    __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+    __m512i tiny = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+    __mmask16 sub = _mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2));
+    return _mm512_castsi512_ps(_mm512_mask_mov_epi32(normal, sub, tiny));
+}
+
+MX_ZI int32_t zp_i32(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* NT tokens (x: xstride apart, their block scales d: nb apart, their offsets nc: 8 * full
+ * apart) against one 16-row block's packed bytes p, all full blocks. */
+#define ZP_MX(NAME, NT)                                                                         \
+    MX_ZV static void NAME(const uint8_t *p, const int8_t *x, size_t xstride, const float *d,  \
+                           size_t nb, const int32_t *nc, size_t full, __m512 acc[NT][8]) {      \
+        const __m512i m4 = _mm512_set1_epi8(0x0f);                                              \
+        const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(const void *)W2U)); \
+        __m512 a[NT][8]; /* local: the stores through acc might alias the loads */             \
+        _Pragma("GCC unroll 3") for (int t = 0; t < NT; t++)                                    \
+            _Pragma("GCC unroll 8") for (int l = 0; l < 8; l++) a[t][l] = _mm512_setzero_ps();   \
+        for (size_t b = 0; b < full; b++, p += COLIBRI_MXP_GROUP_BYTES) {                       \
+            const __m512 S = zp_scales(p + 256);                                                \
+            __m512 C[NT];                                                                       \
+            _Pragma("GCC unroll 3") for (int t = 0; t < NT; t++)                                \
+                C[t] = _mm512_mul_ps(S, _mm512_set1_ps(d[(size_t)t * nb + b]));                \
+            _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {                               \
+                __m512i W = _mm512_loadu_si512((const void *)(p + 64 * k));                     \
+                __m512i wl = _mm512_shuffle_epi8(lut, _mm512_and_si512(W, m4));                 \
+                __m512i wh = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(W, 4), m4)); \
+                _Pragma("GCC unroll 3") for (int t = 0; t < NT; t++) {                          \
+                    const int8_t *xb = x + (size_t)t * xstride + b * 32 + 8 * k;                \
+                    const int32_t *cb = nc + (size_t)t * 8 * full + b * 8 + 2 * k;              \
+                    __m512i sl = _mm512_dpbusd_epi32(_mm512_set1_epi32(cb[0]), wl,              \
+                                                     _mm512_set1_epi32(zp_i32(xb)));            \
+                    __m512i sh = _mm512_dpbusd_epi32(_mm512_set1_epi32(cb[1]), wh,              \
+                                                     _mm512_set1_epi32(zp_i32(xb + 4)));        \
+                    a[t][2 * k] = _mm512_fmadd_ps(C[t], _mm512_cvtepi32_ps(sl), a[t][2 * k]);   \
+                    a[t][2 * k + 1] = _mm512_fmadd_ps(C[t], _mm512_cvtepi32_ps(sh), a[t][2 * k + 1]); \
+                }                                                                               \
+            }                                                                                   \
+        }                                                                                       \
+        _Pragma("GCC unroll 3") for (int t = 0; t < NT; t++)                                    \
+            _Pragma("GCC unroll 8") for (int l = 0; l < 8; l++) acc[t][l] = a[t][l];           \
+    }
+ZP_MX(zp_mx_1, 1)
+ZP_MX(zp_mx_2, 2)
+ZP_MX(zp_mx_3, 3)
+
+/* Rows [r0, r1) of a packed tensor against m quantised tokens: the 16-row blocks that overlap
+ * them (rows outside the range are computed, not stored; mm_task splits at block edges), token
+ * tiles of up to 3 over each block while it is in the cache. */
+static MX_ZV void zp_mx_rows(const colibri_tensor *w, uint32_t r0, uint32_t r1, const int8_t *xq,
+                             const float *xd, int32_t *nc, int m, size_t xstride, size_t nb,
+                             float *y, size_t ldy) {
+    size_t full = w->cols / 32, blk_bytes = full * COLIBRI_MXP_GROUP_BYTES;
+    int32_t *offs = nc; /* -12 * each token's 4-element sums (z_x's offset), 8 per block */
+    for (int t = 0; t < m; t++)
+        for (size_t b = 0; b < full; b++) {
+            __m256i xv = _mm256_loadu_si256((const __m256i *)(const void *)(xq + (size_t)t * xstride + b * 32));
+            __m256i s12 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(12), xv);
+            _mm256_storeu_si256((__m256i *)(void *)(offs + (size_t)t * 8 * full + b * 8),
+                                _mm256_sub_epi32(_mm256_setzero_si256(), s12));
+        }
+    for (uint32_t blk = r0 / COLIBRI_Q4P_ROWS; blk * COLIBRI_Q4P_ROWS < r1; blk++) {
+        const uint8_t *p = w->packed + (size_t)blk * blk_bytes;
+        uint32_t base = blk * COLIBRI_Q4P_ROWS;
+        uint32_t lo = r0 > base ? r0 - base : 0;
+        uint32_t hi = r1 - base < COLIBRI_Q4P_ROWS ? r1 - base : COLIBRI_Q4P_ROWS;
+        for (int j = 0; j < m; j += 3) {
+            int nt = m - j < 3 ? m - j : 3;
+            const int8_t *xj = xq + (size_t)j * xstride;
+            const float *dj = xd + (size_t)j * nb;
+            const int32_t *cj = nc + (size_t)j * 8 * full;
+            __m512 acc[3][8];
+            if (nt == 1) zp_mx_1(p, xj, xstride, dj, nb, cj, full, acc);
+            else if (nt == 2) zp_mx_2(p, xj, xstride, dj, nb, cj, full, acc);
+            else zp_mx_3(p, xj, xstride, dj, nb, cj, full, acc);
+            float L[3][8][16];
+            for (int t = 0; t < nt; t++)
+                for (int l = 0; l < 8; l++) _mm512_storeu_ps(L[t][l], acc[t][l]);
+            _mm256_zeroupper();
+            for (int t = 0; t < nt; t++) {
+                float *yt = y + (size_t)(j + t) * ldy + base;
+                for (uint32_t i = lo; i < hi; i++) {
+                    float v[8];
+                    for (int l = 0; l < 8; l++) v[l] = L[t][l][i];
+                    yt[i] = a8_reduce(v) + 0.0f; /* + the file path's empty tail (a8_tail) */
+                }
+            }
+        }
+    }
+}
 #endif
 
 /* ---- NEON: eight 4-lane accumulators A0..A7 = lanes 0-3, 4-7, ..., 28-31 ------------------- */
@@ -695,6 +852,7 @@ static void mx_pick(void) {
     M.tile = scalar_tile;
     M.a8_4x1 = scalar_a8_4x1;
     M.a8_2x4 = scalar_a8_2x4;
+    M.quantize = a8_quantize;
     M.name = "scalar";
 #ifdef MX_HAVE_AVX2
     if (colibri_x86_features() & COLIBRI_X86_AVX2) {
@@ -707,11 +865,13 @@ static void mx_pick(void) {
     if (colibri_x86_features() & COLIBRI_X86_AVX512) {
         M.dot = z_dot;
         M.tile = z_tile;
+        M.quantize = z_a8_quantize;
         M.name = "avx512";
         if (colibri_x86_features() & COLIBRI_X86_VNNI) {
             M.a8_4x1 = z_a8_4x1;
             M.a8_2x4 = z_a8_2x4;
             M.a8_4x4 = z_a8_4x4;
+            M.a8_packed = zp_mx_rows;
             M.name = "avx512-vnni";
         }
     }
@@ -735,6 +895,11 @@ static void mx_pick(void) {
 const char *colibri_mxfp4_kernels_init(void) {
     pthread_once(&mx_once, mx_pick);
     return M.name;
+}
+
+int colibri_mxfp4_kernels_have_packed(void) {
+    colibri_mxfp4_kernels_init();
+    return M.a8_packed != NULL;
 }
 
 void colibri_mxfp4_row_f32(const colibri_tensor *w, uint32_t r, float *out) {
@@ -816,12 +981,17 @@ void colibri_mxfp4_rows_dot_a8(const colibri_tensor *w, uint32_t r0, uint32_t r1
     }
     int8_t xq[MX_A8_BYTES];
     float xd[MX_A8_BLOCKS];
+    int32_t nc[MX_A8_BYTES / 4]; /* the packed kernel's offsets: 8 per block and token */
     int group = (int)(MX_A8_BYTES / xstride);
     if ((size_t)group * nb > MX_A8_BLOCKS) group = (int)(MX_A8_BLOCKS / nb);
     for (int j0 = 0; j0 < n; j0 += group) {
         int m = n - j0 < group ? n - j0 : group;
         for (int t = 0; t < m; t++)
-            a8_quantize(x + (size_t)(j0 + t) * ldx, cols, xq + (size_t)t * xstride, xd + (size_t)t * nb);
+            M.quantize(x + (size_t)(j0 + t) * ldx, cols, xq + (size_t)t * xstride, xd + (size_t)t * nb);
+        if (w->packed && M.a8_packed) { /* full blocks only: the packed layout has no tail */
+            M.a8_packed(w, r0, r1, xq, xd, nc, m, xstride, nb, y + (size_t)j0 * ldy, ldy);
+            continue;
+        }
         uint32_t r = r0;
         if (m == 1) /* decode: four rows at once */
             for (; r + 4 <= r1; r += 4) {
@@ -847,6 +1017,40 @@ void colibri_mxfp4_rows_dot_a8(const colibri_tensor *w, uint32_t r0, uint32_t r1
 }
 
 /* ---- self-test (`colibri selftest`) ---------------------------------------------------------- */
+
+/* The packed layout (q4_pack.h): 32 rows (two blocks) x COLS against N tokens, all rows, rows
+ * split inside a block, and one token at a time, against the file layout's bits. */
+enum { MXP_ROWS = 32, MXP_MAXC = 512, MXP_N = 7 };
+static int mx_packed_check(int COLS, int N, uint32_t seed) {
+    int NB = COLS / 32;
+    uint8_t q[MXP_ROWS * MXP_MAXC / 2], s[MXP_ROWS * MXP_MAXC / 32], packed[MXP_ROWS * MXP_MAXC / 32 * 17];
+    float x[MXP_N * MXP_MAXC], ref[MXP_N * MXP_ROWS], got[MXP_N * MXP_ROWS];
+    for (int i = 0; i < MXP_ROWS * NB * 16; i++) q[i] = (uint8_t)((seed = seed * 1664525u + 1013904223u) >> 24);
+    for (int i = 0; i < MXP_ROWS * NB; i++) /* the subnormal exponents 0 and 1, 2^-126, and 2^-9 .. 2^2 */
+        s[i] = i % 37 == 0 ? 0 : i % 37 == 1 ? 1 : i % 37 == 2 ? 2
+                                       : (uint8_t)(119 + ((seed = seed * 1664525u + 1013904223u) >> 24) % 12);
+    for (int i = 0; i < N * COLS; i++)
+        x[i] = (float)((int)((seed = seed * 1664525u + 1013904223u) >> 16) % 2001 - 1000) / 500.0f;
+    colibri_tensor t = {q, (const float *)(const void *)s, COLIBRI_DT_MXFP4, MXP_ROWS, (uint32_t)COLS, NULL};
+    if (colibri_mx_packed_bytes(&t) != (size_t)MXP_ROWS * NB * 17) return 0;
+    colibri_mxfp4_rows_dot_a8(&t, 0, MXP_ROWS, x, N, (size_t)COLS, ref, MXP_ROWS);
+    colibri_mx_pack(&t, packed);
+    t.packed = packed;
+    memset(got, 0xff, sizeof got);
+    colibri_mxfp4_rows_dot_a8(&t, 0, MXP_ROWS, x, N, (size_t)COLS, got, MXP_ROWS);
+    int ok = memcmp(got, ref, (size_t)N * MXP_ROWS * sizeof(float)) == 0;
+    memset(got, 0xff, sizeof got); /* split inside a block: rows [0, 5), [5, 21), [21, 32) */
+    colibri_mxfp4_rows_dot_a8(&t, 0, 5, x, N, (size_t)COLS, got, MXP_ROWS);
+    colibri_mxfp4_rows_dot_a8(&t, 5, 21, x, N, (size_t)COLS, got, MXP_ROWS);
+    colibri_mxfp4_rows_dot_a8(&t, 21, MXP_ROWS, x, N, (size_t)COLS, got, MXP_ROWS);
+    ok &= memcmp(got, ref, (size_t)N * MXP_ROWS * sizeof(float)) == 0;
+    for (int j = 0; j < N; j++) { /* decode */
+        float one[MXP_ROWS];
+        colibri_mxfp4_rows_dot_a8(&t, 0, MXP_ROWS, x + (size_t)j * COLS, 1, (size_t)COLS, one, MXP_ROWS);
+        ok &= memcmp(one, ref + (size_t)j * MXP_ROWS, sizeof one) == 0;
+    }
+    return ok;
+}
 
 int colibri_mxfp4_selftest(char *msg, size_t len) {
     enum { COLS = 203, ROWS = 6, N = 5, NB = (COLS + 31) / 32 }; /* 6 full blocks + an 11-column tail */
@@ -891,7 +1095,24 @@ int colibri_mxfp4_selftest(char *msg, size_t len) {
             }
         }
     }
+    { /* the quantiser against the scalar one: random, all-zero, ties (d = 1), a subnormal
+       * amax (1 / d = inf: 0 * inf is NaN, quantised to 0), a NaN, a 7-column tail */
+        enum { QC = 5 * 32 + 7 };
+        float xa[QC], da[6], db[6];
+        int8_t qa[QC], qb[QC];
+        for (int i = 0; i < QC; i++) xa[i] = x[i % (N * COLS)];
+        for (int i = 32; i < 64; i++) xa[i] = 0.0f;
+        for (int i = 64; i < 96; i++) xa[i] = i == 64 ? 127.0f : (float)(i - 80) + 0.5f;
+        for (int i = 96; i < 128; i++) xa[i] = i == 97 ? 1e-40f : i == 98 ? -3e-41f : 0.0f;
+        xa[130] = NAN;
+        a8_quantize(xa, QC, qa, da);
+        M.quantize(xa, QC, qb, db);
+        ok &= memcmp(qa, qb, sizeof qa) == 0 && memcmp(da, db, sizeof da) == 0;
+    }
+    /* packed: 1 block; 16 blocks against 7 tokens (3-token tiles and a rest) */
+    ok = ok && mx_packed_check(32, 2, 3) && mx_packed_check(512, MXP_N, 9);
     snprintf(msg, len, "mxfp4 rows_dot (%s) == double reference; decode bits == prefill bits == "
-             "scalar layout bits (f32 and 8-bit activations)", name);
+             "scalar layout bits (f32 and 8-bit activations; the vector quantiser; the packed layout%s)", name,
+             M.a8_packed ? "" : ": not read on this CPU");
     return ok;
 }

@@ -11,6 +11,10 @@
 /* Pick the implementation for this CPU (idempotent, thread safe). Returns its name. */
 const char *colibri_mxfp4_kernels_init(void);
 
+/* 1 when this CPU's 8-bit kernel reads the packed mxfp4 layout (q4_pack.h; x86 AVX-512 VNNI):
+ * then colibri_mxfp4_rows_dot_a8 reads a tensor's `packed` copy when it has one, same bits. */
+int colibri_mxfp4_kernels_have_packed(void);
+
 /* y[j * ldy + r] = W[r, :] . x[j * ldx, :] for rows r in [r0, r1), tokens j < n; W is mxfp4,
  * x is f32: every product is exact in f32 (an E2M1 value times a power of two), so the result is
  * the f32 dot with transformers' dequantised weights, in the layout's summation order. */

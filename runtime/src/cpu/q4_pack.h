@@ -9,6 +9,15 @@
  * kernel runs each (row, lane) chain with the layout's operations in the layout's order, only in
  * another register lane, so the bits are those of the file's layout (the self-test compares).
  *
+ * mxfp4 (kernels_mxfp4.c's AVX-512 VNNI int8-activation kernel) has its own packed layout, the
+ * same idea: for each block of 16 rows and each block b of 32 columns, four 64-byte chunks
+ * k = 0..3, row i's dword at bytes 4i..4i+3 of chunk k holding elements 8k..8k+3 of its block b
+ * in the low nibbles of its four bytes (lane 2k of the 8-bit layout) and 8k+4..8k+7 in the high
+ * nibbles (lane 2k + 1), then the 16 rows' E8M0 exponents of block b (16 bytes). 272 bytes per
+ * block and group, again exactly the file's bytes. The file's bytes hold elements 2j and 2j + 1
+ * in byte j, so each dword is a nibble shuffle of two file bytes' pairs, made once here: in the
+ * kernel one mask or shift puts a whole lane's four codes in the four bytes of a dword.
+ *
  * Only tensors whose rows are a multiple of 16 and whose columns are a multiple of 32 (no tail
  * group) are packed: every shape the converter writes for the models users run. */
 #ifndef COLIBRI_CPU_Q4_PACK_H
@@ -21,6 +30,7 @@
 
 #define COLIBRI_Q4P_ROWS 16
 #define COLIBRI_Q4P_GROUP_BYTES 288 /* 4 chunks of 64 bytes + 16 f16 scales */
+#define COLIBRI_MXP_GROUP_BYTES 272 /* 4 chunks of 64 bytes + 16 E8M0 exponents */
 
 /* 1 when t is q4 with a shape the packed layout holds. */
 int colibri_q4_packable(const colibri_tensor *t);
@@ -31,13 +41,23 @@ size_t colibri_q4_packed_bytes(const colibri_tensor *t);
 /* Write t's packed layout to dst (colibri_q4_packed_bytes(t) bytes). */
 void colibri_q4_pack(const colibri_tensor *t, uint8_t *dst);
 
-/* Pack (when colibri_q4_kernels_have_packed(), kernels_q4.h: the load time buys nothing
- * elsewhere) every packable q4 tensor of m into one anonymous mapping (m->q4_packed) and point each
- * tensor's `packed` at its copy. Then, unless keep_source (the mapping is mlocked, or the
+/* The same for mxfp4 tensors and their packed layout. */
+int colibri_mx_packable(const colibri_tensor *t);
+size_t colibri_mx_packed_bytes(const colibri_tensor *t);
+void colibri_mx_pack(const colibri_tensor *t, uint8_t *dst);
+
+/* Which types colibri_model_pack_4bit packs: the ones whose kernels read a packed layout on this
+ * CPU (colibri_q4_kernels_have_packed, colibri_mxfp4_kernels_have_packed: the load time buys
+ * nothing elsewhere). */
+#define COLIBRI_PACK_Q4 1
+#define COLIBRI_PACK_MXFP4 2
+
+/* Pack every packable tensor of the types in `which` of m into one anonymous mapping
+ * (m->q4_packed) and point each tensor's `packed` at its copy. Then, unless keep_source (the mapping is mlocked, or the
  * buffer is the caller's), the file pages of the packed bytes are let go (madvise DONTNEED:
  * reading them again reads the file), so the model does not stay resident twice. Returns 0, or
  * an errno when the mapping could not be made (nothing is changed then). Not thread safe: the
  * caller holds the model's lock, before any pass runs on it. */
-int colibri_model_pack_q4(struct colibri_model *m, int keep_source);
+int colibri_model_pack_4bit(struct colibri_model *m, int which, int keep_source);
 
 #endif

@@ -15,8 +15,10 @@ static void mm_task(void *arg, int t, int nt) {
     for (int s = 0; s < job->nseg; s++) {
         const colibri_mm_seg *g = &job->seg[s];
         unsigned long lo, hi;
-        if (g->xq && g->w->packed && job->ctx->q4_packed) {
-            /* the packed kernel's unit is a 16-row block: split at block edges (a row's value
+        /* the int8-activation kernels read the packed layout (cpu/q4_pack.h) if this context may */
+        int packed = g->w->packed && (g->xq || g->a8);
+        if (packed && job->ctx->q4_packed) {
+            /* the packed kernels' unit is a 16-row block: split at block edges (a row's value
              * does not depend on the split) */
             colibri_split(g->w->rows / COLIBRI_Q4P_ROWS, t, nt, &lo, &hi);
             lo *= COLIBRI_Q4P_ROWS;
@@ -25,15 +27,17 @@ static void mm_task(void *arg, int t, int nt) {
             colibri_split(g->w->rows, t, nt, &lo, &hi);
         }
         if (lo == hi) continue;
-        if (g->a8)
-            colibri_mxfp4_rows_dot_a8(g->w, (uint32_t)lo, (uint32_t)hi, g->x, g->n, g->ldx, g->y, g->ldy);
-        else if (g->xq && g->w->packed && !job->ctx->q4_packed) {
-            colibri_tensor file = *g->w; /* this context reads the file's layout */
+        colibri_tensor file;
+        const colibri_tensor *w = g->w;
+        if (packed && !job->ctx->q4_packed) { /* this context reads the file's layout */
+            file = *g->w;
             file.packed = NULL;
-            colibri_rows_dot_q8(&file, (uint32_t)lo, (uint32_t)hi, g->xq, g->xqs, g->n, g->ldq,
-                                g->y, g->ldy);
-        } else if (g->xq)
-            colibri_rows_dot_q8(g->w, (uint32_t)lo, (uint32_t)hi, g->xq, g->xqs, g->n, g->ldq, g->y,
+            w = &file;
+        }
+        if (g->a8)
+            colibri_mxfp4_rows_dot_a8(w, (uint32_t)lo, (uint32_t)hi, g->x, g->n, g->ldx, g->y, g->ldy);
+        else if (g->xq)
+            colibri_rows_dot_q8(w, (uint32_t)lo, (uint32_t)hi, g->xq, g->xqs, g->n, g->ldq, g->y,
                                 g->ldy);
         else
             colibri_rows_dot(g->w, (uint32_t)lo, (uint32_t)hi, g->x, g->n, g->ldx, g->y, g->ldy,
