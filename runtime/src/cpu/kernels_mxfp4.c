@@ -639,20 +639,19 @@ static MX_ZV void zp_mx_rows(const colibri_tensor *w, uint32_t r0, uint32_t r1, 
             if (nt == 1) zp_mx_1(p, xj, xstride, dj, nb, cj, full, acc);
             else if (nt == 2) zp_mx_2(p, xj, xstride, dj, nb, cj, full, acc);
             else zp_mx_3(p, xj, xstride, dj, nb, cj, full, acc);
-            float L[3][8][16];
-            for (int t = 0; t < nt; t++)
-                for (int l = 0; l < 8; l++) _mm512_storeu_ps(L[t][l], acc[t][l]);
-            _mm256_zeroupper();
+            /* a8_reduce lane-wise for the 16 rows (the same additions in the same order; the
+             * build does not contract), + the file path's empty tail (a8_tail's 0.0f) */
+            __mmask16 keep = (__mmask16)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
             for (int t = 0; t < nt; t++) {
-                float *yt = y + (size_t)(j + t) * ldy + base;
-                for (uint32_t i = lo; i < hi; i++) {
-                    float v[8];
-                    for (int l = 0; l < 8; l++) v[l] = L[t][l][i];
-                    yt[i] = a8_reduce(v) + 0.0f; /* + the file path's empty tail (a8_tail) */
-                }
+                __m512 *a = acc[t];
+                __m512 r = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3])),
+                                         _mm512_add_ps(_mm512_add_ps(a[4], a[5]), _mm512_add_ps(a[6], a[7])));
+                _mm512_mask_storeu_ps(y + (size_t)(j + t) * ldy + base, keep,
+                                      _mm512_add_ps(r, _mm512_setzero_ps()));
             }
         }
     }
+    _mm256_zeroupper();
 }
 #endif
 

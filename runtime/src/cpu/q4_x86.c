@@ -549,6 +549,18 @@ Q4_ZI int32_t zp_i32(const int8_t *p) {
     return v;
 }
 
+/* q4q8_reduce lane-wise: ((L0 + L1) + (L2 + L3)) + ((L4 + L5) + (L6 + L7)) for each of the 16
+ * rows, the same additions in the same order as the scalar form (the build does not contract). */
+Q4_ZI __m512 zp_reduce8(const __m512 a[8]) {
+    return _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3])),
+                         _mm512_add_ps(_mm512_add_ps(a[4], a[5]), _mm512_add_ps(a[6], a[7])));
+}
+
+/* rows lo..hi - 1 of a 16-row block */
+Q4_ZI __mmask16 zp_rows_mask(uint32_t lo, uint32_t hi) {
+    return (__mmask16)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+}
+
 #define ZP_Q8(NAME, NT)                                                                       \
     Q4_ZV static void NAME(const uint8_t *p, const int8_t *x, size_t ldx, const int32_t *nc,  \
                            size_t full, __m512 acc[NT][8]) {                                  \
@@ -609,22 +621,13 @@ static Q4_ZV int zp_q4q8_rows(const colibri_tensor *w, uint32_t r0, uint32_t r1,
                 if (nt == 1) zp_q8_1(p, xj, ldx, cj, full, acc);
                 else if (nt == 2) zp_q8_2(p, xj, ldx, cj, full, acc);
                 else zp_q8_3(p, xj, ldx, cj, full, acc);
-                float L[3][8][16];
-                for (int t = 0; t < nt; t++)
-                    for (int l = 0; l < 8; l++) _mm512_storeu_ps(L[t][l], acc[t][l]);
-                _mm256_zeroupper();
-                for (int t = 0; t < nt; t++) {
-                    float s = xscale[j0 + j + t];
-                    float *yt = y + (size_t)(j0 + j + t) * ldy + base;
-                    for (uint32_t i = lo; i < hi; i++) {
-                        float v[8];
-                        for (int l = 0; l < 8; l++) v[l] = L[t][l][i];
-                        yt[i] = q4q8_reduce(v) * s;
-                    }
-                }
+                for (int t = 0; t < nt; t++) /* q4q8_reduce(L) * s for the 16 rows at once */
+                    _mm512_mask_storeu_ps(y + (size_t)(j0 + j + t) * ldy + base, zp_rows_mask(lo, hi),
+                                          _mm512_mul_ps(zp_reduce8(acc[t]), _mm512_set1_ps(xscale[j0 + j + t])));
             }
         }
     }
+    _mm256_zeroupper();
     return 1;
 }
 
