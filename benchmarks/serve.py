@@ -1,7 +1,7 @@
 """Benchmark: `colibri serve` with 1, 2, 4 and 8 concurrent streaming clients, beside llama.cpp's
 `llama-server` on the same checkpoint, threads and slots (continuous batching on in both).
 
-    python benchmarks/serve.py [--shape mixtral] [--dtype int8] [--threads 2] [--slots 8] [--requests 16]
+    python benchmarks/serve.py [--shape mixtral] [--dtype int8|q4] [--int8-act] [--threads 2] [--slots 8] [--requests 16]
                                [--levels 1,2,4,8] [--kinds short,unique,shared] [--system 512]
                                [--prompt 32] [--gen 64] [--rounds 3] [--llama-cpp DIR] [--llama-server-args A]
                                [--no-batching]
@@ -10,7 +10,8 @@
 1. a bench model of benchmarks/runtime.py (--shape: random Mixtral, hidden 1024, 8 layers, 8
    experts top-2, FFN 2816, vocab 32000; or Qwen3-30B-A3B's geometry, --layers of it), converted once into --work (shared with that benchmark) for
    colibri (--dtype) and, with --llama-cpp DIR (a tree built by scripts/build-llama-cpp.sh, which
-   builds llama-server), to GGUF q8_0 (int8), f16 or f32 by DIR/convert_hf_to_gguf.py;
+   builds llama-server), to GGUF q8_0 (int8), q4_0 (q4: llama-quantize --pure from the q8_0),
+   f16 or f32 by DIR/convert_hf_to_gguf.py;
 2. dist/host/bin/colibri (the kit's host build) serving it (`colibri serve --slots S --threads T`)
    and `llama-server -m GGUF -t T -tb T -np S -c S*1024` (its defaults otherwise: continuous
    batching, prompt caching);
@@ -74,6 +75,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tests"))  # serve_support: the tiny chat model, the slow-client flood
+
+
+def gguf_type(dtype: str) -> str:
+    """llama.cpp's type for a colibri dtype: q8_0 for int8, q4_0 for q4 (llama-quantize --pure
+    from the q8_0 GGUF, benchmarks/runtime.py's gguf_model), f16 and f32 as they are."""
+    return {"int8": "q8_0", "q4": "q4_0"}.get(dtype, dtype)
 
 
 def log(msg: str) -> None:
@@ -242,9 +249,10 @@ def free_port() -> int:
 
 def colibri_engine(binary: Path, model: Path, args: argparse.Namespace, log_path: Path,
                    prompt_rows: int = 0) -> Engine:
-    argv = [str(binary), "--backend", "cpu", "serve", str(model), "--port", "0", "--slots",
-            str(args.slots), "--threads", str(args.threads), "--max-queue", "64"]
-    name = "colibri"
+    argv = [str(binary), "--backend", "cpu", *(["--int8-act"] if args.int8_act else []), "serve",
+            str(model), "--port", "0", "--slots", str(args.slots), "--threads", str(args.threads),
+            "--max-queue", "64"]
+    name = "colibri --int8-act" if args.int8_act else "colibri"
     if args.no_batching:
         argv.append("--no-batching")
         name += " --no-batching"
@@ -385,8 +393,8 @@ def concurrency(args: argparse.Namespace) -> None:
         if not server.exists():
             raise SystemExit(f"--llama-cpp {args.llama_cpp}: {server} is missing; build it with "
                              f"scripts/build-llama-cpp.sh")
-        gguf = gguf_model(args.llama_cpp, hf, args.work, {"int8": "q8_0"}.get(args.dtype, args.dtype),
-                          geometry(shape, layers)["vocab_size"])
+        gguf = gguf_model(args.llama_cpp, hf, args.work, gguf_type(args.dtype),
+                          geometry(shape, layers)["vocab_size"], q4_from="q8_0")
         engines.append(lambda: llama_engine(server, gguf, args, args.work / "serve-llama.log"))
     started: list[Engine] = []
     try:  # both servers up at once (an idle one takes no CPU), so rows can interleave
@@ -401,7 +409,7 @@ def concurrency(args: argparse.Namespace) -> None:
     split = weight_split(model)
     dense, experts, E, k = split
     print(f"model {model.name} ({info['dtype']}; llama-server: GGUF "
-          f"{ {'int8': 'q8_0'}.get(args.dtype, args.dtype)}), {args.slots} slots, {args.threads} "
+          f"{gguf_type(args.dtype)}), {args.slots} slots, {args.threads} "
           f"thread(s), {args.requests} requests per row, prompt: --system {args.system} + "
           f"--prompt {args.prompt} ids, gen {args.gen}"
           + (f", llama-server {args.llama_server_args}" if args.llama_cpp and args.llama_server_args else "")
@@ -512,7 +520,7 @@ def stall(args: argparse.Namespace) -> None:
                                                args.work / f"stall-colibri-{rows}.log", rows)
               for rows in args.prompt_rows]
     if args.llama_cpp:
-        gguf = gguf_model(args.llama_cpp, hf, args.work, {"int8": "q8_0"}.get(args.dtype, args.dtype), vocab)
+        gguf = gguf_model(args.llama_cpp, hf, args.work, gguf_type(args.dtype), vocab, q4_from="q8_0")
         server = args.llama_cpp / "build" / "bin" / "llama-server"
         starts.append(lambda: llama_engine(server, gguf, args, args.work / "stall-llama.log"))
     engines: list[Engine] = []
@@ -605,7 +613,11 @@ def hostile(args: argparse.Namespace) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--dtype", default="int8", choices=["f32", "f16", "int8"])
+    ap.add_argument("--dtype", default="int8", choices=["f32", "f16", "int8", "q4"],
+                    help="colibri's weight type (llama-server: q8_0 for int8, q4_0 for q4)")
+    ap.add_argument("--int8-act", action="store_true",
+                    help="colibri serve --int8-act: 8-bit activations, integer dot products (as "
+                         "llama.cpp's q8_0 / q4_0 kernels)")
     from runtime import SHAPES
 
     ap.add_argument("--shape", default="mixtral", choices=sorted(SHAPES),
