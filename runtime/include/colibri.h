@@ -122,12 +122,12 @@ typedef struct {
                                 colibri_generate on it fail with COLIBRI_E_INVALID_ARG. CPU only
                                 (backend cuda refused; auto runs on the CPU); threads must be 0 or
                                 1; colibri_engine_new refuses it. */
-    int q4_file_layout;      /* 1: q4 and mxfp4 weights are read in the file's layout only. 0
-                                (default): on a CPU whose int8-activation kernels read the packed
-                                layouts (x86 AVX-512 VNNI), the first such context packs the
-                                model's q4 and mxfp4 matrices once (load time, the same bytes; the
-                                file pages are let go), same bits (docs/runtime.md, "Packed q4
-                                and mxfp4"). Last, so that code built before it keeps its field
+    int q4_file_layout;      /* 1: q4, mxfp4 and int8 weights are read in the file's layout
+                                only. 0 (default): on a CPU whose int8-activation kernels read
+                                the packed layouts (x86 AVX-512 VNNI), the first such context
+                                packs the model's q4, mxfp4 and int8 matrices once (load time,
+                                the same bytes; the file pages are let go), same bits
+                                (docs/runtime.md, "Packed q4, mxfp4 and int8"). Last, so that code built before it keeps its field
                                 offsets */
 } colibri_options;
 

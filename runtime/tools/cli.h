@@ -35,8 +35,8 @@ typedef struct {
     "                           is printed); cuda: fail without it\n"                           \
     "  --threads N              CPU threads, 1..64 (default: online CPUs)\n"                     \
     "  --int8-act               int8/q4 weights: int8 activations (integer dot products)\n"      \
-    "  --q4-file-layout         q4 weights read in the file's layout only (no packed copy at\n"  \
-    "                           load; the same bits, slower with --int8-act on AVX-512 VNNI)\n" \
+    "  --q4-file-layout         q4/mxfp4/int8 weights read in the file's layout only (no packed\n" \
+    "                           copy at load; the same bits, slower with --int8-act on AVX-512 VNNI)\n" \
     "  --kv-cache f32|f16       KV cache storage (f16: half the memory)\n"                      \
     "real-time mode (docs/runtime.md; a profile's realtime: section renders them for the unit):\n" \
     "  --cpus LIST              pin worker t to the t-th CPU (\"2-5\", \"4,2,3\"); threads = CPUs\n" \

@@ -178,7 +178,7 @@ static colibri_status lock_range(colibri_ctx *ctx, const void *p, size_t n, cons
                    "process CAP_IPC_LOCK", what, (double)n / (1 << 20), strerror(e), limit);
 }
 
-/* The model's mapping and its packed q4 copy, once per model (the contexts share them; munmap
+/* The model's mapping and its packed copy, once per model (the contexts share them; munmap
  * unlocks them). */
 static colibri_status lock_model(colibri_ctx *ctx) {
     colibri_model *m = ctx->model;
@@ -187,7 +187,7 @@ static colibri_status lock_model(colibri_ctx *ctx) {
     if (!m->locked) {
         s = lock_range(ctx, m->base, m->size, "the model's mapping");
         if (!s && m->q4_packed &&
-            (s = lock_range(ctx, m->q4_packed, m->q4_packed_bytes, "the packed q4 weights")))
+            (s = lock_range(ctx, m->q4_packed, m->q4_packed_bytes, "the packed weights")))
             munlock(m->base, m->size);
         if (!s) {
             m->locked = 1;
@@ -198,19 +198,20 @@ static colibri_status lock_model(colibri_ctx *ctx) {
     return s;
 }
 
-/* The packed 4-bit copy (cpu/q4_pack.h: q4 and mxfp4), made once per model by the first CPU
+/* The packed copy (cpu/q4_pack.h: q4, mxfp4 and int8), made once per model by the first CPU
  * context whose int8-activation kernels read it. A model that cannot be packed (no memory) runs
  * in the file's layout, with the same bits. With lock_memory the file pages are kept: they are
  * locked too. */
 static void pack_model(colibri_ctx *ctx) {
     colibri_model *m = ctx->model;
     int which = (ctx->use_q8 && colibri_q4_kernels_have_packed() ? COLIBRI_PACK_Q4 : 0) |
+                (ctx->use_q8 && colibri_int8_kernels_have_packed() ? COLIBRI_PACK_INT8 : 0) |
                 (ctx->mx_a8 && colibri_mxfp4_kernels_have_packed() ? COLIBRI_PACK_MXFP4 : 0);
     if (!which || ctx->opt.q4_file_layout) return;
     pthread_mutex_lock(&m->gpu_mu);
     if (!m->q4_pack_tried) {
         m->q4_pack_tried = 1;
-        (void)colibri_model_pack_4bit(m, which, ctx->opt.lock_memory || m->locked);
+        (void)colibri_model_pack(m, which, ctx->opt.lock_memory || m->locked);
     }
     ctx->q4_packed = m->q4_packed != NULL;
     pthread_mutex_unlock(&m->gpu_mu);

@@ -92,7 +92,7 @@ struct colibri_ctx {
     int calls;                /* forward calls since reset (routing dump) */
     int use_q8;               /* int8 activations for int8 weights */
     int mx_a8;                /* 8-bit block activations for mxfp4 weights (--int8-act) */
-    int q4_packed;            /* the kernels may read the model's packed q4 copy (cpu/q4_pack.h) */
+    int q4_packed;            /* the kernels may read the model's packed copy (cpu/q4_pack.h) */
     const char *simd;
     colibri_cuda *cuda;       /* non-NULL when the CUDA backend runs this context */
     char fallback[192];

@@ -129,7 +129,7 @@ struct colibri_model {
     char gpu_why[192];
     pthread_mutex_t gpu_mu;
     int locked;                   /* lock_memory: the mapping is mlocked (under gpu_mu) */
-    /* cpu/q4_pack.c: the q4 and mxfp4 tensors' packed copy (one anonymous mapping), built once by the
+    /* cpu/q4_pack.c: the q4, mxfp4 and int8 tensors' packed copy (one anonymous mapping), built once by the
      * first CPU context whose kernels read it (under gpu_mu); q4_pack_tried: attempted */
     uint8_t *q4_packed;
     size_t q4_packed_bytes;

@@ -12,6 +12,7 @@
 #include "cpu/kernels.h"
 #include "cpu/kernels_mxfp4.h"
 #include "cpu/kernels_q4.h"
+#include "cpu/q4_pack.h"
 #include "model.h"
 #include "layers/route.h"
 #include "selftest_model.h"
@@ -190,6 +191,63 @@ static void check_kernels(report *r, const char *simd) {
     check(r, hok, "f16 -> f32 conversion of exact values");
 }
 
+/* The packed int8 layout (q4_pack.h): 32 rows (two 16-row blocks) x COLS against N tokens, all
+ * rows at once, a range split inside a block (13: rows computed and not stored), and one token
+ * at a time; every output must be the exact integer dot times the scales, the file layout's
+ * expression. COLS 36: a chain tail (9 chunks); 1028: 257 chunks, 16 full 64-column steps; N
+ * 11: an 8-token tile and a 3-token rest. Extreme values (-128 and 127 weights, +-127 tokens)
+ * check the w + 128 offset and its correction. */
+enum { I8P_ROWS = 32, I8P_MAXC = 1028, I8P_MAXN = 11 };
+
+static int i8_packed_case(int cols, int n, uint32_t seed, int extreme) {
+    static int8_t w[I8P_ROWS * I8P_MAXC], xq[I8P_MAXN * I8P_MAXC];
+    static uint8_t packed[I8P_ROWS * I8P_MAXC];
+    static float y[I8P_MAXN * I8P_ROWS], y1[I8P_MAXN * I8P_ROWS], y2[I8P_MAXN * I8P_ROWS];
+    float scales[I8P_ROWS], xs[I8P_MAXN];
+    uint32_t s = seed;
+    for (int i = 0; i < I8P_ROWS * cols; i++)
+        w[i] = extreme ? (int8_t)(i % 3 ? -128 : 127) : (int8_t)((int)(rnd(&s) % 256) - 128);
+    for (int i = 0; i < n * cols; i++)
+        xq[i] = extreme ? (int8_t)(i % 2 ? 127 : -127) : (int8_t)((int)(rnd(&s) % 255) - 127);
+    for (int i = 0; i < I8P_ROWS; i++) scales[i] = 0.001f * (float)(i + 3);
+    for (int j = 0; j < n; j++) xs[j] = 0.01f * (float)(j + 1);
+    colibri_tensor t = {w, scales, COLIBRI_DT_INT8, I8P_ROWS, (uint32_t)cols, NULL};
+    if (colibri_i8_packed_bytes(&t) != (size_t)I8P_ROWS * (size_t)cols) return 0;
+    colibri_i8_pack(&t, packed);
+    t.packed = packed;
+    colibri_rows_dot_q8(&t, 0, I8P_ROWS, xq, xs, n, (size_t)cols, y, I8P_ROWS);
+    memset(y2, 0xff, sizeof y2);
+    colibri_rows_dot_q8(&t, 0, 13, xq, xs, n, (size_t)cols, y2, I8P_ROWS);
+    int kept = 1; /* rows outside the range are not stored */
+    for (int j = 0; j < n; j++)
+        for (int b = 13 * 4; b < I8P_ROWS * 4; b++) kept &= ((uint8_t *)(y2 + j * I8P_ROWS))[b] == 0xff;
+    colibri_rows_dot_q8(&t, 13, I8P_ROWS, xq, xs, n, (size_t)cols, y2, I8P_ROWS);
+    for (int j = 0; j < n; j++)
+        colibri_rows_dot_q8(&t, 0, I8P_ROWS, xq + j * cols, &xs[j], 1, (size_t)cols,
+                            y1 + j * I8P_ROWS, I8P_ROWS);
+    int ok = kept;
+    for (int r = 0; r < I8P_ROWS; r++)
+        for (int j = 0; j < n; j++) {
+            long acc = 0;
+            for (int c = 0; c < cols; c++) acc += (long)w[r * cols + c] * xq[j * cols + c];
+            float want = (float)acc * (scales[r] * xs[j]);
+            int at = j * I8P_ROWS + r;
+            ok &= memcmp(&want, &y[at], 4) == 0 && memcmp(&want, &y1[at], 4) == 0 &&
+                  memcmp(&want, &y2[at], 4) == 0;
+        }
+    return ok;
+}
+
+static void check_int8_packed(report *r, const char *simd) {
+    int ok = i8_packed_case(36, 5, 7, 0) && i8_packed_case(1028, I8P_MAXN, 11, 0) &&
+             i8_packed_case(1028, 3, 13, 1) && i8_packed_case(4, 1, 17, 0);
+    char msg[192];
+    snprintf(msg, sizeof msg, "int8 x int8 (%s) on the packed layout: the exact integer dots, all "
+             "rows, a range split inside a block, token by token%s", simd,
+             colibri_int8_kernels_have_packed() ? "" : " (the packed layout: not read on this CPU)");
+    check(r, ok, msg);
+}
+
 /* ---- f16 KV cache rounding ------------------------------------------------------------------- */
 
 static float from_bits(uint32_t u) {
@@ -331,6 +389,7 @@ int colibri_selftest(int verbose) {
     check_topk(&r);
     check_routing(&r);
     check_kernels(&r, simd);
+    check_int8_packed(&r, simd);
     check_kv_rounding(&r);
     { char qmsg[160]; int ok = colibri_q4_selftest(qmsg, sizeof qmsg); check(&r, ok, qmsg); }
     { char mmsg[192]; int ok = colibri_mxfp4_selftest(mmsg, sizeof mmsg); check(&r, ok, mmsg); }

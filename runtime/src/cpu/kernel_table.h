@@ -50,6 +50,10 @@ typedef struct {
      * NULL: not provided */
     int (*rows_q8)(const colibri_tensor *w, uint32_t r0, uint32_t r1, const int8_t *xq,
                    const float *xscale, int n, size_t ldx, float *y, size_t ldy);
+    /* colibri_rows_dot_q8 on an int8 tensor's packed layout (q4_pack.h), any n; NULL: not
+     * provided (the model is then not packed for it) */
+    void (*rows_q8_packed)(const colibri_tensor *w, uint32_t r0, uint32_t r1, const int8_t *xq,
+                           const float *xscale, int n, size_t ldx, float *y, size_t ldy);
     const char *name;
     /* the f16 KV cache: f32 -> half rounding (the scalar half_from_float's bits) and the widened
      * value sum out[i] += w * h[i] (a multiply then an add); NULL: the portable loops */

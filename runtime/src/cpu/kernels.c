@@ -71,6 +71,11 @@ const char *colibri_kernels_init(void) {
     return K.name;
 }
 
+int colibri_int8_kernels_have_packed(void) {
+    colibri_kernels_init();
+    return K.rows_q8_packed != NULL;
+}
+
 float colibri_dot_f32(const float *a, const float *b, size_t n) {
     return K.dot[COLIBRI_DT_F32](a, b, n);
 }
@@ -165,6 +170,10 @@ void colibri_rows_dot_q8(const colibri_tensor *w, uint32_t r0, uint32_t r1, cons
                          const float *xscale, int n, size_t ldx, float *y, size_t ldy) {
     if (w->dtype == COLIBRI_DT_Q4) { /* grouped 4-bit: kernels_q4.c */
         colibri_q4_rows_dot_q8(w, r0, r1, xq, xscale, n, ldx, y, ldy);
+        return;
+    }
+    if (w->packed && K.rows_q8_packed) { /* the packed layout (q4_pack.h): 16 rows at once */
+        K.rows_q8_packed(w, r0, r1, xq, xscale, n, ldx, y, ldy);
         return;
     }
     size_t cols = w->cols;

@@ -25,7 +25,11 @@ float colibri_dot_f32(const float *a, const float *b, size_t n);
 void colibri_rows_dot(const colibri_tensor *w, uint32_t r0, uint32_t r1, const float *x, int n,
                       size_t ldx, float *y, size_t ldy, float *scratch);
 
-/* Same with int8 activations (w must be int8): xq rows quantised by colibri_quantize_row. */
+/* 1 when colibri_rows_dot_q8 reads an int8 tensor's packed layout (q4_pack.h) on this CPU. */
+int colibri_int8_kernels_have_packed(void);
+
+/* Same with int8 activations (w must be int8): xq rows quantised by colibri_quantize_row; an
+ * int8 tensor's packed copy (w->packed) is read where this CPU's kernels read it. */
 void colibri_rows_dot_q8(const colibri_tensor *w, uint32_t r0, uint32_t r1, const int8_t *xq,
                          const float *xscale, int n, size_t ldx, float *y, size_t ldy);
 

@@ -1,4 +1,4 @@
-/* The packed q4 and mxfp4 layouts (q4_pack.h): building them from the file's rows, once per model. */
+/* The packed q4, mxfp4 and int8 layouts (q4_pack.h): building them from the file's rows, once per model. */
 #include "q4_pack.h"
 
 #include <errno.h>
@@ -76,6 +76,32 @@ void colibri_mx_pack(const colibri_tensor *t, uint8_t *dst) {
         }
 }
 
+int colibri_i8_packable(const colibri_tensor *t) {
+    return t->dtype == COLIBRI_DT_INT8 && t->data && t->scales && t->rows &&
+           t->rows % COLIBRI_Q4P_ROWS == 0 && t->cols && t->cols % 4 == 0;
+}
+
+size_t colibri_i8_packed_bytes(const colibri_tensor *t) {
+    return colibri_i8_packable(t) ? (size_t)t->rows * t->cols : 0;
+}
+
+void colibri_i8_pack(const colibri_tensor *t, uint8_t *dst) {
+    size_t nk = t->cols / 4;
+    const uint8_t *q = (const uint8_t *)t->data;
+    /* row by row, in the source's order (as colibri_q4_pack): the block's 16 * cols output bytes
+     * stay in the cache meanwhile */
+    for (uint32_t r = 0; r < t->rows; r += COLIBRI_Q4P_ROWS, dst += (size_t)COLIBRI_Q4P_ROWS * t->cols)
+        for (int i = 0; i < COLIBRI_Q4P_ROWS; i++) {
+            const uint8_t *row = q + (size_t)(r + (uint32_t)i) * t->cols;
+            for (size_t k = 0; k < nk; k++) {
+                uint32_t v;
+                memcpy(&v, row + 4 * k, 4);
+                v ^= 0x80808080u; /* each byte w + 128 */
+                memcpy(dst + k * 64 + (size_t)i * 4, &v, 4);
+            }
+        }
+}
+
 /* Every weight matrix a pass multiplies by (the embedding gather reads tok_embed's own rows and
  * is left alone; a tied lm_head is packed, its source kept for the gather). */
 typedef void (*tensor_fn)(colibri_tensor *t, int keep, void *arg);
@@ -107,6 +133,7 @@ typedef struct {
 static size_t packed_bytes(const colibri_tensor *t, const pack_walk *w) {
     if (w->which & COLIBRI_PACK_Q4 && t->dtype == COLIBRI_DT_Q4) return colibri_q4_packed_bytes(t);
     if (w->which & COLIBRI_PACK_MXFP4 && t->dtype == COLIBRI_DT_MXFP4) return colibri_mx_packed_bytes(t);
+    if (w->which & COLIBRI_PACK_INT8 && t->dtype == COLIBRI_DT_INT8) return colibri_i8_packed_bytes(t);
     return 0;
 }
 
@@ -127,21 +154,29 @@ static void pack_one(colibri_tensor *t, int keep, void *arg) {
     pack_walk *w = arg;
     size_t n = packed_bytes(t, w);
     if (!n || t->packed) return;
-    int q4 = t->dtype == COLIBRI_DT_Q4;
-    if (q4) colibri_q4_pack(t, w->at);
-    else colibri_mx_pack(t, w->at);
+    if (t->dtype == COLIBRI_DT_INT8) {
+        colibri_i8_pack(t, w->at);
+    } else if (t->dtype == COLIBRI_DT_Q4) {
+        colibri_q4_pack(t, w->at);
+    } else {
+        colibri_mx_pack(t, w->at);
+    }
     t->packed = w->at;
     w->at += n;
-    if (!w->keep_source && !keep) {
-        /* the file's blocks, then its scales: each exactly n bytes in all */
-        size_t groups = q4 ? t->cols / COLIBRI_Q4_GROUP : t->cols / COLIBRI_MX_BLOCK;
-        size_t qbytes = (size_t)t->rows * groups * (q4 ? COLIBRI_Q4_BLOCK : COLIBRI_MX_BLOCK_BYTES);
-        drop_pages(t->data, qbytes, w->page);
-        drop_pages(t->scales, n - qbytes, w->page);
+    if (w->keep_source || keep) return;
+    if (t->dtype == COLIBRI_DT_INT8) { /* the weight bytes; the per-row scales stay in use */
+        drop_pages(t->data, n, w->page);
+        return;
     }
+    /* the file's blocks, then its scales: each exactly n bytes in all */
+    int q4 = t->dtype == COLIBRI_DT_Q4;
+    size_t groups = q4 ? t->cols / COLIBRI_Q4_GROUP : t->cols / COLIBRI_MX_BLOCK;
+    size_t qbytes = (size_t)t->rows * groups * (q4 ? COLIBRI_Q4_BLOCK : COLIBRI_MX_BLOCK_BYTES);
+    drop_pages(t->data, qbytes, w->page);
+    drop_pages(t->scales, n - qbytes, w->page);
 }
 
-int colibri_model_pack_4bit(struct colibri_model *m, int which, int keep_source) {
+int colibri_model_pack(struct colibri_model *m, int which, int keep_source) {
     pack_walk w = {NULL, 0, which, keep_source || !m->mapped, sysconf(_SC_PAGESIZE)};
     each_matrix(m, count, &w);
     size_t bytes = w.bytes;

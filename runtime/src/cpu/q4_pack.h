@@ -18,8 +18,15 @@
  * in byte j, so each dword is a nibble shuffle of two file bytes' pairs, made once here: in the
  * kernel one mask or shift puts a whole lane's four codes in the four bytes of a dword.
  *
+ * int8 (x86.c's AVX-512 VNNI int8-activation kernel) too: for each block of 16 rows, chunk k =
+ * 0..cols/4 - 1 of 64 bytes holds columns 4k..4k+3 of the 16 rows (row i at bytes 4i..4i+3),
+ * each byte w + 128 (w ^ 0x80: the unsigned operand of vpdpbusd, so the activations' dword is
+ * broadcast as is and 128 * sum(x) is taken off once per token). rows * cols bytes, the file's
+ * weight bytes; the per-row scales stay in the file. Integer sums are exact, so any layout gives
+ * the file layout's bits.
+ *
  * Only tensors whose rows are a multiple of 16 and whose columns are a multiple of 32 (no tail
- * group) are packed: every shape the converter writes for the models users run. */
+ * group; int8: of 4) are packed: every shape the converter writes for the models users run. */
 #ifndef COLIBRI_CPU_Q4_PACK_H
 #define COLIBRI_CPU_Q4_PACK_H
 
@@ -46,11 +53,17 @@ int colibri_mx_packable(const colibri_tensor *t);
 size_t colibri_mx_packed_bytes(const colibri_tensor *t);
 void colibri_mx_pack(const colibri_tensor *t, uint8_t *dst);
 
-/* Which types colibri_model_pack_4bit packs: the ones whose kernels read a packed layout on this
- * CPU (colibri_q4_kernels_have_packed, colibri_mxfp4_kernels_have_packed: the load time buys
- * nothing elsewhere). */
+/* The same for int8 tensors and their packed layout. */
+int colibri_i8_packable(const colibri_tensor *t);
+size_t colibri_i8_packed_bytes(const colibri_tensor *t);
+void colibri_i8_pack(const colibri_tensor *t, uint8_t *dst);
+
+/* Which types colibri_model_pack packs: the ones whose kernels read a packed layout on this
+ * CPU (colibri_q4_kernels_have_packed, colibri_mxfp4_kernels_have_packed,
+ * colibri_int8_kernels_have_packed: the load time buys nothing elsewhere). */
 #define COLIBRI_PACK_Q4 1
 #define COLIBRI_PACK_MXFP4 2
+#define COLIBRI_PACK_INT8 4
 
 /* Pack every packable tensor of the types in `which` of m into one anonymous mapping
  * (m->q4_packed) and point each tensor's `packed` at its copy. Then, unless keep_source (the mapping is mlocked, or the
@@ -58,6 +71,6 @@ void colibri_mx_pack(const colibri_tensor *t, uint8_t *dst);
  * reading them again reads the file), so the model does not stay resident twice. Returns 0, or
  * an errno when the mapping could not be made (nothing is changed then). Not thread safe: the
  * caller holds the model's lock, before any pass runs on it. */
-int colibri_model_pack_4bit(struct colibri_model *m, int which, int keep_source);
+int colibri_model_pack(struct colibri_model *m, int which, int keep_source);
 
 #endif
