@@ -46,8 +46,43 @@ static void shared_up(colibri_mm_job *job, const colibri_layer *ly, colibri_buff
     colibri_mm_add(job, &ly->shared_w3, b->h, dp, n, b->sup, Fs, qrest);
 }
 
-static void shared_act(colibri_buffers *b, int n, size_t Fs) {
-    for (size_t i = 0; i < (size_t)n * Fs; i++) b->sgate[i] = silu(b->sgate[i]) * b->sup[i];
+/* The activation gate[i] = act(gate[i], up[i]) over n values, elementwise: split over the pool
+ * when there are enough of them (a 64-token pass of Mixtral's shape has 360k, ~1 ms of expf on one
+ * thread while the others wait), inline below that (a barrier costs more than the work). Each
+ * value is the same scalar expression wherever it runs, so the bits do not depend on the split. */
+typedef struct {
+    float *gate;
+    const float *up;
+    size_t n;
+    int clamped;
+    float alpha, limit;
+} act_job;
+
+#define ACT_POOL_MIN 16384
+
+static void act_range(const act_job *a, size_t lo, size_t hi) {
+    if (a->clamped) {
+        clamped_swiglu(a->gate + lo, a->up + lo, hi - lo, a->alpha, a->limit);
+        return;
+    }
+    for (size_t i = lo; i < hi; i++) a->gate[i] = silu(a->gate[i]) * a->up[i];
+}
+
+static void act_task(void *arg, int t, int nt) {
+    const act_job *a = arg;
+    unsigned long lo, hi;
+    colibri_split(a->n, t, nt, &lo, &hi);
+    act_range(a, lo, hi);
+}
+
+static void run_act(colibri_ctx *ctx, act_job *a) {
+    if (a->n >= ACT_POOL_MIN) colibri_pool_run(&ctx->pool, act_task, a);
+    else act_range(a, 0, a->n);
+}
+
+static void shared_act(colibri_ctx *ctx, int n, size_t Fs) {
+    act_job a = {ctx->b.sgate, ctx->b.sup, (size_t)n * Fs, 0, 0.0f, 0.0f};
+    run_act(ctx, &a);
 }
 
 /* Experts [e0, e1): their slots [offsets[e0], offsets[e1]) (at most b->slots of them), and the
@@ -84,12 +119,13 @@ static void expert_pass(colibri_ctx *ctx, const colibri_layer *ly, size_t e0, si
         colibri_add_bias(b->gate + off * F, F, b->counts[e], ly->b1[e].data, F);
         colibri_add_bias(b->up + off * F, F, b->counts[e], ly->b3[e].data, F);
     }
-    if (fp & COLIBRI_MOE_CLAMPED_SWIGLU)
-        clamped_swiglu(b->gate, b->up, ns * F, colibri_f32_of(ly->desc.ffn_params[1]),
-                       colibri_f32_of(ly->desc.ffn_params[2]));
-    else
-        for (size_t i = 0; i < ns * F; i++) b->gate[i] = silu(b->gate[i]) * b->up[i];
-    if (!split) shared_act(b, n, Fs);
+    act_job act = {b->gate, b->up, ns * F, (fp & COLIBRI_MOE_CLAMPED_SWIGLU) != 0, 0.0f, 0.0f};
+    if (act.clamped) {
+        act.alpha = colibri_f32_of(ly->desc.ffn_params[1]);
+        act.limit = colibri_f32_of(ly->desc.ffn_params[2]);
+    }
+    run_act(ctx, &act);
+    if (!split) shared_act(ctx, n, Fs);
 
     colibri_mm_job down;
     colibri_mm_init(&down, ctx);
@@ -110,7 +146,7 @@ static void expert_pass(colibri_ctx *ctx, const colibri_layer *ly, size_t e0, si
     colibri_mm_init(&sup, ctx);
     shared_up(&sup, ly, b, dp, n, Fs, qrest);
     colibri_mm_run(&sup);
-    shared_act(b, n, Fs);
+    shared_act(ctx, n, Fs);
     colibri_mm_init(&sdown, ctx);
     colibri_mm_add(&sdown, &ly->shared_w2, b->sgate, Fs, n, b->sout, dp, qrest);
     colibri_mm_run(&sdown);
