@@ -453,7 +453,11 @@ static void z_q8_tile(const int8_t *const *w, const int8_t *x, size_t ldx, int n
  * and no horizontal reduction (z_q8_tile spends a vpdpbusd per row and 64 columns on the one and
  * a reduction per row and token on the other). Each token keeps CH chains (chunks k mod CH) in
  * flight: 4 for tiles of up to 4 tokens, 1 above (more accumulators made GCC shuffle registers:
- * 8 tokens took 0.31 ms with 2 chains, 0.14 with 1, for a 2816 x 1024 matrix). Integer sums are
+ * 8 tokens took 0.31 ms with 2 chains, 0.14 with 1, for a 2816 x 1024 matrix). No software
+ * prefetch: the block is one sequential stream, which the hardware prefetchers follow, and the
+ * PREFETCH_BYTES hint the file-layout kernels use cost bandwidth here (64 matrices of 2816 x 1024
+ * from DRAM, 1 token: 1 thread 31.6 vs 23.5-25.7 GB/s, 2 threads 34-37.5 vs 25-26; in 4 KiB
+ * pages 22 vs 17-19 and 27 vs 24-26). Integer sums are
  * exact (|partial| < 2^31 for up to 2^16 columns), so the bits are the file layout's whatever
  * the tile, chain or thread split. */
 #define ZP_I8(NAME, NT, CH)                                                                      \
@@ -464,7 +468,6 @@ static void z_q8_tile(const int8_t *const *w, const int8_t *x, size_t ldx, int n
             _Pragma("GCC unroll 4") for (int c = 0; c < CH; c++) a[t][c] = _mm512_setzero_si512(); \
         size_t k = 0;                                                                             \
         for (; k + CH <= nk; k += CH, p += 64 * CH) {                                             \
-            __builtin_prefetch(p + PREFETCH_BYTES);                                               \
             _Pragma("GCC unroll 4") for (int c = 0; c < CH; c++) {                               \
                 __m512i W = _mm512_loadu_si512((const void *)(p + 64 * c));                       \
                 _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) {                           \
