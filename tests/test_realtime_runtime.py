@@ -120,17 +120,21 @@ def test_serve_pins_each_slot_to_its_cpus_with_the_policy_and_counts_faults(host
                              Path(f"/proc/{srv.proc.pid}/status").read_text().splitlines()
                              if line.startswith("VmLck:")))
         assert locked_kb * 1024 >= tiny.stat().st_size
+        made = 0
         for _ in range(2):          # the second is after warm-up
             status, _, body = srv.call("POST", "/v1/completions", {
                 "model": "tiny", "prompt": [1, 2, 3], "max_tokens": 8})
             assert status == 200, body
             assert json.loads(body)["deadline"]["ms"] == 86400000       # --deadline-ms applies
+            # sampled at temperature 1 with the request id as the seed (time and pid): a stop
+            # token may end a request before 8 tokens, so the count is the responses' own
+            made += json.loads(body)["usage"]["completion_tokens"]
         m = srv.metrics()
         assert m['colibri_page_faults_total{type="major"}'] == 0
         assert m['colibri_page_faults_total{type="minor"}'] == 0
         assert m["colibri_deadline_requests_total"] == 2
         before = m["colibri_generated_tokens_total"]
-        assert before == 16
+        assert before == made <= 16
     finally:
         assert srv.stop() == 0, srv.lines[-5:]
 
