@@ -450,6 +450,54 @@ static void test_quantize_bits(void) {
     EXPECT(ok, "kernels %s int8 quantisation == scalar bytes and scale (9 lengths, ties, zeros)", simd);
 }
 
+/* Greedy sampling is the first index of the largest logit, as the plain loop
+ * `if (l[i] > l[best]) best = i` gives it: ties, +0 / -0, NaNs (never chosen; a NaN at 0 is never
+ * beaten), the maximum at the start, the end, in the tail past the last 8-lane block, and every
+ * vocabulary size from 1 to 40. */
+static uint32_t plain_argmax(const float *l, uint32_t V) {
+    uint32_t best = 0;
+    for (uint32_t i = 1; i < V; i++)
+        if (l[i] > l[best]) best = i;
+    return best;
+}
+
+static void test_greedy_argmax(void) {
+    enum { MAXV = 40 };
+    float l[MAXV], copy[MAXV];
+    uint32_t seed = 12345u;
+    int bad = 0, cases = 0;
+    for (uint32_t V = 1; V <= MAXV; V++) {
+        colibri_sampling p;
+        colibri_default_sampling(&p);
+        p.temperature = 0.0f;
+        colibri_sampler *smp = NULL;
+        if (colibri_sampler_new(&smp, V, &p) != COLIBRI_OK) {
+            bad++;
+            continue;
+        }
+        for (int pattern = 0; pattern < 64; pattern++) {
+            for (uint32_t i = 0; i < V; i++) {
+                seed = seed * 1664525u + 1013904223u;
+                int r = (int)(seed >> 24) % 16;
+                /* few distinct values, so ties are common; some zeros of both signs and NaNs */
+                l[i] = r < 2 ? NAN : r < 4 ? 0.0f : r < 6 ? -0.0f : (float)(r % 5) - 2.0f;
+            }
+            if (pattern == 1) l[0] = NAN;
+            if (pattern == 2) l[V - 1] = 9.0f;
+            if (pattern == 3 && V > 1) l[V / 2] = l[V - 1] = 8.0f;
+            if (pattern == 4)
+                for (uint32_t i = 0; i < V; i++) l[i] = -INFINITY;
+            memcpy(copy, l, sizeof l);
+            uint32_t want = plain_argmax(l, V);
+            int32_t got = colibri_sampler_sample(smp, copy, NULL, 0);
+            bad += got != (int32_t)want;
+            cases++;
+        }
+        colibri_sampler_free(smp);
+    }
+    EXPECT(bad == 0, "greedy sampling: %d of %d cases differ from the first-maximum loop", bad, cases);
+}
+
 int main(void) {
     char path[256];
     snprintf(path, sizeof path, "/tmp/colibri-unit-%ld.colibri", (long)getpid());
@@ -464,6 +512,7 @@ int main(void) {
     test_loader();
     test_meta();
     test_topk_nan();
+    test_greedy_argmax();
     test_api(path);
     test_kernels();
     test_kernels_q8_shapes();

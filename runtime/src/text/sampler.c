@@ -161,16 +161,47 @@ static int sort_candidates(colibri_sampler *s, const float *l, int k) {
     return k;
 }
 
+/* Greedy: the first index of the largest logit, i.e. what `if (l[i] > l[best]) best = i` over
+ * i = 1..V-1 returns (a NaN never wins; a NaN at 0 is never beaten, so 0; +0 and -0 tie), in
+ * eight interleaved lanes: that loop compiles to a compare and a conditional move that the next
+ * element's load of l[best] waits for (~10 cycles an element: 0.5 ms for Qwen's 151,936 ids,
+ * 7% of an 8-client serve step). Every lane starts from l[0] and keeps the first index of its
+ * running maximum; the lanes are merged by value, ties to the lower index. */
+static uint32_t argmax_first(const float *l, uint32_t V) {
+    enum { LANES = 8 };
+    float bv[LANES];
+    uint32_t bi[LANES];
+    for (int k = 0; k < LANES; k++) {
+        bv[k] = l[0];
+        bi[k] = 0;
+    }
+    uint32_t i = 1;
+    for (; i + LANES <= V; i += LANES)
+        for (int k = 0; k < LANES; k++)
+            if (l[i + (uint32_t)k] > bv[k]) {
+                bv[k] = l[i + (uint32_t)k];
+                bi[k] = i + (uint32_t)k;
+            }
+    for (; i < V; i++)
+        if (l[i] > bv[0]) {
+            bv[0] = l[i];
+            bi[0] = i;
+        }
+    uint32_t best = bi[0];
+    float top = bv[0];
+    for (int k = 1; k < LANES; k++)
+        if (bv[k] > top || (bv[k] == top && bi[k] < best)) {
+            top = bv[k];
+            best = bi[k];
+        }
+    return best;
+}
+
 int32_t colibri_sampler_sample(colibri_sampler *s, float *logits, const int32_t *history,
                                int n_history) {
     penalise(s, logits, history, n_history);
     uint32_t V = s->vocab;
-    if (s->p.temperature <= 0.0f) {
-        uint32_t best = 0;
-        for (uint32_t i = 1; i < V; i++)
-            if (logits[i] > logits[best]) best = i;
-        return (int32_t)best;
-    }
+    if (s->p.temperature <= 0.0f) return (int32_t)argmax_first(logits, V);
     int n = sort_candidates(s, logits, s->p.top_k);
     double T = s->p.temperature, top = logits[s->idx[0]], total = 0;
     for (int i = 0; i < n; i++) {
