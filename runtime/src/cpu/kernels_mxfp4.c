@@ -628,8 +628,7 @@ static MX_ZV void zp_mx_rows(const colibri_tensor *w, uint32_t r0, uint32_t r1, 
     for (uint32_t blk = r0 / COLIBRI_Q4P_ROWS; blk * COLIBRI_Q4P_ROWS < r1; blk++) {
         const uint8_t *p = w->packed + (size_t)blk * blk_bytes;
         uint32_t base = blk * COLIBRI_Q4P_ROWS;
-        uint32_t lo = r0 > base ? r0 - base : 0;
-        uint32_t hi = r1 - base < COLIBRI_Q4P_ROWS ? r1 - base : COLIBRI_Q4P_ROWS;
+        const __mmask16 keep = colibri_packed_rows_mask(blk, r0, r1);
         for (int j = 0; j < m; j += 3) {
             int nt = m - j < 3 ? m - j : 3;
             const int8_t *xj = xq + (size_t)j * xstride;
@@ -641,7 +640,6 @@ static MX_ZV void zp_mx_rows(const colibri_tensor *w, uint32_t r0, uint32_t r1, 
             else zp_mx_3(p, xj, xstride, dj, nb, cj, full, acc);
             /* a8_reduce lane-wise for the 16 rows (the same additions in the same order; the
              * build does not contract), + the file path's empty tail (a8_tail's 0.0f) */
-            __mmask16 keep = (__mmask16)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
             for (int t = 0; t < nt; t++) {
                 __m512 *a = acc[t];
                 __m512 r = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3])),

@@ -39,6 +39,16 @@
 #define COLIBRI_Q4P_GROUP_BYTES 288 /* 4 chunks of 64 bytes + 16 f16 scales */
 #define COLIBRI_MXP_GROUP_BYTES 272 /* 4 chunks of 64 bytes + 16 E8M0 exponents */
 
+/* The rows of 16-row block `blk` inside [r0, r1), as a store mask (bit i: row 16 * blk + i): the
+ * packed kernels compute whole blocks and store only these (mm_task splits at block edges, so
+ * a partial block is the exception: a caller's own row range). */
+static inline uint16_t colibri_packed_rows_mask(uint32_t blk, uint32_t r0, uint32_t r1) {
+    uint32_t base = blk * COLIBRI_Q4P_ROWS;
+    uint32_t lo = r0 > base ? r0 - base : 0;
+    uint32_t hi = r1 - base < COLIBRI_Q4P_ROWS ? r1 - base : COLIBRI_Q4P_ROWS;
+    return (uint16_t)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+}
+
 /* 1 when t is q4 with a shape the packed layout holds. */
 int colibri_q4_packable(const colibri_tensor *t);
 

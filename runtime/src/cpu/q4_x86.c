@@ -556,11 +556,6 @@ Q4_ZI __m512 zp_reduce8(const __m512 a[8]) {
                          _mm512_add_ps(_mm512_add_ps(a[4], a[5]), _mm512_add_ps(a[6], a[7])));
 }
 
-/* rows lo..hi - 1 of a 16-row block */
-Q4_ZI __mmask16 zp_rows_mask(uint32_t lo, uint32_t hi) {
-    return (__mmask16)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
-}
-
 #define ZP_Q8(NAME, NT)                                                                       \
     Q4_ZV static void NAME(const uint8_t *p, const int8_t *x, size_t ldx, const int32_t *nc,  \
                            size_t full, __m512 acc[NT][8]) {                                  \
@@ -611,8 +606,7 @@ static Q4_ZV int zp_q4q8_rows(const colibri_tensor *w, uint32_t r0, uint32_t r1,
         for (uint32_t blk = r0 / COLIBRI_Q4P_ROWS; blk * COLIBRI_Q4P_ROWS < r1; blk++) {
             const uint8_t *p = w->packed + (size_t)blk * blk_bytes;
             uint32_t base = blk * COLIBRI_Q4P_ROWS;
-            uint32_t lo = r0 > base ? r0 - base : 0;
-            uint32_t hi = r1 - base < COLIBRI_Q4P_ROWS ? r1 - base : COLIBRI_Q4P_ROWS;
+            const __mmask16 keep = colibri_packed_rows_mask(blk, r0, r1);
             for (int j = 0; j < nb; j += 3) {
                 int nt = nb - j < 3 ? nb - j : 3;
                 const int8_t *xj = xg + (size_t)j * ldx;
@@ -622,7 +616,7 @@ static Q4_ZV int zp_q4q8_rows(const colibri_tensor *w, uint32_t r0, uint32_t r1,
                 else if (nt == 2) zp_q8_2(p, xj, ldx, cj, full, acc);
                 else zp_q8_3(p, xj, ldx, cj, full, acc);
                 for (int t = 0; t < nt; t++) /* q4q8_reduce(L) * s for the 16 rows at once */
-                    _mm512_mask_storeu_ps(y + (size_t)(j0 + j + t) * ldy + base, zp_rows_mask(lo, hi),
+                    _mm512_mask_storeu_ps(y + (size_t)(j0 + j + t) * ldy + base, keep,
                                           _mm512_mul_ps(zp_reduce8(acc[t]), _mm512_set1_ps(xscale[j0 + j + t])));
             }
         }

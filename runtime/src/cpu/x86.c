@@ -3,6 +3,7 @@
  * chosen at run time from the one CPU probe (cpu_features.c). */
 #include "kernel_table.h"
 #include "cpu_features.h"
+#include "q4_pack.h"
 
 #include <math.h>
 
@@ -520,7 +521,7 @@ __attribute__((target(VNNI_TARGET))) static void zp_i8_rows(const colibri_tensor
                                                             uint32_t r1, const int8_t *xq,
                                                             const float *xscale, int n, size_t ldx,
                                                             float *y, size_t ldy) {
-    size_t cols = w->cols, nk = cols / 4, blk_bytes = (size_t)16 * cols;
+    size_t cols = w->cols, nk = cols / 4, blk_bytes = (size_t)COLIBRI_Q4P_ROWS * cols;
     for (int j0 = 0; j0 < n; j0 += 8) {
         int nt = n - j0 < 8 ? n - j0 : 8;
         const int8_t *xj = xq + (size_t)j0 * ldx;
@@ -530,11 +531,10 @@ __attribute__((target(VNNI_TARGET))) static void zp_i8_rows(const colibri_tensor
             off[t] = zp_i8_offset(xj + (size_t)t * ldx, cols);
             xs[t] = _mm512_set1_ps(xscale[j0 + t]);
         }
-        for (uint32_t blk = r0 / 16; blk * 16 < r1; blk++) {
+        for (uint32_t blk = r0 / COLIBRI_Q4P_ROWS; blk * COLIBRI_Q4P_ROWS < r1; blk++) {
             const uint8_t *p = w->packed + (size_t)blk * blk_bytes;
-            uint32_t base = blk * 16, lo = r0 > base ? r0 - base : 0;
-            uint32_t hi = r1 - base < 16 ? r1 - base : 16;
-            __mmask16 keep = (__mmask16)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+            uint32_t base = blk * COLIBRI_Q4P_ROWS;
+            const __mmask16 keep = colibri_packed_rows_mask(blk, r0, r1);
             __m512i acc[8];
             switch (nt) {
             case 1: zp_i8_1(p, xj, ldx, nk, acc); break;
