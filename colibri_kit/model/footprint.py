@@ -51,6 +51,7 @@ MIB = 1 << 20
 # rows one MoE pass holds (never fewer than a chunk).
 CPU_CHUNK = 512
 CPU_MOE_SLOTS = 1024
+CPU_ATT_HEADS = 8  # layers/kinds.h COLIBRI_ATT_HEADS: query heads per attention unit at most
 # runtime/src/cuda/cuda_backend.c: CB_ALIGN, CB_MAX_CHUNK, CB_MIN_CHUNK, CB_ACT_BUDGET,
 # CB_LOGIT_ROWS, CB_PART_BUDGET; colibri_abi.h: KV split.
 CUDA_ALIGN = 256
@@ -79,6 +80,13 @@ def kv_value_bytes(kv_dtype: str) -> int:
     if kv_dtype not in KV_BYTES:
         raise ModelError(f"kv_dtype must be one of {', '.join(KV_BYTES)}, got {kv_dtype!r}")
     return KV_BYTES[kv_dtype]
+
+
+def attention_score_rows(h: ModelHeader) -> int:
+    """layers/attention.c colibri_attention_score_rows: the query heads of one KV group that a
+    thread's attention unit holds at most (COLIBRI_ATT_HEADS = 8)."""
+    group = h.n_heads // h.n_kv_heads if h.n_kv_heads else 1
+    return max(1, min(group, CPU_ATT_HEADS))
 
 
 def cpu_arena_bytes(h: ModelHeader, threads: int = DEFAULT_THREADS, int8_act: bool = False,
@@ -124,7 +132,7 @@ def _cpu_arena_plan(h: ModelHeader, threads: int, int8_act: bool, kv_dtype: str,
     take((slots + T) * max_cols if q8 else 0, 1)
     take(slots + T if q8 else 0)
     take(threads * 2 * max_cols)
-    take(threads * S)
+    take(threads * attention_score_rows(h) * S)  # a thread's attention unit: a GQA group's heads
     if engine:
         take(min(T, CPU_LSTAGE_ROWS) * h.vocab_size)
     return align_up(used, 64)

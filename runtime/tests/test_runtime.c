@@ -498,6 +498,47 @@ static void test_greedy_argmax(void) {
     EXPECT(bad == 0, "greedy sampling: %d of %d cases differ from the first-maximum loop", bad, cases);
 }
 
+/* Attention scores of a GQA group's queries against a block of keys (colibri_att_scores, the
+ * x86 kernel reduces four rows' lanes together): each (query, row) has the bits of the one-row
+ * dot, for f32 and f16 rows, head sizes with and without 16- and 8-lane tails, row counts that
+ * are not multiples of four, 1..8 queries. */
+static void test_att_scores(void) {
+    enum { MAXN = 130, MAXR = 13, MAXX = 8 };
+    static float x[MAXX * MAXN], kf[MAXR * MAXN], got[MAXX * MAXR], want;
+    static uint16_t kh[MAXR * MAXN];
+    colibri_kernels_init();
+    uint32_t seed = 777u;
+    for (int i = 0; i < MAXR * MAXN; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        kf[i] = (float)((int)(seed >> 9) % 20001 - 10000) * 1e-4f;
+        kh[i] = (uint16_t)(0x3000u + (seed >> 20) % 0x1800u) | (uint16_t)((seed & 1u) << 15);
+    }
+    for (int i = 0; i < MAXX * MAXN; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        x[i] = (float)((int)(seed >> 9) % 20001 - 10000) * 3e-4f;
+    }
+    const size_t sizes[] = {3, 8, 16, 24, 64, 70, 128, 130};
+    int bad = 0, cases = 0;
+    for (int f16 = 0; f16 < 2; f16++)
+        for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++)
+            for (int nr = 1; nr <= MAXR; nr++)
+                for (int nx = 1; nx <= MAXX; nx++) {
+                    size_t n = sizes[si];
+                    const void *rows[MAXR];
+                    for (int r = 0; r < nr; r++)
+                        rows[r] = f16 ? (const void *)(kh + (size_t)r * MAXN) : (const void *)(kf + (size_t)r * MAXN);
+                    memset(got, 0xff, sizeof got);
+                    colibri_att_scores(x, MAXN, nx, rows, nr, n, f16, got, MAXR);
+                    for (int h = 0; h < nx; h++)
+                        for (int r = 0; r < nr; r++) {
+                            colibri_dot_rows(x + (size_t)h * MAXN, &rows[r], 1, n, f16, &want);
+                            bad += memcmp(&want, &got[h * MAXR + r], sizeof want) != 0;
+                            cases++;
+                        }
+                }
+    EXPECT(bad == 0, "attention scores: %d of %d (query, row) pairs differ from the one-row dot", bad, cases);
+}
+
 int main(void) {
     char path[256];
     snprintf(path, sizeof path, "/tmp/colibri-unit-%ld.colibri", (long)getpid());
@@ -513,6 +554,7 @@ int main(void) {
     test_meta();
     test_topk_nan();
     test_greedy_argmax();
+    test_att_scores();
     test_api(path);
     test_kernels();
     test_kernels_q8_shapes();

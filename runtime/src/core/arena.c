@@ -3,6 +3,7 @@
  * The same function computes the size (base == NULL) and carves the buffers (base != NULL), so
  * the two can never disagree. */
 #include "context.h"
+#include "layers/kinds.h"
 
 #include "colibri_config.h"
 
@@ -128,7 +129,8 @@ size_t colibri_arena_plan(const struct colibri_model *m, int threads, int q8, in
     b->xq = take(&c, q8 ? (slots + T) * max_cols : 0, sizeof(int8_t));
     b->xqs = take(&c, q8 ? slots + T : 0, sizeof(float));
     b->scratch = take(&c, (size_t)threads * 2 * max_cols, sizeof(float)); /* two rows each */
-    b->scores = take(&c, (size_t)threads * S, sizeof(float));
+    /* a thread's attention unit: up to COLIBRI_ATT_HEADS query heads' scores (layers/kinds.h) */
+    b->scores = take(&c, (size_t)threads * colibri_attention_score_rows(m) * S, sizeof(float));
     /* an engine's LM head stage (LSTAGE_ROWS x vocab floats); a sequence context has none, so
      * its arena is what it was before batching (the kit's footprint counts it byte for byte) */
     b->lstage_rows = engine ? (int)(T < LSTAGE_ROWS ? T : LSTAGE_ROWS) : 0;

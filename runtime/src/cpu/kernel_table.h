@@ -64,6 +64,10 @@ typedef struct {
      * fused; NULL: the portable loop */
     void (*wsum_rows)(float *out, const float *w, const void *const *rows, int nr, size_t n,
                       int f16);
+    /* attention's scores (colibri_att_scores): out[h * ldo + i] = dot[f32 or f16](rows[i],
+     * x + h * ldx, n) bit for bit, for h < nx, i < nr; NULL: colibri_dot_rows per query */
+    void (*scores)(const float *x, size_t ldx, int nx, const void *const *rows, int nr, size_t n,
+                   int f16, float *out, size_t ldo);
     /* colibri_quantize_row with colibri_quantize_row_scalar's bits (int8.h); NULL: the scalar */
     void (*quantize)(const float *x, size_t n, int8_t *q, float *scale);
 } colibri_cpu_kernels;

@@ -287,6 +287,15 @@ void colibri_dot_rows(const float *x, const void *const *rows, int nr, size_t n,
     for (; i < nr; i++) out[i] = K.dot[dt](rows[i], x, n);
 }
 
+void colibri_att_scores(const float *x, size_t ldx, int nx, const void *const *rows, int nr,
+                        size_t n, int f16, float *out, size_t ldo) {
+    if (K.scores) {
+        K.scores(x, ldx, nx, rows, nr, n, f16, out, ldo);
+        return;
+    }
+    for (int h = 0; h < nx; h++) colibri_dot_rows(x + (size_t)h * ldx, rows, nr, n, f16, out + (size_t)h * ldo);
+}
+
 void colibri_wsum_rows(float *out, const float *w, const void *const *rows, int nr, size_t n,
                        int f16) {
     if (K.wsum_rows) {

@@ -57,6 +57,11 @@ void colibri_axpy_f16(float *out, float w, const uint16_t *h, size_t n);
  * (colibri_axpy_f16 for f16 rows), with out held in registers across the rows. */
 void colibri_dot_rows(const float *x, const void *const *rows, int nr, size_t n, int f16,
                       float *out);
+/* The scores of nx queries (x + h * ldx, e.g. the query heads of one GQA group) against the same
+ * nr rows: out[h * ldo + i] has colibri_dot_rows' bits for query h and row i, whichever family
+ * kernel computes it (the x86 one reduces four rows' lanes together). */
+void colibri_att_scores(const float *x, size_t ldx, int nx, const void *const *rows, int nr,
+                        size_t n, int f16, float *out, size_t ldo);
 void colibri_wsum_rows(float *out, const float *w, const void *const *rows, int nr, size_t n,
                        int f16);
 

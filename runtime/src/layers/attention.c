@@ -7,10 +7,11 @@
  *                      sliding_window_overlay: kv_idx > q_idx - sliding_window, masking_utils.py);
  *                      the cache is a ring of min(W, max_seq_len) rows (position p in row p % R).
  *
- * Attention heads of every (token, head) pair are split over the pool in a fixed partition; each
- * pair is computed start to finish by one thread, so results are bitwise identical for any thread
- * count. A pass's K and V are stored before any attention reads them, and every read goes through
- * the cache's representation (f32, or f16 with --kv-cache f16), so a token attends to the same
+ * Attention is split over the pool in (token, KV group, query heads) units, a fixed partition;
+ * each (token, head) pair is computed start to finish by one thread with the same arithmetic
+ * whichever unit holds it, so results are bitwise identical for any thread count. A pass's K
+ * and V are stored before any attention reads them, and every read goes through the cache's
+ * representation (f32, or f16 with --kv-cache f16), so a token attends to the same
  * bits whether it came in a long prompt or alone (prefill == decode). A ring shorter than the
  * context cannot take a whole pass first (a 64-token chunk would overwrite rows its own first
  * tokens still read), so such a layer stores the pass's rows in the arena's stage, reads positions
@@ -205,68 +206,113 @@ static inline int wrap(int slot, int R) { return slot == R ? 0 : slot; }
 
 #define ATT_BLOCK 64 /* keys per block: their K or V row pointers, gathered on the stack */
 
+/* kinds.h: the score rows of max_seq_len floats a thread's unit needs */
+size_t colibri_attention_score_rows(const struct colibri_model *m) {
+    size_t group = m->n_kv_heads ? m->n_heads / m->n_kv_heads : 1;
+    return group < 1 ? 1 : group < COLIBRI_ATT_HEADS ? group : COLIBRI_ATT_HEADS;
+}
+
+/* Query heads of one KV group per work unit: at most COLIBRI_ATT_HEADS (kinds.h; the arena
+ * keeps that many score rows per thread), fewer when the pass has too few (token, group) units
+ * to give every thread two, so that a one-token decode on 8 cores still spreads its heads. A
+ * head's arithmetic does not depend on which heads share its unit, so any split has the same
+ * bits. */
+static int unit_heads(int tokens, int kv_heads, int group, int nt) {
+    int chunks = (group + COLIBRI_ATT_HEADS - 1) / COLIBRI_ATT_HEADS;
+    while (chunks < group && (long)tokens * kv_heads * chunks < 2L * nt) chunks++;
+    return (group + chunks - 1) / chunks;
+}
+
+/* softmax(scale * sc[0..keys-1]) in place, with an attention sink's logit (NULL: none) in the
+ * max and the sum. The max is order-free (NaN skipped as fmaxf does; only the sign of a zero
+ * maximum can differ, and x - (+0) == x - (-0) for the exp below), so it runs in eight lanes;
+ * the exps and their sum go in key order. */
+static void softmax_scaled(float *sc, int keys, float scale, const float *sink) {
+    float m8[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY,
+                   -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    int i = 0;
+    for (; i + 8 <= keys; i += 8)
+        for (int l = 0; l < 8; l++) {
+            float v = sc[i + l] * scale;
+            sc[i + l] = v;
+            m8[l] = v > m8[l] ? v : m8[l];
+        }
+    float mx = -INFINITY;
+    for (int l = 0; l < 8; l++) mx = m8[l] > mx ? m8[l] : mx;
+    for (; i < keys; i++) {
+        sc[i] *= scale;
+        mx = sc[i] > mx ? sc[i] : mx;
+    }
+    if (sink) mx = *sink > mx ? *sink : mx;
+    float sum = 0.0f;
+    for (i = 0; i < keys; i++) {
+        sc[i] = expf(sc[i] - mx);
+        sum += sc[i];
+    }
+    if (sink) sum += expf(*sink - mx);
+    float inv = 1.0f / sum;
+    for (i = 0; i < keys; i++) sc[i] *= inv;
+}
+
 static void att_task(void *arg, int t, int nt) {
     att_job *job = arg;
     colibri_ctx *ctx = job->ctx;
     const struct colibri_model *m = ctx->model;
     colibri_buffers *b = &ctx->b;
     const colibri_batch *bt = job->bt;
-    size_t dh = m->head_dim, H = m->n_heads, qd = H * dh, kvd = (size_t)m->n_kv_heads * dh;
-    size_t group = H / m->n_kv_heads;
+    size_t dh = m->head_dim, H = m->n_heads, Hkv = m->n_kv_heads, qd = H * dh, kvd = Hkv * dh;
+    int group = (int)(H / Hkv);
     size_t row = kvd * (b->kv_f16 ? sizeof(uint16_t) : sizeof(float));
-    float *sc = b->scores + (size_t)t * m->max_seq_len;
+    size_t S = m->max_seq_len;
+    float *sc = b->scores + (size_t)t * colibri_attention_score_rows(m) * S;
     float scale = 1.0f / sqrtf((float)dh);
     size_t esz = b->kv_f16 ? sizeof(uint16_t) : sizeof(float);
     /* attention sinks (gpt-oss): head h's learned logit joins the softmax's max and sum, and
      * gets no value row (transformers' eager_attention_forward drops its column) */
     const float *sinks = m->layers[job->layer].attn_sinks.data;
+    const int hc = unit_heads(bt->n, (int)Hkv, group, nt), chunks = (group + hc - 1) / hc;
     unsigned long lo, hi;
-    colibri_split((unsigned long)bt->n * H, t, nt, &lo, &hi);
-    for (unsigned long pair = lo; pair < hi; pair++) {
-        size_t j = pair / H, hh = pair % H, g = hh / group;
+    colibri_split((unsigned long)bt->n * Hkv * (unsigned long)chunks, t, nt, &lo, &hi);
+    for (unsigned long unit = lo; unit < hi; unit++) {
+        size_t j = unit / (Hkv * (size_t)chunks), g = unit / (size_t)chunks % Hkv;
+        int c = (int)(unit % (size_t)chunks), nh = group - c * hc < hc ? group - c * hc : hc;
+        size_t h0 = g * (size_t)group + (size_t)c * (size_t)hc;
         /* the row's own sequence: its cache, and its rows of this pass (positions p0..) in the
          * stage from its first row on */
         const colibri_batch_seq *sq = &bt->seqs[bt->seq[j]];
-        const colibri_layer_cache *c = &sq->cache[job->layer];
-        const int R = (int)c->kv_positions, p0 = bt->pos[sq->row0];
+        const colibri_layer_cache *lc = &sq->cache[job->layer];
+        const int R = (int)lc->kv_positions, p0 = bt->pos[sq->row0];
         const size_t st = (size_t)sq->row0 * row;
-        const kv_rows ks = {c->k, (const uint8_t *)b->kstage + st, c->kv_staged, p0, row};
-        const kv_rows vs = {c->v, (const uint8_t *)b->vstage + st, c->kv_staged, p0, row};
+        const kv_rows ks = {lc->k, (const uint8_t *)b->kstage + st, lc->kv_staged, p0, row};
+        const kv_rows vs = {lc->v, (const uint8_t *)b->vstage + st, lc->kv_staged, p0, row};
         int p = bt->pos[j]; /* causal: positions first..p */
         int first = job->window && (int64_t)p - job->window + 1 > 0 ? p - (int)job->window + 1 : 0;
         int keys = p - first + 1, slot0 = first % R;
-        const float *q = b->q + j * qd + hh * dh;
-        /* Blocks of keys (kernels.h colibri_dot_rows / colibri_wsum_rows): each score is the
-         * one-key dot, bit for bit, and each output the same multiply-then-add sequence over the
-         * keys in order, so only the loads are shared (prefill == decode). */
+        const float *q = b->q + j * qd + h0 * dh;
+        /* Blocks of keys (kernels.h colibri_att_scores / colibri_wsum_rows), each block's rows
+         * read by the unit's nh heads while they are in L1: each score is the one-key dot, bit
+         * for bit, and each output the same multiply-then-add sequence over the keys in order,
+         * so only the loads are shared (prefill == decode). */
         const void *rp[ATT_BLOCK];
+        const size_t off = g * dh * esz;
         for (int i0 = 0, s = first, slot = slot0; i0 < keys; i0 += ATT_BLOCK) {
             int nb = keys - i0 < ATT_BLOCK ? keys - i0 : ATT_BLOCK;
             for (int i = 0; i < nb; i++, s++, slot = wrap(slot + 1, R))
-                rp[i] = (const uint8_t *)kv_row(&ks, s, slot) + g * dh * esz;
-            colibri_dot_rows(q, rp, nb, dh, b->kv_f16, sc + i0);
+                rp[i] = (const uint8_t *)kv_row(&ks, s, slot) + off;
+            colibri_att_scores(q, dh, nh, rp, nb, dh, b->kv_f16, sc + i0, S);
         }
-        float mx = -INFINITY;
-        for (int i = 0; i < keys; i++) {
-            sc[i] *= scale;
-            mx = fmaxf(mx, sc[i]);
-        }
-        if (sinks) mx = fmaxf(mx, sinks[hh]);
-        float sum = 0.0f;
-        for (int i = 0; i < keys; i++) {
-            sc[i] = expf(sc[i] - mx);
-            sum += sc[i];
-        }
-        if (sinks) sum += expf(sinks[hh] - mx);
-        float inv = 1.0f / sum;
-        for (int i = 0; i < keys; i++) sc[i] *= inv;
-        float *out = b->att + j * qd + hh * dh;
-        memset(out, 0, dh * sizeof(float));
+
+        for (int h = 0; h < nh; h++)
+            softmax_scaled(sc + (size_t)h * S, keys, scale, sinks ? &sinks[h0 + (size_t)h] : NULL);
+        float *out = b->att + j * qd + h0 * dh;
+        memset(out, 0, (size_t)nh * dh * sizeof(float));
         for (int i0 = 0, s = first, slot = slot0; i0 < keys; i0 += ATT_BLOCK) {
             int nb = keys - i0 < ATT_BLOCK ? keys - i0 : ATT_BLOCK;
             for (int i = 0; i < nb; i++, s++, slot = wrap(slot + 1, R))
-                rp[i] = (const uint8_t *)kv_row(&vs, s, slot) + g * dh * esz;
-            colibri_wsum_rows(out, sc + i0, rp, nb, dh, b->kv_f16);
+                rp[i] = (const uint8_t *)kv_row(&vs, s, slot) + off;
+            for (int h = 0; h < nh; h++)
+                colibri_wsum_rows(out + (size_t)h * dh, sc + (size_t)h * S + i0, rp, nb, dh,
+                                  b->kv_f16);
         }
     }
 }

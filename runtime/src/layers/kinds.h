@@ -155,6 +155,10 @@ int colibri_attention_tensor(const struct colibri_model *m, uint32_t l, uint32_t
 void colibri_attention_cache(const struct colibri_model *m, uint32_t l, colibri_cache_need *need);
 void colibri_sliding_cache(const struct colibri_model *m, uint32_t l, colibri_cache_need *need);
 void colibri_attention_forward(struct colibri_ctx *ctx, int l, const colibri_batch *bt);
+/* Query heads of one KV group that a thread's attention unit holds at most, and the score rows
+ * (of max_seq_len floats) the arena keeps per thread for them: min(n_heads / n_kv_heads, 8). */
+#define COLIBRI_ATT_HEADS 8
+size_t colibri_attention_score_rows(const struct colibri_model *m);
 
 /* deltanet.c: Gated DeltaNet (Qwen3.5 / Qwen3-Next linear attention, docs/runtime.md) */
 colibri_status colibri_deltanet_validate(const struct colibri_model *m, uint32_t l, char *why,
