@@ -539,6 +539,55 @@ static void test_att_scores(void) {
     EXPECT(bad == 0, "attention scores: %d of %d (query, row) pairs differ from the one-row dot", bad, cases);
 }
 
+/* Attention's softmax exponent (colibri_exp_sum): the family's vector version has the scalar's
+ * bits, values and sum, for every length 0..40 and 544 over random inputs with NaN, +-inf, +-0
+ * and the range edges; and a sweep of every 61st float in [-87, 0] (the softmax's inputs) is
+ * within 2 ulp of e^x in double. */
+static void test_exp_sum(void) {
+    colibri_kernels_init();
+    enum { MAXN = 544 };
+    static float a[MAXN], b[MAXN];
+    const float special[] = {NAN, INFINITY, -INFINITY, 0.0f, -0.0f, -87.0f, -87.0001f, 88.0f,
+                             88.0001f, -1e-30f, 1e-30f, -103.0f, -0.3465736f, 0.3465736f};
+    uint32_t seed = 4242u;
+    int bad = 0, cases = 0;
+    for (int n = 0; n <= MAXN; n = n < 40 ? n + 1 : MAXN + (n == MAXN)) {
+        for (int i = 0; i < n; i++) {
+            seed = seed * 1664525u + 1013904223u;
+            a[i] = (seed >> 28) == 0 ? special[(seed >> 8) % (sizeof special / sizeof special[0])]
+                                     : (float)((int)(seed >> 8) % 1900001 - 1000000) * 1e-4f;
+        }
+        float sub = n % 3 ? 0.0f : 1.5f;
+        memcpy(b, a, sizeof a);
+        float s1 = colibri_exp_sum(a, (size_t)n, sub), s2 = colibri_exp_sum_scalar(b, (size_t)n, sub);
+        bad += memcmp(a, b, (size_t)n * sizeof(float)) != 0 || memcmp(&s1, &s2, sizeof s1) != 0;
+        cases++;
+        if (n == MAXN) break;
+    }
+    double worst = 0.0;
+    float block[64];
+    uint32_t lo = 0x80000000u, hi = 0xc2ae0000u; /* -0 .. -87 */
+    for (uint32_t u = lo; u <= hi; u += 61 * 64) {
+        int m = 0;
+        for (; m < 64 && u + (uint32_t)m * 61u <= hi; m++) {
+            uint32_t v = u + (uint32_t)m * 61u;
+            memcpy(&block[m], &v, sizeof v);
+        }
+        float in[64];
+        memcpy(in, block, sizeof in);
+        colibri_exp_sum(block, (size_t)m, 0.0f);
+        for (int i = 0; i < m; i++) {
+            double want = exp((double)in[i]);
+            double ulp = ldexp(1.0, ilogb(want) - 23);
+            double err = fabs((double)block[i] - want) / ulp;
+            worst = err > worst ? err : worst;
+        }
+    }
+    EXPECT(bad == 0 && worst <= 2.0,
+           "softmax exponent: vector == scalar bits in %d of %d lengths; worst error %.2f ulp over [-87, 0]",
+           cases - bad, cases, worst);
+}
+
 int main(void) {
     char path[256];
     snprintf(path, sizeof path, "/tmp/colibri-unit-%ld.colibri", (long)getpid());
@@ -555,6 +604,7 @@ int main(void) {
     test_topk_nan();
     test_greedy_argmax();
     test_att_scores();
+    test_exp_sum();
     test_api(path);
     test_kernels();
     test_kernels_q8_shapes();

@@ -448,6 +448,52 @@ static void neon_wsum_rows(float *out, const float *w, const void *const *rows, 
     wsum_rows_tail(out, w, rows, nr, d, n, f16);
 }
 
+/* Attention's softmax exponent (kernel_table.h colibri_exp_one, lane by lane; vfmaq_f32 is the
+ * fused fmaf) and its sum in eight lanes: two accumulators, lanes 0-3 and 4-7 of each block. */
+static float32x4_t neon_exp4(float32x4_t v) {
+    float32x4_t t = vmulq_f32(v, vdupq_n_f32(CEXP_LOG2E));
+    float32x4_t n = vaddq_f32(t, vdupq_n_f32(CEXP_SHIFT));
+    n = vsubq_f32(n, vdupq_n_f32(CEXP_SHIFT));
+    float32x4_t r = vfmaq_f32(v, n, vdupq_n_f32(-CEXP_LN2_HI));
+    r = vfmaq_f32(r, n, vdupq_n_f32(-CEXP_LN2_LO));
+    float32x4_t p = vfmaq_f32(vdupq_n_f32(CEXP_P1), vdupq_n_f32(CEXP_P0), r);
+    p = vfmaq_f32(vdupq_n_f32(CEXP_P2), p, r);
+    p = vfmaq_f32(vdupq_n_f32(CEXP_P3), p, r);
+    p = vfmaq_f32(vdupq_n_f32(CEXP_P4), p, r);
+    p = vfmaq_f32(vdupq_n_f32(CEXP_P5), p, r);
+    float32x4_t y = vfmaq_f32(r, p, vmulq_f32(r, r));
+    y = vaddq_f32(y, vdupq_n_f32(1.0f));
+    int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23);
+    y = vmulq_f32(y, vreinterpretq_f32_s32(e));
+    /* the scalar's cases: NaN stays, below the range (and -inf) 0, above it infinity */
+    y = vbslq_f32(vcgeq_f32(v, vdupq_n_f32(CEXP_LO)), y, vdupq_n_f32(0.0f));
+    y = vbslq_f32(vcgtq_f32(v, vdupq_n_f32(CEXP_HI)), vdupq_n_f32(INFINITY), y);
+    return vbslq_f32(vceqq_f32(v, v), y, v);
+}
+
+static float neon_exp_sum(float *x, size_t n, float sub) {
+    const float32x4_t vs = vdupq_n_f32(sub);
+    float32x4_t a0 = vdupq_n_f32(0.0f), a1 = a0;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        float32x4_t e0 = neon_exp4(vsubq_f32(vld1q_f32(x + i), vs));
+        float32x4_t e1 = neon_exp4(vsubq_f32(vld1q_f32(x + i + 4), vs));
+        vst1q_f32(x + i, e0);
+        vst1q_f32(x + i + 4, e1);
+        a0 = vaddq_f32(a0, e0);
+        a1 = vaddq_f32(a1, e1);
+    }
+    float s = ((vgetq_lane_f32(a0, 0) + vgetq_lane_f32(a0, 1)) +
+               (vgetq_lane_f32(a0, 2) + vgetq_lane_f32(a0, 3))) +
+              ((vgetq_lane_f32(a1, 0) + vgetq_lane_f32(a1, 1)) +
+               (vgetq_lane_f32(a1, 2) + vgetq_lane_f32(a1, 3)));
+    for (; i < n; i++) {
+        x[i] = colibri_exp_one(x[i] - sub);
+        s += x[i];
+    }
+    return s;
+}
+
 void colibri_arm_kernels(colibri_cpu_kernels *k) {
     k->dot[COLIBRI_DT_F32] = neon_dot_f32;
     k->dot[COLIBRI_DT_F16] = neon_dot_f16;
@@ -481,6 +527,7 @@ void colibri_arm_kernels(colibri_cpu_kernels *k) {
     (void)feat;
     k->to_f16 = neon_to_f16;
     k->wsum_rows = neon_wsum_rows;
+    k->exp_sum = neon_exp_sum;
     k->quantize = neon_quantize;
 }
 #else

@@ -68,6 +68,9 @@ typedef struct {
      * x + h * ldx, n) bit for bit, for h < nx, i < nr; NULL: colibri_dot_rows per query */
     void (*scores)(const float *x, size_t ldx, int nx, const void *const *rows, int nr, size_t n,
                    int f16, float *out, size_t ldo);
+    /* attention's softmax exponent (colibri_exp_sum): colibri_exp_sum_scalar's bits, values and
+     * sum; NULL: the scalar */
+    float (*exp_sum)(float *x, size_t n, float sub);
     /* colibri_quantize_row with colibri_quantize_row_scalar's bits (int8.h); NULL: the scalar */
     void (*quantize)(const float *x, size_t n, int8_t *q, float *scale);
 } colibri_cpu_kernels;
@@ -76,6 +79,48 @@ typedef struct {
  * other architecture; kernels.c calls the one of its build). */
 void colibri_x86_kernels(colibri_cpu_kernels *k);
 void colibri_arm_kernels(colibri_cpu_kernels *k);
+
+/* Attention's softmax exponent, one value (kernels.h colibri_exp_sum): e^x by a Cody-Waite
+ * reduction x = n ln2 + r (n rounded to nearest even by adding and subtracting 1.5 * 2^23) and
+ * Cephes' degree-5 polynomial for (e^r - 1 - r) / r^2, every step a single IEEE operation or an
+ * explicit fused multiply-add, each its own statement (so no compiler contracts it: clang fuses
+ * within an expression), so the vector versions reproduce it lane by lane. Within 2 ulp of e^x
+ * for -87 <= x <= 88 (runtime/tests/test_runtime.c sweeps it); below -87 (e^x < 1.7e-38) and
+ * -inf: 0; above 88: infinity; NaN: itself. */
+#define CEXP_LO (-87.0f)
+#define CEXP_HI 88.0f
+#define CEXP_LOG2E 1.44269504088896341f
+#define CEXP_SHIFT 12582912.0f
+#define CEXP_LN2_HI 0.693145751953125f
+#define CEXP_LN2_LO 1.42860682030941723e-6f
+#define CEXP_P0 1.9875691500e-4f
+#define CEXP_P1 1.3981999507e-3f
+#define CEXP_P2 8.3334519073e-3f
+#define CEXP_P3 4.1665795894e-2f
+#define CEXP_P4 1.6666665459e-1f
+#define CEXP_P5 5.0000001201e-1f
+
+static inline float colibri_exp_one(float x) {
+    if (!(x >= CEXP_LO)) return x != x ? x : 0.0f;
+    if (x > CEXP_HI) return INFINITY;
+    float t = x * CEXP_LOG2E;
+    float n = t + CEXP_SHIFT;
+    n = n - CEXP_SHIFT;
+    float r = fmaf(n, -CEXP_LN2_HI, x);
+    r = fmaf(n, -CEXP_LN2_LO, r);
+    float p = fmaf(CEXP_P0, r, CEXP_P1);
+    p = fmaf(p, r, CEXP_P2);
+    p = fmaf(p, r, CEXP_P3);
+    p = fmaf(p, r, CEXP_P4);
+    p = fmaf(p, r, CEXP_P5);
+    float r2 = r * r;
+    float y = fmaf(p, r2, r);
+    y = y + 1.0f;
+    uint32_t u = (uint32_t)((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &u, sizeof scale);
+    return y * scale;
+}
 
 static inline float bf16_to_float(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;

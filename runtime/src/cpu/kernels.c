@@ -296,6 +296,27 @@ void colibri_att_scores(const float *x, size_t ldx, int nx, const void *const *r
     for (int h = 0; h < nx; h++) colibri_dot_rows(x + (size_t)h * ldx, rows, nr, n, f16, out + (size_t)h * ldo);
 }
 
+float colibri_exp_sum_scalar(float *x, size_t n, float sub) {
+    float s8[8] = {0};
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++) {
+            float e = colibri_exp_one(x[i + l] - sub);
+            x[i + l] = e;
+            s8[l] += e;
+        }
+    float s = ((s8[0] + s8[1]) + (s8[2] + s8[3])) + ((s8[4] + s8[5]) + (s8[6] + s8[7]));
+    for (; i < n; i++) {
+        x[i] = colibri_exp_one(x[i] - sub);
+        s += x[i];
+    }
+    return s;
+}
+
+float colibri_exp_sum(float *x, size_t n, float sub) {
+    return K.exp_sum ? K.exp_sum(x, n, sub) : colibri_exp_sum_scalar(x, n, sub);
+}
+
 void colibri_wsum_rows(float *out, const float *w, const void *const *rows, int nr, size_t n,
                        int f16) {
     if (K.wsum_rows) {

@@ -62,6 +62,13 @@ void colibri_dot_rows(const float *x, const void *const *rows, int nr, size_t n,
  * kernel computes it (the x86 one reduces four rows' lanes together). */
 void colibri_att_scores(const float *x, size_t ldx, int nx, const void *const *rows, int nr,
                         size_t n, int f16, float *out, size_t ldo);
+/* Attention's softmax exponent: x[i] = e^(x[i] - sub) in place (kernel_table.h colibri_exp_one:
+ * our own exp, not libm's, so that every family's vector version has the same bits) and their
+ * sum in a fixed order: eight lanes over blocks of 8 (lane l: elements l, l + 8, ... in order),
+ * ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)), then the tail in order. Depends only on
+ * x and n, so prefill == decode and any thread count keep their bits. */
+float colibri_exp_sum(float *x, size_t n, float sub);
+float colibri_exp_sum_scalar(float *x, size_t n, float sub);
 void colibri_wsum_rows(float *out, const float *w, const void *const *rows, int nr, size_t n,
                        int f16);
 

@@ -663,6 +663,47 @@ __attribute__((target("avx2,fma,f16c"))) static void avx2_wsum_rows(float *out, 
     wsum_rows_tail(out, w, rows, nr, d, n, f16);
 }
 
+/* ---- attention's softmax exponent (kernel_table.h colibri_exp_one, lane by lane) ---------- */
+
+__attribute__((target("avx2,fma"))) static __m256 avx2_exp8(__m256 v) {
+    __m256 t = _mm256_mul_ps(v, _mm256_set1_ps(CEXP_LOG2E));
+    __m256 n = _mm256_add_ps(t, _mm256_set1_ps(CEXP_SHIFT));
+    n = _mm256_sub_ps(n, _mm256_set1_ps(CEXP_SHIFT));
+    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-CEXP_LN2_HI), v);
+    r = _mm256_fmadd_ps(n, _mm256_set1_ps(-CEXP_LN2_LO), r);
+    __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(CEXP_P0), r, _mm256_set1_ps(CEXP_P1));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CEXP_P2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CEXP_P3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CEXP_P4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CEXP_P5));
+    __m256 y = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r);
+    y = _mm256_add_ps(y, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+    /* the scalar's cases: NaN stays, below the range (and -inf) 0, above it infinity */
+    y = _mm256_and_ps(y, _mm256_cmp_ps(v, _mm256_set1_ps(CEXP_LO), _CMP_GE_OQ));
+    y = _mm256_blendv_ps(y, _mm256_set1_ps(INFINITY), _mm256_cmp_ps(v, _mm256_set1_ps(CEXP_HI), _CMP_GT_OQ));
+    return _mm256_blendv_ps(y, v, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+}
+
+__attribute__((target("avx2,fma"))) static float avx2_exp_sum(float *x, size_t n, float sub) {
+    const __m256 vs = _mm256_set1_ps(sub);
+    __m256 acc = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 e = avx2_exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), vs));
+        _mm256_storeu_ps(x + i, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    float t[8], s;
+    AVX2_HSUM(acc, t, s);
+    for (; i < n; i++) {
+        x[i] = colibri_exp_one(x[i] - sub);
+        s += x[i];
+    }
+    return s;
+}
+
 /* ---- int8 activations (int8.h): the scalar quantisation's bits, 16 or 8 values at a time ----
  * max |x| is exact in any order; x * inv, the round to nearest even (vrndscaleps / vroundps with
  * the current rounding mode's nearest, as nearbyintf) and the clamp are elementwise. */
@@ -740,6 +781,7 @@ void colibri_x86_kernels(colibri_cpu_kernels *k) {
         k->axpy_f16 = avx2_axpy_f16;
         k->wsum_rows = avx2_wsum_rows;
         k->scores = avx2_scores;
+        k->exp_sum = avx2_exp_sum;
         k->quantize = avx2_quantize;
         k->name = "avx2";
         if (x86 & COLIBRI_X86_AVX512) {

@@ -226,7 +226,7 @@ static int unit_heads(int tokens, int kv_heads, int group, int nt) {
 /* softmax(scale * sc[0..keys-1]) in place, with an attention sink's logit (NULL: none) in the
  * max and the sum. The max is order-free (NaN skipped as fmaxf does; only the sign of a zero
  * maximum can differ, and x - (+0) == x - (-0) for the exp below), so it runs in eight lanes;
- * the exps and their sum go in key order. */
+ * the exps and their sum: colibri_exp_sum (kernels.h), vectorised, in a fixed order. */
 static void softmax_scaled(float *sc, int keys, float scale, const float *sink) {
     float m8[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY,
                    -INFINITY, -INFINITY, -INFINITY, -INFINITY};
@@ -244,12 +244,11 @@ static void softmax_scaled(float *sc, int keys, float scale, const float *sink) 
         mx = sc[i] > mx ? sc[i] : mx;
     }
     if (sink) mx = *sink > mx ? *sink : mx;
-    float sum = 0.0f;
-    for (i = 0; i < keys; i++) {
-        sc[i] = expf(sc[i] - mx);
-        sum += sc[i];
+    float sum = colibri_exp_sum(sc, (size_t)keys, mx);
+    if (sink) {
+        float e = *sink;
+        sum += colibri_exp_sum(&e, 1, mx);
     }
-    if (sink) sum += expf(*sink - mx);
     float inv = 1.0f / sum;
     for (i = 0; i < keys; i++) sc[i] *= inv;
 }
