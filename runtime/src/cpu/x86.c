@@ -72,6 +72,38 @@ __attribute__((target("avx2,fma,f16c"))) static void avx2_convert(const void *ro
         s = ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));               \
     } while (0)
 
+/* The four-row accumulation of AVX2_DOT4 and AVX2_SCORES: AVX2_DOT's lanes per row (a*, b*, c*, d*: rows 0-3; *0
+ * and *1: offsets 0 and 8 of each block of 16, then blocks of 8 into *0). PF(i): an optional
+ * prefetch statement per block of 16 (decode's weight streams). */
+#define AVX2_ACC4(LOAD8, PF)                                                                  \
+    for (; i + 16 <= n; i += 16) {                                                            \
+        PF(i);                                                                                \
+        __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + i + 8);                  \
+        a0 = _mm256_fmadd_ps(LOAD8(w0 + i), x0, a0);                                          \
+        b0 = _mm256_fmadd_ps(LOAD8(w1 + i), x0, b0);                                          \
+        c0 = _mm256_fmadd_ps(LOAD8(w2 + i), x0, c0);                                          \
+        d0 = _mm256_fmadd_ps(LOAD8(w3 + i), x0, d0);                                          \
+        a1 = _mm256_fmadd_ps(LOAD8(w0 + i + 8), x1, a1);                                      \
+        b1 = _mm256_fmadd_ps(LOAD8(w1 + i + 8), x1, b1);                                      \
+        c1 = _mm256_fmadd_ps(LOAD8(w2 + i + 8), x1, c1);                                      \
+        d1 = _mm256_fmadd_ps(LOAD8(w3 + i + 8), x1, d1);                                      \
+    }                                                                                         \
+    for (; i + 8 <= n; i += 8) {                                                              \
+        __m256 x0 = _mm256_loadu_ps(x + i);                                                   \
+        a0 = _mm256_fmadd_ps(LOAD8(w0 + i), x0, a0);                                          \
+        b0 = _mm256_fmadd_ps(LOAD8(w1 + i), x0, b0);                                          \
+        c0 = _mm256_fmadd_ps(LOAD8(w2 + i), x0, c0);                                          \
+        d0 = _mm256_fmadd_ps(LOAD8(w3 + i), x0, d0);                                          \
+    }
+#define AVX2_PF4(i)                                                                           \
+    do {                                                                                      \
+        __builtin_prefetch((const char *)(w0 + (i)) + PREFETCH_BYTES);                        \
+        __builtin_prefetch((const char *)(w1 + (i)) + PREFETCH_BYTES);                        \
+        __builtin_prefetch((const char *)(w2 + (i)) + PREFETCH_BYTES);                        \
+        __builtin_prefetch((const char *)(w3 + (i)) + PREFETCH_BYTES);                        \
+    } while (0)
+#define AVX2_NO_PF(i) (void)0
+
 /* Four rows (anywhere) against one token, each with exactly AVX2_DOT's operations and order (so
  * the bits equal four calls of it): decode runs four weight streams per thread, a quarter block
  * apart, which keeps more cache-line fetches in flight than one stream and shares the x loads
@@ -84,28 +116,7 @@ __attribute__((target("avx2,fma,f16c"))) static void avx2_convert(const void *ro
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, b0 = a0, b1 = a0, c0 = a0, c1 = a0, d0 = a0, \
                d1 = a0;                                                                       \
         size_t i = 0;                                                                         \
-        for (; i + 16 <= n; i += 16) {                                                        \
-            __builtin_prefetch((const char *)(w0 + i) + PREFETCH_BYTES);                      \
-            __builtin_prefetch((const char *)(w1 + i) + PREFETCH_BYTES);                      \
-            __builtin_prefetch((const char *)(w2 + i) + PREFETCH_BYTES);                      \
-            __builtin_prefetch((const char *)(w3 + i) + PREFETCH_BYTES);                      \
-            __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + i + 8);              \
-            a0 = _mm256_fmadd_ps(LOAD8(w0 + i), x0, a0);                                      \
-            b0 = _mm256_fmadd_ps(LOAD8(w1 + i), x0, b0);                                      \
-            c0 = _mm256_fmadd_ps(LOAD8(w2 + i), x0, c0);                                      \
-            d0 = _mm256_fmadd_ps(LOAD8(w3 + i), x0, d0);                                      \
-            a1 = _mm256_fmadd_ps(LOAD8(w0 + i + 8), x1, a1);                                  \
-            b1 = _mm256_fmadd_ps(LOAD8(w1 + i + 8), x1, b1);                                  \
-            c1 = _mm256_fmadd_ps(LOAD8(w2 + i + 8), x1, c1);                                  \
-            d1 = _mm256_fmadd_ps(LOAD8(w3 + i + 8), x1, d1);                                  \
-        }                                                                                     \
-        for (; i + 8 <= n; i += 8) {                                                          \
-            __m256 x0 = _mm256_loadu_ps(x + i);                                               \
-            a0 = _mm256_fmadd_ps(LOAD8(w0 + i), x0, a0);                                      \
-            b0 = _mm256_fmadd_ps(LOAD8(w1 + i), x0, b0);                                      \
-            c0 = _mm256_fmadd_ps(LOAD8(w2 + i), x0, c0);                                      \
-            d0 = _mm256_fmadd_ps(LOAD8(w3 + i), x0, d0);                                      \
-        }                                                                                     \
+        AVX2_ACC4(LOAD8, AVX2_PF4)                                                            \
         float t[8], s[4];                                                                     \
         AVX2_HSUM(_mm256_add_ps(a0, a1), t, s[0]);                                            \
         AVX2_HSUM(_mm256_add_ps(b0, b1), t, s[1]);                                            \
@@ -143,24 +154,7 @@ AVX2_DOT4(avx2_dot4_i8, int8_t, AVX_LOAD_I8, CVT_I8)
                 __m256 a0 = _mm256_setzero_ps(), a1 = a0, b0 = a0, b1 = a0, c0 = a0, c1 = a0, \
                        d0 = a0, d1 = a0;                                                      \
                 size_t i = 0;                                                                 \
-                for (; i + 16 <= n; i += 16) {                                                \
-                    __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + i + 8);      \
-                    a0 = _mm256_fmadd_ps(LOAD8(w0 + i), x0, a0);                              \
-                    b0 = _mm256_fmadd_ps(LOAD8(w1 + i), x0, b0);                              \
-                    c0 = _mm256_fmadd_ps(LOAD8(w2 + i), x0, c0);                              \
-                    d0 = _mm256_fmadd_ps(LOAD8(w3 + i), x0, d0);                              \
-                    a1 = _mm256_fmadd_ps(LOAD8(w0 + i + 8), x1, a1);                          \
-                    b1 = _mm256_fmadd_ps(LOAD8(w1 + i + 8), x1, b1);                          \
-                    c1 = _mm256_fmadd_ps(LOAD8(w2 + i + 8), x1, c1);                          \
-                    d1 = _mm256_fmadd_ps(LOAD8(w3 + i + 8), x1, d1);                          \
-                }                                                                             \
-                for (; i + 8 <= n; i += 8) {                                                  \
-                    __m256 x0 = _mm256_loadu_ps(x + i);                                       \
-                    a0 = _mm256_fmadd_ps(LOAD8(w0 + i), x0, a0);                              \
-                    b0 = _mm256_fmadd_ps(LOAD8(w1 + i), x0, b0);                              \
-                    c0 = _mm256_fmadd_ps(LOAD8(w2 + i), x0, c0);                              \
-                    d0 = _mm256_fmadd_ps(LOAD8(w3 + i), x0, d0);                              \
-                }                                                                             \
+                AVX2_ACC4(LOAD8, AVX2_NO_PF)                                                  \
                 __m256 g = _mm256_hadd_ps(                                                    \
                     _mm256_hadd_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(b0, b1)),             \
                     _mm256_hadd_ps(_mm256_add_ps(c0, c1), _mm256_add_ps(d0, d1)));            \
