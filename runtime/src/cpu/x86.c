@@ -95,6 +95,14 @@ __attribute__((target("avx2,fma,f16c"))) static void avx2_convert(const void *ro
         c0 = _mm256_fmadd_ps(LOAD8(w2 + i), x0, c0);                                          \
         d0 = _mm256_fmadd_ps(LOAD8(w3 + i), x0, d0);                                          \
     }
+/* ... and the scalar columns past the last block of 8, added to the four rows' sums in order */
+#define AVX2_TAIL4(CVT, s)                                                                    \
+    for (; i < n; i++) {                                                                      \
+        s[0] += CVT(w0[i]) * x[i];                                                            \
+        s[1] += CVT(w1[i]) * x[i];                                                            \
+        s[2] += CVT(w2[i]) * x[i];                                                            \
+        s[3] += CVT(w3[i]) * x[i];                                                            \
+    }
 #define AVX2_PF4(i)                                                                           \
     do {                                                                                      \
         __builtin_prefetch((const char *)(w0 + (i)) + PREFETCH_BYTES);                        \
@@ -122,12 +130,7 @@ __attribute__((target("avx2,fma,f16c"))) static void avx2_convert(const void *ro
         AVX2_HSUM(_mm256_add_ps(b0, b1), t, s[1]);                                            \
         AVX2_HSUM(_mm256_add_ps(c0, c1), t, s[2]);                                            \
         AVX2_HSUM(_mm256_add_ps(d0, d1), t, s[3]);                                            \
-        for (; i < n; i++) {                                                                  \
-            s[0] += CVT(w0[i]) * x[i];                                                        \
-            s[1] += CVT(w1[i]) * x[i];                                                        \
-            s[2] += CVT(w2[i]) * x[i];                                                        \
-            s[3] += CVT(w3[i]) * x[i];                                                        \
-        }                                                                                     \
+        AVX2_TAIL4(CVT, s)                                                                    \
         memcpy(out, s, sizeof s);                                                             \
     }
 AVX2_DOT4(avx2_dot4_f32, float, AVX_LOAD_F32, CVT_F32)
@@ -161,12 +164,7 @@ AVX2_DOT4(avx2_dot4_i8, int8_t, AVX_LOAD_I8, CVT_I8)
                 float s[4];                                                                   \
                 _mm_storeu_ps(s, _mm_add_ps(_mm256_castps256_ps128(g),                        \
                                             _mm256_extractf128_ps(g, 1)));                    \
-                for (; i < n; i++) {                                                          \
-                    s[0] += CVT(w0[i]) * x[i];                                                \
-                    s[1] += CVT(w1[i]) * x[i];                                                \
-                    s[2] += CVT(w2[i]) * x[i];                                                \
-                    s[3] += CVT(w3[i]) * x[i];                                                \
-                }                                                                             \
+                AVX2_TAIL4(CVT, s)                                                            \
                 memcpy(o + r, s, sizeof s);                                                   \
             }                                                                                 \
             for (; r < nr; r++) o[r] = ONE(rows[r], x, n);                                    \

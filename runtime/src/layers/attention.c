@@ -300,7 +300,6 @@ static void att_task(void *arg, int t, int nt) {
                 rp[i] = (const uint8_t *)kv_row(&ks, s, slot) + off;
             colibri_att_scores(q, dh, nh, rp, nb, dh, b->kv_f16, sc + i0, S);
         }
-
         for (int h = 0; h < nh; h++)
             softmax_scaled(sc + (size_t)h * S, keys, scale, sinks ? &sinks[h0 + (size_t)h] : NULL);
         float *out = b->att + j * qd + h0 * dh;
