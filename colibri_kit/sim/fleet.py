@@ -38,9 +38,10 @@ import stat
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from colibri_kit.errors import FleetError
 from colibri_kit.fleet.inventory import Host, write_inventory
@@ -153,14 +154,15 @@ class Device:
         either namespace is killed. The namespaces and their mounts (the disk too) go with the
         last process (they were never visible outside them)."""
         if self.running:
-            os_ns = self._os_ns()
-            try:
-                os.kill(self.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            for ns in (self.ns, os_ns):
-                if ns and ns != _ns_of(os.getpid()):
-                    _kill_ns(ns)
+            with _pinned_ns(self.pid, self.ns) as hardware, \
+                    _pinned_ns(self.os_pid, self._os_ns()) as os_ns:
+                try:
+                    os.kill(self.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+                for ns in (hardware, os_ns):
+                    if ns and ns != _ns_of(os.getpid()):
+                        _kill_ns(ns)
             try:
                 os.waitpid(self.pid, os.WNOHANG)
             except ChildProcessError:
@@ -297,6 +299,26 @@ def _ns_of(pid: int) -> str | None:
         return None
 
 
+@contextmanager
+def _pinned_ns(pid: int, name: str | None) -> Iterator[str | None]:
+    """``name`` while it is pid's mount namespace, held open so that the kernel cannot give its
+    inode number (the name) to a namespace made meanwhile; None if pid is gone or elsewhere.
+    Processes are killed by namespace name: a name freed in the middle of a kill was once taken
+    by another device's new OS, which was then killed too (two devices rebooting in one batch,
+    CI of 2026-12-03). power.py holds its OS's namespace the same way."""
+    fd = None
+    if pid and name:
+        try:
+            fd = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY)
+        except OSError:
+            fd = None
+    try:
+        yield name if fd is not None and os.readlink(f"/proc/self/fd/{fd}") == name else None
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
 def _pids_in_ns(ns: str) -> list[int]:
     pids = []
     for entry in os.listdir("/proc"):
@@ -421,15 +443,17 @@ class EmulatedFleet(FleetFiles):
     def kill_sessions(self, name: str) -> int:
         """Kill every SSH session on the device but keep it listening (a dropped connection)."""
         d = self.device(name)
-        ns = d._os_ns() if d.running else None
         killed = 0
-        for pid in _pids_in_ns(ns) if ns else []:
-            if pid != d.os_pid:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                    killed += 1
-                except ProcessLookupError:
-                    pass
+        if not d.running:
+            return killed
+        with _pinned_ns(d.os_pid, d._os_ns()) as ns:
+            for pid in _pids_in_ns(ns) if ns else []:
+                if pid != d.os_pid:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                        killed += 1
+                    except ProcessLookupError:
+                        pass
         return killed
 
     # -- internals --------------------------------------------------------------------------------

@@ -26,6 +26,24 @@ def ns_of(pid):
         return None
 
 
+def pin_ns(pid):
+    """An open handle on pid's mount namespace, and the namespace's name ("mnt:[inode]"), or
+    (None, None). While the handle is open the kernel keeps the namespace, so its inode number
+    cannot be handed to a namespace made meanwhile. Processes are killed by namespace name, and a
+    name freed in the middle of a kill was once taken by another device's new OS, which was then
+    killed as if it were this one's (two devices rebooting in one batch, CI of 2026-12-03)."""
+    try:
+        fd = os.open("/proc/%d/ns/mnt" % pid, os.O_RDONLY)
+    except OSError:
+        return None, None
+    return fd, os.readlink("/proc/self/fd/%d" % fd)
+
+
+def unpin(fd):
+    if fd is not None:
+        os.close(fd)
+
+
 def pids_in(ns):
     out = []
     for entry in os.listdir("/proc"):
@@ -78,11 +96,11 @@ def main(argv):
                                  os.path.join(dev, "os.sh")], stdin=subprocess.DEVNULL)
         # Until unshare has entered the OS's namespace or failed: no time bound, since a loaded
         # machine may take seconds, and an OS taken for the hardware's would never be stopped.
-        ns = None
         while True:
-            ns = ns_of(proc.pid)
+            pin, ns = pin_ns(proc.pid)
             if ns and ns != mine or proc.poll() is not None:
                 break
+            unpin(pin)
             time.sleep(0.01)
         state["os"] = ns
         boots += 1
@@ -97,6 +115,7 @@ def main(argv):
             kill_ns(ns)
         proc.wait()
         state["os"] = None
+        unpin(pin)
         if not rebooting:
             print("%s: the OS stopped by itself: powered off" % name, flush=True)
             return 1

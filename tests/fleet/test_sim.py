@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,41 @@ def test_device_reboot_keeps_its_files_disk_port_and_host_key(inventory, sim_fle
     sim_fleet.reboot(FAULTY)
     saved = json.loads((sim_fleet.state_dir / "state.json").read_text())["devices"]
     assert [d["pid"] for d in saved if d["name"] == FAULTY] == [device.pid]  # sim.down finds it
+
+
+def test_a_pinned_namespace_name_is_not_handed_to_a_new_namespace() -> None:
+    # Devices are stopped by killing every process of a mount namespace, found by its name
+    # ("mnt:[inode]"). The kernel hands a freed inode number to the next namespace at once, so a
+    # kill by name that outlives its namespace kills another device's new OS (a rolling reboot
+    # lost a device that way in CI). The kill holds the namespace open for as long as it runs.
+    def in_new_ns():
+        proc = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sleep", "60"])
+        for _ in range(500):
+            name = simlib._ns_of(proc.pid)
+            if name and name != simlib._ns_of(os.getpid()):
+                return proc, name
+            time.sleep(0.01)
+        proc.kill()
+        raise AssertionError("unshare did not enter a new mount namespace")
+
+    first, name = in_new_ns()
+    try:
+        with simlib._pinned_ns(first.pid, "mnt:[0]") as other:
+            assert other is None                # a name that is not the process's: nothing held
+        with simlib._pinned_ns(first.pid, name) as held:
+            assert held == name
+            first.kill()
+            first.wait()
+            assert simlib._pids_in_ns(name) == []
+            names = []
+            for _ in range(3):
+                proc, new = in_new_ns()
+                proc.kill()
+                proc.wait()
+                names.append(new)
+            assert name not in names, (name, names)
+        with simlib._pinned_ns(first.pid, name) as gone:
+            assert gone is None                 # the process is gone: nothing to hold
+    finally:
+        first.kill()
+        first.wait()
