@@ -371,3 +371,34 @@ def test_prompt_rows_cap_keeps_the_ids(host_colibri: Path, load_model: Path) -> 
         proc = subprocess.run([str(host_colibri), "serve", str(load_model), "--prompt-rows", bad],
                               capture_output=True, text=True, timeout=60)
         assert proc.returncode == 2 and "--prompt-rows must be 1..512" in proc.stderr, proc.stderr
+
+
+def test_requests_reading_a_cached_prefix_in_place_while_others_evict(host_colibri: Path,
+                                                                      load_model: Path) -> None:
+    """A restored prefix is read in place (colibri_seq_share), so its entry must outlive every
+    request reading it: two requests continue one cached 150-position prefix while two others,
+    whose own 150 positions do not fit beside it in 1 MiB (~250 positions), want to store theirs.
+    Every answer has the bits of its request alone, nobody reads an entry once all are done, and
+    the cache stays within its bytes."""
+    rng = random.Random(27)
+    shared = [rng.randrange(2000) for _ in range(150)]
+    # the readers answer longer than the others, which store theirs while the readers decode
+    bodies = [{"prompt": shared + [rng.randrange(2000) for _ in range(4)], "max_tokens": 64,
+               "temperature": 0} for _ in range(2)]
+    bodies += [{"prompt": [rng.randrange(2000) for _ in range(150)], "max_tokens": 4,
+                "temperature": 0} for _ in range(2)]
+    srv = Server(host_colibri, load_model, "--slots", "4", "--threads", "2", "--prefix-cache-mb",
+                 "1").start()
+    try:
+        alone = [complete(srv, b) for b in bodies]        # one in flight: each stores its own
+        complete(srv, {"prompt": shared + [1, 2], "max_tokens": 2, "temperature": 0})
+        hits = srv.metrics()["colibri_prefix_cache_hits_total"]
+        assert complete(srv, bodies[0]) == alone[0]       # the shared prefix, restored alone
+        assert srv.metrics()["colibri_prefix_cache_hits_total"] == hits + 1
+        rounds = [together(srv, bodies, order) for order in ([0, 2, 1, 3], [3, 1, 2, 0]) * 3]
+        m = srv.metrics()
+    finally:
+        assert srv.stop() == 0
+    assert all(r == alone for r in rounds), (alone, rounds)
+    assert m["colibri_prefix_cache_readers"] == 0
+    assert 0 < m["colibri_prefix_cache_bytes"] <= m["colibri_prefix_cache_capacity_bytes"] == 1 << 20

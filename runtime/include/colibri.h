@@ -298,6 +298,14 @@ colibri_status colibri_seq_save(const colibri_ctx *ctx, void *buf, size_t cap, s
  * snapshot of another model file, KV dtype or format version, or a damaged or truncated one, is
  * refused (COLIBRI_E_INVALID_ARG, the reason in colibri_last_error) and ctx keeps its sequence. */
 colibri_status colibri_seq_restore(colibri_ctx *ctx, const void *buf, size_t len, int keep);
+/* colibri_seq_restore, except that the layers whose cache keeps every position (full attention)
+ * read the snapshot's rows of positions 0..keep-1 where they are instead of copying them (rings
+ * and recurrent states are copied as restore does): the same bits, no copy, and contexts sharing
+ * one snapshot read its rows once from memory in a pass that carries them together (a system
+ * prompt served to many clients). buf must stay unchanged and allocated until ctx's next
+ * colibri_seq_restore, colibri_seq_share or colibri_reset (colibri_gen_new with keep 0 resets),
+ * or colibri_free; colibri_seq_save reads through to it. */
+colibri_status colibri_seq_share(colibri_ctx *ctx, const void *buf, size_t len, int keep);
 /* The position a snapshot is at (-1 when buf is not one). */
 int colibri_seq_state_pos(const void *buf, size_t len);
 /* 1 when every layer keeps every position and no recurrent state (full attention throughout),

@@ -107,6 +107,8 @@ void metrics_text(json_buf *b, const metrics *m, const metrics_gauges *g) {
             g->prefix_tokens_saved);
     counter(b, "colibri_prefix_cache_evictions_total", "Cached prefixes dropped to make room.", g->prefix_evictions);
     gauge(b, "colibri_prefix_cache_entries", "Cached prefixes.", g->prefix_entries);
+    gauge(b, "colibri_prefix_cache_readers", "Requests reading a cached prefix in place now.",
+          g->prefix_readers);
     gauge_f(b, "colibri_prefix_cache_bytes", "Bytes the cached prefixes take.", g->prefix_bytes);
     gauge_f(b, "colibri_prefix_cache_capacity_bytes", "Most bytes the cache may take (0: off).", g->prefix_capacity);
 }

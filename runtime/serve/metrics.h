@@ -31,7 +31,7 @@ typedef struct {
     unsigned long long batch_passes, batch_rows, batch_seqs;
     double batch_busy_ms, batch_step_ms;  /* the step loop's time (batch.h) */
     colibri_step_times batch_times;       /* the engine's split of the steps */
-    int prefix_entries;
+    int prefix_entries, prefix_readers;
     double prefix_bytes, prefix_capacity;
     unsigned long long prefix_hits, prefix_misses, prefix_tokens_saved, prefix_evictions;
 } metrics_gauges;

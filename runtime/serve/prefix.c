@@ -39,8 +39,10 @@ static int usable(const prefix_cache *pc, const prefix_entry *e, int shared) {
     return pc->truncate || shared == e->n ? shared : 0;
 }
 
-int prefix_restore(prefix_cache *pc, colibri_ctx *ctx, const int32_t *ids, int n, int *split) {
+int prefix_restore(prefix_cache *pc, colibri_ctx *ctx, const int32_t *ids, int n, int *split,
+                   const void **held) {
     *split = 0;
+    *held = NULL;
     if (!pc->limit) return 0;
     pthread_mutex_lock(&pc->mu);
     int best = -1, got = 0, longest = 0;
@@ -50,11 +52,14 @@ int prefix_restore(prefix_cache *pc, colibri_ctx *ctx, const int32_t *ids, int n
         if (u > got) got = u, best = i;
         if (shared > longest) longest = shared;
     }
-    /* the copy happens under the lock, so an entry is never freed while it is read */
-    if (best >= 0 && colibri_seq_restore(ctx, pc->e[best].snap, pc->e[best].bytes, got) == COLIBRI_OK) {
+    /* under the lock: an entry is never freed while it is copied, and is counted as read in
+     * place before the lock is let go */
+    if (best >= 0 && colibri_seq_share(ctx, pc->e[best].snap, pc->e[best].bytes, got) == COLIBRI_OK) {
         pc->hits++;
         pc->tokens_saved += (unsigned long long)got;
         pc->e[best].used = ++pc->clock;
+        pc->e[best].readers++;
+        *held = pc->e[best].snap;
     } else {
         got = 0;
         pc->misses++;
@@ -62,6 +67,19 @@ int prefix_restore(prefix_cache *pc, colibri_ctx *ctx, const int32_t *ids, int n
     if (!pc->truncate && longest > got && longest >= PREFIX_MIN_SPLIT) *split = longest;
     pthread_mutex_unlock(&pc->mu);
     return got;
+}
+
+void prefix_release(prefix_cache *pc, colibri_ctx *ctx, const void **held) {
+    if (!*held) return;
+    colibri_reset(ctx); /* before the count falls: from then on the entry may be freed */
+    pthread_mutex_lock(&pc->mu);
+    for (int i = 0; i < pc->n; i++)
+        if (pc->e[i].snap == *held) {
+            pc->e[i].readers--;
+            break;
+        }
+    pthread_mutex_unlock(&pc->mu);
+    *held = NULL;
 }
 
 /* Under mu: an entry that already gives all of ids[0..n), or -1. */
@@ -85,7 +103,7 @@ int prefix_insert(prefix_cache *pc, colibri_ctx *ctx, const int32_t *ids, int n,
     if (h >= 0) return 0;
     size_t bytes = colibri_seq_state_bytes(ctx), cost = bytes + (size_t)n * sizeof(int32_t);
     if (!bytes || cost > pc->limit) return -1;
-    prefix_entry ne = {malloc((size_t)n * sizeof(int32_t)), n, malloc(bytes), bytes, 0, pinned};
+    prefix_entry ne = {malloc((size_t)n * sizeof(int32_t)), n, malloc(bytes), bytes, 0, pinned, 0};
     size_t len = 0;
     if (!ne.ids || !ne.snap || colibri_seq_save(ctx, ne.snap, bytes, &len) != COLIBRI_OK) {
         free(ne.ids);
@@ -101,14 +119,16 @@ int prefix_insert(prefix_cache *pc, colibri_ctx *ctx, const int32_t *ids, int n,
     }
     /* on a model that restores any prefix of a snapshot, the new one covers its own prefixes */
     for (int i = 0; !rc && pc->truncate && i < pc->n;)
-        if (!pc->e[i].pinned && pc->e[i].n <= n && common(pc->e[i].ids, pc->e[i].n, ids, n) == pc->e[i].n)
+        if (!pc->e[i].pinned && !pc->e[i].readers && pc->e[i].n <= n &&
+            common(pc->e[i].ids, pc->e[i].n, ids, n) == pc->e[i].n)
             drop(pc, i);
         else
             i++;
-    while (!rc && pc->bytes + cost > pc->limit) { /* least recently used, unpinned, out first */
+    while (!rc && pc->bytes + cost > pc->limit) { /* least recently used, unpinned, unread, out first */
         int lru = -1;
         for (int i = 0; i < pc->n; i++)
-            if (!pc->e[i].pinned && (lru < 0 || pc->e[i].used < pc->e[lru].used)) lru = i;
+            if (!pc->e[i].pinned && !pc->e[i].readers && (lru < 0 || pc->e[i].used < pc->e[lru].used))
+                lru = i;
         if (lru < 0) {
             rc = -1;
             break;
@@ -141,7 +161,9 @@ int prefix_insert(prefix_cache *pc, colibri_ctx *ctx, const int32_t *ids, int n,
 
 void prefix_get_stats(prefix_cache *pc, prefix_stats *s) {
     pthread_mutex_lock(&pc->mu);
-    *s = (prefix_stats){pc->n, pc->bytes, pc->limit, pc->hits, pc->misses, pc->tokens_saved,
-                        pc->evictions};
+    int readers = 0;
+    for (int i = 0; i < pc->n; i++) readers += pc->e[i].readers;
+    *s = (prefix_stats){pc->n, readers, pc->bytes, pc->limit, pc->hits, pc->misses,
+                        pc->tokens_saved, pc->evictions};
     pthread_mutex_unlock(&pc->mu);
 }

@@ -25,6 +25,8 @@ typedef struct {
     size_t bytes;
     uint64_t used;              /* LRU clock */
     int pinned;                 /* a warm prompt: never evicted */
+    int readers;                /* slots whose context reads snap in place (prefix_restore):
+                                   never dropped while above 0 */
 } prefix_entry;
 
 typedef struct {
@@ -40,11 +42,19 @@ typedef struct {
 void prefix_init(prefix_cache *pc, size_t limit, int truncate);
 void prefix_free(prefix_cache *pc);
 
-/* Restore into ctx the longest cached prefix of ids[0..n) (at most n - 1 ids, so one is left to
+/* Give ctx the longest cached prefix of ids[0..n) (at most n - 1 ids, so one is left to
  * compute the first token's logits). Returns its length (0: none; ctx untouched). *split: when
  * another snapshot shares a longer prefix that this model cannot restore part of, that length
- * (>= PREFIX_MIN_SPLIT; a point worth snapshotting on the way), else 0. Counts a hit or a miss. */
-int prefix_restore(prefix_cache *pc, colibri_ctx *ctx, const int32_t *ids, int n, int *split);
+ * (>= PREFIX_MIN_SPLIT; a point worth snapshotting on the way), else 0. Counts a hit or a miss.
+ * The full-attention layers read the entry's rows in place (colibri_seq_share: no copy, and
+ * slots sharing a system prompt read its rows once a pass from memory); *held is then the
+ * entry's snapshot, kept from eviction until prefix_release. */
+int prefix_restore(prefix_cache *pc, colibri_ctx *ctx, const int32_t *ids, int n, int *split,
+                   const void **held);
+
+/* The request is over: ctx lets go of the snapshot *held (colibri_reset: its next request
+ * restores or starts afresh anyway), which may be evicted again; *held = NULL. None held: nothing. */
+void prefix_release(prefix_cache *pc, colibri_ctx *ctx, const void **held);
 
 /* Snapshot ctx, whose position is n and whose positions hold ids[0..n), unless an entry holds
  * it already; evicts the least recently used unpinned entries to make room. 0 when stored or
@@ -52,7 +62,7 @@ int prefix_restore(prefix_cache *pc, colibri_ctx *ctx, const int32_t *ids, int n
 int prefix_insert(prefix_cache *pc, colibri_ctx *ctx, const int32_t *ids, int n, int pinned);
 
 typedef struct {
-    int entries;
+    int entries, readers;       /* readers: slots reading an entry in place now */
     size_t bytes, limit;
     unsigned long long hits, misses, tokens_saved, evictions;
 } prefix_stats;

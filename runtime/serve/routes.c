@@ -192,6 +192,7 @@ static void handle_metrics(conn *c) {
     prefix_stats ps;
     prefix_get_stats(&S->pool.prefix, &ps);
     g.prefix_entries = ps.entries;
+    g.prefix_readers = ps.readers;
     g.prefix_bytes = (double)ps.bytes;
     g.prefix_capacity = (double)ps.limit;
     g.prefix_hits = ps.hits;

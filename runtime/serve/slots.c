@@ -303,7 +303,7 @@ static int generate_batched(slot *s, const int32_t *ids, int n, const gen_params
     slot_pool *pool = s->pool;
     bjob_sink sink = {bridge_token, bridge_reasoning, bridge_cancelled, br};
     int split = 0, asked = 0;
-    int keep = prefix_restore(&pool->prefix, s->ctx, ids, n, &split);
+    int keep = prefix_restore(&pool->prefix, s->ctx, ids, n, &split, &s->shared);
     if (split > keep) { /* a prefix other requests share, which this model restores only whole */
         asked = prefill_batched(s, ids, split, keep, &sink, st);
         if (*st || asked) return asked ? FINISH_CANCELLED : (snprintf(err, errlen, "%s: %s",
@@ -357,6 +357,7 @@ int slot_generate(slot *s, const int32_t *ids, int n, const gen_params *p, const
     int finish = -1;
     if (s->pool->engine) {
         finish = generate_batched(s, ids, n, p, out, &br, &r, &st, err, errlen);
+        prefix_release(&s->pool->prefix, s->ctx, &s->shared);
     } else {
         colibri_generate_params g;
         params_of(s, ids, n, p, &g);

@@ -28,6 +28,8 @@ struct slot_pool;
 typedef struct slot {
     int index;
     colibri_ctx *ctx;           /* one sequence over the shared model */
+    const void *shared;         /* the prefix cache's snapshot ctx reads in place during a
+                                   request (prefix_restore), or NULL */
     struct slot *next_free;
     struct slot_pool *pool;
 } slot;

@@ -14,6 +14,8 @@
  *    prompt first, alone) a step with nobody decoding still feeds more; 0..512 only.
  * 3. colibri_seq_save / restore: a prefix restored into another context and continued gives the
  *    bits of computing everything (also a shorter prefix of it, where the model allows).
+ *    colibri_seq_share: two contexts continuing one shared snapshot in one batch, the same bits;
+ *    the rows read in place, let go of at a reset.
  * 4. Refusals: one context twice, another KV type, past max_seq_len; nothing changes.
  * 5. Passes carried several sequences at once (layer 0's mixer counts them). With `solo` the
  *    last layer's mixer is a copy of its kind that says it has no multi-sequence pass (kinds.h
@@ -312,6 +314,77 @@ static void check_seq_state(colibri_model *m, const colibri_options *o, uint32_t
     colibri_free(b);
 }
 
+/* Check 3b: colibri_seq_share. Two contexts share one snapshot of a prefix and continue in one
+ * batch: the bits of computing everything, and a snapshot of a sharing context is byte for byte
+ * the one of a context that computed it all. The rows are read in place (a snapshot changed
+ * after the share changes what a model with a full-attention layer computes), and a reset lets
+ * go of them (the changed snapshot no longer matters). */
+static int full_layers(const colibri_model *m) {
+    int n = 0;
+    for (uint32_t l = 0; l < m->n_layers; l++) {
+        colibri_cache_need need;
+        m->layers[l].mixer->cache(m, l, &need);
+        n += need.kv_positions >= m->max_seq_len && !need.kv_staged;
+    }
+    return n;
+}
+
+static void check_seq_share(colibri_model *m, const colibri_options *o, uint32_t V, int S) {
+    int n = len_of(3, S), cut = n * 2 / 3, rest = n - cut;
+    colibri_engine *e;
+    colibri_ctx *a, *b[2];
+    colibri_options one = *o;
+    one.threads = 1;
+    if (colibri_engine_new(&e, m, o) || colibri_ctx_new(&a, m, o) || colibri_ctx_new(&b[0], m, &one) ||
+        colibri_ctx_new(&b[1], m, &one))
+        exit(14);
+    float *got[2], *prefix = malloc(sizeof(float) * (size_t)n * V);
+    for (int i = 0; i < 2; i++) got[i] = malloc(sizeof(float) * (size_t)rest * V);
+    colibri_forward(a, ids[3], cut, prefix);
+    size_t len = colibri_seq_state_bytes(a), wrote = 0;
+    uint8_t *snap = malloc(len), *keep = malloc(len);
+    int ok = colibri_seq_save(a, snap, len, &wrote) == COLIBRI_OK;
+    memcpy(keep, snap, len);
+    colibri_batch_item it[2];
+    for (int i = 0; i < 2; i++) {
+        ok = ok && colibri_seq_share(b[i], snap, len, cut) == COLIBRI_OK;
+        it[i] = (colibri_batch_item){b[i], ids[3] + cut, rest, got[i], 1};
+    }
+    ok = ok && colibri_forward_batch(e, it, 2) == COLIBRI_OK;
+    for (int i = 0; i < 2; i++)
+        ok = ok && !memcmp(got[i], alone[3] + (size_t)cut * V, sizeof(float) * (size_t)rest * V);
+    check(ok, "seq_share: two contexts sharing one snapshot, continued in one batch == computed at once");
+    colibri_forward(a, ids[3] + cut, rest, prefix);
+    size_t full = colibri_seq_state_bytes(a);
+    uint8_t *sa = malloc(full), *sb = malloc(full);
+    ok = full == colibri_seq_state_bytes(b[0]) && colibri_seq_save(a, sa, full, &wrote) == COLIBRI_OK &&
+         colibri_seq_save(b[0], sb, full, &wrote) == COLIBRI_OK && !memcmp(sa, sb, full);
+    check(ok, "seq_share: a sharing context's snapshot == the one of a context that computed it all");
+    /* the rows after the header, changed: a shared layer reads them in place */
+    ok = colibri_seq_share(b[0], snap, len, cut) == COLIBRI_OK;
+    for (size_t i = 64; i < len; i++) snap[i] ^= 0x40;
+    ok = ok && colibri_forward(b[0], ids[3] + cut, rest, got[0]) == COLIBRI_OK;
+    int same = !memcmp(got[0], alone[3] + (size_t)cut * V, sizeof(float) * (size_t)rest * V);
+    check(ok && same == !full_layers(m),
+          full_layers(m) ? "seq_share: the rows are read in place (a changed snapshot changes the logits)"
+                         : "seq_share: no full-attention layer, nothing read in place");
+    ok = colibri_reset(b[0]) == COLIBRI_OK && colibri_forward(b[0], ids[3], n, prefix) == COLIBRI_OK &&
+         !memcmp(prefix, alone[3], sizeof(float) * (size_t)n * V);
+    check(ok, "seq_share: after a reset the snapshot is not read (the changed one changes nothing)");
+    memcpy(snap, keep, len);
+    free(sa);
+    free(sb);
+    free(snap);
+    free(keep);
+    free(prefix);
+    for (int i = 0; i < 2; i++) {
+        free(got[i]);
+        colibri_free(b[i]);
+    }
+    colibri_free(a);
+    colibri_engine_free(e);
+}
+
 /* Check 5: layer 0's mixer through a counting copy of its kind; with solo, the last layer's
  * mixer a copy that has no multi-sequence pass. */
 static colibri_layer_kind counted, unbatched;
@@ -379,6 +452,7 @@ int main(int argc, char **argv) {
     check_gen_step(m, &o, (int)mi.max_seq_len);
     check_unbatched(m, &o, solo); /* before check_seq_state: its passes are one sequence's */
     check_seq_state(m, &o, mi.vocab_size, (int)mi.max_seq_len);
+    check_seq_share(m, &o, mi.vocab_size, (int)mi.max_seq_len);
     for (int i = 0; i < NSEQ; i++) {
         free(ids[i]);
         free(alone[i]);

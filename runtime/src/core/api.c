@@ -675,6 +675,7 @@ colibri_status colibri_reset(colibri_ctx *ctx) {
     /* K/V rows need no clearing (a position is written before it is read); a recurrent state
      * starts from zero */
     if (ctx->b.state_bytes) memset(ctx->b.state, 0, ctx->b.state_bytes);
+    if (ctx->b.cache) colibri_seq_unshare(ctx);
     if (ctx->cuda) colibri_cuda_reset(ctx->cuda);
     return COLIBRI_OK;
 }

@@ -99,11 +99,12 @@ size_t colibri_arena_plan(const struct colibri_model *m, int threads, int q8, in
     for (size_t l = 0, at = 0, st = 0; base && !engine && l < L; l++) {
         colibri_cache_need need;
         layer_need(m, (uint32_t)l, &need);
-        b->cache[l] = (colibri_layer_cache){(uint8_t *)b->kcache + at * kvd * kv_size,
-                                            (uint8_t *)b->vcache + at * kvd * kv_size,
-                                            need.kv_positions, need.kv_staged,
-                                            need.state_floats ? b->state + st : NULL,
-                                            need.state_floats};
+        b->cache[l] = (colibri_layer_cache){.k = (uint8_t *)b->kcache + at * kvd * kv_size,
+                                            .v = (uint8_t *)b->vcache + at * kvd * kv_size,
+                                            .kv_positions = need.kv_positions,
+                                            .kv_staged = need.kv_staged,
+                                            .state = need.state_floats ? b->state + st : NULL,
+                                            .state_floats = need.state_floats};
         at += need.kv_positions;
         st += need.state_floats;
     }

@@ -154,6 +154,9 @@ static inline void colibri_stage_mark(colibri_ctx *ctx, int stage) {
 }
 
 /* api.c: set ctx's last error (printf format) and return s. */
+/* seq_state.c: every layer reads its own cache again (colibri_reset, a restore) */
+void colibri_seq_unshare(colibri_ctx *ctx);
+
 colibri_status colibri_ctx_fail(colibri_ctx *ctx, colibri_status s, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 

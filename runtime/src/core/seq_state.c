@@ -20,7 +20,9 @@
  *
  * The rows are the cache's own bytes (f32 or f16), so a restored context reads exactly what it
  * would have computed, and continuing from it gives the same bits (prefill == decode). Position
- * order (not slot order) is what lets a full cache restore any shorter prefix (`keep`). A
+ * order (not slot order) is what lets a full cache restore any shorter prefix (`keep`), and
+ * what lets colibri_seq_share point a full cache's first `keep` positions at the snapshot's rows
+ * instead of copying them (per layer, K rows then V rows, each position's at `row` bytes). A
  * restore checks everything before it writes: a refused one leaves the context as it was. */
 #include <string.h>
 
@@ -107,9 +109,11 @@ colibri_status colibri_seq_save(const colibri_ctx *cctx, void *buf, size_t cap, 
     for (uint32_t l = 0; l < m->n_layers; l++) {
         const colibri_layer_cache *c = &ctx->b.cache[l];
         for (int kv = 0; c->kv_positions && kv < 2; kv++) {
-            const uint8_t *base = kv ? c->v : c->k;
+            const uint8_t *base = kv ? c->v : c->k, *shared = kv ? c->shared_v : c->shared_k;
             for (int p = first_held(c, ctx->pos); p < ctx->pos; p++, o += row)
-                memcpy(o, base + (size_t)(p % (int)c->kv_positions) * row, row);
+                memcpy(o, p < (int)c->shared_positions ? shared + (size_t)p * row
+                                                       : base + (size_t)(p % (int)c->kv_positions) * row,
+                       row);
         }
         if (c->state_floats) {
             memcpy(o, c->state, c->state_floats * sizeof(float));
@@ -149,7 +153,20 @@ static const char *refusal(const colibri_ctx *ctx, const uint8_t *p, size_t len)
     return NULL;
 }
 
-colibri_status colibri_seq_restore(colibri_ctx *ctx, const void *buf, size_t len, int keep) {
+/* A layer whose cache holds every position (no ring): what colibri_seq_share reads in place. */
+static int full_cache(const colibri_ctx *ctx, const colibri_layer_cache *c) {
+    return c->kv_positions >= ctx->model->max_seq_len && !c->kv_staged;
+}
+
+void colibri_seq_unshare(colibri_ctx *ctx) {
+    for (uint32_t l = 0; l < ctx->model->n_layers; l++) {
+        colibri_layer_cache *c = &ctx->b.cache[l];
+        c->shared_k = c->shared_v = NULL;
+        c->shared_positions = 0;
+    }
+}
+
+static colibri_status restore(colibri_ctx *ctx, const void *buf, size_t len, int keep, int share) {
     if (!ctx) return COLIBRI_E_INVALID_ARG;
     ctx->err[0] = '\0';
     if (ctx->cuda || ctx->engine)
@@ -168,10 +185,17 @@ colibri_status colibri_seq_restore(colibri_ctx *ctx, const void *buf, size_t len
         return colibri_ctx_fail(ctx, COLIBRI_E_UNSUPPORTED,
                                 "this model keeps a sliding window or a recurrent state: a snapshot "
                                 "restores to its own position (%d) only, not %d", pos, keep);
+    colibri_seq_unshare(ctx);
     const uint8_t *in = (const uint8_t *)buf + SEQ_HEADER;
     for (uint32_t l = 0; l < m->n_layers; l++) {
         colibri_layer_cache *c = &ctx->b.cache[l];
-        if (c->kv_positions) {
+        if (c->kv_positions && share && full_cache(ctx, c)) {
+            /* positions 0..keep-1 read where they are: K rows, then V rows (first is 0) */
+            c->shared_k = in;
+            c->shared_v = in + (size_t)pos * row;
+            c->shared_positions = (uint32_t)keep;
+            in += 2 * (size_t)pos * row;
+        } else if (c->kv_positions) {
             int first = first_held(c, pos), held = pos - first;
             for (int kv = 0; kv < 2; kv++) {
                 uint8_t *base = kv ? c->v : c->k;
@@ -190,4 +214,12 @@ colibri_status colibri_seq_restore(colibri_ctx *ctx, const void *buf, size_t len
     ctx->pos = keep;
     ctx->calls = 0;
     return COLIBRI_OK;
+}
+
+colibri_status colibri_seq_restore(colibri_ctx *ctx, const void *buf, size_t len, int keep) {
+    return restore(ctx, buf, len, keep, 0);
+}
+
+colibri_status colibri_seq_share(colibri_ctx *ctx, const void *buf, size_t len, int keep) {
+    return restore(ctx, buf, len, keep, 1);
 }

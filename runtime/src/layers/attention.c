@@ -188,16 +188,18 @@ typedef struct {
     uint32_t window; /* 0: every position */
 } att_job;
 
-/* Where a query of this pass reads the K or V row of position s: the stage holds this pass's
- * rows (positions p0..) when the layer is staged; otherwise, and for earlier positions, the
- * cache's row `slot` (= s % R, walked by the caller as a slot that wraps). */
+/* Where a query of this pass reads the K or V row of position s: a shared snapshot's row for
+ * its first positions (colibri_seq_share: a full cache, never staged); the stage holds this
+ * pass's rows (positions p0..) when the layer is staged; otherwise, and for earlier positions,
+ * the cache's row `slot` (= s % R, walked by the caller as a slot that wraps). */
 typedef struct {
-    const uint8_t *cache, *stage;
-    int staged, p0;
+    const uint8_t *cache, *stage, *shared;
+    int staged, p0, n_shared;
     size_t row; /* bytes of a row */
 } kv_rows;
 
 static inline const void *kv_row(const kv_rows *r, int s, int slot) {
+    if (s < r->n_shared) return r->shared + (size_t)s * r->row;
     return r->staged && s >= r->p0 ? r->stage + (size_t)(s - r->p0) * r->row
                                    : r->cache + (size_t)slot * r->row;
 }
@@ -282,8 +284,9 @@ static void att_task(void *arg, int t, int nt) {
         const colibri_layer_cache *lc = &sq->cache[job->layer];
         const int R = (int)lc->kv_positions, p0 = bt->pos[sq->row0];
         const size_t st = (size_t)sq->row0 * row;
-        const kv_rows ks = {lc->k, (const uint8_t *)b->kstage + st, lc->kv_staged, p0, row};
-        const kv_rows vs = {lc->v, (const uint8_t *)b->vstage + st, lc->kv_staged, p0, row};
+        const int ns = (int)lc->shared_positions;
+        const kv_rows ks = {lc->k, (const uint8_t *)b->kstage + st, lc->shared_k, lc->kv_staged, p0, ns, row};
+        const kv_rows vs = {lc->v, (const uint8_t *)b->vstage + st, lc->shared_v, lc->kv_staged, p0, ns, row};
         int p = bt->pos[j]; /* causal: positions first..p */
         int first = job->window && (int64_t)p - job->window + 1 > 0 ? p - (int)job->window + 1 : 0;
         int keys = p - first + 1, slot0 = first % R;

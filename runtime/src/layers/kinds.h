@@ -85,6 +85,10 @@ typedef struct {
                               position p lives in row p % kv_positions */
     uint32_t kv_positions;
     int kv_staged;
+    /* positions 0..shared_positions-1 are read from a snapshot's rows (colibri_seq_share) and
+     * not from k/v: [shared_positions, Hkv*Dh] each, of the cache's type, owned by the caller */
+    const void *shared_k, *shared_v;
+    uint32_t shared_positions;
     float *state;          /* [state_floats], or NULL */
     size_t state_floats;
 } colibri_layer_cache;
